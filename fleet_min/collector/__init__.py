@@ -1,0 +1,1 @@
+"""The device job collector: queue, registry, results, artifacts, scheduler, alerts, stream."""

@@ -1,0 +1,150 @@
+"""HTTP plumbing shared by both services: JSON errors, body limits, security headers, static files.
+
+Handlers stay thin: `body = await read_json(request)`, call one domain function, `return
+json_response(...)`. Domain refusals (fleet_min.errors) become `{"error": ...}` with their status;
+anything unexpected is logged with its traceback and answered 500 without one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mimetypes
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+from aiohttp import web
+
+from fleet_min.db import StorageError
+from fleet_min.errors import BadRequest, Refused, TooLarge
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+MAX_JSON_KEY = web.AppKey("max_json_bytes", int)
+
+SECURITY_HEADERS = {
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+}
+
+PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+            "img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; "
+            "frame-ancestors 'none'; form-action 'self'")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> web.Response:
+    return web.Response(text=_dumps(value), status=status, headers=headers,
+                        content_type="application/json")
+
+
+def error_response(status: int, message: str) -> web.Response:
+    return json_response({"error": message}, status=status)
+
+
+async def read_json(request: web.Request, limit: int | None = None) -> Any:
+    """The request body as JSON, refused with 413 past the limit and 400 when malformed."""
+    limit = limit if limit is not None else request.app.get(MAX_JSON_KEY, 1 << 20)
+    if request.content_length is not None and request.content_length > limit:
+        raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+    raw = await request.content.read(limit + 1)
+    if len(raw) > limit:
+        raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+    if not raw.strip():
+        raise BadRequest("the request needs a JSON body")
+    try:
+        return json.loads(raw)
+    except UnicodeDecodeError:
+        raise BadRequest("the request body is not UTF-8 text") from None
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply") from None
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON ({exc.args[0].split(':')[0]})") from None
+
+
+async def read_json_object(request: web.Request, limit: int | None = None) -> dict[str, Any]:
+    body = await read_json(request, limit)
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def query_int(request: web.Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer from {low} to {high}") from None
+    if not low <= value <= high:
+        raise BadRequest(f"{name} must be an integer from {low} to {high}")
+    return value
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except Refused as exc:
+        return error_response(exc.status, exc.message)
+    except StorageError as exc:
+        log.error("storage error on %s %s: %s", request.method, request.path, exc)
+        return error_response(503, str(exc))
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            message = exc.reason if exc.status != 404 else f"no such route: {request.path}"
+            if exc.status == 405:
+                message = f"{request.method} is not allowed on {request.path}"
+            if exc.status == 413:
+                message = "the request body is larger than the limit"
+            return error_response(exc.status, message)
+        raise
+    except (ConnectionResetError, TimeoutError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal error; the service log has the details")
+
+
+@web.middleware
+async def security_headers_middleware(request: web.Request, handler: Handler
+                                      ) -> web.StreamResponse:
+    response = await handler(request)
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    if response.content_type == "text/html":
+        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+    return response
+
+
+def static_file(package: str, relative: str, cache_s: int = 300) -> web.Response:
+    """Serve `relative` from the package's resources; 404 for anything outside or missing.
+
+    The path is checked segment by segment (no '..', no absolute paths, no hidden files, no
+    backslashes), and read through importlib.resources so it also works inside fleet.pyz.
+    """
+    parts = relative.split("/")
+    if (not relative or any(p in ("", ".", "..") or p.startswith(".") for p in parts)
+            or "\\" in relative or "\x00" in relative):
+        raise web.HTTPNotFound()
+    node = resources.files(package)
+    for part in parts:
+        node = node.joinpath(part)
+    try:
+        data = node.read_bytes()
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError, OSError):
+        raise web.HTTPNotFound() from None
+    content_type, _ = mimetypes.guess_type(parts[-1])
+    if parts[-1].endswith(".js"):
+        content_type = "text/javascript"
+    return web.Response(body=data, content_type=content_type or "application/octet-stream",
+                        headers={"Cache-Control": f"public, max-age={cache_s}"})
