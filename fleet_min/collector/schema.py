@@ -72,6 +72,7 @@ MIGRATIONS: list[str] = [
         WHERE status = 'queued' AND is_group = 0;
     CREATE INDEX jobs_claimed ON jobs(claimed_by) WHERE status = 'claimed';
     CREATE INDEX jobs_lease ON jobs(lease_deadline) WHERE status = 'claimed';
+    CREATE INDEX jobs_claimed_target ON jobs(target_device) WHERE status = 'claimed';
     CREATE INDEX jobs_status_seq ON jobs(status, seq);
     CREATE INDEX jobs_parent ON jobs(parent_job_id) WHERE parent_job_id IS NOT NULL;
     CREATE INDEX jobs_template ON jobs(template_id) WHERE template_id IS NOT NULL;

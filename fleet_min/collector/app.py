@@ -1,0 +1,328 @@
+"""The collector's HTTP surface: create_app and the route table. Handlers stay thin: parse,
+validate, call one domain function, shape the reply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from fleet_min import validate
+from fleet_min.collector import devices, queue, results, templates, views
+from fleet_min.collector.match import MatchError, compiled
+from fleet_min.collector.queue import Claimant
+from fleet_min.collector.service import Service
+from fleet_min.config import Config
+from fleet_min.errors import BadRequest, NotFound
+from fleet_min.http import (
+    MAX_JSON_KEY,
+    errors_middleware,
+    json_response,
+    read_json,
+    read_json_object,
+    security_headers_middleware,
+)
+from fleet_min.sse import stream
+from fleet_min.timeutil import now
+
+SERVICE = web.AppKey("service", Service)
+MAX_BATCH = 1000  # jobs in one POST /jobs array
+
+
+def service_of(request: web.Request) -> Service:
+    return request.app[SERVICE]
+
+
+def _refuse_invalid(errors: list[str]) -> None:
+    if errors:
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise BadRequest(errors[0] + more)
+
+
+def check_job_spec(spec: Any) -> dict[str, Any]:
+    """Everything about a job spec that can be checked without the database."""
+    if not isinstance(spec, dict):
+        raise BadRequest("a job spec must be a JSON object")
+    _refuse_invalid(validate.validate_job(spec))
+    secrets = validate.find_secret_keys(spec)
+    if secrets:
+        raise BadRequest(f"{secrets[0]} looks like a secret; a job spec names a credential for "
+                         "the agent to read locally and never carries one")
+    match = (spec.get("targets") or {}).get("match")
+    if match:
+        try:
+            compiled(match)
+        except MatchError as exc:
+            raise BadRequest(f"targets.match: {exc}") from None
+    allowed = set(spec.get("depends_on") or [])
+    for job_id, _kind, _key in templates.references(spec):
+        if job_id not in allowed:
+            raise BadRequest(f"a template reference names job {job_id}, which is not in "
+                             "depends_on; a reference may only name a listed dependency")
+    return spec
+
+
+# -- agents ------------------------------------------------------------------------------------
+
+
+async def register(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    _refuse_invalid(validate.validate_register(body))
+    service = service_of(request)
+    reply = await service.transact(_register_tx, body, now(), request.remote)
+    return json_response(reply)
+
+
+def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str | None,
+                 effects: Any) -> dict[str, Any]:
+    reply = devices.register(conn, body, current, address)
+    effects.emit("device", device_id=body["device_id"])
+    effects.claimants.append(f"device:{body['device_id']}")
+    return reply
+
+
+async def device_next_job(request: web.Request) -> web.Response:
+    service = service_of(request)
+    device_id = request.match_info["device_id"]
+    row = await service.db.read_one("SELECT capabilities FROM devices WHERE device_id = ?",
+                                    (device_id,))
+    if row is None:
+        raise NotFound(f"device {device_id!r} is not registered; register first "
+                       "(POST /devices/register)")
+    capabilities = json.loads(row["capabilities"]) if row["capabilities"] else None
+    job = await service.next_job(Claimant("device", device_id), capabilities,
+                                 service.config.long_poll_s)
+    return json_response(job) if job is not None else web.Response(status=204)
+
+
+async def executor_next_job(request: web.Request) -> web.Response:
+    name = request.query.get("name", "")
+    if not name or len(name) > 200:
+        raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
+    service = service_of(request)
+    job = await service.next_job(Claimant("host", name), None, service.config.long_poll_s)
+    return json_response(job) if job is not None else web.Response(status=204)
+
+
+async def post_results(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    _refuse_invalid(validate.validate_post_results(body))
+    service = service_of(request)
+    if body["kind"] == "beacon":
+        return json_response(await service.transact(results.post_beacon, body, now()))
+    return json_response(await service.transact(results.post_result, body, now()))
+
+
+async def release(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    device_id = body.get("device_id")
+    if not isinstance(device_id, str) or not device_id:
+        raise BadRequest("device_id is required: the claimant handing the job back")
+    reply = await service_of(request).transact(queue.release, request.match_info["job_id"],
+                                               device_id, now())
+    return json_response(reply)
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+async def post_jobs(request: web.Request) -> web.Response:
+    body = await read_json(request)
+    service = service_of(request)
+    if isinstance(body, list):
+        if not body:
+            raise BadRequest("the array of job specs is empty")
+        if len(body) > MAX_BATCH:
+            raise BadRequest(f"at most {MAX_BATCH} jobs can be enqueued in one request")
+        specs = []
+        for index, spec in enumerate(body):
+            try:
+                specs.append(check_job_spec(spec))
+            except BadRequest as exc:
+                raise BadRequest(f"job {index}: {exc.message}") from None
+        enqueued = await service.transact(queue.enqueue, specs, now())
+        return json_response({"ok": True, "jobs": enqueued.replies}, status=201)
+    spec = check_job_spec(body)
+    enqueued = await service.transact(queue.enqueue, [spec], now())
+    return json_response({"ok": True, **enqueued.replies[0]}, status=201)
+
+
+async def get_job(request: web.Request) -> web.Response:
+    return json_response(await views.get_job(service_of(request).db,
+                                             request.match_info["job_id"]))
+
+
+async def sweep(request: web.Request) -> web.Response:
+    swept = await service_of(request).transact(queue.sweep, now())
+    return json_response({"ok": True, "requeued": swept.requeued, "failed": swept.failed})
+
+
+async def api_jobs(request: web.Request) -> web.Response:
+    return json_response(await views.list_jobs(service_of(request).db, request.query))
+
+
+async def api_job_detail(request: web.Request) -> web.Response:
+    return json_response(await views.job_detail(service_of(request).db,
+                                                request.match_info["job_id"]))
+
+
+async def api_cancel(request: web.Request) -> web.Response:
+    return json_response(await service_of(request).transact(
+        queue.cancel, request.match_info["job_id"], now()))
+
+
+async def api_retry(request: web.Request) -> web.Response:
+    reply = await service_of(request).transact(queue.retry, request.match_info["job_id"], now())
+    return json_response(reply, status=201)
+
+
+async def api_patch_job(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    priority = body.get("priority")
+    if set(body) != {"priority"}:
+        raise BadRequest("only priority can be changed: send {\"priority\": <integer>}")
+    if not isinstance(priority, int) or isinstance(priority, bool) or not (
+            -1000 <= priority <= 1000):
+        raise BadRequest("priority must be an integer from -1000 to 1000")
+    row = await service_of(request).transact(queue.set_priority, request.match_info["job_id"],
+                                             priority, now())
+    return json_response(queue.job_record(row))
+
+
+async def api_preview_targets(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    spec = {"schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
+            **{k: body[k] for k in ("workload", "backend", "targets", "fanout") if k in body}}
+    if "workload" not in spec:
+        raise BadRequest("workload is required to preview targets")
+    check_job_spec(spec)
+    service = service_of(request)
+
+    def preview(conn: Any) -> list[Any]:
+        return queue.fanout_devices(conn, spec, now())
+
+    chosen = await service.db.write(preview)
+    return json_response({"count": len(chosen), "devices": [
+        {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
+         "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]})
+
+
+# -- devices, results, health ------------------------------------------------------------------
+
+
+async def api_devices(request: web.Request) -> web.Response:
+    include = request.query.get("expired", "").lower() in ("1", "true", "yes")
+    return json_response(await views.list_devices(service_of(request).db, now(), include))
+
+
+async def api_device(request: web.Request) -> web.Response:
+    return json_response(await views.get_device(service_of(request).db,
+                                                request.match_info["device_id"], now()))
+
+
+async def api_patch_device(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    device_id = request.match_info["device_id"]
+    service = service_of(request)
+
+    def edit(conn: Any, effects: Any) -> None:
+        devices.edit(conn, device_id, body)
+        effects.emit("device", device_id=device_id)
+        effects.claimants.append(f"device:{device_id}")
+
+    await service.transact(edit)
+    return json_response(await views.get_device(service.db, device_id, now()))
+
+
+async def api_delete_device(request: web.Request) -> web.Response:
+    device_id = request.match_info["device_id"]
+
+    def forget(conn: Any, effects: Any) -> None:
+        devices.forget(conn, device_id)
+        effects.emit("device", device_id=device_id, forgotten=True)
+
+    await service_of(request).transact(forget)
+    return json_response({"ok": True, "device_id": device_id, "forgotten": True})
+
+
+async def api_device_beacons(request: web.Request) -> web.Response:
+    return json_response(await views.device_beacons(
+        service_of(request).db, request.match_info["device_id"], request.query))
+
+
+async def api_results(request: web.Request) -> web.Response:
+    return json_response(await views.list_results(service_of(request).db, request.query))
+
+
+async def api_overview(request: web.Request) -> web.Response:
+    return json_response(await views.overview(service_of(request).db, now()))
+
+
+async def api_health(request: web.Request) -> web.Response:
+    return json_response(service_of(request).health())
+
+
+async def api_stream(request: web.Request) -> web.StreamResponse:
+    service = service_of(request)
+    return await stream(request, service.hub, lambda: {
+        "collector": service.collector_id, "instance": service.instance})
+
+
+async def api_not_found(request: web.Request) -> web.Response:
+    raise NotFound(f"no such route: {request.method} {request.path}")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_routes([
+        web.post("/devices/register", register),
+        web.get("/devices/{device_id}/next-job", device_next_job),
+        web.get("/executor/next-job", executor_next_job),
+        web.post("/results", post_results),
+        web.post("/jobs", post_jobs),
+        web.post("/jobs/sweep", sweep),
+        web.get("/jobs/{job_id}", get_job),
+        web.post("/jobs/{job_id}/release", release),
+        web.get("/api/health", api_health),
+        web.get("/api/overview", api_overview),
+        web.get("/api/stream", api_stream),
+        web.get("/api/devices", api_devices),
+        web.get("/api/devices/{device_id}", api_device),
+        web.patch("/api/devices/{device_id}", api_patch_device),
+        web.delete("/api/devices/{device_id}", api_delete_device),
+        web.get("/api/devices/{device_id}/beacons", api_device_beacons),
+        web.get("/api/results", api_results),
+        web.get("/api/jobs", api_jobs),
+        web.post("/api/jobs/preview-targets", api_preview_targets),
+        web.get("/api/jobs/{job_id}", api_job_detail),
+        web.patch("/api/jobs/{job_id}", api_patch_job),
+        web.post("/api/jobs/{job_id}/cancel", api_cancel),
+        web.post("/api/jobs/{job_id}/retry", api_retry),
+    ])
+
+
+def create_app(config: Config) -> web.Application:
+    # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
+    # every JSON handler reads through fleet_min.http.read_json with its own limit.
+    app = web.Application(middlewares=[security_headers_middleware, errors_middleware],
+                          client_max_size=1 << 62)
+    app[MAX_JSON_KEY] = config.max_json_bytes
+    service = Service(config)
+    app[SERVICE] = service
+    add_routes(app)
+    app.router.add_route("*", "/api/{tail:.*}", api_not_found)
+
+    async def on_startup(_app: web.Application) -> None:
+        await service.start()
+
+    async def on_shutdown(_app: web.Application) -> None:
+        await service.dispatcher.close()
+        service.hub.close()
+
+    async def on_cleanup(_app: web.Application) -> None:
+        await service.stop()
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
+    app.on_cleanup.append(on_cleanup)
+    return app

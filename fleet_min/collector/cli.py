@@ -1,0 +1,69 @@
+"""`python -m fleet_min collector`: start the collector on its configured addresses."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import sys
+
+from aiohttp import web
+
+from fleet_min import logs
+from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, markdown_table, resolve
+
+log = logging.getLogger("fleet_min.collector")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fleet-min collector",
+        description="Run the device job collector.",
+        epilog="Settings without a flag are read from the environment:\n\n"
+               + markdown_table([s for s in COLLECTOR_SETTINGS if not s.flag]),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(parser, COLLECTOR_SETTINGS)
+    return parser
+
+
+def _warn_about_bind(addresses: tuple[str, ...]) -> None:
+    for address in addresses:
+        try:
+            unspecified = ipaddress.ip_address(address).is_unspecified
+        except ValueError:
+            unspecified = False
+        if unspecified:
+            log.warning("listening on every interface (%s): anyone who can reach this host can "
+                        "enqueue jobs. Recommended: FLEET_BIND=127.0.0.1,<your mesh address>",
+                        address)
+
+
+def install_uvloop() -> bool:
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return True
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = resolve(COLLECTOR_SETTINGS, vars(args))
+    except ConfigError as exc:
+        print(f"fleet-min collector: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log_level)
+    fast = install_uvloop()
+    from fleet_min.collector.app import create_app
+
+    app = create_app(config)
+    _warn_about_bind(config.bind)
+    log.info("collector on %s port %s, data in %s%s", ",".join(config.bind), config.port,
+             config.data_dir, " (uvloop)" if fast else "")
+    web.run_app(app, host=list(config.bind), port=config.port, print=None,
+                shutdown_timeout=5.0, access_log=None, handle_signals=True)
+    log.info("collector stopped cleanly")
+    return 0

@@ -1,0 +1,168 @@
+"""The device registry: registration (upsert), the device view match expressions read, edits.
+
+Transaction functions take a sqlite3 connection as their first argument and run on the writer
+thread (see fleet_min.db); read functions take the Database.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_min.collector import rules
+from fleet_min.errors import BadRequest, NotFound
+from fleet_min.timeutil import iso
+
+
+@dataclass
+class Device:
+    device_id: str
+    descriptor: dict[str, Any]
+    pools: list[str]              # effective: the operator's override when set
+    capabilities: list[str] | None
+    last_seen: float
+    last_beacon: dict[str, Any] | None
+    last_beacon_at: float | None
+    busy_job_id: str | None
+    busy_at: float | None
+
+    def view(self) -> dict[str, Any]:
+        """What a match expression reads: descriptor fields plus id, pools and capabilities."""
+        view = dict(self.descriptor)
+        view["device_id"] = self.device_id
+        view["pools"] = self.pools
+        view["capabilities"] = self.capabilities
+        return view
+
+
+def _loads(text: str | None, default: Any) -> Any:
+    return json.loads(text) if text else default
+
+
+def device_from_row(row: sqlite3.Row) -> Device:
+    override = _loads(row["pools_override"], None)
+    return Device(
+        device_id=row["device_id"],
+        descriptor=_loads(row["descriptor"], {}),
+        pools=override if override is not None else _loads(row["pools"], []),
+        capabilities=_loads(row["capabilities"], None),
+        last_seen=row["last_seen"],
+        last_beacon=_loads(row["last_beacon"], None),
+        last_beacon_at=row["last_beacon_at"],
+        busy_job_id=row["busy_job_id"],
+        busy_at=row["busy_at"],
+    )
+
+
+def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
+    row = conn.execute("SELECT * FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+    return device_from_row(row) if row else None
+
+
+def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
+             address: str | None) -> dict[str, Any]:
+    """Upsert a device from a validated registration body; returns the reply of decisions.md."""
+    device_id = body["device_id"]
+    existing = conn.execute(
+        "SELECT capabilities, pools_override FROM devices WHERE device_id = ?", (device_id,)
+    ).fetchone()
+    descriptor = {k: v for k, v in (body.get("descriptor") or {}).items()}
+    if not descriptor.get("platform"):
+        descriptor["platform"] = rules.infer_platform(descriptor.get("os"))
+    # Omitted at first registration: no opinion (NULL). Omitted later: keep the list.
+    if "capabilities" in body:
+        capabilities = json.dumps(sorted(set(body["capabilities"])))
+    else:
+        capabilities = existing["capabilities"] if existing else None
+    pools = json.dumps(list(dict.fromkeys(body.get("pools") or [])))
+    conn.execute(
+        """
+        INSERT INTO devices (device_id, descriptor, platform, kind, pools, capabilities, ttl_s,
+                             first_seen, last_seen, registered_at, address)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (device_id) DO UPDATE SET
+            descriptor = excluded.descriptor, platform = excluded.platform,
+            kind = excluded.kind, pools = excluded.pools, capabilities = excluded.capabilities,
+            ttl_s = excluded.ttl_s, last_seen = excluded.last_seen,
+            registered_at = excluded.registered_at, address = excluded.address
+        """,
+        (device_id, json.dumps(descriptor), descriptor.get("platform"), descriptor.get("kind"),
+         pools, capabilities, body.get("ttl_s"), now, now, now, address),
+    )
+    device = load_device(conn, device_id)
+    assert device is not None
+    return {"ok": True, "device_id": device_id, "capabilities": device.capabilities,
+            "pools": device.pools}
+
+
+def touch(conn: sqlite3.Connection, device_id: str, now: float) -> None:
+    conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ?", (now, device_id))
+
+
+def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
+    """The API shape of one device."""
+    device = device_from_row(row)
+    beacon = device.last_beacon
+    return {
+        "device_id": device.device_id,
+        "name": row["name"],
+        "notes": row["notes"],
+        "descriptor": device.descriptor,
+        "platform": row["platform"],
+        "kind": row["kind"],
+        "pools": device.pools,
+        "reported_pools": _loads(row["pools"], []),
+        "pools_override": _loads(row["pools_override"], None),
+        "capabilities": device.capabilities,
+        "status": rules.device_status(device.last_seen, now),
+        "temporary": row["ttl_s"] is not None,
+        "ttl_s": row["ttl_s"],
+        "expired": rules.is_expired(row["ttl_s"], device.last_seen, now),
+        "first_seen": iso(row["first_seen"]),
+        "last_seen": iso(device.last_seen),
+        "last_seen_age_s": round(max(0.0, now - device.last_seen), 3),
+        "last_beacon": beacon,
+        "last_beacon_at": iso(device.last_beacon_at),
+        "busy": ({"job_id": row["busy_job_id"], "collector": row["busy_collector"],
+                  "at": iso(row["busy_at"])} if row["busy_job_id"] else None),
+        "address": row["address"],
+    }
+
+
+EDITABLE = ("name", "notes", "pools")
+
+
+def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any]) -> None:
+    """Operator edits: name, notes and the pools override (null clears the override)."""
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise BadRequest(f"{unknown[0]} cannot be edited; editable fields are name, notes, pools")
+    if not changes:
+        raise BadRequest("nothing to change: send name, notes or pools")
+    for key in ("name", "notes"):
+        if key in changes and changes[key] is not None and (
+                not isinstance(changes[key], str) or len(changes[key]) > 2000):
+            raise BadRequest(f"{key} must be a string of at most 2000 characters, or null")
+    pools = changes.get("pools")
+    if pools is not None and (not isinstance(pools, list) or len(pools) > 64 or not all(
+            isinstance(p, str) and 0 < len(p) <= 100 for p in pools)):
+        raise BadRequest("pools must be a list of at most 64 non-empty strings, or null to "
+                         "return to the pools the device reports")
+    if conn.execute("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)).fetchone() is None:
+        raise NotFound(f"no device {device_id!r}")
+    for key, value in changes.items():
+        column = "pools_override" if key == "pools" else key
+        stored = json.dumps(list(dict.fromkeys(value))) if key == "pools" and value is not None \
+            else value
+        conn.execute(f"UPDATE devices SET {column} = ? WHERE device_id = ?",  # noqa: S608
+                     (stored, device_id))
+
+
+def forget(conn: sqlite3.Connection, device_id: str) -> None:
+    """Forget a device; its results and beacon history stay (they belong to jobs)."""
+    cursor = conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
+    if cursor.rowcount == 0:
+        raise NotFound(f"no device {device_id!r}")
+    conn.execute("DELETE FROM device_locks WHERE device_id = ?", (device_id,))

@@ -1,0 +1,176 @@
+"""Event-driven hand-out of jobs to waiting long polls.
+
+A long poll registers a Waiter and sleeps on its future; nothing re-queries on a timer. When a
+transaction commits jobs that became claimable (enqueue, requeue, release, preemption, promotion)
+or a beacon that may satisfy a constraint, the dispatcher picks the waiters that could take them
+(executor, pin, declared workload: cheap checks in memory) and claims for them in one transaction
+on the writer thread. Each claim runs the full rules against fresh rows, so the cheap pre-check
+only decides who is asked, never who gets a job.
+
+A waiter being claimed for is "reserved": its poll does not time out from under a claim in
+flight. If the poll went away anyway (client gone, shutdown), the claimed job is handed back at
+once instead of waiting for its lease to lapse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet_min.collector import rules
+from fleet_min.collector.effects import JobRoute
+from fleet_min.collector.queue import Claimant
+
+log = logging.getLogger(__name__)
+
+ClaimBatch = Callable[[list[Claimant]], Awaitable[list[dict[str, Any] | None]]]
+HandBack = Callable[[str, Claimant], Awaitable[None]]
+
+
+@dataclass(eq=False)
+class Waiter:
+    claimant: Claimant
+    capabilities: list[str] | None = None  # declared, for the cheap pre-check
+    future: asyncio.Future[dict[str, Any] | None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+    reserved: bool = False
+    missed: bool = False   # a wake-up arrived while reserved; look again
+    expired: bool = False  # the poll's time ran out during a claim: answer None if it finds none
+
+    def could_take(self, job: JobRoute) -> bool:
+        if job.executor != self.claimant.executor:
+            return False
+        if job.pin and job.pin != self.claimant.id:
+            return False
+        return self.claimant.executor == "host" or rules.offers(
+            self.capabilities, job.workload, job.backend)
+
+
+class Dispatcher:
+    def __init__(self, claim_batch: ClaimBatch, hand_back: HandBack) -> None:
+        self._claim_batch = claim_batch
+        self._hand_back = hand_back
+        self._waiters: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
+        self._jobs: list[JobRoute] = []
+        self._claimants: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # close() waits for a claim in flight to be delivered
+        self.closed = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="dispatcher")
+
+    async def close(self) -> None:
+        """Answer every waiting poll with nothing and stop."""
+        self.closed = True
+        async with self._lock:
+            if self._task:
+                self._task.cancel()
+                try:
+                    await self._task
+                except asyncio.CancelledError:
+                    pass
+            for waiter in list(self._waiters):
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+            self._waiters.clear()
+
+    def add(self, waiter: Waiter) -> None:
+        if self.closed:
+            waiter.future.set_result(None)
+            return
+        self._waiters[waiter] = None
+
+    def remove(self, waiter: Waiter) -> None:
+        self._waiters.pop(waiter, None)
+
+    def jobs_claimable(self, jobs: list[JobRoute]) -> None:
+        if jobs:
+            self._jobs.extend(jobs)
+            self._wake.set()
+
+    def claimants_changed(self, keys: list[str]) -> None:
+        if keys:
+            self._claimants.update(keys)
+            self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            jobs, self._jobs = self._jobs, []
+            keys, self._claimants = self._claimants, set()
+            try:
+                async with self._lock:
+                    await self._dispatch(jobs, keys)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # keep serving; the next wake-up retries
+                log.exception("dispatch failed")
+
+    def _chosen(self, jobs: list[JobRoute], keys: set[str]) -> list[Waiter]:
+        chosen: list[Waiter] = []
+        budget = len(jobs)
+        for waiter in self._waiters:
+            wanted = waiter.claimant.key in keys
+            if not wanted and budget > 0 and any(waiter.could_take(job) for job in jobs):
+                wanted, budget = True, budget - 1
+            if not wanted:
+                continue
+            if waiter.reserved:
+                waiter.missed = True
+                continue
+            chosen.append(waiter)
+        return chosen
+
+    async def _dispatch(self, jobs: list[JobRoute], keys: set[str]) -> None:
+        remaining = list(jobs)
+        tried: set[Waiter] = set()
+        while True:
+            chosen = [w for w in self._chosen(remaining, keys) if w not in tried]
+            if not chosen:
+                return
+            tried.update(chosen)
+            for waiter in chosen:
+                waiter.reserved = True
+            results = await self._claim_batch([w.claimant for w in chosen])
+            claimed = 0
+            for waiter, job in zip(chosen, results, strict=True):
+                waiter.reserved = False
+                if job is not None:
+                    claimed += 1
+                    self._deliver(waiter, job)
+                elif waiter.expired:
+                    self.remove(waiter)
+                    if not waiter.future.done():
+                        waiter.future.set_result(None)
+            keys = set()
+            # Each claim consumed one claimable job; with jobs left, ask the next waiters.
+            remaining = remaining[claimed:]
+            if not remaining:
+                return
+
+    async def claim_now(self, waiter: Waiter) -> dict[str, Any] | None:
+        """The poll's own first look, made while registered so no wake-up is lost meanwhile."""
+        while True:
+            waiter.reserved, waiter.missed = True, False
+            job = (await self._claim_batch([waiter.claimant]))[0]
+            waiter.reserved = False
+            if job is not None or not waiter.missed:
+                return job
+
+    def _deliver(self, waiter: Waiter, job: dict[str, Any]) -> None:
+        self.remove(waiter)
+        if waiter.future.done():  # the poll went away while we claimed for it
+            asyncio.get_running_loop().create_task(
+                self._hand_back(job["job_id"], waiter.claimant))
+            return
+        waiter.future.set_result(job)

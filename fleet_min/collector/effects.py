@@ -1,0 +1,37 @@
+"""What a committed transaction changed, for the code that runs after the commit.
+
+Transaction functions record here the events to publish on the live stream and the jobs that
+became claimable (so waiting long polls are woken). Nothing here is acted on until the write has
+committed: a rolled-back transaction's effects are dropped with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class JobRoute:
+    """The columns a waiting claimant is matched on before a real claim is attempted."""
+
+    job_id: str
+    executor: str
+    pin: str
+    workload: str
+    backend: str | None
+    pool: str | None
+
+
+@dataclass
+class Effects:
+    events: list[dict[str, Any]] = field(default_factory=list)
+    claimable: list[JobRoute] = field(default_factory=list)
+    claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
+
+    def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
+        self.events.append({"type": "job", "job_id": job_id, "status": status,
+                            "workload": workload, "executor": executor, **extra})
+
+    def emit(self, type_: str, **fields: Any) -> None:
+        self.events.append({"type": type_, **fields})

@@ -1,0 +1,787 @@
+"""The job queue: enqueue, claim, leases and the sweep, release, cancel, retry, priority,
+dependencies with template promotion, fan-out and preemption.
+
+Every public function here that changes state is a transaction function: it runs on the writer
+thread with the connection as its first argument (see fleet_min.db) and records what changed in
+an Effects object for the code that runs after the commit.
+
+Claims are found through two partial indexes over queued jobs (executor, pin[, workload],
+priority DESC, seq): one small ordered range per (pin, declared workload), merged by SQLite with
+a LIMIT. Jobs pinned to other devices or of workloads the claimant never declared are never read,
+so the cost of a claim does not grow with them.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_min.collector import rules, templates
+from fleet_min.collector.devices import Device, device_from_row, load_device, touch
+from fleet_min.collector.effects import Effects, JobRoute
+from fleet_min.collector.match import compiled
+from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
+from fleet_min.timeutil import iso
+
+OPEN = ("queued", "waiting", "claimed")
+CLOSED = ("done", "failed", "cancelled")
+_PAGE = 64
+
+
+@dataclass(frozen=True)
+class Claimant:
+    executor: str  # "device" or "host"
+    id: str        # device_id, or the host executor's name
+
+    @property
+    def key(self) -> str:
+        return f"{self.executor}:{self.id}"
+
+
+# ---------------------------------------------------------------------------------------------
+# rows
+
+
+def _job_row(conn: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+    return conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+
+
+def route_of(row: sqlite3.Row) -> JobRoute:
+    return JobRoute(row["job_id"], row["executor"], row["pin"], row["workload"], row["backend"],
+                    row["pool"])
+
+
+def job_record(row: sqlite3.Row) -> dict[str, Any]:
+    """The API shape of a job row: flat fields plus the stored spec under `spec`."""
+    return {
+        "job_id": row["job_id"],
+        "workload": row["workload"],
+        "executor": row["executor"],
+        "backend": row["backend"],
+        "status": row["status"],
+        "priority": row["priority"],
+        "claimed_by": row["claimed_by"],
+        "attempts": row["attempts"],
+        "max_attempts": row["max_attempts"],
+        "lease_ttl_s": row["ttl_s"],
+        "lease_deadline": iso(row["lease_deadline"]),
+        "last_error": row["last_error"],
+        "parent_job_id": row["parent_job_id"],
+        "template_id": row["template_id"],
+        "fanout_parent": bool(row["is_group"]),
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+        "claimed_at": iso(row["claimed_at"]),
+        "finished_at": iso(row["finished_at"]),
+        "spec": json.loads(row["spec"]),
+    }
+
+
+def _set_status(conn: sqlite3.Connection, job_id: str, status: str, now: float,
+                last_error: str | None = None, *, keep_error: bool = False) -> None:
+    finished = now if status in CLOSED else None
+    if keep_error:
+        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ? "
+                     "WHERE job_id = ?", (status, now, finished, job_id))
+    else:
+        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ?, last_error = ? "
+                     "WHERE job_id = ?", (status, now, finished, last_error, job_id))
+
+
+def _end_attempt(conn: sqlite3.Connection, job_id: str, outcome: str, error: str | None,
+                 now: float) -> None:
+    conn.execute(
+        "UPDATE job_attempts SET ended_at = ?, outcome = ?, error = ? "
+        "WHERE job_id = ? AND ended_at IS NULL", (now, outcome, error, job_id))
+
+
+def _unlock(conn: sqlite3.Connection, job_id: str) -> None:
+    conn.execute("DELETE FROM device_locks WHERE job_id = ?", (job_id,))
+
+
+# ---------------------------------------------------------------------------------------------
+# enqueue
+
+
+@dataclass
+class Enqueued:
+    replies: list[dict[str, Any]]
+
+
+def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
+            effects: Effects, template_id: str | None = None) -> Enqueued:
+    """Store validated specs atomically (all or none). Raises Conflict, BadRequest, Unprocessable."""
+    ids = [spec["job_id"] for spec in specs]
+    seen: set[str] = set()
+    for job_id in ids:
+        if job_id in seen:
+            raise Conflict(f"job_id {job_id!r} appears twice in the request")
+        seen.add(job_id)
+    placeholders = ",".join("?" * len(ids))
+    taken = conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({placeholders})",  # noqa: S608
+                         ids).fetchone()
+    if taken:
+        raise Conflict(f"job_id {taken['job_id']!r} already exists")
+    for spec in specs:
+        _check_capability(conn, spec)
+    order = _dependency_order(conn, specs)
+    replies: dict[str, dict[str, Any]] = {}
+    for spec in order:
+        replies[spec["job_id"]] = _store(conn, spec, now, effects, template_id=template_id)
+    return Enqueued([replies[job_id] for job_id in ids])
+
+
+def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
+    workload, executor, backend = spec["workload"], spec["executor"], spec.get("backend")
+    if rules.is_built_in(workload, executor, backend):
+        return
+    names = rules.capability_names(workload, backend)
+    if executor == "device":
+        # A device that never declared capabilities is offered everything, so it counts.
+        row = conn.execute(
+            "SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
+            "SELECT 1 FROM devices, json_each(devices.capabilities) "
+            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",  # noqa: S608
+            names).fetchone()
+        if row:
+            return
+    wanted = names[-1]
+    if executor == "host":
+        raise Unprocessable(f"no host executor runs the workload {workload!r}; host workloads are "
+                            f"{', '.join(sorted(rules.HOST_WORKLOADS))}")
+    raise Unprocessable(f"no registered agent declares the capability {wanted!r} and it is not "
+                        "built in; register an agent that declares it first")
+
+
+def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
+                      ) -> list[dict[str, Any]]:
+    """The batch in an order where in-batch dependencies come first; refuses missing and cycles."""
+    by_id = {spec["job_id"]: spec for spec in specs}
+    for spec in specs:
+        deps = spec.get("depends_on") or []
+        if spec["job_id"] in deps:
+            raise BadRequest(f"job {spec['job_id']} depends on itself")
+        outside = [d for d in deps if d not in by_id]
+        if outside:
+            found = {row[0] for row in conn.execute(
+                f"SELECT job_id FROM jobs WHERE job_id IN ({','.join('?' * len(outside))})",  # noqa: S608
+                outside)}
+            missing = [d for d in outside if d not in found]
+            if missing:
+                raise BadRequest(f"job {spec['job_id']} depends on {missing[0]}, which does not "
+                                 "exist; enqueue it first or in the same request")
+    ordered: list[dict[str, Any]] = []
+    state: dict[str, int] = {}  # 1 = visiting, 2 = done
+
+    def visit(job_id: str, path: list[str]) -> None:
+        if state.get(job_id) == 2:
+            return
+        if state.get(job_id) == 1:
+            cycle = path[path.index(job_id):] + [job_id]
+            raise BadRequest(f"the dependencies form a cycle: {' -> '.join(cycle)}")
+        state[job_id] = 1
+        for dep in by_id[job_id].get("depends_on") or []:
+            if dep in by_id:
+                visit(dep, [*path, job_id])
+        state[job_id] = 2
+        ordered.append(by_id[job_id])
+
+    for spec in specs:
+        visit(spec["job_id"], [])
+    return ordered
+
+
+def _resolve_latest(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
+    app = spec.get("app")
+    if not isinstance(app, dict) or app.get("sha256") != "latest":
+        return spec
+    name = app.get("name")
+    row = conn.execute("SELECT sha256 FROM artifacts WHERE app = ? "
+                       "ORDER BY created_at DESC, rowid DESC LIMIT 1", (name,)).fetchone()
+    if row is None:
+        raise BadRequest(f"app.sha256 is 'latest' but no build of app {name!r} has been "
+                         "published; upload one with the x-artifact-app header first")
+    return {**spec, "app": {**app, "sha256": row["sha256"]}}
+
+
+def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
+    row = conn.execute("SELECT sha256 FROM artifacts WHERE app = ? "
+                       "ORDER BY created_at DESC, rowid DESC LIMIT 1", (app_name,)).fetchone()
+    return row["sha256"] if row else None
+
+
+def _store(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: Effects, *,
+           template_id: str | None = None, parent: str | None = None) -> dict[str, Any]:
+    spec = _resolve_latest(conn, spec)
+    if spec.get("fanout"):
+        return _store_fanout(conn, spec, now, effects, template_id)
+    status, last_error, spec = _initial_status(conn, spec)
+    _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent)
+    effects.job(spec["job_id"], status, spec["workload"], spec["executor"])
+    if status == "queued":
+        row = _job_row(conn, spec["job_id"])
+        assert row is not None
+        effects.claimable.append(route_of(row))
+    return {"job_id": spec["job_id"], "status": status}
+
+
+def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
+                    ) -> tuple[str, str | None, dict[str, Any]]:
+    deps = spec.get("depends_on") or []
+    if not deps:
+        return "queued", None, spec
+    statuses = {row["job_id"]: row for row in conn.execute(
+        f"SELECT job_id, status, last_error FROM jobs WHERE job_id IN ({','.join('?' * len(deps))})",  # noqa: S608
+        deps)}
+    for dep in deps:
+        row = statuses[dep]
+        if row["status"] in ("failed", "cancelled"):
+            return "failed", _dependency_error(dep, row["status"], row["last_error"]), spec
+    if all(statuses[d]["status"] == "done" for d in deps):
+        try:
+            return "queued", None, _rewritten(conn, spec)
+        except templates.Unresolvable as exc:
+            return "failed", str(exc), spec
+    return "waiting", None, spec
+
+
+def _dependency_error(dep: str, status: str, error: str | None) -> str:
+    verb = "was cancelled" if status == "cancelled" else "failed"
+    return f"dependency {dep} {verb}" + (f": {error}" if error else "")
+
+
+def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
+            last_error: str | None, now: float, *, template_id: str | None,
+            parent: str | None, is_group: bool = False) -> None:
+    targets = spec.get("targets") or {}
+    lease = spec.get("lease") or {}
+    executor = spec["executor"]
+    pin = (targets.get("device_id") if executor == "device" else targets.get("executor")) or ""
+    conn.execute(
+        """
+        INSERT INTO jobs (job_id, workload, executor, backend, status, priority, pin,
+                          target_device, pool, match, exclusive, preemptible, is_group,
+                          max_attempts, ttl_s, last_error, parent_job_id, template_id, spec,
+                          created_at, updated_at, finished_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        (spec["job_id"], spec["workload"], executor, spec.get("backend"), status,
+         int(spec.get("priority") or 0), pin, targets.get("device_id"), targets.get("pool"),
+         targets.get("match") or None, int(bool(targets.get("exclusive"))),
+         int(bool(spec.get("preemptible"))), int(is_group),
+         int(lease.get("max_attempts") or rules.DEFAULT_MAX_ATTEMPTS),
+         int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
+         template_id, json.dumps(spec), now, now, now if status in CLOSED else None))
+    conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
+                     [(spec["job_id"], dep) for dep in spec.get("depends_on") or []])
+
+
+# ---------------------------------------------------------------------------------------------
+# fan-out
+
+
+def _store_fanout(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: Effects,
+                  template_id: str | None) -> dict[str, Any]:
+    if spec["executor"] != "device":
+        raise BadRequest("fanout applies to device jobs; host jobs go to one executor")
+    devices = fanout_devices(conn, spec, now)
+    if not devices:
+        raise Unprocessable("fan-out matched no registered device that can run "
+                            f"{spec['workload']!r}; check targets and capabilities with "
+                            "POST /api/jobs/preview-targets")
+    parent_id = spec["job_id"]
+    status, last_error, _ = _initial_status(conn, spec)
+    group_status = "failed" if status == "failed" else ("waiting" if status == "waiting"
+                                                        else "queued")
+    _insert(conn, spec, group_status, last_error, now, template_id=template_id, parent=None,
+            is_group=True)
+    effects.job(parent_id, group_status, spec["workload"], spec["executor"])
+    children = []
+    for device in devices:
+        child = {k: v for k, v in spec.items() if k != "fanout"}
+        child["job_id"] = f"{parent_id}--{device.device_id}"
+        child["targets"] = {**(spec.get("targets") or {}), "device_id": device.device_id}
+        _store(conn, child, now, effects, template_id=template_id, parent=parent_id)
+        children.append(child["job_id"])
+    if group_status == "failed":
+        return {"job_id": parent_id, "status": "failed", "fanout": children}
+    return {"job_id": parent_id, "status": group_status, "fanout": children}
+
+
+def static_refusal(device: Device, workload: str, backend: str | None, pool: str | None,
+                   match: str | None) -> str | None:
+    """Why a device can never take such a job regardless of time (None when it can)."""
+    if not rules.offers(device.capabilities, workload, backend):
+        return "capability not declared"
+    if pool and pool not in device.pools:
+        return f"not in pool {pool}"
+    if match and not compiled(match).evaluate(device.view()):
+        return "match expression is false"
+    return None
+
+
+def fanout_devices(conn: sqlite3.Connection, spec: dict[str, Any], now: float) -> list[Device]:
+    """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
+    targets = spec.get("targets") or {}
+    rows = conn.execute("SELECT * FROM devices ORDER BY last_seen DESC, device_id").fetchall()
+    chosen: list[Device] = []
+    for row in rows:
+        if rules.is_expired(row["ttl_s"], row["last_seen"], now):
+            continue
+        device = device_from_row(row)
+        if targets.get("device_id") and device.device_id != targets["device_id"]:
+            continue
+        if static_refusal(device, spec["workload"], spec.get("backend"), targets.get("pool"),
+                          targets.get("match")) is None:
+            chosen.append(device)
+    fanout = spec.get("fanout")
+    if isinstance(fanout, dict) and fanout.get("distinct"):
+        field = fanout["distinct"]
+        by_value: dict[str, Device] = {}
+        for device in chosen:  # newest first, so the first seen for a value wins
+            value = device.view().get(field)
+            if value is None or value == "":
+                continue
+            by_value.setdefault(json.dumps(value, sort_keys=True), device)
+        chosen = list(by_value.values())
+    return chosen
+
+
+# ---------------------------------------------------------------------------------------------
+# claim
+
+
+def _candidates(conn: sqlite3.Connection, claimant: Claimant, workloads: list[str] | None,
+                min_priority: int | None) -> Iterator[sqlite3.Row]:
+    """Queued jobs this claimant may be offered by executor, pin and workload, in claim order."""
+    branches: list[tuple[str, list[Any]]] = []
+    for pin in ("", claimant.id):
+        for workload in workloads if workloads is not None else [None]:
+            where = "status = 'queued' AND is_group = 0 AND executor = ? AND pin = ?"
+            params: list[Any] = [claimant.executor, pin]
+            if workload is not None:
+                where += " AND workload = ?"
+                params.append(workload)
+            if min_priority is not None:
+                where += " AND priority >= ?"
+                params.append(min_priority)
+            branches.append((where, params))
+    cursor: tuple[int, int] | None = None
+    while True:
+        parts, params = [], []
+        for where, branch_params in branches:
+            clause, extra = where, list(branch_params)
+            if cursor is not None:
+                clause += " AND (priority < ? OR (priority = ? AND seq > ?))"
+                extra += [cursor[0], cursor[0], cursor[1]]
+            parts.append(f"SELECT * FROM (SELECT * FROM jobs WHERE {clause} "  # noqa: S608
+                         f"ORDER BY priority DESC, seq LIMIT {_PAGE})")
+            params += extra
+        sql = " UNION ALL ".join(parts) + f" ORDER BY priority DESC, seq LIMIT {_PAGE}"
+        rows = conn.execute(sql, params).fetchall()
+        yield from rows
+        if len(rows) < _PAGE:
+            return
+        cursor = (rows[-1]["priority"], rows[-1]["seq"])
+
+
+def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
+                  ignore_job: str | None) -> str | None:
+    holder = conn.execute("SELECT job_id FROM device_locks WHERE device_id = ?",
+                          (subject,)).fetchone()
+    if holder and holder["job_id"] != ignore_job:
+        return f"device {subject} is locked by {holder['job_id']}"
+    if row["exclusive"]:
+        running = conn.execute(
+            "SELECT job_id FROM jobs WHERE status = 'claimed' AND job_id != ? AND "
+            "(claimed_by = ? OR target_device = ?) LIMIT 1",
+            (ignore_job or "", subject, subject)).fetchone()
+        if running:
+            return f"device {subject} is running {running['job_id']}"
+    return None
+
+
+def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
+             device: Device | None, now: float, ignore_job: str | None) -> str | None:
+    spec = json.loads(row["spec"])
+    if claimant.executor == "device":
+        assert device is not None
+        why = static_refusal(device, row["workload"], row["backend"], row["pool"], row["match"])
+        if why:
+            return why
+        beacon_source: Device | None = device
+    else:
+        # A host job is checked against the device it pins, when that device is registered.
+        beacon_source = load_device(conn, row["target_device"]) if row["target_device"] else None
+    why = rules.constraint_refusal(
+        spec.get("constraints"), beacon_source.last_beacon if beacon_source else None,
+        beacon_source.last_beacon_at if beacon_source else None, now)
+    if why:
+        return why
+    return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job)
+
+
+def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
+                   device: Device | None = None, min_priority: int | None = None,
+                   ignore_job: str | None = None) -> sqlite3.Row | None:
+    """The first queued job this claimant may take now, in claim order, or None."""
+    if claimant.executor == "device":
+        device = device or load_device(conn, claimant.id)
+        if device is None:
+            return None
+        if (device.busy_job_id and device.busy_at is not None
+                and now - device.busy_at < rules.BUSY_STALE_S):
+            return None  # it holds a claim with another collector
+        workloads = rules.declared_workloads(device.capabilities)
+        if workloads == []:
+            return None
+    else:
+        workloads = None
+    for row in _candidates(conn, claimant, workloads, min_priority):
+        if _refusal(conn, row, claimant, device, now, ignore_job) is None:
+            return row
+    return None
+
+
+def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
+          effects: Effects) -> dict[str, Any] | None:
+    """Claim the next job for a device or host executor: the spec to run, or None."""
+    device = None
+    if claimant.executor == "device":
+        device = load_device(conn, claimant.id)
+        if device is None:
+            return None
+        touch(conn, claimant.id, now)
+    row = find_claimable(conn, claimant, now, device=device)
+    if row is None:
+        return None
+    deadline = now + row["ttl_s"]
+    attempt = row["attempts"] + 1
+    conn.execute(
+        "UPDATE jobs SET status = 'claimed', claimed_by = ?, attempts = ?, lease_deadline = ?, "
+        "claimed_at = ?, updated_at = ? WHERE seq = ?",
+        (claimant.id, attempt, deadline, now, now, row["seq"]))
+    conn.execute("INSERT INTO job_attempts (job_id, attempt, claimed_by, claimed_at) "
+                 "VALUES (?, ?, ?, ?)", (row["job_id"], attempt, claimant.id, now))
+    if row["exclusive"]:
+        conn.execute("INSERT OR REPLACE INTO device_locks (device_id, job_id, locked_at) "
+                     "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
+    effects.job(row["job_id"], "claimed", row["workload"], row["executor"],
+                claimed_by=claimant.id)
+    spec = json.loads(row["spec"])
+    spec["lease"] = {**(spec.get("lease") or {}), "ttl_s": row["ttl_s"],
+                     "max_attempts": row["max_attempts"]}
+    spec["attempt"] = attempt
+    spec["lease_deadline"] = iso(deadline)
+    return spec
+
+
+def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
+               effects: Effects) -> list[dict[str, Any] | None]:
+    """Claims for several waiting long polls in one transaction (the dispatcher's batch)."""
+    return [claim(conn, claimant, now, effects) for claimant in claimants]
+
+
+def hand_back_undelivered(conn: sqlite3.Connection, job_id: str, claimant_id: str, now: float,
+                          effects: Effects) -> None:
+    """A claim whose long poll went away before delivery is returned, its attempt not burned."""
+    row = _job_row(conn, job_id)
+    if row is None or row["status"] != "claimed" or row["claimed_by"] != claimant_id:
+        return
+    _requeue(conn, row, now, effects, outcome="undelivered", error=None, attempt_back=True,
+             keep_error=True)
+
+
+def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Effects, *,
+             outcome: str, error: str | None, attempt_back: bool, keep_error: bool = False) -> None:
+    attempts = row["attempts"] - 1 if attempt_back else row["attempts"]
+    conn.execute(
+        "UPDATE jobs SET status = 'queued', claimed_by = NULL, lease_deadline = NULL, "
+        "attempts = ?, updated_at = ?" + ("" if keep_error else ", last_error = ?")
+        + " WHERE job_id = ?",
+        (max(0, attempts), now, row["job_id"]) if keep_error
+        else (max(0, attempts), now, error, row["job_id"]))
+    _end_attempt(conn, row["job_id"], outcome, error, now)
+    _unlock(conn, row["job_id"])
+    effects.job(row["job_id"], "queued", row["workload"], row["executor"])
+    fresh = _job_row(conn, row["job_id"])
+    assert fresh is not None
+    effects.claimable.append(route_of(fresh))
+
+
+# ---------------------------------------------------------------------------------------------
+# leases
+
+
+def renew(conn: sqlite3.Connection, job_id: str, claimant_id: str, now: float
+          ) -> sqlite3.Row | None:
+    """Push out the lease of a job the claimant holds; the row when renewed, else None."""
+    row = _job_row(conn, job_id)
+    if row is None or row["status"] != "claimed" or row["claimed_by"] != claimant_id:
+        return None
+    conn.execute("UPDATE jobs SET lease_deadline = ?, updated_at = ? WHERE job_id = ?",
+                 (now + row["ttl_s"], now, job_id))
+    return row
+
+
+def should_preempt(conn: sqlite3.Connection, row: sqlite3.Row, now: float) -> bool:
+    """True when the running job is preemptible and a queued job of strictly higher priority
+    would go to the same claimant."""
+    if not row["preemptible"]:
+        return False
+    claimant = Claimant(row["executor"], row["claimed_by"])
+    found = find_claimable(conn, claimant, now, min_priority=row["priority"] + 1,
+                           ignore_job=row["job_id"])
+    return found is not None
+
+
+@dataclass
+class Swept:
+    requeued: list[str]
+    failed: list[str]
+
+
+def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
+    """Requeue or fail every claimed job whose lease has lapsed."""
+    swept = Swept([], [])
+    lapsed = conn.execute("SELECT * FROM jobs WHERE status = 'claimed' AND lease_deadline < ? "
+                          "ORDER BY lease_deadline", (now,)).fetchall()
+    for row in lapsed:
+        late_s = int(now - row["lease_deadline"])
+        where = f"on {row['claimed_by']}"
+        if row["attempts"] < row["max_attempts"]:
+            error = (f"lease expired {where} ({late_s} s past its deadline) on attempt "
+                     f"{row['attempts']} of {row['max_attempts']}; requeued")
+            _requeue(conn, row, now, effects, outcome="expired", error=error, attempt_back=False)
+            swept.requeued.append(row["job_id"])
+        else:
+            error = (f"lease expired {where} on the final attempt ({row['attempts']} of "
+                     f"{row['max_attempts']}); the job failed")
+            _end_attempt(conn, row["job_id"], "expired", error, now)
+            _close(conn, row, "failed", error, now, effects)
+            swept.failed.append(row["job_id"])
+    return swept
+
+
+# ---------------------------------------------------------------------------------------------
+# closing, promotion, cascades
+
+
+def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, error: str | None,
+                      now: float, effects: Effects) -> str:
+    outcome = "done" if ok else "failed"
+    message = None if ok else (error or "the device reported a failure without a reason")
+    _end_attempt(conn, row["job_id"], outcome, message, now)
+    _close(conn, row, outcome, message, now, effects)
+    return outcome
+
+
+def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], now: float,
+              effects: Effects) -> None:
+    """A final row with preempted: the job goes back to the queue, resumable."""
+    spec = json.loads(row["spec"])
+    if artifacts:
+        spec["params"] = {**(spec.get("params") or {}), "resume_from": artifacts[0]}
+        conn.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", (json.dumps(spec), row["job_id"]))
+    _requeue(conn, row, now, effects, outcome="preempted", error=None, attempt_back=True,
+             keep_error=True)
+
+
+def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
+           now: float, effects: Effects) -> None:
+    _set_status(conn, row["job_id"], status, now, error)
+    conn.execute("UPDATE jobs SET lease_deadline = NULL WHERE job_id = ?", (row["job_id"],))
+    _unlock(conn, row["job_id"])
+    effects.job(row["job_id"], status, row["workload"], row["executor"],
+                **({"last_error": error} if error else {}))
+    if status == "done":
+        _promote_waiters(conn, row["job_id"], now, effects)
+    else:
+        _fail_waiters(conn, row["job_id"], status, error, now, effects)
+    if row["parent_job_id"]:
+        _settle_group(conn, row["parent_job_id"], now, effects)
+
+
+def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> None:
+    waiters = conn.execute(
+        "SELECT j.* FROM job_deps d JOIN jobs j ON j.job_id = d.job_id "
+        "WHERE d.depends_on = ? AND j.status = 'waiting' ORDER BY j.seq", (job_id,)).fetchall()
+    for waiter in waiters:
+        deps = [r[0] for r in conn.execute("SELECT depends_on FROM job_deps WHERE job_id = ?",
+                                           (waiter["job_id"],))]
+        open_dep = conn.execute(
+            f"SELECT 1 FROM jobs WHERE job_id IN ({','.join('?' * len(deps))}) "  # noqa: S608
+            "AND status != 'done' LIMIT 1", deps).fetchone()
+        if open_dep:
+            continue
+        if waiter["is_group"]:
+            _set_status(conn, waiter["job_id"], "queued", now)
+            effects.job(waiter["job_id"], "queued", waiter["workload"], waiter["executor"])
+            continue
+        spec = json.loads(waiter["spec"])
+        try:
+            spec = _rewritten(conn, spec)
+        except templates.Unresolvable as exc:
+            _close(conn, waiter, "failed", str(exc), now, effects)
+            continue
+        conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
+                     "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
+        effects.job(waiter["job_id"], "queued", waiter["workload"], waiter["executor"])
+        fresh = _job_row(conn, waiter["job_id"])
+        assert fresh is not None
+        effects.claimable.append(route_of(fresh))
+
+
+def _fail_waiters(conn: sqlite3.Connection, job_id: str, status: str, error: str | None,
+                  now: float, effects: Effects) -> None:
+    waiters = conn.execute(
+        "SELECT j.* FROM job_deps d JOIN jobs j ON j.job_id = d.job_id "
+        "WHERE d.depends_on = ? AND j.status = 'waiting' ORDER BY j.seq", (job_id,)).fetchall()
+    for waiter in waiters:
+        _close(conn, waiter, "failed", _dependency_error(job_id, status, error), now, effects)
+
+
+def _settle_group(conn: sqlite3.Connection, parent_id: str, now: float, effects: Effects) -> None:
+    """Close a fan-out parent once every child is closed: done, failed or cancelled."""
+    parent = _job_row(conn, parent_id)
+    if parent is None or parent["status"] in CLOSED:
+        return
+    children = conn.execute("SELECT job_id, status, last_error FROM jobs "
+                            "WHERE parent_job_id = ? ORDER BY seq", (parent_id,)).fetchall()
+    if any(child["status"] in OPEN for child in children):
+        return
+    failed = [c for c in children if c["status"] == "failed"]
+    cancelled = [c for c in children if c["status"] == "cancelled"]
+    if failed:
+        detail = "; ".join(f"{c['job_id']}: {c['last_error']}" for c in failed[:5])
+        _close(conn, parent, "failed",
+               f"{len(failed)} of {len(children)} fan-out children failed ({detail})"[:2000],
+               now, effects)
+    elif cancelled:
+        _close(conn, parent, "cancelled", f"{len(cancelled)} of {len(children)} fan-out "
+               "children were cancelled", now, effects)
+    else:
+        _close(conn, parent, "done", None, now, effects)
+
+
+def _rewritten(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
+    if not templates.references(spec):
+        return spec
+    return templates.rewrite(spec, lambda job_id, kind, key: _template_value(conn, job_id,
+                                                                              kind, key))
+
+
+def _template_value(conn: sqlite3.Connection, job_id: str, kind: str, key: str | None) -> Any:
+    rows = conn.execute(
+        "SELECT metrics, artifacts FROM results WHERE job_id = ? "
+        "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id,)).fetchall()
+    for row in rows:
+        if kind == "artifact":
+            artifacts = json.loads(row["artifacts"])
+            if artifacts:
+                return artifacts[0]
+        else:
+            metrics = json.loads(row["metrics"])
+            if key in metrics and metrics[key] is not None:
+                return metrics[key]
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# operator and agent actions
+
+
+def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
+            effects: Effects) -> dict[str, Any]:
+    row = _job_row(conn, job_id)
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    if row["status"] != "claimed" or row["claimed_by"] != device_id:
+        raise Conflict(f"{device_id} does not hold a claim on job {job_id} "
+                       f"(it is {row['status']}"
+                       + (f", claimed by {row['claimed_by']})" if row["claimed_by"] else ")"))
+    if conn.execute("SELECT 1 FROM results WHERE job_id = ? LIMIT 1", (job_id,)).fetchone():
+        raise Conflict(f"job {job_id} already has result rows, so it cannot be released; "
+                       "post a final row instead")
+    _requeue(conn, row, now, effects, outcome="released", error=None, attempt_back=True,
+             keep_error=True)
+    return {"ok": True, "job_id": job_id, "status": "queued"}
+
+
+def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
+    row = _job_row(conn, job_id)
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    if row["status"] in CLOSED:
+        raise Conflict(f"job {job_id} is already {row['status']}")
+    was = row["status"]
+    mark = len(effects.events)
+    if row["is_group"]:
+        for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
+                                  "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
+            _end_attempt(conn, child["job_id"], "cancelled", "cancelled by an operator", now)
+            _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
+        row = _job_row(conn, job_id)
+        assert row is not None
+    if row["status"] not in CLOSED:
+        _end_attempt(conn, job_id, "cancelled", "cancelled by an operator", now)
+        _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
+    cascaded = [e["job_id"] for e in effects.events[mark:]
+                if e["type"] == "job" and e["job_id"] != job_id
+                and e["status"] in ("failed", "cancelled")]
+    return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
+
+
+def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
+    row = _job_row(conn, job_id)
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    if row["status"] not in ("failed", "cancelled"):
+        raise Conflict(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be "
+                       "retried")
+    base = row["job_id"]
+    stem, sep, number = base.rpartition("-r")
+    if sep and number.isdigit():
+        base = stem
+    taken = {r[0] for r in conn.execute("SELECT job_id FROM jobs WHERE job_id LIKE ? ESCAPE '\\'",
+                                        (_like_prefix(base) + "-r%",))}
+    suffix = 2
+    while f"{base}-r{suffix}" in taken:
+        suffix += 1
+    spec = json.loads(row["spec"])
+    spec["job_id"] = f"{base}-r{suffix}"
+    params = spec.get("params")
+    if isinstance(params, dict):
+        params.pop("resume_from", None)
+    if row["is_group"]:
+        spec.setdefault("fanout", True)
+    reply = _store(conn, spec, now, effects, template_id=row["template_id"],
+                   parent=None)
+    return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
+            **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
+
+
+def _like_prefix(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,
+                 effects: Effects) -> sqlite3.Row:
+    row = _job_row(conn, job_id)
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    if row["status"] in CLOSED:
+        raise Conflict(f"job {job_id} is already {row['status']}; its priority no longer matters")
+    spec = json.loads(row["spec"])
+    spec["priority"] = priority
+    conn.execute("UPDATE jobs SET priority = ?, spec = ?, updated_at = ? WHERE job_id = ?",
+                 (priority, json.dumps(spec), now, job_id))
+    effects.job(job_id, row["status"], row["workload"], row["executor"], priority=priority)
+    fresh = _job_row(conn, job_id)
+    assert fresh is not None
+    if fresh["status"] == "queued":
+        effects.claimable.append(route_of(fresh))
+    return fresh

@@ -1,0 +1,118 @@
+"""Result rows and beacons (POST /results), and the result listings.
+
+Rows are idempotent by (job_id, device_id, iter): a repeat is acknowledged and changes nothing,
+so an agent may re-post whatever it is unsure was received.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from fleet_min.collector import queue
+from fleet_min.collector.effects import Effects
+from fleet_min.errors import NotFound
+from fleet_min.timeutil import iso
+
+_ROW_FIELDS = {"schema", "kind", "device_id", "job_id", "iter", "metrics", "final", "ok", "error",
+               "device", "artifacts", "preempted"}
+
+
+def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
+                effects: Effects) -> dict[str, Any]:
+    job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
+    job = conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    if job is None:
+        raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
+    extra = {k: v for k, v in body.items() if k not in _ROW_FIELDS}
+    final, preempted = bool(body.get("final")), bool(body.get("preempted"))
+    cursor = conn.execute(
+        """
+        INSERT OR IGNORE INTO results (job_id, device_id, iter, workload, ok, final, preempted,
+                                       error, metrics, artifacts, device, extra, created_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        """,
+        (job_id, device_id, iteration, job["workload"],
+         None if body.get("ok") is None else int(bool(body["ok"])), int(final), int(preempted),
+         body.get("error"), json.dumps(body.get("metrics") or {}),
+         json.dumps(body.get("artifacts") or []),
+         json.dumps(body["device"]) if body.get("device") is not None else None,
+         json.dumps(extra) if extra else None, now))
+    conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ?", (now, device_id))
+    if cursor.rowcount == 0:
+        return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
+    effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
+    status = job["status"]
+    if final and _closes(job, device_id):
+        if preempted:
+            queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
+            status = "queued"
+        else:
+            status = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"),
+                                             now, effects)
+    return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+
+
+def _closes(job: sqlite3.Row, device_id: str) -> bool:
+    """Does a final row from this device close the job? Only the claimant's, while claimed.
+
+    A host executor reports rows under the id of the attached device it drove, which the
+    collector may never have seen, so any final row closes a claimed host job.
+    """
+    if job["status"] != "claimed":
+        return False
+    if job["executor"] == "host":
+        return True
+    return bool(job["claimed_by"] == device_id)
+
+
+def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
+                effects: Effects) -> dict[str, Any]:
+    device_id = body["device_id"]
+    known = conn.execute("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+    beacon = dict(body.get("beacon") or {})
+    job_id = body.get("job_id")
+    if known is None and not job_id:
+        raise NotFound(f"device {device_id!r} is not registered; register first")
+    conn.execute("INSERT INTO beacons (device_id, job_id, at, body) VALUES (?, ?, ?, ?)",
+                 (device_id, job_id, now, json.dumps(beacon)))
+    busy = beacon.get("busy") if isinstance(beacon.get("busy"), dict) else None
+    conn.execute(
+        "UPDATE devices SET last_seen = ?, last_beacon = ?, last_beacon_at = ?, "
+        "busy_job_id = ?, busy_collector = ?, busy_at = ? WHERE device_id = ?",
+        (now, json.dumps(beacon), now, busy.get("job_id") if busy else None,
+         busy.get("collector") if busy else None, now if busy else None, device_id))
+    renewed, preempt = False, False
+    if job_id:
+        row = queue.renew(conn, job_id, device_id, now)
+        if row is not None:
+            renewed = True
+            preempt = queue.should_preempt(conn, row, now)
+    # A new beacon can satisfy a collector-enforced constraint, and a cleared busy flag frees it.
+    effects.claimants.append(f"device:{device_id}")
+    effects.emit("beacon", device_id=device_id, job_id=job_id, lease_renewed=renewed,
+                 preempt=preempt)
+    return {"lease_renewed": renewed, "preempt": preempt}
+
+
+def result_record(row: sqlite3.Row) -> dict[str, Any]:
+    record: dict[str, Any] = {
+        "id": row["id"],
+        "job_id": row["job_id"],
+        "device_id": row["device_id"],
+        "iter": row["iter"],
+        "workload": row["workload"],
+        "ok": None if row["ok"] is None else bool(row["ok"]),
+        "final": bool(row["final"]),
+        "preempted": bool(row["preempted"]),
+        "error": row["error"],
+        "metrics": json.loads(row["metrics"]),
+        "artifacts": json.loads(row["artifacts"]),
+        "device": json.loads(row["device"]) if row["device"] else None,
+        "created_at": iso(row["created_at"]),
+    }
+    if row["extra"]:
+        for key, value in json.loads(row["extra"]).items():
+            record.setdefault(key, value)
+    return record

@@ -1,0 +1,174 @@
+"""The running collector: its database, dispatcher, event hub, identity and background loops.
+
+Handlers reach domain code through `Service.transact`, which runs a transaction function on the
+writer thread and, only after it has committed, publishes its events and wakes waiting polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import platform
+import secrets
+import socket
+import sqlite3
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fleet_min.collector import queue
+from fleet_min.collector.dispatch import Dispatcher, Waiter
+from fleet_min.collector.effects import Effects
+from fleet_min.collector.queue import Claimant
+from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.config import Config
+from fleet_min.db import Database
+from fleet_min.sse import EventHub
+from fleet_min.timeutil import iso, now
+
+log = logging.getLogger("fleet_min.collector")
+
+
+def stable_id(data_dir: Path) -> str:
+    """The collector's id: made once, kept in the data directory, never overridable."""
+    path = data_dir / "collector-id"
+    try:
+        existing = path.read_text().strip()
+        if existing:
+            return existing
+    except FileNotFoundError:
+        pass
+    value = "col-" + secrets.token_hex(8)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(value + "\n")
+    os.replace(tmp, path)
+    return value
+
+
+class Service:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.db = Database(self.data_dir / "fleet.sqlite3", MIGRATIONS, config.synchronous)
+        self.hub = EventHub()
+        self.dispatcher = Dispatcher(self._claim_batch, self._hand_back)
+        self.collector_id = ""
+        self.instance = uuid.uuid4().hex
+        self.name = config.name or socket.gethostname()
+        self.started_at = now()
+        self.guarded = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self.on_started: list[Callable[[], Any]] = []
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.collector_id = stable_id(self.data_dir)
+        await self.db.open()
+        self.dispatcher.start()
+        swept = await self.transact(queue.sweep, now())
+        if swept.requeued or swept.failed:
+            log.info("start-up sweep: requeued %d, failed %d", len(swept.requeued),
+                     len(swept.failed))
+        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
+
+    async def stop(self) -> None:
+        """Answer open long polls, stop the loops, close the database."""
+        await self.dispatcher.close()
+        self.hub.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.db.close()
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.sweep_s)
+            try:
+                await self.transact(queue.sweep, now())
+            except Exception:
+                log.exception("lease sweep failed; it runs again in %s s", self.config.sweep_s)
+
+    def spawn(self, coro: Any, name: str) -> None:
+        """A background loop owned by the service (stopped with it)."""
+        self._tasks.append(asyncio.create_task(coro, name=name))
+
+    # -- transactions -----------------------------------------------------------------------
+
+    async def transact(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run fn(conn, *args, effects, **kwargs) as one transaction, then apply its effects."""
+        effects = Effects()
+
+        def run(conn: sqlite3.Connection) -> Any:
+            return fn(conn, *args, effects, **kwargs)
+
+        result = await self.db.write(run)
+        self.apply(effects)
+        return result
+
+    def apply(self, effects: Effects) -> None:
+        for event in effects.events:
+            self.hub.publish(event)
+        self.dispatcher.jobs_claimable(effects.claimable)
+        self.dispatcher.claimants_changed(effects.claimants)
+
+    async def _claim_batch(self, claimants: list[Claimant]) -> list[dict[str, Any] | None]:
+        result: list[dict[str, Any] | None] = await self.transact(queue.claim_many, claimants,
+                                                                  now())
+        return result
+
+    async def _hand_back(self, job_id: str, claimant: Claimant) -> None:
+        log.info("poll for %s went away before job %s was delivered; handing it back",
+                 claimant.key, job_id)
+        await self.transact(queue.hand_back_undelivered, job_id, claimant.id, now())
+
+    # -- long polls -------------------------------------------------------------------------
+
+    async def next_job(self, claimant: Claimant, capabilities: list[str] | None,
+                       hold_s: float) -> dict[str, Any] | None:
+        """Hold a poll until a job is claimed for it or hold_s passes (then None)."""
+        waiter = Waiter(claimant, capabilities)
+        self.dispatcher.add(waiter)
+        try:
+            if waiter.future.done():  # shutting down
+                return None
+            job = await self.dispatcher.claim_now(waiter)
+            if job is not None:
+                return job
+            try:
+                return await asyncio.wait_for(asyncio.shield(waiter.future), hold_s)
+            except TimeoutError:
+                if waiter.reserved:  # a claim for this poll is in flight: take its answer
+                    waiter.expired = True
+                    return await waiter.future
+                return None
+        finally:
+            self.dispatcher.remove(waiter)
+            if not waiter.future.done():
+                waiter.future.cancel()
+
+    # -- health -----------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        current = now()
+        return {
+            "ok": True,
+            "collector": self.collector_id,
+            "name": self.name,
+            "instance": self.instance,
+            "started_at": iso(self.started_at),
+            "uptime_s": round(current - self.started_at, 3),
+            "now": iso(current),
+            "node": f"Python {platform.python_version()}",
+            "pid": os.getpid(),
+            "stream_clients": self.hub.clients,
+            "guard": self.guarded,
+            "waiting_polls": self.dispatcher.waiting,
+        }

@@ -1,0 +1,205 @@
+"""Read-side queries behind the /api listings: jobs, devices, results, beacons, overview.
+
+Every filter is a bound parameter; pages are 50 rows. Times in and out are ISO-8601 UTC.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from fleet_min.collector import queue, rules
+from fleet_min.collector.devices import device_record
+from fleet_min.collector.results import result_record
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest, NotFound
+from fleet_min.timeutil import iso, parse_iso
+
+PER_PAGE = 50
+JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
+
+
+def _page(query: Mapping[str, str]) -> int:
+    raw = query.get("page") or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        raise BadRequest("page must be a whole number from 1")
+    return int(raw)
+
+
+def _time(query: Mapping[str, str], name: str) -> float | None:
+    raw = query.get(name)
+    if not raw:
+        return None
+    try:
+        return parse_iso(raw)
+    except ValueError as exc:
+        raise BadRequest(f"{name}: {exc}") from None
+
+
+def _paged(total: int, page: int, key: str, items: list[Any]) -> dict[str, Any]:
+    return {"page": page, "per_page": PER_PAGE, "total": total,
+            "pages": max(1, -(-total // PER_PAGE)), key: items}
+
+
+async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    where, params = ["1 = 1"], []
+    status = query.get("status")
+    if status:
+        wanted = [s for s in status.split(",") if s]
+        bad = [s for s in wanted if s not in JOB_STATUSES]
+        if bad:
+            raise BadRequest(f"status {bad[0]!r} is not one of {', '.join(JOB_STATUSES)}")
+        where.append(f"status IN ({','.join('?' * len(wanted))})")
+        params += wanted
+    for name, column in (("workload", "workload"), ("executor", "executor"), ("pool", "pool")):
+        if query.get(name):
+            where.append(f"{column} = ?")
+            params.append(query[name])
+    if query.get("device"):
+        where.append("(claimed_by = ? OR target_device = ?)")
+        params += [query["device"], query["device"]]
+    if query.get("q"):
+        where.append("(job_id LIKE ? ESCAPE '\\' OR last_error LIKE ? ESCAPE '\\')")
+        pattern = "%" + query["q"].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        params += [pattern, pattern]
+    start, end = _time(query, "from"), _time(query, "to")
+    if start is not None:
+        where.append("created_at >= ?")
+        params.append(start)
+    if end is not None:
+        where.append("created_at <= ?")
+        params.append(end)
+    page = _page(query)
+    clause = " AND ".join(where)
+    total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)  # noqa: S608
+    rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "  # noqa: S608
+                         "LIMIT ? OFFSET ?", [*params, PER_PAGE, (page - 1) * PER_PAGE])
+    total = total_row[0] if total_row else 0
+    return {"jobs": [queue.job_record(r) for r in rows], "page": page, "per_page": PER_PAGE,
+            "total": total, "pages": max(1, -(-total // PER_PAGE))}
+
+
+async def get_job(db: Database, job_id: str) -> dict[str, Any]:
+    row = await db.read_one("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    return queue.job_record(row)
+
+
+async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
+    record = await get_job(db, job_id)
+    results = await db.read("SELECT * FROM results WHERE job_id = ? ORDER BY device_id, iter",
+                            (job_id,))
+    children = await db.read("SELECT job_id, status, claimed_by, last_error, target_device "
+                             "FROM jobs WHERE parent_job_id = ? ORDER BY seq", (job_id,))
+    attempts = await db.read("SELECT * FROM job_attempts WHERE job_id = ? ORDER BY attempt, id",
+                             (job_id,))
+    deps = await db.read("SELECT d.depends_on AS job_id, j.status FROM job_deps d "
+                         "LEFT JOIN jobs j ON j.job_id = d.depends_on WHERE d.job_id = ?",
+                         (job_id,))
+    dependents = await db.read("SELECT d.job_id, j.status FROM job_deps d "
+                               "JOIN jobs j ON j.job_id = d.job_id WHERE d.depends_on = ?",
+                               (job_id,))
+    rows = [result_record(r) for r in results]
+    record.update({
+        "results": rows,
+        "artifacts": sorted({sha for row in rows for sha in row["artifacts"]}),
+        "children": [dict(c) for c in children],
+        "attempts": [{"attempt": a["attempt"], "claimed_by": a["claimed_by"],
+                      "claimed_at": iso(a["claimed_at"]), "ended_at": iso(a["ended_at"]),
+                      "outcome": a["outcome"], "error": a["error"]} for a in attempts],
+        "depends_on": [dict(d) for d in deps],
+        "dependents": [dict(d) for d in dependents],
+    })
+    return record
+
+
+async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    where, params = ["1 = 1"], []
+    for name, column in (("job", "job_id"), ("device", "device_id"), ("workload", "workload")):
+        if query.get(name):
+            where.append(f"{column} = ?")
+            params.append(query[name])
+    start, end = _time(query, "from"), _time(query, "to")
+    if start is not None:
+        where.append("created_at >= ?")
+        params.append(start)
+    if end is not None:
+        where.append("created_at <= ?")
+        params.append(end)
+    page = _page(query)
+    clause = " AND ".join(where)
+    total_row = await db.read_one(f"SELECT COUNT(*) FROM results WHERE {clause}", params)  # noqa: S608
+    rows = await db.read(f"SELECT * FROM results WHERE {clause} "  # noqa: S608
+                         "ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
+                         [*params, PER_PAGE, (page - 1) * PER_PAGE])
+    total = total_row[0] if total_row else 0
+    return _paged(total, page, "results", [result_record(r) for r in rows])
+
+
+async def list_devices(db: Database, now: float, include_expired: bool) -> dict[str, Any]:
+    rows = await db.read("SELECT * FROM devices ORDER BY last_seen DESC, device_id")
+    records = [device_record(r, now) for r in rows]
+    if not include_expired:
+        records = [r for r in records if not r["expired"]]
+    return {"devices": records}
+
+
+async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]:
+    row = await db.read_one("SELECT * FROM devices WHERE device_id = ?", (device_id,))
+    if row is None:
+        raise NotFound(f"no device {device_id!r}")
+    record = device_record(row, now)
+    running = await db.read("SELECT job_id, workload, lease_deadline FROM jobs "
+                            "WHERE status = 'claimed' AND claimed_by = ?", (device_id,))
+    record["running"] = [{"job_id": r["job_id"], "workload": r["workload"],
+                          "lease_deadline": iso(r["lease_deadline"])} for r in running]
+    return record
+
+
+async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
+                         ) -> dict[str, Any]:
+    if await db.read_one("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)) is None:
+        raise NotFound(f"no device {device_id!r}")
+    since = _time(query, "since") or 0.0
+    limit = 1000
+    rows = await db.read("SELECT job_id, at, body FROM beacons WHERE device_id = ? AND at >= ? "
+                         "ORDER BY at DESC LIMIT ?", (device_id, since, limit))
+    beacons = [{"at": iso(r["at"]), "job_id": r["job_id"], **json.loads(r["body"])}
+               for r in reversed(rows)]
+    return {"device_id": device_id, "beacons": beacons, "truncated": len(rows) == limit}
+
+
+async def overview(db: Database, now: float) -> dict[str, Any]:
+    devices = await db.read("SELECT last_seen, ttl_s FROM devices")
+    by_status = {"online": 0, "stale": 0, "offline": 0}
+    for row in devices:
+        if not rules.is_expired(row["ttl_s"], row["last_seen"], now):
+            by_status[rules.device_status(row["last_seen"], now)] += 1
+    counts = dict.fromkeys(JOB_STATUSES, 0)
+    for row in await db.read("SELECT status, COUNT(*) AS n FROM jobs WHERE is_group = 0 "
+                             "GROUP BY status"):
+        counts[row["status"]] = row["n"]
+    running = await db.read("SELECT * FROM jobs WHERE status = 'claimed' ORDER BY claimed_at "
+                            "LIMIT 100")
+    failures = await db.read("SELECT * FROM jobs WHERE status = 'failed' "
+                             "ORDER BY finished_at DESC LIMIT 20")
+    progress = await db.read(
+        "SELECT job_id, device_id, MAX(iter) AS iter, COUNT(*) AS rows FROM results "
+        "WHERE job_id IN (SELECT job_id FROM jobs WHERE status = 'claimed') GROUP BY job_id, "
+        "device_id")
+    rows_by_job = {r["job_id"]: {"rows": r["rows"], "last_iter": r["iter"]} for r in progress}
+    return {
+        "devices": {"total": sum(by_status.values()), **by_status},
+        "queue": counts,
+        "running": [{"job_id": r["job_id"], "workload": r["workload"],
+                     "claimed_by": r["claimed_by"], "claimed_at": iso(r["claimed_at"]),
+                     "lease_deadline": iso(r["lease_deadline"]),
+                     "progress": rows_by_job.get(r["job_id"], {"rows": 0, "last_iter": None})}
+                    for r in running],
+        "recent_failures": [{"job_id": r["job_id"], "workload": r["workload"],
+                             "last_error": r["last_error"], "finished_at": iso(r["finished_at"])}
+                            for r in failures],
+        "now": iso(now),
+    }

@@ -1,0 +1,122 @@
+"""Server-sent events: a hub that fans events out to many clients without letting one slow
+client grow memory or slow the others.
+
+Each event is encoded once into the bytes every client receives. A client owns a bounded queue;
+when it is full the client is dropped (it reconnects and resumes with Last-Event-ID from the
+bounded replay buffer). Keep-alive comments keep proxies and idle connections open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+from fleet_min.timeutil import iso, now
+
+log = logging.getLogger(__name__)
+
+_DROP = b""  # sentinel put in a queue to end its stream
+
+
+class Subscriber:
+    __slots__ = ("dropped", "queue")
+
+    def __init__(self, depth: int) -> None:
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=depth)
+        self.dropped = False
+
+
+class EventHub:
+    def __init__(self, replay: int = 1000, depth: int = 256) -> None:
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=replay)
+        self._subscribers: set[Subscriber] = set()
+        self._depth = depth
+        self._next_id = 1
+        self.published = 0
+        self.dropped_clients = 0
+
+    @property
+    def clients(self) -> int:
+        return len(self._subscribers)
+
+    def publish(self, event: dict[str, Any]) -> None:
+        event_id = self._next_id
+        self._next_id += 1
+        payload = {"at": iso(now()), **event}
+        frame = (f"id: {event_id}\nevent: {event['type']}\n"
+                 f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
+        self._buffer.append((event_id, frame))
+        self.published += 1
+        for subscriber in list(self._subscribers):
+            try:
+                subscriber.queue.put_nowait(frame)
+            except asyncio.QueueFull:
+                self._drop(subscriber)
+
+    def _drop(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+        subscriber.dropped = True
+        self.dropped_clients += 1
+        with contextlib.suppress(asyncio.QueueEmpty):
+            subscriber.queue.get_nowait()  # make room for the sentinel
+        subscriber.queue.put_nowait(_DROP)
+
+    def subscribe(self, last_event_id: int | None) -> tuple[Subscriber, list[bytes]]:
+        subscriber = Subscriber(self._depth)
+        replay = ([frame for event_id, frame in self._buffer if event_id > last_event_id]
+                  if last_event_id is not None else [])
+        self._subscribers.add(subscriber)
+        return subscriber, replay
+
+    def unsubscribe(self, subscriber: Subscriber) -> None:
+        self._subscribers.discard(subscriber)
+
+    def close(self) -> None:
+        for subscriber in list(self._subscribers):
+            self._drop(subscriber)
+
+
+def _last_event_id(request: web.Request) -> int | None:
+    raw = request.headers.get("Last-Event-ID") or request.query.get("last_event_id")
+    if raw is None:
+        return None
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return None
+
+
+async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[str, Any]],
+                 keepalive_s: float = 15.0) -> web.StreamResponse:
+    """Serve one client until it leaves, is dropped, or the service stops."""
+    response = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "X-Accel-Buffering": "no"})
+    await response.prepare(request)
+    subscriber, replay = hub.subscribe(_last_event_id(request))
+    try:
+        greeting = json.dumps({"type": "hello", "at": iso(now()), **hello()},
+                              separators=(",", ":"))
+        await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
+        for frame in replay:
+            await response.write(frame)
+        while True:
+            try:
+                frame = await asyncio.wait_for(subscriber.queue.get(), keepalive_s)
+            except TimeoutError:
+                frame = b": keep-alive\n\n"
+            if not frame:  # the drop sentinel
+                break
+            await response.write(frame)
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        hub.unsubscribe(subscriber)
+    return response

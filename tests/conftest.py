@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient
+
+from fleet_min.collector.app import create_app
+from fleet_min.config import COLLECTOR_SETTINGS, resolve
+
+CollectorFactory = Callable[..., Any]
+
+
+@pytest.fixture
+def collector_factory(aiohttp_client: Any, tmp_path: Path) -> CollectorFactory:
+    """Start a real collector (real socket, real SQLite file) in this test's event loop."""
+
+    async def start(**overrides: Any) -> TestClient:
+        settings: dict[str, Any] = {"data_dir": str(tmp_path / "data"), "long_poll_s": 1.0,
+                                    "sweep_s": 3600.0, "bind": ("127.0.0.1",), "port": 0}
+        settings.update(overrides)
+        config = resolve(COLLECTOR_SETTINGS, environ={}, **settings)
+        return await aiohttp_client(create_app(config))
+
+    return start
+
+
+@pytest.fixture
+async def client(collector_factory: CollectorFactory) -> TestClient:
+    return await collector_factory()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "fleet.sqlite3"

@@ -1,0 +1,170 @@
+"""Shared test helpers: real collector processes, free ports, spec builders."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def job(job_id: str, workload: str = "benchmark", executor: str = "device", **fields: Any
+        ) -> dict[str, Any]:
+    spec: dict[str, Any] = {"schema": 1, "job_id": job_id, "workload": workload,
+                            "executor": executor}
+    if workload == "benchmark" and executor == "device" and "backend" not in fields:
+        spec["backend"] = "synthetic"
+    spec.update(fields)
+    return spec
+
+
+def registration(device_id: str, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"device_id": device_id,
+                            "descriptor": {"platform": "linux", "kind": "sbc", "ram_mb": 4096,
+                                           "model": "Pi 5", "os": "Debian 12"}}
+    body.update(fields)
+    return body
+
+
+def result_row(job_id: str, device_id: str, iteration: int = 0, **fields: Any) -> dict[str, Any]:
+    return {"schema": 1, "kind": "result", "job_id": job_id, "device_id": device_id,
+            "iter": iteration, **fields}
+
+
+def beacon(device_id: str, job_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"schema": 1, "kind": "beacon", "device_id": device_id,
+                            "beacon": fields}
+    if job_id:
+        body["job_id"] = job_id
+    return body
+
+
+def age_rows(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """Move recorded times into the past in the real database file (the tests' clock)."""
+    conn = sqlite3.connect(db_path, timeout=30)
+    try:
+        conn.execute(sql, params)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+class HttpClient:
+    """A tiny blocking JSON client for tests that talk to a separate process."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float = 30,
+                headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.base + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as err:
+            raw = err.read()
+            return err.code, json.loads(raw) if raw else None
+
+    def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any]:
+        return self.request("POST", path, body if body is not None else {}, **kw)
+
+
+class CollectorProcess:
+    def __init__(self, data_dir: Path, port: int | None = None,
+                 env: dict[str, str] | None = None, argv: list[str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.extra_env = env or {}
+        self.argv = argv or [sys.executable, "-m", "fleet_min", "collector"]
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = data_dir.parent / f"collector-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def client(self) -> HttpClient:
+        return HttpClient(self.url)
+
+    def start(self, wait: bool = True) -> CollectorProcess:
+        env = {**os.environ, "FLEET_LONG_POLL_S": "2", "FLEET_SWEEP_S": "1",
+               "PYTHONPATH": str(ROOT), **self.extra_env}
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.proc = subprocess.Popen(
+            [*self.argv, "--port", str(self.port), "--data", str(self.data_dir),
+             "--bind", "127.0.0.1"],
+            stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
+        log.close()
+        if wait:
+            self.wait_ready()
+        return self
+
+    def wait_ready(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"collector exited {self.proc.returncode}:\n{self.log()}")
+            with contextlib.suppress(OSError):
+                status, _ = self.client.get("/api/health", timeout=2)
+                if status == 200:
+                    return
+            time.sleep(0.05)
+        raise AssertionError(f"collector did not answer within {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.proc = None
+        return code
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def running_collector(data_dir: Path, **kw: Any) -> Iterator[CollectorProcess]:
+    proc = CollectorProcess(data_dir, **kw).start()
+    try:
+        yield proc
+    finally:
+        proc.stop()

@@ -1,0 +1,61 @@
+"""Pure queue rules: windows, constraints, capabilities, status, platform inference."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleet_min.collector import rules
+
+
+@pytest.mark.parametrize("start, end, hour, inside", [
+    (9, 17, 9, True), (9, 17, 16, True), (9, 17, 17, False), (9, 17, 3, False),
+    (22, 6, 23, True), (22, 6, 0, True), (22, 6, 5, True), (22, 6, 6, False),
+    (22, 6, 12, False), (5, 5, 13, True),
+])
+def test_window(start, end, hour, inside):
+    assert rules.in_window({"from": start, "to": end}, hour) is inside
+
+
+def test_constraints_fail_closed_without_a_fresh_beacon():
+    now = 10_000.0
+    assert rules.constraint_refusal({"require_ac": True}, None, None, now)
+    assert rules.constraint_refusal({"max_load": 2}, {"load": 1}, now - 600, now)
+    assert rules.constraint_refusal({"max_load": 2}, {"load": 1}, now - 5, now) is None
+    assert rules.constraint_refusal({"require_charging": True}, None, None, now) is None
+    assert rules.constraint_refusal({}, None, None, now) is None
+
+
+def test_require_ac_falls_back_to_charging_only_when_ac_is_absent():
+    now = 1.0
+    assert rules.constraint_refusal({"require_ac": True}, {"charging": True}, now, now) is None
+    assert rules.constraint_refusal({"require_ac": True}, {"ac": False, "charging": True},
+                                    now, now)
+
+
+def test_booleans_are_not_loads():
+    assert rules.constraint_refusal({"max_load": 5}, {"load": True}, 1.0, 1.0)
+
+
+def test_offers():
+    assert rules.offers(None, "batch", None)
+    assert not rules.offers([], "batch", None)
+    assert rules.offers(["benchmark"], "benchmark", "jssha")
+    assert rules.offers(["benchmark:jssha"], "benchmark", "jssha")
+    assert not rules.offers(["benchmark:jssha"], "benchmark", "webcrypto")
+    assert not rules.offers(["benchmark:jssha"], "benchmark", None)
+    assert rules.declared_workloads(["benchmark:jssha", "build:gradle", "self-check"]) == [
+        "benchmark", "build", "self-check"]
+
+
+def test_status_and_expiry():
+    assert rules.device_status(100, 100 + 179) == "online"
+    assert rules.device_status(100, 100 + 181) == "stale"
+    assert rules.device_status(100, 100 + 901) == "offline"
+    assert rules.is_expired(60, 0, 61) and not rules.is_expired(None, 0, 10**9)
+
+
+def test_platform_inference():
+    assert rules.infer_platform("iOS 17.2") == "ios"
+    assert rules.infer_platform("iPadOS 18") == "ios"
+    assert rules.infer_platform("Android 14") == "android"
+    assert rules.infer_platform(None) == "android"
