@@ -1,0 +1,283 @@
+"""Control-plane actions: duplicate, drain, resume, deregister a runner; run the health check.
+
+Every action is validated against the freshly discovered runners first (unknown runner 404,
+malformed args 400, refusals 409), runs its commands as argv lists with a timeout (tokens go to
+config.sh through its ACTIONS_RUNNER_INPUT_TOKEN variable, never argv), and is written to the
+audit log with who asked, the exit code and the duration, refusals included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fleet_min.controlplane import commands, store
+from fleet_min.controlplane.capacity import refusals_for_repo
+from fleet_min.controlplane.commands import CommandResult
+from fleet_min.controlplane.github import GitHubError
+from fleet_min.controlplane.runners import DRAIN_MARKER, Runner, load_runner, valid_name
+from fleet_min.controlplane.supervisor import ServiceState, chain
+from fleet_min.errors import BadRequest, Conflict, Refused, Unavailable
+from fleet_min.timeutil import iso, now
+
+if TYPE_CHECKING:
+    from fleet_min.controlplane.engine import ControlPlane
+
+CATALOGUE: list[dict[str, Any]] = [
+    {"id": "runner.duplicate", "label": "Duplicate", "runner": True,
+     "description": "Register another runner for the same repository with the same labels.",
+     "args": {"name": "runner name", "new_name": "optional name of the new runner"}},
+    {"id": "runner.drain", "label": "Drain", "runner": True,
+     "description": "Stop taking jobs: stop now when idle, else when the current job ends.",
+     "args": {"name": "runner name"}},
+    {"id": "runner.resume", "label": "Resume", "runner": True,
+     "description": "Clear the drain marker and start the runner's service.",
+     "args": {"name": "runner name"}},
+    {"id": "runner.deregister", "label": "Deregister", "runner": True,
+     "description": "Stop the service and remove the registration (refused while busy).",
+     "args": {"name": "runner name", "delete_dir": "optional boolean; default false"}},
+    {"id": "health.check", "label": "Health check", "runner": False,
+     "description": "Run the host health script and show its output.", "args": {}},
+]
+ACTION_IDS = {entry["id"] for entry in CATALOGUE}
+# The runner's own files that belong to its registration or its runtime state: never copied
+# into a duplicate (the new runner gets its own from config.sh).
+_NOT_COPIED = re.compile(r"^(\.runner|\.credentials.*|\.service|\.fleet-drain|_work|_diag)$")
+
+
+def catalogue(read_only: bool) -> dict[str, Any]:
+    return {"actions": CATALOGUE, "read_only": read_only}
+
+
+def _reply(action: str, result: CommandResult | None, output: str = "", **extra: Any
+           ) -> dict[str, Any]:
+    if result is None:
+        return {"ok": True, "action": action, "code": 0, "output": output, "durationMs": 0,
+                "command": None, **extra}
+    reply = {"ok": result.ok, "action": action, "code": result.code,
+             "output": "\n".join(x for x in (output, result.output) if x),
+             "durationMs": result.duration_ms, "command": result.command, **extra}
+    if not result.ok:
+        reply["error"] = (f"{Path(result.argv[0]).name} did not finish in time" if result.timed_out
+                          else f"{Path(result.argv[0]).name} failed with exit code {result.code}")
+    return reply
+
+
+def _runner_name(args: dict[str, Any]) -> str:
+    name = args.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequest("args.name must be the name of a runner on this host")
+    if not valid_name(name):
+        raise BadRequest("args.name is not a valid runner name")
+    return name
+
+
+async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict[str, Any]:
+    if not isinstance(action, str) or action not in ACTION_IDS:
+        raise BadRequest(f"id must be one of {', '.join(sorted(ACTION_IDS))}")
+    if not isinstance(args, dict):
+        raise BadRequest("args must be a JSON object")
+    started = time.monotonic()
+    reply: dict[str, Any] | None = None
+    error: str | None = None
+    try:
+        async with cp.action_lock:
+            await cp.rebuild()  # validate against what is on the host now, not a tick ago
+            reply = await _dispatch(cp, action, args)
+        return reply
+    except Refused as exc:
+        error = exc.message
+        raise
+    finally:
+        duration = int((time.monotonic() - started) * 1000)
+        audit_args = {k: v for k, v in args.items() if k in ("name", "new_name", "delete_dir")}
+        await cp.db.write(store.add_audit, who, action, audit_args,
+                          bool(reply and reply["ok"]), reply["code"] if reply else None,
+                          reply["durationMs"] if reply else duration,
+                          error or (reply or {}).get("error"))
+        cp.wake(github=True)
+
+
+async def _dispatch(cp: ControlPlane, action: str, args: dict[str, Any]) -> dict[str, Any]:
+    if action == "health.check":
+        return await health_check(cp)
+    runner, state = cp.find(_runner_name(args))
+    if action == "runner.drain":
+        return await drain(cp, runner, state)
+    if action == "runner.resume":
+        return await resume(cp, runner, state)
+    if action == "runner.deregister":
+        return await deregister(cp, runner, state, args)
+    return await duplicate(cp, runner, state, args)
+
+
+async def drain(cp: ControlPlane, runner: Runner, state: ServiceState) -> dict[str, Any]:
+    if not runner.draining:
+        (runner.path / DRAIN_MARKER).write_text(iso(now()) or "", encoding="utf-8")
+    busy = cp.view(runner.name)["busy"]
+    if busy:
+        await cp.record(runner.name, "drain", "draining; stops when its job ends")
+        return _reply("runner.drain", None, f"{runner.name} is busy; its service stops when "
+                      "the job ends", runner=runner.name, stopped=False)
+    cp.forget_drain_attempt(runner.name)
+    if state.active != "active":
+        await cp.record(runner.name, "drain", "draining; service already stopped")
+        return _reply("runner.drain", None, f"{runner.name} is drained (service not running)",
+                      runner=runner.name, stopped=True)
+    result = await cp.supervisor.stop(runner, state)
+    await cp.record(runner.name, "drain", "idle; service stopped" if result.ok
+                    else f"stopping the service failed (exit {result.code})")
+    return _reply("runner.drain", result, runner=runner.name, stopped=result.ok)
+
+
+async def resume(cp: ControlPlane, runner: Runner, state: ServiceState) -> dict[str, Any]:
+    (runner.path / DRAIN_MARKER).unlink(missing_ok=True)
+    cp.forget_drain_attempt(runner.name)
+    if state.active == "active":
+        await cp.record(runner.name, "resume", "drain marker cleared; service was running")
+        return _reply("runner.resume", None, f"{runner.name} is running", runner=runner.name)
+    if not state.loaded:
+        raise Conflict(f"{runner.name} has no service unit {state.unit} to start; "
+                       "install it with the runner's svc.sh")
+    result = await cp.supervisor.start(runner, state)
+    await cp.record(runner.name, "resume", "service started" if result.ok
+                    else f"starting the service failed (exit {result.code})")
+    return _reply("runner.resume", result, runner=runner.name)
+
+
+def _repo_of(runner: Runner) -> str:
+    if runner.repo is None:
+        raise BadRequest(f"{runner.name} is not a repository runner; only those are supported")
+    return runner.repo
+
+
+async def _github_token(cp: ControlPlane, repo: str, kind: str) -> str:
+    try:
+        if kind == "registration":
+            return await cp.github.registration_token(repo)
+        return await cp.github.removal_token(repo)
+    except GitHubError as exc:
+        raise Unavailable(f"could not get a {kind} token for {repo}: {exc}") from None
+
+
+async def deregister(cp: ControlPlane, runner: Runner, state: ServiceState,
+                     args: dict[str, Any]) -> dict[str, Any]:
+    delete_dir = args.get("delete_dir", False)
+    if not isinstance(delete_dir, bool):
+        raise BadRequest("args.delete_dir must be true or false")
+    repo = _repo_of(runner)
+    if cp.view(runner.name)["busy"]:
+        raise Conflict(f"{runner.name} is running a job; drain it and deregister when idle")
+    token = await _github_token(cp, repo, "remove")
+    steps = []
+    if state.active == "active":
+        steps.append(await cp.supervisor.stop(runner, state))
+    if state.loaded:
+        steps.append(await cp.supervisor.uninstall(runner, state))
+    steps.append(await commands.run([str(runner.path / "config.sh"), "remove"],
+                                    timeout_s=cp.cfg.command_timeout_s, cwd=runner.path,
+                                    env={"ACTIONS_RUNNER_INPUT_TOKEN": token}))
+    result = chain(steps)
+    removed = False
+    if result.ok and delete_dir:
+        await asyncio.to_thread(shutil.rmtree, runner.path)
+        removed = True
+    await cp.record(runner.name, "deregister", "registration removed" if result.ok
+                    else f"deregistering failed (exit {result.code})")
+    return _reply("runner.deregister", result, runner=runner.name, deleted_dir=removed)
+
+
+def _new_name(cp: ControlPlane, runner: Runner, args: dict[str, Any]) -> str:
+    taken = {r.name for r in cp.runners}
+    wanted = args.get("new_name")
+    if wanted is not None:
+        if not isinstance(wanted, str) or not valid_name(wanted):
+            raise BadRequest("args.new_name must be letters, digits, '.', '_' or '-' "
+                             "(at most 100)")
+        if wanted in taken or (cp.root / wanted).exists():
+            raise Conflict(f"a runner or directory named {wanted!r} already exists")
+        return wanted
+    base = re.sub(r"-\d+$", "", runner.name)
+    for n in range(2, 1000):
+        candidate = f"{base}-{n}"
+        if candidate not in taken and not (cp.root / candidate).exists():
+            return candidate
+    raise Conflict(f"no free name left for a copy of {runner.name}")
+
+
+def copy_install(src: Path, dst: Path) -> None:
+    """A new runner directory with the sibling's installation, not its registration.
+
+    The runner's binaries (bin*, externals*) are hard-linked when the file system allows it:
+    they are never modified in place (updates unpack into new bin.X dirs), and a copy costs
+    hundreds of MB on a Pi. Top-level scripts are copied, since config.sh rewrites some.
+    """
+    def link_or_copy(source: str, target: str) -> object:
+        top = Path(source).relative_to(src).parts[0]
+        if top.startswith(("bin", "externals")):
+            try:
+                os.link(source, target)
+                return target
+            except OSError:
+                pass
+        return shutil.copy2(source, target)
+
+    def ignore(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if _NOT_COPIED.match(n)] if Path(folder) == src else []
+
+    shutil.copytree(src, dst, symlinks=True, ignore=ignore, copy_function=link_or_copy)
+
+
+async def duplicate(cp: ControlPlane, runner: Runner, state: ServiceState,
+                    args: dict[str, Any]) -> dict[str, Any]:
+    repo = _repo_of(runner)
+    reasons = refusals_for_repo(cp.snapshot["capacity"], repo)
+    if reasons:
+        raise Conflict("no room for another runner: " + "; ".join(reasons))
+    view = cp.view(runner.name)
+    if view["registration"] == "unknown":
+        raise Conflict(f"GitHub has not told us {runner.name}'s labels yet; try again shortly")
+    new_name = _new_name(cp, runner, args)
+    token = await _github_token(cp, repo, "registration")
+    target = cp.root / new_name
+    await asyncio.to_thread(copy_install, runner.path, target)
+    argv = [str(target / "config.sh"), "--unattended", "--url", runner.url, "--name", new_name,
+            "--work", "_work", "--replace"]
+    if view["custom_labels"]:
+        argv += ["--labels", ",".join(view["custom_labels"])]
+    steps = [await commands.run(argv, timeout_s=cp.cfg.command_timeout_s, cwd=target,
+                                env={"ACTIONS_RUNNER_INPUT_TOKEN": token})]
+    created = load_runner(target, cp.root) if steps[0].ok else None
+    if created is None:
+        await asyncio.to_thread(shutil.rmtree, target, True)
+        result = chain(steps)
+        if result.ok:  # config.sh said yes but left no .runner: report it as the failure it is
+            result.code, result.output = 1, result.output + "\nconfig.sh wrote no .runner file"
+        await cp.record(runner.name, "duplicate", f"registering {new_name} failed")
+        return _reply("runner.duplicate", result, runner=new_name)
+    steps.append(await cp.supervisor.install(created, state.scope))
+    if steps[-1].ok:
+        new_state = (await cp.supervisor.states([created]))[created.name]
+        steps.append(await cp.supervisor.start(created, new_state))
+    result = chain(steps)
+    await cp.record(runner.name, "duplicate", f"registered {new_name}" if result.ok
+                    else f"{new_name} registered but its service did not start")
+    await cp.record(new_name, "created", f"duplicated from {runner.name}")
+    return _reply("runner.duplicate", result, runner=new_name, sibling=runner.name)
+
+
+async def health_check(cp: ControlPlane) -> dict[str, Any]:
+    script = cp.cfg.health_script
+    if not script:
+        raise Conflict("no health script is configured; set FLEET_HEALTH_SCRIPT")
+    path = Path(script).expanduser()
+    if not path.is_absolute() or not os.access(path, os.X_OK):
+        raise Conflict(f"the health script {script} is not an executable file with an "
+                       "absolute path")
+    result = await commands.run([str(path)], timeout_s=cp.cfg.command_timeout_s)
+    return _reply("health.check", result)

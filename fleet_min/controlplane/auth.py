@@ -1,0 +1,66 @@
+"""Who may call a route: bearer tokens, cross-origin refusal, read-only mode.
+
+Plain functions over the request's method and headers so the rules are tested without HTTP; the
+app's middleware feeds them and turns the refusals into 401/403 answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from urllib.parse import urlsplit
+
+from fleet_min.controlplane import tokens
+from fleet_min.errors import Forbidden, Unauthorized
+
+READ_ONLY_MESSAGE = "this daemon is running read-only"
+
+
+class Need(Enum):
+    NONE = "none"
+    CONTROL = "control"
+    AGENT = "agent"
+
+
+def bearer(headers: Mapping[str, str]) -> str | None:
+    value = headers.get("Authorization", "")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def check_same_origin(headers: Mapping[str, str]) -> None:
+    """Refuse a browser request made from another site, whatever token it carries.
+
+    The daemon's own address is the Host the request was sent to: through an SSH tunnel or a
+    TLS proxy that keeps Host, the page and the API share it, while a page on another site
+    sends its own origin. A request without Origin (curl, the agent) is not a browser's.
+    """
+    if headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
+        raise Forbidden("cross-origin requests are refused; use the daemon's own page")
+    origin = headers.get("Origin")
+    if origin is None:
+        return
+    host = headers.get("Host", "")
+    parts = urlsplit(origin)
+    if origin == "null" or parts.scheme not in ("http", "https") or parts.netloc != host:
+        raise Forbidden("cross-origin requests are refused; use the daemon's own page")
+
+
+def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,
+              control: str | None, agent: str | None) -> str:
+    """Raise 401/403 unless the request may proceed; return who it is for the audit log."""
+    if need is Need.NONE:
+        return "anonymous"
+    if read_only:
+        raise Forbidden(READ_ONLY_MESSAGE)
+    check_same_origin(headers)
+    given = bearer(headers)
+    if given is None:
+        raise Unauthorized("this route needs an Authorization: Bearer <token> header")
+    if tokens.matches(given, control):
+        return "control token"
+    if need is Need.AGENT and tokens.matches(given, agent):
+        return "agent token"
+    raise Forbidden("the bearer token is wrong")

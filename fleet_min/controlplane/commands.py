@@ -1,0 +1,76 @@
+"""Running host commands: always an argv list, always a timeout, output capped and redacted.
+
+Each command gets its own session so a timeout kills the whole process group (config.sh starts
+children), and stdin is closed so nothing can wait for a password prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shlex
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet_min.controlplane.redact import redact
+
+MAX_OUTPUT = 64 * 1024
+
+
+@dataclass
+class CommandResult:
+    argv: list[str]
+    code: int | None  # None: it could not start or was killed at the timeout
+    output: str
+    duration_ms: int
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @property
+    def command(self) -> str:
+        return redact(shlex.join(self.argv))
+
+
+async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
+              env: Mapping[str, str] | None = None) -> CommandResult:
+    """Run argv; secrets for the child go in `env` (merged over ours), never in argv."""
+    started = time.monotonic()
+    argv = [str(a) for a in argv]
+    child_env = {**os.environ, **(env or {})}
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=cwd, env=child_env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True)
+    except OSError as exc:
+        return CommandResult(argv, None, f"could not start {argv[0]}: {exc.strerror}",
+                             _ms(started))
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        _kill_group(proc.pid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 5)
+        return CommandResult(argv, None, f"{argv[0]} did not finish within {timeout_s:g} s "
+                             "and was stopped", _ms(started), timed_out=True)
+    except asyncio.CancelledError:
+        _kill_group(proc.pid)
+        raise
+    text = out[-MAX_OUTPUT:].decode("utf-8", "replace")
+    return CommandResult(argv, proc.returncode, redact(text), _ms(started))
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _ms(started: float) -> int:
+    return int((time.monotonic() - started) * 1000)

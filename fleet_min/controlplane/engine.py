@@ -1,0 +1,377 @@
+"""The control plane's engine: discovery, supervisor states, GitHub data and the snapshot.
+
+One ControlPlane per daemon. A tick rebuilds the snapshot (faster while a runner is busy, at
+once after an action or a setting change) and publishes it to the stream; a second loop keeps
+the GitHub data fresh with conditional requests. Domain only: no aiohttp.web here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import socket
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from fleet_min.config import Config
+from fleet_min.controlplane import diag, store, tokens
+from fleet_min.controlplane.capacity import capacity
+from fleet_min.controlplane.drift import drift_alerts
+from fleet_min.controlplane.github import GitHub, GitHubError, find_token
+from fleet_min.controlplane.procs import process_table
+from fleet_min.controlplane.queue_causes import queue_causes
+from fleet_min.controlplane.runners import Runner, discover
+from fleet_min.controlplane.settings import LiveValues, lookup
+from fleet_min.controlplane.stream import SnapshotHub
+from fleet_min.controlplane.supervisor import ServiceState, choose
+from fleet_min.controlplane.vitals import host_vitals
+from fleet_min.db import Database
+from fleet_min.errors import NotFound
+from fleet_min.timeutil import iso, now, parse_iso
+
+log = logging.getLogger(__name__)
+
+DRAIN_RETRY_S = 60.0
+COMPLETED_JOBS_PER_REFRESH = 10
+
+
+class RepoData:
+    """What GitHub said about one repository at the last refresh."""
+
+    def __init__(self) -> None:
+        self.runners: list[dict[str, Any]] | None = None
+        self.runs: list[dict[str, Any]] = []
+        self.jobs: list[dict[str, Any]] = []
+        self.error: str | None = None
+        self.refreshed_at: float | None = None
+
+
+class ControlPlane:
+    def __init__(self, cfg: Config, environ: dict[str, str] | None = None) -> None:
+        self.cfg = cfg
+        self.environ = dict(os.environ if environ is None else environ)
+        self.root = Path(cfg.root).expanduser()
+        self.state_dir = Path(cfg.state_dir).expanduser()
+        self.db = Database(self.state_dir / "controlplane.db", store.MIGRATIONS, cfg.synchronous)
+        self.supervisor = choose(cfg.supervisor, cfg.systemd_scope, cfg.command_timeout_s)
+        self.github = GitHub(cfg.github_api, None)
+        self.hub = SnapshotHub()
+        self.live = LiveValues({}, self.environ)
+        self.control_token: str | None = None
+        self.agent_token: str | None = None
+        self.repos: dict[str, RepoData] = defaultdict(RepoData)
+        self.runners: list[Runner] = []
+        self.states: dict[str, ServiceState] = {}
+        self.snapshot: dict[str, Any] = {}
+        self.hosts: dict[str, dict[str, Any]] = {}
+        self.action_lock = asyncio.Lock()
+        self._build_lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._github_wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._previous: dict[str, dict[str, Any]] = {}
+        self._drain_tried: dict[str, float] = {}
+        self._seen_completed: set[int] = set()
+        self.ticks = 0
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self.db.open()
+        self.live = LiveValues(await store.stored_settings(self.db), self.environ)
+        if not self.cfg.read_only:
+            self.control_token = tokens.ensure_token(self.state_dir)
+            self.agent_token = tokens.agent_token(self.state_dir, self.control_token)
+        self.github.token = await asyncio.to_thread(find_token, self.environ)
+        await self.rebuild()
+        self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
+                       asyncio.create_task(self._github_loop(), name="controlplane-github")]
+
+    async def close(self) -> None:
+        self.hub.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.github.close()
+        await self.db.close()
+
+    def wake(self, github: bool = False) -> None:
+        self._wake.set()
+        if github:
+            self._github_wake.set()
+
+    def setting(self, key: str) -> Any:
+        return self.live.get(key)
+
+    async def _tick_loop(self) -> None:
+        while True:
+            busy = any(r["busy"] for r in self.snapshot.get("runners", []))
+            interval = self.setting("busy_tick_s" if busy else "tick_s")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), interval)
+            self._wake.clear()
+            try:
+                await self.rebuild()
+            except Exception:
+                log.exception("snapshot rebuild failed; the next tick tries again")
+
+    async def _github_loop(self) -> None:
+        while True:
+            try:
+                await self.refresh_github()
+            except Exception:
+                log.exception("GitHub refresh failed; the next round tries again")
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._github_wake.wait(), self.setting("github_s"))
+            self._github_wake.clear()
+
+    # --- GitHub ----------------------------------------------------------------------------
+
+    async def refresh_github(self) -> None:
+        repos = sorted({r.repo for r in self.runners if r.repo})
+        for repo in list(self.repos):
+            if repo not in repos:
+                del self.repos[repo]
+        for repo in repos:
+            data = self.repos[repo]
+            try:
+                await self._refresh_repo(repo, data)
+                data.error = None
+            except GitHubError as exc:
+                data.error = str(exc)
+            data.refreshed_at = now()
+
+    async def _refresh_repo(self, repo: str, data: RepoData) -> None:
+        data.runners = await self.github.runners(repo)
+        runs = []
+        for status in ("queued", "in_progress"):
+            runs += await self.github.runs(repo, status)
+        jobs = [job for run in runs for job in await self.github.jobs(repo, run["id"])]
+        completed = await self.github.runs(repo, "completed")
+        fresh = [run for run in completed if run["id"] not in self._seen_completed]
+        for run in fresh[:COMPLETED_JOBS_PER_REFRESH]:
+            jobs += await self.github.jobs(repo, run["id"])
+            self._seen_completed.add(run["id"])
+        data.runs, data.jobs = runs, [j for j in jobs if j["run_id"] in {r["id"] for r in runs}]
+        if jobs:
+            await self.db.write(store.upsert_jobs, [_job_row(j) for j in jobs])
+
+    # --- snapshot --------------------------------------------------------------------------
+
+    async def discover(self) -> list[Runner]:
+        return await asyncio.to_thread(lambda: discover(self.root, process_table()))
+
+    async def rebuild(self) -> dict[str, Any]:
+        async with self._build_lock:
+            self.runners = await self.discover()
+            self.states = await self.supervisor.states(self.runners)
+            vitals = await asyncio.to_thread(host_vitals, self.root)
+            views = [self._view(r) for r in self.runners]
+            await self._record_transitions(views)
+            await self._enforce_drains(views)
+            self.snapshot = self._compose(views, vitals)
+            self.ticks += 1
+            self.hub.publish(json.dumps(self.snapshot, separators=(",", ":")).encode())
+            return self.snapshot
+
+    def _view(self, r: Runner) -> dict[str, Any]:
+        state = self.states[r.name]
+        data = self.repos.get(r.repo) if r.repo else None
+        listed = data.runners if data else None
+        reg = next((x for x in listed if x["name"] == r.name), None) if listed is not None else None
+        registration = "unknown" if listed is None else ("registered" if reg else "missing")
+        busy = r.working or bool(reg and reg["busy"])
+        running = state.active == "active" and r.listener is not None
+        if busy:
+            label = "working"
+        elif running:
+            label = "draining" if r.draining else "idle"
+        else:
+            label = "drained" if r.draining else ("failed" if state.active == "failed"
+                                                   else "stopped")
+        return {"name": r.name, "dir": r.rel, "repo": r.repo, "owner": r.owner, "url": r.url,
+                "labels": reg["labels"] if reg else r.labels,
+                "custom_labels": reg["custom_labels"] if reg else r.labels,
+                "version": r.version, "staged_versions": r.staged, "draining": r.draining,
+                "draining_since": r.draining_since, "service": state.as_json(),
+                "listener": _proc(r.listener), "workers": [_proc(w) for w in r.workers],
+                "registration": registration,
+                "registered": ({"id": reg["id"], "status": reg["status"], "busy": reg["busy"]}
+                               if reg else None),
+                "busy": busy, "state": label}
+
+    def _compose(self, views: list[dict[str, Any]], vitals: dict[str, Any]) -> dict[str, Any]:
+        at = now()
+        runs = [run for data in self.repos.values() for run in data.runs]
+        jobs = [job for data in self.repos.values() for job in data.jobs]
+        cap = capacity(views, vitals, self.setting)
+        draining = {v["name"] for v in views if v["draining"]}
+        registered = {repo: data.runners for repo, data in self.repos.items()}
+        return {
+            "generated_at": iso(at),
+            "host": {"name": socket.gethostname(), "platform": platform.system().lower(),
+                     "supervisor": self.supervisor.kind, "root": str(self.root),
+                     "read_only": bool(self.cfg.read_only)},
+            "runners": views,
+            "active_runs": [{**run, "jobs": [j for j in jobs if j["run_id"] == run["id"]]}
+                            for run in runs],
+            "groups": self._groups(views),
+            "vitals": vitals,
+            "capacity": cap,
+            "drift": drift_alerts(views, runs, at, self.setting("stuck_queue_s")),
+            "queue_causes": queue_causes(runs, jobs, registered, draining, cap["can_add"], at),
+            "alerts": self._alerts(cap),
+            "github": {**self.github.status(),
+                       "repos": {repo: {"error": d.error, "refreshed_at": iso(d.refreshed_at)}
+                                 for repo, d in sorted(self.repos.items())}},
+        }
+
+    def _groups(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        mode = self.setting("grouping")
+        groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for v in views:
+            if mode == "owner":
+                key = v["owner"] or "(none)"
+            elif mode == "labels":
+                key = ",".join(sorted(v["labels"])) or "(no labels)"
+            else:
+                key = v["repo"] or v["owner"] or "(none)"
+            groups[key].append(v)
+        return [{"key": key, "by": mode, "runners": [v["name"] for v in members],
+                 "total": len(members), "busy": sum(v["busy"] for v in members),
+                 "draining": sum(v["draining"] for v in members)}
+                for key, members in sorted(groups.items())]
+
+    def _alerts(self, cap: dict[str, Any]) -> list[dict[str, Any]]:
+        alerts = []
+        if self.runners and not self.github.token:
+            alerts.append({"severity": "warning", "message": "no GitHub token: set GH_TOKEN "
+                           "(or log in with gh) to see registrations and queued runs"})
+        for repo, data in sorted(self.repos.items()):
+            if data.error:
+                alerts.append({"severity": "warning", "message": f"{repo}: {data.error}"})
+        rate = self.github.rate
+        if rate.get("limit") and rate["remaining"] < rate["limit"] * 0.1:
+            alerts.append({"severity": "warning", "message": f"GitHub rate limit low: "
+                           f"{rate['remaining']} of {rate['limit']} left until {rate['reset_at']}"})
+        if not cap["can_add"]:
+            alerts.append({"severity": "info", "message": "no room for another runner: "
+                           + "; ".join(cap["reasons"])})
+        return alerts
+
+    async def _record_transitions(self, views: list[dict[str, Any]]) -> None:
+        events = []
+        current = {v["name"]: v for v in views}
+        for name, v in current.items():
+            before = self._previous.get(name)
+            if before is None:
+                if self._previous or self.ticks:
+                    events.append((name, "discovered", f"found in {v['dir']}"))
+                continue
+            if before["state"] != v["state"]:
+                events.append((name, "state", f"{before['state']} -> {v['state']}"))
+            was = (before["registered"] or {}).get("status")
+            is_ = (v["registered"] or {}).get("status")
+            if was != is_ and v["registration"] != "unknown":
+                events.append((name, "github", f"GitHub status {was or 'none'} -> {is_ or 'none'}"))
+        for name in self._previous.keys() - current.keys():
+            events.append((name, "removed", "no longer found under the root"))
+        self._previous = current
+        if events:
+            await self.db.write(store.add_events, events)
+
+    async def _enforce_drains(self, views: list[dict[str, Any]]) -> None:
+        """A draining runner's service is stopped as soon as it is idle (its job has ended)."""
+        for v in views:
+            if not v["draining"] or v["busy"] or v["service"]["active"] != "active":
+                continue
+            if time.monotonic() - self._drain_tried.get(v["name"], -DRAIN_RETRY_S) < DRAIN_RETRY_S:
+                continue
+            self._drain_tried[v["name"]] = time.monotonic()
+            runner = next(r for r in self.runners if r.name == v["name"])
+            result = await self.supervisor.stop(runner, self.states[v["name"]])
+            await self.record(v["name"], "drain", "idle now; service stopped" if result.ok
+                              else f"stopping the drained service failed: {result.output[-200:]}")
+
+    # --- helpers for actions and the API ----------------------------------------------------
+
+    def find(self, name: str) -> tuple[Runner, ServiceState]:
+        for runner in self.runners:
+            if runner.name == name:
+                return runner, self.states[name]
+        raise NotFound(f"no runner named {name!r} on this host")
+
+    def view(self, name: str) -> dict[str, Any]:
+        for v in self.snapshot.get("runners", []):
+            if v["name"] == name:
+                return v
+        raise NotFound(f"no runner named {name!r} on this host")
+
+    def forget_drain_attempt(self, name: str) -> None:
+        self._drain_tried.pop(name, None)
+
+    async def record(self, runner: str, kind: str, message: str) -> None:
+        await self.db.write(store.add_events, [(runner, kind, message)])
+
+    async def runner_detail(self, name: str) -> dict[str, Any]:
+        view = self.view(name)
+        runner, _ = self.find(name)
+        at = now()
+        day = await store.busy_seconds(self.db, name, at - 86400, at)
+        week = await store.busy_seconds(self.db, name, at - 7 * 86400, at)
+        return {
+            "runner": view,
+            "events": await store.recent_events(self.db, name),
+            "jobs": await store.recent_jobs(self.db, name),
+            "utilization": {"busy_24h_pct": round(100 * day / 86400, 2),
+                            "busy_7d_pct": round(100 * week / (7 * 86400), 2),
+                            "busy_now": view["busy"]},
+            "diag": await asyncio.to_thread(diag.summary_and_tail, runner.path),
+            "version": {"active": runner.version, "staged": runner.staged},
+        }
+
+    async def change_setting(self, key: Any, value: Any, reset: bool) -> dict[str, Any]:
+        setting = lookup(key)
+        if reset:
+            await self.db.write(store.delete_setting, setting.key)
+            self.live.stored.pop(setting.key, None)
+        else:
+            checked = setting.check(value)
+            await self.db.write(store.put_setting, setting.key, checked)
+            self.live.stored[setting.key] = checked
+        self.wake()
+        return {"ok": True, "key": setting.key, "value": self.setting(setting.key),
+                "source": self.live.source(setting.key)}
+
+
+def _proc(proc: Any) -> dict[str, Any] | None:
+    if proc is None:
+        return None
+    return {"pid": proc.pid, "rss_kb": proc.rss_kb, "uptime_s": int(proc.uptime_s)}
+
+
+def _ts(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return parse_iso(text)
+    except ValueError:
+        return None
+
+
+def _job_row(job: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": job["id"], "run_id": job["run_id"], "repo": job["repo"],
+            "name": job["name"] or "", "workflow": job["workflow"], "runner": job["runner"],
+            "status": job["status"] or "unknown", "conclusion": job["conclusion"],
+            "created_at": _ts(job["created_at"]), "started_at": _ts(job["started_at"]),
+            "completed_at": _ts(job["completed_at"]), "labels": job["labels"]}

@@ -1,0 +1,214 @@
+"""Settings of the control plane: start-up settings (flags/env) and live settings (the API).
+
+Start-up settings go through fleet_min.config like every other service. Live settings are the
+knobs `POST /api/settings` turns without a restart (capacity limits, tick intervals, grouping);
+each has a type, a range, a default and an environment variable, and the stored value wins
+over the environment, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_min.config import Setting
+from fleet_min.errors import BadRequest
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise ValueError(f"must be a port number from 0 to 65535, got {text!r}")
+    return value
+
+
+def _flag(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"must be 1/0, true/false, yes/no or on/off, got {text!r}")
+
+
+def _choice(*allowed: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in allowed:
+            raise ValueError(f"must be one of {', '.join(allowed)}, got {text!r}")
+        return text
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
+    Setting("host", "FLEET_HOST", "127.0.0.1", str,
+            "Address to listen on. Loopback by default; reach it through an SSH tunnel.",
+            "--host"),
+    Setting("port", "FLEET_CONTROL_PORT", 7878, _port, "TCP port.", "--port"),
+    Setting("root", "FLEET_ROOT", "~/actions-runners", str,
+            "Directory holding the runner installations (one directory per runner).", "--root"),
+    Setting("state_dir", "FLEET_STATE_DIR", "~/.config/fleet-min", str,
+            "Directory for the SQLite database and the token files.", "--state"),
+    Setting("read_only", "FLEET_READ_ONLY", False, _flag,
+            "Read-only mode: no token exists and every mutating route answers 403."),
+    Setting("github_api", "FLEET_GITHUB_API", "https://api.github.com", str,
+            "Base URL of the GitHub REST API (GitHub Enterprise: https://HOST/api/v3)."),
+    Setting("health_script", "FLEET_HEALTH_SCRIPT", "", str,
+            "Executable run by the health.check action (no arguments)."),
+    Setting("supervisor", "FLEET_SUPERVISOR", "auto", _choice("auto", "systemd", "launchd"),
+            "Service manager of the runners: auto picks launchd on macOS, systemd elsewhere."),
+    Setting("systemd_scope", "FLEET_SYSTEMD_SCOPE", "auto", _choice("auto", "system", "user"),
+            "Where runner units live: system, user, or auto (both are looked at; new units "
+            "go where their sibling's is)."),
+    Setting("command_timeout_s", "FLEET_COMMAND_TIMEOUT_S", 120.0, _positive_float,
+            "Longest a runner command (config.sh, systemctl, the health script) may run."),
+    Setting("max_json_bytes", "FLEET_MAX_JSON_BYTES", 1 << 20, _positive_int,
+            "Largest JSON request body accepted (413 above it)."),
+    Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
+            "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
+    Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+)
+
+
+@dataclass(frozen=True)
+class LiveSetting:
+    key: str
+    env: str
+    default: Any
+    low: float | None
+    high: float | None
+    help: str
+    choices: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        if self.choices:
+            return "choice"
+        return "integer" if isinstance(self.default, int) else "number"
+
+    def check(self, value: Any) -> Any:
+        """The value as stored, or BadRequest naming the type or range it missed."""
+        if self.choices:
+            if not isinstance(value, str) or value not in self.choices:
+                raise BadRequest(f"{self.key} must be one of {', '.join(self.choices)}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise BadRequest(f"{self.key} must be a number")
+        if self.kind == "integer":
+            if isinstance(value, float) and not value.is_integer():
+                raise BadRequest(f"{self.key} must be a whole number")
+            value = int(value)
+        elif not math.isfinite(value):
+            raise BadRequest(f"{self.key} must be a finite number")
+        assert self.low is not None and self.high is not None
+        if not self.low <= value <= self.high:
+            raise BadRequest(f"{self.key} must be from {_num(self.low)} to {_num(self.high)}")
+        return value if self.kind == "integer" else float(value)
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"key": self.key, "type": self.kind, "default": self.default,
+                               "env": self.env, "help": self.help}
+        if self.choices:
+            out["choices"] = list(self.choices)
+        else:
+            out["min"], out["max"] = _num(self.low), _num(self.high)
+        return out
+
+
+def _num(value: float | None) -> float | int | None:
+    if value is not None and float(value).is_integer():
+        return int(value)
+    return value
+
+
+LIVE_SETTINGS: tuple[LiveSetting, ...] = (
+    LiveSetting("ceiling", "FLEET_CEILING", os.cpu_count() or 1, 1, 256,
+                "Most runners this host keeps (and so most jobs at once); default: its cores."),
+    LiveSetting("max_per_repo", "FLEET_MAX_PER_REPO", 4, 1, 64,
+                "Most runners one repository may have on this host."),
+    LiveSetting("min_free_mem_mb", "FLEET_MIN_FREE_MEM_MB", 512, 0, 1 << 22,
+                "No new runner when less memory than this is available."),
+    LiveSetting("max_load_per_core", "FLEET_MAX_LOAD_PER_CORE", 1.5, 0.1, 64.0,
+                "No new runner when the 1-minute load per core is above this."),
+    LiveSetting("min_free_disk_gb", "FLEET_MIN_FREE_DISK_GB", 2.0, 0.0, 1e6,
+                "No new runner when the runner root's disk has less free space than this."),
+    LiveSetting("tick_s", "FLEET_TICK_S", 10.0, 0.2, 3600.0,
+                "Seconds between snapshots while every runner is idle."),
+    LiveSetting("busy_tick_s", "FLEET_BUSY_TICK_S", 3.0, 0.2, 3600.0,
+                "Seconds between snapshots while any runner is busy."),
+    LiveSetting("github_s", "FLEET_GITHUB_S", 30.0, 0.5, 3600.0,
+                "Seconds between GitHub API refreshes (conditional requests, ETag-cached)."),
+    LiveSetting("stuck_queue_s", "FLEET_STUCK_QUEUE_S", 900, 30, 86400,
+                "A run queued longer than this raises a drift alert."),
+    LiveSetting("grouping", "FLEET_GROUPING", "repo", None, None,
+                "How the snapshot groups runners: by repo, by owner, or by label set.",
+                ("repo", "owner", "labels")),
+)
+
+BY_KEY = {s.key: s for s in LIVE_SETTINGS}
+
+
+def lookup(key: Any) -> LiveSetting:
+    if not isinstance(key, str) or not key:
+        raise BadRequest("key must be a setting name such as \"ceiling\"")
+    setting = BY_KEY.get(key)
+    if setting is None:
+        raise BadRequest(f"unknown setting {key!r}; GET /api/settings lists them")
+    return setting
+
+
+class LiveValues:
+    """The current live values: stored (from the database) over environment over default."""
+
+    def __init__(self, stored: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+        self.stored = dict(stored)
+        self.env: dict[str, Any] = {}
+        for setting in LIVE_SETTINGS:
+            raw = environ.get(setting.env)
+            if raw in (None, ""):
+                continue
+            parsed: Any = raw if setting.choices else _parse_number(raw)
+            try:
+                self.env[setting.key] = setting.check(parsed)
+            except BadRequest as exc:
+                raise ValueError(f"{setting.env}: {exc.message}") from None
+
+    def get(self, key: str) -> Any:
+        if key in self.stored:
+            return self.stored[key]
+        if key in self.env:
+            return self.env[key]
+        return BY_KEY[key].default
+
+    def source(self, key: str) -> str:
+        return "stored" if key in self.stored else "env" if key in self.env else "default"
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [{**s.describe(), "value": self.get(s.key), "source": self.source(s.key)}
+                for s in LIVE_SETTINGS]
+
+
+def _parse_number(raw: str) -> float | int | str:
+    try:
+        return int(raw)
+    except ValueError:
+        try:
+            return float(raw)
+        except ValueError:
+            return raw

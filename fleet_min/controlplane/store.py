@@ -1,0 +1,154 @@
+"""The control plane's SQLite tables: live settings, audit log, runner events, recent jobs.
+
+Write functions take the sqlite3 connection first (they run on the writer thread through
+Database.write); read functions are coroutines over Database.read. Retention keeps every table
+bounded so a host that runs for years does not grow the file without end.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from fleet_min.db import Database
+from fleet_min.timeutil import iso, now
+
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE settings (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        who TEXT NOT NULL,
+        action TEXT NOT NULL,
+        args TEXT NOT NULL,
+        ok INTEGER NOT NULL,
+        code INTEGER,
+        duration_ms INTEGER NOT NULL,
+        error TEXT
+    );
+    CREATE INDEX audit_at ON audit (at);
+    CREATE TABLE events (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        runner TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        message TEXT NOT NULL
+    );
+    CREATE INDEX events_runner ON events (runner, at);
+    CREATE TABLE jobs (
+        job_id INTEGER PRIMARY KEY,
+        run_id INTEGER NOT NULL,
+        repo TEXT NOT NULL,
+        name TEXT NOT NULL,
+        workflow TEXT,
+        runner TEXT,
+        status TEXT NOT NULL,
+        conclusion TEXT,
+        created_at REAL,
+        started_at REAL,
+        completed_at REAL,
+        labels TEXT NOT NULL DEFAULT '[]'
+    );
+    CREATE INDEX jobs_runner ON jobs (runner, started_at);
+    """,
+]
+
+KEEP_AUDIT = 20000
+KEEP_EVENTS = 20000
+KEEP_JOBS_S = 90 * 86400
+
+
+# --- writes (writer thread) ----------------------------------------------------------------
+
+def put_setting(conn: sqlite3.Connection, key: str, value: Any) -> None:
+    conn.execute("INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?) "
+                 "ON CONFLICT (key) DO UPDATE SET value = excluded.value, "
+                 "updated_at = excluded.updated_at", (key, json.dumps(value), now()))
+
+
+def delete_setting(conn: sqlite3.Connection, key: str) -> None:
+    conn.execute("DELETE FROM settings WHERE key = ?", (key,))
+
+
+def add_audit(conn: sqlite3.Connection, who: str, action: str, args: dict[str, Any], ok: bool,
+              code: int | None, duration_ms: int, error: str | None) -> int:
+    cur = conn.execute(
+        "INSERT INTO audit (at, who, action, args, ok, code, duration_ms, error) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (now(), who, action, json.dumps(args, sort_keys=True), int(ok), code, duration_ms, error))
+    conn.execute("DELETE FROM audit WHERE id <= ?", ((cur.lastrowid or 0) - KEEP_AUDIT,))
+    return cur.lastrowid or 0
+
+
+def add_events(conn: sqlite3.Connection, events: list[tuple[str, str, str]]) -> None:
+    """Append (runner, kind, message) events stamped now."""
+    at = now()
+    conn.executemany("INSERT INTO events (at, runner, kind, message) VALUES (?, ?, ?, ?)",
+                     [(at, runner, kind, message) for runner, kind, message in events])
+    last = conn.execute("SELECT max(id) FROM events").fetchone()[0] or 0
+    conn.execute("DELETE FROM events WHERE id <= ?", (last - KEEP_EVENTS,))
+
+
+def upsert_jobs(conn: sqlite3.Connection, jobs: list[dict[str, Any]]) -> None:
+    conn.executemany(
+        "INSERT INTO jobs (job_id, run_id, repo, name, workflow, runner, status, conclusion, "
+        "created_at, started_at, completed_at, labels) VALUES (:job_id, :run_id, :repo, :name, "
+        ":workflow, :runner, :status, :conclusion, :created_at, :started_at, :completed_at, "
+        ":labels) ON CONFLICT (job_id) DO UPDATE SET status = excluded.status, "
+        "conclusion = excluded.conclusion, runner = coalesce(excluded.runner, jobs.runner), "
+        "started_at = excluded.started_at, completed_at = excluded.completed_at",
+        [{**job, "labels": json.dumps(job.get("labels", []))} for job in jobs])
+    conn.execute("DELETE FROM jobs WHERE coalesce(completed_at, created_at, 0) < ?",
+                 (now() - KEEP_JOBS_S,))
+
+
+# --- reads ---------------------------------------------------------------------------------
+
+async def stored_settings(db: Database) -> dict[str, Any]:
+    rows = await db.read("SELECT key, value FROM settings")
+    return {row["key"]: json.loads(row["value"]) for row in rows}
+
+
+async def recent_events(db: Database, runner: str, limit: int = 50) -> list[dict[str, Any]]:
+    rows = await db.read("SELECT at, kind, message FROM events WHERE runner = ? "
+                         "ORDER BY id DESC LIMIT ?", (runner, limit))
+    return [{"at": iso(r["at"]), "kind": r["kind"], "message": r["message"]} for r in rows]
+
+
+async def recent_jobs(db: Database, runner: str, limit: int = 30) -> list[dict[str, Any]]:
+    rows = await db.read(
+        "SELECT * FROM jobs WHERE runner = ? ORDER BY coalesce(started_at, created_at) DESC "
+        "LIMIT ?", (runner, limit))
+    return [_job(r) for r in rows]
+
+
+def _job(row: sqlite3.Row) -> dict[str, Any]:
+    started, completed = row["started_at"], row["completed_at"]
+    return {"job_id": row["job_id"], "run_id": row["run_id"], "repo": row["repo"],
+            "name": row["name"], "workflow": row["workflow"], "status": row["status"],
+            "conclusion": row["conclusion"], "created_at": iso(row["created_at"]),
+            "started_at": iso(started), "completed_at": iso(completed),
+            "duration_s": round(completed - started, 1) if started and completed else None,
+            "labels": json.loads(row["labels"])}
+
+
+async def busy_seconds(db: Database, runner: str, since: float, until: float) -> float:
+    """Seconds of `runner`'s jobs that fall inside [since, until]; running jobs count to now."""
+    row = await db.read_one(
+        "SELECT sum(min(coalesce(completed_at, ?), ?) - max(started_at, ?)) AS busy FROM jobs "
+        "WHERE runner = ? AND started_at IS NOT NULL AND coalesce(completed_at, ?) > ? "
+        "AND started_at < ?", (until, until, since, runner, until, since, until))
+    return float(row["busy"] or 0.0) if row else 0.0
+
+
+async def recent_audit(db: Database, limit: int = 50) -> list[dict[str, Any]]:
+    rows = await db.read("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
+    return [{"at": iso(r["at"]), "who": r["who"], "action": r["action"],
+             "args": json.loads(r["args"]), "ok": bool(r["ok"]), "code": r["code"],
+             "duration_ms": r["duration_ms"], "error": r["error"]} for r in rows]
