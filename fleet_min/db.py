@@ -13,6 +13,7 @@ Migrations are applied in order by PRAGMA user_version.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import sqlite3
@@ -26,11 +27,16 @@ import aiosqlite
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-WriteFn = Callable[..., Any]
+Params = Sequence[Any] | dict[str, Any]
 
 _STOP = object()
 _MAX_BATCH = 512
 _SYNCHRONOUS = {"OFF", "NORMAL", "FULL", "EXTRA"}
+
+
+def like_escape(text: str) -> str:
+    """Escape LIKE's wildcards so text matches literally (use with ESCAPE '\\')."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 class StorageError(RuntimeError):
@@ -142,10 +148,9 @@ class _Writer(threading.Thread):
     @staticmethod
     def _deliver(loop: asyncio.AbstractEventLoop,
                  outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
-        try:
+        # A loop closed under us at shutdown raises RuntimeError: nobody is waiting then.
+        with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_resolve_all, outcomes)
-        except RuntimeError:  # the loop closed under us at shutdown; nobody is waiting
-            pass
 
 
 def _storage(exc: sqlite3.Error) -> StorageError:
@@ -213,12 +218,12 @@ class Database:
         self._writer.jobs.put((fn, args, fut, loop))
         return await fut
 
-    async def read(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[sqlite3.Row]:
+    async def read(self, sql: str, params: Params = ()) -> list[sqlite3.Row]:
         if self._reader is None:
             raise StorageError("the database is closed")
         return list(await self._reader.execute_fetchall(sql, params))
 
-    async def read_one(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> sqlite3.Row | None:
+    async def read_one(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
         rows = await self.read(sql, params)
         return rows[0] if rows else None
 

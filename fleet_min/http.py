@@ -67,7 +67,8 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     except RecursionError:
         raise BadRequest("the JSON body is nested too deeply") from None
     except ValueError as exc:
-        raise BadRequest(f"the request body is not valid JSON ({exc.args[0].split(':')[0]})") from None
+        reason = exc.args[0].split(":")[0]
+        raise BadRequest(f"the request body is not valid JSON ({reason})") from None
 
 
 async def read_json_object(request: web.Request, limit: int | None = None) -> dict[str, Any]:

@@ -80,7 +80,7 @@ class HttpClient:
                                      headers={"Content-Type": "application/json",
                                               **(headers or {})})
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 raw = resp.read()
                 return resp.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as err:

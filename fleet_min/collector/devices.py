@@ -156,7 +156,7 @@ def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any]) -> N
         column = "pools_override" if key == "pools" else key
         stored = json.dumps(list(dict.fromkeys(value))) if key == "pools" and value is not None \
             else value
-        conn.execute(f"UPDATE devices SET {column} = ? WHERE device_id = ?",  # noqa: S608
+        conn.execute(f"UPDATE devices SET {column} = ? WHERE device_id = ?",
                      (stored, device_id))
 
 

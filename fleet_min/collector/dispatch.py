@@ -15,6 +15,7 @@ once instead of waiting for its lease to lapse.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -74,10 +75,8 @@ class Dispatcher:
         async with self._lock:
             if self._task:
                 self._task.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-                except asyncio.CancelledError:
-                    pass
             for waiter in list(self._waiters):
                 if not waiter.future.done():
                     waiter.future.set_result(None)

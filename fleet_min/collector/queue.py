@@ -23,6 +23,7 @@ from fleet_min.collector import rules, templates
 from fleet_min.collector.devices import Device, device_from_row, load_device, touch
 from fleet_min.collector.effects import Effects, JobRoute
 from fleet_min.collector.match import compiled
+from fleet_min.db import like_escape
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso
 
@@ -113,7 +114,10 @@ class Enqueued:
 
 def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
             effects: Effects, template_id: str | None = None) -> Enqueued:
-    """Store validated specs atomically (all or none). Raises Conflict, BadRequest, Unprocessable."""
+    """Store validated specs atomically (all or none).
+
+    Raises Conflict, BadRequest or Unprocessable, and then nothing is stored.
+    """
     ids = [spec["job_id"] for spec in specs]
     seen: set[str] = set()
     for job_id in ids:
@@ -121,7 +125,7 @@ def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
             raise Conflict(f"job_id {job_id!r} appears twice in the request")
         seen.add(job_id)
     placeholders = ",".join("?" * len(ids))
-    taken = conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({placeholders})",  # noqa: S608
+    taken = conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({placeholders})",
                          ids).fetchone()
     if taken:
         raise Conflict(f"job_id {taken['job_id']!r} already exists")
@@ -144,7 +148,7 @@ def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
         row = conn.execute(
             "SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
             "SELECT 1 FROM devices, json_each(devices.capabilities) "
-            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",  # noqa: S608
+            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
             names).fetchone()
         if row:
             return
@@ -167,7 +171,7 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
         outside = [d for d in deps if d not in by_id]
         if outside:
             found = {row[0] for row in conn.execute(
-                f"SELECT job_id FROM jobs WHERE job_id IN ({','.join('?' * len(outside))})",  # noqa: S608
+                f"SELECT job_id FROM jobs WHERE job_id IN ({','.join('?' * len(outside))})",
                 outside)}
             missing = [d for d in outside if d not in found]
             if missing:
@@ -180,7 +184,7 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
         if state.get(job_id) == 2:
             return
         if state.get(job_id) == 1:
-            cycle = path[path.index(job_id):] + [job_id]
+            cycle = [*path[path.index(job_id):], job_id]
             raise BadRequest(f"the dependencies form a cycle: {' -> '.join(cycle)}")
         state[job_id] = 1
         for dep in by_id[job_id].get("depends_on") or []:
@@ -234,7 +238,8 @@ def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
     if not deps:
         return "queued", None, spec
     statuses = {row["job_id"]: row for row in conn.execute(
-        f"SELECT job_id, status, last_error FROM jobs WHERE job_id IN ({','.join('?' * len(deps))})",  # noqa: S608
+        "SELECT job_id, status, last_error FROM jobs "
+        f"WHERE job_id IN ({','.join('?' * len(deps))})",
         deps)}
     for dep in deps:
         row = statuses[dep]
@@ -377,7 +382,7 @@ def _candidates(conn: sqlite3.Connection, claimant: Claimant, workloads: list[st
             if cursor is not None:
                 clause += " AND (priority < ? OR (priority = ? AND seq > ?))"
                 extra += [cursor[0], cursor[0], cursor[1]]
-            parts.append(f"SELECT * FROM (SELECT * FROM jobs WHERE {clause} "  # noqa: S608
+            parts.append(f"SELECT * FROM (SELECT * FROM jobs WHERE {clause} "
                          f"ORDER BY priority DESC, seq LIMIT {_PAGE})")
             params += extra
         sql = " UNION ALL ".join(parts) + f" ORDER BY priority DESC, seq LIMIT {_PAGE}"
@@ -613,7 +618,7 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         deps = [r[0] for r in conn.execute("SELECT depends_on FROM job_deps WHERE job_id = ?",
                                            (waiter["job_id"],))]
         open_dep = conn.execute(
-            f"SELECT 1 FROM jobs WHERE job_id IN ({','.join('?' * len(deps))}) "  # noqa: S608
+            f"SELECT 1 FROM jobs WHERE job_id IN ({','.join('?' * len(deps))}) "
             "AND status != 'done' LIMIT 1", deps).fetchone()
         if open_dep:
             continue
@@ -747,7 +752,7 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
     if sep and number.isdigit():
         base = stem
     taken = {r[0] for r in conn.execute("SELECT job_id FROM jobs WHERE job_id LIKE ? ESCAPE '\\'",
-                                        (_like_prefix(base) + "-r%",))}
+                                        (like_escape(base) + "-r%",))}
     suffix = 2
     while f"{base}-r{suffix}" in taken:
         suffix += 1
@@ -762,10 +767,6 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
                    parent=None)
     return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
             **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
-
-
-def _like_prefix(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,

@@ -45,7 +45,7 @@ MIGRATIONS: list[str] = [
         backend TEXT,
         status TEXT NOT NULL,
         priority INTEGER NOT NULL DEFAULT 0,
-        pin TEXT NOT NULL DEFAULT '',            -- targets.device_id (device) / targets.executor (host)
+        pin TEXT NOT NULL DEFAULT '',            -- targets.device_id / targets.executor
         target_device TEXT,                      -- targets.device_id, for either executor
         pool TEXT,
         match TEXT,

@@ -12,7 +12,7 @@ from typing import Any
 from fleet_min.collector import queue, rules
 from fleet_min.collector.devices import device_record
 from fleet_min.collector.results import result_record
-from fleet_min.db import Database
+from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso, parse_iso
 
@@ -61,7 +61,7 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         params += [query["device"], query["device"]]
     if query.get("q"):
         where.append("(job_id LIKE ? ESCAPE '\\' OR last_error LIKE ? ESCAPE '\\')")
-        pattern = "%" + query["q"].replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        pattern = "%" + like_escape(query["q"]) + "%"
         params += [pattern, pattern]
     start, end = _time(query, "from"), _time(query, "to")
     if start is not None:
@@ -72,8 +72,8 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         params.append(end)
     page = _page(query)
     clause = " AND ".join(where)
-    total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)  # noqa: S608
-    rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "  # noqa: S608
+    total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)
+    rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "
                          "LIMIT ? OFFSET ?", [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
     return {"jobs": [queue.job_record(r) for r in rows], "page": page, "per_page": PER_PAGE,
@@ -130,8 +130,8 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
         params.append(end)
     page = _page(query)
     clause = " AND ".join(where)
-    total_row = await db.read_one(f"SELECT COUNT(*) FROM results WHERE {clause}", params)  # noqa: S608
-    rows = await db.read(f"SELECT * FROM results WHERE {clause} "  # noqa: S608
+    total_row = await db.read_one(f"SELECT COUNT(*) FROM results WHERE {clause}", params)
+    rows = await db.read(f"SELECT * FROM results WHERE {clause} "
                          "ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
                          [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
