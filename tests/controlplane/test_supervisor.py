@@ -1,0 +1,100 @@
+"""Systemd and launchd supervisors against the fake systemctl/launchctl on PATH: a listener
+process really starts and stops."""
+
+from __future__ import annotations
+
+import plistlib
+from pathlib import Path
+
+import pytest
+
+from fleet_min.controlplane import commands
+from fleet_min.controlplane.procs import process_table
+from fleet_min.controlplane.runners import discover
+from fleet_min.controlplane.supervisor import Launchd, Systemd, service_name
+from tests.controlplane import fakes
+from tests.controlplane.conftest import Host, until
+
+
+async def test_systemd_user_unit_start_stop_and_state(apply_env: Host) -> None:
+    host = apply_env
+    host.add_runner("r1")
+    sup = Systemd("user", 20)
+    [runner] = discover(host.root, process_table())
+    state = (await sup.states([runner]))["r1"]
+    assert (state.loaded, state.active, state.scope) == (True, "inactive", "user")
+    assert (await sup.start(runner, state)).ok
+    pid = host.wait_listener("r1")
+    [runner] = discover(host.root, process_table())
+    assert runner.listener is not None and runner.listener.pid == pid
+    state = (await sup.states([runner]))["r1"]
+    assert state.active == "active" and state.main_pid == pid
+    assert (await sup.stop(runner, state)).ok
+    assert not fakes.pid_alive(pid)
+    assert (await sup.states([runner]))["r1"].active == "inactive"
+
+
+async def test_systemd_auto_scope_finds_system_units_and_missing_ones(apply_env: Host) -> None:
+    host = apply_env
+    path = host.add_runner("sys1", unit=False)
+    host.add_runner("none1", unit=False)
+    # The runner's own svc.sh installs the system unit.
+    result = await commands.run([str(path / "svc.sh"), "install", "root"], timeout_s=20, cwd=path)
+    assert result.ok, result.output
+    runners = discover(host.root, [])
+    states = await Systemd("auto", 20).states(runners)
+    assert states["sys1"].scope == "system" and states["sys1"].loaded
+    assert states["sys1"].unit == "actions.runner.octo-app.sys1.service"
+    assert not states["none1"].loaded and states["none1"].scope is None
+
+
+async def test_systemd_install_writes_a_user_unit_and_uninstall_removes_it(apply_env: Host
+                                                                            ) -> None:
+    host = apply_env
+    host.add_runner("r2", unit=False)
+    sup = Systemd("user", 20)
+    [runner] = discover(host.root, [])
+    assert (await sup.install(runner, "user")).ok
+    unit = host.xdg / "systemd" / "user" / "actions.runner.octo-app.r2.service"
+    assert "ExecStart=" in unit.read_text() and (runner.path / ".service").exists()
+    [runner] = discover(host.root, [])
+    state = (await sup.states([runner]))["r2"]
+    assert state.loaded
+    assert (await sup.uninstall(runner, state)).ok
+    assert not unit.exists()
+    tools = [c["argv"] for c in host.calls("systemctl")]
+    assert ["--user", "enable", "actions.runner.octo-app.r2.service"] in tools
+    assert ["--user", "disable", "actions.runner.octo-app.r2.service"] in tools
+
+
+async def test_launchd_install_load_unload(apply_env: Host, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    host = apply_env
+    monkeypatch.setenv("FAKE_SVC_MODE", "launchd")
+    host.add_runner("mac1", unit=False)
+    sup = Launchd(20)
+    [runner] = discover(host.root, [])
+    assert (await sup.install(runner, None)).ok
+    [runner] = discover(host.root, [])  # svc.sh wrote .service with the plist path
+    assert service_name(runner) == "actions.runner.octo-app.mac1"
+    plist = Path(host.env["HOME"]) / "Library/LaunchAgents/actions.runner.octo-app.mac1.plist"
+    assert plistlib.loads(plist.read_bytes())["Label"] == "actions.runner.octo-app.mac1"
+    state = (await sup.states([runner]))["mac1"]
+    assert not state.loaded
+    assert (await sup.start(runner, state)).ok
+    pid = host.wait_listener("mac1")
+    state = (await sup.states([runner]))["mac1"]
+    assert (state.loaded, state.active, state.main_pid) == (True, "active", pid)
+    assert (await sup.stop(runner, state)).ok
+    await until(lambda: not fakes.pid_alive(pid))
+    assert (await sup.uninstall(runner, state)).ok and not plist.exists()
+
+
+async def test_commands_time_out_and_report_missing_programs(tmp_path: Path) -> None:
+    slow = await commands.run(["sleep", "5"], timeout_s=0.3)
+    assert slow.timed_out and slow.code is None and not slow.ok
+    missing = await commands.run([str(tmp_path / "nope")], timeout_s=1)
+    assert missing.code is None and "could not start" in missing.output
+    echoed = await commands.run(["sh", "-c", "echo token=ghp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"],
+                                timeout_s=5)
+    assert echoed.ok and "ghp_" not in echoed.output
