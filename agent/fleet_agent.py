@@ -43,6 +43,10 @@ WIRE_SCHEMA = 1
 DEFAULT_LEASE_TTL_S = 600
 IDLE_BEACON_S = 60.0
 SYNTHETIC_ROUNDS_PER_TOKEN = 1000
+# Hand-back rows count down from the top of the iter range: rows are idempotent by (job, device,
+# iter), so a hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
+HANDBACK_ITER_TOP = 1_000_000
+PROGRESS_KIND = "fleet-agent-progress"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DOWNLOAD_CHUNK = 1 << 20
 
@@ -925,6 +929,7 @@ class JobContext:
         self.reason = ""
         self.handback = False  # stop at a resumable point and give the job back
         self.workdir = tempfile.mkdtemp(prefix="job-", dir=runtime.work_root)
+        self._prior: dict | None = None
 
     def request_stop(self, reason: str, handback: bool = False) -> None:
         if not self.stop.is_set():
@@ -953,6 +958,19 @@ class JobContext:
 
     def fetch(self, sha256: str, suffix: str = "") -> str:
         return self.runtime.cache.fetch(self.collector, sha256, suffix)
+
+    def prior_progress(self) -> dict:
+        """The progress an earlier attempt handed back (params.resume_from), verified."""
+        if self._prior is None:
+            sha = self.params.get("resume_from")
+            self._prior = {}
+            if sha:
+                progress = read_json(self.fetch(str(sha)))
+                if not isinstance(progress, dict) or progress.get("kind") != PROGRESS_KIND:
+                    raise Refusal("params.resume_from names an artifact that is not agent "
+                                  "progress")
+                self._prior = progress
+        return self._prior
 
     def lease_ttl(self) -> float:
         lease = self.spec.get("lease") if isinstance(self.spec.get("lease"), dict) else {}
@@ -1133,27 +1151,38 @@ def benchmark_params(params: dict) -> dict:
 
 def load_progress(ctx: JobContext, plan: dict) -> list[dict]:
     """Iterations a preempted attempt finished, from the artifact named by params.resume_from."""
-    sha = ctx.params.get("resume_from")
-    if not sha:
+    progress = ctx.prior_progress()
+    if not progress.get("completed"):
         return []
-    path = ctx.fetch(str(sha))
-    progress = read_json(path)
-    if not isinstance(progress, dict) or not isinstance(progress.get("completed"), list):
-        raise Refusal("params.resume_from names an artifact that is not agent progress")
-    if progress.get("plan") != plan:
+    if progress.get("plan") != plan or not isinstance(progress["completed"], list):
         raise Refusal("params.resume_from was saved for different benchmark parameters")
     return [m for m in progress["completed"] if isinstance(m, dict)]
 
 
-def save_progress(ctx: JobContext, plan: dict, completed: list[dict]) -> str | None:
-    body = {"kind": "fleet-agent-progress", "job_id": ctx.job_id, "plan": plan,
-            "completed": completed, "saved_at": now_iso()}
+def hand_back(ctx: JobContext, progress: dict | None = None) -> dict:
+    """Give the job back: upload progress (and a hand-back count), then a preempted final row."""
     try:
-        return ctx.upload(json.dumps(body, sort_keys=True).encode("utf-8"),
-                          f"progress-{ctx.job_id}.json")
+        handbacks = int(ctx.prior_progress().get("handbacks", 0)) + 1
+    except (Refusal, ValueError, TypeError):
+        handbacks = 1
+    body = {"kind": PROGRESS_KIND, "job_id": ctx.job_id, "handbacks": handbacks,
+            "saved_at": now_iso(), **(progress or {})}
+    try:
+        sha: str | None = ctx.upload(json.dumps(body, sort_keys=True).encode("utf-8"),
+                                     f"progress-{ctx.job_id}.json")
     except (Unreachable, HttpError) as exc:
         log.warning("could not upload progress of %s: %s", ctx.job_id, exc)
-        return None
+        sha = None
+    done = len((progress or {}).get("completed") or [])
+    if sha is None:
+        note = "progress could not be uploaded, so the job restarts from its last saved point"
+    elif progress:
+        note = f"progress after {done} iterations saved as artifact {sha[:12]}"
+    else:
+        note = "this workload restarts from the beginning"
+    return final(False, f"{ctx.reason}; the job was handed back ({note})",
+                 artifacts=[sha] if sha else [], preempted=True,
+                 iter=HANDBACK_ITER_TOP - handbacks)
 
 
 def summarise(measured: list[dict]) -> dict:
@@ -1205,11 +1234,7 @@ def wl_benchmark_synthetic(runtime: Runtime, ctx: JobContext) -> dict:
 def handback_or_raise(ctx: JobContext, plan: dict, completed: list[dict]) -> dict:
     if not ctx.handback:
         raise Stopped(ctx.reason)
-    sha = save_progress(ctx, plan, completed)
-    note = (f"progress after {len(completed)} iterations saved as artifact {sha[:12]}"
-            if sha else "progress could not be uploaded, so the job restarts from the beginning")
-    return final(False, f"{ctx.reason}; {note}", artifacts=[sha] if sha else [],
-                 preempted=True, progress={"completed_iters": len(completed)})
+    return hand_back(ctx, {"plan": plan, "completed": completed})
 
 
 def llama_records(output: str) -> tuple[dict, dict]:
@@ -1424,8 +1449,11 @@ def select_targets(runtime: Runtime, spec: dict) -> list[dict]:
 
 
 def target_fields(target: dict) -> dict:
-    return {"target": {"device_id": target["device_id"], "platform": target["platform"],
-                       "model": target.get("model")}}
+    """Row fields for a row about one attached device: the collector files it under that id."""
+    return {"device_id": target["device_id"],
+            "device": {"model": target.get("model"), "soc": None, "os": target["platform"]},
+            "target": {"device_id": target["device_id"], "platform": target["platform"],
+                       "emulator": target.get("emulator")}}
 
 
 # --- install ---
@@ -1934,7 +1962,8 @@ class Runtime:
         finally:
             keeper.stop()
             self.current = None
-        row = ctx.row(0, bool(result.pop("ok")), result.pop("metrics", {}), **result)
+        iteration = int(result.pop("iter", 0))
+        row = ctx.row(iteration, bool(result.pop("ok")), result.pop("metrics", {}), **result)
         row["final"] = True
         ctx.post(row)
         log.info("job %s finished: ok=%s%s", ctx.job_id, row["ok"],
@@ -1952,9 +1981,7 @@ class Runtime:
                 check_power_constraints(ctx.spec.get("constraints"), self.vitals())
             return table[workload](self, ctx)
         except Stopped:
-            if ctx.handback:
-                return final(False, ctx.reason + "; the job was handed back", preempted=True)
-            return final(False, ctx.reason)
+            return hand_back(ctx) if ctx.handback else final(False, ctx.reason)
         except Refusal as exc:
             return final(False, str(exc))
         except Exception as exc:  # a bug or a surprise must still close the job with a sentence

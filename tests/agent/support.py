@@ -1,0 +1,293 @@
+"""Helpers for the agent's tests: the agent module itself, fake tools on PATH, a tiny HTTP server,
+and real collector and agent processes for the end-to-end tests."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_FILE = REPO / "agent" / "fleet_agent.py"
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def load_agent():
+    spec = importlib.util.spec_from_file_location("fleet_agent", AGENT_FILE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["fleet_agent"] = module  # dataclass-free, but keeps tracebacks readable
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def fa():
+    """The agent file, imported the way a person runs it: as a standalone module."""
+    return load_agent()
+
+
+def make_tool(bin_dir: Path, name: str, body: str) -> Path:
+    """An executable Python script on a fake PATH, standing in for adb, getprop, ..."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\nimport sys, os, json, time\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+def write_tree(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        target = root / rel.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            target.write_bytes(content)
+        else:
+            target.write_text(content)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- a small HTTP server for unit tests (artifact downloads, outbox posts) ---
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.posts: list[dict] = []
+        self.blobs: dict[str, bytes] = {}
+        self.status = 200
+
+
+@pytest.fixture
+def http_stub():
+    recorder = Recorder()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _reply(self, status, body: bytes, ctype="application/json"):
+            self.send_response(status)
+            self.send_header("content-type", ctype)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            sha = self.path.rsplit("/", 1)[-1]
+            if self.path.startswith("/artifacts/") and sha in recorder.blobs:
+                self._reply(200, recorder.blobs[sha], "application/octet-stream")
+            else:
+                self._reply(404, b'{"error": "no such artifact"}')
+
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            if recorder.status != 200:
+                self._reply(recorder.status, b'{"error": "refused by the stub"}')
+                return
+            recorder.posts.append(json.loads(body))
+            self._reply(200, b'{"ok": true}')
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    recorder.url = f"http://127.0.0.1:{server.server_address[1]}"
+    yield recorder
+    server.shutdown()
+    server.server_close()
+
+
+# --- real processes for the end-to-end tests ---
+
+
+def http_json(method: str, url: str, body: object = None, timeout: float = 10.0):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"content-type": "application/json"})
+    try:
+        with _OPENER.open(request, timeout=timeout) as response:
+            raw = response.read()
+            return response.status, (json.loads(raw) if raw else None)
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode(errors="replace")
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class CollectorProc:
+    """`python -m fleet_min collector` on a free port with short timers."""
+
+    def __init__(self, tmp: Path, name: str = "c1") -> None:
+        self.data = tmp / f"collector-{name}"
+        self.data.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = tmp / f"collector-{name}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> CollectorProc:
+        env = dict(os.environ, FLEET_LONG_POLL_S="2", FLEET_SWEEP_S="1", PYTHONPATH=str(REPO))
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet_min", "collector", "--port", str(self.port),
+             "--data", str(self.data), "--bind", "127.0.0.1"],
+            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for(self._healthy, 20, what=f"collector on {self.url}")
+        return self
+
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError("collector exited:\n" + self.log_path.read_text()[-3000:])
+        try:
+            return http_json("GET", self.url + "/api/health", timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def get(self, path: str):
+        return http_json("GET", self.url + path)
+
+    def post(self, path: str, body: object = None):
+        return http_json("POST", self.url + path, body if body is not None else {})
+
+    def enqueue(self, spec: dict) -> dict:
+        status, reply = self.post("/jobs", spec)
+        assert status in (200, 201), reply
+        return reply
+
+    def job(self, job_id: str) -> dict:
+        status, reply = self.get(f"/jobs/{job_id}")
+        assert status == 200, reply
+        return reply
+
+    def wait_status(self, job_id: str, statuses: tuple[str, ...], timeout: float = 30) -> dict:
+        return wait_for(lambda: (lambda j: j if j["status"] in statuses else None)(
+            self.job(job_id)), timeout, 0.1, f"job {job_id} to reach {statuses}")
+
+    def results(self, job_id: str) -> list[dict]:
+        rows, page = [], 1
+        while True:
+            status, reply = self.get(f"/api/results?job={job_id}&page={page}")
+            assert status == 200, reply
+            rows += reply["results"]
+            if page >= reply.get("pages", 1):
+                return rows
+            page += 1
+
+    def upload(self, data: bytes, name: str = "blob") -> str:
+        request = urllib.request.Request(
+            self.url + "/artifacts", data=data, method="POST",
+            headers={"content-type": "application/octet-stream", "x-artifact-name": name})
+        with _OPENER.open(request, timeout=10) as response:
+            return json.loads(response.read())["sha256"]
+
+
+class AgentProc:
+    """`python agent/fleet_agent.py ...` as a real process with its own state directory."""
+
+    def __init__(self, tmp: Path, collectors: list[str], device_id: str, *extra: str,
+                 env: dict | None = None, python: str = sys.executable) -> None:
+        self.state = tmp / f"state-{device_id}"
+        self.log_path = tmp / f"agent-{device_id}.log"
+        self.argv = [python, str(AGENT_FILE), "--collector", ",".join(collectors),
+                     "--state-dir", str(self.state), "--beacon-s", "1", "--retry-base-s",
+                     "0.2", "--retry-cap-s", "1", "--poll-timeout-s", "10", "--log-level",
+                     "DEBUG", *extra]
+        if "--executor" not in extra:
+            self.argv += ["--device-id", device_id]
+        self.env = dict(os.environ, **(env or {}))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> AgentProc:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log,
+                                     stderr=subprocess.STDOUT)
+        log.close()
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 15) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+            raise AssertionError("agent did not stop on SIGTERM:\n" + self.log()[-3000:]) from None
+
+    def spooled(self) -> list[Path]:
+        spool = self.state / "spool"
+        return sorted(p for p in spool.glob("*.json")) if spool.exists() else []
+
+
+@pytest.fixture
+def procs(tmp_path):
+    """Start collectors and agents; everything started is stopped at the end of the test."""
+    started: list = []
+
+    class Factory:
+        def collector(self, name: str = "c1") -> CollectorProc:
+            proc = CollectorProc(tmp_path, name).start()
+            started.append(proc)
+            return proc
+
+        def agent(self, collectors, device_id: str, *extra: str, **kw) -> AgentProc:
+            urls = [c.url if isinstance(c, CollectorProc) else c for c in collectors]
+            proc = AgentProc(tmp_path, urls, device_id, *extra, **kw).start()
+            started.append(proc)
+            return proc
+
+    yield Factory()
+    for proc in reversed(started):
+        if isinstance(proc, AgentProc):
+            with contextlib.suppress(AssertionError):
+                proc.stop()
+        else:
+            proc.stop()

@@ -1,0 +1,477 @@
+"""Unit tests of the agent's pure parts: probing fake machines, the synthetic reference loop,
+constraints, the allowlist, the state file, backoff, the outbox and artifact verification."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import random
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.agent.support import AGENT_FILE, make_tool, write_tree
+
+PI5 = {
+    "/proc/device-tree/model": "Raspberry Pi 5 Model B Rev 1.0\x00",
+    "/proc/device-tree/compatible": "raspberrypi,5-model-b\x00brcm,bcm2712\x00",
+    "/proc/meminfo": "MemTotal:        8245676 kB\nMemFree: 100 kB\nMemAvailable:    4194304 kB\n",
+    "/proc/cpuinfo": "".join(f"processor\t: {n}\nBogoMIPS\t: 108.00\n\n" for n in range(4)),
+    "/etc/os-release": 'PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"\nNAME="Debian"\n',
+    "/proc/loadavg": "0.42 0.30 0.20 1/200 999\n",
+}
+
+
+def probe(fa, root: Path, bin_dir: Path | None = None, system="Linux", machine="aarch64",
+          **env):
+    path = str(bin_dir) if bin_dir else str(root / "no-bin")
+    return fa.Probe(root=str(root), env={"PATH": path, **env}, system=system, machine=machine)
+
+
+# --- descriptor ---
+
+
+def test_raspberry_pi_descriptor_from_a_fake_root(fa, tmp_path):
+    found = fa.detect_descriptor(probe(fa, write_tree(tmp_path, PI5)))
+    assert found["model"] == "Raspberry Pi 5 Model B Rev 1.0"
+    assert found["soc"] == "bcm2712"
+    assert found["ram_mb"] == 8245676 // 1024
+    assert found["os"] == "Debian GNU/Linux 12 (bookworm)"
+    assert (found["platform"], found["kind"], found["arch"]) == ("linux", "sbc", "aarch64")
+    assert found["cpu_cores"] == 4
+    assert found["gpu"] is None and found["vram_mb"] is None
+
+
+def test_laptop_from_dmi_and_placeholders_become_null(fa, tmp_path):
+    root = write_tree(tmp_path / "laptop", {
+        "/sys/class/dmi/id/sys_vendor": "LENOVO\n",
+        "/sys/class/dmi/id/product_name": "ThinkPad X1 Carbon Gen 11\n",
+        "/sys/class/dmi/id/chassis_type": "10\n",
+        "/proc/cpuinfo": "processor\t: 0\nmodel name\t: 13th Gen Intel(R) Core(TM) i7-1365U\n",
+    })
+    found = fa.detect_descriptor(probe(fa, root, machine="x86_64"))
+    assert found["model"] == "LENOVO ThinkPad X1 Carbon Gen 11"
+    assert found["kind"] == "laptop"
+    assert found["soc"] == "13th Gen Intel(R) Core(TM) i7-1365U"
+    desktop = write_tree(tmp_path / "box", {
+        "/sys/class/dmi/id/product_name": "To Be Filled By O.E.M.\n",
+        "/sys/class/dmi/id/chassis_type": "3\n"})
+    found = fa.detect_descriptor(probe(fa, desktop, machine="x86_64"))
+    assert found["model"] is None and found["kind"] == "desktop"
+
+
+def test_an_unknown_machine_says_null_rather_than_guessing(fa, tmp_path):
+    found = fa.detect_descriptor(probe(fa, tmp_path, machine="riscv64"))
+    for field in ("model", "soc", "ram_mb", "os", "kind", "cpu_cores", "gpu", "vram_mb"):
+        assert found[field] is None, field
+    assert found["platform"] == "linux" and found["arch"] == "riscv64"
+
+
+def test_nvidia_gpu_and_vram(fa, tmp_path):
+    root = write_tree(tmp_path, {
+        "/proc/driver/nvidia/gpus/0000:01:00.0/information": "Model: \t NVIDIA GeForce RTX 4090\n"
+                                                             "IRQ: 1\n"})
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "nvidia-smi", "print('24564')\n")
+    found = fa.detect_descriptor(probe(fa, root, bin_dir, machine="x86_64"))
+    assert (found["gpu"], found["vram_mb"]) == ("NVIDIA GeForce RTX 4090", 24564)
+
+
+GETPROP = """
+props = {
+    "ro.product.model": "Pixel 8", "ro.soc.manufacturer": "Google", "ro.soc.model": "Tensor G3",
+    "ro.build.version.release": "14",
+    "ro.build.characteristics": os.environ.get("CHAR", "nosdcard"),
+}
+print(props.get(sys.argv[1], ""))
+"""
+
+
+def test_termux_phone_descriptor(fa, tmp_path):
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "getprop", GETPROP)
+    root = write_tree(tmp_path / "root", {"/proc/meminfo": "MemTotal: 7864320 kB\n",
+                                          "/sys/class/kgsl/kgsl-3d0/gpu_model": "Adreno740v2\n"})
+    phone = probe(fa, root, bin_dir, ANDROID_ROOT="/system",
+                  PREFIX="/data/data/com.termux/files/usr")
+    found = fa.detect_descriptor(phone)
+    assert found["model"] == "Pixel 8"
+    assert found["soc"] == "Google Tensor G3"
+    assert found["os"] == "Android 14"
+    assert (found["platform"], found["kind"]) == ("android", "phone")
+    assert found["ram_mb"] == 7680 and found["gpu"] == "Adreno740v2"
+    tablet = probe(fa, root, bin_dir, ANDROID_ROOT="/system", CHAR="tablet")
+    assert fa.detect_descriptor(tablet)["kind"] == "tablet"
+
+
+SYSCTL = """
+values = {"hw.model": "MacBookPro18,3", "machdep.cpu.brand_string": "Apple M1 Pro",
+          "hw.memsize": str(16 * 1024 ** 3), "hw.ncpu": "10"}
+print(values[sys.argv[2]])
+"""
+
+
+def test_macos_descriptor(fa, tmp_path):
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "sysctl", SYSCTL)
+    make_tool(bin_dir, "sw_vers", "print('14.5')\n")
+    found = fa.detect_descriptor(probe(fa, tmp_path, bin_dir, system="Darwin", machine="arm64"))
+    assert found == {**found, "model": "MacBookPro18,3", "soc": "Apple M1 Pro", "ram_mb": 16384,
+                     "os": "macOS 14.5", "platform": "macos", "kind": "laptop", "cpu_cores": 10,
+                     "gpu": "Apple M1 Pro", "vram_mb": None}
+    assert fa.mac_kind("Mac14,3") is None and fa.mac_kind("Macmini9,1") == "desktop"
+
+
+# --- vitals ---
+
+
+def test_termux_battery_and_phone_vitals(fa, tmp_path):
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "termux-battery-status", """
+        print(json.dumps({"health": "GOOD", "percentage": int(os.environ["PCT"]),
+                          "plugged": os.environ["PLUG"], "status": os.environ["STATUS"],
+                          "temperature": 31.5}))
+    """)
+    root = write_tree(tmp_path / "root", {"/proc/meminfo": "MemTotal: 8000000 kB\n"
+                                                           "MemAvailable: 400000 kB\n"})
+    charging = probe(fa, root, bin_dir, ANDROID_ROOT="/system", PCT="80", PLUG="PLUGGED_AC",
+                     STATUS="CHARGING")
+    vitals = fa.read_vitals(charging)
+    assert vitals["battery_pct"] == 80 and vitals["charging"] is True and vitals["ac"] is True
+    assert vitals["thermal"] == "nominal" and vitals["temp_c"] == 31.5
+    assert vitals["mem_mb"] == 390 and vitals["mem_pressure"] == "high"
+    draining = probe(fa, root, bin_dir, ANDROID_ROOT="/system", PCT="12", PLUG="UNPLUGGED",
+                     STATUS="DISCHARGING")
+    vitals = fa.read_vitals(draining)
+    assert (vitals["battery_pct"], vitals["charging"], vitals["ac"]) == (12, False, False)
+
+
+def test_sysfs_power_supply(fa, tmp_path):
+    laptop = write_tree(tmp_path / "laptop", {
+        "/sys/class/power_supply/AC/type": "Mains\n",
+        "/sys/class/power_supply/AC/online": "0\n",
+        "/sys/class/power_supply/BAT0/type": "Battery\n",
+        "/sys/class/power_supply/BAT0/capacity": "55\n",
+        "/sys/class/power_supply/BAT0/status": "Discharging\n",
+        "/sys/class/thermal/thermal_zone0/temp": "83000\n",
+        "/sys/class/thermal/thermal_zone1/temp": "-274000\n",  # junk sensor, ignored
+    })
+    vitals = fa.read_vitals(probe(fa, laptop))
+    assert vitals == {**vitals, "battery_pct": 55, "charging": False, "ac": False,
+                      "thermal": "serious", "temp_c": 83.0}
+    (laptop / "sys/class/power_supply/AC/online").write_text("1\n")
+    (laptop / "sys/class/power_supply/BAT0/status").write_text("Full\n")
+    assert fa.read_vitals(probe(fa, laptop))["charging"] is True
+    pi = write_tree(tmp_path / "pi", PI5)
+    vitals = fa.read_vitals(probe(fa, pi))
+    assert "battery_pct" not in vitals and "charging" not in vitals
+    assert vitals["load"] == 0.42 and vitals["mem_mb"] == 4096
+
+
+def test_pmset_battery(fa, tmp_path):
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "pmset", """
+        print("Now drawing from 'AC Power'")
+        print(" -InternalBattery-0 (id=123)\\t85%; charging; 0:40 remaining present: true")
+    """)
+    mac = probe(fa, tmp_path, bin_dir, system="Darwin", machine="arm64")
+    assert fa.read_power(mac) == {"battery_pct": 85, "charging": True, "ac": True}
+
+
+# --- the synthetic reference benchmark ---
+
+
+def reference_digest(prompt_tokens: int, gen_tokens: int) -> str:
+    """Written from decisions.md, independently of the agent's code."""
+    value = hashlib.sha256(f"fleet-synthetic:{prompt_tokens}:{gen_tokens}".encode()).digest()
+    for _ in range((prompt_tokens + gen_tokens) * 1000):
+        value = hashlib.sha256(value).digest()
+    return value.hex()
+
+
+@pytest.mark.parametrize(("prompt", "gen"), [(3, 2), (1, 0), (0, 1), (5, 1)])
+def test_synthetic_digest_matches_the_reference(fa, prompt, gen):
+    metrics = fa.synthetic_iteration(prompt, gen, lambda: None)
+    assert metrics["synthetic_digest"] == reference_digest(prompt, gen)
+    assert metrics["synthetic_rounds"] == (prompt + gen) * 1000
+    assert ("prefill_tok_s" in metrics) == (prompt > 0)
+    assert ("decode_tok_s" in metrics) == (gen > 0)
+    assert metrics["ttft_ms"] > 0
+
+
+def test_synthetic_stops_between_tokens(fa):
+    calls = []
+
+    def check():
+        calls.append(1)
+        if len(calls) > 3:
+            raise fa.Stopped("stop")
+
+    with pytest.raises(fa.Stopped):
+        fa.synthetic_iteration(100, 100, check)
+    assert len(calls) == 4
+
+
+def test_benchmark_params_are_checked(fa):
+    assert fa.benchmark_params({}) == {"prompt_tokens": 128, "gen_tokens": 32,
+                                       "warmup_iters": 1, "measure_iters": 3}
+    with pytest.raises(fa.Refusal, match=r"params\.measure_iters must be a whole number"):
+        fa.benchmark_params({"measure_iters": "3"})
+    with pytest.raises(fa.Refusal, match="prompt_tokens"):
+        fa.benchmark_params({"prompt_tokens": 10**9})
+    with pytest.raises(fa.Refusal):
+        fa.benchmark_params({"gen_tokens": True})
+
+
+# --- constraints ---
+
+
+def test_power_constraints(fa):
+    fa.check_power_constraints({"require_charging": True, "min_battery_pct": 50},
+                               {"charging": True, "battery_pct": 60})
+    fa.check_power_constraints(None, {})
+    with pytest.raises(fa.Refusal, match="requires charging and this device is not charging"):
+        fa.check_power_constraints({"require_charging": True}, {"charging": False})
+    with pytest.raises(fa.Refusal, match="cannot tell whether it is charging"):
+        fa.check_power_constraints({"require_charging": True}, {})
+    with pytest.raises(fa.Refusal, match="battery is at 20% and the job needs at least 50%"):
+        fa.check_power_constraints({"min_battery_pct": 50}, {"battery_pct": 20})
+    with pytest.raises(fa.Refusal, match="cannot read its battery level"):
+        fa.check_power_constraints({"min_battery_pct": 50}, {})
+
+
+# --- allowlist, state, backoff ---
+
+
+def test_allowlist(fa, tmp_path):
+    good = "a" * 64
+    path = tmp_path / "allow"
+    path.write_text(f"# pinned by the owner\n{good.upper()}  backup.sh\n\nnot-a-hash\n"
+                    f"{'b' * 63}\n")
+    assert fa.load_allowlist(str(path)) == {good}
+    assert fa.load_allowlist(str(tmp_path / "missing")) == set()
+    assert fa.load_allowlist(None) == set()
+
+
+def test_state_file_keeps_the_device_id(fa, tmp_path):
+    here = fa.Probe(root=str(write_tree(tmp_path / "root", {"/etc/machine-id": "abc123\n"})))
+    state = tmp_path / "state"
+    first = fa.load_device_id(str(state), None, here)
+    assert first == fa.load_device_id(str(state), None, here)
+    assert first.endswith("-" + hashlib.sha256(b"abc123").hexdigest()[:6])
+    mode = stat.S_IMODE(os.stat(state / "state.json").st_mode)
+    assert mode == 0o600
+    assert fa.load_device_id(str(state), "pixel-8", here) == "pixel-8"
+    assert fa.load_device_id(str(state), None, here) == "pixel-8"  # the flag is remembered
+    assert json.loads((state / "state.json").read_text())["device_id"] == "pixel-8"
+    assert [p.name for p in state.iterdir()] == ["state.json"]  # no temporary files left
+
+
+def test_backoff_grows_with_jitter_and_resets(fa):
+    backoff = fa.Backoff(base=1, cap=8, rng=random.Random(7))
+    delays = [backoff.next_delay() for _ in range(8)]
+    ceilings = [1, 2, 4, 8, 8, 8, 8, 8]
+    for delay, ceiling in zip(delays, ceilings):  # noqa: B905 - same length by construction
+        assert ceiling / 2 <= delay <= ceiling
+    assert len(set(delays)) == len(delays)  # jittered, not lockstep
+    backoff.reset()
+    assert backoff.next_delay() <= 1
+
+
+def test_percentile_is_nearest_rank(fa):
+    values = [120.0, 100.0, 110.0, 300.0, 105.0]
+    assert fa.percentile(values, 50) == 110.0
+    assert fa.percentile(values, 95) == 300.0
+    assert fa.percentile([7.0], 95) == 7.0
+
+
+# --- outbox (the final-row spool) ---
+
+
+def test_outbox_keeps_rows_while_the_collector_is_away(fa, tmp_path, http_stub):
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    for number in (1, 2, 0):
+        outbox.put(dead, {"job_id": "j", "device_id": "d", "iter": number,
+                          "final": number == 0})
+    files = outbox.pending()
+    assert len(files) == 3
+    assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in files)
+    assert outbox.flush() is False and len(outbox.pending()) == 3
+    # the collector comes back (here: at another address, by rewriting the spooled entries)
+    for path in files:
+        entry = json.loads(Path(path).read_text())
+        entry["collector"] = http_stub.url
+        Path(path).write_text(json.dumps(entry))
+    assert outbox.flush() is True
+    assert [row["iter"] for row in http_stub.posts] == [1, 2, 0]  # final row last
+    assert outbox.pending() == []
+
+
+def test_outbox_sets_aside_rows_the_collector_refuses(fa, tmp_path, http_stub):
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    http_stub.status = 404
+    outbox.put(http_stub.url, {"job_id": "gone", "device_id": "d", "iter": 0})
+    assert outbox.flush() is True
+    assert outbox.pending() == []
+    assert len(list((tmp_path / "spool" / "rejected").iterdir())) == 1
+
+
+def test_atomic_write_is_private_and_leaves_no_temporary(fa, tmp_path):
+    target = tmp_path / "d" / "f.json"
+    fa.atomic_write_json(str(target), {"a": 1})
+    fa.atomic_write_json(str(target), {"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["f.json"]
+
+
+# --- artifacts ---
+
+
+def test_download_verifies_the_sha256(fa, tmp_path, http_stub):
+    payload = b"model weights"
+    sha = hashlib.sha256(payload).hexdigest()
+    http_stub.blobs[sha] = payload
+    collector = fa.Collector(http_stub.url)
+    dest = tmp_path / "model"
+    assert collector.download_artifact(sha, str(dest)) == str(dest)
+    assert dest.read_bytes() == payload
+    forged = hashlib.sha256(b"other").hexdigest()
+    http_stub.blobs[forged] = b"tampered bytes"
+    with pytest.raises(fa.ArtifactError, match="altered or corrupted"):
+        collector.download_artifact(forged, str(tmp_path / "bad"))
+    assert not (tmp_path / "bad").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no partial download left
+    with pytest.raises(fa.ArtifactError, match="answered 404"):
+        collector.download_artifact("c" * 64, str(tmp_path / "missing"))
+    with pytest.raises(fa.ArtifactError, match="not a SHA-256"):
+        collector.download_artifact("../../etc/passwd", str(tmp_path / "x"))
+
+
+# --- host-side parsing ---
+
+
+def test_adb_and_simctl_listings(fa, tmp_path):
+    bin_dir = tmp_path / "bin"
+    adb = make_tool(bin_dir, "adb", """
+        print("List of devices attached")
+        print("R5CT1234ABC            device usb:1-1 product:dm1q model:SM_S911B device:dm1q "
+              "transport_id:3")
+        print("emulator-5554          device product:sdk_gphone64 model:sdk_gphone64_x86_64 "
+              "device:emu64x transport_id:1")
+        print("0123456789             unauthorized usb:1-2 transport_id:4")
+        print()
+    """)
+    targets = fa.android_targets(str(adb))
+    assert [t["device_id"] for t in targets] == ["R5CT1234ABC", "emulator-5554"]
+    assert targets[0]["model"] == "SM S911B" and targets[1]["emulator"] is True
+    xcrun = make_tool(bin_dir, "xcrun", """
+        print(json.dumps({"devices": {
+            "com.apple.CoreSimulator.SimRuntime.iOS-17-2": [
+                {"udid": "AAA", "name": "iPhone 15", "state": "Booted", "isAvailable": True},
+                {"udid": "BBB", "name": "iPhone SE", "state": "Shutdown", "isAvailable": True}],
+            "com.apple.CoreSimulator.SimRuntime.tvOS-17-2": [
+                {"udid": "CCC", "name": "Apple TV", "state": "Booted", "isAvailable": True}]}}))
+    """)
+    sims = fa.simulator_targets(str(xcrun))
+    assert [(t["device_id"], t["platform"]) for t in sims] == [("AAA", "ios"), ("CCC", "tvos")]
+    assert fa.android_targets(None) == [] and fa.simulator_targets(None) == []
+
+
+def test_suite_reports_json_and_junit(fa, tmp_path):
+    report = tmp_path / "r.json"
+    report.write_text(json.dumps({"flows": [
+        {"name": "login", "ok": True, "duration_ms": 1200},
+        {"name": "checkout", "ok": False, "duration_ms": 800, "error": "button not found"}]}))
+    flows = fa.parse_suite_report(str(report))
+    assert [(f["name"], f["ok"]) for f in flows] == [("login", True), ("checkout", False)]
+    junit = tmp_path / "r.xml"
+    junit.write_text('<testsuite><testcase name="a" time="1.5"/>'
+                     '<testcase name="b" time="0.2"><failure message="boom"/></testcase>'
+                     "</testsuite>")
+    flows = fa.parse_suite_report(str(junit))
+    assert flows == [{"name": "a", "ok": True, "duration_ms": 1500.0, "error": None},
+                     {"name": "b", "ok": False, "duration_ms": 200.0, "error": "boom"}]
+
+
+def test_llama_bench_json(fa):
+    output = "warming up...\n" + json.dumps([
+        {"n_prompt": 512, "n_gen": 0, "avg_ts": 100.0, "samples_ts": [99.0, 101.0]},
+        {"n_prompt": 0, "n_gen": 128, "avg_ts": 20.0, "samples_ts": [19.0, 21.0]}])
+    prefill, decode = fa.llama_records(output)
+    assert prefill["avg_ts"] == 100.0 and decode["avg_ts"] == 20.0
+    assert fa.llama_ttft_ms(512, 100.0, 20.0) == 5170.0
+    with pytest.raises(fa.Refusal):
+        fa.llama_records("no json here")
+
+
+def test_run_watched_stops_when_the_job_stops(fa, tmp_path):
+    ctx = SimpleNamespace(stop=SimpleNamespace(is_set=lambda: True))
+    code, wall_ms, _ = fa.run_watched(["sleep", "30"], ctx, 60, str(tmp_path / "log"))
+    assert code is None and wall_ms < 10_000
+    ctx = SimpleNamespace(stop=SimpleNamespace(is_set=lambda: False))
+    code, _, peak_mb = fa.run_watched([sys.executable, "-c", "print('hi')"], ctx, 60,
+                                      str(tmp_path / "log"))
+    assert code == 0 and peak_mb > 1 and (tmp_path / "log").read_text() == "hi\n"
+
+
+def test_web_urls_are_http_only(fa):
+    assert fa.web_url({"targets": {"url": "https://example.test/"}}) == "https://example.test/"
+    for bad in ("file:///etc/passwd", "chrome://settings", None, "javascript:alert(1)"):
+        with pytest.raises(fa.Refusal):
+            fa.web_url({"targets": {"url": bad}})
+
+
+# --- the command line, on the oldest Python the agent supports ---
+
+
+def _python38() -> str | None:
+    """A real Python 3.8 (pyenv shims that only print an error do not count)."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("pyenv") else ""
+    candidates = sorted(Path(root, "versions").glob("3.8*/bin/python3.8")) if root else []
+    for path in [*candidates, shutil.which("python3.8")]:
+        if path and subprocess.run([str(path), "--version"], capture_output=True).returncode == 0:
+            return str(path)
+    return None
+
+
+@pytest.mark.parametrize("python", [sys.executable, "py38"])
+def test_print_descriptor_runs_standalone(tmp_path, python):
+    if python == "py38":
+        python = _python38()
+        if python is None:
+            pytest.skip("no Python 3.8 here")
+    root = write_tree(tmp_path / "root", PI5)
+    (tmp_path / "state").mkdir()
+    allow = tmp_path / "allow"
+    allow.write_text("d" * 64 + "\n")
+    out = subprocess.run([python, str(AGENT_FILE), "--print-descriptor", "--sysroot", str(root),
+                          "--state-dir", str(tmp_path / "state"), "--allowlist", str(allow),
+                          "--device-id", "pi-1", "--set", "kind=", "--set", "vram_mb=512"],
+                         capture_output=True, text=True, timeout=60,
+                         env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["device_id"] == "pi-1"
+    assert report["descriptor"]["model"] == "Raspberry Pi 5 Model B Rev 1.0"
+    assert report["descriptor"]["kind"] is None and report["descriptor"]["vram_mb"] == 512
+    assert report["capabilities"] == ["self-check", "benchmark:synthetic", "shell"]
+
+
+def test_the_agent_imports_only_the_standard_library():
+    tree = ast.parse(AGENT_FILE.read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    assert imported - {"__future__"} <= sys.stdlib_module_names, imported
+    assert "fleet_min" not in imported
