@@ -1,0 +1,142 @@
+"""Build dist/fleet.pyz: fleet_min and the pure-Python parts of its runtime dependencies in one
+file that runs on a bare Python 3.11+ (`python fleet.pyz collector`).
+
+The dependencies are taken from the installed distributions of this interpreter (so run it where
+`pip install .` has been done), following their requirement metadata. Compiled accelerators
+(.so/.pyd) are left out: aiohttp, multidict, yarl, frozenlist and propcache all fall back to their
+pure-Python implementations when the extension cannot be imported, which is the case inside a zip.
+Each vendored distribution's licence files go under `licenses/<name>/`.
+
+The archive is reproducible: entries are sorted, timestamps fixed, and no bytecode is included,
+so the same sources give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import stat
+import sys
+import zipfile
+from importlib import metadata
+from pathlib import Path, PurePosixPath
+
+ROOT = Path(__file__).resolve().parent
+RUNTIME = ("aiohttp", "aiosqlite")
+FIXED_TIME = (1980, 1, 1, 0, 0, 0)
+SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pyi", ".h", ".pyc")
+MAIN = """\
+import sys
+
+if sys.version_info < (3, 11):
+    sys.exit("fleet.pyz needs Python 3.11 or newer")
+
+from fleet_min.cli import main
+
+sys.exit(main())
+"""
+
+
+def _marker_holds(requirement: str) -> bool:
+    """Evaluate a requirement's environment marker for this interpreter (extras never hold)."""
+    if ";" not in requirement:
+        return True
+    marker = requirement.split(";", 1)[1]
+    if "extra" in marker:
+        return False
+    try:
+        from packaging.markers import Marker
+    except ImportError:  # pip always carries a copy
+        from pip._vendor.packaging.markers import Marker
+    return bool(Marker(marker.strip()).evaluate())
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s;<>=!~\[(]", requirement.strip(), maxsplit=1)[0]
+
+
+def runtime_distributions(roots: tuple[str, ...] = RUNTIME) -> list[metadata.Distribution]:
+    """The runtime dependencies and everything they need, each once."""
+    seen: dict[str, metadata.Distribution] = {}
+    pending = list(roots)
+    while pending:
+        name = pending.pop()
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        if key in seen:
+            continue
+        dist = metadata.distribution(name)
+        seen[key] = dist
+        pending += [_name(r) for r in dist.requires or [] if _marker_holds(r)]
+    return [seen[key] for key in sorted(seen)]
+
+
+def _dist_entries(dist: metadata.Distribution) -> dict[str, bytes]:
+    entries: dict[str, bytes] = {}
+    name = re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+    for file in dist.files or []:
+        parts = PurePosixPath(str(file)).parts
+        if not parts or parts[0].startswith("..") or "__pycache__" in parts:
+            continue
+        path = Path(str(file.locate()))
+        top = parts[0]
+        if top.endswith(".dist-info"):
+            lowered = parts[-1].lower()
+            if lowered.startswith(("license", "licence", "copying", "notice", "authors")):
+                entries[f"licenses/{name}/{'/'.join(parts[1:])}"] = path.read_bytes()
+            continue
+        if top in ("bin", "share") or top.endswith((".pth", ".data")):
+            continue
+        if str(file).endswith(SKIP_SUFFIXES):
+            continue
+        entries["/".join(parts)] = path.read_bytes()
+    return entries
+
+
+def _project_entries() -> dict[str, bytes]:
+    entries: dict[str, bytes] = {}
+    package = ROOT / "fleet_min"
+    for path in sorted(package.rglob("*")):
+        if path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc":
+            continue
+        entries[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+    return entries
+
+
+def build(output: Path) -> str:
+    entries = {"__main__.py": MAIN.encode()}
+    for dist in runtime_distributions():
+        entries.update(_dist_entries(dist))
+    entries.update(_project_entries())
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(".tmp")
+    with open(tmp, "wb") as raw:
+        raw.write(b"#!/usr/bin/env python3\n")
+        with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name in sorted(entries):
+                info = zipfile.ZipInfo(name, FIXED_TIME)
+                info.external_attr = (stat.S_IFREG | 0o644) << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, entries[name], compresslevel=9)
+    tmp.chmod(0o755)
+    tmp.replace(output)
+    return hashlib.sha256(output.read_bytes()).hexdigest()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", default=str(ROOT / "dist" / "fleet.pyz"))
+    args = parser.parse_args(argv)
+    try:
+        digest = build(Path(args.output))
+    except metadata.PackageNotFoundError as exc:
+        print(f"zipapp.py: {exc.args[0]} is not installed; run `pip install .` first",
+              file=sys.stderr)
+        return 1
+    size = Path(args.output).stat().st_size
+    print(f"wrote {args.output} ({size // 1024} KiB, sha256 {digest})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
