@@ -134,6 +134,11 @@ def http_json(method: str, url: str, body: object = None, timeout: float = 10.0)
             return exc.code, raw.decode(errors="replace")
 
 
+def http_bytes(url: str, timeout: float = 10.0) -> bytes:
+    with _OPENER.open(url, timeout=timeout) as response:
+        return response.read()
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.1, what: str = "condition"):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,0 +1,216 @@
+"""The host executor against a real collector, driving fake `adb`, suite tool and Chromium
+executables that behave like the real tools (argv, output format, exit codes)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.agent.support import http_bytes, http_json, make_tool
+
+pytestmark = pytest.mark.slow
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+FAKE_ADB = r'''
+state_dir = os.environ["FAKE_ADB_DIR"]
+args = sys.argv[1:]
+with open(os.path.join(state_dir, "calls.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\n")
+devices = {"R5CT1234ABC": "SM_S911B", "emulator-5554": "sdk_gphone64_x86_64"}
+if args[:2] == ["devices", "-l"]:
+    print("List of devices attached")
+    for serial, model in devices.items():
+        print(f"{serial:<22} device product:x model:{model} device:y transport_id:1")
+    print()
+    sys.exit(0)
+if args[0] != "-s" or args[1] not in devices:
+    print(f"adb: device '{args[1]}' not found", file=sys.stderr)
+    sys.exit(1)
+serial, rest = args[1], args[2:]
+state_file = os.path.join(state_dir, serial + ".state")
+def set_state(value):
+    open(state_file, "w").write(value)
+def get_state():
+    return open(state_file).read() if os.path.exists(state_file) else "cold"
+if rest[0] == "install":
+    import hashlib
+    data = open(rest[-1], "rb").read()
+    with open(os.path.join(state_dir, "installed.jsonl"), "a") as log:
+        log.write(json.dumps([serial, hashlib.sha256(data).hexdigest(), rest[-1]]) + "\n")
+    print("Performing Streamed Install")
+    print("Success")
+elif rest[:2] == ["exec-out", "screencap"]:
+    sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\n" + serial.encode())
+elif rest[0] == "shell":
+    cmd = rest[1:]
+    if cmd[:3] == ["cmd", "package", "resolve-activity"]:
+        print("priority=0 preferredOrder=0 match=0x108000 specificIndex=-1 isDefault=true")
+        print(cmd[-1] + "/.MainActivity")
+    elif cmd[:2] == ["am", "force-stop"]:
+        set_state("cold")
+    elif cmd[:3] == ["input", "keyevent", "KEYCODE_HOME"]:
+        set_state("hot")
+    elif cmd[:3] == ["input", "keyevent", "KEYCODE_BACK"]:
+        set_state("warm")
+    elif cmd[:2] == ["am", "start"] and "-W" in cmd:
+        counter = os.path.join(state_dir, serial + ".launches")
+        n = int(open(counter).read()) if os.path.exists(counter) else 0
+        open(counter, "w").write(str(n + 1))
+        base = {"cold": 800, "warm": 400, "hot": 150}[get_state()]
+        total = base + (n % 5) * 10
+        print("Starting: Intent { cmp=" + cmd[-1] + " }")
+        print("Status: ok")
+        print("LaunchState: " + get_state().upper())
+        print("Activity: " + cmd[-1])
+        print(f"TotalTime: {total}")
+        print(f"WaitTime: {total + 4}")
+        print("Complete")
+        set_state("foreground")
+    elif cmd[:2] == ["am", "start"]:
+        print("Starting: Intent { act=android.intent.action.VIEW }")
+    else:
+        print("unknown shell command", file=sys.stderr)
+        sys.exit(1)
+else:
+    print("unknown adb command", file=sys.stderr)
+    sys.exit(1)
+'''
+
+FAKE_FLOW_RUNNER = r'''
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+flows = [{"name": "login", "ok": True, "duration_ms": 1200},
+         {"name": "checkout", "ok": False, "duration_ms": 900, "error": "Pay button not found"},
+         {"name": "logout", "ok": True, "duration_ms": 300}]
+with open(args["--report"], "w") as fh:
+    json.dump({"device": args["--device"], "flows": flows}, fh)
+sys.exit(1)
+'''
+
+FAKE_CHROMIUM = r'''
+shot = [a for a in sys.argv if a.startswith("--screenshot=")]
+if shot:
+    open(shot[0].split("=", 1)[1], "wb").write(b"\x89PNG\r\n\x1a\nchromium")
+    print("written screenshot")
+elif "--dump-dom" in sys.argv:
+    print("<html><head></head><body>Hello shelf</body></html>")
+else:
+    sys.exit(2)
+'''
+
+
+def host_job(job_id: str, workload: str, **fields) -> dict:
+    return {"schema": 1, "job_id": job_id, "workload": workload, "executor": "host", **fields}
+
+
+@pytest.fixture
+def fakes(tmp_path):
+    bin_dir = tmp_path / "fake-bin"
+    state = tmp_path / "adb-state"
+    state.mkdir()
+    return {"adb": make_tool(bin_dir, "adb", FAKE_ADB),
+            "runner": make_tool(bin_dir, "fleet-flow-runner", FAKE_FLOW_RUNNER),
+            "chromium": make_tool(bin_dir, "chromium", FAKE_CHROMIUM),
+            "state": state}
+
+
+def calls(state: Path) -> list[list[str]]:
+    return [json.loads(line) for line in (state / "calls.jsonl").read_text().splitlines()]
+
+
+def test_host_executor_drives_attached_devices(procs, fakes):
+    collector = procs.collector()
+    apk = b"PK\x03\x04 fake apk bytes"
+    apk_sha = collector.upload(apk, "app.apk")
+    jobs = [
+        host_job("inst", "install", app={"name": "shop", "build": "42", "sha256": apk_sha,
+                                         "platform": "android"}),
+        host_job("cold", "cold-start", targets={"device_id": "R5CT1234ABC"},
+                 params={"app_id": "com.example.shop", "launches": 5, "states": ["cold", "hot"]}),
+        host_job("ui", "ui-test", targets={"device_id": "emulator-5554"},
+                 app={"name": "shop", "platform": "android"},
+                 suite={"kind": "flow_runner", "flows": "flows/"}),
+        host_job("shots", "web-shots", targets={"url": "http://shop.test/"},
+                 params={"browser": ["chromium", "android-device"], "settle_s": 0}),
+        host_job("page", "web-test", targets={"url": "http://shop.test/"},
+                 params={"browser": "chromium", "expect_text": "Hello shelf"}),
+        host_job("no-ios", "install", app={"name": "shop", "build": "42", "sha256": apk_sha,
+                                           "platform": "ios"}),
+        host_job("gone", "cold-start", targets={"device_id": "R9-missing"},
+                 params={"app_id": "com.example.shop"}),
+        host_job("soak", "app-soak", params={"flow": "x", "duration_s": 1, "interval_s": 1}),
+    ]
+    for spec in jobs:
+        collector.enqueue(spec)
+    procs.agent([collector], "host", "--executor", "host", "--name", "bench-host",
+                "--adb", str(fakes["adb"]), "--flow-runner", str(fakes["runner"]),
+                "--chromium", str(fakes["chromium"]),
+                env={"FAKE_ADB_DIR": str(fakes["state"])})
+    final = {spec["job_id"]: collector.wait_status(spec["job_id"], ("done", "failed"), 40)
+             for spec in jobs}
+
+    # install: downloaded by hash, verified, installed on both attached Android devices
+    assert final["inst"]["status"] == "done", final["inst"]
+    installed = [json.loads(x) for x in (fakes["state"] / "installed.jsonl").read_text().split()]
+    assert sorted((serial, sha) for serial, sha, _ in installed) == [
+        ("R5CT1234ABC", apk_sha), ("emulator-5554", apk_sha)]
+    assert all(path.endswith(".apk") for _, _, path in installed)
+    rows = collector.results("inst")
+    assert {r["device_id"] for r in rows if r["iter"] > 0} == {"R5CT1234ABC", "emulator-5554"}
+
+    # cold-start: p50/p95 per launch state from `am start -W` TotalTime
+    assert final["cold"]["status"] == "done", final["cold"]
+    rows = {r.get("state"): r for r in collector.results("cold") if r["iter"] > 0}
+    assert rows["cold"]["metrics"]["p50_ms"] == 820 and rows["cold"]["metrics"]["p95_ms"] == 840
+    assert rows["hot"]["metrics"]["p50_ms"] == 170 and rows["hot"]["metrics"]["launches"] == 5
+    assert all(r["device_id"] == "R5CT1234ABC" for r in rows.values())
+    adb_calls = calls(fakes["state"])
+    assert ["-s", "R5CT1234ABC", "shell", "am", "force-stop", "com.example.shop"] in adb_calls
+
+    # ui-test: one row per flow, the report kept as an artifact, the verdict names the failure
+    assert final["ui"]["status"] == "failed"
+    assert final["ui"]["last_error"] == "1 of 3 flows failed: checkout"
+    ui_rows = collector.results("ui")
+    flows = {r["flow"]: r for r in ui_rows if r["iter"] > 0}
+    assert sorted(flows) == ["checkout", "login", "logout"]
+    assert flows["checkout"]["error"] == "Pay button not found" and flows["login"]["ok"]
+    report_sha = next(r for r in ui_rows if r["final"])["artifacts"][0]
+    status, report = http_json("GET", f"{collector.url}/artifacts/{report_sha}")
+    assert status == 200 and report["device"] == "emulator-5554"
+
+    # web-shots: Chromium plus one shot per attached Android device
+    assert final["shots"]["status"] == "done", final["shots"]
+    shot_rows = [r for r in collector.results("shots") if r["iter"] > 0]
+    assert sorted(r["browser"] for r in shot_rows) == ["android-device", "android-device",
+                                                       "chromium"]
+    for row in shot_rows:
+        assert http_bytes(f"{collector.url}/artifacts/{row['artifacts'][0]}").startswith(PNG[:8])
+    assert final["page"]["status"] == "done", final["page"]
+
+    # clean failures, each with a sentence
+    assert final["no-ios"]["status"] == "failed"
+    assert final["no-ios"]["last_error"] == "no ios targets are attached to this executor"
+    assert final["gone"]["last_error"] == "device R9-missing is not attached to this executor"
+    assert final["soak"]["status"] == "failed"
+    assert "does not implement the workload 'app-soak'" in final["soak"]["last_error"]
+
+
+def test_a_host_build_with_the_wrong_hash_is_not_installed(procs, fakes):
+    collector = procs.collector()
+    apk = b"PK\x03\x04 original"
+    sha = collector.upload(apk, "app.apk")
+    stored = [p for p in collector.data.rglob("*") if p.is_file() and p.read_bytes() == apk]
+    assert len(stored) == 1
+    stored[0].write_bytes(b"PK\x03\x04 swapped!")
+    collector.enqueue(host_job("bad-apk", "install", app={"name": "shop", "build": "1",
+                                                          "sha256": sha,
+                                                          "platform": "android"}))
+    procs.agent([collector], "host2", "--executor", "host", "--name", "bench-host-2",
+                "--adb", str(fakes["adb"]), env={"FAKE_ADB_DIR": str(fakes["state"])})
+    job = collector.wait_status("bad-apk", ("done", "failed"), 30)
+    assert job["status"] == "failed" and "altered or corrupted" in job["last_error"]
+    assert not (fakes["state"] / "installed.jsonl").exists()
+    assert hashlib.sha256(stored[0].read_bytes()).hexdigest() != sha
