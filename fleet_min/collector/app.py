@@ -9,7 +9,17 @@ from typing import Any
 from aiohttp import web
 
 from fleet_min import validate
-from fleet_min.collector import devices, queue, results, templates, views
+from fleet_min.collector import (
+    access_http,
+    artifacts_http,
+    automation_http,
+    devices,
+    insight_http,
+    queue,
+    results,
+    templates,
+    views,
+)
 from fleet_min.collector.match import MatchError, compiled
 from fleet_min.collector.queue import Claimant
 from fleet_min.collector.service import Service
@@ -27,6 +37,10 @@ from fleet_min.sse import stream
 from fleet_min.timeutil import now
 
 SERVICE = web.AppKey("service", Service)
+
+# Each feature module registers its own routes, middlewares, listeners and loops in
+# setup(app, service). Access control comes first: it may add a middleware.
+FEATURES = (access_http, artifacts_http, automation_http, insight_http)
 MAX_BATCH = 1000  # jobs in one POST /jobs array
 
 
@@ -309,6 +323,8 @@ def create_app(config: Config) -> web.Application:
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)
     app[SERVICE] = service
+    for feature in FEATURES:
+        feature.setup(app, service)
     add_routes(app)
     app.router.add_route("*", "/api/{tail:.*}", api_not_found)
 

@@ -146,5 +146,70 @@ MIGRATIONS: list[str] = [
         baseline INTEGER NOT NULL DEFAULT 0
     );
     CREATE INDEX artifacts_app ON artifacts(app, created_at) WHERE app IS NOT NULL;
+
+    CREATE TABLE schedules (
+        id TEXT PRIMARY KEY,
+        cron TEXT NOT NULL,
+        enabled INTEGER NOT NULL DEFAULT 0,      -- new schedules arrive disabled
+        template TEXT NOT NULL,                  -- JSON job spec without job_id
+        last_run REAL,
+        last_slot TEXT,                          -- YYYYMMDDHHMM of the last due minute handled
+        next_run REAL,
+        last_skip TEXT,                          -- why the last due run did not enqueue
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+
+    CREATE TABLE schedule_runs (
+        id INTEGER PRIMARY KEY,
+        schedule_id TEXT NOT NULL,
+        slot TEXT NOT NULL,                      -- the due minute, or 'manual-<time>'
+        at REAL NOT NULL,
+        job_id TEXT,
+        outcome TEXT NOT NULL,                   -- enqueued, skipped, failed
+        detail TEXT,
+        UNIQUE (schedule_id, slot)
+    );
+
+    CREATE TABLE alerts (
+        id INTEGER PRIMARY KEY,
+        rule TEXT NOT NULL,
+        subject TEXT NOT NULL,
+        state TEXT NOT NULL,                     -- open, resolved
+        seen_count INTEGER NOT NULL DEFAULT 1,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL,
+        resolved_at REAL,
+        acked_at REAL,
+        snoozed_until REAL,
+        detail TEXT,
+        webhook_state TEXT,                      -- NULL (none), pending, delivered, failed
+        webhook_attempts INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE UNIQUE INDEX alerts_open ON alerts(rule, subject) WHERE state = 'open';
+    CREATE INDEX alerts_last_seen ON alerts(last_seen);
+
+    CREATE TABLE topic_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        topic TEXT NOT NULL,
+        payload TEXT NOT NULL,
+        source TEXT,
+        at REAL NOT NULL
+    );
+    CREATE INDEX topic_events_topic ON topic_events(topic, seq);
+    CREATE INDEX topic_events_at ON topic_events(at);
+
+    CREATE TABLE ci_statuses (
+        id INTEGER PRIMARY KEY,
+        job_id TEXT NOT NULL,
+        target TEXT NOT NULL,                    -- owner/repo@sha
+        state TEXT NOT NULL,                     -- pending, success, failure, error
+        description TEXT,
+        at REAL NOT NULL,
+        dry_run INTEGER NOT NULL,
+        http_status INTEGER,
+        error TEXT
+    );
+    CREATE INDEX ci_statuses_job ON ci_statuses(job_id, id);
     """,
 ]

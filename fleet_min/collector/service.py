@@ -61,7 +61,11 @@ class Service:
         self.started_at = now()
         self.guarded = False
         self._tasks: list[asyncio.Task[None]] = []
-        self.on_started: list[Callable[[], Any]] = []
+        # Called with every event after its transaction committed (CI status, alerts, ...).
+        # A listener must not block: it schedules its own work with Service.spawn or a task.
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        # Extra fields merged into /api/health by features (e.g. the CI status flag).
+        self.health_extras: list[Callable[[], dict[str, Any]]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -80,9 +84,10 @@ class Service:
         """Answer open long polls, stop the loops, close the database."""
         await self.dispatcher.close()
         self.hub.close()
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
@@ -96,9 +101,16 @@ class Service:
             except Exception:
                 log.exception("lease sweep failed; it runs again in %s s", self.config.sweep_s)
 
-    def spawn(self, coro: Any, name: str) -> None:
-        """A background loop owned by the service (stopped with it)."""
-        self._tasks.append(asyncio.create_task(coro, name=name))
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        """A background task owned by the service (cancelled when it stops)."""
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget_task)
+        return task
+
+    def _forget_task(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -116,6 +128,11 @@ class Service:
     def apply(self, effects: Effects) -> None:
         for event in effects.events:
             self.hub.publish(event)
+            for listener in self.listeners:
+                try:
+                    listener(event)
+                except Exception:
+                    log.exception("event listener failed on %s", event.get("type"))
         self.dispatcher.jobs_claimable(effects.claimable)
         self.dispatcher.claimants_changed(effects.claimants)
 
@@ -171,4 +188,5 @@ class Service:
             "stream_clients": self.hub.clients,
             "guard": self.guarded,
             "waiting_polls": self.dispatcher.waiting,
+            **{k: v for extra in self.health_extras for k, v in extra().items()},
         }
