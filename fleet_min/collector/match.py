@@ -329,7 +329,9 @@ def _read_number(text: str, start: int) -> tuple[_Token, int]:
             stop += 1
         raise MatchError(f"malformed number '{text[start:stop]}' at {_at(start)}", start + 1)
     source = found.group()
-    value: int | float = float(source) if "." in source else int(source)
+    if "." not in source:
+        return _Token("number", source, int(source), start), end
+    value = float(source)
     if not math.isfinite(value):
         raise MatchError(f"the number at {_at(start)} is too large", start + 1)
     return _Token("number", source, value, start), end
