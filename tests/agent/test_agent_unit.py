@@ -475,3 +475,140 @@ def test_the_agent_imports_only_the_standard_library():
                  if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
     assert imported - {"__future__"} <= sys.stdlib_module_names, imported
     assert "fleet_min" not in imported
+
+
+# --- whole workloads through Runtime.execute, rows going to a stub collector ---
+
+FAKE_LLAMA_BENCH = """
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+assert open(args["-m"], "rb").read() == b"GGUF fake model"
+reps = int(args["-r"])
+ballast = bytearray(30 * 1024 * 1024)  # so peak memory is visible
+print("llama-bench: warming up", file=sys.stderr)
+print(json.dumps([
+    {"build_commit": "abc123", "model_type": "llama 1B Q4_0", "n_prompt": int(args["-p"]),
+     "n_gen": 0, "avg_ts": 200.0, "samples_ts": [190.0 + 10 * i for i in range(reps)]},
+    {"build_commit": "abc123", "model_type": "llama 1B Q4_0", "n_prompt": 0,
+     "n_gen": int(args["-n"]), "avg_ts": 25.0, "samples_ts": [24.0 + i for i in range(reps)]},
+], indent=2))
+"""
+
+
+def make_runtime(fa, tmp_path, *flags, root=None):
+    cfg = fa.parse_args(["--collector", "http://127.0.0.1:9", "--state-dir",
+                         str(tmp_path / "state"), "--device-id", "unit-1", *flags])
+    here = fa.Probe(root=str(root or tmp_path / "empty-root"),
+                    env={"PATH": str(tmp_path / "bin")}, system="Linux", machine="aarch64")
+    return fa.Runtime(cfg, here)
+
+
+def run_spec(fa, runtime, stub, spec):
+    ctx = fa.JobContext(runtime, fa.Collector(stub.url), {"schema": 1, **spec}, "unit-1")
+    return ctx, runtime.execute(ctx)
+
+
+def test_llama_cpp_backend_runs_llama_bench(fa, tmp_path, http_stub):
+    make_tool(tmp_path / "bin", "llama-bench", FAKE_LLAMA_BENCH)
+    model = b"GGUF fake model"
+    sha = hashlib.sha256(model).hexdigest()
+    http_stub.blobs[sha] = model
+    runtime = make_runtime(fa, tmp_path)
+    assert "benchmark:llama.cpp" in runtime.capabilities()
+    _, result = run_spec(fa, runtime, http_stub, {
+        "job_id": "llm", "workload": "benchmark", "backend": "llama.cpp",
+        "model": {"name": "tiny", "format": "gguf", "sha256": sha},
+        "params": {"prompt_tokens": 64, "gen_tokens": 16, "measure_iters": 2}})
+    assert result["ok"] is True, result
+    metrics = result["metrics"]
+    assert (metrics["prefill_tok_s"], metrics["decode_tok_s"]) == (200.0, 25.0)
+    assert metrics["ttft_ms"] == round(64 / 200 * 1000 + 1000 / 25, 3)
+    assert metrics["peak_mem_mb"] > 30 and metrics["mem_method"].startswith("wait4-maxrss")
+    rows = sorted(http_stub.posts, key=lambda r: r["iter"])
+    assert [r["metrics"]["prefill_tok_s"] for r in rows] == [190.0, 200.0]
+
+
+def test_an_unimplemented_backend_is_refused_with_a_sentence(fa, tmp_path, http_stub):
+    runtime = make_runtime(fa, tmp_path)
+    assert runtime.capabilities() == ["self-check", "benchmark:synthetic"]
+    _, result = run_spec(fa, runtime, http_stub, {"job_id": "mlx", "workload": "benchmark",
+                                                  "backend": "mlx", "params": {}})
+    assert result["ok"] is False
+    assert "does not implement the benchmark backend 'mlx'" in result["error"]
+    assert http_stub.posts == []  # no numbers from another backend under that name
+    _, result = run_spec(fa, runtime, http_stub, {"job_id": "sh", "workload": "shell",
+                                                  "params": {"script_sha256": "a" * 64}})
+    assert "does not implement the workload 'shell'" in result["error"]
+
+
+def test_power_refusal_before_any_work(fa, tmp_path, http_stub):
+    root = write_tree(tmp_path / "root", {
+        "/sys/class/power_supply/BAT0/type": "Battery\n",
+        "/sys/class/power_supply/BAT0/capacity": "35\n",
+        "/sys/class/power_supply/BAT0/status": "Discharging\n"})
+    runtime = make_runtime(fa, tmp_path, root=root)
+    spec = {"job_id": "b", "workload": "benchmark", "backend": "synthetic",
+            "params": {"measure_iters": 1}}
+    _, result = run_spec(fa, runtime, http_stub, {**spec, "constraints":
+                                                  {"require_charging": True}})
+    assert result == {"ok": False, "metrics": {}, "artifacts": [], "error":
+                      "refused: the job requires charging and this device is not charging"}
+    _, result = run_spec(fa, runtime, http_stub, {**spec, "constraints":
+                                                  {"min_battery_pct": 50}})
+    assert result["error"] == "refused: the battery is at 35% and the job needs at least 50%"
+    assert http_stub.posts == []
+    _, result = run_spec(fa, runtime, http_stub, {**spec, "constraints":
+                                                  {"min_battery_pct": 30}})
+    assert result["ok"] is True and result["metrics"]["battery_start_pct"] == 35
+
+
+def test_a_shell_script_must_be_pinned(fa, tmp_path, http_stub):
+    script = b"#!/bin/sh\necho hello \"$1\"\nexit 3\n"
+    sha = hashlib.sha256(script).hexdigest()
+    http_stub.blobs[sha] = script
+    allow = tmp_path / "allow"
+    allow.write_text("b" * 64 + "\n")
+    runtime = make_runtime(fa, tmp_path, "--allowlist", str(allow))
+    assert "shell" in runtime.capabilities()
+    spec = {"job_id": "s", "workload": "shell", "params": {"script_sha256": sha,
+                                                           "args": ["shelf"]}}
+    _, result = run_spec(fa, runtime, http_stub, spec)
+    assert "is not pinned in this machine's shell allowlist" in result["error"]
+    allow.write_text(sha + "\n")
+    _, result = run_spec(fa, runtime, http_stub, spec)
+    # the output upload goes to a stub without /artifacts; the verdict still comes through
+    assert result["ok"] is False and result["error"] == "the script exited with status 3"
+    assert result["metrics"]["exit_code"] == 3
+
+
+# --- the shipped service definitions start the agent with flags it accepts ---
+
+DEPLOY = AGENT_FILE.parents[1] / "deploy" / "agent"
+
+
+def test_systemd_unit_runs_the_agent_with_valid_flags(fa):
+    unit = (DEPLOY / "fleet-agent.service").read_text()
+    exec_lines = unit.split("ExecStart=", 1)[1].split("\n")
+    command = []
+    for line in exec_lines:
+        command += line.strip().rstrip("\\").split()
+        if not line.rstrip().endswith("\\"):
+            break
+    assert command[:2] == ["/usr/bin/python3", "/opt/fleet-agent/fleet_agent.py"]
+    values = {"${FLEET_COLLECTOR}": "http://collector.lan:8788", "$FLEET_AGENT_ARGS": "--pool=lab"}
+    cfg = fa.parse_args([values.get(word, word) for word in command[2:]])
+    assert cfg.collectors == ["http://collector.lan:8788"] and cfg.pools == ["lab"]
+    assert cfg.state_dir == "/var/lib/fleet-agent"
+    assert "StateDirectory=fleet-agent" in unit and "TimeoutStopSec=45" in unit
+    assert "KillSignal=SIGTERM" in unit
+
+
+def test_launchd_plist_runs_the_agent_with_valid_flags(fa):
+    import plistlib
+
+    plist = plistlib.loads((DEPLOY / "com.fleet-min.agent.plist").read_bytes())
+    assert plist["Label"] == "com.fleet-min.agent"
+    argv = plist["ProgramArguments"]
+    assert argv[0] == "/usr/bin/python3" and argv[1].endswith("/fleet_agent.py")
+    cfg = fa.parse_args(argv[2:])
+    assert cfg.collectors == ["http://collector.lan:8788"]
+    assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["RunAtLoad"] is True
