@@ -49,6 +49,7 @@ HANDBACK_ITER_TOP = 1_000_000
 PROGRESS_KIND = "fleet-agent-progress"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DOWNLOAD_CHUNK = 1 << 20
+MAX_ERROR_CHARS = 1000
 
 log = logging.getLogger("fleet_agent")
 
@@ -568,6 +569,11 @@ def mac_memory(probe: Probe) -> int | None:
     return pages * int(page.group(1)) // (1 << 20)
 
 
+def thermal_sample(probe: Probe) -> str | None:
+    """Thermal state from the sensors alone: cheap enough to take between iterations."""
+    return thermal_state(hottest_zone_c(probe))
+
+
 def read_vitals(probe: Probe) -> dict:
     """Beacon fields; a reading the machine cannot give is left out rather than invented."""
     vitals: dict = dict(read_power(probe))
@@ -946,6 +952,8 @@ class JobContext:
                "job_id": self.job_id, "iter": iteration, "ok": ok, "final": False,
                "metrics": metrics or {}, "device": self.runtime.device_summary()}
         row.update({k: v for k, v in fields.items() if v is not None})
+        if isinstance(row.get("error"), str) and len(row["error"]) > MAX_ERROR_CHARS:
+            row["error"] = row["error"][:MAX_ERROR_CHARS - 3] + "..."
         return row
 
     def post(self, row: dict) -> None:
@@ -1213,7 +1221,7 @@ def wl_benchmark_synthetic(runtime: Runtime, ctx: JobContext) -> dict:
             return handback_or_raise(ctx, plan, completed)
         ctx.post(ctx.row(number, True, metrics))
         completed.append(metrics)
-        thermal.append(runtime.vitals().get("thermal"))
+        thermal.append(thermal_sample(runtime.probe))
     end_vitals = runtime.vitals()
     metrics = summarise(completed)
     metrics.update(synthetic_digest=completed[-1]["synthetic_digest"],

@@ -4,9 +4,11 @@ and real collector and agent processes for the end-to-end tests."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -64,6 +66,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+@functools.lru_cache(maxsize=1)
+def python38() -> str | None:
+    """A real Python 3.8 (pyenv shims that only print an error do not count)."""
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("pyenv") else ""
+    candidates = sorted(Path(root, "versions").glob("3.8*/bin/python3.8")) if root else []
+    for path in [*candidates, shutil.which("python3.8")]:
+        if path and subprocess.run([str(path), "--version"], capture_output=True).returncode == 0:
+            return str(path)
+    return None
 
 
 # --- a small HTTP server for unit tests (artifact downloads, outbox posts) ---

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.agent.support import http_json, wait_for
+from tests.agent.support import http_json, python38, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -49,8 +49,10 @@ def summary(rows: list[dict]) -> dict:
 def test_synthetic_fanout_reaches_three_agents_and_every_row_lands(procs):
     collector = procs.collector()
     names = ["fan-a", "fan-b", "fan-c"]
+    oldest = python38()  # one agent on the oldest Python the agent supports, when present
     for name in names:
-        procs.agent([collector], name)
+        procs.agent([collector], name, **({"python": oldest} if oldest and name == "fan-c"
+                                          else {}))
     for name in names:
         wait_for(lambda n=name: registered(collector, n), 20, what=f"{name} to register")
     reply = collector.enqueue(bench("fan", measure=3, fanout=True))
@@ -214,3 +216,25 @@ def test_a_killed_collector_loses_nothing_the_agent_reported(procs):
     assert job["status"] == "done", job
     assert iters(collector.results("survive")) == list(range(17))
     wait_for(lambda: not agent.spooled(), 10, what="the spool to empty")
+
+
+def test_sigterm_hands_the_running_job_back_and_a_restart_resumes_it(procs):
+    collector = procs.collector()
+    agent = procs.agent([collector], "term-1")
+    wait_for(lambda: registered(collector, "term-1"), 20, what="registration")
+    collector.enqueue(bench("interrupted", measure=30, prompt=300, gen=100,
+                            targets={"device_id": "term-1"}))
+    wait_for(lambda: len(collector.results("interrupted")) >= 2, 30, what="some progress")
+    started = time.monotonic()
+    assert agent.stop() == 0
+    assert time.monotonic() - started < 10
+    job = collector.job("interrupted")
+    assert job["status"] == "queued" and job["attempts"] == 0, job
+    handed_back = [r for r in collector.results("interrupted") if r.get("preempted")]
+    assert [r["iter"] for r in handed_back] == [999_999]
+    assert "the agent is shutting down" in handed_back[0]["error"]
+    procs.agent([collector], "term-1")
+    job = collector.wait_status("interrupted", ("done", "failed"), timeout=60)
+    assert job["status"] == "done", job
+    rows = collector.results("interrupted")
+    assert sorted(r["iter"] for r in rows if not r.get("preempted")) == list(range(31))

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import stat
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.agent.support import AGENT_FILE, make_tool, write_tree
+from tests.agent.support import AGENT_FILE, make_tool, python38, write_tree
 
 PI5 = {
     "/proc/device-tree/model": "Raspberry Pi 5 Model B Rev 1.0\x00",
@@ -433,21 +432,10 @@ def test_web_urls_are_http_only(fa):
 # --- the command line, on the oldest Python the agent supports ---
 
 
-def _python38() -> str | None:
-    """A real Python 3.8 (pyenv shims that only print an error do not count)."""
-    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() \
-        if shutil.which("pyenv") else ""
-    candidates = sorted(Path(root, "versions").glob("3.8*/bin/python3.8")) if root else []
-    for path in [*candidates, shutil.which("python3.8")]:
-        if path and subprocess.run([str(path), "--version"], capture_output=True).returncode == 0:
-            return str(path)
-    return None
-
-
 @pytest.mark.parametrize("python", [sys.executable, "py38"])
 def test_print_descriptor_runs_standalone(tmp_path, python):
     if python == "py38":
-        python = _python38()
+        python = python38()
         if python is None:
             pytest.skip("no Python 3.8 here")
     root = write_tree(tmp_path / "root", PI5)
