@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import json
 import os
@@ -114,6 +115,11 @@ def http_stub():
 
         def do_POST(self):
             body = self.rfile.read(int(self.headers.get("content-length", 0)))
+            if self.path == "/artifacts":
+                sha = hashlib.sha256(body).hexdigest()
+                recorder.blobs[sha] = body
+                self._reply(200, json.dumps({"sha256": sha}).encode())
+                return
             if recorder.status != 200:
                 self._reply(recorder.status, b'{"error": "refused by the stub"}')
                 return

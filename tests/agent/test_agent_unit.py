@@ -600,3 +600,43 @@ def test_launchd_plist_runs_the_agent_with_valid_flags(fa):
     cfg = fa.parse_args(argv[2:])
     assert cfg.collectors == ["http://collector.lan:8788"]
     assert plist["KeepAlive"] == {"SuccessfulExit": False} and plist["RunAtLoad"] is True
+
+
+def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
+    from tests.agent.test_agent_host import FAKE_ADB, FAKE_CHROMIUM, FAKE_FLOW_RUNNER
+
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "adb", FAKE_ADB)
+    make_tool(bin_dir, "fleet-flow-runner", FAKE_FLOW_RUNNER)
+    make_tool(bin_dir, "chromium", FAKE_CHROMIUM)
+    (tmp_path / "adb").mkdir()
+    monkeypatch.setenv("FAKE_ADB_DIR", str(tmp_path / "adb"))
+    cfg = fa.parse_args(["--collector", http_stub.url, "--state-dir", str(tmp_path / "state"),
+                         "--executor", "host", "--name", "bench-host"])
+    runtime = fa.Runtime(cfg, fa.Probe(env={"PATH": str(bin_dir)}))
+    assert runtime.capabilities() == ["install", "cold-start", "ui-test:flow_runner",
+                                      "web-test", "web-shots"]
+    apk = b"PK fake apk"
+    sha = hashlib.sha256(apk).hexdigest()
+    http_stub.blobs[sha] = apk
+    _, result = run_spec(fa, runtime, http_stub, {
+        "job_id": "i", "workload": "install", "executor": "host",
+        "app": {"name": "a", "sha256": sha, "platform": "android"}})
+    assert result["ok"] is True, result
+    _, result = run_spec(fa, runtime, http_stub, {
+        "job_id": "c", "workload": "cold-start", "executor": "host",
+        "targets": {"device_id": "R5CT1234ABC"},
+        "params": {"app_id": "com.example.shop", "launches": 5, "states": ["cold", "warm"]}})
+    assert result["ok"] is True, result
+    assert result["states"]["cold"]["p50_ms"] == 820
+    assert result["states"]["warm"]["p95_ms"] == 440
+    _, result = run_spec(fa, runtime, http_stub, {
+        "job_id": "u", "workload": "ui-test", "executor": "host",
+        "suite": {"kind": "flow_runner", "flows": "f"}, "app": {"platform": "android"}})
+    assert result["error"] == "1 of 3 flows failed: checkout", result
+    _, result = run_spec(fa, runtime, http_stub, {
+        "job_id": "w", "workload": "web-shots", "executor": "host",
+        "targets": {"url": "http://x.test/"},
+        "params": {"browser": ["chromium", "android-device", "firefox"], "settle_s": 0}})
+    assert result["ok"] is False and result["error"] == "firefox is not installed on this executor"
+    assert len(result["artifacts"]) == 3
