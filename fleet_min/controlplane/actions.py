@@ -89,6 +89,7 @@ async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict
         async with cp.action_lock:
             await cp.rebuild()  # validate against what is on the host now, not a tick ago
             reply = await _dispatch(cp, action, args)
+            await cp.rebuild()  # the reply's effect is in /api/state and the stream at once
         return reply
     except Refused as exc:
         error = exc.message

@@ -349,7 +349,8 @@ class ControlPlane:
             checked = setting.check(value)
             await self.db.write(store.put_setting, setting.key, checked)
             self.live.stored[setting.key] = checked
-        self.wake()
+        await self.rebuild()
+        self.wake()  # the tick loop picks up a changed interval now, not after the old one
         return {"ok": True, "key": setting.key, "value": self.setting(setting.key),
                 "source": self.live.source(setting.key)}
 

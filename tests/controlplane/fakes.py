@@ -279,7 +279,7 @@ while True:
     time.sleep(0.2)
 '''
 
-HEALTH = r'''#!/bin/sh
+HEALTH = r'''
 echo "disk ok"
 echo "GH_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789"
 exit 0
@@ -296,7 +296,7 @@ def _script(path: Path, body: str, shebang: str | None = None) -> Path:
 def write_bin(bin_dir: Path) -> Path:
     _script(bin_dir / "systemctl", SYSTEMCTL)
     _script(bin_dir / "launchctl", LAUNCHCTL)
-    _script(bin_dir / "health-check", HEALTH, shebang="")
+    _script(bin_dir / "health-check", HEALTH, shebang="#!/bin/sh")
     return bin_dir
 
 
