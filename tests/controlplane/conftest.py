@@ -156,11 +156,11 @@ class Daemon:
     def __init__(self, host: Host, extra_env: dict[str, str] | None = None) -> None:
         self.host = host
         env = {**host.full_env(), **(extra_env or {}), "PYTHONPATH": str(REPO_ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0",
-             "--root", str(host.root), "--state", str(host.state)],
-            env=env, stdout=subprocess.PIPE, stderr=open(host.tmp / "daemon.log", "ab"),
-            text=True, cwd=REPO_ROOT)
+        with open(host.tmp / "daemon.log", "ab") as log:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0",
+                 "--root", str(host.root), "--state", str(host.state)],
+                env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO_ROOT)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
             self.proc.kill()

@@ -27,7 +27,8 @@ def record(tool):
     path = os.environ.get("FAKE_CALLS")
     if path:
         with open(path, "a") as handle:
-            handle.write(json.dumps({"tool": tool, "argv": sys.argv[1:], "cwd": os.getcwd()}) + "\\n")
+            entry = {"tool": tool, "argv": sys.argv[1:], "cwd": os.getcwd()}
+            handle.write(json.dumps(entry) + "\\n")
 '''
 
 SYSTEMCTL = _RECORD + r'''
@@ -77,9 +78,10 @@ if command == "show":
         pid = pid_of(unit)
         failed = (scope / (unit + ".failed")).exists()
         active = "active" if pid else ("failed" if failed else "inactive")
+        sub = "running" if pid else ("failed" if failed else "dead")
         blocks.append("\n".join([f"Id={unit}", f"LoadState={'loaded' if loaded else 'not-found'}",
                                  f"ActiveState={active}",
-                                 f"SubState={'running' if pid else ('failed' if failed else 'dead')}",
+                                 f"SubState={sub}",
                                  f"MainPID={pid or 0}"]))
     print("\n\n".join(blocks))
     sys.exit(0)
@@ -264,7 +266,8 @@ print("Listening for Jobs", flush=True)
 while True:
     busy = os.path.exists(os.path.join(root, ".fake-busy"))
     if busy and worker is None:
-        worker = subprocess.Popen([sys.executable, os.path.join(here, "Runner.Worker"), "spawnclient"])
+        worker = subprocess.Popen([sys.executable, os.path.join(here, "Runner.Worker"),
+                                   "spawnclient"])
     elif not busy and worker is not None:
         worker.terminate()
         worker.wait()

@@ -16,7 +16,8 @@ from fleet_min.controlplane.app import create_app
 from tests.controlplane import fakes
 from tests.controlplane.conftest import Host, auth, cp_of, make_config, until
 
-SECRET_LINE = "[2026-01-01 00:00:00Z ERR  Runner] auth failed token=ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+SECRET_LINE = ("[2026-01-01 00:00:00Z ERR  Runner] auth failed "
+               "token=ghp_abcdefghijklmnopqrstuvwxyz0123456789")
 
 
 async def act(client: Any, action: str, **args: Any) -> tuple[int, dict[str, Any]]:

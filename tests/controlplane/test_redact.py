@@ -15,10 +15,13 @@ MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi4ZbCv8cXBBdqh3XV1vaB7w2zT
 Ak5n9fHCZUmJHjCszPNH8mFVUXLWvHGWTg8DCwZ4fiQmPXVczPQvFAsRz7sUvG4L
 -----END RSA PRIVATE KEY-----"""
 
+BLOB = base64.b64encode(bytes(range(7, 67))).decode()
+
 # Each entry: (line containing a secret, the secret that must not survive).
 SECRETS = [
     ("token=ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "ghp_A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"),
-    ("using gho_16C7e42F292c6912E7710c838347Ae178B4a now", "gho_16C7e42F292c6912E7710c838347Ae178B4a"),
+    ("using gho_16C7e42F292c6912E7710c838347Ae178B4a now",
+     "gho_16C7e42F292c6912E7710c838347Ae178B4a"),
     ("ghu_abcdefghijklmnopqrstuvwxyzABCDEF0123", "ghu_abcdefghijklmnopqrstuvwxyzABCDEF0123"),
     ("install token ghs_0123456789abcdefghijABCDEFGHIJklmnop used",
      "ghs_0123456789abcdefghijABCDEFGHIJklmnop"),
@@ -44,9 +47,10 @@ SECRETS = [
     ("clone https://deploy:pa55word@git.example.com/o/r.git", "pa55word"),
     ("jwt eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.SflKxwRJSMeKKF2QT4fwpM",
      "SflKxwRJSMeKKF2QT4fwpM"),
-    ("blob " + base64.b64encode(bytes(range(7, 67))).decode(), base64.b64encode(bytes(range(7, 67))).decode()[:30]),
+    ("blob " + BLOB, BLOB[:30]),
     ("session_id: 8f14e45fceea167a5a36dedd4bea2543", "8f14e45fceea167a5a36dedd4bea2543"),
-    ("old v1.0123456789abcdef0123456789abcdef01234567 token", "v1.0123456789abcdef0123456789abcdef01234567"),
+    ("old v1.0123456789abcdef0123456789abcdef01234567 token",
+     "v1.0123456789abcdef0123456789abcdef01234567"),
     ("registration --token AAOEXAMPLEQWERTY1234567ABCDEFGH", "AAOEXAMPLEQWERTY1234567ABCDEFGH"),
 ]
 
@@ -56,7 +60,7 @@ HARMLESS = [
     "Current runner version: '2.311.0'",
     "Checking out 1f2e3d4c5b6a79881f2e3d4c5b6a79881f2e3d4c on refs/heads/main",
     "/home/runner/actions-runner/_work/app/app/node_modules/.bin/webpack-cli --mode production",
-    "Downloading action repository 'actions/checkout@v4' (SHA:b4ffde65f46336ab88eb53be808477a3936bae11)",
+    "Download action 'actions/checkout@v4' (SHA:b4ffde65f46336ab88eb53be808477a3936bae11)",
     "Token refresh: none",
     "Runner reconnected.",
     "2024-05-01T10:00:00.0000000Z ##[group]Run npm ci",
