@@ -1,0 +1,26 @@
+"""docs/controlplane.md carries the start-up settings table generated from the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fleet_min.config import markdown_table
+from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LIVE_SETTINGS
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "controlplane.md"
+
+
+def test_settings_tables_match_the_code() -> None:
+    text = DOC.read_text()
+    block = re.search(r"<!-- controlplane-settings:begin -->\n(.*?)\n"
+                      r"<!-- controlplane-settings:end -->", text, re.S)
+    assert block and block.group(1).strip() == markdown_table(CONTROLPLANE_SETTINGS).strip()
+    for setting in LIVE_SETTINGS:
+        assert f"| `{setting.key}` | `{setting.env}` |" in text, setting.key
+
+
+def test_doc_shows_the_user_service_and_the_tunnel() -> None:
+    text = DOC.read_text()
+    assert "systemctl --user enable --now fleet-min-controlplane" in text
+    assert "ssh -N -L 7878:127.0.0.1:7878" in text
