@@ -19,6 +19,7 @@ from pathlib import Path
 from fleet_min.controlplane.redact import redact
 
 MAX_OUTPUT = 64 * 1024
+_WITHHELD = frozenset({"GH_TOKEN", "GITHUB_TOKEN"})
 
 
 @dataclass
@@ -43,7 +44,10 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
     """Run argv; secrets for the child go in `env` (merged over ours), never in argv."""
     started = time.monotonic()
     argv = [str(a) for a in argv]
-    child_env = {**os.environ, **(env or {})}
+    # Our own GitHub token is not the child's business (config.sh gets its one-time token in
+    # `env`; the health script gets none).
+    child_env = {k: v for k, v in os.environ.items() if k not in _WITHHELD}
+    child_env.update(env or {})
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv, cwd=cwd, env=child_env, stdin=asyncio.subprocess.DEVNULL,

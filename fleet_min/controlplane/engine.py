@@ -159,6 +159,8 @@ class ControlPlane:
         jobs = [job for run in runs for job in await self.github.jobs(repo, run["id"])]
         completed = await self.github.runs(repo, "completed")
         fresh = [run for run in completed if run["id"] not in self._seen_completed]
+        if len(self._seen_completed) > 50_000:  # bounded memory; a re-read costs one request
+            self._seen_completed.clear()
         for run in fresh[:COMPLETED_JOBS_PER_REFRESH]:
             jobs += await self.github.jobs(repo, run["id"])
             self._seen_completed.add(run["id"])

@@ -284,6 +284,7 @@ while True:
 
 HEALTH = r'''
 echo "disk ok"
+echo "gh token in env: ${GH_TOKEN:-none}"
 echo "GH_TOKEN=ghp_abcdefghijklmnopqrstuvwxyz0123456789"
 exit 0
 '''

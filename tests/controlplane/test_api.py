@@ -275,6 +275,7 @@ async def test_health_check_runs_the_script_and_redacts(client: Any) -> None:
     status, body = await act(client, "health.check")
     assert status == 200 and body["ok"] and "disk ok" in body["output"]
     assert "ghp_" not in body["output"]
+    assert "gh token in env: none" in body["output"]  # our GitHub token is withheld
 
 
 async def test_action_validation(host: Host, client: Any) -> None:
