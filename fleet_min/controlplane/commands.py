@@ -66,6 +66,9 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
                              "and was stopped", _ms(started), timed_out=True)
     except asyncio.CancelledError:
         _kill_group(proc.pid)
+        # Reap it before going on: an unreaped child outlives the loop and warns at exit.
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(proc.wait(), 2)
         raise
     text = out[-MAX_OUTPUT:].decode("utf-8", "replace")
     return CommandResult(argv, proc.returncode, redact(text), _ms(started))
