@@ -154,7 +154,8 @@ def test_host_executor_drives_attached_devices(procs, fakes):
 
     # install: downloaded by hash, verified, installed on both attached Android devices
     assert final["inst"]["status"] == "done", final["inst"]
-    installed = [json.loads(x) for x in (fakes["state"] / "installed.jsonl").read_text().split()]
+    installed = [json.loads(x) for x in
+                 (fakes["state"] / "installed.jsonl").read_text().splitlines()]
     assert sorted((serial, sha) for serial, sha, _ in installed) == [
         ("R5CT1234ABC", apk_sha), ("emulator-5554", apk_sha)]
     assert all(path.endswith(".apk") for _, _, path in installed)
