@@ -1,0 +1,256 @@
+"""Five-field cron expressions: parse one, ask whether a minute is due, find the next due minute.
+
+Pure functions of an expression, an epoch time and a time zone (None = the host's local time);
+nothing here reads the clock. The grammar is the crontab(5) one people already know:
+
+    minute hour day-of-month month day-of-week
+    *  5  1-5  */15  10-40/10  1,15,30  jan-mar  mon-fri  7 (= sunday)
+
+plus the aliases @yearly (@annually), @monthly, @weekly, @daily (@midnight) and @hourly.
+
+Day-of-month and day-of-week follow the classic Vixie cron rule: when both fields are restricted
+the day matches if EITHER matches ("0 9 1 * mon" runs on the 1st and on every Monday); a field
+that begins with `*` (including `*/2`) counts as unrestricted, and then both must match.
+
+Daylight-saving time, as Vixie cron does it: a job with a fixed minute and hour whose wall time
+falls into a skipped hour runs at the first minute after the jump; in a repeated hour it runs on
+the first pass only. Jobs with `*` in the minute or hour field simply follow the wall clock.
+"""
+
+from __future__ import annotations
+
+import calendar
+import math
+from dataclasses import dataclass
+from datetime import datetime, timedelta, tzinfo
+from functools import lru_cache
+
+MAX_LENGTH = 200  # longer text is refused before parsing (nothing to gain, something to abuse)
+MAX_PARTS = 60    # comma-separated parts in one field
+
+ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+# A valid expression always matches within 8 years (Feb 29 across a century year); past this
+# horizon next_after gives up with an error instead of looping.
+_HORIZON_S = 9 * 366 * 86400
+_MINUTE = timedelta(minutes=1)
+
+
+class CronError(ValueError):
+    """An expression that cannot be used, with a sentence naming the field at fault."""
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    low: int
+    high: int
+    names: tuple[str, ...] = ()
+    names_from: int = 0  # the value of names[0]
+
+
+_FIELDS = (
+    _Field("minute", 0, 59),
+    _Field("hour", 0, 23),
+    _Field("day-of-month", 1, 31),
+    _Field("month", 1, 12, MONTHS, 1),
+    _Field("day-of-week", 0, 7, WEEKDAYS, 0),
+)
+
+
+@dataclass(frozen=True)
+class Cron:
+    text: str
+    minutes: frozenset[int]
+    hours: frozenset[int]
+    days: frozenset[int]       # 1..31
+    months: frozenset[int]     # 1..12
+    weekdays: frozenset[int]   # 0..6, 0 = sunday
+    dom_star: bool             # the day-of-month field began with *
+    dow_star: bool
+    fixed_time: bool           # neither minute nor hour began with * (DST rules above)
+
+    # -- matching a wall-clock minute -------------------------------------------------------
+
+    def _day_matches(self, wall: datetime) -> bool:
+        dom = wall.day in self.days
+        dow = wall.isoweekday() % 7 in self.weekdays
+        if self.dom_star or self.dow_star:
+            return dom and dow
+        return dom or dow
+
+    def matches_wall(self, wall: datetime) -> bool:
+        """Does this wall-clock minute (a naive local datetime) match every field?"""
+        return (wall.month in self.months and wall.hour in self.hours
+                and wall.minute in self.minutes and self._day_matches(wall))
+
+    # -- due minutes in real time -----------------------------------------------------------
+
+    def is_due(self, ts: float, tz: tzinfo | None = None) -> bool:
+        """Is the minute holding epoch time `ts` a due minute in time zone `tz`?"""
+        t = math.floor(ts / 60) * 60
+        wall = _wall(t, tz)
+        if self.matches_wall(wall):
+            return not (wall.fold and self.fixed_time)  # a repeated hour: first pass only
+        if not self.fixed_time:
+            return False
+        before = _wall(t - 60, tz)
+        if wall - before <= _MINUTE:
+            return False
+        # The clocks jumped forward: a fixed-time job in the skipped stretch runs now.
+        skipped = before.replace(fold=0) + _MINUTE
+        while skipped < wall.replace(fold=0):
+            if self.matches_wall(skipped):
+                return True
+            skipped += _MINUTE
+        return False
+
+    def next_after(self, ts: float, tz: tzinfo | None = None) -> float:
+        """The first due minute (epoch seconds, on a minute boundary) strictly after `ts`."""
+        t = (math.floor(ts / 60) + 1) * 60
+        end = t + _HORIZON_S
+        while t < end:
+            if self.is_due(t, tz):
+                return float(t)
+            t = self._skip(t, tz)
+        raise CronError(f"cron {self.text!r} has no due minute in the next nine years")
+
+    def _skip(self, t: int, tz: tzinfo | None) -> int:
+        """A later candidate minute, jumping over wall time that cannot match."""
+        wall = _wall(t, tz)
+        target = self._next_candidate(wall.replace(fold=0))
+        step = t + int((target - wall.replace(fold=0)).total_seconds())
+        landed = _wall(step, tz).replace(fold=0)
+        if landed > target:  # a jump forward in between: step back to the wall time wanted
+            step -= int((landed - target).total_seconds())
+        return step if step > t else t + 60
+
+    def _next_candidate(self, wall: datetime) -> datetime:
+        """The next wall minute after `wall` that is not ruled out by a coarser field."""
+        if wall.month not in self.months:
+            return datetime(wall.year + wall.month // 12, wall.month % 12 + 1, 1)
+        midnight = wall.replace(hour=0, minute=0, second=0, microsecond=0)
+        if not self._day_matches(wall):
+            return midnight + timedelta(days=1)
+        later_hours = [h for h in self.hours if h > wall.hour]
+        if wall.hour not in self.hours:
+            return (midnight.replace(hour=min(later_hours)) if later_hours
+                    else midnight + timedelta(days=1))
+        later_minutes = [m for m in self.minutes if m > wall.minute]
+        if later_minutes:
+            return wall.replace(minute=min(later_minutes), second=0, microsecond=0)
+        return wall.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+
+def _wall(t: float, tz: tzinfo | None) -> datetime:
+    """Epoch seconds as a naive wall-clock datetime in tz (None = local), fold set (PEP 495)."""
+    if tz is None:
+        return datetime.fromtimestamp(t)
+    return datetime.fromtimestamp(t, tz).replace(tzinfo=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# parsing
+
+
+@lru_cache(maxsize=512)
+def parse(text: str) -> Cron:
+    """Parse an expression or raise CronError with a sentence naming the field."""
+    if not isinstance(text, str):
+        raise CronError("cron must be a string such as '*/15 * * * *'")
+    if len(text) > MAX_LENGTH:
+        raise CronError(f"cron is longer than {MAX_LENGTH} characters")
+    source = text.strip()
+    if source.startswith("@"):
+        expanded = ALIASES.get(source.lower())
+        if expanded is None:
+            raise CronError(f"cron alias {source[:20]!r} is unknown; use one of "
+                            f"{', '.join(ALIASES)}")
+        source = expanded
+    parts = source.split()
+    if len(parts) != 5:
+        raise CronError(f"cron needs 5 fields (minute hour day-of-month month day-of-week), "
+                        f"got {len(parts)}; for example '30 6 * * mon-fri'")
+    values = [_parse_field(part, spec) for part, spec in zip(parts, _FIELDS, strict=True)]
+    minutes, hours, days, months, weekdays = values
+    weekdays = frozenset(d % 7 for d in weekdays)
+    cron = Cron(text=text.strip(), minutes=minutes, hours=hours, days=days, months=months,
+                weekdays=weekdays, dom_star=parts[2].startswith("*"),
+                dow_star=parts[4].startswith("*"),
+                fixed_time=not (parts[0].startswith("*") or parts[1].startswith("*")))
+    _check_reachable(cron)
+    return cron
+
+
+def _parse_field(text: str, spec: _Field) -> frozenset[int]:
+    items = text.split(",")
+    if len(items) > MAX_PARTS:
+        raise CronError(f"cron {spec.name}: more than {MAX_PARTS} comma-separated parts")
+    values: set[int] = set()
+    for item in items:
+        values.update(_parse_item(item, spec))
+    return frozenset(values)
+
+
+def _parse_item(item: str, spec: _Field) -> range:
+    if not item:
+        raise CronError(f"cron {spec.name}: an empty part (two commas in a row, or a "
+                        "trailing comma)")
+    body, slash, step_text = item.partition("/")
+    step = _parse_step(step_text, spec) if slash else 1
+    if body == "*":
+        low, high = spec.low, spec.high
+    elif "-" in body:
+        first, _, last = body.partition("-")
+        low, high = _parse_value(first, spec), _parse_value(last, spec)
+        if low > high:
+            raise CronError(f"cron {spec.name}: the range {body!r} runs backwards; write it "
+                            f"as two parts, e.g. '{first}-{spec.high},{spec.low}-{last}'")
+    else:
+        low = _parse_value(body, spec)
+        high = spec.high if slash else low  # '5/15' means 5-max/15, as most crons read it
+    return range(low, high + 1, step)
+
+
+def _parse_step(text: str, spec: _Field) -> int:
+    span = spec.high - spec.low + 1
+    if not text.isdigit() or not 1 <= int(text) <= span:
+        raise CronError(f"cron {spec.name}: the step after '/' must be a whole number from 1 "
+                        f"to {span}, got {text[:10]!r}")
+    return int(text)
+
+
+def _parse_value(text: str, spec: _Field) -> int:
+    lowered = text.lower()
+    if spec.names and lowered in spec.names:
+        return spec.names.index(lowered) + spec.names_from
+    if text.isdigit() and len(text) <= 4:
+        value = int(text)
+        if spec.low <= value <= spec.high:
+            return value
+        extra = " (0 and 7 are sunday)" if spec.name == "day-of-week" else ""
+        raise CronError(f"cron {spec.name}: {value} is out of range {spec.low}-{spec.high}"
+                        f"{extra}")
+    named = f" or a name ({spec.names[0]}..{spec.names[-1]})" if spec.names else ""
+    raise CronError(f"cron {spec.name}: {text[:20]!r} is not a number from {spec.low} to "
+                    f"{spec.high}{named}")
+
+
+def _check_reachable(cron: Cron) -> None:
+    """Refuse a day-of-month/month pair that no calendar has, e.g. '0 0 31 feb *'."""
+    if cron.dom_star or not cron.dow_star:
+        return  # day-of-week alone (or OR-ed in) always comes round
+    longest = {m: calendar.monthrange(2024, m)[1] for m in range(1, 13)}  # 2024: a leap year
+    if not any(day <= longest[month] for month in cron.months for day in cron.days):
+        raise CronError(f"cron day-of-month: no month chosen has day {min(cron.days)}, so "
+                        "the schedule would never run")
