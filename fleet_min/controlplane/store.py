@@ -146,9 +146,3 @@ async def busy_seconds(db: Database, runner: str, since: float, until: float) ->
         "AND started_at < ?", (until, until, since, runner, until, since, until))
     return float(row["busy"] or 0.0) if row else 0.0
 
-
-async def recent_audit(db: Database, limit: int = 50) -> list[dict[str, Any]]:
-    rows = await db.read("SELECT * FROM audit ORDER BY id DESC LIMIT ?", (limit,))
-    return [{"at": iso(r["at"]), "who": r["who"], "action": r["action"],
-             "args": json.loads(r["args"]), "ok": bool(r["ok"]), "code": r["code"],
-             "duration_ms": r["duration_ms"], "error": r["error"]} for r in rows]
