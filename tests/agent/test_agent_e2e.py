@@ -238,3 +238,23 @@ def test_sigterm_hands_the_running_job_back_and_a_restart_resumes_it(procs):
     assert job["status"] == "done", job
     rows = collector.results("interrupted")
     assert sorted(r["iter"] for r in rows if not r.get("preempted")) == list(range(31))
+
+
+def test_power_constraints_are_refused_with_a_sentence(procs, tmp_path):
+    root = tmp_path / "phone-root" / "sys" / "class" / "power_supply" / "battery"
+    root.mkdir(parents=True)
+    for name, value in (("type", "Battery"), ("capacity", "35"), ("status", "Discharging")):
+        (root / name).write_text(value + "\n")
+    collector = procs.collector()
+    procs.agent([collector], "batt-1", "--sysroot", str(tmp_path / "phone-root"))
+    wait_for(lambda: registered(collector, "batt-1"), 20, what="registration")
+    collector.enqueue(bench("plugged", measure=1, constraints={"require_charging": True}))
+    collector.enqueue(bench("full", measure=1, constraints={"min_battery_pct": 50}))
+    plugged = collector.wait_status("plugged", ("done", "failed"), timeout=20)
+    full = collector.wait_status("full", ("done", "failed"), timeout=20)
+    assert plugged["last_error"] == ("refused: the job requires charging and this device is "
+                                     "not charging")
+    assert full["last_error"] == "refused: the battery is at 35% and the job needs at least 50%"
+    assert [r["iter"] for r in collector.results("full")] == [0]  # refused before any work
+    _, device = collector.get("/api/devices/batt-1")
+    assert "35" in json.dumps(device)  # the beacon carried the battery reading
