@@ -1425,7 +1425,7 @@ def simulator_targets(xcrun: str | None) -> list[dict]:
 def job_platform(spec: dict) -> str | None:
     targets = spec.get("targets") if isinstance(spec.get("targets"), dict) else {}
     app = spec.get("app") if isinstance(spec.get("app"), dict) else {}
-    for value in (targets.get("platform"), app.get("platform"), targets.get("device_kind")):
+    for value in (app.get("platform"), targets.get("device_kind")):
         if isinstance(value, str) and value:
             value = value.lower()
             return PLATFORM_ALIASES.get(value, value)

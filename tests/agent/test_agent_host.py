@@ -4,7 +4,10 @@ executables that behave like the real tools (argv, output format, exit codes).""
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ args = sys.argv[1:]
 with open(os.path.join(state_dir, "calls.jsonl"), "a") as log:
     log.write(json.dumps(args) + "\n")
 devices = {"R5CT1234ABC": "SM_S911B", "emulator-5554": "sdk_gphone64_x86_64"}
+if os.environ.get("FAKE_ADB_EMPTY"):
+    devices = {}
 if args[:2] == ["devices", "-l"]:
     print("List of devices attached")
     for serial, model in devices.items():
@@ -80,6 +85,24 @@ else:
     sys.exit(1)
 '''
 
+FAKE_XCRUN = r'''
+args = sys.argv[1:]
+with open(os.path.join(os.environ["FAKE_ADB_DIR"], "xcrun.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\n")
+if args[:4] == ["simctl", "list", "-j", "devices"]:
+    print(json.dumps({"devices": {"com.apple.CoreSimulator.SimRuntime.iOS-17-2": [
+        {"udid": "5A1B-SIM", "name": "iPhone 15", "state": "Booted", "isAvailable": True}]}}))
+elif args[:2] == ["simctl", "install"]:
+    if not os.path.isfile(os.path.join(args[3], "Info.plist")):
+        print("An error was encountered processing the command: not an app bundle",
+              file=sys.stderr)
+        sys.exit(2)
+elif args[:2] in (["simctl", "launch"], ["simctl", "terminate"]):
+    print(args[3] + ": 4242")
+else:
+    sys.exit(2)
+'''
+
 FAKE_FLOW_RUNNER = r'''
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 flows = [{"name": "login", "ok": True, "duration_ms": 1200},
@@ -112,9 +135,24 @@ def fakes(tmp_path):
     state = tmp_path / "adb-state"
     state.mkdir()
     return {"adb": make_tool(bin_dir, "adb", FAKE_ADB),
+            "xcrun": make_tool(bin_dir, "xcrun", FAKE_XCRUN),
             "runner": make_tool(bin_dir, "fleet-flow-runner", FAKE_FLOW_RUNNER),
             "chromium": make_tool(bin_dir, "chromium", FAKE_CHROMIUM),
             "state": state}
+
+
+def on_path(fakes: dict) -> dict:
+    """The fakes found the way the real tools are: first on PATH."""
+    return {"FAKE_ADB_DIR": str(fakes["state"]),
+            "PATH": f"{fakes['adb'].parent}{os.pathsep}{os.environ['PATH']}"}
+
+
+def app_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        bundle.writestr("Payload/Shop.app/Info.plist", "<plist/>")
+        bundle.writestr("Payload/Shop.app/Shop", "binary")
+    return buffer.getvalue()
 
 
 def calls(state: Path) -> list[list[str]]:
@@ -125,6 +163,7 @@ def test_host_executor_drives_attached_devices(procs, fakes):
     collector = procs.collector()
     apk = b"PK\x03\x04 fake apk bytes"
     apk_sha = collector.upload(apk, "app.apk")
+    ios_sha = collector.upload(app_zip(), "Shop.zip")
     jobs = [
         host_job("inst", "install", app={"name": "shop", "build": "42", "sha256": apk_sha,
                                          "platform": "android"}),
@@ -137,8 +176,10 @@ def test_host_executor_drives_attached_devices(procs, fakes):
                  params={"browser": ["chromium", "android-device"], "settle_s": 0}),
         host_job("page", "web-test", targets={"url": "http://shop.test/"},
                  params={"browser": "chromium", "expect_text": "Hello shelf"}),
-        host_job("no-ios", "install", app={"name": "shop", "build": "42", "sha256": apk_sha,
-                                           "platform": "ios"}),
+        host_job("inst-ios", "install", app={"name": "shop", "build": "42", "sha256": ios_sha,
+                                             "platform": "ios"}),
+        host_job("no-tv", "install", app={"name": "shop", "build": "42", "sha256": apk_sha,
+                                          "platform": "tvos"}),
         host_job("gone", "cold-start", targets={"device_id": "R9-missing"},
                  params={"app_id": "com.example.shop"}),
         host_job("soak", "app-soak", params={"flow": "x", "duration_s": 1, "interval_s": 1}),
@@ -146,9 +187,7 @@ def test_host_executor_drives_attached_devices(procs, fakes):
     for spec in jobs:
         collector.enqueue(spec)
     procs.agent([collector], "host", "--executor", "host", "--name", "bench-host",
-                "--adb", str(fakes["adb"]), "--flow-runner", str(fakes["runner"]),
-                "--chromium", str(fakes["chromium"]),
-                env={"FAKE_ADB_DIR": str(fakes["state"])})
+                env=on_path(fakes))
     final = {spec["job_id"]: collector.wait_status(spec["job_id"], ("done", "failed"), 40)
              for spec in jobs}
 
@@ -192,8 +231,12 @@ def test_host_executor_drives_attached_devices(procs, fakes):
     assert final["page"]["status"] == "done", final["page"]
 
     # clean failures, each with a sentence
-    assert final["no-ios"]["status"] == "failed"
-    assert final["no-ios"]["last_error"] == "no ios targets are attached to this executor"
+    assert final["inst-ios"]["status"] == "done", final["inst-ios"]
+    simctl = [json.loads(x) for x in (fakes["state"] / "xcrun.jsonl").read_text().splitlines()]
+    install = next(c for c in simctl if c[:2] == ["simctl", "install"])
+    assert install[2] == "5A1B-SIM" and install[3].endswith("Shop.app")
+    assert final["no-tv"]["status"] == "failed"
+    assert final["no-tv"]["last_error"] == "no tvos targets are attached to this executor"
     assert final["gone"]["last_error"] == "device R9-missing is not attached to this executor"
     assert final["soak"]["status"] == "failed"
     assert "does not implement the workload 'app-soak'" in final["soak"]["last_error"]
@@ -206,12 +249,21 @@ def test_a_host_build_with_the_wrong_hash_is_not_installed(procs, fakes):
     stored = [p for p in collector.data.rglob("*") if p.is_file() and p.read_bytes() == apk]
     assert len(stored) == 1
     stored[0].write_bytes(b"PK\x03\x04 swapped!")
-    collector.enqueue(host_job("bad-apk", "install", app={"name": "shop", "build": "1",
-                                                          "sha256": sha,
-                                                          "platform": "android"}))
+    collector.enqueue(host_job("bad-apk", "install", targets={"executor": "bench-host-2"},
+                               app={"name": "shop", "build": "1", "sha256": sha,
+                                    "platform": "android"}))
+    # A second executor with no phone attached gets a job pinned to it.
+    collector.enqueue(host_job("no-phone", "cold-start",
+                               targets={"device_kind": "android", "executor": "empty-host"},
+                               params={"app_id": "com.example.shop"}))
     procs.agent([collector], "host2", "--executor", "host", "--name", "bench-host-2",
                 "--adb", str(fakes["adb"]), env={"FAKE_ADB_DIR": str(fakes["state"])})
+    procs.agent([collector], "host3", "--executor", "host", "--name", "empty-host",
+                "--adb", str(fakes["adb"]), env={"FAKE_ADB_DIR": str(fakes["state"]),
+                                                 "FAKE_ADB_EMPTY": "1"})
     job = collector.wait_status("bad-apk", ("done", "failed"), 30)
     assert job["status"] == "failed" and "altered or corrupted" in job["last_error"]
     assert not (fakes["state"] / "installed.jsonl").exists()
     assert hashlib.sha256(stored[0].read_bytes()).hexdigest() != sha
+    job = collector.wait_status("no-phone", ("done", "failed"), 30)
+    assert job["last_error"] == "no android targets are attached to this executor"
