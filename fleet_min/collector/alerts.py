@@ -1,0 +1,467 @@
+"""Alerts are state, not events: one open row per (rule, subject) while its condition holds.
+
+Each tick reads a snapshot of the fleet (`gather`), runs the pure rules over it (`evaluate`, one
+plain function per rule, tested without a database) and applies the findings to the alerts table
+(`record`): a new finding opens a row (seen_count 1, and a webhook delivery marked pending in the
+same transaction), a finding that is still there raises seen_count, an open row whose finding is
+gone is resolved. Ack and snooze only mute a row; they never change whether its condition holds.
+
+Rules and default thresholds (environment FLEET_ALERT_*; docs/collector-automation.md):
+
+  device-offline    a device an operator named, not seen for over 15 min
+  job-failed        a job that failed while running (its last attempt), in the last 24 h
+  job-stuck         claimed, lease still being renewed, no result rows for over 2 x lease ttl
+  thermal-critical  the last fresh beacon's thermal is serious or worse (THERMAL_STATES)
+  low-battery       fresh beacon with battery_pct under 15 and not charging
+  schedule-missed   enabled, its due minute over 5 min past without a run (or run late, failed)
+  disk-size         database + artifacts, or logs, over a size; or free disk space under one
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet_min.collector import rules
+from fleet_min.collector.effects import Effects
+from fleet_min.collector.schedules import slot_time
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest, Conflict, NotFound
+from fleet_min.timeutil import iso
+
+RULES = ("device-offline", "job-failed", "job-stuck", "thermal-critical", "low-battery",
+         "schedule-missed", "disk-size")
+# Thermal states that alert: Apple's ProcessInfo.ThermalState serious/critical and Android's
+# PowerManager THERMAL_STATUS severe/critical/emergency/shutdown (nominal, fair, light and
+# moderate do not). Compared case-insensitively.
+THERMAL_STATES = ("serious", "severe", "critical", "emergency", "shutdown")
+GIB = 1 << 30
+RECENT_S = 86400.0  # GET /api/alerts by default: open rows plus rows resolved in the last day
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    offline_s: float = 900.0
+    beacon_fresh_s: float = 900.0
+    stuck_factor: float = 2.0
+    failed_window_s: float = 86400.0
+    battery_pct: float = 15.0
+    thermal_states: frozenset[str] = frozenset(THERMAL_STATES)
+    schedule_late_s: float = 300.0
+    data_bytes: int = 16 * GIB
+    log_bytes: int = 1 * GIB
+    free_bytes: int = 1 * GIB
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    subject: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Measured outside the transaction (file system); artifact bytes come from the table."""
+    database_bytes: int = 0
+    log_bytes: int = 0
+    free_bytes: int | None = None
+
+
+@dataclass
+class Snapshot:
+    devices: list[Row] = field(default_factory=list)
+    failed_jobs: list[Row] = field(default_factory=list)
+    claimed_jobs: list[Row] = field(default_factory=list)
+    schedules: list[Row] = field(default_factory=list)
+    sizes: Sizes = field(default_factory=Sizes)
+    artifact_bytes: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the rules: pure functions of rows and a time
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min"
+
+
+def _label(device: Row) -> str:
+    name = device.get("name")
+    return f"{name} ({device['device_id']})" if name else str(device["device_id"])
+
+
+def device_offline(devices: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    """Only devices an operator named: throwaway browser devices never raise a storm."""
+    found = []
+    for device in devices:
+        if not (device.get("name") or "").strip():
+            continue
+        if rules.is_expired(device.get("ttl_s"), device["last_seen"], now):
+            continue  # a temporary device that left the shelf on purpose
+        silent = now - device["last_seen"]
+        if silent > th.offline_s:
+            found.append(Finding("device-offline", device["device_id"],
+                                 f"{_label(device)} has not been seen for {_minutes(silent)} "
+                                 f"(last seen {iso(device['last_seen'])})"))
+    return found
+
+
+def _fresh_beacon(device: Row, now: float, th: Thresholds) -> dict[str, Any] | None:
+    at, body = device.get("last_beacon_at"), device.get("last_beacon")
+    if at is None or body is None or now - at > th.beacon_fresh_s:
+        return None
+    beacon = json.loads(body) if isinstance(body, str) else body
+    return beacon if isinstance(beacon, dict) else None
+
+
+def thermal_critical(devices: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    found = []
+    for device in devices:
+        beacon = _fresh_beacon(device, now, th)
+        thermal = beacon.get("thermal") if beacon else None
+        if isinstance(thermal, str) and thermal.strip().lower() in th.thermal_states:
+            found.append(Finding("thermal-critical", device["device_id"],
+                                 f"{_label(device)} reports thermal state {thermal[:40]!r}"))
+    return found
+
+
+def low_battery(devices: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    found = []
+    for device in devices:
+        beacon = _fresh_beacon(device, now, th)
+        if not beacon:
+            continue
+        pct = beacon.get("battery_pct")
+        if not isinstance(pct, int | float) or isinstance(pct, bool):
+            continue
+        if pct < th.battery_pct and beacon.get("charging") is not True:
+            found.append(Finding("low-battery", device["device_id"],
+                                 f"{_label(device)} is at {pct:g}% battery and not charging"))
+    return found
+
+
+def job_failed(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    """Jobs that failed while running; not fan-out parents (their children alert) and not
+    jobs failed by a dependency before they ever ran (the dependency alerts)."""
+    found = []
+    for job in jobs:
+        if job["status"] != "failed" or job.get("is_group") or not job.get("attempts"):
+            continue
+        finished = job.get("finished_at")
+        if finished is None or now - finished > th.failed_window_s:
+            continue
+        error = (job.get("last_error") or "no reason recorded")[:300]
+        found.append(Finding("job-failed", job["job_id"],
+                             f"{job['workload']} job {job['job_id']} failed on attempt "
+                             f"{job['attempts']} of {job['max_attempts']}: {error}"))
+    return found
+
+
+def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    """Claimed, lease kept alive by beacons, yet no result row for over factor x lease ttl."""
+    found = []
+    for job in jobs:
+        if job["status"] != "claimed" or job.get("claimed_at") is None:
+            continue
+        if job.get("lease_deadline") is None or job["lease_deadline"] <= now:
+            continue  # a lapsed lease is the sweep's business
+        if job.get("has_results"):
+            continue
+        running = now - job["claimed_at"]
+        if running > th.stuck_factor * job["ttl_s"]:
+            found.append(Finding("job-stuck", job["job_id"],
+                                 f"{job['workload']} job {job['job_id']} on {job['claimed_by']} "
+                                 f"has run {_minutes(running)} with no result rows (expected "
+                                 f"within {_minutes(job['ttl_s'])}, its lease ttl)"))
+    return found
+
+
+def schedule_missed(schedules: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
+    """Enabled and due minute long past without a run; or its latest due run came late or
+    failed to enqueue (held until a later due minute runs on time)."""
+    found = []
+    for schedule in schedules:
+        if not schedule.get("enabled"):
+            continue
+        next_run = schedule.get("next_run")
+        if next_run is not None and now - next_run > th.schedule_late_s:
+            found.append(Finding("schedule-missed", schedule["id"],
+                                 f"schedule {schedule['id']} was due at {iso(next_run)} and has "
+                                 f"not run ({_minutes(now - next_run)} late)"))
+            continue
+        due, at = slot_time(schedule.get("last_slot")), schedule.get("run_at")
+        if due is None or at is None:
+            continue
+        if schedule.get("run_outcome") == "failed":
+            found.append(Finding("schedule-missed", schedule["id"],
+                                 f"schedule {schedule['id']} could not enqueue its run due at "
+                                 f"{iso(due)}: {(schedule.get('run_detail') or '')[:300]}"))
+        elif at - due > th.schedule_late_s:
+            found.append(Finding("schedule-missed", schedule["id"],
+                                 f"schedule {schedule['id']} ran {_minutes(at - due)} late for "
+                                 f"its due minute {iso(due)} (was the collector down?)"))
+    return found
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
+
+
+def disk_size(sizes: Sizes, artifact_bytes: int, th: Thresholds) -> list[Finding]:
+    found = []
+    data = sizes.database_bytes + artifact_bytes
+    if data > th.data_bytes:
+        found.append(Finding("disk-size", "data",
+                             f"the database ({_size(sizes.database_bytes)}) and artifacts "
+                             f"({_size(artifact_bytes)}) take {_size(data)}, over "
+                             f"{_size(th.data_bytes)}; prune old results or artifacts"))
+    if sizes.log_bytes > th.log_bytes:
+        found.append(Finding("disk-size", "logs", f"the logs take {_size(sizes.log_bytes)}, "
+                             f"over {_size(th.log_bytes)}; rotate or trim them"))
+    if sizes.free_bytes is not None and sizes.free_bytes < th.free_bytes:
+        found.append(Finding("disk-size", "free-space",
+                             f"only {_size(sizes.free_bytes)} free on the data disk, under "
+                             f"{_size(th.free_bytes)}"))
+    return found
+
+
+def evaluate(snapshot: Snapshot, now: float, th: Thresholds) -> list[Finding]:
+    """Every rule over one snapshot: the findings that hold right now."""
+    return [
+        *device_offline(snapshot.devices, now, th),
+        *job_failed(snapshot.failed_jobs, now, th),
+        *job_stuck(snapshot.claimed_jobs, now, th),
+        *thermal_critical(snapshot.devices, now, th),
+        *low_battery(snapshot.devices, now, th),
+        *schedule_missed(snapshot.schedules, now, th),
+        *disk_size(snapshot.sizes, snapshot.artifact_bytes, th),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# the snapshot and the sizes
+
+
+def gather(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes) -> Snapshot:
+    """The rows the rules read, in the tick's own transaction (one consistent view)."""
+    def rows(sql: str, params: tuple[Any, ...] = ()) -> list[Row]:
+        return [dict(row) for row in conn.execute(sql, params)]
+
+    artifacts = conn.execute("SELECT COALESCE(SUM(size), 0) FROM artifacts").fetchone()[0]
+    return Snapshot(
+        devices=rows("SELECT device_id, name, last_seen, ttl_s, last_beacon, last_beacon_at "
+                     "FROM devices"),
+        failed_jobs=rows("SELECT job_id, status, workload, attempts, max_attempts, is_group, "
+                         "last_error, finished_at FROM jobs WHERE status = 'failed' "
+                         "AND finished_at >= ?", (now - th.failed_window_s,)),
+        claimed_jobs=rows(
+            "SELECT job_id, status, workload, claimed_by, ttl_s, claimed_at, lease_deadline, "
+            "EXISTS (SELECT 1 FROM results r WHERE r.job_id = jobs.job_id "
+            "AND r.created_at >= jobs.claimed_at) AS has_results "
+            "FROM jobs WHERE status = 'claimed'"),
+        schedules=rows(
+            "SELECT s.id, s.enabled, s.next_run, s.last_slot, r.at AS run_at, "
+            "r.outcome AS run_outcome, r.detail AS run_detail FROM schedules s "
+            "LEFT JOIN schedule_runs r ON r.schedule_id = s.id AND r.slot = s.last_slot "
+            "WHERE s.enabled = 1"),
+        sizes=sizes,
+        artifact_bytes=int(artifacts),
+    )
+
+
+def measure(data_dir: Path, log_paths: Iterable[Path]) -> Sizes:
+    """File sizes for the disk-size rule (blocking: run it in a thread)."""
+    database = sum(_file_size(data_dir / f"fleet.sqlite3{suffix}")
+                   for suffix in ("", "-wal", "-shm"))
+    logs = sum(_tree_size(path) for path in log_paths)
+    try:
+        free: int | None = shutil.disk_usage(data_dir).free
+    except OSError:
+        free = None
+    return Sizes(database_bytes=database, log_bytes=logs, free_bytes=free)
+
+
+def _file_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tree_size(path: Path) -> int:
+    if not path.is_dir():
+        return _file_size(path)
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        total += sum(_file_size(Path(root) / name) for name in files)
+    return total
+
+
+# ---------------------------------------------------------------------------------------------
+# the state machine
+
+
+@dataclass
+class TickResult:
+    opened: list[int] = field(default_factory=list)
+    resolved: list[int] = field(default_factory=list)
+    still_open: int = 0
+
+    def reply(self) -> dict[str, Any]:
+        return {"ok": True, "opened": self.opened, "resolved": self.resolved,
+                "open": self.still_open}
+
+
+def tick(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes, webhook_armed: bool,
+         effects: Effects) -> TickResult:
+    """Evaluate every rule and bring the alerts table in line with what holds now."""
+    findings = evaluate(gather(conn, now, th, sizes), now, th)
+    return record(conn, findings, now, effects, webhook_armed)
+
+
+def record(conn: sqlite3.Connection, findings: Iterable[Finding], now: float, effects: Effects,
+           webhook_armed: bool) -> TickResult:
+    result = TickResult()
+    open_rows = {(row["rule"], row["subject"]): row for row in conn.execute(
+        "SELECT * FROM alerts WHERE state = 'open'")}
+    current = {(f.rule, f.subject): f for f in findings}
+    for key, finding in current.items():
+        row = open_rows.get(key)
+        if row is not None:
+            conn.execute("UPDATE alerts SET seen_count = seen_count + 1, last_seen = ?, "
+                         "detail = ? WHERE id = ?", (now, finding.detail, row["id"]))
+        else:
+            result.opened.append(_open(conn, finding, now, effects, webhook_armed))
+    for key, row in open_rows.items():
+        if key not in current:
+            conn.execute("UPDATE alerts SET state = 'resolved', resolved_at = ? WHERE id = ?",
+                         (now, row["id"]))
+            result.resolved.append(row["id"])
+            effects.emit("alert", alert_id=row["id"], rule=row["rule"], subject=row["subject"],
+                         state="resolved", action="resolved")
+    result.still_open = len(current)
+    return result
+
+
+def _open(conn: sqlite3.Connection, finding: Finding, now: float, effects: Effects,
+          webhook_armed: bool) -> int:
+    # A snooze outlives a flap: a subject snoozed a moment ago that comes back stays quiet.
+    previous = conn.execute("SELECT snoozed_until FROM alerts WHERE rule = ? AND subject = ? "
+                            "ORDER BY id DESC LIMIT 1", (finding.rule, finding.subject)).fetchone()
+    snoozed = previous["snoozed_until"] if previous and (previous["snoozed_until"] or 0) > now \
+        else None
+    webhook = "pending" if webhook_armed and snoozed is None else None
+    cursor = conn.execute(
+        "INSERT INTO alerts (rule, subject, state, seen_count, first_seen, last_seen, detail, "
+        "snoozed_until, webhook_state) VALUES (?, ?, 'open', 1, ?, ?, ?, ?, ?)",
+        (finding.rule, finding.subject, now, now, finding.detail, snoozed, webhook))
+    alert_id = int(cursor.lastrowid or 0)
+    effects.emit("alert", alert_id=alert_id, rule=finding.rule, subject=finding.subject,
+                 state="open", action="opened", detail=finding.detail)
+    return alert_id
+
+
+# ---------------------------------------------------------------------------------------------
+# operator actions and reads
+
+
+def alert_record(row: sqlite3.Row | Row, now: float) -> dict[str, Any]:
+    snoozed = row["snoozed_until"]
+    return {
+        "id": row["id"],
+        "rule": row["rule"],
+        "subject": row["subject"],
+        "state": row["state"],
+        "seen_count": row["seen_count"],
+        "first_seen": iso(row["first_seen"]),
+        "last_seen": iso(row["last_seen"]),
+        "resolved_at": iso(row["resolved_at"]),
+        "acked_at": iso(row["acked_at"]),
+        "snoozed_until": iso(snoozed) if snoozed and snoozed > now else None,
+        "muted": bool(row["acked_at"]) or bool(snoozed and snoozed > now),
+        "detail": row["detail"],
+        "webhook_state": row["webhook_state"],
+    }
+
+
+def _alert(conn: sqlite3.Connection, alert_id: int) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM alerts WHERE id = ?", (alert_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no alert {alert_id}")
+    return row
+
+
+def ack(conn: sqlite3.Connection, alert_id: int, now: float, effects: Effects
+        ) -> dict[str, Any]:
+    """Acknowledge: the row stays (open while its condition holds) but is muted."""
+    row = _alert(conn, alert_id)
+    if row["acked_at"] is None:
+        conn.execute("UPDATE alerts SET acked_at = ? WHERE id = ?", (now, alert_id))
+        effects.emit("alert", alert_id=alert_id, rule=row["rule"], subject=row["subject"],
+                     state=row["state"], action="acked")
+    return alert_record(_alert(conn, alert_id), now)
+
+
+MAX_SNOOZE_S = 30 * 86400
+
+
+def snooze_seconds(body: Mapping[str, Any]) -> float:
+    """`{"duration_s": n}` or `{"minutes": n}`; 0 lifts a snooze."""
+    given = [k for k in ("duration_s", "minutes") if k in body]
+    if len(given) != 1 or set(body) - {"duration_s", "minutes"}:
+        raise BadRequest('send one of {"duration_s": <seconds>} or {"minutes": <minutes>}')
+    value = body[given[0]]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise BadRequest(f"{given[0]} must be a number")
+    seconds = float(value) * (60 if given[0] == "minutes" else 1)
+    if not 0 <= seconds <= MAX_SNOOZE_S:
+        raise BadRequest("a snooze lasts from 0 seconds (lift it) to 30 days")
+    return seconds
+
+
+def snooze(conn: sqlite3.Connection, alert_id: int, seconds: float, now: float,
+           effects: Effects) -> dict[str, Any]:
+    row = _alert(conn, alert_id)
+    if row["state"] != "open":
+        raise Conflict(f"alert {alert_id} is already resolved; there is nothing to snooze")
+    until = now + seconds if seconds > 0 else None
+    conn.execute("UPDATE alerts SET snoozed_until = ? WHERE id = ?", (until, alert_id))
+    effects.emit("alert", alert_id=alert_id, rule=row["rule"], subject=row["subject"],
+                 state=row["state"], action="snoozed", snoozed_until=iso(until))
+    return alert_record(_alert(conn, alert_id), now)
+
+
+STATES = ("open", "resolved", "all")
+
+
+async def list_alerts(db: Database, state: str | None, rule: str | None, limit: int,
+                      now: float) -> dict[str, Any]:
+    """Open alerts (open first) plus those resolved in the last day, unless state says."""
+    if state is not None and state not in STATES:
+        raise BadRequest("state must be open, resolved or all (default: open and recent)")
+    if rule is not None and rule not in RULES:
+        raise BadRequest(f"rule must be one of {', '.join(RULES)}")
+    filters: dict[str | None, tuple[str, list[Any]]] = {
+        None: ("(state = 'open' OR resolved_at >= ?)", [now - RECENT_S]),
+        "open": ("state = 'open'", []),
+        "resolved": ("state = 'resolved'", []),
+        "all": ("1 = 1", []),
+    }
+    where, params = filters[state]
+    if rule is not None:
+        where, params = f"{where} AND rule = ?", [*params, rule]
+    rows = await db.read(f"SELECT * FROM alerts WHERE {where} "
+                         "ORDER BY state = 'open' DESC, id DESC LIMIT ?", (*params, limit))
+    return {"alerts": [alert_record(row, now) for row in rows]}

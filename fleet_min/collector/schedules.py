@@ -1,0 +1,424 @@
+"""Schedules: a cron expression, an enabled flag and a job template, fired by the tick.
+
+Each function that changes state is a transaction function (fleet_min.db): the connection first,
+Effects last. The tick enqueues a due run in the SAME transaction that records its slot in
+schedule_runs, and UNIQUE(schedule_id, slot) makes "at most once per due minute" hold across
+restarts and clock jumps.
+
+Times: cron is read in the scheduler's time zone (the host's local time unless configured);
+slots and job ids use UTC minutes, `<schedule id>-<YYYYMMDDHHMM>`, so a wall-clock hour that
+repeats in autumn never produces the same id twice. A run now is `<id>-manual-<YYYYMMDDHHMMSS>`.
+
+After downtime only the most recent due minute fires; the earlier ones are recorded as skipped
+(never a storm of catch-up jobs). Handled minutes are never fired again: `next_run` only moves
+forward, so a clock stepped backwards waits until it reaches `next_run` again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, tzinfo
+from typing import Any
+
+from fleet_min import validate
+from fleet_min.collector import queue
+from fleet_min.collector.cron import Cron, CronError, parse
+from fleet_min.collector.effects import Effects
+from fleet_min.collector.match import MatchError, compiled
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused
+from fleet_min.timeutil import iso
+
+SCHEDULE_ID = re.compile(r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}")
+PLACEHOLDER_JOB_ID = "schedule-template"
+MISSED_RECORDED = 100   # missed minutes written to schedule_runs one by one; the rest counted
+MISSED_COUNTED = 1000   # beyond this many, the count says "more than"
+HISTORY_LIMIT = 50
+EDITABLE = ("cron", "enabled", "template")
+_MISSED = ("missed: the collector was not running (or its clock jumped) at this due minute; "
+           "only the most recent due minute runs")
+
+
+# ---------------------------------------------------------------------------------------------
+# checks
+
+
+def check_id(value: Any) -> str:
+    if not isinstance(value, str) or SCHEDULE_ID.fullmatch(value) is None:
+        raise BadRequest("id is required: 1 to 100 letters, digits or . _ : @ - (not starting "
+                         "with -), e.g. nightly-bench")
+    return value
+
+
+def check_cron(value: Any) -> Cron:
+    try:
+        return parse(value)
+    except CronError as exc:
+        raise BadRequest(str(exc)) from None
+
+
+def check_template(template: Any) -> dict[str, Any]:
+    """A template is a job spec without job_id, checked as POST /jobs checks a spec."""
+    if not isinstance(template, dict):
+        raise BadRequest("template must be a JSON object: a job spec without job_id")
+    if "job_id" in template:
+        raise BadRequest("template must not carry job_id; each run is named "
+                         "<schedule id>-<YYYYMMDDHHMM>")
+    spec = {**template, "job_id": PLACEHOLDER_JOB_ID}
+    errors = validate.validate_job(spec)
+    if errors:
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        raise BadRequest(f"template: {errors[0]}{more}")
+    secrets = validate.find_secret_keys(spec)
+    if secrets:
+        raise BadRequest(f"template: {secrets[0]} looks like a secret; a job spec names a "
+                         "credential for the agent to read locally and never carries one")
+    match = (spec.get("targets") or {}).get("match")
+    if match:
+        try:
+            compiled(match)
+        except MatchError as exc:
+            raise BadRequest(f"template: targets.match: {exc}") from None
+    allowed = set(spec.get("depends_on") or [])
+    for job_id, _kind, _key in validate.find_template_refs(spec):
+        if job_id not in allowed:
+            raise BadRequest(f"template: a reference names job {job_id}, which is not in "
+                             "depends_on; a reference may only name a listed dependency")
+    return template
+
+
+# ---------------------------------------------------------------------------------------------
+# slots and records
+
+
+def slot_of(ts: float) -> str:
+    """The UTC minute of ts as YYYYMMDDHHMM (the scheduled job id suffix)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%d%H%M")
+
+
+def slot_time(slot: str | None) -> float | None:
+    """Epoch seconds of a YYYYMMDDHHMM slot; None for manual slots and None."""
+    if not slot or not slot.isdigit():
+        return None
+    return datetime.strptime(slot, "%Y%m%d%H%M").replace(tzinfo=UTC).timestamp()
+
+
+def schedule_record(row: sqlite3.Row) -> dict[str, Any]:
+    return {
+        "id": row["id"],
+        "cron": row["cron"],
+        "enabled": bool(row["enabled"]),
+        "last_run": iso(row["last_run"]),
+        "next_run": iso(row["next_run"]) if row["enabled"] else None,
+        "template": json.loads(row["template"]),
+        "last_skip": row["last_skip"],
+        "last_slot": iso(slot_time(row["last_slot"])),
+        "created_at": iso(row["created_at"]),
+        "updated_at": iso(row["updated_at"]),
+    }
+
+
+def _row(conn: sqlite3.Connection, schedule_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM schedules WHERE id = ?", (schedule_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"no schedule {schedule_id!r}")
+    return row
+
+
+def _first_run(cron: Cron, row_last_slot: str | None, now: float, tz: tzinfo | None) -> float:
+    """The next due minute from now, never at or before a minute already handled."""
+    handled = slot_time(row_last_slot) or 0.0
+    return cron.next_after(max(now, handled), tz)
+
+
+# ---------------------------------------------------------------------------------------------
+# create, update, delete
+
+
+def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: Effects
+           ) -> dict[str, Any]:
+    unknown = sorted(set(body) - {"id", "cron", "template", "enabled"})
+    if unknown:
+        raise BadRequest(f"{unknown[0][:60]} is not a schedule field; send id, cron and template")
+    schedule_id = check_id(body.get("id"))
+    cron = check_cron(body.get("cron"))
+    template = check_template(body.get("template"))
+    if body.get("enabled", False) is not False:
+        raise BadRequest("new schedules start disabled; create it, then enable it with "
+                         "PATCH /api/schedules/{id} {\"enabled\": true}")
+    if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone():
+        raise Conflict(f"schedule {schedule_id!r} already exists")
+    conn.execute(
+        "INSERT INTO schedules (id, cron, enabled, template, created_at, updated_at) "
+        "VALUES (?, ?, 0, ?, ?, ?)",
+        (schedule_id, cron.text, json.dumps(template), now, now))
+    effects.emit("schedule", schedule_id=schedule_id, action="created")
+    return schedule_record(_row(conn, schedule_id))
+
+
+def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], now: float,
+           effects: Effects, tz: tzinfo | None = None) -> dict[str, Any]:
+    unknown = sorted(set(changes) - set(EDITABLE))
+    if unknown:
+        raise BadRequest(f"{unknown[0][:60]} cannot be changed; editable fields are cron, "
+                         "enabled and template")
+    if not changes:
+        raise BadRequest("nothing to change: send cron, enabled or template")
+    if "enabled" in changes and not isinstance(changes["enabled"], bool):
+        raise BadRequest("enabled must be true or false")
+    cron = check_cron(changes["cron"]) if "cron" in changes else None
+    template = check_template(changes["template"]) if "template" in changes else None
+    row = _row(conn, schedule_id)
+    enabled = changes.get("enabled", bool(row["enabled"]))
+    next_run = row["next_run"] if row["enabled"] else None
+    if not enabled:
+        next_run = None
+    elif cron is not None or not row["enabled"]:
+        next_run = _first_run(cron or parse(row["cron"]), row["last_slot"], now, tz)
+    conn.execute(
+        "UPDATE schedules SET cron = ?, enabled = ?, template = ?, next_run = ?, updated_at = ? "
+        "WHERE id = ?",
+        (cron.text if cron is not None else row["cron"], int(enabled),
+         json.dumps(template) if template is not None else row["template"], next_run, now,
+         schedule_id))
+    effects.emit("schedule", schedule_id=schedule_id, action="updated", enabled=enabled)
+    return schedule_record(_row(conn, schedule_id))
+
+
+def delete(conn: sqlite3.Connection, schedule_id: str, effects: Effects) -> dict[str, Any]:
+    """Forget a schedule and its run records; the jobs it created stay (with template_id)."""
+    _row(conn, schedule_id)
+    conn.execute("DELETE FROM schedules WHERE id = ?", (schedule_id,))
+    # Runs go too, so that a new schedule of the same id starts with no handled minutes.
+    conn.execute("DELETE FROM schedule_runs WHERE schedule_id = ?", (schedule_id,))
+    effects.emit("schedule", schedule_id=schedule_id, action="deleted")
+    return {"ok": True, "id": schedule_id, "deleted": True}
+
+
+# ---------------------------------------------------------------------------------------------
+# firing
+
+
+def missing_build(conn: sqlite3.Connection, template: dict[str, Any]) -> str | None:
+    """Why a template using app.sha256 "latest" cannot run yet (None when it can)."""
+    app = template.get("app")
+    if not isinstance(app, dict) or app.get("sha256") != "latest":
+        return None
+    name = app.get("name")
+    if isinstance(name, str) and queue.latest_build(conn, name) is not None:
+        return None
+    return (f"no published build of app {name!r} yet; upload one with the header "
+            f"x-artifact-app: {name} and the next due run will use it")
+
+
+def _record_run(conn: sqlite3.Connection, schedule_id: str, slot: str, now: float,
+                job_id: str | None, outcome: str, detail: str | None) -> None:
+    conn.execute("INSERT INTO schedule_runs (schedule_id, slot, at, job_id, outcome, detail) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (schedule_id, slot, now, job_id, outcome, detail))
+
+
+def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: dict[str, Any], now: float,
+             effects: Effects) -> dict[str, Any]:
+    """queue.enqueue inside a savepoint: a refusal undoes only this run and its effects."""
+    marks = len(effects.events), len(effects.claimable), len(effects.claimants)
+    conn.execute("SAVEPOINT schedule_run")
+    try:
+        enqueued = queue.enqueue(conn, [spec], now, effects, template_id=schedule_id)
+    except Refused:
+        conn.execute("ROLLBACK TO schedule_run")
+        conn.execute("RELEASE schedule_run")
+        del effects.events[marks[0]:]
+        del effects.claimable[marks[1]:]
+        del effects.claimants[marks[2]:]
+        raise
+    conn.execute("RELEASE schedule_run")
+    return enqueued.replies[0]
+
+
+def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Effects
+            ) -> dict[str, Any]:
+    """Enqueue one run of the template now, enabled or not. Refusals change nothing."""
+    row = _row(conn, schedule_id)
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d%H%M%S")
+    slot, job_id = f"manual-{stamp}", f"{schedule_id}-manual-{stamp}"
+    if conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
+                    (schedule_id, slot)).fetchone():
+        raise Conflict(f"schedule {schedule_id} was already run this second; try again")
+    template = json.loads(row["template"])
+    reason = missing_build(conn, template)
+    if reason:
+        _record_run(conn, schedule_id, slot, now, None, "skipped", reason)
+        effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
+        return {"ok": True, "schedule_id": schedule_id, "outcome": "skipped", "job_id": None,
+                "reason": reason}
+    reply = _enqueue(conn, schedule_id, {**template, "job_id": job_id}, now, effects)
+    _record_run(conn, schedule_id, slot, now, job_id, "enqueued", None)
+    conn.execute("UPDATE schedules SET last_run = ? WHERE id = ?", (now, schedule_id))
+    effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
+    return {"ok": True, "schedule_id": schedule_id, "outcome": "enqueued", "job_id": job_id,
+            "status": reply["status"]}
+
+
+@dataclass
+class TickReport:
+    fired: list[dict[str, Any]] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    missed: int = 0
+
+    def reply(self) -> dict[str, Any]:
+        return {"ok": True, "fired": self.fired, "skipped": self.skipped, "failed": self.failed,
+                "missed": self.missed}
+
+
+def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | None = None
+         ) -> TickReport:
+    """Fire every enabled schedule whose due minute has come and was not handled yet."""
+    report = TickReport()
+    rows = conn.execute("SELECT * FROM schedules WHERE enabled = 1 AND next_run IS NOT NULL "
+                        "AND next_run <= ? ORDER BY next_run, id", (now,)).fetchall()
+    for row in rows:
+        _tick_one(conn, row, now, effects, tz, report)
+    return report
+
+
+def _tick_one(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Effects,
+              tz: tzinfo | None, report: TickReport) -> None:
+    current = math.floor(now / 60) * 60
+    try:
+        cron = parse(row["cron"])
+    except CronError as exc:  # stored before a grammar change: stop it, say why
+        conn.execute("UPDATE schedules SET next_run = NULL, last_skip = ? WHERE id = ?",
+                     (str(exc), row["id"]))
+        return
+    due = due_minutes(cron, row["next_run"], current, tz)
+    if due.latest is None:  # next_run was not due under this time zone: move it on
+        conn.execute("UPDATE schedules SET next_run = ? WHERE id = ?",
+                     (cron.next_after(current, tz), row["id"]))
+        return
+    for minute in due.missed:
+        conn.execute("INSERT OR IGNORE INTO schedule_runs (schedule_id, slot, at, outcome, "
+                     "detail) VALUES (?, ?, ?, 'skipped', ?)",
+                     (row["id"], slot_of(minute), now, _MISSED))
+    report.missed += due.missed_count
+    note = None
+    if due.missed_count:
+        count = f"more than {due.missed_count}" if due.more else str(due.missed_count)
+        note = (f"{count} earlier due minutes were missed while the collector was not running; "
+                "they are recorded as skipped")
+    _fire_slot(conn, row, slot_of(due.latest), now, effects, report, note)
+    conn.execute("UPDATE schedules SET last_slot = ?, next_run = ? WHERE id = ?",
+                 (slot_of(due.latest), cron.next_after(current, tz), row["id"]))
+
+
+def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float,
+               effects: Effects, report: TickReport, note: str | None) -> None:
+    schedule_id = row["id"]
+    if conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
+                    (schedule_id, slot)).fetchone():
+        return  # handled already (before a restart or a clock jump)
+    template = json.loads(row["template"])
+    reason = missing_build(conn, template)
+    if reason:
+        _record_run(conn, schedule_id, slot, now, None, "skipped", reason)
+        conn.execute("UPDATE schedules SET last_skip = ? WHERE id = ?", (reason, schedule_id))
+        report.skipped.append({"schedule_id": schedule_id, "slot": slot, "reason": reason})
+        effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
+        return
+    job_id = f"{schedule_id}-{slot}"
+    try:
+        reply = _enqueue(conn, schedule_id, {**template, "job_id": job_id}, now, effects)
+    except Refused as exc:
+        _record_run(conn, schedule_id, slot, now, None, "failed", exc.message)
+        report.failed.append({"schedule_id": schedule_id, "slot": slot, "error": exc.message})
+        effects.emit("schedule", schedule_id=schedule_id, action="failed", slot=slot)
+        return
+    _record_run(conn, schedule_id, slot, now, job_id, "enqueued", note)
+    conn.execute("UPDATE schedules SET last_run = ?, last_skip = NULL WHERE id = ?",
+                 (now, schedule_id))
+    report.fired.append({"schedule_id": schedule_id, "slot": slot, "job_id": job_id,
+                         "status": reply["status"]})
+    effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
+
+
+@dataclass
+class Due:
+    latest: float | None            # the most recent due minute at or before now
+    missed: list[float]             # earlier due minutes, the first MISSED_RECORDED of them
+    missed_count: int               # how many earlier due minutes there were
+    more: bool                      # the count stopped at MISSED_COUNTED
+
+
+def due_minutes(cron: Cron, start: float, current: float, tz: tzinfo | None) -> Due:
+    """The due minutes from `start` (inclusive) to `current` (inclusive), for the tick."""
+    due = Due(None, [], 0, False)
+    t = cron.next_after(start - 60, tz)
+    while t <= current:
+        if due.latest is not None:
+            due.missed_count += 1
+            if len(due.missed) < MISSED_RECORDED:
+                due.missed.append(due.latest)
+        due.latest = t
+        if due.missed_count >= MISSED_COUNTED:
+            due.latest, due.more = latest_due(cron, t, current, tz), True
+            break
+        t = cron.next_after(t, tz)
+    return due
+
+
+def latest_due(cron: Cron, after: float, current: float, tz: tzinfo | None) -> float:
+    """The last due minute in [after, current], searched in growing windows back from current
+    (so a year of missed minutely runs costs an hour's worth of steps, not a year's)."""
+    for window in (3600, 86400, 32 * 86400, 367 * 86400):
+        low = max(after - 60, current - window)
+        last, t = None, cron.next_after(low, tz)
+        while t <= current:
+            last, t = t, cron.next_after(t, tz)
+        if last is not None:
+            return last
+        if low <= after - 60:
+            break
+    return after
+
+
+# ---------------------------------------------------------------------------------------------
+# reads
+
+
+async def list_schedules(db: Database) -> dict[str, Any]:
+    rows = await db.read("SELECT * FROM schedules ORDER BY id")
+    return {"schedules": [schedule_record(row) for row in rows]}
+
+
+async def get_schedule(db: Database, schedule_id: str) -> dict[str, Any]:
+    row = await db.read_one("SELECT * FROM schedules WHERE id = ?", (schedule_id,))
+    if row is None:
+        raise NotFound(f"no schedule {schedule_id!r}")
+    return schedule_record(row)
+
+
+async def history(db: Database, schedule_id: str, limit: int = HISTORY_LIMIT) -> dict[str, Any]:
+    """The schedule's runs (fired, skipped, failed) and the jobs it created, newest first."""
+    await get_schedule(db, schedule_id)
+    runs = await db.read(
+        "SELECT r.*, j.status AS job_status FROM schedule_runs r "
+        "LEFT JOIN jobs j ON j.job_id = r.job_id "
+        "WHERE r.schedule_id = ? ORDER BY r.id DESC LIMIT ?", (schedule_id, limit))
+    jobs = await db.read(
+        "SELECT job_id, status, workload, executor, attempts, last_error, created_at, "
+        "finished_at FROM jobs WHERE template_id = ? ORDER BY seq DESC LIMIT ?",
+        (schedule_id, limit))
+    return {
+        "schedule_id": schedule_id,
+        "runs": [{"slot": r["slot"], "due": iso(slot_time(r["slot"])), "at": iso(r["at"]),
+                  "outcome": r["outcome"], "job_id": r["job_id"], "job_status": r["job_status"],
+                  "detail": r["detail"]} for r in runs],
+        "jobs": [{"job_id": j["job_id"], "status": j["status"], "workload": j["workload"],
+                  "executor": j["executor"], "attempts": j["attempts"],
+                  "last_error": j["last_error"], "created_at": iso(j["created_at"]),
+                  "finished_at": iso(j["finished_at"])} for j in jobs],
+    }
