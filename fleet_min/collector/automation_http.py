@@ -1,11 +1,268 @@
-"""Schedules (cron) and alerts (rules, ack, snooze, webhook)."""
+"""Schedules (cron) and alerts (rules, ack, snooze, webhook): routes and background loops.
+
+Handlers are thin: domain logic lives in schedules, alerts and webhook. The loops (scheduler
+tick on 20-second marks, alert tick every FLEET_ALERT_TICK_S, webhook sender) are started from
+an on_startup hook with service.spawn and cancelled when the service stops.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import tzinfo
+from pathlib import Path
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
 from aiohttp import web
 
+from fleet_min.collector import alerts, schedules
 from fleet_min.collector.service import Service
+from fleet_min.collector.webhook import WebhookConfig, WebhookSender
+from fleet_min.config import ConfigError
+from fleet_min.db import StorageError
+from fleet_min.errors import NotFound
+from fleet_min.http import json_response, query_int, read_json_object
+from fleet_min.timeutil import now
+
+log = logging.getLogger("fleet_min.collector.automation")
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+@dataclass(frozen=True)
+class AutomationSettings:
+    thresholds: alerts.Thresholds
+    alert_tick_s: float
+    schedule_tick_s: float
+    tz: tzinfo | None            # None: the host's local time
+    tz_name: str
+    webhook: WebhookConfig | None
+    log_paths: tuple[Path, ...]
+
+
+def load_settings(environ: Mapping[str, str] | None = None) -> AutomationSettings:
+    """Every setting of this feature, from the environment (until they join config.py).
+
+    Rows for the settings table (name, env, default, help) are in docs/collector-automation.md.
+    """
+    env = os.environ if environ is None else environ
+
+    def get(name: str, default: str) -> str:
+        return env.get(name) or default
+
+    def number(name: str, default: float, *, low: float = 0.0) -> float:
+        try:
+            value = float(get(name, str(default)))
+        except ValueError:
+            raise ConfigError(f"{name}: must be a number") from None
+        if not value > low:
+            raise ConfigError(f"{name}: must be greater than {low:g}")
+        return value
+
+    def size(name: str, default: str) -> int:
+        text = get(name, default).strip().lower().removesuffix("ib").removesuffix("b")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        try:
+            return int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
+        except ValueError:
+            raise ConfigError(f"{name}: must be a size such as 500M or 16G") from None
+
+    tz_name = get("FLEET_SCHEDULE_TZ", "").strip()
+    try:
+        tz = ZoneInfo(tz_name) if tz_name else None
+    except (ZoneInfoNotFoundError, ValueError):
+        raise ConfigError(f"FLEET_SCHEDULE_TZ: {tz_name[:60]!r} is not a time zone name such "
+                          "as Europe/Berlin") from None
+    url = get("FLEET_ALERT_WEBHOOK", "").strip()
+    if url and not url.startswith(("http://", "https://")):
+        raise ConfigError("FLEET_ALERT_WEBHOOK: must be an http:// or https:// URL")
+    thermal = get("FLEET_ALERT_THERMAL_STATES", ",".join(alerts.THERMAL_STATES))
+    return AutomationSettings(
+        thresholds=alerts.Thresholds(
+            offline_s=number("FLEET_ALERT_OFFLINE_S", 900),
+            beacon_fresh_s=number("FLEET_ALERT_BEACON_FRESH_S", 900),
+            stuck_factor=number("FLEET_ALERT_STUCK_FACTOR", 2.0),
+            failed_window_s=number("FLEET_ALERT_JOB_FAILED_WINDOW_S", 86400),
+            battery_pct=number("FLEET_ALERT_BATTERY_PCT", 15),
+            thermal_states=frozenset(s.strip().lower() for s in thermal.split(",") if s.strip()),
+            schedule_late_s=number("FLEET_ALERT_SCHEDULE_LATE_S", 300),
+            data_bytes=size("FLEET_ALERT_DATA_BYTES", "16G"),
+            log_bytes=size("FLEET_ALERT_LOG_BYTES", "1G"),
+            free_bytes=size("FLEET_ALERT_FREE_BYTES", "1G")),
+        alert_tick_s=number("FLEET_ALERT_TICK_S", 60),
+        schedule_tick_s=number("FLEET_SCHEDULE_TICK_S", 20),
+        tz=tz, tz_name=tz_name,
+        webhook=WebhookConfig(
+            url=url, attempts=int(number("FLEET_ALERT_WEBHOOK_ATTEMPTS", 10, low=0.5)),
+            backoff_s=number("FLEET_ALERT_WEBHOOK_BACKOFF_S", 2.0),
+            timeout_s=number("FLEET_ALERT_WEBHOOK_TIMEOUT_S", 10.0)) if url else None,
+        log_paths=tuple(Path(p.strip()) for p in get("FLEET_ALERT_LOG_PATHS", "").split(",")
+                        if p.strip()),
+    )
+
+
+class Automation:
+    """The feature's state for one app: its settings, the webhook sender, the ticks."""
+
+    def __init__(self, service: Service, settings: AutomationSettings) -> None:
+        self.service = service
+        self.settings = settings
+        self.sender = (WebhookSender(service.db, settings.webhook, self._identity)
+                       if settings.webhook else None)
+
+    def _identity(self) -> dict[str, str]:
+        return {"collector": self.service.collector_id, "name": self.service.name}
+
+    async def schedule_tick(self) -> schedules.TickReport:
+        report: schedules.TickReport = await self.service.transact(
+            schedules.tick, now(), tz=self.settings.tz)
+        return report
+
+    async def alert_tick(self) -> alerts.TickResult:
+        sizes = await asyncio.to_thread(alerts.measure, self.service.data_dir,
+                                        self.settings.log_paths)
+        result: alerts.TickResult = await self.service.transact(
+            alerts.tick, now(), self.settings.thresholds, sizes, self.sender is not None)
+        if result.opened and self.sender is not None:
+            self.sender.wake()
+        return result
+
+    # -- loops ------------------------------------------------------------------------------
+
+    async def until_ready(self) -> None:
+        """Feature hooks run before Service.start; wait until its database answers."""
+        while True:
+            try:
+                await self.service.db.read_one("SELECT 1")
+                return
+            except StorageError:
+                await asyncio.sleep(0.05)
+
+    async def schedule_loop(self) -> None:
+        await self.until_ready()
+        period = self.settings.schedule_tick_s
+        while True:
+            await _guarded("scheduler tick", self.schedule_tick)
+            # On the 20-second marks (plus a breath), so a due minute fires within a second.
+            await asyncio.sleep(period - now() % period + 0.2)
+
+    async def alert_loop(self) -> None:
+        await self.until_ready()
+        while True:
+            # The first tick waits one period: after a restart devices need a moment to beacon
+            # before their silence means anything.
+            await asyncio.sleep(self.settings.alert_tick_s)
+            await _guarded("alert tick", self.alert_tick)
+
+    async def webhook_loop(self) -> None:
+        assert self.sender is not None
+        await self.until_ready()
+        await self.sender.run()
+
+
+async def _guarded(what: str, tick: Callable[[], Awaitable[Any]]) -> None:
+    try:
+        await tick()
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("%s failed; it runs again at the next period", what)
+
+
+# ---------------------------------------------------------------------------------------------
+# handlers
+
+
+def _alert_id(request: web.Request) -> int:
+    raw = request.match_info["alert_id"]
+    if not raw.isdigit() or len(raw) > 18:
+        raise NotFound(f"no alert {raw[:40]!r}")
+    return int(raw)
+
+
+def _routes(automation: Automation) -> list[web.RouteDef]:
+    service = automation.service
+    tz = automation.settings.tz
+
+    async def create(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        return json_response(await service.transact(schedules.create, body, now()), status=201)
+
+    async def listing(request: web.Request) -> web.Response:
+        return json_response(await schedules.list_schedules(service.db))
+
+    async def get_one(request: web.Request) -> web.Response:
+        return json_response(await schedules.get_schedule(service.db, request.match_info["id"]))
+
+    async def patch(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        return json_response(await service.transact(
+            schedules.update, request.match_info["id"], body, now(), tz=tz))
+
+    async def delete(request: web.Request) -> web.Response:
+        return json_response(await service.transact(schedules.delete, request.match_info["id"]))
+
+    async def run_now(request: web.Request) -> web.Response:
+        reply = await service.transact(schedules.run_now, request.match_info["id"], now())
+        return json_response(reply, status=201 if reply["outcome"] == "enqueued" else 200)
+
+    async def history(request: web.Request) -> web.Response:
+        limit = query_int(request, "limit", schedules.HISTORY_LIMIT, 1, 500)
+        return json_response(await schedules.history(service.db, request.match_info["id"],
+                                                     limit))
+
+    async def schedule_tick(request: web.Request) -> web.Response:
+        return json_response((await automation.schedule_tick()).reply())
+
+    async def alert_list(request: web.Request) -> web.Response:
+        limit = query_int(request, "limit", 200, 1, 1000)
+        return json_response(await alerts.list_alerts(
+            service.db, request.query.get("state") or None, request.query.get("rule") or None,
+            limit, now()))
+
+    async def alert_ack(request: web.Request) -> web.Response:
+        return json_response(await service.transact(alerts.ack, _alert_id(request), now()))
+
+    async def alert_snooze(request: web.Request) -> web.Response:
+        alert_id = _alert_id(request)
+        seconds = alerts.snooze_seconds(await read_json_object(request))
+        return json_response(await service.transact(alerts.snooze, alert_id, seconds, now()))
+
+    async def alert_tick(request: web.Request) -> web.Response:
+        return json_response((await automation.alert_tick()).reply())
+
+    return [
+        web.post("/api/schedules", create),
+        web.get("/api/schedules", listing),
+        web.get("/api/schedules/{id}", get_one),
+        web.patch("/api/schedules/{id}", patch),
+        web.delete("/api/schedules/{id}", delete),
+        web.post("/api/schedules/{id}/run", run_now),
+        web.get("/api/schedules/{id}/history", history),
+        web.post("/schedules/tick", schedule_tick),
+        web.get("/api/alerts", alert_list),
+        web.post("/api/alerts/tick", alert_tick),
+        web.post("/api/alerts/{alert_id}/ack", alert_ack),
+        web.post("/api/alerts/{alert_id}/snooze", alert_snooze),
+    ]
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, middlewares, listeners and background loops."""
+    """Register this feature's routes, listeners and background loops."""
+    automation = Automation(service, load_settings())
+    app.router.add_routes(_routes(automation))
+    service.health_extras.append(lambda: {
+        "scheduler_tz": automation.settings.tz_name or "local",
+        "alert_webhook": automation.sender is not None})
+
+    async def start_loops(_app: web.Application) -> None:
+        service.spawn(automation.schedule_loop(), "scheduler")
+        service.spawn(automation.alert_loop(), "alerts")
+        if automation.sender is not None:
+            service.spawn(automation.webhook_loop(), "alert-webhook")
+
+    app.on_startup.append(start_loops)
