@@ -1,0 +1,399 @@
+"""Schedules: the API over HTTP against a real collector, and the tick with explicit times
+against a real SQLite file (the tick is a transaction function; `now` is its argument)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from fleet_min.collector import schedules
+from fleet_min.collector.effects import Effects
+from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.db import migrate
+from tests.helpers import age_rows
+
+TEMPLATE = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
+            "params": {"prompt_tokens": 8, "gen_tokens": 8}}
+LATEST = {"schema": 1, "workload": "install", "executor": "host",
+          "app": {"name": "demo", "sha256": "latest", "platform": "android"}}
+SHA = "c" * 64
+
+
+def ts(*args: int) -> float:
+    return datetime(*args, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def quiet_scheduler(monkeypatch):
+    """The background tick once at start and then hourly; tests tick by hand. Cron in UTC."""
+    monkeypatch.setenv("FLEET_SCHEDULE_TICK_S", "3600")
+    monkeypatch.setenv("FLEET_SCHEDULE_TZ", "UTC")
+
+
+@pytest.fixture
+async def api(quiet_scheduler, collector_factory):
+    return await collector_factory()
+
+
+async def create(api, schedule_id="nightly", cron="0 0 1 1 *", template=None):
+    resp = await api.post("/api/schedules", json={"id": schedule_id, "cron": cron,
+                                                  "template": template or TEMPLATE})
+    assert resp.status == 201, await resp.text()
+    return await resp.json()
+
+
+async def enable(api, schedule_id="nightly"):
+    resp = await api.patch(f"/api/schedules/{schedule_id}", json={"enabled": True})
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+async def history(api, schedule_id="nightly"):
+    resp = await api.get(f"/api/schedules/{schedule_id}/history")
+    assert resp.status == 200
+    return await resp.json()
+
+
+async def tick(api):
+    resp = await api.post("/schedules/tick")
+    assert resp.status == 200
+    return await resp.json()
+
+
+# -- the API -----------------------------------------------------------------------------------
+
+
+async def test_create_list_get_new_schedules_are_disabled(api):
+    created = await create(api, cron="*/15 6-18 * * mon-fri")
+    assert set(created) >= {"id", "cron", "enabled", "last_run", "next_run", "template",
+                            "last_skip", "created_at", "updated_at"}
+    assert created["enabled"] is False and created["next_run"] is None
+    assert created["last_run"] is None and created["template"] == TEMPLATE
+    listing = await (await api.get("/api/schedules")).json()
+    assert [s["id"] for s in listing["schedules"]] == ["nightly"]
+    one = await (await api.get("/api/schedules/nightly")).json()
+    assert one == created
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    ({"id": "a", "cron": "61 * * * *", "template": TEMPLATE}, "cron minute: 61 is out of range"),
+    ({"id": "a", "cron": "* * *", "template": TEMPLATE}, "needs 5 fields"),
+    ({"id": "a", "cron": 5, "template": TEMPLATE}, "cron must be a string"),
+    ({"id": "a", "cron": "@daily", "template": {"schema": 1, "executor": "device"}},
+     "template: workload"),
+    ({"id": "a", "cron": "@daily", "template": [1]}, "template must be a JSON object"),
+    ({"id": "a", "cron": "@daily", "template": {**TEMPLATE, "job_id": "x"}},
+     "must not carry job_id"),
+    ({"id": "a", "cron": "@daily", "template": {**TEMPLATE, "params": {"api_token": "x"}}},
+     "looks like a secret"),
+    ({"id": "a", "cron": "@daily", "template": {**TEMPLATE, "targets": {"match": "ram_mb >="}}},
+     "targets.match"),
+    ({"id": "a", "cron": "@daily", "template": {
+        **TEMPLATE, "params": {"prompt_tokens": "${jobs.other.metrics.n}"}}}, "depends_on"),
+    ({"id": "-a", "cron": "@daily", "template": TEMPLATE}, "id is required"),
+    ({"cron": "@daily", "template": TEMPLATE}, "id is required"),
+    ({"id": "a", "cron": "@daily", "template": TEMPLATE, "enabled": True}, "start disabled"),
+    ({"id": "a", "cron": "@daily", "template": TEMPLATE, "colour": 1}, "not a schedule field"),
+])
+async def test_create_refusals_are_400_and_store_nothing(api, body, words):
+    resp = await api.post("/api/schedules", json=body)
+    assert resp.status == 400
+    assert words in (await resp.json())["error"]
+    assert (await (await api.get("/api/schedules")).json()) == {"schedules": []}
+
+
+async def test_duplicate_id_is_409(api):
+    await create(api)
+    resp = await api.post("/api/schedules", json={"id": "nightly", "cron": "@daily",
+                                                  "template": TEMPLATE})
+    assert resp.status == 409
+
+
+async def test_enable_sets_next_run_and_disable_clears_it(api):
+    await create(api, cron="0 0 1 1 *")
+    enabled = await enable(api)
+    assert enabled["enabled"] is True
+    expected = datetime(datetime.now(UTC).year + 1, 1, 1, tzinfo=UTC)
+    assert enabled["next_run"] == expected.strftime("%Y-%m-%dT%H:%M:%S.000000Z")
+    patched = await (await api.patch("/api/schedules/nightly", json={"cron": "0 0 1 * *"})).json()
+    assert patched["cron"] == "0 0 1 * *" and patched["next_run"] < enabled["next_run"]
+    disabled = await (await api.patch("/api/schedules/nightly", json={"enabled": False})).json()
+    assert disabled["enabled"] is False and disabled["next_run"] is None
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"cron": "* * * * mon-sun-x"}, 400, "day-of-week"),
+    ({"enabled": "yes"}, 400, "enabled must be true or false"),
+    ({"template": {"schema": 2, "workload": "x", "executor": "device"}}, 400, "template: schema"),
+    ({"id": "renamed"}, 400, "cannot be changed"),
+    ({}, 400, "nothing to change"),
+])
+async def test_patch_refusals_change_nothing(api, body, status, words):
+    before = await create(api)
+    resp = await api.patch("/api/schedules/nightly", json=body)
+    assert resp.status == status
+    assert words in (await resp.json())["error"]
+    assert await (await api.get("/api/schedules/nightly")).json() == before
+
+
+async def test_unknown_schedule_is_404_everywhere(api):
+    for method, path in [("GET", "/api/schedules/nope"), ("PATCH", "/api/schedules/nope"),
+                         ("DELETE", "/api/schedules/nope"), ("POST", "/api/schedules/nope/run"),
+                         ("GET", "/api/schedules/nope/history")]:
+        resp = await api.request(method, path, json={"enabled": True})
+        assert resp.status == 404, (method, path)
+        assert "nope" in (await resp.json())["error"]
+
+
+async def test_tick_fires_the_due_minute_once(api, db_path):
+    await create(api)
+    await enable(api)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    first = await tick(api)
+    assert first["fired"] == [{"schedule_id": "nightly", "slot": "202601010000",
+                               "job_id": "nightly-202601010000", "status": "queued"}]
+    assert first["missed"] == 0
+    assert (await tick(api))["fired"] == []
+    job = await (await api.get("/jobs/nightly-202601010000")).json()
+    assert job["template_id"] == "nightly" and job["workload"] == "benchmark"
+    record = await (await api.get("/api/schedules/nightly")).json()
+    assert record["last_run"] is not None and record["last_slot"] == "2026-01-01T00:00:00.000000Z"
+    assert record["next_run"] > record["last_slot"]
+    # A clock stepped back (next_run behind again) never refires a handled minute.
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    assert (await tick(api))["fired"] == []
+    got = await history(api)
+    assert [j["job_id"] for j in got["jobs"]] == ["nightly-202601010000"]
+    assert [(r["slot"], r["outcome"]) for r in got["runs"]] == [("202601010000", "enqueued")]
+
+
+async def test_after_downtime_only_the_latest_due_minute_fires(api, db_path):
+    await create(api)
+    await enable(api)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2020, 1, 1),))
+    result = await tick(api)
+    assert [f["slot"] for f in result["fired"]] == ["202601010000"]
+    assert result["missed"] == 6
+    got = await history(api)
+    assert len(got["jobs"]) == 1
+    outcomes = {r["slot"]: r["outcome"] for r in got["runs"]}
+    assert outcomes == {"202601010000": "enqueued", **{f"{y}01010000": "skipped"
+                                                       for y in range(2020, 2026)}}
+    fired = next(r for r in got["runs"] if r["outcome"] == "enqueued")
+    assert "6 earlier due minutes were missed" in fired["detail"]
+
+
+async def test_at_most_once_across_a_restart(quiet_scheduler, collector_factory, db_path):
+    first = await collector_factory()
+    await create(first)
+    await enable(first)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    assert len((await tick(first))["fired"]) == 1
+    await first.close()
+    # Pretend the restart lost track of next_run: the recorded slot still holds.
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    second = await collector_factory()
+    assert (await tick(second))["fired"] == []
+    assert len((await history(second))["jobs"]) == 1
+
+
+async def test_latest_with_no_published_build_is_skipped_not_failed(api, db_path):
+    await create(api, template=LATEST)
+    await enable(api)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    result = await tick(api)
+    assert result["fired"] == [] and result["failed"] == []
+    assert result["skipped"][0]["slot"] == "202601010000"
+    assert "no published build of app 'demo'" in result["skipped"][0]["reason"]
+    record = await (await api.get("/api/schedules/nightly")).json()
+    assert "x-artifact-app: demo" in record["last_skip"]
+    runs = (await history(api))["runs"]
+    assert [(r["outcome"], r["job_id"]) for r in runs] == [("skipped", None)]
+    # Run now says the same, with 200 and nothing enqueued.
+    resp = await api.post("/api/schedules/nightly/run")
+    assert resp.status == 200
+    assert (await resp.json())["outcome"] == "skipped"
+
+
+async def test_latest_resolves_to_the_newest_published_build(api, db_path):
+    await create(api, template=LATEST)
+    await enable(api)
+    age_rows(db_path, "INSERT INTO artifacts (sha256, size, created_at, app) "
+             "VALUES (?, 1, 1, 'demo')", (SHA,))
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    fired = (await tick(api))["fired"]
+    job = await (await api.get(f"/jobs/{fired[0]['job_id']}")).json()
+    assert job["spec"]["app"]["sha256"] == SHA
+    assert (await (await api.get("/api/schedules/nightly")).json())["last_skip"] is None
+
+
+async def test_an_enqueue_refusal_is_recorded_as_failed(api, db_path):
+    # No agent declares "batch": POST /jobs would answer 422; the tick records it.
+    await create(api, template={"schema": 1, "workload": "batch", "executor": "device"})
+    await enable(api)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    result = await tick(api)
+    assert result["failed"][0]["slot"] == "202601010000"
+    assert "capability 'batch'" in result["failed"][0]["error"]
+    runs = (await history(api))["runs"]
+    assert runs[0]["outcome"] == "failed" and runs[0]["job_id"] is None
+    assert (await (await api.get("/api/jobs")).json())["total"] == 0
+
+
+async def test_run_now_works_while_disabled(api):
+    await create(api)
+    resp = await api.post("/api/schedules/nightly/run")
+    assert resp.status == 201
+    reply = await resp.json()
+    assert reply["outcome"] == "enqueued" and reply["status"] == "queued"
+    assert reply["job_id"].startswith("nightly-manual-") and len(reply["job_id"]) == 29
+    job = await (await api.get(f"/jobs/{reply['job_id']}")).json()
+    assert job["template_id"] == "nightly"
+    got = await history(api)
+    assert got["runs"][0]["slot"] == "manual-" + reply["job_id"][-14:]
+    assert got["runs"][0]["job_status"] == "queued"
+    assert (await (await api.get("/api/schedules/nightly")).json())["last_run"] is not None
+
+
+async def test_delete_forgets_the_schedule_and_keeps_its_jobs(api):
+    await create(api)
+    job_id = (await (await api.post("/api/schedules/nightly/run")).json())["job_id"]
+    resp = await api.delete("/api/schedules/nightly")
+    assert await resp.json() == {"ok": True, "id": "nightly", "deleted": True}
+    assert (await api.get("/api/schedules/nightly")).status == 404
+    assert (await api.get(f"/jobs/{job_id}")).status == 200
+
+
+async def test_schedule_events_reach_the_stream(api, db_path):
+    stream = await api.get("/api/stream")
+    await create(api)
+    seen: list[dict] = []
+
+    async def read_until_created():
+        async for line in stream.content:
+            if line.startswith(b"data:"):
+                seen.append(json.loads(line[5:]))
+                if seen[-1].get("type") == "schedule":
+                    return
+
+    await asyncio.wait_for(read_until_created(), 10)
+    stream.close()
+    assert seen[-1]["schedule_id"] == "nightly" and seen[-1]["action"] == "created"
+
+
+async def test_the_background_tick_fires_without_being_asked(monkeypatch, collector_factory,
+                                                             db_path):
+    monkeypatch.setenv("FLEET_SCHEDULE_TICK_S", "0.2")
+    monkeypatch.setenv("FLEET_SCHEDULE_TZ", "UTC")
+    api = await collector_factory()
+    await create(api)
+    await enable(api)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    for _ in range(200):
+        if (await history(api))["jobs"]:
+            break
+        await asyncio.sleep(0.05)
+    assert [j["job_id"] for j in (await history(api))["jobs"]] == ["nightly-202601010000"]
+
+
+# -- the tick with explicit times (a real SQLite file, no HTTP) ----------------------------------
+
+
+@pytest.fixture
+def conn(tmp_path: Path):
+    connection = sqlite3.connect(tmp_path / "ticks.sqlite3", isolation_level=None)
+    connection.row_factory = sqlite3.Row
+    migrate(connection, MIGRATIONS)
+    yield connection
+    connection.close()
+
+
+def in_transaction(conn, fn, *args, **kwargs):
+    """As the collector's writer runs a transaction function: one BEGIN ... COMMIT."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        result = fn(conn, *args, **kwargs)
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+    return result
+
+
+def make(conn, cron: str, now: float, schedule_id: str = "s") -> None:
+    effects = Effects()
+    in_transaction(conn, schedules.create, {"id": schedule_id, "cron": cron,
+                                            "template": TEMPLATE}, now, effects)
+    in_transaction(conn, schedules.update, schedule_id, {"enabled": True}, now, effects, tz=UTC)
+
+
+def run_tick(conn, now: float) -> schedules.TickReport:
+    return in_transaction(conn, schedules.tick, now, Effects(), tz=UTC)
+
+
+def job_ids(conn) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT job_id FROM jobs ORDER BY seq")]
+
+
+def test_each_due_minute_fires_once_and_a_clock_jump_back_refires_nothing(conn):
+    start = ts(2026, 6, 1, 12, 0, 30)
+    make(conn, "*/5 * * * *", start)
+    assert run_tick(conn, start + 200).fired == []            # 12:03:50, nothing due yet
+    assert [f["slot"] for f in run_tick(conn, start + 270).fired] == ["202606011205"]
+    assert run_tick(conn, start + 290).fired == []            # the same minute again
+    assert run_tick(conn, start - 3600).fired == []           # the clock stepped back an hour
+    assert run_tick(conn, start + 280).fired == []            # and forward to the handled minute
+    assert [f["slot"] for f in run_tick(conn, start + 570).fired] == ["202606011210"]
+    assert job_ids(conn) == ["s-202606011205", "s-202606011210"]
+
+
+def test_enabling_mid_minute_does_not_fire_that_minute(conn):
+    start = ts(2026, 6, 1, 12, 0, 30)
+    make(conn, "* * * * *", start)
+    assert run_tick(conn, start + 10).fired == []
+    assert [f["slot"] for f in run_tick(conn, start + 30).fired] == ["202606011201"]
+
+
+def test_three_days_down_fires_one_job_and_records_the_rest(conn):
+    start = ts(2026, 6, 1, 12, 0, 30)
+    make(conn, "*/15 * * * *", start)
+    report = run_tick(conn, start + 3 * 86400)
+    assert [f["slot"] for f in report.fired] == ["202606041200"]
+    assert report.missed == 3 * 96 - 1
+    skipped = conn.execute("SELECT COUNT(*) FROM schedule_runs WHERE outcome = 'skipped'"
+                           ).fetchone()[0]
+    assert skipped == schedules.MISSED_RECORDED
+    assert job_ids(conn) == ["s-202606041200"]
+
+
+def test_a_year_down_with_a_minutely_schedule_is_no_storm(conn):
+    start = ts(2025, 6, 1, 12, 0, 30)
+    make(conn, "* * * * *", start)
+    report = run_tick(conn, ts(2026, 6, 1, 12, 0, 30))
+    assert [f["slot"] for f in report.fired] == ["202606011200"]
+    assert report.missed == schedules.MISSED_COUNTED
+    fired = conn.execute("SELECT detail FROM schedule_runs WHERE outcome = 'enqueued'").fetchone()
+    assert fired["detail"].startswith(f"more than {schedules.MISSED_COUNTED} earlier")
+
+
+def test_a_refused_enqueue_leaves_no_job_and_no_effects(conn):
+    now = ts(2026, 6, 1, 12, 0, 30)
+    effects = Effects()
+    in_transaction(conn, schedules.create, {"id": "b", "cron": "* * * * *", "template": {
+        "schema": 1, "workload": "batch", "executor": "device"}}, now, effects)
+    in_transaction(conn, schedules.update, "b", {"enabled": True}, now, effects, tz=UTC)
+    effects = Effects()
+    report = in_transaction(conn, schedules.tick, now + 60, effects, tz=UTC)
+    assert len(report.failed) == 1 and job_ids(conn) == []
+    assert [e["action"] for e in effects.events] == ["failed"] and effects.claimable == []
+
+
+def test_slots_are_utc_minutes():
+    assert schedules.slot_of(ts(2026, 12, 31, 23, 59, 59)) == "202612312359"
+    assert schedules.slot_time("202612312359") == ts(2026, 12, 31, 23, 59)
+    assert schedules.slot_time("manual-20261231235959") is None
