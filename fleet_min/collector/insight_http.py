@@ -1,11 +1,169 @@
-"""Topics, shaped result views, system figures and retention."""
+"""Topics, shaped result views, system figures and retention over HTTP.
+
+Routes:
+    POST /api/events/{topic}, POST /events/{topic}   publish a JSON payload (201)
+    GET  /api/events                                 topics with counts and recent payloads
+    GET  /api/events/{topic}?limit=&before=          newest events of a topic
+    GET  /api/events/{topic}/next?after=&wait_s=     long poll: 200 with events, or 204
+    GET  /api/results/bench | ui | drain | soak      shaped result views
+    GET  /api/system                                 what the collector holds on disk
+    POST /api/system/retention {"apply": bool}       dry run by default
+"""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Mapping
+
 from aiohttp import web
 
+from fleet_min.collector import result_views, system, topics
 from fleet_min.collector.service import Service
+from fleet_min.config import ConfigError
+from fleet_min.errors import BadRequest
+from fleet_min.http import json_response, query_int, read_json, read_json_object
+from fleet_min.timeutil import now
+
+
+def insight_settings(config: object, environ: Mapping[str, str] | None = None
+                     ) -> system.Settings:
+    """Every setting this feature reads, in one place (config first, then the environment)."""
+    env = os.environ if environ is None else environ
+
+    def days(name: str, var: str, default: float) -> float:
+        if hasattr(config, name):
+            return float(getattr(config, name))
+        raw = env.get(var, "").strip()
+        try:
+            value = float(raw) if raw else default
+        except ValueError:
+            value = -1.0
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{var}: must be a number of days, 0 or more (0 keeps "
+                              f"everything), got {raw!r}")
+        return value
+
+    auto = getattr(config, "retention_auto", None)
+    if auto is None:
+        auto = env.get("FLEET_RETENTION_AUTO", "").strip().lower() in {"1", "true", "yes", "on"}
+    log_file = getattr(config, "log_file", None) or env.get("FLEET_LOG_FILE") or None
+    armed = bool(env.get("FLEET_CI_STATUS_TOKEN") or env.get("GITHUB_TOKEN"))
+    return system.Settings(
+        retain_beacons_days=days("retain_beacons_days", "FLEET_RETAIN_BEACONS_DAYS", 30.0),
+        retain_events_days=days("retain_events_days", "FLEET_RETAIN_EVENTS_DAYS", 30.0),
+        retain_alerts_days=days("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0),
+        retention_auto=bool(auto), log_file=log_file, ci_status_armed=armed)
+
+
+class Handlers:
+    """The route handlers, bound to one service and this feature's state."""
+
+    def __init__(self, service: Service, settings: system.Settings) -> None:
+        self.service = service
+        self.db = service.db
+        self.waiters = topics.TopicWaiters()
+        self.retention = system.Retention(service.db, settings)
+
+    # -- topics --------------------------------------------------------------------------------
+
+    async def publish_topic(self, request: web.Request) -> web.Response:
+        topic = topics.check_topic(request.match_info["topic"])
+        source = topics.check_source(request.query.get("source"))
+        payload = await read_json(request, limit=topics.MAX_PAYLOAD_BYTES)
+        text = topics.encode_payload(payload)
+        reply = await self.service.transact(topics.publish, topic, text, source, now())
+        return json_response(reply, status=201)
+
+    async def list_topics(self, request: web.Request) -> web.Response:
+        return json_response(await topics.list_topics(self.db))
+
+    async def recent_events(self, request: web.Request) -> web.Response:
+        topic = topics.check_topic(request.match_info["topic"])
+        limit = query_int(request, "limit", topics.RECENT_DEFAULT, 1, topics.RECENT_MAX)
+        before = (query_int(request, "before", 0, 1, 2**62) if request.query.get("before")
+                  else None)
+        return json_response(await topics.recent(self.db, topic, limit, before))
+
+    async def next_events(self, request: web.Request) -> web.Response:
+        topic = topics.check_topic(request.match_info["topic"])
+        after = query_int(request, "after", 0, 0, 2**62)
+        limit = query_int(request, "limit", topics.NEXT_DEFAULT, 1, topics.NEXT_MAX)
+        wait_s = _wait_s(request, self.service.config.long_poll_s)
+        events = await topics.next_events(self.db, self.waiters, topic, after, limit, wait_s)
+        if not events:
+            return web.Response(status=204)
+        return json_response({"topic": topic, "events": events, "cursor": events[-1]["seq"]})
+
+    # -- result views and system ---------------------------------------------------------------
+
+    async def results_bench(self, request: web.Request) -> web.Response:
+        return json_response(await result_views.bench(self.db, request.query))
+
+    async def results_ui(self, request: web.Request) -> web.Response:
+        return json_response(await result_views.ui(self.db, request.query))
+
+    async def results_drain(self, request: web.Request) -> web.Response:
+        return json_response(await result_views.drain(self.db, request.query, now()))
+
+    async def results_soak(self, request: web.Request) -> web.Response:
+        return json_response(await result_views.soak(self.db, request.query))
+
+    async def get_system(self, request: web.Request) -> web.Response:
+        return json_response(await system.system_info(
+            self.db, self.service.data_dir, self.service.started_at, now(), self.retention))
+
+    async def post_retention(self, request: web.Request) -> web.Response:
+        body = await read_json_object(request) if request.body_exists else {}
+        if set(body) - {"apply"}:
+            raise BadRequest('only "apply" is accepted: {"apply": false} reports what would '
+                             'be deleted, {"apply": true} deletes it')
+        apply_changes = body.get("apply", False)
+        if not isinstance(apply_changes, bool):
+            raise BadRequest("apply must be true or false")
+        return json_response(await self.retention.run(apply_changes, now()))
+
+
+def _wait_s(request: web.Request, default: float) -> float:
+    raw = request.query.get("wait_s")
+    if raw is None or raw == "":
+        return min(default, topics.MAX_WAIT_S)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= topics.MAX_WAIT_S:  # also refuses nan
+        raise BadRequest(f"wait_s must be a number of seconds from 0 to {topics.MAX_WAIT_S:g}")
+    return value
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, middlewares, listeners and background loops."""
+    """Register this feature's routes, listeners, health fields and background loops."""
+    settings = insight_settings(service.config)
+    h = Handlers(service, settings)
+    service.listeners.append(h.waiters.on_event)
+    service.health_extras.append(lambda: {"topic_polls": h.waiters.waiting,
+                                          "stream_dropped_clients": service.hub.dropped_clients})
+    app.router.add_routes([
+        web.get("/api/events", h.list_topics),
+        web.post("/api/events/{topic}", h.publish_topic),
+        web.post("/events/{topic}", h.publish_topic),
+        web.get("/api/events/{topic}", h.recent_events),
+        web.get("/api/events/{topic}/next", h.next_events),
+        web.get("/api/results/bench", h.results_bench),
+        web.get("/api/results/ui", h.results_ui),
+        web.get("/api/results/drain", h.results_drain),
+        web.get("/api/results/soak", h.results_soak),
+        web.get("/api/system", h.get_system),
+        web.post("/api/system/retention", h.post_retention),
+    ])
+
+    async def on_startup(_app: web.Application) -> None:
+        if settings.retention_auto:
+            service.spawn(h.retention.daily(), "retention")
+
+    async def on_shutdown(_app: web.Application) -> None:
+        h.waiters.close()  # waiting topic polls answer 204 now rather than hold shutdown
+
+    app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)

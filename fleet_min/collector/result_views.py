@@ -1,0 +1,390 @@
+"""Shaped views of stored results for charts and tables: bench, ui, drain and soak.
+
+Each view reads with bound parameters and does its arithmetic in plain Python. The choices
+(which rows count, how gaps are treated) are written down in docs/collector-insight.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest
+from fleet_min.timeutil import iso, parse_iso
+
+BENCH_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "peak_mem_mb")
+BENCH_ROW_CAP = 50_000  # newest result rows a bench view reads; `truncated` says when it stopped
+UI_PER_PAGE = 50
+DRAIN_MAX_GAP_S = 300.0  # the spec's energy rule: gaps over 5 minutes are skipped
+DRAIN_DEFAULT_HOURS, DRAIN_MAX_HOURS = 24, 168
+SOAK_WORKLOADS = ("app-soak", "soak")
+SOAK_DEFAULT_POINTS, SOAK_MAX_POINTS = 2000, 10_000
+
+
+# -- shared parsing ----------------------------------------------------------------------------
+
+
+def _time(query: Mapping[str, str], name: str) -> float | None:
+    raw = query.get(name)
+    if not raw:
+        return None
+    try:
+        return parse_iso(raw)
+    except ValueError as exc:
+        raise BadRequest(f"{name}: {exc}") from None
+
+
+def _int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = query.get(name) or ""
+    if raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise BadRequest(f"{name} must be a whole number from {low} to {high}")
+    return int(raw)
+
+
+def _number(value: Any) -> float | None:
+    """A finite JSON number as float; anything else (bool, text, NaN) is None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+@dataclass
+class _Filter:
+    """WHERE fragments over the `results r` alias, with their bound parameters."""
+
+    clauses: list[str] = field(default_factory=list)
+    params: list[Any] = field(default_factory=list)
+
+    def add(self, clause: str, *params: Any) -> None:
+        self.clauses.append(clause)
+        self.params.extend(params)
+
+    def times(self, query: Mapping[str, str], column: str) -> _Filter:
+        start, end = _time(query, "from"), _time(query, "to")
+        if start is not None:
+            self.add(f"{column} >= ?", start)
+        if end is not None:
+            self.add(f"{column} <= ?", end)
+        return self
+
+    def common(self, query: Mapping[str, str]) -> _Filter:
+        """device, job, from and to over result rows."""
+        if query.get("device"):
+            self.add("r.device_id = ?", query["device"])
+        if query.get("job"):
+            self.add("r.job_id = ?", query["job"])
+        return self.times(query, "r.created_at")
+
+    @property
+    def where(self) -> str:
+        return " AND ".join(self.clauses) if self.clauses else "1 = 1"
+
+
+def summary(values: list[float]) -> dict[str, Any]:
+    if not values:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": round(statistics.median(values), 3), "min": min(values),
+            "max": max(values), "n": len(values)}
+
+
+# -- bench -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One job on one device: its iteration rows and its summary rows."""
+
+    model: str | None
+    backend: str | None
+    device_name: str | None
+    iterations: list[dict[str, Any]] = field(default_factory=list)
+    summaries: list[dict[str, Any]] = field(default_factory=list)
+    last_at: float = 0.0
+
+    @property
+    def mem_method(self) -> str | None:
+        for metrics in (*self.summaries, *self.iterations):
+            if isinstance(metrics.get("mem_method"), str):
+                return str(metrics["mem_method"])
+        return None
+
+    def samples(self, metric: str) -> list[float]:
+        """Per-iteration values when the run has them, else the summary's: never both."""
+        for rows in (self.iterations, self.summaries):
+            values = [v for v in (_number(m.get(metric)) for m in rows) if v is not None]
+            if values:
+                return values
+        return []
+
+
+async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    workload = query.get("workload") or "benchmark"
+    where = _Filter().common(query)
+    where.add("r.workload = ?", workload)
+    where.add("r.preempted = 0 AND (r.ok IS NULL OR r.ok = 1)")
+    model_sql = "COALESCE(json_extract(j.spec, '$.model.name'), j.backend)"
+    if query.get("model"):
+        where.add(f"{model_sql} = ?", query["model"])
+    rows = await db.read(
+        f"""
+        SELECT r.job_id, r.device_id, r.iter, r.metrics, r.created_at, j.backend,
+               {model_sql} AS model, d.name AS device_name
+        FROM results r JOIN jobs j ON j.job_id = r.job_id
+        LEFT JOIN devices d ON d.device_id = r.device_id
+        WHERE {where.where} ORDER BY r.created_at DESC LIMIT ?
+        """, [*where.params, BENCH_ROW_CAP + 1])
+    runs = _bench_runs(rows[:BENCH_ROW_CAP])
+    return {"workload": workload, "metrics": list(BENCH_METRICS),
+            "rows": _bench_groups(runs.items()), "truncated": len(rows) > BENCH_ROW_CAP}
+
+
+def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str], _Run]:
+    runs: dict[tuple[str, str], _Run] = {}
+    for row in rows:
+        key = (row["job_id"], row["device_id"])
+        run = runs.get(key)
+        if run is None:
+            model = row["model"] if isinstance(row["model"], str) else None
+            run = runs[key] = _Run(model, row["backend"], row["device_name"])
+        metrics = json.loads(row["metrics"])
+        if isinstance(metrics, dict):
+            (run.iterations if row["iter"] >= 1 else run.summaries).append(metrics)
+        run.last_at = max(run.last_at, row["created_at"])
+    return runs
+
+
+def _bench_groups(runs: Iterable[tuple[tuple[str, str], _Run]]) -> list[dict[str, Any]]:
+    """Group runs by device, model and mem_method: memory measured differently never mixes."""
+    groups: dict[tuple[str, str | None, str | None], list[_Run]] = defaultdict(list)
+    for (_job_id, device_id), run in runs:
+        groups[(device_id, run.model, run.mem_method)].append(run)
+    out = []
+    for (device_id, model, mem_method), members in sorted(
+            groups.items(), key=lambda item: tuple(str(part) for part in item[0])):
+        row: dict[str, Any] = {
+            "device_id": device_id, "device_name": members[0].device_name, "model": model,
+            "backends": sorted({r.backend for r in members if r.backend}),
+            "mem_method": mem_method, "runs": len(members),
+            "last_at": iso(max(r.last_at for r in members))}
+        for metric in BENCH_METRICS:
+            row[metric] = summary([v for r in members for v in r.samples(metric)])
+        out.append(row)
+    return out
+
+
+# -- ui ----------------------------------------------------------------------------------------
+
+
+async def ui(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    workload = query.get("workload") or "ui-test"
+    page = _int(query, "page", 1, 1, 1_000_000)
+    jobs_where = _Filter().times(query, "j.created_at")
+    jobs_where.add("j.workload = ? AND j.is_group = 0", workload)
+    if query.get("job"):
+        jobs_where.add("j.job_id = ?", query["job"])
+    if query.get("device"):
+        jobs_where.add("EXISTS (SELECT 1 FROM results r WHERE r.job_id = j.job_id "
+                       "AND r.device_id = ?)", query["device"])
+    total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs j WHERE {jobs_where.where}",
+                                  jobs_where.params)
+    jobs = await db.read(
+        f"""SELECT j.job_id, j.status, j.last_error, j.created_at, j.finished_at,
+                   json_extract(j.spec, '$.app.name') AS app
+            FROM jobs j WHERE {jobs_where.where} ORDER BY j.seq DESC LIMIT ? OFFSET ?""",
+        [*jobs_where.params, UI_PER_PAGE, (page - 1) * UI_PER_PAGE])
+    flows = await _ui_flows(db, [j["job_id"] for j in jobs], query.get("device"))
+    total = total_row[0] if total_row else 0
+    return {"workload": workload, "page": page, "per_page": UI_PER_PAGE, "total": total,
+            "pages": max(1, -(-total // UI_PER_PAGE)),
+            "jobs": [_ui_job(j, flows.get(j["job_id"], {})) for j in jobs]}
+
+
+def _flow_name(extra: dict[str, Any], iteration: int) -> str:
+    for key in ("flow", "browser"):
+        if isinstance(extra.get(key), str) and extra[key]:
+            return str(extra[key])
+    return f"iter {iteration}"
+
+
+async def _ui_flows(db: Database, job_ids: list[str], device: str | None
+                    ) -> dict[str, dict[str, dict[str, Any]]]:
+    if not job_ids:
+        return {}
+    where = _Filter()
+    where.add("r.job_id IN (SELECT value FROM json_each(?))", json.dumps(job_ids))
+    where.add("r.iter >= 1 AND r.preempted = 0")
+    if device:
+        where.add("r.device_id = ?", device)
+    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.ok, r.error, r.extra, "
+                         f"r.created_at FROM results r WHERE {where.where} "
+                         "ORDER BY r.created_at, r.id", where.params)
+    flows: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in rows:
+        extra = json.loads(row["extra"]) if row["extra"] else {}
+        name = _flow_name(extra if isinstance(extra, dict) else {}, row["iter"])
+        flow = flows[row["job_id"]].setdefault(name, {
+            "flow": name, "runs": 0, "pass": 0, "fail": 0, "devices": [],
+            "latest_error": None, "latest_error_at": None, "last_at": None})
+        flow["runs"] += 1
+        if row["ok"] is not None:
+            flow["pass" if row["ok"] else "fail"] += 1
+        if row["device_id"] not in flow["devices"]:
+            flow["devices"].append(row["device_id"])
+        if row["ok"] == 0 and row["error"]:
+            flow["latest_error"], flow["latest_error_at"] = row["error"], iso(row["created_at"])
+        flow["last_at"] = iso(row["created_at"])
+    return flows
+
+
+def _ui_job(job: Any, flows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    ordered = [flows[name] for name in sorted(flows)]
+    return {"job_id": job["job_id"], "status": job["status"], "app": job["app"],
+            "last_error": job["last_error"], "created_at": iso(job["created_at"]),
+            "finished_at": iso(job["finished_at"]),
+            "pass": sum(f["pass"] for f in ordered), "fail": sum(f["fail"] for f in ordered),
+            "flows": ordered}
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Drain:
+    """Battery spent over the covered stretches of one device's beacons."""
+
+    device_id: str
+    samples: int = 0
+    drop: float = 0.0
+    covered_s: float = 0.0
+    gaps: int = 0
+    charging_s: float = 0.0
+    hours: dict[int, list[float]] = field(default_factory=dict)  # hour start -> [drop, covered]
+
+    def add_segment(self, start: float, end: float, drop: float) -> None:
+        """Spread one measured segment over the clock hours it overlaps, in proportion."""
+        self.drop += drop
+        self.covered_s += end - start
+        hour = math.floor(start / 3600) * 3600
+        while hour < end:
+            overlap = min(end, hour + 3600) - max(start, hour)
+            if overlap > 0:
+                bucket = self.hours.setdefault(hour, [0.0, 0.0])
+                bucket[0] += drop * overlap / (end - start)
+                bucket[1] += overlap
+            hour += 3600
+
+
+async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str, Any]:
+    hours = _int(query, "hours", DRAIN_DEFAULT_HOURS, 1, DRAIN_MAX_HOURS)
+    start = now - hours * 3600
+    where = _Filter()
+    where.add("at >= ? AND at <= ?", start, now)
+    if query.get("device"):
+        where.add("device_id = ?", query["device"])
+    if query.get("job"):
+        where.add("job_id = ?", query["job"])
+    rows = await db.read(
+        f"""SELECT device_id, at, json_extract(body, '$.battery_pct') AS pct,
+                   json_extract(body, '$.charging') AS charging
+            FROM beacons WHERE {where.where} ORDER BY device_id, at""", where.params)
+    devices: dict[str, _Drain] = {}
+    previous: dict[str, tuple[float, float, bool]] = {}
+    for row in rows:
+        pct = _number(row["pct"])
+        if pct is None:
+            continue
+        device_id, at, charging = row["device_id"], row["at"], row["charging"] == 1
+        state = devices.setdefault(device_id, _Drain(device_id))
+        state.samples += 1
+        last = previous.get(device_id)
+        previous[device_id] = (at, pct, charging)
+        if last is None or at <= last[0]:
+            continue
+        if at - last[0] > DRAIN_MAX_GAP_S:
+            state.gaps += 1  # skipped, never bridged: no extrapolation
+        elif charging or last[2]:
+            state.charging_s += at - last[0]
+        else:
+            state.add_segment(last[0], at, last[1] - pct)
+    return {"metric": "drain_pct_per_h", "hours": hours, "from": iso(start), "to": iso(now),
+            "max_gap_s": DRAIN_MAX_GAP_S,
+            "devices": [_drain_record(devices[d], start, now) for d in sorted(devices)]}
+
+
+def _rate(drop: float, covered_s: float) -> float | None:
+    return round(drop / covered_s * 3600, 3) if covered_s > 0 else None
+
+
+def _drain_record(state: _Drain, start: float, end: float) -> dict[str, Any]:
+    series = []
+    hour = math.floor(start / 3600) * 3600
+    while hour <= end:
+        drop, covered = state.hours.get(hour, (0.0, 0.0))
+        series.append({"hour": iso(hour), "drain_pct_per_h": _rate(drop, covered),
+                       "covered_s": round(covered, 1)})
+        hour += 3600
+    return {"device_id": state.device_id, "drain_pct_per_h": _rate(state.drop, state.covered_s),
+            "covered_s": round(state.covered_s, 1), "charging_s": round(state.charging_s, 1),
+            "gaps_skipped": state.gaps, "samples": state.samples, "series": series}
+
+
+# -- soak --------------------------------------------------------------------------------------
+
+
+def _soak_point(row: Any) -> tuple[str | None, dict[str, Any]]:
+    metrics = json.loads(row["metrics"])
+    metrics = metrics if isinstance(metrics, dict) else {}
+    memory = _number(metrics.get("mem_mb"))
+    if memory is None:
+        memory = _number(metrics.get("peak_mem_mb"))
+    errors = metrics.get("errors")
+    if isinstance(errors, bool) or not isinstance(errors, int) or errors < 0:
+        errors = 1 if row["ok"] == 0 else 0
+    method = metrics.get("mem_method") if isinstance(metrics.get("mem_method"), str) else None
+    return method, {"at": iso(row["created_at"]), "job_id": row["job_id"], "iter": row["iter"],
+                    "workload": row["workload"], "mem_mb": memory, "errors": errors,
+                    "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"]}
+
+
+async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    workload = query.get("workload")
+    if workload and workload not in SOAK_WORKLOADS:
+        raise BadRequest(f"workload must be one of {', '.join(SOAK_WORKLOADS)}")
+    limit = _int(query, "limit", SOAK_DEFAULT_POINTS, 1, SOAK_MAX_POINTS)
+    where = _Filter().common(query)
+    wanted = [workload] if workload else list(SOAK_WORKLOADS)
+    where.add(f"r.workload IN ({','.join('?' * len(wanted))})", *wanted)
+    where.add("r.iter >= 1 AND r.preempted = 0")
+    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.ok, r.error, r.metrics, "
+                         f"r.workload, r.created_at FROM results r WHERE {where.where} "
+                         "ORDER BY r.created_at DESC, r.id DESC LIMIT ?",
+                         [*where.params, limit + 1])
+    series: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)
+    for row in reversed(rows[:limit]):
+        method, point = _soak_point(row)
+        series[(row["device_id"], method)].append(point)
+    return {"workloads": wanted, "truncated": len(rows) > limit, "series": [
+        _soak_series(device_id, method, points)
+        for (device_id, method), points in sorted(series.items(),
+                                                  key=lambda i: (i[0][0], str(i[0][1])))]}
+
+
+def _soak_series(device_id: str, method: str | None, points: list[dict[str, Any]]
+                 ) -> dict[str, Any]:
+    memory = [p["mem_mb"] for p in points if p["mem_mb"] is not None]
+    return {"device_id": device_id, "mem_method": method, "points": points,
+            "mem_first_mb": memory[0] if memory else None,
+            "mem_last_mb": memory[-1] if memory else None,
+            "mem_min_mb": min(memory) if memory else None,
+            "mem_max_mb": max(memory) if memory else None,
+            "mem_growth_mb": round(memory[-1] - memory[0], 3) if memory else None,
+            "errors": sum(p["errors"] for p in points)}

@@ -1,0 +1,261 @@
+"""What the collector is holding on disk (GET /api/system) and the retention policy that keeps
+it bounded: old beacons, old topic events and long-resolved alerts are pruned, in batches, so a
+shelf can run for a year on an SD card.
+
+Retention is a dry run unless asked to apply. Applying deletes in batches, each its own writer
+transaction (so claims and results interleave with it), then hands the space back: PRAGMA
+incremental_vacuum when the database was created with auto_vacuum=INCREMENTAL, and always a
+wal_checkpoint(TRUNCATE) so the write-ahead log shrinks to nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet_min import timeutil
+from fleet_min.db import Database
+from fleet_min.timeutil import iso
+
+log = logging.getLogger(__name__)
+
+DAY_S = 86400.0
+DELETE_BATCH = 5000
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The insight feature's settings (see fleet_min.collector.insight_http.insight_settings)."""
+
+    retain_beacons_days: float = 30.0
+    retain_events_days: float = 30.0
+    retain_alerts_days: float = 90.0
+    retention_auto: bool = False
+    log_file: str | None = None
+    ci_status_armed: bool = False
+
+
+@dataclass(frozen=True)
+class _Rule:
+    table: str
+    key: str  # the rowid alias deleted by
+    condition: str  # one bound parameter: the cutoff time
+    setting: str
+
+    def days(self, settings: Settings) -> float:
+        return float(getattr(settings, self.setting))
+
+
+# Constant table and column names only; the cutoff is always a bound parameter.
+RULES = (
+    _Rule("beacons", "id", "at < ?", "retain_beacons_days"),
+    _Rule("topic_events", "seq", "at < ?", "retain_events_days"),
+    _Rule("alerts", "id", "state = 'resolved' AND resolved_at < ?", "retain_alerts_days"),
+)
+
+
+def policy(settings: Settings) -> dict[str, Any]:
+    return {"beacons_days": settings.retain_beacons_days,
+            "events_days": settings.retain_events_days,
+            "alerts_days": settings.retain_alerts_days,
+            "auto": settings.retention_auto,
+            "note": "0 days keeps that table forever; resolved alerts only are pruned"}
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def tree_size(root: Path) -> dict[str, Any]:
+    """Regular files under root (symlinks are not followed) and their total size."""
+    count, total = 0, 0
+    pending = [root]
+    while pending:
+        try:
+            entries = list(os.scandir(pending.pop()))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(info.st_mode):
+                pending.append(Path(entry.path))
+            elif stat.S_ISREG(info.st_mode):
+                count += 1
+                total += info.st_size
+    return {"count": count, "size_bytes": total}
+
+
+def log_figures(configured: str | None) -> dict[str, Any] | None:
+    """The log file's size: the configured one, else stderr when it is a regular file."""
+    if configured:
+        return {"path": configured, "size_bytes": _size(Path(configured))}
+    try:
+        info = os.fstat(2)
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode):
+        return None  # a terminal, a pipe or the journal: nothing here to measure
+    try:
+        path: str | None = os.readlink("/proc/self/fd/2")
+    except OSError:
+        path = None
+    return {"path": path, "size_bytes": info.st_size}
+
+
+async def database_figures(db: Database) -> dict[str, Any]:
+    pragmas = {}
+    for name in ("page_size", "page_count", "freelist_count", "auto_vacuum"):
+        row = await db.read_one(f"PRAGMA {name}")
+        pragmas[name] = row[0] if row else None
+    wal = Path(str(db.path) + "-wal")
+    return {"path": str(db.path), "size_bytes": _size(db.path), "wal_bytes": _size(wal) or 0,
+            "page_size": pragmas["page_size"], "page_count": pragmas["page_count"],
+            "freelist_pages": pragmas["freelist_count"],
+            "auto_vacuum": {0: "none", 1: "full", 2: "incremental"}.get(
+                pragmas["auto_vacuum"] or 0, "none")}
+
+
+def _quoted(identifier: str) -> str:
+    return '"' + identifier.replace('"', '""') + '"'
+
+
+async def row_counts(db: Database) -> dict[str, int]:
+    tables = await db.read("SELECT name FROM sqlite_master WHERE type = 'table' "
+                           "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")
+    counts = {}
+    for table in tables:
+        row = await db.read_one(f"SELECT COUNT(*) FROM {_quoted(table['name'])}")
+        counts[table["name"]] = row[0] if row else 0
+    return counts
+
+
+async def system_info(db: Database, data_dir: Path, started_at: float, now: float,
+                      retention: Retention) -> dict[str, Any]:
+    settings = retention.settings
+    artifacts_dir = data_dir / "artifacts"
+    store = (await asyncio.to_thread(tree_size, artifacts_dir) if artifacts_dir.is_dir()
+             else {"count": 0, "size_bytes": 0})
+    return {
+        "uptime_s": round(now - started_at, 3), "started_at": iso(started_at), "now": iso(now),
+        "data_dir": str(data_dir),
+        "database": await database_figures(db),
+        "tables": await row_counts(db),
+        "artifacts": {"path": str(artifacts_dir), **store},
+        "log": log_figures(settings.log_file),
+        "ci_status": {"armed": settings.ci_status_armed},
+        "retention": {**policy(settings), "last_run": retention.last_run,
+                      "next_run": iso(retention.next_run)},
+    }
+
+
+# -- retention ---------------------------------------------------------------------------------
+
+
+def _cutoff(rule: _Rule, settings: Settings, now: float) -> float | None:
+    days = rule.days(settings)
+    return now - days * DAY_S if days > 0 else None
+
+
+async def dry_run(db: Database, settings: Settings, now: float) -> dict[str, Any]:
+    tables = {}
+    for rule in RULES:
+        cutoff = _cutoff(rule, settings, now)
+        count = 0
+        if cutoff is not None:
+            row = await db.read_one(f"SELECT COUNT(*) FROM {rule.table} WHERE {rule.condition}",
+                                    (cutoff,))
+            count = row[0] if row else 0
+        tables[rule.table] = {"retain_days": rule.days(settings), "older_than": iso(cutoff),
+                              "would_delete": count}
+    return {"ok": True, "apply": False, "policy": policy(settings), "tables": tables}
+
+
+def _delete_batch(conn: sqlite3.Connection, rule: _Rule, cutoff: float, batch: int) -> int:
+    cursor = conn.execute(
+        f"DELETE FROM {rule.table} WHERE {rule.key} IN "
+        f"(SELECT {rule.key} FROM {rule.table} WHERE {rule.condition} LIMIT ?)",
+        (cutoff, batch))
+    return cursor.rowcount
+
+
+def _incremental_vacuum(conn: sqlite3.Connection) -> None:
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
+        conn.execute("PRAGMA incremental_vacuum").fetchall()
+
+
+async def apply(db: Database, settings: Settings, now: float,
+                batch: int = DELETE_BATCH) -> dict[str, Any]:
+    tables = {}
+    for rule in RULES:
+        cutoff = _cutoff(rule, settings, now)
+        deleted = 0
+        while cutoff is not None:
+            removed = await db.write(_delete_batch, rule, cutoff, batch)
+            deleted += removed
+            if removed < batch:
+                break
+        tables[rule.table] = {"retain_days": rule.days(settings), "older_than": iso(cutoff),
+                              "deleted": deleted}
+    return {"ok": True, "apply": True, "policy": policy(settings), "tables": tables,
+            "reclaim": await reclaim(db)}
+
+
+async def reclaim(db: Database) -> dict[str, Any]:
+    """Hand freed pages back to the filesystem and shrink the write-ahead log."""
+    await db.write(_incremental_vacuum)
+    # A checkpoint cannot run inside a transaction, and every writer call is one, so it goes
+    # through the read connection (a checkpoint copies pages; it changes no rows).
+    row = await db.read_one("PRAGMA wal_checkpoint(TRUNCATE)")
+    figures = await database_figures(db)
+    return {"checkpoint_busy": bool(row[0]) if row else None,
+            "database_bytes": figures["size_bytes"], "wal_bytes": figures["wal_bytes"],
+            "freelist_pages": figures["freelist_pages"], "auto_vacuum": figures["auto_vacuum"]}
+
+
+class Retention:
+    """One retention run at a time; the last applied run is remembered for /api/system."""
+
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+        self.last_run: dict[str, Any] | None = None
+        self.next_run: float | None = None  # set while the automatic loop is waiting
+        self._lock = asyncio.Lock()
+
+    async def run(self, apply_changes: bool, now: float) -> dict[str, Any]:
+        async with self._lock:
+            if not apply_changes:
+                return await dry_run(self.db, self.settings, now)
+            report = await apply(self.db, self.settings, now)
+            self.last_run = {"at": iso(now), "deleted": {
+                table: figures["deleted"] for table, figures in report["tables"].items()}}
+            return report
+
+    async def daily(self, first_delay_s: float = 60.0) -> None:
+        """The automatic loop (FLEET_RETENTION_AUTO=1): a minute after start, then daily."""
+        delay = first_delay_s
+        while True:
+            self.next_run = timeutil.now() + delay
+            await asyncio.sleep(delay)
+            delay = DAY_S
+            try:
+                report = await self.run(True, timeutil.now())
+                log.info("retention pruned %s", {table: figures["deleted"]
+                                                 for table, figures in report["tables"].items()})
+            except Exception:
+                log.exception("retention run failed; it runs again in a day")

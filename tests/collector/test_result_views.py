@@ -1,0 +1,242 @@
+"""The shaped result views (/api/results/bench, /ui, /drain, /soak) through HTTP against a real
+collector, with rows posted the way agents post them."""
+
+from __future__ import annotations
+
+from tests.helpers import age_rows, beacon, job, registration, result_row
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+async def device_run(client, job_id, device, iterations, summary=None, ok=True, **spec):
+    """Enqueue a device job pinned to `device`, claim it, post its rows and close it."""
+    resp = await client.post("/jobs", json=job(job_id, targets={"device_id": device}, **spec))
+    assert resp.status == 201, await resp.text()
+    claimed = await client.get(f"/devices/{device}/next-job")
+    assert claimed.status == 200 and (await claimed.json())["job_id"] == job_id
+    for number, metrics in enumerate(iterations, 1):
+        await client.post("/results", json=result_row(job_id, device, number, ok=True,
+                                                      metrics=metrics))
+    await client.post("/results", json=result_row(job_id, device, 0, final=True, ok=ok,
+                                                  metrics=summary or {}))
+
+
+async def host_run(client, job_id, workload, rows, ok=True, **spec):
+    """A host job claimed by executor `mac`; rows are (device, fields) posted in order."""
+    resp = await client.post("/jobs", json=job(job_id, workload, "host", **spec))
+    assert resp.status == 201, await resp.text()
+    claimed = await client.get("/executor/next-job?name=mac")
+    assert (await claimed.json())["job_id"] == job_id
+    for number, (device, fields) in enumerate(rows, 1):
+        await client.post("/results", json=result_row(job_id, device, number, **fields))
+    await client.post("/results", json=result_row(job_id, rows[0][0] if rows else "x", 0,
+                                                  final=True, ok=ok))
+
+
+async def get(client, path):
+    resp = await client.get(path)
+    assert resp.status == 200, await resp.text()
+    return await resp.json()
+
+
+LLAMA = {"name": "llama-3.2-1b", "format": "gguf", "quant": "Q4_K_M"}
+
+
+# -- bench -------------------------------------------------------------------------------------
+
+
+async def test_bench_groups_by_device_and_model_with_iteration_samples(client):
+    for name in ("pi", "phone"):
+        await client.post("/devices/register", json=registration(name))
+    await device_run(client, "b1", "pi", [{"decode_tok_s": 10, "prefill_tok_s": 100,
+                                           "ttft_ms": 50}, {"decode_tok_s": 12}],
+                     summary={"decode_tok_s": 11, "prefill_tok_s": 100})
+    await device_run(client, "b2", "pi", [{"decode_tok_s": 14}])
+    await device_run(client, "b3", "phone", [{"decode_tok_s": 30}])
+    body = await get(client, "/api/results/bench")
+    assert body["workload"] == "benchmark" and body["truncated"] is False
+    rows = {(r["device_id"], r["model"]): r for r in body["rows"]}
+    assert set(rows) == {("pi", "synthetic"), ("phone", "synthetic")}  # model falls to backend
+    pi = rows[("pi", "synthetic")]
+    # Iteration rows are the samples; b1's summary (11) is not counted a second time.
+    assert pi["decode_tok_s"] == {"median": 12.0, "min": 10.0, "max": 14.0, "n": 3}
+    assert pi["prefill_tok_s"] == {"median": 100.0, "min": 100.0, "max": 100.0, "n": 1}
+    assert pi["ttft_ms"]["n"] == 1 and pi["peak_mem_mb"]["n"] == 0
+    assert pi["runs"] == 2 and pi["backends"] == ["synthetic"] and pi["mem_method"] is None
+    assert pi["last_at"].endswith("Z")
+
+
+async def test_bench_never_mixes_memory_measured_differently(client):
+    await client.post("/devices/register", json=registration("mac"))
+    common = {"backend": "llama.cpp", "model": LLAMA}
+    await device_run(client, "m1", "mac", [{"decode_tok_s": 40}],
+                     summary={"peak_mem_mb": 900, "mem_method": "wait4-maxrss-darwin"}, **common)
+    await device_run(client, "m2", "mac", [{"decode_tok_s": 42}],
+                     summary={"peak_mem_mb": 950, "mem_method": "wait4-maxrss-darwin"}, **common)
+    await device_run(client, "m3", "mac", [{"decode_tok_s": 41}],
+                     summary={"peak_mem_mb": 600, "mem_method": "phys-footprint"}, **common)
+    rows = (await get(client, "/api/results/bench"))["rows"]
+    by_method = {r["mem_method"]: r for r in rows}
+    assert set(by_method) == {"wait4-maxrss-darwin", "phys-footprint"}
+    assert all(r["model"] == "llama-3.2-1b" and r["backends"] == ["llama.cpp"] for r in rows)
+    maxrss = by_method["wait4-maxrss-darwin"]
+    assert maxrss["peak_mem_mb"] == {"median": 925.0, "min": 900.0, "max": 950.0, "n": 2}
+    assert maxrss["decode_tok_s"]["n"] == 2 and maxrss["runs"] == 2
+    assert by_method["phys-footprint"]["peak_mem_mb"]["n"] == 1
+
+
+async def test_bench_leaves_out_failed_and_handed_back_rows(client):
+    await client.post("/devices/register", json=registration("d"))
+    await device_run(client, "bad", "d", [], summary={"decode_tok_s": 999}, ok=False)
+    await client.post("/jobs", json=job("pre", targets={"device_id": "d"}, preemptible=True))
+    await client.get("/devices/d/next-job")
+    await client.post("/results", json=result_row("pre", "d", 1, ok=False,
+                                                  metrics={"decode_tok_s": 999}))
+    await client.post("/results", json=result_row("pre", "d", 9999, final=True, ok=True,
+                                                  preempted=True,
+                                                  metrics={"decode_tok_s": 999}))
+    rows = (await get(client, "/api/results/bench"))["rows"]
+    assert rows == []
+
+
+async def test_bench_filters(client):
+    for name in ("a", "b"):
+        await client.post("/devices/register", json=registration(name))
+    await device_run(client, "fa", "a", [{"decode_tok_s": 1}])
+    await device_run(client, "fb", "b", [{"decode_tok_s": 2}], model={"name": "tiny"})
+    only_b = (await get(client, "/api/results/bench?device=b"))["rows"]
+    assert [(r["device_id"], r["model"]) for r in only_b] == [("b", "tiny")]
+    by_model = (await get(client, "/api/results/bench?model=synthetic"))["rows"]
+    assert [r["device_id"] for r in by_model] == ["a"]
+    future = (await get(client, "/api/results/bench?from=2999-01-01T00:00:00Z"))["rows"]
+    assert future == []
+    past = (await get(client, "/api/results/bench?to=2000-01-01"))["rows"]
+    assert past == []
+    resp = await client.get("/api/results/bench?from=yesterday")
+    assert resp.status == 400 and "from" in (await resp.json())["error"]
+
+
+# -- ui ----------------------------------------------------------------------------------------
+
+
+async def test_ui_outcomes_per_job_and_flow(client):
+    flows = [("emu-1", {"ok": True, "flow": "login"}),
+             ("emu-1", {"ok": False, "flow": "checkout", "error": "button not found"}),
+             ("emu-2", {"ok": True, "flow": "login"}),
+             ("emu-2", {"ok": False, "flow": "checkout", "error": "timed out after 30 s"}),
+             ("emu-2", {"ok": True})]
+    await host_run(client, "ui1", "ui-test", flows, ok=False,
+                   app={"name": "shop", "build": "7"},
+                   suite={"kind": "flow_runner", "flows": "flows/"})
+    body = await get(client, "/api/results/ui")
+    assert body["total"] == 1 and body["per_page"] == 50 and body["workload"] == "ui-test"
+    only = body["jobs"][0]
+    assert only["job_id"] == "ui1" and only["status"] == "failed" and only["app"] == "shop"
+    assert only["pass"] == 3 and only["fail"] == 2
+    by_flow = {f["flow"]: f for f in only["flows"]}
+    assert set(by_flow) == {"login", "checkout", "iter 5"}
+    checkout = by_flow["checkout"]
+    assert (checkout["runs"], checkout["pass"], checkout["fail"]) == (2, 0, 2)
+    assert checkout["latest_error"] == "timed out after 30 s"
+    assert checkout["devices"] == ["emu-1", "emu-2"]
+    assert by_flow["login"]["latest_error"] is None and by_flow["login"]["pass"] == 2
+
+
+async def test_ui_device_filter_counts_that_device_only_and_pages(client):
+    await host_run(client, "u1", "ui-test", [("emu-1", {"ok": True, "flow": "f"}),
+                                             ("emu-2", {"ok": False, "flow": "f"})])
+    await host_run(client, "u2", "ui-test", [("emu-2", {"ok": True, "flow": "f"})])
+    body = await get(client, "/api/results/ui?device=emu-1")
+    assert [j["job_id"] for j in body["jobs"]] == ["u1"]
+    assert body["jobs"][0]["flows"][0]["runs"] == 1 and body["jobs"][0]["fail"] == 0
+    both = await get(client, "/api/results/ui")
+    assert [j["job_id"] for j in both["jobs"]] == ["u2", "u1"]  # newest first
+    assert (await get(client, "/api/results/ui?page=2"))["jobs"] == []
+    assert (await client.get("/api/results/ui?page=0")).status == 400
+
+
+# -- drain -------------------------------------------------------------------------------------
+
+
+async def beacons_at(client, db_path, device, points):
+    """Post beacons, then move each to `minutes_ago` in the real file: (minutes_ago, pct, chg)."""
+    for minutes_ago, pct, charging in points:
+        await client.post("/results", json=beacon(device, battery_pct=pct, charging=charging))
+        age_rows(db_path, "UPDATE beacons SET at = at - ? WHERE id = (SELECT MAX(id) FROM "
+                 "beacons)", (minutes_ago * 60,))
+
+
+async def test_drain_rate_skips_gaps_and_charging(client, db_path):
+    await client.post("/devices/register", json=registration("phone"))
+    # 60 -> 58 over 4 minutes (30 %/h), a 20-minute gap (skipped), 50 -> 49 over 2 minutes
+    # (30 %/h), then 2 minutes charging (left out).
+    await beacons_at(client, db_path, "phone", [
+        (40, 60, False), (38, 59, False), (36, 58, False),
+        (16, 50, False), (14, 49, False), (12, 55, True)])
+    body = await get(client, "/api/results/drain?device=phone&hours=2")
+    assert body["metric"] == "drain_pct_per_h" and body["hours"] == 2
+    assert body["max_gap_s"] == 300
+    (phone,) = body["devices"]
+    assert phone["device_id"] == "phone" and phone["samples"] == 6
+    assert round(phone["drain_pct_per_h"], 1) == 30.0
+    assert round(phone["covered_s"]) == 360 and phone["gaps_skipped"] == 1
+    assert round(phone["charging_s"]) == 120
+    covered = [h for h in phone["series"] if h["covered_s"] > 0]
+    assert sum(h["covered_s"] for h in covered) == phone["covered_s"]
+    assert all(round(h["drain_pct_per_h"], 1) == 30.0 for h in covered)
+    assert all(h["drain_pct_per_h"] is None for h in phone["series"] if h["covered_s"] == 0)
+
+
+async def test_drain_never_extrapolates_a_lone_reading(client, db_path):
+    await client.post("/devices/register", json=registration("tv"))
+    await beacons_at(client, db_path, "tv", [(30, 80, False), (10, 70, False)])  # 20 min apart
+    (tv,) = (await get(client, "/api/results/drain?device=tv"))["devices"]
+    assert tv["drain_pct_per_h"] is None and tv["covered_s"] == 0 and tv["gaps_skipped"] == 1
+
+
+async def test_drain_window_and_bad_hours(client, db_path):
+    await client.post("/devices/register", json=registration("old"))
+    await beacons_at(client, db_path, "old", [(300, 90, False), (298, 89, False)])
+    assert (await get(client, "/api/results/drain?hours=1"))["devices"] == []
+    assert len((await get(client, "/api/results/drain?hours=6"))["devices"]) == 1
+    for bad in ("0", "169", "x"):
+        assert (await client.get(f"/api/results/drain?hours={bad}")).status == 400
+
+
+# -- soak --------------------------------------------------------------------------------------
+
+
+async def test_soak_series_per_device_with_memory_and_errors(client):
+    samples = [("tab", {"ok": True, "metrics": {"mem_mb": 100, "mem_method": "pss"}}),
+               ("tab", {"ok": True, "metrics": {"mem_mb": 130, "mem_method": "pss",
+                                                "errors": 2}}),
+               ("tab", {"ok": False, "error": "app crashed",
+                        "metrics": {"mem_mb": 90, "mem_method": "pss"}}),
+               ("tab", {"ok": True, "metrics": {"peak_mem_mb": 400,
+                                                "mem_method": "rss"}})]
+    await host_run(client, "s1", "app-soak", samples)
+    body = await get(client, "/api/results/soak")
+    assert body["workloads"] == ["app-soak", "soak"] and body["truncated"] is False
+    series = {(s["device_id"], s["mem_method"]): s for s in body["series"]}
+    assert set(series) == {("tab", "pss"), ("tab", "rss")}
+    pss = series[("tab", "pss")]
+    assert [p["mem_mb"] for p in pss["points"]] == [100, 130, 90]
+    assert [p["errors"] for p in pss["points"]] == [0, 2, 1]
+    assert pss["errors"] == 3 and pss["mem_growth_mb"] == -10
+    assert (pss["mem_min_mb"], pss["mem_max_mb"]) == (90, 130)
+    assert pss["points"][2]["error"] == "app crashed" and pss["points"][0]["at"].endswith("Z")
+    assert series[("tab", "rss")]["points"][0]["mem_mb"] == 400
+
+
+async def test_soak_filters_and_limit(client):
+    await host_run(client, "s2", "soak", [("a", {"ok": True, "metrics": {"mem_mb": i}})
+                                          for i in range(5)])
+    await host_run(client, "s3", "app-soak", [("b", {"ok": True, "metrics": {"mem_mb": 1}})])
+    soak_only = await get(client, "/api/results/soak?workload=soak")
+    assert [s["device_id"] for s in soak_only["series"]] == ["a"]
+    newest = await get(client, "/api/results/soak?device=a&limit=2")
+    assert newest["truncated"] is True
+    assert [p["mem_mb"] for p in newest["series"][0]["points"]] == [3, 4]
+    assert (await get(client, "/api/results/soak?job=s3"))["series"][0]["device_id"] == "b"
+    assert (await client.get("/api/results/soak?workload=benchmark")).status == 400
+    assert (await client.get("/api/results/soak?limit=0")).status == 400
