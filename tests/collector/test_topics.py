@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
+import threading
+import time
+
+import pytest
 
 from tests.collector.test_stream import StreamReader
+from tests.helpers import CollectorProcess
 
 
 async def publish(client, topic, payload, path="/api/events", **params):
@@ -169,3 +175,19 @@ async def _until(client, condition, timeout=10.0):
             return health
         assert asyncio.get_running_loop().time() < deadline, health
         await asyncio.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_sigterm_answers_waiting_topic_polls(tmp_path):
+    proc = CollectorProcess(tmp_path / "data").start()
+    answers: list[int] = []
+    poll = threading.Thread(target=lambda: answers.append(
+        proc.client.get("/api/events/x/next?wait_s=25", timeout=60)[0]))
+    poll.start()
+    for _ in range(500):  # until the poll is parked (a readiness wait)
+        if proc.client.get("/api/health")[1]["topic_polls"] == 1:
+            break
+        time.sleep(0.02)
+    assert proc.stop(signal.SIGTERM) == 0, proc.log()
+    poll.join(20)  # well inside the 25 s hold: shutdown answered it
+    assert not poll.is_alive() and answers == [204]

@@ -1,0 +1,214 @@
+"""Live stream fan-out: many SSE clients (GET /api/stream) held by several client processes
+against a real collector process, while topic events carrying their send time are published.
+Reports delivery latency from publish to receipt (p50, p99, max), whether every client got every
+event, and the collector's memory per connected client.
+
+    python bench/stream.py [--clients 500] [--procs 4] [--events 100] [--rate 20]
+
+Latency is measured as receipt time minus the `sent` time the publisher wrote into the payload
+just before its POST /api/events/{topic}, so it includes the HTTP request, the committed write
+(synchronous=FULL), the fan-out and the client process reading its share of the frames. All the
+processes run on this machine, so their clocks are one clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Http, cpu_seconds, emit, memory_kib, server, table
+
+
+class Client:
+    """One SSE connection; collects the delivery latency of each event of the bench topic."""
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.latencies: list[float] = []
+        self.seen: set[int] = set()
+        self.response: aiohttp.ClientResponse | None = None
+        self.buffer = b""
+
+    async def connect(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.response = await session.get(url + "/api/stream")
+        if self.response.status != 200:
+            raise RuntimeError(f"the stream answered {self.response.status}")
+        while b"event: hello" not in self.buffer:
+            self.buffer += await self.response.content.readany()
+
+    def _take_frames(self) -> None:
+        *frames, self.buffer = self.buffer.split(b"\n\n")
+        for frame in frames:
+            if not frame.startswith(b"id:") or b"\nevent: topic\n" not in frame:
+                continue
+            data = json.loads(frame.split(b"\ndata: ", 1)[1])
+            if data.get("topic") == self.topic:
+                self.latencies.append(time.time() - data["payload"]["sent"])
+                self.seen.add(data["payload"]["n"])
+
+    async def receive(self, events: int, deadline: float) -> None:
+        assert self.response is not None
+        self._take_frames()
+        loop = asyncio.get_running_loop()
+        while len(self.seen) < events and loop.time() < deadline:
+            try:
+                chunk = await asyncio.wait_for(self.response.content.readany(),
+                                               max(0.01, deadline - loop.time()))
+            except TimeoutError:
+                break
+            if not chunk:
+                break  # the server ended the stream (dropped or stopping)
+            self.buffer += chunk
+            self._take_frames()
+        self.response.close()
+
+
+def _client_process(url: str, topic: str, clients: int, events: int, timeout_s: float,
+                    ready: Any, out: Any) -> None:
+    async def run() -> dict[str, Any]:
+        connector = aiohttp.TCPConnector(limit=0)
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+        async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+            conns = [Client(topic) for _ in range(clients)]
+            gate = asyncio.Semaphore(50)
+
+            async def connect(client: Client) -> None:
+                async with gate:
+                    await client.connect(session, url)
+
+            await asyncio.gather(*(connect(c) for c in conns))
+            ready.put(clients)
+            deadline = asyncio.get_running_loop().time() + timeout_s
+            await asyncio.gather(*(c.receive(events, deadline) for c in conns))
+        return {"latencies": [x for c in conns for x in c.latencies],
+                "received": [len(c.seen) for c in conns]}
+
+    out.put(asyncio.run(run()))
+
+
+async def _publish(url: str, topic: str, events: int, rate: float, payload_bytes: int) -> None:
+    http = Http(url.removeprefix("http://"))
+    pad = "x" * max(0, payload_bytes)
+    for n in range(events):
+        started = time.monotonic()
+        status, body = await http.request("POST", f"/api/events/{topic}",
+                                          {"sent": time.time(), "n": n, "pad": pad})
+        if status != 201:
+            raise RuntimeError(f"publishing answered {status}: {body[:200]!r}")
+        await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+    http.close()
+
+
+def _health(url: str) -> dict[str, Any]:
+    async def get() -> dict[str, Any]:
+        http = Http(url.removeprefix("http://"))
+        _status, body = await http.request("GET", "/api/health")
+        http.close()
+        return dict(json.loads(body))
+
+    return asyncio.run(get())
+
+
+def _percentile(values: list[float], fraction: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def run(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    topic = "bench-stream-" + uuid.uuid4().hex[:8]
+    ready: Any = multiprocessing.Queue()
+    out: Any = multiprocessing.Queue()
+    per_proc = [args.clients // args.procs + (1 if i < args.clients % args.procs else 0)
+                for i in range(args.procs)]
+    timeout_s = args.events / args.rate + 60
+    rss_before = memory_kib(pid)["VmRSS"] if pid else None
+    workers = [multiprocessing.Process(target=_client_process, args=(
+        url, topic, n, args.events, timeout_s + 120, ready, out)) for n in per_proc if n]
+    connect_started = time.monotonic()
+    for worker in workers:
+        worker.start()
+    connected = sum(ready.get(timeout=180) for _ in workers)
+    connect_s = time.monotonic() - connect_started
+    health = _health(url)
+    rss_connected = memory_kib(pid)["VmRSS"] if pid else None
+    cpu_before = cpu_seconds(pid) if pid else None
+    asyncio.run(_publish(url, topic, args.events, args.rate, args.payload))
+    outcomes = [out.get(timeout=timeout_s + 180) for _ in workers]
+    for worker in workers:
+        worker.join()
+    after = _health(url)
+    latencies = [x for o in outcomes for x in o["latencies"]]
+    received = [r for o in outcomes for r in o["received"]]
+    return {
+        "clients": args.clients, "procs": len(workers), "events": args.events,
+        "rate_per_s": args.rate, "payload_bytes": args.payload,
+        "connected": connected, "stream_clients_seen": health["stream_clients"],
+        "connect_s": round(connect_s, 3),
+        "expected": args.clients * args.events, "delivered": sum(received),
+        "clients_complete": sum(1 for r in received if r == args.events),
+        "p50_ms": _ms(_percentile(latencies, 0.50)), "p99_ms": _ms(_percentile(latencies, 0.99)),
+        "max_ms": _ms(max(latencies) if latencies else None),
+        "mean_ms": _ms(statistics.fmean(latencies) if latencies else None),
+        "dropped_clients": after.get("stream_dropped_clients", 0)
+                           - health.get("stream_dropped_clients", 0),
+        "server_rss_kib_before": rss_before, "server_rss_kib_connected": rss_connected,
+        "server_kib_per_client": (round((rss_connected - rss_before) / max(connected, 1), 1)
+                                  if rss_before and rss_connected else None),
+        "server_cpu_s_publishing": (round(cpu_seconds(pid) - cpu_before, 3)
+                                    if pid and cpu_before is not None else None),
+    }
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=500, help="SSE clients in all")
+    parser.add_argument("--procs", type=int, default=4, help="client processes")
+    parser.add_argument("--events", type=int, default=100, help="topic events to publish")
+    parser.add_argument("--rate", type=float, default=20.0, help="events published per second")
+    parser.add_argument("--payload", type=int, default=100, help="padding bytes per event")
+    parser.add_argument("--url", help="an already running collector (default: start one)")
+    args = parser.parse_args()
+    if args.clients < 1 or args.procs < 1 or args.events < 1 or args.rate <= 0:
+        parser.error("--clients, --procs, --events and --rate must be positive")
+    args.procs = min(args.procs, args.clients)
+    if args.url:
+        figures = run(args.url.rstrip("/"), None, args)
+    else:
+        with server("collector") as (address, pid):
+            figures = run(f"http://{address}", pid, args)
+    emit({"bench": "stream", "figure": "delivery", "cores": os.cpu_count(), **figures})
+    table([
+        ("SSE clients connected", f"{figures['connected']}",
+         f"health said {figures['stream_clients_seen']}; in {figures['connect_s']} s"),
+        ("events delivered", f"{figures['delivered']}/{figures['expected']}",
+         f"{figures['clients_complete']} clients got every event"),
+        ("latency p50 ms", f"{figures['p50_ms']}", "publish (POST) to receipt"),
+        ("latency p99 ms", f"{figures['p99_ms']}", f"max {figures['max_ms']} ms"),
+        ("clients dropped", f"{figures['dropped_clients']}", "too slow to keep up"),
+        ("server KiB per client", f"{figures['server_kib_per_client']}", "RSS growth / clients"),
+    ])
+    if figures["delivered"] != figures["expected"]:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
