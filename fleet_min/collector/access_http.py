@@ -1,11 +1,130 @@
-"""Access: dashboard token guard, mesh allowlist, peers, mDNS, CI status."""
+"""Access: dashboard token guard, mesh allowlist, peers, mDNS, CI status (HTTP wiring only)."""
 
 from __future__ import annotations
 
-from aiohttp import web
+import asyncio
 
-from fleet_min.collector.service import Service
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from fleet_min.collector import ci_status, guard, mdns, mesh, peers
+from fleet_min.collector.service import Service, stable_id
+from fleet_min.errors import Forbidden
+from fleet_min.http import Handler, json_response
+
+PEERS = web.AppKey("peers", peers.Peers)
+CI = web.AppKey("ci_status", ci_status.CiReporter)
+REGISTER_TEMPLATE = "/devices/register"
+
+
+def _template(request: web.Request) -> str | None:
+    """The route template the router matched (e.g. /api/jobs/{job_id}/cancel), if any."""
+    route = request.match_info.route
+    resource = route.resource if route is not None else None
+    return resource.canonical if resource is not None else None
+
+
+def guard_middleware(token: str | None) -> Middleware:
+    @web.middleware
+    async def dashboard_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        guard.check(request.method, _template(request), request.path, request.headers, token)
+        return await handler(request)
+
+    return dashboard_guard
+
+
+def mesh_middleware(gate: mesh.MeshGate) -> Middleware:
+    @web.middleware
+    async def mesh_allowlist(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "POST" and _template(request) == REGISTER_TEMPLATE:
+            await gate.admit(request.remote, request.headers.get("X-Forwarded-For"))
+        return await handler(request)
+
+    return mesh_allowlist
+
+
+async def api_peers(request: web.Request) -> web.Response:
+    known = request.app[PEERS]
+    if request.query.get("refresh", "").lower() in ("1", "true", "yes"):
+        await known.refresh()
+    return json_response(known.listing())
+
+
+async def api_peer_proxy(request: web.Request) -> web.Response:
+    if request.method != "GET":
+        raise Forbidden("the peer proxy only reads: it forwards GET requests and never a change")
+    # The raw (still percent-encoded) path, so an encoded slash cannot change the endpoint.
+    rest = request.rel_url.raw_path[len("/api/peers/"):]
+    _raw_id, _, raw_tail = rest.partition("/")
+    status, body = await request.app[PEERS].read(request.match_info["peer_id"], raw_tail,
+                                                 request.rel_url.raw_query_string)
+    return web.Response(body=body, status=status, content_type="application/json",
+                        headers={"X-Fleet-Peer": request.match_info["peer_id"],
+                                 "Cache-Control": "no-store"})
+
+
+async def api_job_ci_status(request: web.Request) -> web.Response:
+    reporter = request.app[CI]
+    return json_response(await ci_status.statuses(reporter.db, request.match_info["job_id"],
+                                                  reporter.settings.armed))
 
 
 def setup(app: web.Application, service: Service) -> None:
     """Register this feature's routes, middlewares, listeners and background loops."""
+    _guards(app, service)
+    known = peers.Peers(peers.settings(service.config))
+    app[PEERS] = known
+    reporter = ci_status.CiReporter(service.db, ci_status.settings(service.config), service.spawn)
+    app[CI] = reporter
+    service.listeners.append(reporter.on_event)
+    service.health_extras.append(reporter.health)
+    advertiser = _advertiser(service)
+    service.health_extras.append(lambda: {"mdns": advertiser.state if advertiser else "off"})
+
+    app.router.add_get("/api/peers", api_peers)
+    app.router.add_route("*", "/api/peers/{peer_id}/{tail:.*}", api_peer_proxy)
+    app.router.add_get("/api/jobs/{job_id}/ci-status", api_job_ci_status)
+    _lifecycle(app, service, known, reporter, advertiser)
+
+
+def _guards(app: web.Application, service: Service) -> None:
+    """Middlewares may still be appended here: the app is not frozen until it starts."""
+    token = guard.dash_token(service.config)
+    service.guarded = token is not None
+    app.middlewares.append(guard_middleware(token))
+    gate = mesh.MeshGate(mesh.settings(service.config))
+    if gate.enabled:
+        app.middlewares.append(mesh_middleware(gate))
+
+
+def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
+               reporter: ci_status.CiReporter, advertiser: mdns.Advertiser | None) -> None:
+    refresher: list[asyncio.Task[None]] = []
+
+    async def start(_app: web.Application) -> None:
+        if known.peers:
+            refresher.append(service.spawn(known.loop(), "peers"))
+        if advertiser is not None:
+            # The service makes its id after this hook; stable_id reads or makes the same file.
+            service.data_dir.mkdir(parents=True, exist_ok=True)
+            advertiser.advert = advertiser.advert.with_id(stable_id(service.data_dir))
+            await advertiser.start()
+
+    async def stop(_app: web.Application) -> None:
+        if advertiser is not None:
+            await advertiser.stop()
+        await reporter.close()
+        for task in refresher:  # stopped before its HTTP session closes under it
+            task.cancel()
+        await asyncio.gather(*refresher, return_exceptions=True)
+        await known.close()
+
+    app.on_startup.append(start)
+    app.on_cleanup.append(stop)
+
+
+def _advertiser(service: Service) -> mdns.Advertiser | None:
+    if not mdns.enabled(service.config):
+        return None
+    return mdns.Advertiser(mdns.Advert(service.name, "", service.config.port,
+                                       mdns.advertised_addresses(service.config.bind)))

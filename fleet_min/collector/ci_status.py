@@ -1,0 +1,253 @@
+"""Commit statuses for host jobs that name `report_to.ci_status` ("owner/repo@sha").
+
+A job event after commit drives it: `claimed` posts `pending`, `done`/`failed`/`cancelled` post
+`success`/`failure`/`error`. Posting is armed only when a token is set; otherwise each status is
+recorded as a dry run. Every attempt (dry runs included) is a row in ci_statuses. A 5xx, a 429
+or a network failure is retried with backoff; anything else is final. The token is sent in the
+Authorization header and nowhere else: never logged, never stored, never in an error text.
+
+Only host jobs report (the spec names them; fan-out is for device jobs only, so a reporting job
+never has fan-out children).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+from fleet_min.config import Config
+from fleet_min.db import Database
+from fleet_min.errors import NotFound
+from fleet_min.timeutil import iso, now
+
+log = logging.getLogger("fleet_min.collector.ci_status")
+
+TERMINAL = {"done": "success", "failed": "failure", "cancelled": "error"}
+BACKOFF_S = (0.5, 2.0, 8.0)  # waits before the 2nd, 3rd and 4th attempt
+TIMEOUT_S = 10.0
+MAX_DESCRIPTION = 140  # GitHub's limit
+
+Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
+
+
+@dataclass(frozen=True)
+class CiSettings:
+    api: str
+    token: str | None
+
+    @property
+    def armed(self) -> bool:
+        return self.token is not None
+
+
+def settings(config: Config) -> CiSettings:
+    """FLEET_GITHUB_API and FLEET_CI_STATUS_TOKEN, falling back to GITHUB_TOKEN (from the
+    environment until they join the settings table)."""
+    del config
+    api = os.environ.get("FLEET_GITHUB_API", "").strip() or "https://api.github.com"
+    token = (os.environ.get("FLEET_CI_STATUS_TOKEN", "").strip()
+             or os.environ.get("GITHUB_TOKEN", "").strip())
+    return CiSettings(api.rstrip("/"), token or None)
+
+
+def parse_target(target: str) -> tuple[str, str, str]:
+    """"owner/repo@sha" -> (owner, repo, sha); the job validator already checked the form."""
+    repo_part, _, sha = target.rpartition("@")
+    owner, _, repo = repo_part.partition("/")
+    return owner, repo, sha
+
+
+def statuses_url(api: str, target: str) -> str:
+    owner, repo, sha = parse_target(target)
+    repo_path = f"{quote(owner, safe='')}/{quote(repo, safe='')}"
+    return f"{api.rstrip('/')}/repos/{repo_path}/statuses/{quote(sha, safe='')}"
+
+
+def describe(state: str, workload: str, error: str | None = None) -> str:
+    """The one short sentence GitHub shows next to the check."""
+    text = {
+        "pending": f"{workload} is running on the device fleet.",
+        "success": f"{workload} passed on the device fleet.",
+        "failure": f"{workload} failed: {error}" if error else f"{workload} failed.",
+        "error": f"{workload} was cancelled before it finished.",
+    }[state]
+    return text if len(text) <= MAX_DESCRIPTION else text[:MAX_DESCRIPTION - 1] + "\u2026"
+
+
+def _record(conn: sqlite3.Connection, job_id: str, target: str, state: str, description: str,
+            dry_run: bool, http_status: int | None, error: str | None) -> None:
+    conn.execute(
+        "INSERT INTO ci_statuses (job_id, target, state, description, at, dry_run, "
+        "http_status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (job_id, target, state, description, now(), int(dry_run), http_status, error))
+
+
+@dataclass(frozen=True)
+class Report:
+    job_id: str
+    target: str
+    state: str
+    workload: str
+    description: str
+
+
+class CiReporter:
+    """Listens to job events and posts commit statuses, one job's statuses strictly in order."""
+
+    def __init__(self, db: Database, settings: CiSettings, spawn: Spawn) -> None:
+        self.db = db
+        self.settings = settings
+        self._spawn = spawn
+        self._session: aiohttp.ClientSession | None = None
+        self._chains: dict[str, asyncio.Task[None]] = {}  # last report task per job
+        self._latest: dict[str, str] = {}  # last state asked for per job (dedupes `pending`)
+        self._inbox: asyncio.Queue[tuple[str, str, str | None]] = asyncio.Queue()
+        self._worker: asyncio.Task[None] | None = None
+
+    def health(self) -> dict[str, Any]:
+        return {"ci_status_armed": self.settings.armed}
+
+    async def close(self) -> None:
+        tasks = [*self._chains.values(), *([self._worker] if self._worker else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """Service listener: runs after commit and must not block, so it only queues the event.
+
+        One worker resolves events in the order they happened, so a job's `pending` can never
+        be queued behind its terminal status.
+        """
+        if event.get("type") != "job" or event.get("executor") != "host":
+            return
+        status = event.get("status")
+        if status != "claimed" and status not in TERMINAL:
+            return
+        error = event.get("last_error")
+        self._inbox.put_nowait((str(event["job_id"]), str(status),
+                                error if isinstance(error, str) else None))
+        if self._worker is None or self._worker.done():
+            self._worker = self._spawn(self._work(), "ci-status")
+
+    async def _work(self) -> None:
+        while not self._inbox.empty():
+            job_id, status, error = self._inbox.get_nowait()
+            try:
+                report = await self._report_for(job_id, status, error)
+            except Exception:
+                log.exception("CI status for job %s could not be prepared", job_id)
+                continue
+            if report is not None:
+                self._queue(report)
+
+    async def _report_for(self, job_id: str, status: str, error: str | None) -> Report | None:
+        row = await self.db.read_one("SELECT workload, spec FROM jobs WHERE job_id = ?",
+                                     (job_id,))
+        if row is None:
+            return None
+        target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
+        if not isinstance(target, str) or not target:
+            return None
+        state = "pending" if status == "claimed" else TERMINAL[status]
+        return Report(job_id, target, state, row["workload"],
+                      describe(state, row["workload"], error))
+
+    def _queue(self, report: Report) -> None:
+        if report.state == "pending" and self._latest.get(report.job_id) == "pending":
+            return  # a re-claim after a lapsed lease: the commit already shows pending
+        self._latest[report.job_id] = report.state
+        previous = self._chains.get(report.job_id)
+        task = self._spawn(self._deliver(report, previous), f"ci-status-post-{report.job_id}")
+        self._chains[report.job_id] = task
+        task.add_done_callback(lambda done: self._forget(report, done))
+
+    def _forget(self, report: Report, task: asyncio.Task[None]) -> None:
+        if self._chains.get(report.job_id) is task:
+            del self._chains[report.job_id]
+            if report.state != "pending":
+                self._latest.pop(report.job_id, None)
+
+    async def _deliver(self, report: Report, previous: asyncio.Task[None] | None) -> None:
+        if previous is not None:
+            await asyncio.wait({previous})  # keep one job's statuses in the order they happened
+        if not self.settings.armed:
+            log.info("CI status (dry run, no token): %s %s for %s", report.target, report.state,
+                     report.job_id)
+            await self.db.write(_record, report.job_id, report.target, report.state,
+                                report.description, True, None, None)
+            return
+        for attempt, delay in enumerate((0.0, *BACKOFF_S)):
+            if delay:
+                await asyncio.sleep(delay)
+            if report.state == "pending" and self._latest.get(report.job_id) != "pending":
+                return  # the job already closed: its terminal status follows, pending is moot
+            http_status, error = await self._post(report)
+            await self.db.write(_record, report.job_id, report.target, report.state,
+                                report.description, False, http_status, error)
+            retry = http_status is None or http_status >= 500 or http_status == 429
+            if not retry:
+                return
+            log.warning("CI status for %s (%s) attempt %d: %s", report.job_id, report.state,
+                        attempt + 1, error)
+
+    async def _post(self, report: Report) -> tuple[int | None, str | None]:
+        """One POST to the statuses API: (HTTP status or None, error sentence or None)."""
+        body = {"state": report.state, "context": f"fleet-min/{report.workload}",
+                "description": report.description}
+        headers = {"Authorization": f"Bearer {self.settings.token}",
+                   "Accept": "application/vnd.github+json",
+                   "X-GitHub-Api-Version": "2022-11-28", "User-Agent": "fleet-min-collector"}
+        try:
+            async with self._client().post(statuses_url(self.settings.api, report.target),
+                                           json=body, headers=headers,
+                                           allow_redirects=False) as resp:
+                if resp.status < 300:
+                    return resp.status, None
+                text = (await resp.content.read(2048)).decode("utf-8", "replace")
+                return resp.status, _api_error(resp.status, text)
+        except TimeoutError:
+            return None, f"the statuses API did not answer within {TIMEOUT_S:g} s"
+        except aiohttp.ClientError as exc:
+            return None, f"the statuses API could not be reached ({type(exc).__name__})"
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), trust_env=True)
+        return self._session
+
+
+def _api_error(status: int, text: str) -> str:
+    try:
+        message = json.loads(text).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    detail = message if isinstance(message, str) and message else text.strip()[:200]
+    return f"the statuses API answered {status}" + (f": {detail}" if detail else "")
+
+
+async def statuses(db: Database, job_id: str, armed: bool) -> dict[str, Any]:
+    """GET /api/jobs/{id}/ci-status: the job's target and every recorded attempt."""
+    row = await db.read_one("SELECT spec FROM jobs WHERE job_id = ?", (job_id,))
+    if row is None:
+        raise NotFound(f"no job {job_id!r}")
+    target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
+    rows = await db.read("SELECT * FROM ci_statuses WHERE job_id = ? ORDER BY id", (job_id,))
+    return {"job_id": job_id, "target": target, "armed": armed,
+            "statuses": [{"id": r["id"], "state": r["state"], "description": r["description"],
+                          "at": iso(r["at"]), "dry_run": bool(r["dry_run"]),
+                          "http_status": r["http_status"], "error": r["error"]}
+                         for r in rows]}

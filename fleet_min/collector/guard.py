@@ -1,0 +1,128 @@
+"""The dashboard guard: which routes are dashboard changes, and whether a request may make one.
+
+A route is named by its method and its route template (for example `POST
+/api/jobs/{job_id}/cancel`), never by the request path alone: the template is what the router
+matched, so percent-encoding tricks in the path cannot walk around a rule. New routes join the
+guard by adding a rule to GUARDED; routes that change state but must stay open (agents, POST
+/jobs, ticks) are listed in OPEN_ON_PURPOSE so a test can insist every mutating /api route is
+in one list or the other.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fleet_min.config import Config
+from fleet_min.errors import Forbidden, Unauthorized
+
+TOKEN_HEADER = "X-Fleet-Token"  # noqa: S105 - a header name, not a secret
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+MISSING = "this collector requires X-Fleet-Token for dashboard changes"
+WRONG = "X-Fleet-Token does not match this collector's dashboard token"
+CROSS_SITE = ("a page on another site cannot change this collector; use its own dashboard "
+              "or a client that is not a browser")
+
+
+@dataclass(frozen=True)
+class RouteRule:
+    """Methods plus a template pattern: `{}` is any one path variable, a trailing `*` a prefix."""
+
+    methods: frozenset[str]
+    pattern: str
+    why: str
+    template_re: re.Pattern[str]
+    path_re: re.Pattern[str]
+
+    def matches(self, method: str, template: str | None, path: str) -> bool:
+        if method not in self.methods:
+            return False
+        if template is not None and self.template_re.fullmatch(template):
+            return True
+        # The path is checked too, so a rule holds even for a route registered in an unusual way.
+        return bool(self.path_re.fullmatch(path))
+
+
+def _compile(pattern: str, variable: str) -> re.Pattern[str]:
+    prefix = pattern.endswith("*")
+    body = pattern[:-1] if prefix else pattern
+    regex = variable.join(re.escape(part) for part in body.split("{}"))
+    return re.compile(regex + (".*" if prefix else ""), re.S)
+
+
+def rule(methods: str, pattern: str, why: str) -> RouteRule:
+    """A rule for `methods` ("POST", "PATCH DELETE", or "*" for every mutating method)."""
+    wanted = MUTATING if methods == "*" else frozenset(methods.split())
+    return RouteRule(wanted, pattern, why, _compile(pattern, r"\{[^{}/]+\}"),
+                     _compile(pattern, r"[^/]+"))
+
+
+GUARDED: tuple[RouteRule, ...] = (
+    rule("POST", "/api/jobs/{}/cancel", "cancel a job"),
+    rule("POST", "/api/jobs/{}/retry", "retry a job"),
+    rule("PATCH", "/api/jobs/{}", "change a job's priority"),
+    rule("PATCH DELETE", "/api/devices/{}", "edit or forget a device"),
+    rule("*", "/api/devices/{}/*", "any other change to a device"),
+    rule("*", "/api/schedules*", "create, change, enable, run or delete a schedule"),
+    rule("POST", "/api/alerts/{}/ack", "acknowledge an alert"),
+    rule("POST", "/api/alerts/{}/snooze", "snooze an alert"),
+    rule("*", "/api/alerts/{}/*", "any other change to an alert"),
+    rule("*", "/api/artifacts*", "delete an artifact, pin, unpin, accept a baseline"),
+    rule("*", "/api/system/retention*", "prune old rows (a dry run is guarded too)"),
+)
+
+# Mutating routes that stay open on purpose: agents and scripts use them, and the spec keeps
+# POST /jobs open. A tick only does early what the service's own loop would do anyway.
+OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
+    rule("POST", "/jobs", "enqueue (always open, by the spec)"),
+    rule("*", "/jobs/*", "agent release and the lease sweep"),
+    rule("POST", "/devices/register", "agent registration (the mesh allowlist applies)"),
+    rule("POST", "/results", "agent results and beacons"),
+    rule("*", "/artifacts*", "artifact upload by agents and CI"),
+    rule("POST", "/schedules/tick", "scheduler tick, like POST /jobs/sweep"),
+    rule("POST", "/api/alerts/tick", "alert evaluation on demand"),
+    rule("POST", "/api/jobs/preview-targets", "reads only: counts matching devices"),
+    rule("POST", "/events/{}", "pipeline topics: workloads publish events"),
+    rule("POST", "/api/events/{}", "pipeline topics: the same publish under /api"),
+    rule("*", "/api/peers/*", "the peer proxy answers every mutation with 403 itself"),
+)
+
+
+def is_guarded(method: str, template: str | None, path: str) -> bool:
+    return any(r.matches(method, template, path) for r in GUARDED)
+
+
+def is_open_on_purpose(method: str, template: str | None, path: str) -> bool:
+    return any(r.matches(method, template, path) for r in OPEN_ON_PURPOSE)
+
+
+def check(method: str, template: str | None, path: str, headers: Mapping[str, str],
+          token: str | None) -> None:
+    """Refuse a dashboard change that lacks the token or comes from another site's page.
+
+    Cross-site browser requests are refused even when no token is set: a page on some other
+    site must not be able to use a visitor's browser to change a collector on their network.
+    """
+    if not is_guarded(method.upper(), template, path):
+        return
+    if headers.get("Sec-Fetch-Site", "").strip().lower() == "cross-site":
+        raise Forbidden(CROSS_SITE)
+    if not token:
+        return
+    given = headers.get(TOKEN_HEADER)
+    if given is None or given == "":
+        raise Unauthorized(MISSING)
+    if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                               token.encode("utf-8", "surrogateescape")):
+        raise Forbidden(WRONG)
+
+
+def dash_token(config: Config) -> str | None:
+    """FLEET_DASH_TOKEN, or None when unset (read from the environment until it joins config)."""
+    del config  # the settings table does not carry it yet
+    value = os.environ.get("FLEET_DASH_TOKEN", "").strip()
+    return value or None

@@ -1,0 +1,344 @@
+"""Optional mDNS/DNS-SD advertising of the collector as `_fleet-collector._tcp.local` (FLEET_MDNS).
+
+A small stdlib responder, so fleet.pyz needs nothing extra: it joins 224.0.0.251:5353 (IPv4 only)
+and answers PTR, SRV, TXT and A questions about this collector, plus the DNS-SD enumeration
+question `_services._dns-sd._udp.local`. It announces itself at start and says goodbye (TTL 0)
+at stop. It does not probe for name conflicts: the instance and host names carry the collector's
+unique id, so two collectors cannot pick the same ones.
+
+Answers go where RFC 6762 says: a query from a port other than 5353 (a "legacy" one-shot
+resolver, and the tests) gets a unicast reply with the query id echoed and TTLs capped at 10 s;
+a query asking for unicast (the QU bit) is answered to the sender; the rest are multicast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import socket
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fleet_min.config import Config
+
+log = logging.getLogger("fleet_min.collector.mdns")
+
+GROUP = "224.0.0.251"
+PORT = 5353
+SERVICE = "_fleet-collector._tcp.local"
+ENUMERATION = "_services._dns-sd._udp.local"
+A, PTR, TXT, SRV, ANY = 1, 12, 16, 33, 255
+IN = 1
+CACHE_FLUSH = 0x8000
+QU = 0x8000
+MAX_PACKET = 9000
+MAX_JUMPS = 32
+LEGACY_TTL = 10
+
+
+class MalformedPacket(ValueError):
+    pass
+
+
+def enabled(config: Config) -> bool:
+    """FLEET_MDNS (from the environment until it joins the settings table); off by default."""
+    del config
+    return os.environ.get("FLEET_MDNS", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# -- wire format ----------------------------------------------------------------------------------
+
+
+def encode_name(name: str) -> bytes:
+    out = bytearray()
+    for label in name.rstrip(".").split("."):
+        raw = label.encode("utf-8")
+        if not 0 < len(raw) <= 63:
+            raise ValueError(f"DNS label {label!r} must be 1 to 63 bytes")
+        out += bytes([len(raw)]) + raw
+    return bytes(out + b"\x00")
+
+
+def read_name(packet: bytes, offset: int) -> tuple[str, int]:
+    """A possibly compressed name at offset: (name, offset just past it in the original run)."""
+    labels: list[str] = []
+    end = None
+    jumps = 0
+    while True:
+        if offset >= len(packet):
+            raise MalformedPacket("a name runs past the end of the packet")
+        length = packet[offset]
+        if length & 0xC0 == 0xC0:
+            if offset + 1 >= len(packet) or jumps >= MAX_JUMPS:
+                raise MalformedPacket("a compressed name is broken or loops")
+            end = offset + 2 if end is None else end
+            offset = ((length & 0x3F) << 8) | packet[offset + 1]
+            jumps += 1
+            continue
+        if length & 0xC0:
+            raise MalformedPacket("a label uses an unknown encoding")
+        offset += 1
+        if length == 0:
+            break
+        if offset + length > len(packet):
+            raise MalformedPacket("a label runs past the end of the packet")
+        labels.append(packet[offset:offset + length].decode("utf-8", "replace"))
+        offset += length
+    return ".".join(labels), (offset if end is None else end)
+
+
+@dataclass(frozen=True)
+class Question:
+    name: str
+    qtype: int
+    unicast: bool
+
+
+def parse_query(packet: bytes) -> tuple[int, list[Question]]:
+    """(query id, questions) of a query packet; responses and junk raise MalformedPacket."""
+    if len(packet) < 12 or len(packet) > MAX_PACKET:
+        raise MalformedPacket("not a DNS packet")
+    ident, flags, qdcount = struct.unpack_from("!HHH", packet, 0)
+    if flags & 0x8000:
+        raise MalformedPacket("a response, not a query")
+    questions, offset = [], 12
+    for _ in range(min(qdcount, 64)):
+        name, offset = read_name(packet, offset)
+        if offset + 4 > len(packet):
+            raise MalformedPacket("a question is cut short")
+        qtype, qclass = struct.unpack_from("!HH", packet, offset)
+        offset += 4
+        if qclass & 0x7FFF in (IN, ANY):
+            questions.append(Question(name, qtype, bool(qclass & QU)))
+    return ident, questions
+
+
+@dataclass(frozen=True)
+class Record:
+    name: str
+    rtype: int
+    ttl: int
+    data: bytes  # already-encoded rdata
+    unique: bool  # sets the cache-flush bit (not in legacy unicast replies)
+
+    def encode(self, ttl_cap: int | None = None, legacy: bool = False) -> bytes:
+        ttl = self.ttl if ttl_cap is None else min(self.ttl, ttl_cap)
+        rclass = IN | (CACHE_FLUSH if self.unique and not legacy else 0)
+        return (encode_name(self.name) + struct.pack("!HHIH", self.rtype, rclass, ttl,
+                                                     len(self.data)) + self.data)
+
+
+def txt_data(entries: Iterable[str]) -> bytes:
+    out = bytearray()
+    for entry in entries:
+        raw = entry.encode("utf-8")[:255]
+        out += bytes([len(raw)]) + raw
+    return bytes(out or b"\x00")
+
+
+def build_response(records: list[Record], ident: int = 0,
+                   questions: list[Question] | None = None, legacy: bool = False,
+                   goodbye: bool = False) -> bytes:
+    qs = questions or []
+    header = struct.pack("!HHHHHH", ident, 0x8400, len(qs), len(records), 0, 0)
+    body = b"".join(encode_name(q.name) + struct.pack("!HH", q.qtype, IN) for q in qs)
+    cap = 0 if goodbye else (LEGACY_TTL if legacy else None)
+    return header + body + b"".join(r.encode(cap, legacy) for r in records)
+
+
+# -- what this collector says about itself --------------------------------------------------------
+
+
+def instance_label(name: str, collector_id: str) -> str:
+    label = f"{name} ({collector_id})".replace(".", "-")
+    while len(label.encode("utf-8")) > 63:
+        name = name[:-1]
+        label = f"{name} ({collector_id})".replace(".", "-")
+    return label
+
+
+@dataclass(frozen=True)
+class Advert:
+    name: str
+    collector_id: str
+    port: int
+    addresses: tuple[str, ...]  # IPv4 addresses peers can reach
+
+    def with_id(self, collector_id: str) -> Advert:
+        return Advert(self.name, collector_id, self.port, self.addresses)
+
+    @property
+    def instance(self) -> str:
+        return f"{instance_label(self.name, self.collector_id)}.{SERVICE}"
+
+    @property
+    def host(self) -> str:
+        return f"fleet-{self.collector_id}.local"
+
+    def records(self) -> dict[str, Record]:
+        srv = struct.pack("!HHH", 0, 0, self.port) + encode_name(self.host)
+        txt = txt_data([f"id={self.collector_id}", f"name={self.name}", "path=/api/health",
+                        "v=1"])
+        out = {
+            "ptr": Record(SERVICE, PTR, 4500, encode_name(self.instance), False),
+            "enum": Record(ENUMERATION, PTR, 4500, encode_name(SERVICE), False),
+            "srv": Record(self.instance, SRV, 120, srv, True),
+            "txt": Record(self.instance, TXT, 4500, txt, True),
+        }
+        for index, address in enumerate(self.addresses):
+            out[f"a{index}"] = Record(self.host, A, 120, socket.inet_aton(address), True)
+        return out
+
+    def answer(self, questions: list[Question]) -> list[Record]:
+        """The records that answer these questions, with the ones a browser needs next."""
+        rec = self.records()
+        addresses = [r for key, r in rec.items() if key.startswith("a")]
+        wanted: list[Record] = []
+        for q in questions:
+            name, qtype = q.name.lower().rstrip("."), q.qtype
+            if name == SERVICE.lower() and qtype in (PTR, ANY):
+                wanted += [rec["ptr"], rec["srv"], rec["txt"], *addresses]
+            elif name == ENUMERATION.lower() and qtype in (PTR, ANY):
+                wanted.append(rec["enum"])
+            elif name == self.instance.lower():
+                if qtype in (SRV, ANY):
+                    wanted += [rec["srv"], *addresses]
+                if qtype in (TXT, ANY):
+                    wanted.append(rec["txt"])
+            elif name == self.host.lower() and qtype in (A, ANY):
+                wanted += addresses
+        return list(dict.fromkeys(wanted))
+
+
+# -- the responder -------------------------------------------------------------------------
+
+
+class Responder(asyncio.DatagramProtocol):
+    def __init__(self, advert: Advert, group_port: int = PORT, multicast: bool = True) -> None:
+        self.advert = advert
+        self.group = (GROUP, group_port)
+        self.multicast = multicast
+        self.transport: asyncio.DatagramTransport | None = None
+        self.answered = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # CPython's selector datagram transport does not subclass DatagramTransport.
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        try:
+            ident, questions = parse_query(data)
+        except MalformedPacket:
+            return
+        answers = self.advert.answer(questions)
+        if not answers or self.transport is None:
+            return
+        self.answered += 1
+        if addr[1] != self.group[1]:  # a one-shot resolver: unicast, id echoed, short TTLs
+            self.transport.sendto(build_response(answers, ident, questions, legacy=True), addr)
+        elif all(q.unicast for q in questions) or not self.multicast:
+            self.transport.sendto(build_response(answers), addr)
+        else:
+            self.transport.sendto(build_response(answers), self.group)
+
+    def announce(self, goodbye: bool = False) -> None:
+        if self.transport is not None and self.multicast:
+            packet = build_response(list(self.advert.records().values()), goodbye=goodbye)
+            with contextlib.suppress(OSError):
+                self.transport.sendto(packet, self.group)
+
+
+def multicast_socket(port: int = PORT) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_UDP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):  # share 5353 with avahi or mDNSResponder
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("", port))
+        membership = struct.pack("4s4s", socket.inet_aton(GROUP), socket.inet_aton("0.0.0.0"))
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_ADD_MEMBERSHIP, membership)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, 255)
+        sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_LOOP, 1)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def advertised_addresses(bind: Iterable[str]) -> tuple[str, ...]:
+    """The IPv4 addresses to advertise: specific bind addresses, or for 0.0.0.0 the address
+    this host would use to reach the mDNS group (no packet is sent to find it)."""
+    found: list[str] = []
+    for text in bind:
+        try:
+            address = ipaddress.ip_address(text)
+        except ValueError:
+            continue
+        if not isinstance(address, ipaddress.IPv4Address) or address.is_loopback:
+            continue
+        if address.is_unspecified:
+            with contextlib.suppress(OSError), socket.socket(socket.AF_INET,
+                                                             socket.SOCK_DGRAM) as probe:
+                probe.connect((GROUP, PORT))
+                primary = probe.getsockname()[0]
+                if primary and not ipaddress.ip_address(primary).is_unspecified:
+                    found.append(primary)
+        else:
+            found.append(str(address))
+    return tuple(dict.fromkeys(found))
+
+
+class Advertiser:
+    """Starts and stops the responder; never stops the collector from starting."""
+
+    def __init__(self, advert: Advert) -> None:
+        self.advert = advert
+        self.state = "off"
+        self._protocol: Responder | None = None
+        self._announcer: asyncio.Task[None] | None = None
+
+    async def start(self, sock: socket.socket | None = None, multicast: bool = True,
+                    group_port: int = PORT) -> None:
+        """Start answering (tests pass their own socket and group port; 5353 otherwise)."""
+        if not self.advert.addresses:
+            self.state = "unavailable: no non-loopback IPv4 address to advertise"
+            log.warning("mDNS %s (FLEET_BIND holds only loopback or IPv6 addresses)", self.state)
+            return
+        try:
+            sock = sock or multicast_socket(group_port)
+            loop = asyncio.get_running_loop()
+            _transport, protocol = await loop.create_datagram_endpoint(
+                lambda: Responder(self.advert, group_port, multicast), sock=sock)
+        except OSError as exc:
+            self.state = f"unavailable: {exc.strerror or exc}"
+            log.warning("mDNS advertising is unavailable: %s", exc)
+            return
+        self._protocol = protocol
+        self.state = "advertising"
+        self._announcer = asyncio.ensure_future(self._announce())
+        log.info("mDNS: advertising %s on %s", self.advert.instance, ",".join(
+            self.advert.addresses))
+
+    async def _announce(self) -> None:
+        for _ in range(2):  # RFC 6762 section 8.3: at least twice, one second apart
+            if self._protocol is not None:
+                self._protocol.announce()
+            await asyncio.sleep(1.0)
+
+    async def stop(self) -> None:
+        if self._announcer is not None:
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcer
+        if self._protocol is not None and self._protocol.transport is not None:
+            self._protocol.announce(goodbye=True)
+            self._protocol.transport.close()
+        self._protocol = None
+        if self.state == "advertising":
+            self.state = "off"

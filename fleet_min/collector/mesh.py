@@ -1,0 +1,233 @@
+"""The mesh allowlist: a device registering from the mesh network must be a node the operator
+listed by name.
+
+A peer's address is classified first. Only addresses in the mesh ranges (100.64.0.0/10 and
+fd7a:115c:a1e0::/48) are looked up; loopback, LAN and every other address is admitted, because
+for those the network itself (FLEET_BIND) is the access control. A mesh address is resolved with
+the mesh's identity lookup, `tailscale whois --json <ip>` (an argv list, never a shell), and
+admitted only when the node's name is in FLEET_MESH_ALLOW.
+
+Which name counts: `Node.Name` (the MagicDNS name the coordination server assigns, e.g.
+`pi5.example.ts.net.`, compared without the trailing dot) and `Node.ComputedName` (its short
+form, e.g. `pi5`; for a node shared in from another tailnet it is the full name, so a short name
+cannot be borrowed across tailnets). `Node.ComputedName` is only trusted when `Node.Name` is set,
+because without a MagicDNS name it falls back to the host name the node reports about itself.
+`Node.Hostinfo.Hostname` is never used for the same reason: any node can claim any host name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_min.config import Config
+from fleet_min.errors import Forbidden
+
+log = logging.getLogger("fleet_min.collector.mesh")
+
+MESH_V4 = ipaddress.ip_network("100.64.0.0/10")
+MESH_V6 = ipaddress.ip_network("fd7a:115c:a1e0::/48")
+LOOKUP_TIMEOUT_S = 3.0
+CACHE_S = 60.0
+CACHE_MAX = 4096
+MAX_OUTPUT = 1 << 20
+PARALLEL_LOOKUPS = 4
+
+IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+@dataclass(frozen=True)
+class MeshSettings:
+    allow: frozenset[str] | None  # None: everyone admitted
+    whois: str
+    trust_proxy: bool
+
+
+def settings(config: Config) -> MeshSettings:
+    """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY (from the environment until they
+    join the settings table)."""
+    del config
+    names = [n.strip() for n in os.environ.get("FLEET_MESH_ALLOW", "").split(",") if n.strip()]
+    allow = frozenset(normalise_name(n) for n in names) or None
+    whois = os.environ.get("FLEET_MESH_WHOIS", "").strip() or "tailscale"
+    trust = os.environ.get("FLEET_TRUST_PROXY", "").strip().lower() in {"1", "true", "yes", "on"}
+    return MeshSettings(allow, whois, trust)
+
+
+def normalise_name(name: str) -> str:
+    """Node names compare as DNS names: without a trailing dot, case-insensitively."""
+    return name.strip().rstrip(".").lower()
+
+
+def parse_address(text: str | None) -> IpAddress | None:
+    if not text:
+        return None
+    try:
+        address = ipaddress.ip_address(text.strip().split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def classify(address: IpAddress | None) -> str:
+    """'mesh', 'loopback', 'lan' (private or link-local), 'other', or 'unknown'."""
+    if address is None:
+        return "unknown"
+    if address in MESH_V4 or address in MESH_V6:
+        return "mesh"
+    if address.is_loopback:
+        return "loopback"
+    if address.is_private or address.is_link_local:
+        return "lan"
+    return "other"
+
+
+def peer_address(remote: str | None, forwarded_for: str | None, trust_proxy: bool
+                 ) -> IpAddress | None:
+    """The registering peer's address: the socket's, or with FLEET_TRUST_PROXY=1 the address
+    the proxy in front of us saw (the last X-Forwarded-For entry, the one that proxy added)."""
+    if trust_proxy and forwarded_for is not None:
+        last = forwarded_for.split(",")[-1]
+        return parse_address(last)
+    return parse_address(remote)
+
+
+def node_names(whois: Any) -> set[str]:
+    """The names a whois answer vouches for (see the module docstring for which and why)."""
+    node = whois.get("Node") if isinstance(whois, dict) else None
+    if not isinstance(node, dict):
+        return set()
+    name = node.get("Name")
+    if not isinstance(name, str) or not normalise_name(name):
+        return set()
+    names = {normalise_name(name)}
+    computed = node.get("ComputedName")
+    if isinstance(computed, str) and normalise_name(computed):
+        names.add(normalise_name(computed))
+    return names
+
+
+@dataclass(frozen=True)
+class Lookup:
+    names: frozenset[str]
+    problem: str | None  # why the peer could not be identified
+
+
+class MeshGate:
+    """Admits or refuses registering peers; caches identity lookups for CACHE_S seconds."""
+
+    def __init__(self, settings: MeshSettings, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._cache: OrderedDict[str, tuple[float, Lookup]] = OrderedDict()
+        self._inflight: dict[str, asyncio.Future[Lookup]] = {}
+        self._parallel = asyncio.Semaphore(PARALLEL_LOOKUPS)
+        self.lookups = 0  # processes started, for tests and /api/health curiosity
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings.allow is not None
+
+    async def admit(self, remote: str | None, forwarded_for: str | None) -> None:
+        """Return when the peer may register; raise Forbidden (403) when it may not."""
+        allow = self.settings.allow
+        if allow is None:
+            return
+        address = peer_address(remote, forwarded_for, self.settings.trust_proxy)
+        kind = classify(address)
+        if kind == "unknown":
+            raise Forbidden("this collector could not tell the registering peer's address, "
+                            "so the mesh allowlist refuses it")
+        if kind != "mesh":
+            return
+        found = await self.lookup(str(address))
+        if found.problem is not None:
+            log.warning("mesh peer %s refused: %s", address, found.problem)
+            raise Forbidden(f"the mesh peer {address} could not be identified ({found.problem}); "
+                            "unidentified mesh peers may not register here")
+        if not found.names & allow:
+            shown = min(found.names, key=len)
+            log.warning("mesh peer %s (%s) refused: not in FLEET_MESH_ALLOW", address, shown)
+            raise Forbidden(f"mesh node {shown} is not in this collector's FLEET_MESH_ALLOW "
+                            "list; ask its operator to add the node name")
+
+    async def lookup(self, ip: str) -> Lookup:
+        cached = self._cache.get(ip)
+        if cached is not None and cached[0] > self._clock():
+            return cached[1]
+        pending = self._inflight.get(ip)
+        if pending is not None:  # one process per address however many polls ask at once
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Lookup] = asyncio.get_running_loop().create_future()
+        self._inflight[ip] = future
+        try:
+            async with self._parallel:
+                found, cacheable = await self._whois(ip)
+            if cacheable:
+                self._remember(ip, found)
+            future.set_result(found)
+            return found
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # marked retrieved: the waiters re-raise it themselves
+            raise
+        finally:
+            del self._inflight[ip]
+
+    def _remember(self, ip: str, found: Lookup) -> None:
+        self._cache[ip] = (self._clock() + CACHE_S, found)
+        self._cache.move_to_end(ip)
+        while len(self._cache) > CACHE_MAX:
+            self._cache.popitem(last=False)
+
+    async def _whois(self, ip: str) -> tuple[Lookup, bool]:
+        """Run the lookup; the flag says whether the answer may be cached (a definite answer
+        may, a timeout or a missing binary may not: the next registration tries again)."""
+        self.lookups += 1
+        argv = [self.settings.whois, "whois", "--json", ip]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            return Lookup(frozenset(), f"cannot run {self.settings.whois}: {exc.strerror}"), False
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), LOOKUP_TIMEOUT_S)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+            return Lookup(frozenset(), f"the identity lookup took over {LOOKUP_TIMEOUT_S:g} s"
+                          ), False
+        if proc.returncode != 0:
+            reason = err.decode("utf-8", "replace").strip().splitlines()[:1]
+            detail = reason[0][:200] if reason else f"exit status {proc.returncode}"
+            return Lookup(frozenset(), f"the identity lookup failed: {detail}"), True
+        return _parse_whois(out), True
+
+
+def _parse_whois(out: bytes) -> Lookup:
+    if len(out) > MAX_OUTPUT:
+        return Lookup(frozenset(), "the identity lookup answered too much")
+    try:
+        names = node_names(json.loads(out))
+    except ValueError:
+        return Lookup(frozenset(), "the identity lookup did not answer JSON")
+    if not names:
+        return Lookup(frozenset(), "the identity lookup named no node")
+    return Lookup(frozenset(names), None)

@@ -1,0 +1,241 @@
+"""Other collectors, known only as addresses to read (FLEET_PEERS).
+
+Each peer is checked through its /api/health every REFRESH_S seconds and on demand; its stable
+id (`collector` in that health answer) is how the proxy addresses it. The proxy only reads: GET
+requests to an allow-list of read endpoints, no client header forwarded (in particular never the
+client's X-Fleet-Token), no redirect followed, a short timeout and a cap on the answer's size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote, urlsplit
+
+import aiohttp
+from yarl import URL
+
+from fleet_min.config import Config, ConfigError
+from fleet_min.errors import Forbidden, NotFound, Refused
+from fleet_min.timeutil import iso, now
+
+log = logging.getLogger("fleet_min.collector.peers")
+
+REFRESH_S = 30.0
+TIMEOUT_S = 3.0
+MAX_BODY = 8 << 20  # bytes of one proxied answer
+HEALTH_MAX = 64 << 10
+COLLECTOR_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+# The read endpoints a peer may be asked for; `{}` is one path segment.
+READABLE: tuple[str, ...] = (
+    "/api/health", "/api/overview", "/api/system",
+    "/api/devices", "/api/devices/{}",
+    "/api/jobs", "/api/jobs/{}",
+    "/api/results", "/api/results/{}",
+    "/api/schedules", "/api/alerts", "/api/artifacts", "/api/events",
+)
+
+
+class BadGateway(Refused):
+    status = 502
+
+
+def settings(config: Config) -> list[str]:
+    """FLEET_PEERS as normalised base URLs (from the environment until it joins the table)."""
+    del config
+    raw = os.environ.get("FLEET_PEERS", "")
+    return [base_url(part) for part in raw.split(",") if part.strip()]
+
+
+def base_url(text: str) -> str:
+    """`host:port` or `http(s)://host:port` -> `http(s)://host:port`; anything else refused."""
+    value = text.strip()
+    if "://" not in value:
+        value = "http://" + value
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} has an invalid port") from None
+    if (parts.scheme not in ("http", "https") or not parts.hostname or parts.username
+            or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment):
+        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} is not a collector address such as "
+                          "http://pi5.local:8788 or 100.100.1.2:8788")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def readable_path(raw_tail: str) -> str:
+    """The peer path to read, re-encoded segment by segment, or Forbidden (403).
+
+    `raw_tail` is the still percent-encoded rest of the URL after /api/peers/{id}/, so an
+    encoded slash stays inside its segment and cannot change which endpoint is asked for.
+    """
+    segments = [unquote(s) for s in raw_tail.split("/")]
+    for segment in segments:
+        if (segment in ("", ".", "..") or len(segment) > 256
+                or any(ord(c) < 32 or ord(c) == 127 for c in segment)):
+            raise Forbidden(f"/{raw_tail[:200]} is not a path the peer proxy reads")
+    for pattern in READABLE:
+        wanted = pattern.strip("/").split("/")
+        if len(wanted) == len(segments) and all(
+                w == "{}" or w == s for w, s in zip(wanted, segments, strict=True)):
+            return "/" + "/".join(quote(s, safe="") for s in segments)
+    raise Forbidden(f"the peer proxy only reads {', '.join(READABLE)}; "
+                    f"/{raw_tail[:200]} is not one of them")
+
+
+@dataclass
+class Peer:
+    url: str
+    id: str | None = None
+    name: str | None = None
+    instance: str | None = None
+    reachable: bool = False
+    last_checked: float | None = None
+    latency_ms: float | None = None
+    error: str | None = None
+
+    def record(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "url": self.url, "reachable": self.reachable,
+                "last_checked": iso(self.last_checked), "latency_ms": self.latency_ms,
+                "instance": self.instance, "error": self.error}
+
+
+def _problem(exc: BaseException) -> str:
+    """A sentence about a failed request that carries no header or token."""
+    if isinstance(exc, BadGateway):
+        return exc.message
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {TIMEOUT_S:g} s"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return f"cannot connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
+    return f"request failed ({type(exc).__name__})"
+
+
+class Peers:
+    def __init__(self, urls: list[str]) -> None:
+        self.peers = [Peer(url) for url in dict.fromkeys(urls)]
+        self._session: aiohttp.ClientSession | None = None
+        self._closed = False
+        self._refreshing: asyncio.Task[None] | None = None
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """Made on first use, so a collector that fails to start leaves no session open."""
+        if self._closed:
+            raise BadGateway("this collector is shutting down; peers cannot be read")
+        if self._session is None:
+            # trust_env=False: peers are on the LAN or the mesh, never behind a web proxy.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), trust_env=False,
+                headers={"User-Agent": "fleet-min-collector"})
+        return self._session
+
+    async def loop(self) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:
+                log.exception("checking the peers failed; trying again in %s s", REFRESH_S)
+            await asyncio.sleep(REFRESH_S)
+
+    async def refresh(self) -> None:
+        """Check every peer once; callers arriving during a refresh share it."""
+        if self._refreshing is None or self._refreshing.done():
+            self._refreshing = asyncio.ensure_future(self._check_all())
+        await asyncio.shield(self._refreshing)
+
+    async def _check_all(self) -> None:
+        await asyncio.gather(*(self._check(peer) for peer in self.peers))
+
+    async def _check(self, peer: Peer) -> None:
+        started = time.perf_counter()
+        try:
+            async with self.session.get(peer.url + "/api/health", allow_redirects=False,
+                                        headers={"Accept": "application/json"}) as resp:
+                body = await _capped(resp, HEALTH_MAX)
+                health = _json_object(body) if resp.status == 200 else None
+                problem = None if health else f"/api/health answered {resp.status}"
+        except (aiohttp.ClientError, TimeoutError, BadGateway) as exc:
+            health, problem = None, _problem(exc)
+        peer.last_checked = now()
+        peer.latency_ms = round((time.perf_counter() - started) * 1000, 1)
+        ident = (health or {}).get("collector")
+        if health is not None and not (isinstance(ident, str) and COLLECTOR_ID.fullmatch(ident)):
+            problem = "/api/health did not name a collector id"
+        if problem is not None:
+            peer.reachable, peer.error = False, problem
+            return
+        assert health is not None and isinstance(ident, str)
+        name = health.get("name")
+        peer.id, peer.reachable, peer.error = ident, True, None
+        peer.name = name if isinstance(name, str) else None
+        instance = health.get("instance")
+        peer.instance = instance if isinstance(instance, str) else None
+
+    def listing(self) -> dict[str, Any]:
+        return {"peers": [peer.record() for peer in self.peers]}
+
+    async def find(self, peer_id: str) -> Peer:
+        """The peer with this stable id; an unknown id triggers one refresh before a 404."""
+        for attempt in range(2):
+            matches = [p for p in self.peers if p.id == peer_id]
+            if matches:
+                return next((p for p in matches if p.reachable), matches[0])
+            if attempt == 0 and self.peers:
+                await self.refresh()
+        raise NotFound(f"no peer collector with id {peer_id!r}; GET /api/peers lists them")
+
+    async def read(self, peer_id: str, raw_tail: str, raw_query: str) -> tuple[int, bytes]:
+        """GET an allow-listed path from a peer: (status, JSON body bytes)."""
+        path = readable_path(raw_tail)
+        peer = await self.find(peer_id)
+        url = URL(peer.url + path + (f"?{raw_query}" if raw_query else ""), encoded=True)
+        try:
+            async with self.session.get(url, allow_redirects=False,
+                                        headers={"Accept": "application/json"}) as resp:
+                body = await _capped(resp, MAX_BODY)
+                if not resp.content_type.startswith("application/json"):
+                    raise BadGateway(f"peer {peer_id} answered {path} with {resp.status} and "
+                                     "no JSON")
+                return resp.status, body
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            peer.reachable, peer.error = False, _problem(exc)
+            raise BadGateway(f"peer {peer_id} at {peer.url} is unreachable: "
+                             f"{_problem(exc)}") from None
+
+
+async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The whole (decompressed) body, or BadGateway once it passes `limit` bytes."""
+    too_big = f"the peer's answer is larger than the proxy's {limit}-byte limit"
+    if resp.content_length is not None and resp.content_length > limit:
+        raise BadGateway(too_big)
+    chunks, size = [], 0
+    async for chunk in resp.content.iter_chunked(64 << 10):
+        size += len(chunk)
+        if size > limit:
+            raise BadGateway(too_big)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(body)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
