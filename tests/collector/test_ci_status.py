@@ -1,0 +1,207 @@
+"""report_to.ci_status on host jobs, posted to a local fake of GitHub's commit-status API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from fleet_min.collector import ci_status
+from tests.helpers import job, registration, result_row
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+TARGET = f"octo-org/my.app@{SHA}"
+TOKEN = "ghp_fake_status_token_1234567890"
+WAIT_S = 20  # upper bound for an event to arrive, never a measured duration
+
+
+class FakeStatusesApi:
+    """POST /repos/{owner}/{repo}/statuses/{sha}: records each call; answers from a script."""
+
+    def __init__(self):
+        self.calls = []
+        self.script = []  # statuses to answer before falling back to 201
+        self.arrived = asyncio.Event()
+        app = web.Application()
+        app.router.add_post("/repos/{owner}/{repo}/statuses/{sha}", self.post)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def post(self, request):
+        body = await request.json()
+        self.calls.append({"path": request.path, "auth": request.headers.get("Authorization"),
+                           "accept": request.headers.get("Accept"), **body})
+        self.arrived.set()
+        status = self.script.pop(0) if self.script else 201
+        if status >= 400:
+            return web.json_response({"message": f"scripted {status}"}, status=status)
+        return web.json_response({"id": len(self.calls), "state": body["state"]}, status=201)
+
+    async def wait_for(self, count):
+        async with asyncio.timeout(WAIT_S):
+            while len(self.calls) < count:
+                self.arrived.clear()
+                await self.arrived.wait()
+        return self.calls
+
+
+@pytest.fixture
+async def github():
+    fake = FakeStatusesApi()
+    await fake.server.start_server()
+    yield fake
+    await fake.server.close()
+
+
+async def start(collector_factory, monkeypatch, api, token=TOKEN):
+    monkeypatch.setenv("FLEET_GITHUB_API", api)
+    monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    if token:
+        monkeypatch.setenv("FLEET_CI_STATUS_TOKEN", token)
+    else:
+        monkeypatch.delenv("FLEET_CI_STATUS_TOKEN", raising=False)
+    return await collector_factory(github_api=api, ci_status_token=token or "")
+
+
+def host_job(job_id="ui-1", **fields):
+    return job(job_id, workload="install", executor="host", report_to={"ci_status": TARGET},
+               **fields)
+
+
+async def claim_host(client, name="mac-mini"):
+    resp = await client.get(f"/executor/next-job?name={name}")
+    assert resp.status == 200
+    return await resp.json()
+
+
+async def recorded(client, job_id, count):
+    """The job's CI status record once `count` attempts are in it."""
+    async with asyncio.timeout(WAIT_S):
+        while True:
+            body = await (await client.get(f"/api/jobs/{job_id}/ci-status")).json()
+            if len(body["statuses"]) >= count:
+                return body
+            await asyncio.sleep(0.02)
+
+
+async def test_pending_at_claim_and_success_at_the_end(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    assert (await client.post("/jobs", json=host_job())).status == 201
+    await claim_host(client)
+    [pending] = await github.wait_for(1)
+    assert pending == {
+        "path": f"/repos/octo-org/my.app/statuses/{SHA}", "auth": f"Bearer {TOKEN}",
+        "accept": "application/vnd.github+json", "state": "pending",
+        "context": "fleet-min/install",
+        "description": "install is running on the device fleet."}
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    calls = await github.wait_for(2)
+    assert [c["state"] for c in calls] == ["pending", "success"]
+    body = await recorded(client, "ui-1", 2)
+    assert body["target"] == TARGET and body["armed"] is True
+    assert [(s["state"], s["dry_run"], s["http_status"], s["error"])
+            for s in body["statuses"]] == [("pending", False, 201, None),
+                                            ("success", False, 201, None)]
+    assert body["statuses"][0]["at"].endswith("Z")
+    assert (await (await client.get("/api/health")).json())["ci_status_armed"] is True
+
+
+async def test_failure_carries_the_error_sentence(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=False,
+                                                  error="no Android device is attached"))
+    calls = await github.wait_for(2)
+    assert calls[1]["state"] == "failure"
+    assert calls[1]["description"] == "install failed: no Android device is attached"
+
+
+async def test_cancel_before_a_claim_posts_error(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/jobs", json=host_job())
+    assert (await client.post("/api/jobs/ui-1/cancel")).status == 200
+    [call] = await github.wait_for(1)
+    assert call["state"] == "error" and "cancelled" in call["description"]
+
+
+async def test_server_errors_are_retried_client_errors_are_not(collector_factory, monkeypatch,
+                                                               github):
+    github.script = [502, 201, 422]
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    await github.wait_for(2)  # 502 then the retry's 201
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    body = await recorded(client, "ui-1", 3)
+    assert [(s["state"], s["http_status"]) for s in body["statuses"]] == [
+        ("pending", 502), ("pending", 201), ("success", 422)]
+    assert body["statuses"][0]["error"] == "the statuses API answered 502: scripted 502"
+    assert body["statuses"][2]["error"] == "the statuses API answered 422: scripted 422"
+    await asyncio.sleep(0.6)  # past the first backoff step: a 422 must not have been retried
+    assert len(github.calls) == 3
+
+
+async def test_without_a_token_it_is_a_dry_run(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")),
+                         token=None)
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    body = await recorded(client, "ui-1", 2)
+    assert body["armed"] is False
+    assert [(s["state"], s["dry_run"], s["http_status"]) for s in body["statuses"]] == [
+        ("pending", True, None), ("success", True, None)]
+    assert github.calls == []
+    assert (await (await client.get("/api/health")).json())["ci_status_armed"] is False
+
+
+async def test_unreachable_api_is_recorded_and_retried(collector_factory, monkeypatch, github):
+    url = str(github.server.make_url(""))
+    await github.server.close()
+    client = await start(collector_factory, monkeypatch, url)
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    body = await recorded(client, "ui-1", 2)
+    first = body["statuses"][0]
+    assert first["http_status"] is None and "could not be reached" in first["error"]
+
+
+async def test_device_jobs_and_jobs_without_a_target_report_nothing(
+        collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/jobs", json=job("plain-host", workload="install", executor="host"))
+    await claim_host(client)
+    await client.post("/results", json=result_row("plain-host", "x", final=True, ok=True))
+    await client.post("/jobs", json=host_job())  # the marker: reported after the others
+    await claim_host(client)
+    [call] = await github.wait_for(1)
+    assert call["state"] == "pending"
+    plain = await (await client.get("/api/jobs/plain-host/ci-status")).json()
+    assert plain["target"] is None and plain["statuses"] == []
+    assert (await client.get("/api/jobs/nope/ci-status")).status == 404
+
+
+async def test_the_token_is_never_logged(collector_factory, monkeypatch, github, caplog):
+    github.script = [500]
+    caplog.set_level(logging.DEBUG)
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    await recorded(client, "ui-1", 2)
+    assert caplog.records, "the retry should have been logged"
+    assert all(TOKEN not in record.getMessage() for record in caplog.records)
+    body = await (await client.get("/api/jobs/ui-1/ci-status")).text()
+    health = await (await client.get("/api/health")).text()
+    assert TOKEN not in body and TOKEN not in health
+
+
+def test_descriptions_fit_githubs_limit():
+    text = ci_status.describe("failure", "ui-test", "x" * 500)
+    assert len(text) == ci_status.MAX_DESCRIPTION and text.endswith("\u2026")
+    assert ci_status.statuses_url("https://api.example/", "o/r.x@abc1234").endswith(
+        "/repos/o/r.x/statuses/abc1234")
+

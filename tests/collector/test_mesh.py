@@ -1,0 +1,235 @@
+"""FLEET_MESH_ALLOW: mesh registrations must resolve to a listed node name.
+
+A registration cannot come from a 100.64.x.y socket address on this machine, so the HTTP tests
+run with FLEET_TRUST_PROXY=1 and name the peer in X-Forwarded-For, as a reverse proxy would.
+The identity lookup is a real executable named `tailscale` written onto PATH.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import stat
+import sys
+import textwrap
+
+import pytest
+
+from fleet_min.collector import mesh
+from tests.helpers import registration
+
+FAKE = textwrap.dedent("""\
+    #!{python}
+    import json, os, sys, time
+    with open(os.environ["FAKE_WHOIS_LOG"], "a") as log:
+        log.write(" ".join(sys.argv[1:]) + "\\n")
+    if sys.argv[1:3] != ["whois", "--json"] or len(sys.argv) != 4:
+        sys.exit("usage: tailscale whois --json <ip>")
+    answers = json.load(open(os.environ["FAKE_WHOIS_MAP"]))
+    answer = answers.get(sys.argv[3])
+    if answer == "hang":
+        time.sleep(30)
+    if answer is None:
+        sys.exit("no match for IP:port " + sys.argv[3])
+    print(answer if isinstance(answer, str) else json.dumps(answer))
+""")
+
+
+def whois(name, computed=None, hostname=None):
+    node = {"ID": 1, "StableID": "n1", "Name": name,
+            "Hostinfo": {"Hostname": hostname or "whatever", "OS": "linux"}}
+    if computed is not None:
+        node["ComputedName"] = computed
+    return {"Node": node, "UserProfile": {"LoginName": "someone@example.com"}}
+
+
+ANSWERS = {
+    "100.64.0.5": whois("pi5.example.ts.net.", "pi5"),
+    "fd7a:115c:a1e0::5": whois("pi5.example.ts.net.", "pi5"),
+    "100.64.0.6": whois("laptop.example.ts.net.", "laptop"),
+    # claims to be pi5 through the host name it reports about itself: not believed
+    "100.64.0.7": whois("intruder.example.ts.net.", "intruder", hostname="pi5"),
+    "100.127.0.9": whois("", "pi5", hostname="pi5"),  # no MagicDNS name: unidentified
+    "100.64.0.10": "this is not json",
+    "100.64.0.11": "hang",
+}
+
+
+@pytest.fixture
+def fake_tailscale(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    exe = bin_dir / "tailscale"
+    exe.write_text(FAKE.format(python=sys.executable))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    (tmp_path / "whois.json").write_text(json.dumps(ANSWERS))
+    log = tmp_path / "whois.log"
+    log.touch()
+    monkeypatch.setenv("FAKE_WHOIS_MAP", str(tmp_path / "whois.json"))
+    monkeypatch.setenv("FAKE_WHOIS_LOG", str(log))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.delenv("FLEET_MESH_WHOIS", raising=False)
+    return log
+
+
+async def start(collector_factory, monkeypatch, allow, trust_proxy=True, **env):
+    values = {"FLEET_MESH_ALLOW": allow, "FLEET_TRUST_PROXY": "1" if trust_proxy else "0", **env}
+    for name, value in values.items():
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    overrides = {name.removeprefix("FLEET_").lower(): value for name, value in values.items()
+                 if value is not None}
+    return await collector_factory(**overrides)
+
+
+async def register_from(client, address, device="d"):
+    headers = {"X-Forwarded-For": address} if address else {}
+    return await client.post("/devices/register", json=registration(device), headers=headers)
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("100.64.0.1", "mesh"), ("100.127.255.254", "mesh"), ("100.63.255.255", "other"),
+    ("100.128.0.1", "other"), ("fd7a:115c:a1e0::1", "mesh"), ("fd7a:115c:a1e1::1", "lan"),
+    ("::ffff:100.64.1.2", "mesh"), ("127.0.0.1", "loopback"), ("::1", "loopback"),
+    ("192.168.1.20", "lan"), ("10.0.0.3", "lan"), ("172.16.4.4", "lan"),
+    ("fe80::1%eth0", "lan"), ("169.254.1.1", "lan"), ("8.8.8.8", "other"),
+    ("not an address", "unknown"), ("", "unknown"),
+])
+def test_address_classification(text, kind):
+    assert mesh.classify(mesh.parse_address(text)) == kind
+
+
+def test_forwarded_for_is_only_read_behind_a_trusted_proxy():
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", False)) == "127.0.0.1"
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", True)) == "100.64.0.5"
+    # the entry the proxy itself added is the last one; earlier ones are the client's say-so
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5, 192.168.1.9", True)) == "192.168.1.9"
+    assert mesh.peer_address("127.0.0.1", "junk", True) is None
+    assert str(mesh.peer_address("127.0.0.1", None, True)) == "127.0.0.1"
+    assert mesh.peer_address(None, None, False) is None
+
+
+def test_node_names_come_from_the_coordination_server_not_the_node():
+    assert mesh.node_names(whois("pi5.example.ts.net.", "pi5")) == {"pi5.example.ts.net",
+                                                                    "pi5"}
+    assert mesh.node_names(whois("Pi5.Example.ts.net.")) == {"pi5.example.ts.net"}
+    assert mesh.node_names(whois("", "pi5", hostname="pi5")) == set()
+    assert mesh.node_names({"Node": {"Hostinfo": {"Hostname": "pi5"}}}) == set()
+    assert mesh.node_names([]) == set() and mesh.node_names({"Node": "x"}) == set()
+
+
+def test_mesh_ranges_are_the_ones_the_spec_names():
+    assert ipaddress.ip_network("100.64.0.0/10") == mesh.MESH_V4
+    assert ipaddress.ip_network("fd7a:115c:a1e0::/48") == mesh.MESH_V6
+
+
+# -- over HTTP -----------------------------------------------------------------------------------
+
+
+async def test_listed_mesh_node_registers(collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5, other-node")
+    resp = await register_from(client, "100.64.0.5")
+    assert resp.status == 200 and (await resp.json())["device_id"] == "d"
+    resp = await register_from(client, "fd7a:115c:a1e0::5", device="d6")
+    assert resp.status == 200
+    assert fake_tailscale.read_text().splitlines() == ["whois --json 100.64.0.5",
+                                                       "whois --json fd7a:115c:a1e0::5"]
+
+
+async def test_full_magicdns_name_may_be_listed(collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "PI5.example.ts.net.")
+    assert (await register_from(client, "100.64.0.5")).status == 200
+
+
+async def test_unlisted_and_unidentified_mesh_peers_get_403(collector_factory, monkeypatch,
+                                                            fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5")
+    cases = {
+        "100.64.0.6": "laptop is not in this collector's FLEET_MESH_ALLOW",
+        "100.64.0.7": "intruder is not in",
+        "100.127.0.9": "could not be identified (the identity lookup named no node)",
+        "100.64.0.10": "did not answer JSON",
+        "100.64.0.99": "no match for IP",
+    }
+    for address, words in cases.items():
+        resp = await register_from(client, address, device="x" + address)
+        assert resp.status == 403, address
+        assert words in (await resp.json())["error"], address
+    devices = await (await client.get("/api/devices")).json()
+    assert devices["devices"] == []
+
+
+async def test_loopback_and_lan_peers_are_admitted_without_a_lookup(
+        collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5")
+    assert (await register_from(client, None)).status == 200  # loopback socket
+    assert (await register_from(client, "192.168.1.20", device="lan")).status == 200
+    assert (await register_from(client, "fe80::1", device="ll")).status == 200
+    assert fake_tailscale.read_text() == ""
+
+
+async def test_unset_list_admits_everyone(collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, None)
+    assert (await register_from(client, "100.64.0.6")).status == 200
+    assert fake_tailscale.read_text() == ""
+
+
+async def test_forwarded_for_is_ignored_unless_the_proxy_is_trusted(
+        collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5", trust_proxy=False)
+    # the header names an unlisted node, but the socket is loopback and the header is not
+    # believed: admitted as loopback, no lookup
+    assert (await register_from(client, "100.64.0.6")).status == 200
+    assert fake_tailscale.read_text() == ""
+
+
+async def test_lookups_are_cached(collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5")
+    for _ in range(3):
+        assert (await register_from(client, "100.64.0.5")).status == 200
+        assert (await register_from(client, "100.64.0.6", device="e")).status == 403
+    assert sorted(fake_tailscale.read_text().splitlines()) == [
+        "whois --json 100.64.0.5", "whois --json 100.64.0.6"]
+
+
+async def test_only_registration_is_checked(collector_factory, monkeypatch, fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5")
+    resp = await client.get("/api/health", headers={"X-Forwarded-For": "100.64.0.6"})
+    assert resp.status == 200
+    resp = await client.post("/jobs", json={"schema": 1, "job_id": "j", "workload": "install",
+                                            "executor": "host"},
+                             headers={"X-Forwarded-For": "100.64.0.6"})
+    assert resp.status == 201
+    assert fake_tailscale.read_text() == ""
+
+
+async def test_lookup_binary_is_configurable(collector_factory, monkeypatch, fake_tailscale,
+                                             tmp_path):
+    renamed = tmp_path / "bin" / "ts-identity"
+    (tmp_path / "bin" / "tailscale").rename(renamed)
+    client = await start(collector_factory, monkeypatch, "pi5", FLEET_MESH_WHOIS=str(renamed))
+    assert (await register_from(client, "100.64.0.5")).status == 200
+
+
+async def test_missing_lookup_binary_refuses_mesh_peers(collector_factory, monkeypatch,
+                                                        fake_tailscale, tmp_path):
+    client = await start(collector_factory, monkeypatch, "pi5",
+                         FLEET_MESH_WHOIS=str(tmp_path / "no-such-binary"))
+    resp = await register_from(client, "100.64.0.5")
+    assert resp.status == 403 and "cannot run" in (await resp.json())["error"]
+    assert (await register_from(client, "127.0.0.1", device="local")).status == 200
+
+
+async def test_a_hanging_lookup_is_cut_off_and_refused(collector_factory, monkeypatch,
+                                                       fake_tailscale):
+    client = await start(collector_factory, monkeypatch, "pi5")
+    resp = await register_from(client, "100.64.0.11")
+    assert resp.status == 403 and "took over 3 s" in (await resp.json())["error"]
+    # the collector kept answering meanwhile and afterwards
+    assert (await client.get("/api/health")).status == 200

@@ -1,0 +1,205 @@
+"""FLEET_PEERS: two real collectors, one a peer of the other, plus a fake peer that records what
+the proxy sends it."""
+
+from __future__ import annotations
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from fleet_min.collector import peers
+from fleet_min.config import ConfigError
+from tests.helpers import free_port, job, registration
+
+FAKE_ID = "col-fakepeer0000"
+
+
+async def start(collector_factory, monkeypatch, tmp_path, name, peer_urls=()):
+    joined = ",".join(peer_urls)
+    if joined:
+        monkeypatch.setenv("FLEET_PEERS", joined)
+    else:
+        monkeypatch.delenv("FLEET_PEERS", raising=False)
+    monkeypatch.delenv("FLEET_DASH_TOKEN", raising=False)
+    return await collector_factory(data_dir=str(tmp_path / name), name=name,
+                                   peers=tuple(peer_urls))
+
+
+def url_of(client):
+    return str(client.make_url("")).rstrip("/")
+
+
+class FakePeer:
+    """A local HTTP server that answers like a collector and remembers every request."""
+
+    def __init__(self):
+        self.requests = []
+        self.devices_body = b'{"devices": []}'
+        self.content_type = "application/json"
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        self.server = TestServer(app, host="127.0.0.1")
+
+    async def handle(self, request):
+        self.requests.append((request.method, request.path_qs, dict(request.headers)))
+        if request.path == "/api/health":
+            return web.json_response({"ok": True, "collector": FAKE_ID, "name": "fake"})
+        if request.path == "/api/devices":
+            return web.Response(body=self.devices_body, content_type=self.content_type)
+        return web.json_response({"error": "no such route"}, status=404)
+
+
+@pytest.fixture
+async def fake_peer():
+    peer = FakePeer()
+    await peer.server.start_server()
+    yield peer
+    await peer.server.close()
+
+
+async def pair(collector_factory, monkeypatch, tmp_path, *extra):
+    remote = await start(collector_factory, monkeypatch, tmp_path, "remote")
+    remote_id = (await (await remote.get("/api/health")).json())["collector"]
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(remote), *extra])
+    return local, remote, remote_id
+
+
+# -- addresses ------------------------------------------------------------------------------------
+
+
+def test_peer_addresses_are_normalised_and_checked():
+    assert peers.base_url("pi5.local:8788") == "http://pi5.local:8788"
+    assert peers.base_url(" https://c.example/ ") == "https://c.example"
+    assert peers.base_url("[fd7a:115c:a1e0::2]:8788") == "http://[fd7a:115c:a1e0::2]:8788"
+    for bad in ("ftp://x", "http://u:p@x:1", "http://x/api", "http://x?y=1", "http://x:99999"):
+        with pytest.raises(ConfigError):
+            peers.base_url(bad)
+
+
+@pytest.mark.parametrize(("tail", "path"), [
+    ("api/health", "/api/health"),
+    ("api/devices/pi%205", "/api/devices/pi%205"),
+    ("api/devices/a%2Fb", "/api/devices/a%2Fb"),
+    ("api/results/bench", "/api/results/bench"),
+    ("api/jobs/j-1", "/api/jobs/j-1"),
+])
+def test_readable_paths(tail, path):
+    assert peers.readable_path(tail) == path
+
+
+@pytest.mark.parametrize("tail", [
+    "api/stream", "jobs", "api/jobs/j/cancel", "api/devices/d/beacons", "api/devices/%2e%2e",
+    "api/devices/..", "api//health", "api/health/", "", "artifacts/" + "a" * 64, "api/peers",
+    "api/devices/a%00b",
+])
+def test_everything_else_is_refused(tail):
+    with pytest.raises(peers.Forbidden):
+        peers.readable_path(tail)
+
+
+# -- two real collectors --------------------------------------------------------------------
+
+
+async def test_peer_listing_names_the_peer_by_its_stable_id(collector_factory, monkeypatch,
+                                                            tmp_path):
+    local, remote, remote_id = await pair(collector_factory, monkeypatch, tmp_path)
+    listing = await (await local.get("/api/peers?refresh=1")).json()
+    [peer] = listing["peers"]
+    assert peer["id"] == remote_id and peer["url"] == url_of(remote)
+    assert peer["reachable"] is True and peer["error"] is None
+    assert peer["last_checked"].endswith("Z") and peer["latency_ms"] >= 0
+    own = (await (await local.get("/api/health")).json())["collector"]
+    assert own != remote_id
+
+
+async def test_proxy_reads_allow_listed_endpoints(collector_factory, monkeypatch, tmp_path):
+    local, remote, remote_id = await pair(collector_factory, monkeypatch, tmp_path)
+    await remote.post("/devices/register", json=registration("pi-on-remote"))
+    await remote.post("/jobs", json=job("remote-job"))
+    await remote.post("/jobs", json=job("other", workload="install", executor="host"))
+    base = f"/api/peers/{remote_id}"
+    resp = await local.get(base + "/api/health")
+    assert resp.status == 200 and resp.headers["X-Fleet-Peer"] == remote_id
+    assert (await resp.json())["collector"] == remote_id
+    resp = await local.get(base + "/api/devices/pi-on-remote")
+    assert (await resp.json())["device_id"] == "pi-on-remote"
+    resp = await local.get(base + "/api/jobs?executor=host")
+    assert [j["job_id"] for j in (await resp.json())["jobs"]] == ["other"]
+    assert (await local.get(base + "/api/overview")).status == 200
+    # the peer's own 404 comes back as it was
+    resp = await local.get(base + "/api/jobs/nope")
+    assert resp.status == 404 and "error" in await resp.json()
+
+
+async def test_proxy_never_forwards_a_change(collector_factory, monkeypatch, tmp_path):
+    local, remote, remote_id = await pair(collector_factory, monkeypatch, tmp_path)
+    await remote.post("/jobs", json=job("keep"))
+    base = f"/api/peers/{remote_id}"
+    for method, path in [("POST", "/api/jobs/keep/cancel"), ("PATCH", "/api/jobs/keep"),
+                         ("DELETE", "/api/devices/x"), ("PUT", "/api/health"),
+                         ("POST", "/jobs")]:
+        resp = await local.request(method, base + path, json={"priority": 9})
+        assert resp.status == 403, (method, path)
+        assert "only reads" in (await resp.json())["error"]
+    for path in ("/api/stream", "/jobs/keep", "/api/devices/x/beacons", "/api/peers"):
+        resp = await local.get(base + path)
+        assert resp.status == 403, path
+    row = await (await remote.get("/jobs/keep")).json()
+    assert row["status"] == "queued" and row["priority"] == 0
+
+
+async def test_unknown_peer_is_404(collector_factory, monkeypatch, tmp_path):
+    local, _remote, _ = await pair(collector_factory, monkeypatch, tmp_path)
+    resp = await local.get("/api/peers/col-nobody/api/health")
+    assert resp.status == 404 and "no peer collector" in (await resp.json())["error"]
+
+
+async def test_silent_peer_is_listed_unreachable(collector_factory, monkeypatch, tmp_path):
+    silent = f"http://127.0.0.1:{free_port()}"
+    local, _remote, remote_id = await pair(collector_factory, monkeypatch, tmp_path, silent)
+    listing = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    by_url = {p["url"]: p for p in listing}
+    assert by_url[silent]["reachable"] is False and by_url[silent]["id"] is None
+    assert "cannot connect" in by_url[silent]["error"]
+    assert [p["id"] for p in listing if p["reachable"]] == [remote_id]
+
+
+# -- a fake peer that records --------------------------------------------------------------------
+
+
+async def test_client_headers_are_not_forwarded_and_query_passes(
+        collector_factory, monkeypatch, tmp_path, fake_peer):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices?expired=1&q=a%26b",
+                           headers={"X-Fleet-Token": "dashboard-secret",
+                                    "Cookie": "session=1", "Authorization": "Bearer x"})
+    assert resp.status == 200
+    method, path_qs, headers = fake_peer.requests[-1]
+    assert method == "GET" and path_qs == "/api/devices?expired=1&q=a%26b"
+    lowered = {k.lower() for k in headers}
+    assert not lowered & {"x-fleet-token", "cookie", "authorization"}
+
+
+async def test_oversized_or_non_json_answers_are_502(collector_factory, monkeypatch, tmp_path,
+                                                    fake_peer):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    fake_peer.devices_body = b"[" + b"0," * (peers.MAX_BODY // 2) + b"0]"
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == 502 and "larger than" in (await resp.json())["error"]
+    fake_peer.devices_body, fake_peer.content_type = b"<html></html>", "text/html"
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == 502 and "no JSON" in (await resp.json())["error"]
+
+
+async def test_peer_that_went_away_is_502(collector_factory, monkeypatch, tmp_path, fake_peer):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    assert (await local.get(f"/api/peers/{FAKE_ID}/api/health")).status == 200
+    await fake_peer.server.close()
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/health")
+    assert resp.status == 502 and "unreachable" in (await resp.json())["error"]
+    [peer] = (await (await local.get("/api/peers")).json())["peers"]
+    assert peer["id"] == FAKE_ID and peer["reachable"] is False
