@@ -3,7 +3,6 @@ validate, call one domain function, shape the reply."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from aiohttp import web
@@ -98,14 +97,7 @@ def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str |
 
 async def device_next_job(request: web.Request) -> web.Response:
     service = service_of(request)
-    device_id = request.match_info["device_id"]
-    row = await service.db.read_one("SELECT capabilities FROM devices WHERE device_id = ?",
-                                    (device_id,))
-    if row is None:
-        raise NotFound(f"device {device_id!r} is not registered; register first "
-                       "(POST /devices/register)")
-    capabilities = json.loads(row["capabilities"]) if row["capabilities"] else None
-    job = await service.next_job(Claimant("device", device_id), capabilities,
+    job = await service.next_job(Claimant("device", request.match_info["device_id"]),
                                  service.config.long_poll_s)
     return json_response(job) if job is not None else web.Response(status=204)
 
@@ -115,7 +107,7 @@ async def executor_next_job(request: web.Request) -> web.Response:
     if not name or len(name) > 200:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
     service = service_of(request)
-    job = await service.next_job(Claimant("host", name), None, service.config.long_poll_s)
+    job = await service.next_job(Claimant("host", name), service.config.long_poll_s)
     return json_response(job) if job is not None else web.Response(status=204)
 
 

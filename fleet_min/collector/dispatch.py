@@ -157,14 +157,26 @@ class Dispatcher:
             if not remaining:
                 return
 
-    async def claim_now(self, waiter: Waiter) -> dict[str, Any] | None:
-        """The poll's own first look, made while registered so no wake-up is lost meanwhile."""
+    async def claim_now(self, waiter: Waiter,
+                        first: Callable[[Waiter], Awaitable[dict[str, Any] | None]]
+                        ) -> dict[str, Any] | None:
+        """The poll's own first look, made while registered so no wake-up is lost meanwhile.
+
+        `first` claims and also learns what the cheap pre-check needs (the capabilities).
+        """
+        look = first
         while True:
             waiter.reserved, waiter.missed = True, False
-            job = (await self._claim_batch([waiter.claimant]))[0]
-            waiter.reserved = False
+            try:
+                job = await look(waiter)
+            finally:
+                waiter.reserved = False
             if job is not None or not waiter.missed:
                 return job
+            look = self._claim_one
+
+    async def _claim_one(self, waiter: Waiter) -> dict[str, Any] | None:
+        return (await self._claim_batch([waiter.claimant]))[0]
 
     def _deliver(self, waiter: Waiter, job: dict[str, Any]) -> None:
         self.remove(waiter)

@@ -484,6 +484,22 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
     return spec
 
 
+def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effects: Effects
+                ) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """A poll's first look: its device's declared capabilities and a claim, in one hop.
+
+    Raises NotFound for a device that never registered.
+    """
+    capabilities = None
+    if claimant.executor == "device":
+        device = load_device(conn, claimant.id)
+        if device is None:
+            raise NotFound(f"device {claimant.id!r} is not registered; register first "
+                           "(POST /devices/register)")
+        capabilities = device.capabilities
+    return capabilities, claim(conn, claimant, now, effects)
+
+
 def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
                effects: Effects) -> list[dict[str, Any] | None]:
     """Claims for several waiting long polls in one transaction (the dispatcher's batch)."""

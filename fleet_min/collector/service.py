@@ -141,6 +141,11 @@ class Service:
                                                                   now())
         return result
 
+    async def _first_claim(self, waiter: Waiter) -> dict[str, Any] | None:
+        capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now())
+        waiter.capabilities = capabilities
+        return job  # type: ignore[no-any-return]
+
     async def _hand_back(self, job_id: str, claimant: Claimant) -> None:
         log.info("poll for %s went away before job %s was delivered; handing it back",
                  claimant.key, job_id)
@@ -148,15 +153,17 @@ class Service:
 
     # -- long polls -------------------------------------------------------------------------
 
-    async def next_job(self, claimant: Claimant, capabilities: list[str] | None,
-                       hold_s: float) -> dict[str, Any] | None:
-        """Hold a poll until a job is claimed for it or hold_s passes (then None)."""
-        waiter = Waiter(claimant, capabilities)
+    async def next_job(self, claimant: Claimant, hold_s: float) -> dict[str, Any] | None:
+        """Hold a poll until a job is claimed for it or hold_s passes (then None).
+
+        Raises NotFound when a device polls before registering.
+        """
+        waiter = Waiter(claimant)
         self.dispatcher.add(waiter)
         try:
             if waiter.future.done():  # shutting down
                 return None
-            job = await self.dispatcher.claim_now(waiter)
+            job = await self.dispatcher.claim_now(waiter, self._first_claim)
             if job is not None:
                 return job
             try:
@@ -188,5 +195,6 @@ class Service:
             "stream_clients": self.hub.clients,
             "guard": self.guarded,
             "waiting_polls": self.dispatcher.waiting,
+            "writer": self.db.stats,
             **{k: v for extra in self.health_extras for k, v in extra().items()},
         }

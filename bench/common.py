@@ -1,0 +1,136 @@
+"""Shared pieces of the benchmarks: servers as separate processes, a lean HTTP/1.1 client,
+process CPU and memory from /proc, and the one-JSON-object-per-line report.
+
+The client speaks keep-alive HTTP/1.1 over asyncio streams (no client library), so that the load
+generator costs as little as possible and its own ceiling can be shown next to the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, from /proc/<pid>/stat."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def memory_kib(pid: int) -> dict[str, int]:
+    values = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            values[key] = int(rest.split()[0])
+    return values
+
+
+def emit(record: dict[str, Any]) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def table(rows: list[tuple[str, str, str]]) -> None:
+    width = max(len(r[0]) for r in rows)
+    print()
+    for name, value, note in rows:
+        print(f"  {name:<{width}}  {value:>14}  {note}")
+    print()
+
+
+def wait_http(url: str, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(url, timeout=1):  # noqa: S310
+                return
+        time.sleep(0.02)
+    raise RuntimeError(f"{url} did not answer")
+
+
+@contextlib.contextmanager
+def server(kind: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """Start the collector ('collector') or the bare aiohttp server ('bare') as a process."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data:
+        if kind == "collector":
+            argv = [sys.executable, "-m", "fleet_min", "collector", "--port", str(port),
+                    "--data", data, "--bind", "127.0.0.1"]
+            health = "/api/health"
+        else:
+            argv = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]
+            health = "/api/health"
+        proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT),
+                                           "FLEET_LOG_LEVEL": "WARNING", **(env or {})},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            wait_http(f"http://127.0.0.1:{port}{health}")
+            yield f"127.0.0.1:{port}", proc.pid
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class Http:
+    """One keep-alive HTTP/1.1 connection."""
+
+    def __init__(self, address: str) -> None:
+        self.host, port = address.rsplit(":", 1)
+        self.port = int(port)
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
+    async def request(self, method: str, path: str, body: Any = None) -> tuple[int, bytes]:
+        if self.writer is None:
+            await self.connect()
+        assert self.reader is not None and self.writer is not None
+        payload = b"" if body is None else json.dumps(body).encode()
+        head = (f"{method} {path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Length: "
+                f"{len(payload)}\r\nContent-Type: application/json\r\n\r\n").encode()
+        self.writer.write(head + payload)
+        status_line = await self.reader.readline()
+        if not status_line:
+            raise ConnectionError("server closed the connection")
+        status = int(status_line.split()[1])
+        length = 0
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b""):
+                break
+            name, _, value = line.decode().partition(":")
+            if name.lower() == "content-length":
+                length = int(value)
+        data = await self.reader.readexactly(length) if length else b""
+        return status, data
+
+    def close(self) -> None:
+        if self.writer:
+            self.writer.close()
