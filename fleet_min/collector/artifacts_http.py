@@ -1,11 +1,207 @@
-"""The content-addressed artifact store over HTTP."""
+"""The content-addressed artifact store over HTTP.
+
+Bytes: `POST /artifacts` (streamed upload), `GET`/`HEAD /artifacts/{sha256}` (ranges, ETag).
+Records: `/api/artifacts` (list, one, delete, pin, baseline, gc-candidates).
+"""
 
 from __future__ import annotations
 
-from aiohttp import web
+import asyncio
+import os
+from typing import Any
 
+from aiohttp import ClientPayloadError, web
+
+from fleet_min.collector import artifacts
+from fleet_min.collector.artifacts import ArtifactStore, Opened, RangeNotSatisfiable
 from fleet_min.collector.service import Service
+from fleet_min.errors import BadRequest, TooLarge
+from fleet_min.http import error_response, json_response, read_json_object
+from fleet_min.timeutil import now
+
+STORE = web.AppKey("artifact_store", ArtifactStore)
+IMMUTABLE = "public, max-age=31536000, immutable"  # a hash's bytes never change
+
+
+def store_of(request: web.Request) -> ArtifactStore:
+    return request.app[STORE]
+
+
+def _sha(request: web.Request) -> str:
+    return artifacts.check_sha256(request.match_info["sha256"])
+
+
+# -- bytes ----------------------------------------------------------------------------------------
+
+
+async def refuse_oversized_early(request: web.Request) -> web.StreamResponse | None:
+    """Answer `Expect: 100-continue` with 413 when the declared length is past the limit, so a
+    client such as curl does not send gigabytes only to be refused; else let the body come."""
+    limit = store_of(request).max_bytes
+    if request.content_length is not None and request.content_length > limit:
+        return error_response(413, _too_large(limit))
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        return error_response(417, f"Expect: {expect[:40]} is not supported; use 100-continue")
+    if request.version >= (1, 1):
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the interim reply is not part of the response
+    return None
+
+
+def _too_large(limit: int) -> str:
+    return f"the artifact is larger than the {limit}-byte limit ({artifacts.LIMIT_ENV})"
+
+
+async def upload(request: web.Request) -> web.Response:
+    store = store_of(request)
+    publish = artifacts.publish_fields(request.headers)
+    expected = request.headers.get("x-artifact-sha256")
+    if expected is not None:
+        expected = artifacts.check_sha256(expected.strip().lower())
+    if request.content_length is not None and request.content_length > store.max_bytes:
+        raise TooLarge(_too_large(store.max_bytes))
+    try:
+        stored = await store.upload(request.content.iter_chunked(artifacts.BATCH_BYTES),
+                                    publish, expected, now())
+    except (ClientPayloadError, ConnectionResetError):
+        raise BadRequest("the upload ended before its body was complete; nothing was stored")\
+            from None
+    return json_response(stored)
+
+
+class ArtifactResponse(web.StreamResponse):
+    """The bytes of one artifact, or a range of them; sent with sendfile where the event loop
+    has it, else read a MiB at a time on a worker thread. Either way memory stays flat."""
+
+    def __init__(self, opened: Opened, span: tuple[int, int] | None) -> None:
+        first, last = span if span is not None else (0, opened.size - 1)
+        super().__init__(status=206 if span is not None else 200)
+        self._opened, self._offset, self._count = opened, first, max(0, last - first + 1)
+        self.content_type = "application/octet-stream"
+        self.content_length = self._count
+        self.headers.update({"ETag": f'"{opened.sha256}"', "Accept-Ranges": "bytes",
+                             "Cache-Control": IMMUTABLE})
+        if span is not None:
+            self.headers["Content-Range"] = f"bytes {first}-{last}/{opened.size}"
+
+    async def prepare(self, request: web.BaseRequest) -> Any:
+        try:
+            writer = await super().prepare(request)
+            if request.method != "HEAD" and self._count:
+                await self._send(request)
+            await super().write_eof()
+            return writer
+        finally:
+            await asyncio.to_thread(self._opened.file.close)
+
+    async def _send(self, request: web.BaseRequest) -> None:
+        transport = request.transport
+        if transport is None:
+            raise ConnectionResetError("the client went away")
+        try:
+            await asyncio.get_running_loop().sendfile(transport, self._opened.file,
+                                                      self._offset, self._count)
+        except NotImplementedError:  # uvloop, TLS: read it ourselves
+            await self._send_by_reading()
+
+    async def _send_by_reading(self) -> None:
+        fd, offset, left = self._opened.file.fileno(), self._offset, self._count
+        while left > 0:
+            chunk = await asyncio.to_thread(os.pread, fd, min(artifacts.READ_BYTES, left), offset)
+            if not chunk:
+                raise ConnectionResetError("the artifact file was truncated while being sent")
+            await self.write(chunk)
+            offset += len(chunk)
+            left -= len(chunk)
+
+
+def _matches(header: str | None, sha256: str) -> bool:
+    """Does an If-None-Match / If-Range list name this artifact's ETag (weak or strong)?"""
+    if header is None:
+        return False
+    tags = [tag.strip().removeprefix("W/").strip('"') for tag in header.split(",")]
+    return "*" in tags or sha256 in tags
+
+
+async def download(request: web.Request) -> web.StreamResponse:
+    sha256 = _sha(request)
+    opened = await store_of(request).open(sha256)  # 404 before any condition is considered
+    headers = {"ETag": f'"{sha256}"', "Cache-Control": IMMUTABLE, "Accept-Ranges": "bytes"}
+    span = None
+    try:
+        if _matches(request.headers.get("If-None-Match"), sha256):
+            await asyncio.to_thread(opened.file.close)
+            return web.Response(status=304, headers=headers)
+        if_range = request.headers.get("If-Range")
+        if if_range is None or _matches(if_range, sha256):
+            span = artifacts.byte_range(request.headers.get("Range"), opened.size)
+    except RangeNotSatisfiable:
+        await asyncio.to_thread(opened.file.close)
+        response = error_response(416, f"the range is outside the artifact's {opened.size} "
+                                       "bytes")
+        response.headers.update({**headers, "Content-Range": f"bytes */{opened.size}"})
+        return response
+    return ArtifactResponse(opened, span)
+
+
+# -- records --------------------------------------------------------------------------------------
+
+
+async def api_list(request: web.Request) -> web.Response:
+    return json_response(await artifacts.list_artifacts(store_of(request).db, request.query))
+
+
+async def api_gc_candidates(request: web.Request) -> web.Response:
+    return json_response(await store_of(request).gc_candidates(request.query))
+
+
+async def api_detail(request: web.Request) -> web.Response:
+    return json_response(await store_of(request).detail(_sha(request)))
+
+
+async def api_delete(request: web.Request) -> web.Response:
+    return json_response(await store_of(request).delete(_sha(request)))
+
+
+def _setup_mutations(service: Service) -> list[web.RouteDef]:
+    async def api_pin(request: web.Request) -> web.Response:
+        sha256 = _sha(request)
+        reason = artifacts.check_reason(await read_json_object(request))
+        return json_response(await service.transact(artifacts.pin, sha256, reason))
+
+    async def api_unpin(request: web.Request) -> web.Response:
+        return json_response(await service.transact(artifacts.unpin, _sha(request)))
+
+    async def api_baseline(request: web.Request) -> web.Response:
+        sha256 = _sha(request)
+        accepted = artifacts.check_accepted(await read_json_object(request))
+        return json_response(await service.transact(artifacts.set_baseline, sha256, accepted))
+
+    return [web.post("/api/artifacts/{sha256}/pin", api_pin),
+            web.delete("/api/artifacts/{sha256}/pin", api_unpin),
+            web.post("/api/artifacts/{sha256}/baseline", api_baseline)]
 
 
 def setup(app: web.Application, service: Service) -> None:
     """Register this feature's routes, middlewares, listeners and background loops."""
+    store = ArtifactStore(service.data_dir / "artifacts",
+                          artifacts.max_artifact_bytes(service.config), service.db,
+                          service.transact)
+    app[STORE] = store
+    app.router.add_post("/artifacts", upload, expect_handler=refuse_oversized_early)
+    app.router.add_get("/artifacts/{sha256}", download)  # HEAD too
+    app.router.add_routes([
+        web.get("/api/artifacts", api_list),
+        web.get("/api/artifacts/gc-candidates", api_gc_candidates),
+        web.get("/api/artifacts/{sha256}", api_detail),
+        web.delete("/api/artifacts/{sha256}", api_delete),
+        *_setup_mutations(service),
+    ])
+
+    async def on_startup(_app: web.Application) -> None:
+        found = await store.scan()  # before the first request: no upload is in flight yet
+        if found:
+            service.spawn(store.adopt(found, now()), "artifact-adopt")
+
+    app.on_startup.append(on_startup)

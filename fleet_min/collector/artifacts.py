@@ -1,0 +1,686 @@
+"""The content-addressed artifact store: bytes on disk named by their SHA-256, a row per artifact.
+
+Layout under `<data_dir>/artifacts/`: `<first two hex digits>/<sha256>` for stored bytes and
+`tmp/<random>.part` for uploads in flight (same filesystem, so the final rename is atomic).
+
+An upload streams into a temporary file while it is hashed, a batch of about 1 MiB at a time, each
+batch written and hashed on a worker thread, so memory does not grow with the artifact and the
+event loop never waits on the disk. The file and its directory are fsynced before the row is
+committed and the upload acknowledged: an acknowledged artifact survives `kill -9` and a power
+cut. An upload whose hash is already stored keeps the stored copy and drops the new one.
+
+"Referenced" (what blocks a delete and keeps an artifact off the collection list) means needed by
+work that can still run: named in the spec or a result row of a live job (queued, waiting,
+claimed), in a result row of a job that a waiting job depends on (its `${jobs.<id>.artifact}`
+is about to be read), in a schedule's template, or the newest build of an app that a schedule
+asks for with `sha256: "latest"`. A closed job's spec keeps the hash as history; it does not hold
+the bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from fleet_min.collector import queue
+from fleet_min.collector.effects import Effects
+from fleet_min.db import Database, StorageError, like_escape
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
+from fleet_min.timeutil import iso
+
+log = logging.getLogger(__name__)
+
+LIMIT_ENV = "FLEET_MAX_ARTIFACT_BYTES"
+DEFAULT_MAX_BYTES = 4 << 30
+BATCH_BYTES = 1 << 20  # handed to the writer thread at a time
+READ_BYTES = 1 << 20  # read from disk at a time when sendfile is not available
+PER_PAGE = 50
+MAX_HEADER_CHARS = 200
+MAX_REASON_CHARS = 500
+LIVE_STATUSES = ("queued", "waiting", "claimed")
+PUBLISH_HEADERS = {"name": "x-artifact-name", "app": "x-artifact-app",
+                   "build": "x-artifact-build", "platform": "x-artifact-platform"}
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HASHES_IN_TEXT = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
+_LOCK_STRIPES = 64
+
+Transact = Callable[..., Awaitable[Any]]
+
+
+class StoreFull(Refused):
+    status = 507
+
+
+class RangeNotSatisfiable(Exception):
+    """The Range header asks for bytes the artifact does not have (answered 416)."""
+
+
+def max_artifact_bytes(config: Any) -> int:
+    """The upload size limit: the `max_artifact_bytes` setting once config.py has it, until then
+    FLEET_MAX_ARTIFACT_BYTES from the environment (default 4 GiB)."""
+    value = getattr(config, "max_artifact_bytes", None)
+    if value is None:
+        raw = os.environ.get(LIMIT_ENV, "").strip()
+        try:
+            value = int(raw) if raw else DEFAULT_MAX_BYTES
+        except ValueError:
+            raise ValueError(f"{LIMIT_ENV} must be a whole number of bytes, got {raw!r}") from None
+    if value < 1:
+        raise ValueError(f"{LIMIT_ENV} must be a positive number of bytes, got {value}")
+    return int(value)
+
+
+# -- pure checks ----------------------------------------------------------------------------------
+
+
+def check_sha256(text: str) -> str:
+    """A hash taken from a URL: 64 lowercase hex digits, or 400. Only then is it used in a path."""
+    if not _HEX64.fullmatch(text):
+        raise BadRequest("an artifact is named by its SHA-256: 64 lowercase hex digits")
+    return text
+
+
+def publish_fields(headers: Mapping[str, str]) -> dict[str, str]:
+    """The publish stamp from the upload headers (only those given, trimmed), or 400."""
+    fields: dict[str, str] = {}
+    for key, header in PUBLISH_HEADERS.items():
+        value = (headers.get(header) or "").strip()
+        if not value:
+            continue
+        if len(value) > MAX_HEADER_CHARS:
+            raise BadRequest(f"{header} is longer than {MAX_HEADER_CHARS} characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"{header} is not valid UTF-8 text") from None
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise BadRequest(f"{header} contains control characters")
+        fields[key] = value
+    return fields
+
+
+def check_reason(body: Mapping[str, Any]) -> str:
+    reason = body.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise BadRequest('a pin needs a reason: send {"reason": "<why this artifact is kept>"}')
+    if len(reason) > MAX_REASON_CHARS:
+        raise BadRequest(f"the pin reason is longer than {MAX_REASON_CHARS} characters")
+    return reason.strip()
+
+
+def check_accepted(body: Mapping[str, Any]) -> bool:
+    accepted = body.get("accepted")
+    if not isinstance(accepted, bool):
+        raise BadRequest('send {"accepted": true} to accept a visual baseline or false to drop it')
+    return accepted
+
+
+def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
+    """The inclusive (first, last) byte range a Range header asks for, or None for the whole.
+
+    Following RFC 9110, a header we do not understand (another unit, several ranges, bad syntax)
+    is ignored and the whole artifact is sent; a well-formed range outside the artifact raises
+    RangeNotSatisfiable.
+    """
+    if not header:
+        return None
+    match = _RANGE.fullmatch(header.strip().replace(" ", ""))
+    if not match or match.group(1) == match.group(2) == "":
+        return None
+    first_text, last_text = match.group(1), match.group(2)
+    if not first_text:  # suffix: the last N bytes
+        wanted = _number(last_text)
+        if wanted == 0 or size == 0:
+            raise RangeNotSatisfiable
+        return max(0, size - wanted), size - 1
+    first = _number(first_text)
+    last = _number(last_text) if last_text else size - 1
+    if last_text and last < first:
+        return None
+    if first >= size:
+        raise RangeNotSatisfiable
+    return first, min(last, size - 1)
+
+
+def _number(digits: str) -> int:
+    """A byte position from a Range header; anything past 20 digits is past any file (and is
+    never handed to int(), whose cost grows with the length)."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= 20 else 10**20
+
+
+def record(row: sqlite3.Row) -> dict[str, Any]:
+    sha = row["sha256"]
+    return {"sha256": sha, "size": row["size"], "created_at": iso(row["created_at"]),
+            "name": row["name"], "app": row["app"], "build": row["build"],
+            "platform": row["platform"], "pinned": row["pinned_reason"] is not None,
+            "pinned_reason": row["pinned_reason"], "baseline": bool(row["baseline"]),
+            "url": f"/artifacts/{sha}"}
+
+
+def _flag(query: Mapping[str, str], name: str) -> bool | None:
+    raw = (query.get(name) or "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("0", "false", "no"):
+        return False
+    raise BadRequest(f"{name} must be true or false")
+
+
+def _page(query: Mapping[str, str]) -> int:
+    raw = query.get("page") or "1"
+    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+        raise BadRequest("page must be a whole number from 1")
+    return int(raw)
+
+
+def _paged(items: list[dict[str, Any]], total: int, page: int, **extra: Any) -> dict[str, Any]:
+    return {"page": page, "per_page": PER_PAGE, "total": total,
+            "pages": max(1, -(-total // PER_PAGE)), **extra, "artifacts": items}
+
+
+# -- bytes on disk ----------------------------------------------------------------------------
+
+
+@dataclass
+class _TempFile:
+    """An upload being written: its temporary path, open descriptor, running hash and size.
+
+    `write` and `close` run on worker threads; the lock makes an abandon (client gone, limit
+    passed, shutdown) wait for a write still in flight instead of closing the descriptor under it.
+    """
+
+    path: Path
+    fd: int
+    hasher: Any = field(default_factory=hashlib.sha256)
+    size: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def write(self, parts: list[bytes]) -> None:
+        with self.lock:
+            if self.fd < 0:
+                return
+            for part in parts:
+                self.hasher.update(part)
+                view = memoryview(part)
+                while view:
+                    view = view[_write(self.fd, view):]
+
+    def seal(self) -> str:
+        """Flush to the disk and close; the hex digest of everything written."""
+        with self.lock:
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+            return str(self.hasher.hexdigest())
+
+    def abandon(self) -> None:
+        with self.lock:
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+
+def _write(fd: int, view: memoryview) -> int:
+    try:
+        return os.write(fd, view)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StoreFull("the disk holding the artifact store is full; delete artifacts "
+                            "(see GET /api/artifacts/gc-candidates) and retry") from None
+        raise
+
+
+def _retrieve(future: asyncio.Future[None]) -> None:
+    """Mark a write's failure as seen: after an abandon nobody awaits it any more."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """An artifact opened for reading: the caller owns `file` and closes it."""
+
+    sha256: str
+    file: BinaryIO
+    size: int
+
+
+class ArtifactStore:
+    """The artifact directory and the `artifacts` table, kept in step.
+
+    Renames and deletes of one hash are serialised by a lock stripe, so an upload finishing and
+    a delete of the same hash cannot interleave (the row and the file always agree).
+    """
+
+    def __init__(self, root: Path, max_bytes: int, db: Database, transact: Transact) -> None:
+        self.root = root
+        self.tmp = root / "tmp"
+        self.max_bytes = max_bytes
+        self.db = db
+        self.transact = transact
+        self._locks = [asyncio.Lock() for _ in range(_LOCK_STRIPES)]
+
+    def path(self, sha256: str) -> Path:
+        check_sha256(sha256)  # never a path from anything but 64 hex digits
+        return self.root / sha256[:2] / sha256
+
+    def _lock(self, sha256: str) -> asyncio.Lock:
+        return self._locks[int(sha256[:2], 16) % _LOCK_STRIPES]
+
+    # -- start-up ---------------------------------------------------------------------------
+
+    async def scan(self) -> list[tuple[str, int, float]]:
+        """At start-up: create the layout, drop uploads a crash left half-written, and list the
+        stored files (hash, size, mtime) so rows missing for any of them can be adopted."""
+        return await asyncio.to_thread(self._prepare)
+
+    async def adopt(self, found: list[tuple[str, int, float]], now: float) -> int:
+        """Give a row to stored files without one (a crash between the rename and the commit:
+        never acknowledged, but whole and named by its hash). They show as gc candidates."""
+        await self._database_ready()
+        adopted: int = await self.transact(_adopt, found, now)
+        if adopted:
+            log.info("adopted %d stored artifacts that had no row", adopted)
+        return adopted
+
+    async def _database_ready(self) -> None:
+        # Feature start-up hooks run before Service.start opens the database (create_app adds
+        # its hook after the features'); wait for it instead of depending on that order.
+        while True:
+            try:
+                await self.db.read_one("SELECT 1")
+                return
+            except StorageError:
+                await asyncio.sleep(0.05)
+
+    def _prepare(self) -> list[tuple[str, int, float]]:
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        for leftover in self.tmp.iterdir():
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        found = []
+        for shard in self.root.iterdir():
+            if len(shard.name) != 2 or not shard.is_dir():
+                continue
+            for entry in shard.iterdir():
+                if _HEX64.fullmatch(entry.name) and entry.name[:2] == shard.name:
+                    stat = entry.stat()
+                    found.append((entry.name, stat.st_size, stat.st_mtime))
+        return found
+
+    # -- upload -----------------------------------------------------------------------------
+
+    async def upload(self, chunks: AsyncIterator[bytes], publish: dict[str, str],
+                     expected: str | None, now: float) -> dict[str, Any]:
+        """Store a streamed body; the reply to POST /artifacts (`sha256` first, as agents read)."""
+        temp = await self._receive(chunks)
+        try:
+            sha256 = await asyncio.to_thread(temp.seal)
+            if expected is not None and sha256 != expected:
+                raise BadRequest(f"the body hashes to {sha256}, not to the x-artifact-sha256 "
+                                 f"header's {expected}; nothing was stored")
+            async with self._lock(sha256):
+                existed = await asyncio.to_thread(self._install, temp.path, sha256)
+                stored = await self.transact(record_upload, sha256, temp.size, publish, now)
+            return {"sha256": sha256, "size": temp.size, "existed": existed, "artifact": stored}
+        finally:
+            await asyncio.shield(asyncio.to_thread(temp.abandon))  # gone already once installed
+
+    async def _receive(self, chunks: AsyncIterator[bytes]) -> _TempFile:
+        temp = await asyncio.to_thread(self._open_temp)
+        pending: asyncio.Future[None] | None = None
+        try:
+            batch: list[bytes] = []
+            batched = 0
+            async for chunk in chunks:
+                temp.size += len(chunk)
+                if temp.size > self.max_bytes:
+                    raise TooLarge(f"the artifact is larger than the {self.max_bytes}-byte limit "
+                                   f"({LIMIT_ENV})")
+                batch.append(chunk)
+                batched += len(chunk)
+                if batched >= BATCH_BYTES:
+                    # Write this batch while the next one arrives from the network.
+                    if pending is not None:
+                        await pending
+                    pending = asyncio.ensure_future(asyncio.to_thread(temp.write, batch))
+                    pending.add_done_callback(_retrieve)
+                    batch, batched = [], 0
+            if pending is not None:
+                await pending
+            await asyncio.to_thread(temp.write, batch)
+            return temp
+        except BaseException:
+            if pending is not None and not pending.done():
+                pending.cancel()  # the thread finishes its write; abandon waits on the lock
+            await asyncio.shield(asyncio.to_thread(temp.abandon))
+            raise
+
+    def _open_temp(self) -> _TempFile:
+        path = self.tmp / f"{secrets.token_hex(12)}.part"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags, 0o640)
+        except FileNotFoundError:  # the store was removed under us: make it again
+            self.tmp.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, flags, 0o640)
+        return _TempFile(path, fd)
+
+    def _install(self, temp_path: Path, sha256: str) -> bool:
+        """Move the sealed file to its hash; True when the hash was already stored."""
+        final = self.path(sha256)
+        if not final.parent.is_dir():
+            final.parent.mkdir(exist_ok=True)
+            _fsync_dir(self.root)
+        if final.exists():
+            return True  # keep the stored copy; the temporary file is dropped by the caller
+        os.replace(temp_path, final)
+        _fsync_dir(final.parent)
+        return False
+
+    # -- read and delete ----------------------------------------------------------------------
+
+    async def open(self, sha256: str) -> Opened:
+        path = self.path(sha256)
+
+        def opener() -> Opened:
+            handle = open(path, "rb")  # noqa: SIM115 - the response closes it when sent
+            return Opened(sha256, handle, os.fstat(handle.fileno()).st_size)
+
+        try:
+            return await asyncio.to_thread(opener)
+        except FileNotFoundError:
+            raise NotFound(f"no artifact {sha256} is stored here") from None
+
+    async def delete(self, sha256: str) -> dict[str, Any]:
+        check_sha256(sha256)
+        async with self._lock(sha256):
+            gone = await self.transact(delete_row, sha256)
+            await asyncio.to_thread(self._unlink, sha256)
+        return {"ok": True, "sha256": sha256, "deleted": True, "size": gone["size"]}
+
+    def _unlink(self, sha256: str) -> None:
+        path = self.path(sha256)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            _fsync_dir(path.parent)
+
+    async def detail(self, sha256: str) -> dict[str, Any]:
+        """One artifact with what holds it and the jobs, results and schedules naming it."""
+        row = await self.db.read_one("SELECT * FROM artifacts WHERE sha256 = ?",
+                                     (check_sha256(sha256),))
+        if row is None:
+            raise NotFound(f"no artifact {sha256}")
+        holds = await self.db.write(holds_of, sha256)
+        return {**record(row), "stored": await asyncio.to_thread(self.path(sha256).is_file),
+                "deletable": not holds, "holds": holds,
+                "referenced_by": {"jobs": await naming_jobs(self.db, sha256),
+                                  "schedules": await schedules_naming(self.db, sha256)},
+                "produced_by": await producing_results(self.db, sha256)}
+
+    async def gc_candidates(self, query: Mapping[str, str]) -> dict[str, Any]:
+        page = _page(query)
+        candidates = await self.db.write(gc_candidates)
+        start = (page - 1) * PER_PAGE
+        return _paged(candidates[start:start + PER_PAGE], len(candidates), page,
+                      bytes=sum(c["size"] for c in candidates))
+
+    async def stored_bytes(self) -> int:
+        row = await self.db.read_one("SELECT COALESCE(SUM(size), 0) FROM artifacts")
+        return int(row[0]) if row else 0
+
+
+# -- rows (transaction functions run on the writer thread) ---------------------------------------
+
+
+def _row(conn: sqlite3.Connection, sha256: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM artifacts WHERE sha256 = ?", (sha256,)).fetchone()
+    if row is None:
+        raise NotFound(f"no artifact {sha256}")
+    return row
+
+
+def _publish_time(conn: sqlite3.Connection, app: str | None, now: float) -> float:
+    """`now`, but later than every earlier build of the app: `latest` follows publish order
+    even when the clock steps back (a Pi without a real-time clock before NTP)."""
+    if app is None:
+        return now
+    row = conn.execute("SELECT MAX(created_at) FROM artifacts WHERE app = ?", (app,)).fetchone()
+    newest = row[0] if row and row[0] is not None else None
+    return now if newest is None or now > newest else newest + 1e-3
+
+
+def record_upload(conn: sqlite3.Connection, sha256: str, size: int, publish: dict[str, str],
+                  now: float, effects: Effects) -> dict[str, Any]:
+    """Insert the row for a stored upload; a re-upload with publish headers re-publishes it."""
+    existing = conn.execute("SELECT * FROM artifacts WHERE sha256 = ?", (sha256,)).fetchone()
+    app = publish.get("app") or (existing["app"] if existing else None)
+    stamp = _publish_time(conn, app, now) if publish else now
+    if existing is None:
+        conn.execute("INSERT INTO artifacts (sha256, size, created_at, name, app, build, platform)"
+                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (sha256, size, stamp, publish.get("name"), publish.get("app"),
+                      publish.get("build"), publish.get("platform")))
+    elif publish:
+        conn.execute("UPDATE artifacts SET created_at = ?, name = COALESCE(?, name), "
+                     "app = COALESCE(?, app), build = COALESCE(?, build), "
+                     "platform = COALESCE(?, platform) WHERE sha256 = ?",
+                     (stamp, publish.get("name"), publish.get("app"), publish.get("build"),
+                      publish.get("platform"), sha256))
+    row = _row(conn, sha256)
+    effects.emit("artifact", action="uploaded", sha256=sha256, size=size,
+                 existed=existing is not None, published=bool(publish), name=row["name"],
+                 app=row["app"], build=row["build"])
+    return record(row)
+
+
+def _adopt(conn: sqlite3.Connection, found: list[tuple[str, int, float]], now: float,
+           effects: Effects) -> int:
+    adopted = 0
+    for sha256, size, mtime in found:
+        cursor = conn.execute("INSERT OR IGNORE INTO artifacts (sha256, size, created_at) "
+                              "VALUES (?, ?, ?)", (sha256, size, min(mtime, now)))
+        adopted += cursor.rowcount
+    return adopted
+
+
+def delete_row(conn: sqlite3.Connection, sha256: str, effects: Effects) -> dict[str, Any]:
+    row = _row(conn, sha256)
+    holds = holds_on(conn, row)
+    if holds:
+        more = f" (and {len(holds) - 1} more)" if len(holds) > 1 else ""
+        raise Conflict(f"artifact {sha256[:12]} cannot be deleted: {holds[0]}{more}")
+    conn.execute("DELETE FROM artifacts WHERE sha256 = ?", (sha256,))
+    effects.emit("artifact", action="deleted", sha256=sha256, size=row["size"])
+    return record(row)
+
+
+def pin(conn: sqlite3.Connection, sha256: str, reason: str, effects: Effects) -> dict[str, Any]:
+    _row(conn, sha256)
+    conn.execute("UPDATE artifacts SET pinned_reason = ? WHERE sha256 = ?", (reason, sha256))
+    effects.emit("artifact", action="pinned", sha256=sha256, reason=reason)
+    return record(_row(conn, sha256))
+
+
+def unpin(conn: sqlite3.Connection, sha256: str, effects: Effects) -> dict[str, Any]:
+    _row(conn, sha256)
+    conn.execute("UPDATE artifacts SET pinned_reason = NULL WHERE sha256 = ?", (sha256,))
+    effects.emit("artifact", action="unpinned", sha256=sha256)
+    return record(_row(conn, sha256))
+
+
+def set_baseline(conn: sqlite3.Connection, sha256: str, accepted: bool,
+                 effects: Effects) -> dict[str, Any]:
+    _row(conn, sha256)
+    conn.execute("UPDATE artifacts SET baseline = ? WHERE sha256 = ?", (int(accepted), sha256))
+    effects.emit("artifact", action="baseline", sha256=sha256, accepted=accepted)
+    return record(_row(conn, sha256))
+
+
+# -- references -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Something that needs an artifact's bytes: what it is, its id, and the text naming hashes."""
+
+    kind: str  # job, result, waiting, schedule
+    ident: str
+    text: str
+
+
+def _holders(conn: sqlite3.Connection) -> Iterator[Holder]:
+    live = ",".join("?" * len(LIVE_STATUSES))
+    for row in conn.execute(f"SELECT job_id, spec FROM jobs WHERE status IN ({live})",
+                            LIVE_STATUSES):
+        yield Holder("job", row["job_id"], row["spec"])
+    for row in conn.execute(
+            f"SELECT r.job_id, r.artifacts FROM results r JOIN jobs j ON j.job_id = r.job_id "
+            f"WHERE j.status IN ({live}) AND r.artifacts != '[]'", LIVE_STATUSES):
+        yield Holder("result", row["job_id"], row["artifacts"])
+    for row in conn.execute(
+            "SELECT w.job_id, r.artifacts FROM jobs w JOIN job_deps d ON d.job_id = w.job_id "
+            "JOIN results r ON r.job_id = d.depends_on "
+            "WHERE w.status = 'waiting' AND r.artifacts != '[]'"):
+        yield Holder("waiting", row["job_id"], row["artifacts"])
+    for row in conn.execute("SELECT id, template FROM schedules"):
+        yield Holder("schedule", row["id"], row["template"] + _latest_text(conn, row["template"]))
+
+
+def _latest_text(conn: sqlite3.Connection, template: str) -> str:
+    """The newest build's hash when a template asks for `latest` (it holds that build)."""
+    try:
+        app = json.loads(template).get("app")
+    except (ValueError, AttributeError):
+        return ""
+    if not isinstance(app, dict) or app.get("sha256") != "latest" or not app.get("name"):
+        return ""
+    newest = queue.latest_build(conn, str(app["name"]))
+    return f" {newest}" if newest else ""
+
+
+def _hashes(text: str) -> set[str]:
+    return set(_HASHES_IN_TEXT.findall(text.lower()))
+
+
+def referenced(conn: sqlite3.Connection) -> set[str]:
+    """Every hash some live job, waiting dependency or schedule still needs."""
+    found: set[str] = set()
+    for holder in _holders(conn):
+        found |= _hashes(holder.text)
+    return found
+
+
+_HOLD_SENTENCES = {
+    "job": "live job {} names it in its spec",
+    "result": "live job {} lists it in its results",
+    "waiting": "waiting job {} will read it from a dependency's results",
+    "schedule": "schedule {} uses it in its template",
+}
+
+
+def holds_on(conn: sqlite3.Connection, row: sqlite3.Row) -> list[str]:
+    """Why an artifact must stay, as sentences; empty when it may be deleted."""
+    holds = []
+    if row["pinned_reason"] is not None:
+        holds.append(f"it is pinned ({row['pinned_reason']}); unpin it first")
+    if row["baseline"]:
+        holds.append("it is an accepted visual baseline; set accepted false first")
+    seen = set()
+    for holder in _holders(conn):
+        if row["sha256"] in _hashes(holder.text) and (holder.kind, holder.ident) not in seen:
+            seen.add((holder.kind, holder.ident))
+            holds.append(_HOLD_SENTENCES[holder.kind].format(holder.ident))
+    return holds
+
+
+def gc_candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Unreferenced, unpinned artifacts that are not baselines, oldest first."""
+    needed = referenced(conn)
+    rows = conn.execute("SELECT * FROM artifacts WHERE pinned_reason IS NULL AND baseline = 0 "
+                        "ORDER BY created_at, sha256").fetchall()
+    return [record(row) for row in rows if row["sha256"] not in needed]
+
+
+def holds_of(conn: sqlite3.Connection, sha256: str) -> list[str]:
+    return holds_on(conn, _row(conn, sha256))
+
+
+# -- read views ---------------------------------------------------------------------------------
+
+
+async def list_artifacts(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    """GET /api/artifacts: filters app and platform (exact), name (substring), pinned, baseline."""
+    where: list[str] = ["1 = 1"]
+    params: list[Any] = []
+    for name in ("app", "platform"):
+        if query.get(name):
+            where.append(f"{name} = ?")
+            params.append(query[name])
+    if query.get("name"):
+        where.append("name LIKE ? ESCAPE '\\'")
+        params.append("%" + like_escape(query["name"]) + "%")
+    pinned, baseline = _flag(query, "pinned"), _flag(query, "baseline")
+    if pinned is not None:
+        where.append("pinned_reason IS NOT NULL" if pinned else "pinned_reason IS NULL")
+    if baseline is not None:
+        where.append("baseline = ?")
+        params.append(int(baseline))
+    page = _page(query)
+    clause = " AND ".join(where)
+    totals = await db.read_one(f"SELECT COUNT(*), COALESCE(SUM(size), 0) FROM artifacts "
+                               f"WHERE {clause}", params)
+    rows = await db.read(f"SELECT * FROM artifacts WHERE {clause} "
+                         "ORDER BY created_at DESC, sha256 LIMIT ? OFFSET ?",
+                         [*params, PER_PAGE, (page - 1) * PER_PAGE])
+    total, size = (totals[0], totals[1]) if totals else (0, 0)
+    return _paged([record(r) for r in rows], total, page, bytes=size)
+
+
+async def naming_jobs(db: Database, sha256: str, limit: int = 50) -> list[dict[str, Any]]:
+    """Jobs of any status whose spec names the hash, newest first (history, not holds)."""
+    rows = await db.read("SELECT job_id, status FROM jobs WHERE spec LIKE ? "
+                         "ORDER BY seq DESC LIMIT ?", (f"%{check_sha256(sha256)}%", limit))
+    return [{"job_id": r["job_id"], "status": r["status"]} for r in rows]
+
+
+async def producing_results(db: Database, sha256: str, limit: int = 50) -> list[dict[str, Any]]:
+    rows = await db.read("SELECT job_id, device_id, iter, final FROM results "
+                         "WHERE artifacts LIKE ? ORDER BY id DESC LIMIT ?",
+                         (f"%{check_sha256(sha256)}%", limit))
+    return [{"job_id": r["job_id"], "device_id": r["device_id"], "iter": r["iter"],
+             "final": bool(r["final"])} for r in rows]
+
+
+async def schedules_naming(db: Database, sha256: str) -> list[str]:
+    rows = await db.read("SELECT id FROM schedules WHERE template LIKE ? ORDER BY id",
+                         (f"%{check_sha256(sha256)}%",))
+    return [r["id"] for r in rows]
