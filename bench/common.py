@@ -62,9 +62,8 @@ def table(rows: list[tuple[str, str, str]]) -> None:
 def wait_http(url: str, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, timeout=1):  # noqa: S310
-                return
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1):
+            return
         time.sleep(0.02)
     raise RuntimeError(f"{url} did not answer")
 

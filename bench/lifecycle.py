@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, server, table  # noqa: E402
+from bench.common import Http, cpu_seconds, emit, server, table
 
 
 async def _agent(address: str, device: str, stop_at: float, counter: list[int]) -> None:

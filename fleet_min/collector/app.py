@@ -198,8 +198,9 @@ async def api_patch_job(request: web.Request) -> web.Response:
 
 async def api_preview_targets(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    spec = {"schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
-            **{k: body[k] for k in ("workload", "backend", "targets", "fanout") if k in body}}
+    spec: dict[str, Any] = {
+        "schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
+        **{k: body[k] for k in ("workload", "backend", "targets", "fanout") if k in body}}
     if "workload" not in spec:
         raise BadRequest("workload is required to preview targets")
     check_job_spec(spec)

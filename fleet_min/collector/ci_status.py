@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from fleet_min.config import Config
+from fleet_min.config import Config, ConfigError
 from fleet_min.db import Database
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso, now
@@ -54,6 +54,9 @@ def settings(config: Config) -> CiSettings:
     environment until they join the settings table)."""
     del config
     api = os.environ.get("FLEET_GITHUB_API", "").strip() or "https://api.github.com"
+    if not api.startswith(("http://", "https://")):
+        raise ConfigError(f"FLEET_GITHUB_API: {api!r} is not an http(s) URL such as "
+                          "https://api.github.com")
     token = (os.environ.get("FLEET_CI_STATUS_TOKEN", "").strip()
              or os.environ.get("GITHUB_TOKEN", "").strip())
     return CiSettings(api.rstrip("/"), token or None)

@@ -41,7 +41,7 @@ def _warn_about_bind(addresses: tuple[str, ...]) -> None:
 
 def install_uvloop() -> bool:
     try:
-        import uvloop  # type: ignore[import-not-found]
+        import uvloop
     except ImportError:
         return False
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())

@@ -68,10 +68,11 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     existing = conn.execute(
         "SELECT capabilities, pools_override FROM devices WHERE device_id = ?", (device_id,)
     ).fetchone()
-    descriptor = {k: v for k, v in (body.get("descriptor") or {}).items()}
+    descriptor: dict[str, Any] = dict(body.get("descriptor") or {})
     if not descriptor.get("platform"):
         descriptor["platform"] = rules.infer_platform(descriptor.get("os"))
     # Omitted at first registration: no opinion (NULL). Omitted later: keep the list.
+    capabilities: str | None
     if "capabilities" in body:
         capabilities = json.dumps(sorted(set(body["capabilities"])))
     else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from fleet_min.collector.queue import Claimant
 log = logging.getLogger(__name__)
 
 ClaimBatch = Callable[[list[Claimant]], Awaitable[list[dict[str, Any] | None]]]
-HandBack = Callable[[str, Claimant], Awaitable[None]]
+HandBack = Callable[[str, Claimant], Coroutine[Any, Any, None]]
 
 
 @dataclass(eq=False)

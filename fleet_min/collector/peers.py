@@ -129,6 +129,9 @@ class Peers:
 
     async def close(self) -> None:
         self._closed = True
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -212,6 +215,7 @@ class Peers:
                 if not resp.content_type.startswith("application/json"):
                     raise BadGateway(f"peer {peer_id} answered {path} with {resp.status} and "
                                      "no JSON")
+                peer.reachable, peer.error = True, None
                 return resp.status, body
         except (aiohttp.ClientError, TimeoutError) as exc:
             peer.reachable, peer.error = False, _problem(exc)

@@ -144,7 +144,7 @@ class Service:
     async def _first_claim(self, waiter: Waiter) -> dict[str, Any] | None:
         capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now())
         waiter.capabilities = capabilities
-        return job  # type: ignore[no-any-return]
+        return job
 
     async def _hand_back(self, job_id: str, claimant: Claimant) -> None:
         log.info("poll for %s went away before job %s was delivered; handing it back",

@@ -43,7 +43,8 @@ def _paged(total: int, page: int, key: str, items: list[Any]) -> dict[str, Any]:
 
 
 async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
-    where, params = ["1 = 1"], []
+    where: list[str] = ["1 = 1"]
+    params: list[Any] = []
     status = query.get("status")
     if status:
         wanted = [s for s in status.split(",") if s]
@@ -116,7 +117,8 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
 
 
 async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
-    where, params = ["1 = 1"], []
+    where: list[str] = ["1 = 1"]
+    params: list[Any] = []
     for name, column in (("job", "job_id"), ("device", "device_id"), ("workload", "workload")):
         if query.get(name):
             where.append(f"{column} = ?")
