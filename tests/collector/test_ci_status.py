@@ -117,6 +117,7 @@ async def test_failure_carries_the_error_sentence(collector_factory, monkeypatch
     calls = await github.wait_for(2)
     assert calls[1]["state"] == "failure"
     assert calls[1]["description"] == "install failed: no Android device is attached"
+    await recorded(client, "ui-1", 2)
 
 
 async def test_cancel_before_a_claim_posts_error(collector_factory, monkeypatch, github):
@@ -125,6 +126,7 @@ async def test_cancel_before_a_claim_posts_error(collector_factory, monkeypatch,
     assert (await client.post("/api/jobs/ui-1/cancel")).status == 200
     [call] = await github.wait_for(1)
     assert call["state"] == "error" and "cancelled" in call["description"]
+    assert (await recorded(client, "ui-1", 1))["statuses"][0]["state"] == "error"
 
 
 async def test_server_errors_are_retried_client_errors_are_not(collector_factory, monkeypatch,
@@ -180,6 +182,7 @@ async def test_device_jobs_and_jobs_without_a_target_report_nothing(
     await claim_host(client)
     [call] = await github.wait_for(1)
     assert call["state"] == "pending"
+    await recorded(client, "ui-1", 1)
     plain = await (await client.get("/api/jobs/plain-host/ci-status")).json()
     assert plain["target"] is None and plain["statuses"] == []
     assert (await client.get("/api/jobs/nope/ci-status")).status == 404
