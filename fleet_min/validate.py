@@ -1,0 +1,576 @@
+"""Hand-written validators for the wire documents; twins of fleet_min/schemas/*.json.
+
+The JSON Schema files are the authoritative definitions. These functions follow them rule for
+rule with the standard library only (no jsonschema at run time); tests/test_validate.py runs both
+over the same hand-written and generated corpus and fails when they disagree on valid/invalid.
+
+Each validator returns a list of sentences naming the field ("lease.ttl_s must be an integer
+from 1 to 86400"); an empty list means valid. Values are never echoed back, so a huge number or a
+secret in a document never ends up in an error message.
+
+Types follow JSON Schema 2020-12 as the jsonschema library applies them: a boolean is never an
+integer or a number, and a float without a fractional part (3.0) is an integer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from itertools import pairwise
+from typing import Any, TypeGuard
+
+__all__ = [
+    "MAX_ERRORS",
+    "SCHEMA_NAMES",
+    "TEMPLATE_REF",
+    "find_secret_keys",
+    "find_template_refs",
+    "load_schema",
+    "validate_beacon",
+    "validate_job",
+    "validate_post_results",
+    "validate_register",
+    "validate_result",
+]
+
+SCHEMA_NAMES = ("job", "result", "beacon", "register")
+
+# At most this many sentences come back (plus one saying that more were left out).
+MAX_ERRORS = 20
+
+Rule = Callable[[object, str], list[str]]
+
+# ---------------------------------------------------------------------------------------------
+# Patterns. Every check uses fullmatch, the whole-string meaning of the schema's ^...$(?!\n).
+
+_ID = r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}"
+_JOB_ID = re.compile(_ID)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+_CI_STATUS = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}@[0-9a-f]{7,40}")
+# The job id is matched lazily: in ${jobs.a.b.metrics.c} the id is "a.b" and the key "c"; in the
+# ambiguous ${jobs.a.metrics.artifact} the shorter id wins (metric "artifact" of job "a").
+_REF_BODY = (r"\$\{jobs\.(?P<job_id>[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}?)"
+             r"\.(?:artifact|metrics\.(?P<key>[A-Za-z0-9_.-]{1,200}))\}")
+TEMPLATE_REF = re.compile(r"\A" + _REF_BODY + r"\Z")
+_EMBEDDED_REF = re.compile(_REF_BODY)
+
+
+def load_schema(name: str) -> dict[str, Any]:
+    """One of the packaged JSON Schemas (`job`, `result`, `beacon`, `register`) as a dict."""
+    if name not in SCHEMA_NAMES:
+        raise ValueError(f"no schema named {name!r}; known: {', '.join(SCHEMA_NAMES)}")
+    text = (resources.files("fleet_min") / "schemas" / f"{name}.json").read_text("utf-8")
+    schema: dict[str, Any] = json.loads(text)
+    return schema
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON Schema's primitive types, exactly as jsonschema's Draft 2020-12 type checker sees them.
+
+def _is_int(v: object) -> TypeGuard[int | float]:
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+
+
+def _is_number(v: object) -> TypeGuard[int | float]:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _within(v: float, lo: float | None, hi: float | None) -> bool:
+    # The comparisons jsonschema makes for minimum/maximum (so NaN, which strict JSON cannot
+    # carry but Python's json module accepts, passes both).
+    return not (lo is not None and v < lo) and not (hi is not None and v > hi)
+
+
+def _is_ref(v: object) -> bool:
+    return isinstance(v, str) and TEMPLATE_REF.match(v) is not None
+
+
+def _show(key: object) -> str:
+    """A key fit for a sentence: quoted and cut short, whatever it contains."""
+    text = key if isinstance(key, str) else type(key).__name__
+    return json.dumps(text[:60] + ("..." if len(text) > 60 else ""))
+
+
+def _join(path: str, key: object) -> str:
+    name = key if isinstance(key, str) else type(key).__name__
+    if len(name) > 80:
+        name = name[:80] + "..."
+    return f"{path}.{name}" if path else name
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: a scalar test with the words that describe what it accepts.
+
+@dataclass(frozen=True)
+class _Check:
+    ok: Callable[[object], bool]
+    desc: str
+
+    def __call__(self, value: object, path: str) -> list[str]:
+        return [] if self.ok(value) else [f"{path} must be {self.desc}"]
+
+
+def _integer(lo: int | None = None, hi: int | None = None) -> _Check:
+    if lo is not None and hi is not None:
+        desc = f"an integer from {lo} to {hi}"
+    elif lo is not None:
+        desc = f"an integer of at least {lo}"
+    else:
+        desc = "an integer"
+    return _Check(lambda v: _is_int(v) and _within(v, lo, hi), desc)
+
+
+def _number(lo: float | None = None, above: float | None = None) -> _Check:
+    if above is not None:
+        floor = above
+        return _Check(lambda v: _is_number(v) and not v <= floor, f"a number greater than {floor}")
+    desc = "a number" if lo is None else f"a number of at least {lo}"
+    return _Check(lambda v: _is_number(v) and _within(v, lo, None), desc)
+
+
+def _string(min_len: int = 0, max_len: int | None = None) -> _Check:
+    if max_len is None:
+        return _Check(lambda v: isinstance(v, str), "a string")
+    desc = (f"a string of {min_len} to {max_len} characters" if min_len
+            else f"a string of at most {max_len} characters")
+    return _Check(lambda v: isinstance(v, str) and min_len <= len(v) <= max_len, desc)
+
+
+def _one_of(*choices: str) -> _Check:
+    words = [json.dumps(c) for c in choices]
+    desc = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+    return _Check(lambda v: isinstance(v, str) and v in choices, desc)
+
+
+def _either(first: _Check, second: _Check) -> _Check:
+    return _Check(lambda v: first.ok(v) or second.ok(v), f"{first.desc} or {second.desc}")
+
+
+_BOOL = _Check(lambda v: isinstance(v, bool), "true or false")
+_STRING = _string()
+_NULL = _Check(lambda v: v is None, "null")
+_ID_CHECK = _Check(lambda v: isinstance(v, str) and _JOB_ID.fullmatch(v) is not None,
+                   "1 to 200 letters, digits or . _ : @ - (not starting with -)")
+_SHA = _Check(lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
+              "a sha256 of 64 lowercase hex digits")
+_REF = _Check(_is_ref,
+              "a template reference (${jobs.<id>.artifact} or ${jobs.<id>.metrics.<key>})")
+_SCHEMA_1 = _Check(lambda v: _is_number(v) and v == 1, "1")
+
+
+def _or_ref(check: _Check) -> _Check:
+    return _either(check, _REF)
+
+
+def _or_null(check: _Check) -> _Check:
+    return _either(check, _NULL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Containers.
+
+def _array(item: Rule | None, what: str, max_items: int | None = None,
+           unique: bool = False, or_ref: bool = False) -> Rule:
+    def rule(value: object, path: str) -> list[str]:
+        if or_ref and _is_ref(value):
+            return []
+        if not isinstance(value, list):
+            return [f"{path} must be {what}"]
+        errors = []
+        if max_items is not None and len(value) > max_items:
+            errors.append(f"{path} must have at most {max_items} entries")
+        for i, entry in enumerate(value):
+            if item is None or len(errors) > MAX_ERRORS:
+                break
+            errors += item(entry, f"{path}[{i}]")
+        strings = [e for e in value if isinstance(e, str)] if unique else []
+        if len(set(strings)) < len(strings):
+            errors.append(f"{path} must not name the same entry twice")
+        return errors
+    return rule
+
+
+def _object(fields: dict[str, Rule], required: tuple[str, ...] = (), closed: bool = False,
+            what: str = "an object") -> Rule:
+    def rule(value: object, path: str) -> list[str]:
+        if not isinstance(value, dict):
+            return [f"{path} must be {what}"]
+        errors = [f"{_join(path, k)} is required" for k in required if k not in value]
+        for key, check in fields.items():
+            if key in value:
+                errors += check(value[key], _join(path, key))
+        if closed:
+            unknown = [k for k in value if k not in fields]
+            errors += [f"{path} has an unknown field {_show(k)}; allowed: {', '.join(fields)}"
+                       for k in unknown[:3]]
+        return errors
+    return rule
+
+
+def _finish(errors: list[str]) -> list[str]:
+    if len(errors) > MAX_ERRORS:
+        return [*errors[:MAX_ERRORS], "further problems are not listed"]
+    return errors
+
+
+# ---------------------------------------------------------------------------------------------
+# Job spec (schemas/job.json).
+
+_COUNT = _or_ref(_integer(1))
+_STRING_LIST = _array(_STRING, "an array of strings or a template reference", or_ref=True)
+_NON_NEGATIVE = _or_ref(_number(lo=0))
+_POSITIVE = _or_ref(_number(above=0))
+_SHA_OR_REF = _or_ref(_SHA)
+
+
+_STRINGS = _array(_STRING, "a string or an array of strings")
+
+
+def _string_or_strings(value: object, path: str) -> list[str]:
+    return [] if isinstance(value, str) else _STRINGS(value, path)
+
+
+_EVAL_PARAMS: dict[str, Rule] = {"input_sha256": _SHA_OR_REF, "max_items": _COUNT}
+_SOAK_PARAMS: dict[str, Rule] = {
+    "flow": _STRING, "duration_s": _NON_NEGATIVE, "interval_s": _POSITIVE,
+}
+# Known params per workload (the spec's parameter table); unknown keys stay allowed.
+_WORKLOAD_PARAMS: dict[str, dict[str, Rule]] = {
+    "benchmark": {"prompt_tokens": _COUNT, "gen_tokens": _COUNT,
+                  "warmup_iters": _or_ref(_integer(0)), "measure_iters": _COUNT},
+    "thermal": {"prompt_tokens": _COUNT, "gen_tokens": _COUNT, "duration_s": _NON_NEGATIVE},
+    "batch": {"input_sha256": _SHA_OR_REF, "max_items": _COUNT, "max_tokens": _COUNT},
+    "pipeline": {"topic": _STRING, "max_tokens": _COUNT},
+    "vision-eval": _EVAL_PARAMS,
+    "speech-eval": _EVAL_PARAMS,
+    "embed-eval": _EVAL_PARAMS,
+    "vantage": {"urls": _STRING_LIST, "repeats": _COUNT},
+    "model-convert": {"input_sha256": _SHA_OR_REF, "formats": _STRING_LIST, "quant": _STRING},
+    "dataset-prep": {"source": _STRING, "max_items": _COUNT, "split": _STRING},
+    "serve": {"port": _or_ref(_integer(1, 65535)), "bind": _STRING},
+    "shell": {"script_sha256": _SHA_OR_REF, "args": _STRING_LIST},
+    "build": {k: _STRING for k in ("repo", "ref", "kind", "task", "app")},
+    "cold-start": {
+        "app_id": _STRING, "launches": _COUNT,
+        "states": _array(_or_ref(_one_of("cold", "warm", "hot")),
+                         "an array of cold, warm or hot, or a template reference", or_ref=True),
+    },
+    "app-soak": _SOAK_PARAMS,
+    "soak": _SOAK_PARAMS,
+    "a11y-audit": {"variants": _STRING_LIST, "min_target_pt": _NON_NEGATIVE,
+                   "font_scale": _POSITIVE},
+    "locale-shots": {"flow": _STRING, "locales": _STRING_LIST},
+    "web-test": {"browser": _string_or_strings},
+    "web-shots": {"browser": _STRING_LIST},
+    "drain": {"duration_s": _NON_NEGATIVE, "track": _STRING},
+    "archive": {"source": _STRING, "app": _STRING, "account": _STRING},
+    "digest": {"app": _STRING, "days": _COUNT},
+}
+_PARAMS_COMMON: dict[str, Rule] = {"resume_from": _SHA_OR_REF}
+_PARAMS_DEFAULT = _object(_PARAMS_COMMON)
+_PARAMS_BY_WORKLOAD = {w: _object({**_PARAMS_COMMON, **f}) for w, f in _WORKLOAD_PARAMS.items()}
+
+_FANOUT_OBJECT = _object({"distinct": _string(1, 100)}, required=("distinct",), closed=True)
+
+
+def _fanout(value: object, path: str) -> list[str]:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, dict):
+        return _FANOUT_OBJECT(value, path)
+    return [f'{path} must be true, false or an object {{"distinct": "<descriptor field>"}}']
+
+
+_NAME = _string(1, 100)
+_JOB_FIELDS: dict[str, Rule] = {
+    "schema": _SCHEMA_1,
+    "job_id": _ID_CHECK,
+    "workload": _NAME,
+    "executor": _one_of("device", "host"),
+    "backend": _NAME,
+    "model": _object({"name": _STRING, "format": _STRING, "quant": _STRING,
+                      "sha256": _SHA_OR_REF}),
+    "params": _PARAMS_DEFAULT,
+    "targets": _object({
+        "match": _string(0, 1000), "device_id": _ID_CHECK, "executor": _STRING,
+        "pool": _STRING, "exclusive": _BOOL, "url": _STRING, "device_kind": _STRING,
+    }, closed=True),
+    "constraints": _object({
+        "require_charging": _BOOL,
+        "min_battery_pct": _integer(0, 100),
+        "require_ac": _BOOL,
+        "require_idle_s": _integer(0, 604800),
+        "max_load": _number(lo=0),
+        "window": _object({"from": _integer(0, 23), "to": _integer(0, 23)},
+                          required=("from", "to"), closed=True),
+    }, closed=True),
+    "lease": _object({"ttl_s": _integer(1, 86400), "max_attempts": _integer(1, 100)},
+                     closed=True),
+    "depends_on": _array(_ID_CHECK, "an array of job ids", max_items=100, unique=True),
+    "fanout": _fanout,
+    "preemptible": _BOOL,
+    "app": _object({
+        "name": _STRING, "build": _STRING, "platform": _STRING,
+        "sha256": _either(_SHA, _or_ref(_one_of("latest"))),
+    }),
+    "suite": _object({"kind": _or_ref(_one_of("flow_runner", "native_bundle")),
+                      "flows": _STRING}),
+    "report_to": _object({"ci_status": _Check(
+        lambda v: isinstance(v, str) and _CI_STATUS.fullmatch(v) is not None,
+        "of the form owner/repo@<commit sha, 7 to 40 lowercase hex digits>")}, closed=True),
+    "priority": _integer(-1000, 1000),
+}
+_JOB_REQUIRED = ("schema", "job_id", "workload", "executor")
+
+
+def validate_job(doc: object) -> list[str]:
+    """Problems with a job spec (body of POST /jobs); [] when it follows schemas/job.json."""
+    if not isinstance(doc, dict):
+        return ["the job spec must be a JSON object"]
+    workload = doc.get("workload")
+    params = _PARAMS_BY_WORKLOAD.get(workload, _PARAMS_DEFAULT) if isinstance(
+        workload, str) else _PARAMS_DEFAULT
+    rule = _object({**_JOB_FIELDS, "params": params}, required=_JOB_REQUIRED)
+    return _finish(rule(doc, ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Result row (schemas/result.json).
+
+_NUMBER = _number()
+_METRIC_SUFFIXES = ("_ms", "_tok_s", "_pct", "_mb")
+_NAMED_METRICS = _object({
+    "images_per_s": _NUMBER,
+    "drain_pct_per_h": _NUMBER,
+    "synthetic_digest": _SHA,
+    "synthetic_rounds": _integer(0),
+    "mem_method": _STRING,
+    "thermal": _array(None, "an array of samples"),
+})
+
+
+def _metrics(value: object, path: str) -> list[str]:
+    errors = _NAMED_METRICS(value, path)
+    if isinstance(value, dict):
+        for key, metric in value.items():
+            if isinstance(key, str) and key.endswith(_METRIC_SUFFIXES):
+                errors += _NUMBER(metric, _join(path, key))
+            if len(errors) > MAX_ERRORS:
+                break
+    return errors
+
+
+_NULLABLE_STRING = _or_null(_STRING)
+_RESULT = _object({
+    "schema": _SCHEMA_1,
+    "kind": _one_of("result"),
+    "device_id": _ID_CHECK,
+    "job_id": _ID_CHECK,
+    "iter": _integer(0, 1000000),
+    "metrics": _metrics,
+    "final": _BOOL,
+    "ok": _BOOL,
+    "preempted": _BOOL,
+    "error": _or_null(_string(0, 4000)),
+    "device": _object({k: _NULLABLE_STRING for k in ("model", "soc", "os")}),
+    "artifacts": _array(_SHA, "an array of sha256 strings", max_items=100),
+}, required=("schema", "kind", "device_id", "job_id", "iter"))
+
+
+def validate_result(doc: object) -> list[str]:
+    """Problems with a result row (POST /results, kind "result"); [] when valid."""
+    if not isinstance(doc, dict):
+        return ["the result must be a JSON object"]
+    return _finish(_RESULT(doc, ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Beacon (schemas/beacon.json).
+
+_BEACON = _object({
+    "schema": _SCHEMA_1,
+    "kind": _one_of("beacon"),
+    "device_id": _ID_CHECK,
+    "job_id": _or_null(_ID_CHECK),
+    "beacon": _object({
+        "battery_pct": _integer(0, 100),
+        "charging": _BOOL,
+        "thermal": _STRING,
+        "mem_mb": _NUMBER,
+        "mem_pressure": _STRING,
+        "ac": _BOOL,
+        "idle_s": _number(lo=0),
+        "load": _number(lo=0),
+        "busy": _object({"job_id": _string(0, 200), "collector": _string(0, 2000)},
+                        required=("job_id", "collector")),
+    }),
+}, required=("schema", "kind", "device_id"))
+
+
+def validate_beacon(doc: object) -> list[str]:
+    """Problems with a beacon (POST /results, kind "beacon"); [] when valid."""
+    if not isinstance(doc, dict):
+        return ["the beacon must be a JSON object"]
+    return _finish(_BEACON(doc, ""))
+
+
+def validate_post_results(doc: object) -> list[str]:
+    """Problems with a POST /results body, checked as a result row or a beacon by its kind."""
+    if not isinstance(doc, dict):
+        return ["the body must be a JSON object"]
+    kind = doc.get("kind")
+    if isinstance(kind, str) and kind == "result":
+        return validate_result(doc)
+    if isinstance(kind, str) and kind == "beacon":
+        return validate_beacon(doc)
+    if "kind" not in doc:
+        return ['kind is required: "result" or "beacon"']
+    return ['kind must be "result" or "beacon"']
+
+
+# ---------------------------------------------------------------------------------------------
+# Registration body (schemas/register.json).
+
+_DESCRIPTOR_INTEGERS = ("ram_mb", "cpu_cores", "vram_mb")
+_DESCRIPTOR_STRINGS = ("model", "soc", "os", "app_ver", "arch", "platform", "kind", "gpu")
+_REGISTER = _object({
+    "device_id": _ID_CHECK,
+    "descriptor": _object({
+        **{k: _or_null(_integer(0)) for k in _DESCRIPTOR_INTEGERS},
+        **{k: _NULLABLE_STRING for k in _DESCRIPTOR_STRINGS},
+    }),
+    "pools": _array(_string(1, 100), "an array of pool labels", max_items=64),
+    "capabilities": _array(_string(1, 200), "an array of capability names", max_items=256),
+    "ttl_s": _integer(10, 31536000),
+}, required=("device_id",))
+
+
+def validate_register(doc: object) -> list[str]:
+    """Problems with a device registration body (POST /devices/register); [] when valid."""
+    if not isinstance(doc, dict):
+        return ["the registration body must be a JSON object"]
+    return _finish(_REGISTER(doc, ""))
+
+
+# ---------------------------------------------------------------------------------------------
+# Template references and secret-looking keys, found anywhere in a document.
+
+def find_template_refs(value: object) -> list[tuple[str, str, str | None]]:
+    """Every ${jobs.<id>.artifact} / ${jobs.<id>.metrics.<key>} in the strings under value.
+
+    Whole-string and embedded references alike, in document order, each once, as
+    (job_id, "artifact", None) or (job_id, "metrics", key). Keys of objects are not scanned.
+    Iterative and linear in the size of value, however deep it nests.
+    """
+    found: dict[tuple[str, str, str | None], None] = {}
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            for m in _EMBEDDED_REF.finditer(item) if "${" in item else ():
+                key = m.group("key")
+                found[(m.group("job_id"), "metrics" if key else "artifact", key)] = None
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return list(found)
+
+
+_SECRET_WORDS = frozenset({
+    "token", "secret", "secrets", "password", "passwords", "passwd", "passphrase",
+    "apikey", "apikeys", "bearer", "privatekey", "accesskey",
+})
+_SECRET_PAIRS = frozenset({
+    ("api", "key"), ("api", "keys"), ("access", "key"), ("private", "key"),
+    ("credential", "value"),
+})
+# A key whose last word is one of these names a credential (the agent resolves it locally).
+_NAMING_WORDS = frozenset({"name", "ref", "id", "item"})
+_WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+
+
+@lru_cache(maxsize=4096)
+def _names_a_secret(key: str) -> bool:
+    words = [w.lower() for w in _WORD.findall(key)]
+    if not words or words[-1] in _NAMING_WORDS:
+        return False
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    return any(pair in _SECRET_PAIRS for pair in pairwise(words))
+
+
+# Where a value sits, in constant space: (first steps, last steps, depth). A path deeper than
+# 2 * _PATH_ENDS steps is shown with "(...)" in the middle, so that a deeply nested document
+# costs linear time, not the square of its depth.
+_Where = tuple[tuple[str, ...], tuple[str, ...], int]
+_PATH_ENDS = 8
+
+
+def _step(where: _Where, token: str) -> _Where:
+    head, tail, depth = where
+    if len(head) < _PATH_ENDS:
+        head = (*head, token)
+    return head, (*tail[1 - _PATH_ENDS:], token), depth + 1
+
+
+def _where_text(where: _Where) -> str:
+    head, tail, depth = where
+    missing = depth - len(head)
+    if missing <= 0:
+        tokens = head
+    elif missing <= len(tail):
+        tokens = (*head, *tail[len(tail) - missing:])
+    else:
+        tokens = (*head, ".(...)", *tail)
+    return "".join(tokens).removeprefix(".")
+
+
+def _any_secret_key(doc: object) -> bool:
+    stack = [doc]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if any(isinstance(k, str) and _names_a_secret(k) for k in value):
+                return True
+            stack.extend(v for v in value.values() if isinstance(v, dict | list))
+        elif isinstance(value, list):
+            stack.extend(v for v in value if isinstance(v, dict | list))
+    return False
+
+
+def find_secret_keys(doc: object) -> list[str]:
+    """Paths of keys named like secrets (password, api_key, authToken ...) anywhere under doc.
+
+    A key is split on _ - . and camelCase into words; it is secret-like when a word is token,
+    secret, password, passwd, apikey, bearer (and a few plurals and spellings) or two neighbouring
+    words are api+key, access+key, private+key or credential+value. Keys ending in a naming word
+    (_name, _ref, _id, _item) are exempt: they name a credential. Plurals such as max_tokens are
+    not secrets. Paths come in document order, like "params.env[1].GITHUB_TOKEN".
+    """
+    if not _any_secret_key(doc):
+        return []  # the usual case, found without keeping track of paths
+    found: list[str] = []
+    # Entries: (where, value, is_secret_key). Scalars are pushed only under a secret key.
+    stack: list[tuple[_Where, object, bool]] = [(((), (), 0), doc, False)]
+    while stack:
+        where, value, secret = stack.pop()
+        if secret:
+            found.append(_where_text(where))
+        children: list[tuple[_Where, object, bool]] = []
+        if isinstance(value, dict):
+            for key, item in value.items():
+                secret = isinstance(key, str) and _names_a_secret(key)
+                if secret or isinstance(item, dict | list):
+                    children.append((_step(where, "." + _join("", key)), item, secret))
+        elif isinstance(value, list):
+            children = [(_step(where, f"[{i}]"), item, False)
+                        for i, item in enumerate(value) if isinstance(item, dict | list)]
+        stack.extend(reversed(children))
+    return found
