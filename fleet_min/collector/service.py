@@ -15,7 +15,7 @@ import secrets
 import socket
 import sqlite3
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +66,8 @@ class Service:
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         # Extra fields merged into /api/health by features (e.g. the CI status flag).
         self.health_extras: list[Callable[[], dict[str, Any]]] = []
+        # Coroutine functions run once the database is open (features start their loops here).
+        self.on_started: list[Callable[[], Awaitable[None]]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -79,6 +81,8 @@ class Service:
             log.info("start-up sweep: requeued %d, failed %d", len(swept.requeued),
                      len(swept.failed))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
+        for hook in self.on_started:
+            await hook()
 
     async def stop(self) -> None:
         """Answer open long polls, stop the loops, close the database."""
