@@ -73,16 +73,19 @@ def fake_tailscale(tmp_path, monkeypatch):
     return log
 
 
-async def start(collector_factory, monkeypatch, allow, trust_proxy=True, **env):
-    values = {"FLEET_MESH_ALLOW": allow, "FLEET_TRUST_PROXY": "1" if trust_proxy else "0", **env}
+async def start(collector_factory, monkeypatch, allow, trust_proxy=True, whois=None):
+    """A collector with these settings, given both as environment and as typed overrides (so
+    the test keeps working when the settings move into fleet_min.config)."""
+    values = {"FLEET_MESH_ALLOW": allow, "FLEET_TRUST_PROXY": "1" if trust_proxy else "0",
+              "FLEET_MESH_WHOIS": whois}
     for name, value in values.items():
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-    overrides = {name.removeprefix("FLEET_").lower(): value for name, value in values.items()
-                 if value is not None}
-    return await collector_factory(**overrides)
+    names = tuple(n.strip() for n in (allow or "").split(",") if n.strip())
+    return await collector_factory(mesh_allow=names, trust_proxy=trust_proxy,
+                                   mesh_whois=whois or "tailscale")
 
 
 async def register_from(client, address, device="d"):
@@ -213,14 +216,14 @@ async def test_lookup_binary_is_configurable(collector_factory, monkeypatch, fak
                                              tmp_path):
     renamed = tmp_path / "bin" / "ts-identity"
     (tmp_path / "bin" / "tailscale").rename(renamed)
-    client = await start(collector_factory, monkeypatch, "pi5", FLEET_MESH_WHOIS=str(renamed))
+    client = await start(collector_factory, monkeypatch, "pi5", whois=str(renamed))
     assert (await register_from(client, "100.64.0.5")).status == 200
 
 
 async def test_missing_lookup_binary_refuses_mesh_peers(collector_factory, monkeypatch,
                                                         fake_tailscale, tmp_path):
     client = await start(collector_factory, monkeypatch, "pi5",
-                         FLEET_MESH_WHOIS=str(tmp_path / "no-such-binary"))
+                         whois=str(tmp_path / "no-such-binary"))
     resp = await register_from(client, "100.64.0.5")
     assert resp.status == 403 and "cannot run" in (await resp.json())["error"]
     assert (await register_from(client, "127.0.0.1", device="local")).status == 200
