@@ -8,7 +8,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from fleet_min.collector import ci_status, guard, mdns, mesh, peers
-from fleet_min.collector.service import Service, stable_id
+from fleet_min.collector.service import Service
 from fleet_min.errors import Forbidden
 from fleet_min.http import Handler, json_response
 
@@ -101,13 +101,11 @@ def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
                reporter: ci_status.CiReporter, advertiser: mdns.Advertiser | None) -> None:
     refresher: list[asyncio.Task[None]] = []
 
-    async def start(_app: web.Application) -> None:
+    async def start() -> None:  # runs once the service has its id and its database
         if known.peers:
             refresher.append(service.spawn(known.loop(), "peers"))
         if advertiser is not None:
-            # The service makes its id after this hook; stable_id reads or makes the same file.
-            service.data_dir.mkdir(parents=True, exist_ok=True)
-            advertiser.advert = advertiser.advert.with_id(stable_id(service.data_dir))
+            advertiser.advert = advertiser.advert.with_id(service.collector_id)
             await advertiser.start()
 
     async def stop(_app: web.Application) -> None:
@@ -119,7 +117,7 @@ def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
         await asyncio.gather(*refresher, return_exceptions=True)
         await known.close()
 
-    app.on_startup.append(start)
+    service.on_started.append(start)
     app.on_cleanup.append(stop)
 
 
