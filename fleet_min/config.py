@@ -48,6 +48,49 @@ def _csv(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """A byte count: 1048576, 512K, 500M, 16G (binary units; a trailing B or iB is allowed)."""
+    cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
+    unit = cleaned[-1:] if cleaned[-1:] in _SIZE_UNITS else ""
+    try:
+        value = int(float(cleaned[:len(cleaned) - len(unit)]) * _SIZE_UNITS[unit])
+    except ValueError:
+        raise ValueError(f"must be a size such as 1048576, 500M or 16G, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be a positive size, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"must be a number, 0 or more, got {text!r}")
+    return value
+
+
+def _timezone(text: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    name = text.strip()
+    if name:
+        try:
+            ZoneInfo(name)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"{name[:60]!r} is not a time zone name such as Europe/Berlin") \
+                from None
+    return name
+
+
+def _http_url(text: str) -> str:
+    url = text.strip()
+    if url and not url.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {url[:80]!r}")
+    return url.rstrip("/") if url.count("/") > 2 else url
+
+
 def _flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
@@ -75,6 +118,61 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+    # artifacts
+    Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, _size,
+            "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "
+            "length is refused before the body is sent)."),
+    # scheduler and alerts
+    Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", _timezone,
+            "IANA time zone cron expressions are read in; empty means the host's local time."),
+    Setting("schedule_tick_s", "FLEET_SCHEDULE_TICK_S", 20.0, _positive_float,
+            "Scheduler tick period, aligned to multiples of it on the clock."),
+    Setting("alert_tick_s", "FLEET_ALERT_TICK_S", 60.0, _positive_float,
+            "Alert rule evaluation period."),
+    Setting("alert_offline_s", "FLEET_ALERT_OFFLINE_S", 900.0, _positive_float,
+            "A device an operator named that is unseen this long raises device-offline."),
+    Setting("alert_beacon_fresh_s", "FLEET_ALERT_BEACON_FRESH_S", 900.0, _positive_float,
+            "Beacons older than this no longer raise thermal or battery alerts."),
+    Setting("alert_stuck_factor", "FLEET_ALERT_STUCK_FACTOR", 2.0, _positive_float,
+            "A claimed job with no result rows for this many lease TTLs raises job-stuck."),
+    Setting("alert_job_failed_window_s", "FLEET_ALERT_JOB_FAILED_WINDOW_S", 86400.0,
+            _positive_float, "How long a job-failed alert stays open."),
+    Setting("alert_battery_pct", "FLEET_ALERT_BATTERY_PCT", 15.0, _positive_float,
+            "Battery percentage under which a device that is not charging raises low-battery."),
+    Setting("alert_thermal_states", "FLEET_ALERT_THERMAL_STATES",
+            ("serious", "severe", "critical", "emergency", "shutdown"), _csv,
+            "Beacon thermal values that raise thermal-critical."),
+    Setting("alert_schedule_late_s", "FLEET_ALERT_SCHEDULE_LATE_S", 300.0, _positive_float,
+            "How late a due schedule run must be to raise schedule-missed."),
+    Setting("alert_data_bytes", "FLEET_ALERT_DATA_BYTES", 16 << 30, _size,
+            "Database plus artifacts size that raises disk-size."),
+    Setting("alert_log_bytes", "FLEET_ALERT_LOG_BYTES", 1 << 30, _size,
+            "Log size that raises disk-size."),
+    Setting("alert_free_bytes", "FLEET_ALERT_FREE_BYTES", 1 << 30, _size,
+            "Free space on the data disk under which disk-size is raised."),
+    Setting("alert_log_paths", "FLEET_ALERT_LOG_PATHS", (), _csv,
+            "Files or directories counted as logs for disk-size (the log file is counted too)."),
+    Setting("alert_webhook", "FLEET_ALERT_WEBHOOK", "", _http_url,
+            "URL that receives each new alert once as a JSON POST."),
+    Setting("alert_webhook_attempts", "FLEET_ALERT_WEBHOOK_ATTEMPTS", 10, _positive_int,
+            "Delivery attempts for one alert before it is marked failed."),
+    Setting("alert_webhook_backoff_s", "FLEET_ALERT_WEBHOOK_BACKOFF_S", 2.0, _positive_float,
+            "First webhook retry delay; it doubles on each attempt (with jitter, at most 300 s)."),
+    Setting("alert_webhook_timeout_s", "FLEET_ALERT_WEBHOOK_TIMEOUT_S", 10.0, _positive_float,
+            "Timeout of one webhook attempt."),
+    # retention, stream, system
+    Setting("retain_beacons_days", "FLEET_RETAIN_BEACONS_DAYS", 30.0, _non_negative_float,
+            "Beacons older than this many days are pruned by retention (0 keeps them)."),
+    Setting("retain_events_days", "FLEET_RETAIN_EVENTS_DAYS", 30.0, _non_negative_float,
+            "Topic events older than this many days are pruned by retention (0 keeps them)."),
+    Setting("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0, _non_negative_float,
+            "Alerts resolved longer ago than this many days are pruned (0 keeps them)."),
+    Setting("retention_auto", "FLEET_RETENTION_AUTO", False, _flag,
+            "Apply retention a minute after start and then daily (otherwise only on request)."),
+    Setting("log_file", "FLEET_LOG_FILE", "", str,
+            "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
+    Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, _positive_float,
+            "Interval of keep-alive comments on /api/stream."),
 )
 
 

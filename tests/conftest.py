@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,8 @@ def collector_factory(aiohttp_client: Any, tmp_path: Path) -> CollectorFactory:
         settings: dict[str, Any] = {"data_dir": str(tmp_path / "data"), "long_poll_s": 1.0,
                                     "sweep_s": 3600.0, "bind": ("127.0.0.1",), "port": 0}
         settings.update(overrides)
-        config = resolve(COLLECTOR_SETTINGS, environ={}, **settings)
+        # The environment counts (tests set FLEET_* with monkeypatch); overrides win over it.
+        config = resolve(COLLECTOR_SETTINGS, environ=os.environ, **settings)
         return await aiohttp_client(create_app(config))
 
     return start

@@ -274,7 +274,8 @@ async def api_health(request: web.Request) -> web.Response:
 async def api_stream(request: web.Request) -> web.StreamResponse:
     service = service_of(request)
     return await stream(request, service.hub, lambda: {
-        "collector": service.collector_id, "instance": service.instance})
+        "collector": service.collector_id, "instance": service.instance},
+        keepalive_s=service.config.sse_keepalive_s)
 
 
 async def api_not_found(request: web.Request) -> web.Response:

@@ -71,18 +71,8 @@ class RangeNotSatisfiable(Exception):
 
 
 def max_artifact_bytes(config: Any) -> int:
-    """The upload size limit: the `max_artifact_bytes` setting once config.py has it, until then
-    FLEET_MAX_ARTIFACT_BYTES from the environment (default 4 GiB)."""
-    value = getattr(config, "max_artifact_bytes", None)
-    if value is None:
-        raw = os.environ.get(LIMIT_ENV, "").strip()
-        try:
-            value = int(raw) if raw else DEFAULT_MAX_BYTES
-        except ValueError:
-            raise ValueError(f"{LIMIT_ENV} must be a whole number of bytes, got {raw!r}") from None
-    if value < 1:
-        raise ValueError(f"{LIMIT_ENV} must be a positive number of bytes, got {value}")
-    return int(value)
+    """The upload size limit (FLEET_MAX_ARTIFACT_BYTES, default 4 GiB)."""
+    return int(config.max_artifact_bytes)
 
 
 # -- pure checks ----------------------------------------------------------------------------------

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
 from fleet_min.collector import alerts, schedules
 from fleet_min.collector.service import Service
 from fleet_min.collector.webhook import WebhookConfig, WebhookSender
-from fleet_min.config import ConfigError
+from fleet_min.config import Config
 from fleet_min.db import StorageError
 from fleet_min.errors import NotFound
 from fleet_min.http import json_response, query_int, read_json_object
@@ -44,65 +43,31 @@ class AutomationSettings:
     log_paths: tuple[Path, ...]
 
 
-def load_settings(environ: Mapping[str, str] | None = None) -> AutomationSettings:
-    """Every setting of this feature, from the environment (until they join config.py).
-
-    Rows for the settings table (name, env, default, help) are in docs/collector-automation.md.
-    """
-    env = os.environ if environ is None else environ
-
-    def get(name: str, default: str) -> str:
-        return env.get(name) or default
-
-    def number(name: str, default: float, *, low: float = 0.0) -> float:
-        try:
-            value = float(get(name, str(default)))
-        except ValueError:
-            raise ConfigError(f"{name}: must be a number") from None
-        if not value > low:
-            raise ConfigError(f"{name}: must be greater than {low:g}")
-        return value
-
-    def size(name: str, default: str) -> int:
-        text = get(name, default).strip().lower().removesuffix("ib").removesuffix("b")
-        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
-        try:
-            return int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
-        except ValueError:
-            raise ConfigError(f"{name}: must be a size such as 500M or 16G") from None
-
-    tz_name = get("FLEET_SCHEDULE_TZ", "").strip()
-    try:
-        tz = ZoneInfo(tz_name) if tz_name else None
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ConfigError(f"FLEET_SCHEDULE_TZ: {tz_name[:60]!r} is not a time zone name such "
-                          "as Europe/Berlin") from None
-    url = get("FLEET_ALERT_WEBHOOK", "").strip()
-    if url and not url.startswith(("http://", "https://")):
-        raise ConfigError("FLEET_ALERT_WEBHOOK: must be an http:// or https:// URL")
-    thermal = get("FLEET_ALERT_THERMAL_STATES", ",".join(alerts.THERMAL_STATES))
+def load_settings(config: Config) -> AutomationSettings:
+    """This feature's settings, taken from the collector's resolved configuration."""
+    thresholds = alerts.Thresholds(
+        offline_s=config.alert_offline_s,
+        beacon_fresh_s=config.alert_beacon_fresh_s,
+        stuck_factor=config.alert_stuck_factor,
+        failed_window_s=config.alert_job_failed_window_s,
+        battery_pct=config.alert_battery_pct,
+        thermal_states=frozenset(s.lower() for s in config.alert_thermal_states),
+        schedule_late_s=config.alert_schedule_late_s,
+        data_bytes=config.alert_data_bytes,
+        log_bytes=config.alert_log_bytes,
+        free_bytes=config.alert_free_bytes)
+    webhook = WebhookConfig(
+        url=config.alert_webhook, attempts=config.alert_webhook_attempts,
+        backoff_s=config.alert_webhook_backoff_s,
+        timeout_s=config.alert_webhook_timeout_s) if config.alert_webhook else None
+    log_paths = [Path(p) for p in config.alert_log_paths]
+    if config.log_file:
+        log_paths.append(Path(config.log_file))
     return AutomationSettings(
-        thresholds=alerts.Thresholds(
-            offline_s=number("FLEET_ALERT_OFFLINE_S", 900),
-            beacon_fresh_s=number("FLEET_ALERT_BEACON_FRESH_S", 900),
-            stuck_factor=number("FLEET_ALERT_STUCK_FACTOR", 2.0),
-            failed_window_s=number("FLEET_ALERT_JOB_FAILED_WINDOW_S", 86400),
-            battery_pct=number("FLEET_ALERT_BATTERY_PCT", 15),
-            thermal_states=frozenset(s.strip().lower() for s in thermal.split(",") if s.strip()),
-            schedule_late_s=number("FLEET_ALERT_SCHEDULE_LATE_S", 300),
-            data_bytes=size("FLEET_ALERT_DATA_BYTES", "16G"),
-            log_bytes=size("FLEET_ALERT_LOG_BYTES", "1G"),
-            free_bytes=size("FLEET_ALERT_FREE_BYTES", "1G")),
-        alert_tick_s=number("FLEET_ALERT_TICK_S", 60),
-        schedule_tick_s=number("FLEET_SCHEDULE_TICK_S", 20),
-        tz=tz, tz_name=tz_name,
-        webhook=WebhookConfig(
-            url=url, attempts=int(number("FLEET_ALERT_WEBHOOK_ATTEMPTS", 10, low=0.5)),
-            backoff_s=number("FLEET_ALERT_WEBHOOK_BACKOFF_S", 2.0),
-            timeout_s=number("FLEET_ALERT_WEBHOOK_TIMEOUT_S", 10.0)) if url else None,
-        log_paths=tuple(Path(p.strip()) for p in get("FLEET_ALERT_LOG_PATHS", "").split(",")
-                        if p.strip()),
-    )
+        thresholds=thresholds, alert_tick_s=config.alert_tick_s,
+        schedule_tick_s=config.schedule_tick_s,
+        tz=ZoneInfo(config.schedule_tz) if config.schedule_tz else None,
+        tz_name=config.schedule_tz, webhook=webhook, log_paths=tuple(log_paths))
 
 
 class Automation:
@@ -253,7 +218,7 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
 
 def setup(app: web.Application, service: Service) -> None:
     """Register this feature's routes, listeners and background loops."""
-    automation = Automation(service, load_settings())
+    automation = Automation(service, load_settings(service.config))
     app.router.add_routes(_routes(automation))
     service.health_extras.append(lambda: {
         "scheduler_tz": automation.settings.tz_name or "local",

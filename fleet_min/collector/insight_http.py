@@ -12,48 +12,27 @@ Routes:
 
 from __future__ import annotations
 
-import math
 import os
-from collections.abc import Mapping
 
 from aiohttp import web
 
 from fleet_min.collector import result_views, system, topics
 from fleet_min.collector.service import Service
-from fleet_min.config import ConfigError
+from fleet_min.config import Config
 from fleet_min.errors import BadRequest
 from fleet_min.http import json_response, query_int, read_json, read_json_object
 from fleet_min.timeutil import now
 
 
-def insight_settings(config: object, environ: Mapping[str, str] | None = None
-                     ) -> system.Settings:
-    """Every setting this feature reads, in one place (config first, then the environment)."""
-    env = os.environ if environ is None else environ
-
-    def days(name: str, var: str, default: float) -> float:
-        if hasattr(config, name):
-            return float(getattr(config, name))
-        raw = env.get(var, "").strip()
-        try:
-            value = float(raw) if raw else default
-        except ValueError:
-            value = -1.0
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{var}: must be a number of days, 0 or more (0 keeps "
-                              f"everything), got {raw!r}")
-        return value
-
-    auto = getattr(config, "retention_auto", None)
-    if auto is None:
-        auto = env.get("FLEET_RETENTION_AUTO", "").strip().lower() in {"1", "true", "yes", "on"}
-    log_file = getattr(config, "log_file", None) or env.get("FLEET_LOG_FILE") or None
-    armed = bool(env.get("FLEET_CI_STATUS_TOKEN") or env.get("GITHUB_TOKEN"))
+def insight_settings(config: Config) -> system.Settings:
+    """This feature's settings, taken from the collector's resolved configuration."""
+    armed = bool(os.environ.get("FLEET_CI_STATUS_TOKEN") or os.environ.get("GITHUB_TOKEN"))
     return system.Settings(
-        retain_beacons_days=days("retain_beacons_days", "FLEET_RETAIN_BEACONS_DAYS", 30.0),
-        retain_events_days=days("retain_events_days", "FLEET_RETAIN_EVENTS_DAYS", 30.0),
-        retain_alerts_days=days("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0),
-        retention_auto=bool(auto), log_file=log_file, ci_status_armed=armed)
+        retain_beacons_days=config.retain_beacons_days,
+        retain_events_days=config.retain_events_days,
+        retain_alerts_days=config.retain_alerts_days,
+        retention_auto=config.retention_auto, log_file=config.log_file or None,
+        ci_status_armed=armed)
 
 
 class Handlers:
