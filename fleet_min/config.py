@@ -173,6 +173,29 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
     Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, _positive_float,
             "Interval of keep-alive comments on /api/stream."),
+    # access, peers, discovery, CI status
+    Setting("dash_token", "FLEET_DASH_TOKEN", "", str,
+            "When set, dashboard changes need this value in the X-Fleet-Token header; unset "
+            "leaves them open. POST /jobs and agent routes stay open either way."),
+    Setting("mesh_allow", "FLEET_MESH_ALLOW", (), _csv,
+            "Mesh node names (exact) allowed to register from 100.64.0.0/10 and "
+            "fd7a:115c:a1e0::/48; unset admits everyone."),
+    Setting("mesh_whois", "FLEET_MESH_WHOIS", "tailscale", str,
+            "Identity lookup program, run as `<program> whois --json <ip>`."),
+    Setting("trust_proxy", "FLEET_TRUST_PROXY", False, _flag,
+            "Take a registering peer's address from the last X-Forwarded-For entry (only "
+            "behind a proxy that sets it)."),
+    Setting("peers", "FLEET_PEERS", (), _csv,
+            "Addresses of other collectors to read (host:port or http(s)://host:port)."),
+    Setting("mdns", "FLEET_MDNS", False, _flag,
+            "Advertise this collector on the LAN as _fleet-collector._tcp.local."),
+    Setting("github_api", "FLEET_GITHUB_API", "https://api.github.com", _http_url,
+            "Base URL of GitHub's API for commit statuses (GitHub Enterprise or a test fake)."),
+    Setting("ci_status_token", "FLEET_CI_STATUS_TOKEN", "", str,
+            "Token for posting commit statuses; without one (and without GITHUB_TOKEN) they "
+            "are recorded as dry runs."),
+    Setting("github_token", "GITHUB_TOKEN", "", str,
+            "Fallback token for commit statuses when FLEET_CI_STATUS_TOKEN is unset."),
 )
 
 

@@ -45,6 +45,10 @@ def _connect(path: Path, synchronous: str, *, readonly: bool = False) -> sqlite3
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
     conn.execute("PRAGMA busy_timeout = 30000")
+    if not readonly and conn.execute("PRAGMA page_count").fetchone()[0] == 0:
+        # Only a new, empty file can take this: it lets retention give space back to the disk
+        # (PRAGMA incremental_vacuum) instead of only reusing freed pages.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
     if not readonly:
         conn.execute("PRAGMA journal_mode = WAL")
     conn.execute(f"PRAGMA synchronous = {synchronous}")
@@ -108,12 +112,17 @@ class _Writer:
         self.transactions = 0
         self.run_s = 0.0     # time spent running transaction bodies (on the loop's thread)
         self.commit_s = 0.0  # time spent in COMMIT (in a worker thread)
+        self.in_flight = False  # a batch is between BEGIN and the end of its COMMIT
+        self.closing = False
 
     def start(self) -> None:
         self.task = asyncio.get_running_loop().create_task(self._run(), name="db-writer")
 
     async def stop(self) -> None:
-        while self.pending:  # let every accepted write finish before closing
+        # Every accepted write finishes, and the connection is never closed under a COMMIT
+        # that is still running in its worker thread.
+        self.closing = True
+        while self.pending or self.in_flight:
             self.wake.set()
             await asyncio.sleep(0.001)
         if self.task is not None:
@@ -128,6 +137,7 @@ class _Writer:
             self.wake.clear()
             while self.pending:
                 batch, self.pending = self.pending[:_MAX_BATCH], self.pending[_MAX_BATCH:]
+                self.in_flight = True
                 try:
                     await self._run_batch(batch)
                 except asyncio.CancelledError:
@@ -138,6 +148,8 @@ class _Writer:
                         self.conn.execute("ROLLBACK")
                     _resolve_all([(fut, None, StorageError(f"the write failed: {exc}"))
                                   for _, _, fut in batch])
+                finally:
+                    self.in_flight = False
 
     async def _run_batch(self, batch: list[Any]) -> None:
         conn = self.conn
@@ -233,7 +245,7 @@ class Database:
         returned (with synchronous=FULL: after it reached the disk).
         """
         writer = self._writer
-        if writer is None:
+        if writer is None or writer.closing:
             raise StorageError("the database is closed")
         fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
         writer.pending.append((fn, args, fut))

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -26,11 +27,14 @@ _DROP = b""  # sentinel put in a queue to end its stream
 
 
 class Subscriber:
-    __slots__ = ("dropped", "queue")
+    __slots__ = ("dropped", "on_drop", "queue")
 
     def __init__(self, depth: int) -> None:
         self.queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=depth)
         self.dropped = False
+        # Closes the client's connection: a slow client is stuck in a write that only the
+        # closing of its socket ends, and its kernel buffers are released only then.
+        self.on_drop: Callable[[], None] | None = None
 
 
 class EventHub:
@@ -38,7 +42,9 @@ class EventHub:
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=replay)
         self._subscribers: set[Subscriber] = set()
         self._depth = depth
-        self._next_id = 1
+        # Ids start from the clock (microseconds) so they keep rising across restarts: a client
+        # resuming with an id from an earlier run gets no replay rather than a wrong one.
+        self._next_id = int(time.time() * 1_000_000)
         self.published = 0
         self.dropped_clients = 0
 
@@ -67,6 +73,8 @@ class EventHub:
         with contextlib.suppress(asyncio.QueueEmpty):
             subscriber.queue.get_nowait()  # make room for the sentinel
         subscriber.queue.put_nowait(_DROP)
+        if subscriber.on_drop is not None:
+            subscriber.on_drop()
 
     def subscribe(self, last_event_id: int | None) -> tuple[Subscriber, list[bytes]]:
         subscriber = Subscriber(self._depth)
@@ -101,6 +109,9 @@ async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[s
         "X-Accel-Buffering": "no"})
     await response.prepare(request)
     subscriber, replay = hub.subscribe(_last_event_id(request))
+    transport = request.transport
+    if transport is not None:
+        subscriber.on_drop = transport.abort
     try:
         greeting = json.dumps({"type": "hello", "at": iso(now()), **hello()},
                               separators=(",", ":"))
@@ -116,7 +127,7 @@ async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[s
                 break
             await response.write(frame)
     except (ConnectionResetError, asyncio.CancelledError):
-        pass
+        pass  # the client left, or the service is stopping: both end this stream quietly
     finally:
         hub.unsubscribe(subscriber)
     return response

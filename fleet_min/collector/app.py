@@ -12,6 +12,7 @@ from fleet_min.collector import (
     access_http,
     artifacts_http,
     automation_http,
+    ci_status,
     devices,
     insight_http,
     pages_http,
@@ -170,8 +171,13 @@ async def api_jobs(request: web.Request) -> web.Response:
 
 
 async def api_job_detail(request: web.Request) -> web.Response:
-    return json_response(await views.job_detail(service_of(request).db,
-                                                request.match_info["job_id"]))
+    service = service_of(request)
+    job_id = request.match_info["job_id"]
+    record = await views.job_detail(service.db, job_id)
+    if (record["spec"].get("report_to") or {}).get("ci_status"):
+        record["ci_status"] = await ci_status.statuses(
+            service.db, job_id, ci_status.settings(service.config).armed)
+    return json_response(record)
 
 
 async def api_cancel(request: web.Request) -> web.Response:

@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 from fleet_min.collector import queue
 from fleet_min.collector.effects import Effects
-from fleet_min.db import Database, StorageError, like_escape
+from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
 
@@ -295,21 +295,10 @@ class ArtifactStore:
     async def adopt(self, found: list[tuple[str, int, float]], now: float) -> int:
         """Give a row to stored files without one (a crash between the rename and the commit:
         never acknowledged, but whole and named by its hash). They show as gc candidates."""
-        await self._database_ready()
         adopted: int = await self.transact(_adopt, found, now)
         if adopted:
             log.info("adopted %d stored artifacts that had no row", adopted)
         return adopted
-
-    async def _database_ready(self) -> None:
-        # Feature start-up hooks run before Service.start opens the database (create_app adds
-        # its hook after the features'); wait for it instead of depending on that order.
-        while True:
-            try:
-                await self.db.read_one("SELECT 1")
-                return
-            except StorageError:
-                await asyncio.sleep(0.05)
 
     def _prepare(self) -> list[tuple[str, int, float]]:
         self.tmp.mkdir(parents=True, exist_ok=True)

@@ -199,9 +199,9 @@ def setup(app: web.Application, service: Service) -> None:
         *_setup_mutations(service),
     ])
 
-    async def on_startup(_app: web.Application) -> None:
+    async def on_started() -> None:
         found = await store.scan()  # before the first request: no upload is in flight yet
         if found:
             service.spawn(store.adopt(found, now()), "artifact-adopt")
 
-    app.on_startup.append(on_startup)
+    service.on_started.append(on_started)

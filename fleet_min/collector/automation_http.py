@@ -22,7 +22,6 @@ from fleet_min.collector import alerts, schedules
 from fleet_min.collector.service import Service
 from fleet_min.collector.webhook import WebhookConfig, WebhookSender
 from fleet_min.config import Config
-from fleet_min.db import StorageError
 from fleet_min.errors import NotFound
 from fleet_min.http import json_response, query_int, read_json_object
 from fleet_min.timeutil import now
@@ -98,25 +97,15 @@ class Automation:
 
     # -- loops ------------------------------------------------------------------------------
 
-    async def until_ready(self) -> None:
-        """Feature hooks run before Service.start; wait until its database answers."""
-        while True:
-            try:
-                await self.service.db.read_one("SELECT 1")
-                return
-            except StorageError:
-                await asyncio.sleep(0.05)
-
     async def schedule_loop(self) -> None:
-        await self.until_ready()
+        """Ticks after the start-up one: on the period's marks (plus a breath), so a due minute
+        fires within a second of coming."""
         period = self.settings.schedule_tick_s
         while True:
-            await _guarded("scheduler tick", self.schedule_tick)
-            # On the 20-second marks (plus a breath), so a due minute fires within a second.
             await asyncio.sleep(period - now() % period + 0.2)
+            await _guarded("scheduler tick", self.schedule_tick)
 
     async def alert_loop(self) -> None:
-        await self.until_ready()
         while True:
             # The first tick waits one period: after a restart devices need a moment to beacon
             # before their silence means anything.
@@ -125,7 +114,6 @@ class Automation:
 
     async def webhook_loop(self) -> None:
         assert self.sender is not None
-        await self.until_ready()
         await self.sender.run()
 
 
@@ -224,10 +212,12 @@ def setup(app: web.Application, service: Service) -> None:
         "scheduler_tz": automation.settings.tz_name or "local",
         "alert_webhook": automation.sender is not None})
 
-    async def start_loops(_app: web.Application) -> None:
+    async def start_loops() -> None:
+        # The start-up tick runs before the collector serves its first request.
+        await _guarded("scheduler tick", automation.schedule_tick)
         service.spawn(automation.schedule_loop(), "scheduler")
         service.spawn(automation.alert_loop(), "alerts")
         if automation.sender is not None:
             service.spawn(automation.webhook_loop(), "alert-webhook")
 
-    app.on_startup.append(start_loops)
+    service.on_started.append(start_loops)

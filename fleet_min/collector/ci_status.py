@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sqlite3
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from fleet_min.config import Config, ConfigError
+from fleet_min.config import Config
 from fleet_min.db import Database
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso, now
@@ -50,15 +49,9 @@ class CiSettings:
 
 
 def settings(config: Config) -> CiSettings:
-    """FLEET_GITHUB_API and FLEET_CI_STATUS_TOKEN, falling back to GITHUB_TOKEN (from the
-    environment until they join the settings table)."""
-    del config
-    api = os.environ.get("FLEET_GITHUB_API", "").strip() or "https://api.github.com"
-    if not api.startswith(("http://", "https://")):
-        raise ConfigError(f"FLEET_GITHUB_API: {api!r} is not an http(s) URL such as "
-                          "https://api.github.com")
-    token = (os.environ.get("FLEET_CI_STATUS_TOKEN", "").strip()
-             or os.environ.get("GITHUB_TOKEN", "").strip())
+    """FLEET_GITHUB_API and FLEET_CI_STATUS_TOKEN, falling back to GITHUB_TOKEN."""
+    api = str(config.github_api or "https://api.github.com")
+    token = str(config.ci_status_token).strip() or str(config.github_token).strip()
     return CiSettings(api.rstrip("/"), token or None)
 
 

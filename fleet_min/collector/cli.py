@@ -59,11 +59,18 @@ def main(argv: list[str]) -> int:
     fast = install_uvloop()
     from fleet_min.collector.app import create_app
 
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except ConfigError as exc:
+        print(f"fleet-min collector: {exc}", file=sys.stderr)
+        return 2
     _warn_about_bind(config.bind)
     log.info("collector on %s port %s, data in %s%s", ",".join(config.bind), config.port,
              config.data_dir, " (uvloop)" if fast else "")
     web.run_app(app, host=list(config.bind), port=config.port, print=None,
-                shutdown_timeout=5.0, access_log=None, handle_signals=True)
+                shutdown_timeout=5.0, access_log=None, handle_signals=True,
+                # A client that goes away ends its handler at once: a held long poll or stream
+                # is released (and counted out of stream_clients) without waiting for a write.
+                handler_cancellation=True)
     log.info("collector stopped cleanly")
     return 0

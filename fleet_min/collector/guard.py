@@ -11,7 +11,6 @@ in one list or the other.
 from __future__ import annotations
 
 import hmac
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -122,7 +121,6 @@ def check(method: str, template: str | None, path: str, headers: Mapping[str, st
 
 
 def dash_token(config: Config) -> str | None:
-    """FLEET_DASH_TOKEN, or None when unset (read from the environment until it joins config)."""
-    del config  # the settings table does not carry it yet
-    value = os.environ.get("FLEET_DASH_TOKEN", "").strip()
+    """FLEET_DASH_TOKEN, or None when unset."""
+    value = str(config.dash_token).strip()
     return value or None

@@ -12,11 +12,9 @@ Routes:
 
 from __future__ import annotations
 
-import os
-
 from aiohttp import web
 
-from fleet_min.collector import result_views, system, topics
+from fleet_min.collector import ci_status, result_views, system, topics
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest
@@ -26,7 +24,7 @@ from fleet_min.timeutil import now
 
 def insight_settings(config: Config) -> system.Settings:
     """This feature's settings, taken from the collector's resolved configuration."""
-    armed = bool(os.environ.get("FLEET_CI_STATUS_TOKEN") or os.environ.get("GITHUB_TOKEN"))
+    armed = ci_status.settings(config).armed
     return system.Settings(
         retain_beacons_days=config.retain_beacons_days,
         retain_events_days=config.retain_events_days,
@@ -137,12 +135,12 @@ def setup(app: web.Application, service: Service) -> None:
         web.post("/api/system/retention", h.post_retention),
     ])
 
-    async def on_startup(_app: web.Application) -> None:
+    async def on_started() -> None:
         if settings.retention_auto:
             service.spawn(h.retention.daily(), "retention")
 
     async def on_shutdown(_app: web.Application) -> None:
         h.waiters.close()  # waiting topic polls answer 204 now rather than hold shutdown
 
-    app.on_startup.append(on_startup)
+    service.on_started.append(on_started)
     app.on_shutdown.append(on_shutdown)

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import os
 import socket
 import struct
 from collections.abc import Iterable
@@ -46,9 +45,8 @@ class MalformedPacket(ValueError):
 
 
 def enabled(config: Config) -> bool:
-    """FLEET_MDNS (from the environment until it joins the settings table); off by default."""
-    del config
-    return os.environ.get("FLEET_MDNS", "").strip().lower() in {"1", "true", "yes", "on"}
+    """FLEET_MDNS; off by default."""
+    return bool(config.mdns)
 
 
 # -- wire format ----------------------------------------------------------------------------------

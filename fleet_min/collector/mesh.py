@@ -22,7 +22,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -53,14 +52,10 @@ class MeshSettings:
 
 
 def settings(config: Config) -> MeshSettings:
-    """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY (from the environment until they
-    join the settings table)."""
-    del config
-    names = [n.strip() for n in os.environ.get("FLEET_MESH_ALLOW", "").split(",") if n.strip()]
-    allow = frozenset(normalise_name(n) for n in names) or None
-    whois = os.environ.get("FLEET_MESH_WHOIS", "").strip() or "tailscale"
-    trust = os.environ.get("FLEET_TRUST_PROXY", "").strip().lower() in {"1", "true", "yes", "on"}
-    return MeshSettings(allow, whois, trust)
+    """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY."""
+    allow = frozenset(normalise_name(n) for n in config.mesh_allow if n.strip()) or None
+    whois = str(config.mesh_whois).strip() or "tailscale"
+    return MeshSettings(allow, whois, bool(config.trust_proxy))
 
 
 def normalise_name(name: str) -> str:

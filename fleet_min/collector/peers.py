@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -48,10 +47,8 @@ class BadGateway(Refused):
 
 
 def settings(config: Config) -> list[str]:
-    """FLEET_PEERS as normalised base URLs (from the environment until it joins the table)."""
-    del config
-    raw = os.environ.get("FLEET_PEERS", "")
-    return [base_url(part) for part in raw.split(",") if part.strip()]
+    """FLEET_PEERS as normalised base URLs."""
+    return [base_url(part) for part in config.peers if part.strip()]
 
 
 def base_url(text: str) -> str:

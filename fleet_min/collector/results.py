@@ -40,7 +40,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
          json.dumps(body["device"]) if body.get("device") is not None else None,
          json.dumps(extra) if extra else None, now))
     conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ?", (now, device_id))
-    if cursor.rowcount == 0:
+    if cursor.rowcount == 0 and not _supersede(conn, job, body, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
     status = job["status"]
@@ -52,6 +52,30 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
             status = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"),
                                              now, effects)
     return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+
+
+def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
+               now: float) -> bool:
+    """A row whose key exists from an EARLIER attempt of the job replaces that row.
+
+    Rows are idempotent by (job_id, device_id, iter) so that a re-post changes nothing; but a
+    job handed back (preempted, released) and claimed again by the same device reports its
+    iterations anew, and the new attempt's summary must not be mistaken for a repeat.
+    """
+    if job["status"] != "claimed" or job["claimed_by"] != body["device_id"]:
+        return False
+    cursor = conn.execute(
+        """
+        UPDATE results SET ok = ?, final = ?, preempted = ?, error = ?, metrics = ?,
+               artifacts = ?, device = ?, created_at = ?
+        WHERE job_id = ? AND device_id = ? AND iter = ? AND created_at < ?
+        """,
+        (None if body.get("ok") is None else int(bool(body["ok"])), int(bool(body.get("final"))),
+         int(bool(body.get("preempted"))), body.get("error"),
+         json.dumps(body.get("metrics") or {}), json.dumps(body.get("artifacts") or []),
+         json.dumps(body["device"]) if body.get("device") is not None else None, now,
+         body["job_id"], body["device_id"], int(body["iter"]), job["claimed_at"]))
+    return cursor.rowcount > 0
 
 
 def _closes(job: sqlite3.Row, device_id: str) -> bool:

@@ -77,6 +77,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX jobs_parent ON jobs(parent_job_id) WHERE parent_job_id IS NOT NULL;
     CREATE INDEX jobs_template ON jobs(template_id) WHERE template_id IS NOT NULL;
     CREATE INDEX jobs_created ON jobs(created_at);
+    CREATE INDEX jobs_finished ON jobs(status, finished_at) WHERE finished_at IS NOT NULL;
 
     CREATE TABLE job_deps (
         job_id TEXT NOT NULL,
@@ -170,6 +171,7 @@ MIGRATIONS: list[str] = [
         detail TEXT,
         UNIQUE (schedule_id, slot)
     );
+    CREATE INDEX schedule_runs_history ON schedule_runs(schedule_id, id);
 
     CREATE TABLE alerts (
         id INTEGER PRIMARY KEY,
@@ -188,6 +190,7 @@ MIGRATIONS: list[str] = [
     );
     CREATE UNIQUE INDEX alerts_open ON alerts(rule, subject) WHERE state = 'open';
     CREATE INDEX alerts_last_seen ON alerts(last_seen);
+    CREATE INDEX alerts_rule_subject ON alerts(rule, subject, id);
 
     CREATE TABLE topic_events (
         seq INTEGER PRIMARY KEY AUTOINCREMENT,

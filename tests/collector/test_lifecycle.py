@@ -436,3 +436,23 @@ async def test_bodies_over_the_limit_are_413(collector_factory):
     resp = await client.post("/jobs", data=json.dumps(job("big", params={"x": "y" * 4000})),
                              headers={"Content-Type": "application/json"})
     assert resp.status == 413 and "limit" in (await resp.json())["error"]
+
+
+async def test_a_new_attempt_supersedes_rows_of_a_handed_back_one(client):
+    """Preempted, then claimed again by the same device: the new summary (iter 0 again) is not
+    a duplicate; it closes the job."""
+    await setup_claimed(client, "again", preemptible=True)
+    await client.post("/results", json=result_row("again", "d", 1, metrics={"n": 1}))
+    await client.post("/results", json=result_row("again", "d", 0, final=True, ok=False,
+                                                  preempted=True, artifacts=[SHA_A]))
+    assert (await claim(client, "d"))["job_id"] == "again"
+    await client.post("/results", json=result_row("again", "d", 1, metrics={"n": 2}))
+    reply = await (await client.post("/results", json=result_row(
+        "again", "d", 0, final=True, ok=True, metrics={"n": 2}))).json()
+    assert reply["duplicate"] is False and reply["status"] == "done"
+    rows = (await (await client.get("/api/results?job=again")).json())["results"]
+    assert sorted((r["iter"], r["metrics"].get("n")) for r in rows) == [(0, 2), (1, 2)]
+    # Within one attempt a re-post is still a duplicate that changes nothing.
+    again = await (await client.post("/results", json=result_row(
+        "again", "d", 0, final=True, ok=False))).json()
+    assert again["duplicate"] is True and again["status"] == "done"
