@@ -1,61 +1,114 @@
-// Minimal control-plane page: draws /api/state, follows /api/stream, posts actions.
-// Everything is built with textContent (never innerHTML), so runner data cannot inject markup.
-"use strict";
+// The control-plane UI: a shell (header, token, screens), the live snapshot from /api/stream,
+// and hash routes: #/ overview, #/runner/<name>, #/analytics, #/simulate, #/forecast,
+// #/hosts, #/settings. Plain ES modules, no build step; text is always rendered as text.
+import { html, render, useEffect, useRef } from "./js/html.js";
+import { state, set, subscribe, recordSnapshot, dismissToast } from "./js/store.js";
+import { getJSON } from "./js/api.js";
+import { follow } from "./js/live.js";
+import { TokenBox, ConfirmDialog } from "./js/actions.js";
+import { Overview } from "./views/overview.js";
+import { RunnerView } from "./views/runner.js";
+import { Analytics, Simulate, Forecast, Hosts } from "./views/analysis.js";
+import { Settings } from "./views/settings.js";
+import { ago } from "./js/format.js";
 
-const $ = (id) => document.getElementById(id);
-const tokenInput = $("token");
-tokenInput.value = sessionStorage.getItem("fleet-token") || "";
-tokenInput.addEventListener("change", () => sessionStorage.setItem("fleet-token", tokenInput.value));
+const SCREENS = [
+  { name: "overview", label: "Runners", view: Overview },
+  { name: "analytics", label: "Analytics", view: Analytics },
+  { name: "simulate", label: "Simulate", view: Simulate },
+  { name: "forecast", label: "Forecast", view: Forecast },
+  { name: "hosts", label: "Hosts", view: Hosts },
+  { name: "settings", label: "Settings", view: Settings },
+];
 
-function el(tag, text, cls) {
-  const node = document.createElement(tag);
-  if (text !== undefined && text !== null) node.textContent = String(text);
-  if (cls) node.className = cls;
-  return node;
+function parseRoute() {
+  const [, name = "", ...rest] = window.location.hash.replace(/^#/, "").split("/");
+  if (name === "runner" && rest.length) return { name: "runner", arg: decodeURIComponent(rest.join("/")) };
+  return { name: SCREENS.some((s) => s.name === name) ? name : "overview", arg: "" };
 }
 
-async function act(id, name) {
-  const out = $("result");
-  out.hidden = false;
-  out.textContent = `${id} ${name} …`;
-  const response = await fetch("/api/action", {
-    method: "POST",
-    headers: { "Content-Type": "application/json", Authorization: `Bearer ${tokenInput.value}` },
-    body: JSON.stringify({ id, args: { name } }),
-  });
-  const body = await response.json();
-  out.textContent = body.ok ? `${id} ${name}: ok\n${body.output || ""}` : `${id} ${name}: ${body.error}`;
+function Conn() {
+  const labels = { live: "live", reconnecting: "reconnecting…", connecting: "connecting…" };
+  const since = state.snap ? `last snapshot ${ago(state.snap.generated_at)}` : "no snapshot yet";
+  return html`<span class=${`badge conn ${state.conn}`} id="conn" role="status" title=${since}>${labels[state.conn] || state.conn}</span>`;
 }
 
-function runnerRow(r) {
-  const row = el("tr");
-  row.dataset.runner = r.name;
-  row.append(el("td", r.name), el("td", r.repo || r.owner || ""),
-    el("td", r.state, `state-${r.state}`), el("td", r.service.active),
-    el("td", (r.labels || []).join(", ")), el("td", r.version || ""));
-  const buttons = el("td");
-  for (const [id, label] of [["runner.drain", "Drain"], ["runner.resume", "Resume"], ["runner.duplicate", "Duplicate"]]) {
-    const button = el("button", label);
-    button.addEventListener("click", () => act(id, r.name));
-    buttons.append(button);
+function Nav() {
+  const current = state.route.name === "runner" ? "overview" : state.route.name;
+  const nav = useRef(null);
+  useEffect(() => nav.current?.querySelector("[aria-current=page]")?.scrollIntoView({ block: "nearest", inline: "nearest" }), [current]);
+  return html`<nav class="tabs" aria-label="Screens" ref=${nav}>${SCREENS.map((s) => html`<a href=${`#/${s.name === "overview" ? "" : s.name}`}
+    aria-current=${s.name === current ? "page" : undefined}>${s.label}</a>`)}</nav>`;
+}
+
+function Toasts() {
+  return html`<div class="toasts" role="status" aria-live="polite">${state.toasts.map((t) => html`<div class=${`toast ${t.kind}`} key=${t.id}>
+    <div class="toast-head"><strong>${t.title}</strong>
+      <button type="button" class="close" aria-label="Dismiss" onClick=${() => dismissToast(t.id)}>×</button></div>
+    ${t.detail?.error ? html`<p>${t.detail.error}</p>` : null}
+    ${t.detail?.command ? html`<p class="small"><code>${t.detail.command}</code> → exit ${t.detail.code} in ${t.detail.durationMs} ms</p>` : null}
+    ${t.detail?.output ? html`<pre>${t.detail.output}</pre>` : null}
+  </div>`)}</div>`;
+}
+
+function App() {
+  const main = useRef(null);
+  const first = useRef(true);
+  const { route } = state;
+  useEffect(() => {
+    const screen = route.name === "runner" ? `runner ${route.arg}` : route.name;
+    document.title = `${screen} · ${state.snap?.host?.name || "control plane"} · fleet-min`;
+    if (first.current) first.current = false;
+    else main.current?.focus({ preventScroll: false });
+  }, [route.name, route.arg]);
+  const screen = SCREENS.find((s) => s.name === route.name);
+  const host = state.snap?.host?.name;
+  return html`
+    <button type="button" class="skip" onClick=${() => main.current?.focus()}>Skip to content</button>
+    <header class="top">
+      <div class="brand">
+        <h1>Runners${host ? html` on <span class="host">${host}</span>` : null}</h1>
+        <${Conn} />
+      </div>
+      <div class="token"><${TokenBox} /></div>
+    </header>
+    <${Nav} />
+    <main id="main" ref=${main} tabindex="-1" data-screen=${route.name}>
+      ${route.name === "runner" ? html`<${RunnerView} key=${route.arg} name=${route.arg} />` : html`<${screen.view} />`}
+    </main>
+    <${Toasts} />
+    <${ConfirmDialog} />`;
+}
+
+function draw() {
+  render(html`<${App} />`, document.getElementById("app"));
+}
+
+async function loadCatalogue() {
+  try {
+    set({ catalogue: await getJSON("/api/actions") });
+  } catch {
+    // the daemon is unreachable: asked again once the stream is live
   }
-  row.append(buttons);
-  return row;
 }
 
-function render(snap) {
-  $("host").textContent = snap.host ? snap.host.name : "?";
-  $("runners").tBodies[0].replaceChildren(...(snap.runners || []).map(runnerRow));
-  const cap = snap.capacity || {};
-  $("capacity").textContent = `busy ${cap.busy ?? "?"} of ${cap.runners ?? "?"} runners, ceiling ${cap.ceiling ?? "?"}`
-    + (cap.can_add === false ? ` — no room: ${cap.reasons.join("; ")}` : "");
-  const alerts = [...(snap.drift || []), ...(snap.alerts || [])];
-  $("alerts").replaceChildren(...alerts.map((a) => el("li", a.message, a.severity)));
-  $("queue").replaceChildren(...(snap.queue_causes || []).map((q) => el("li", `${q.repo} #${q.run_id}: ${q.message}`)));
+function boot() {
+  const root = document.getElementById("app");
+  root.replaceChildren();
+  set({ route: parseRoute() });
+  subscribe(draw);
+  window.addEventListener("hashchange", () => set({ route: parseRoute() }));
+  loadCatalogue();
+  getJSON("/api/state").then((snap) => { if (snap?.runners && !state.snap) recordSnapshot(snap); }).catch(() => {});
+  follow({
+    onSnapshot: recordSnapshot,
+    onStatus: (conn) => {
+      if (conn === state.conn) return;
+      if (conn === "live" && !state.catalogue) loadCatalogue();
+      set({ conn, connSince: Date.now() });
+    },
+  });
+  draw();
 }
 
-fetch("/api/state").then((r) => r.json()).then(render);
-const source = new EventSource("/api/stream");
-source.onopen = () => { $("live").textContent = "live"; $("live").classList.add("on"); };
-source.onerror = () => { $("live").textContent = "reconnecting"; $("live").classList.remove("on"); };
-source.onmessage = (event) => render(JSON.parse(event.data));
+boot();

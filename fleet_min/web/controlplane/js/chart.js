@@ -1,0 +1,109 @@
+// Charts with the vendored uPlot: a time chart and a grouped bar chart over categories.
+// Colours come from the page's CSS variables, so a chart follows the light/dark theme; the
+// chart is rebuilt when the system theme changes and resized with its box.
+import uPlot from "../vendor/uplot/uPlot.esm.js";
+import { html, useEffect, useRef, useState } from "./html.js";
+
+const PALETTE = ["--chart-1", "--chart-2", "--chart-3", "--chart-4", "--chart-5"];
+const dark = window.matchMedia("(prefers-color-scheme: dark)");
+
+function css(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || "#888";
+}
+
+function useTheme() {
+  const [, setFlip] = useState(0);
+  useEffect(() => {
+    const onChange = () => setFlip((n) => n + 1);
+    dark.addEventListener("change", onChange);
+    return () => dark.removeEventListener("change", onChange);
+  }, []);
+  return dark.matches ? "dark" : "light";
+}
+
+function axis(extra = {}) {
+  return { stroke: css("--muted"), grid: { stroke: css("--grid"), width: 1 }, ticks: { stroke: css("--grid") }, ...extra };
+}
+
+function Plot({ build, data, label, height }) {
+  const box = useRef(null);
+  const plot = useRef(null);
+  const theme = useTheme();
+  const shape = JSON.stringify([theme, data.length, build.key]);
+  useEffect(() => {
+    const el = box.current;
+    const width = Math.max(240, el.clientWidth);
+    plot.current = new uPlot({ width, height, ...build.opts() }, data, el);
+    const resize = new ResizeObserver(() => {
+      const w = Math.max(240, el.clientWidth);
+      if (plot.current && Math.abs(plot.current.width - w) > 2) plot.current.setSize({ width: w, height });
+    });
+    resize.observe(el);
+    return () => {
+      resize.disconnect();
+      plot.current.destroy();
+      plot.current = null;
+    };
+  }, [shape]);
+  useEffect(() => {
+    if (plot.current) plot.current.setData(data);
+  }, [data]);
+  return html`<figure class="chart" role="img" aria-label=${label}><div ref=${box}></div></figure>`;
+}
+
+// series: [{label, values, unit?}], x: unix seconds.
+export function TimeChart({ x, series, label, height = 180, yRange, minSpan = 600 }) {
+  const build = {
+    key: series.map((s) => s.label).join("|"),
+    opts: () => ({
+      series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, scale: s.scale || "y", value: (u, v) => (v == null ? "–" : `${v.toFixed(2)}${s.unit || ""}`) }))],
+      axes: [axis({ space: 70 }), axis({ scale: "y", size: 50 }), ...(series.some((s) => s.scale === "pct") ? [axis({ scale: "pct", side: 1, grid: { show: false }, values: (u, v) => v.map((n) => `${n}%`) })] : [])],
+      // at least `minSpan` seconds wide, so a young history does not read in milliseconds
+      scales: { x: { time: true, range: (u, lo, hi) => [Math.min(lo, hi - minSpan), hi] }, y: yRange ? { range: yRange } : {}, pct: { range: [0, 100] } },
+      cursor: { drag: { x: false, y: false } },
+    }),
+  };
+  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+}
+
+// categories: names on the x axis; series: [{label, values}] drawn as grouped bars.
+export function BarChart({ categories, series, label, height = 220, unit = "" }) {
+  const n = series.length;
+  const build = {
+    key: `${categories.join("|")}#${series.map((s) => s.label).join("|")}`,
+    opts: () => ({
+      series: [{ label: "", value: (u, i) => categories[i] ?? "" }, ...series.map((s, i) => {
+        const colour = css(PALETTE[i % PALETTE.length]);
+        const slot = 0.8 / n; // each category's 80 % split between the series
+        return {
+          label: s.label, stroke: colour, fill: colour, width: 0,
+          paths: uPlot.paths.bars({ disp: {
+            x0: { unit: 1, values: (u) => u.data[0].map((j) => j - 0.4 + i * slot + slot * 0.05) },
+            size: { unit: 1, values: () => [slot * 0.9] },
+          } }),
+          points: { show: false },
+          value: (u, v) => (v == null ? "–" : `${Number(v).toFixed(1)}${unit}`),
+        };
+      })],
+      axes: [axis({ splits: () => categories.map((_, i) => i), values: () => categories.map((c) => (c.length > 18 ? `${c.slice(0, 17)}…` : c)), grid: { show: false } }),
+        axis({ size: 50, values: (u, v) => v.map((x) => `${x}${unit}`) })],
+      scales: { x: { time: false, range: [-0.5, categories.length - 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+      cursor: { drag: { x: false, y: false }, points: { show: false } },
+    }),
+  };
+  return html`<${Plot} build=${build} data=${[categories.map((_, i) => i), ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+}
+
+// x is a number (runner counts): lines of several series, for the simulation comparison.
+export function LineChart({ x, series, label, height = 220, xLabel, unit = "" }) {
+  const build = {
+    key: series.map((s) => s.label).join("|"),
+    opts: () => ({
+      series: [{ label: xLabel || "x" }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : `${Number(v).toFixed(1)}${unit}`) }))],
+      axes: [axis({ label: xLabel, splits: () => x }), axis({ size: 55, values: (u, v) => v.map((n) => `${n}${unit}`) })],
+      scales: { x: { time: false, range: [Math.min(...x) - 0.5, Math.max(...x) + 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
+      cursor: { drag: { x: false, y: false } },
+    }),
+  };
+  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+}
