@@ -1,0 +1,208 @@
+"""Dispatch latency: an agent long-polls GET /devices/{id}/next-job, a job pinned to it is
+enqueued, and the time from sending POST /jobs until the agent holds the job is recorded.
+
+    python bench/dispatch.py [--trials 300] [--rounds 3] [--others 20] [--quick]
+
+Ceiling, measured in the same run: the same two requests against the bare aiohttp server
+(bench/bare_server.py), which does no work: POST /jobs, then GET next-job, timed from sending the
+first until the second's answer is read. That is what the client, the loopback and aiohttp cost
+on this machine. The collector path holds two durable commits (the enqueue, then the claim made
+for the waiting poll), so the bench also measures this disk's commit time (SQLite, WAL,
+synchronous=FULL, one row) and reports the durability floor, two commits, next to the figures.
+
+Rounds alternate ceiling and collector so a noisy machine hits both alike; the reported figures
+are the medians over rounds. `--others` idle agents long-poll at the same time (on other
+devices), so the dispatcher has waiters to skip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Http, emit, server, table
+
+AGENT = "dispatch-agent"
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+def commit_floor_ms(commits: int = 200) -> dict[str, float]:
+    """p50/p99 of one-row commits, WAL and synchronous=FULL, on the temp directory's disk
+    (where bench.common.server puts the collector's database)."""
+    with tempfile.TemporaryDirectory() as folder:
+        conn = sqlite3.connect(Path(folder) / "floor.sqlite3", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("CREATE TABLE t (n INTEGER)")
+        times = []
+        for n in range(commits):
+            started = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO t VALUES (?)", (n,))
+            conn.execute("COMMIT")
+            times.append(1000 * (time.perf_counter() - started))
+        conn.close()
+    return {"commit_p50_ms": percentile(times, 0.5), "commit_p99_ms": percentile(times, 0.99)}
+
+
+def job(n: int, tag: str) -> dict[str, Any]:
+    return {"schema": 1, "job_id": f"dispatch-{tag}-{n}", "workload": "benchmark",
+            "executor": "device", "backend": "synthetic", "targets": {"device_id": AGENT}}
+
+
+async def register(http: Http, device: str) -> None:
+    status, body = await http.request("POST", "/devices/register", {
+        "device_id": device, "descriptor": {"platform": "linux"},
+        "capabilities": ["benchmark"]})
+    if status != 200:
+        raise RuntimeError(f"register answered {status}: {body[:200]!r}")
+
+
+async def idle_agent(address: str, device: str, stop: asyncio.Event) -> None:
+    """Another agent, long-polling for jobs that never come (re-polling after each 204)."""
+    http = Http(address)
+    await register(http, device)
+    while not stop.is_set():
+        poll = asyncio.ensure_future(http.request("GET", f"/devices/{device}/next-job"))
+        halt = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({poll, halt}, return_when=asyncio.FIRST_COMPLETED)
+        if not poll.done():
+            poll.cancel()
+        halt.cancel()
+    http.close()
+
+
+async def collector_trials(address: str, trials: int, tag: str, settle_s: float
+                           ) -> dict[str, list[float]]:
+    agent, feeder = Http(address), Http(address)
+    await register(agent, AGENT)
+    latencies, acks = [], []
+
+    async def poll() -> float:
+        status, body = await agent.request("GET", f"/devices/{AGENT}/next-job")
+        if status != 200:
+            raise RuntimeError(f"the poll answered {status}: {body[:200]!r}")
+        return time.perf_counter()
+
+    for n in range(trials):
+        held = asyncio.ensure_future(poll())
+        await asyncio.sleep(settle_s)  # the poll's own first look has committed and found nothing
+        if held.done():
+            raise RuntimeError("the poll returned before a job was enqueued")
+        started = time.perf_counter()
+        status, body = await feeder.request("POST", "/jobs", job(n, tag))
+        acked = time.perf_counter()
+        if status != 201:
+            raise RuntimeError(f"POST /jobs answered {status}: {body[:200]!r}")
+        latencies.append(1000 * (await held - started))
+        acks.append(1000 * (acked - started))
+    agent.close()
+    feeder.close()
+    return {"latency_ms": latencies, "enqueue_ack_ms": acks}
+
+
+async def bare_trials(address: str, trials: int) -> dict[str, list[float]]:
+    http = Http(address)
+    await http.request("GET", "/api/health")
+    latencies, acks = [], []
+    for n in range(trials):
+        started = time.perf_counter()
+        status, _ = await http.request("POST", "/jobs", job(n, "bare"))
+        acked = time.perf_counter()
+        status2, _ = await http.request("GET", f"/devices/{AGENT}/next-job")
+        done = time.perf_counter()
+        assert status == 201 and status2 == 200, (status, status2)
+        latencies.append(1000 * (done - started))
+        acks.append(1000 * (acked - started))
+    http.close()
+    return {"latency_ms": latencies, "enqueue_ack_ms": acks}
+
+
+async def run_collector(address: str, trials: int, others: int, tag: str, settle_s: float
+                        ) -> dict[str, list[float]]:
+    stop = asyncio.Event()
+    background = [asyncio.ensure_future(idle_agent(address, f"dispatch-idle-{tag}-{i}", stop))
+                  for i in range(others)]
+    await asyncio.sleep(0.2 + 0.01 * others)  # let them register and start waiting
+    try:
+        return await collector_trials(address, trials, tag, settle_s)
+    finally:
+        stop.set()
+        await asyncio.gather(*background, return_exceptions=True)
+
+
+def summary(samples: dict[str, list[float]]) -> dict[str, float]:
+    lat = samples["latency_ms"]
+    return {"trials": len(lat), "p50_ms": percentile(lat, 0.5), "p99_ms": percentile(lat, 0.99),
+            "max_ms": max(lat), "enqueue_ack_p50_ms": percentile(samples["enqueue_ack_ms"], 0.5)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=300, help="trials per round and server")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--others", type=int, default=20, help="idle agents polling meanwhile")
+    parser.add_argument("--settle-ms", type=float, default=30.0,
+                        help="wait after sending the poll before enqueueing")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.trials, args.rounds, args.others = 10, 1, 2
+    floor = commit_floor_ms(50 if args.quick else 200)
+    emit({"bench": "dispatch", "figure": "commit_floor", **floor,
+          "two_commits_ms": 2 * floor["commit_p50_ms"]})
+    rounds: list[dict[str, Any]] = []
+    with server("bare") as (bare_address, _), server("collector") as (address, _pid):
+        for r in range(args.rounds):
+            bare = summary(asyncio.run(bare_trials(bare_address, args.trials)))
+            ours = summary(asyncio.run(run_collector(address, args.trials, args.others, f"r{r}",
+                                                     args.settle_ms / 1000)))
+            record = {"round": r, "bare": bare, "collector": ours,
+                      "p50_ratio": ours["p50_ms"] / bare["p50_ms"],
+                      "p99_ratio": ours["p99_ms"] / bare["p99_ms"]}
+            emit({"bench": "dispatch", "figure": "round", **record})
+            rounds.append(record)
+
+    def med(side: str, key: str) -> float:
+        return statistics.median(r[side][key] for r in rounds)
+
+    result = {
+        "bench": "dispatch", "figure": "dispatch_latency", "rounds": len(rounds),
+        "trials_per_round": args.trials, "other_waiting_agents": args.others,
+        "p50_ms": med("collector", "p50_ms"), "p99_ms": med("collector", "p99_ms"),
+        "bare_p50_ms": med("bare", "p50_ms"), "bare_p99_ms": med("bare", "p99_ms"),
+        "p50_ratio": statistics.median(r["p50_ratio"] for r in rounds),
+        "p99_ratio": statistics.median(r["p99_ratio"] for r in rounds),
+        "enqueue_ack_p50_ms": med("collector", "enqueue_ack_p50_ms"),
+        "two_commits_ms": 2 * floor["commit_p50_ms"],
+        "target": {"p50_ms": 3, "p99_ms": 15}, "cores": os.cpu_count(),
+    }
+    emit(result)
+    table([
+        ("ceiling (bare) p50 ms", f"{result['bare_p50_ms']:.2f}", "POST /jobs + GET next-job"),
+        ("ceiling (bare) p99 ms", f"{result['bare_p99_ms']:.2f}", ""),
+        ("disk: one commit p50 ms", f"{floor['commit_p50_ms']:.2f}", "WAL, synchronous=FULL"),
+        ("dispatch p50 ms", f"{result['p50_ms']:.2f}", "target <= 3"),
+        ("dispatch p99 ms", f"{result['p99_ms']:.2f}", "target <= 15"),
+        ("p50 ratio collector/bare", f"{result['p50_ratio']:.1f}", ""),
+        ("p99 ratio collector/bare", f"{result['p99_ratio']:.1f}", ""),
+        ("enqueue ack p50 ms", f"{result['enqueue_ack_p50_ms']:.2f}", "POST /jobs answered"),
+    ])
+
+
+if __name__ == "__main__":
+    main()
