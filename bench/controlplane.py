@@ -1,0 +1,305 @@
+"""Control plane: snapshot rebuild time with 200 runners, and the simulation of 100,000 jobs
+for 5 runner counts through POST /api/simulate.
+
+    python bench/controlplane.py [--runners 200] [--rebuilds 30] [--jobs 100000] [--quick]
+
+The host is laid out with the test fakes (tests/controlplane/fakes.py): 200 runner installations
+across 10 repositories, each with its `.runner` file and a user unit, a fake `systemctl` on PATH
+(a real executable, here a Python script) and a fake GitHub API (tests/controlplane/
+fake_github.py) that knows every runner's registration and a few queued runs.
+
+Rebuild, two ways:
+
+- engine: ControlPlane.rebuild() called in this process (the daemon's own code, after one GitHub
+  refresh) `--rebuilds` times; median and p90, with its parts timed alone: discovery of the runner
+  directories and processes, the supervisor query (one `systemctl show` for all units), host
+  vitals, and the rest (views, composition, JSON encoding, publishing).
+- API: a real `python -m fleet_min controlplane` process; POST /api/settings changes a live
+  setting, which rebuilds before answering, so its round trip is a forced rebuild plus two small
+  committed writes and HTTP.
+
+The supervisor query is an external process. The fake systemctl is a Python script, so its cost
+is mostly a Python start; `python -c pass` is measured alongside as that part's floor, and the
+rebuild without the supervisor query is reported as what our own code costs.
+
+Simulation: 100,000 completed jobs of one repository are written into the daemon's history table
+before it starts; POST /api/simulate {repo, runnerCounts: 5 counts, sloSec} is timed. When the
+daemon has no such route yet (404/405), the figure is skipped with a message saying so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, emit, table
+from fleet_min.config import resolve
+from fleet_min.controlplane import store
+from fleet_min.controlplane.engine import ControlPlane
+from fleet_min.controlplane.procs import process_table
+from fleet_min.controlplane.runners import discover
+from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
+from fleet_min.controlplane.vitals import host_vitals
+from fleet_min.db import migrate
+from tests.controlplane import fakes
+from tests.controlplane.fake_github import TOKEN, FakeGitHub
+
+REPOS = 10
+SIM_REPO = "octo/history"
+RUNNER_COUNTS = [1, 2, 4, 8, 16]
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class Host:
+    """A fake host: runner directories, fake systemctl, environment (as the tests lay it out)."""
+
+    def __init__(self, tmp: Path, github: FakeGitHub, runners: int) -> None:
+        self.root, self.state = tmp / "runners", tmp / "state"
+        self.bin = fakes.write_bin(tmp / "bin")
+        xdg, home, systemd = tmp / "xdg", tmp / "home", tmp / "systemd"
+        for folder in (self.root, xdg, home, systemd):
+            folder.mkdir(parents=True, exist_ok=True)
+        self.env = {
+            "PATH": f"{self.bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            "HOME": str(home), "XDG_CONFIG_HOME": str(xdg), "FAKE_SYSTEMD_DIR": str(systemd),
+            "FAKE_LAUNCHD_DIR": str(tmp / "launchd"), "FLEET_GITHUB_API": github.url,
+            "GH_TOKEN": TOKEN, "FLEET_SUPERVISOR": "systemd", "FLEET_SYSTEMD_SCOPE": "user",
+            "FLEET_TICK_S": "3600", "FLEET_BUSY_TICK_S": "3600", "FLEET_GITHUB_S": "3600",
+            "FLEET_MIN_FREE_MEM_MB": "0", "FLEET_MIN_FREE_DISK_GB": "0",
+            "FLEET_COMMAND_TIMEOUT_S": "60", "FLEET_ROOT": str(self.root),
+            "FLEET_STATE_DIR": str(self.state),
+        }
+        for i in range(runners):
+            repo, name = f"octo/app{i % REPOS}", f"runner-{i:03d}"
+            path = fakes.make_install(self.root / name)
+            agent_id = github.add_runner(repo, name, ["gpu"] if i % 7 == 0 else [])
+            fakes.write_runner_file(path, name, repo, agent_id)
+            fakes.user_unit(xdg, path, repo, name)
+        for r in range(REPOS):
+            github.add_run(f"octo/app{r}", "queued", "2026-01-01T00:00:00Z",
+                           ["self-hosted", "Linux"])
+
+
+def timed_ms(fn: Any, times: int) -> list[float]:
+    samples = []
+    for _ in range(times):
+        started = time.perf_counter()
+        fn()
+        samples.append(1000 * (time.perf_counter() - started))
+    return samples
+
+
+async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
+    cp = ControlPlane(resolve(CONTROLPLANE_SETTINGS, {}, environ=host.env), host.env)
+    await cp.db.open()
+    try:
+        cp.github.token = TOKEN
+        cp.runners = await cp.discover()
+        await cp.refresh_github()  # the registrations and runs the snapshot shows
+        await cp.rebuild()  # the first build records every runner as seen
+        totals, supervisor = [], []
+        for _ in range(rebuilds):
+            started = time.perf_counter()
+            snapshot = await cp.rebuild()
+            totals.append(1000 * (time.perf_counter() - started))
+        for _ in range(rebuilds):
+            started = time.perf_counter()
+            await cp.supervisor.states(cp.runners)
+            supervisor.append(1000 * (time.perf_counter() - started))
+        discovery = timed_ms(lambda: discover(host.root, process_table()), rebuilds)
+        vitals = timed_ms(lambda: host_vitals(host.root), rebuilds)
+        encode = timed_ms(lambda: json.dumps(snapshot, separators=(",", ":")), rebuilds)
+        registered = sum(1 for v in snapshot["runners"] if v["registration"] == "registered")
+        return {
+            "runners": len(snapshot["runners"]), "registered": registered,
+            "snapshot_kib": len(json.dumps(snapshot)) / 1024,
+            "rebuild_p50_ms": percentile(totals, 0.5), "rebuild_p90_ms": percentile(totals, 0.9),
+            "supervisor_p50_ms": percentile(supervisor, 0.5),
+            "discovery_p50_ms": percentile(discovery, 0.5),
+            "vitals_p50_ms": percentile(vitals, 0.5),
+            "json_p50_ms": percentile(encode, 0.5),
+        }
+    finally:
+        await cp.github.close()
+        await cp.db.close()
+
+
+def python_pass_ms(times: int) -> float:
+    return percentile(timed_ms(lambda: subprocess.run([sys.executable, "-c", "pass"],
+                                                      check=True), times), 0.5)
+
+
+def load_history(state: Path, jobs: int) -> float:
+    """Write `jobs` completed jobs of SIM_REPO into the daemon's history table (before it starts),
+    spread over the last 30 days, arriving in bursts. Returns the seconds it took."""
+    started = time.perf_counter()
+    state.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(state / "controlplane.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    migrate(conn, store.MIGRATIONS)
+    base = time.time() - 30 * 86400
+    rows = []
+    for n in range(jobs):
+        created = base + (n // 20) * (30 * 86400 / max(jobs // 20, 1)) + (n % 20) * 3
+        started_at = created + 5 + (n % 11) * 7
+        rows.append({"job_id": 10_000_000 + n, "run_id": 5_000_000 + n // 4, "repo": SIM_REPO,
+                     "name": f"job {n % 4}", "workflow": "CI", "runner": f"runner-{n % 16:03d}",
+                     "status": "completed", "conclusion": "success", "created_at": created,
+                     "started_at": started_at, "completed_at": started_at + 60 + (n % 37) * 10,
+                     "labels": ["self-hosted", "Linux"]})
+    conn.execute("BEGIN")
+    store.upsert_jobs(conn, rows)
+    conn.execute("COMMIT")
+    conn.close()
+    return time.perf_counter() - started
+
+
+class Daemon:
+    def __init__(self, host: Host) -> None:
+        env = {**os.environ, **host.env, "PYTHONPATH": str(ROOT), "FLEET_LOG_LEVEL": "WARNING"}
+        self.log = open(host.root.parent / "daemon.log", "ab")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0",
+             "--root", str(host.root), "--state", str(host.state)],
+            env=env, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        line = self.proc.stdout.readline() if self.proc.stdout else ""
+        if "listening on" not in line:
+            self.stop()
+            raise RuntimeError(f"the control plane did not start: {line!r}")
+        self.url = line.strip().rsplit(" ", 1)[-1]
+        self.token = (host.state / "control-token").read_text().strip()
+
+    def post(self, path: str, body: Any, timeout: float = 300) -> tuple[int, bytes, float]:
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), method="POST",
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"})
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                status, data = response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            status, data = exc.code, exc.read()
+        return status, data, time.perf_counter() - started
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout:
+            self.proc.stdout.close()
+        self.log.close()
+
+
+def api_figures(daemon: Daemon, rebuilds: int) -> dict[str, Any]:
+    samples = []
+    for n in range(rebuilds):
+        status, body, seconds = daemon.post("/api/settings", {
+            "key": "grouping", "value": "owner" if n % 2 else "repo"})
+        if status != 200:
+            raise RuntimeError(f"POST /api/settings answered {status}: {body[:300]!r}")
+        samples.append(1000 * seconds)
+    return {"forced_rebuild_p50_ms": percentile(samples, 0.5),
+            "forced_rebuild_p90_ms": percentile(samples, 0.9)}
+
+
+def simulate_figures(daemon: Daemon, jobs: int, times: int) -> dict[str, Any]:
+    body = {"repo": SIM_REPO, "runnerCounts": RUNNER_COUNTS, "sloSec": 300}
+    status, data, seconds = daemon.post("/api/simulate", body)
+    if status in (404, 405):
+        return {"skipped": f"POST /api/simulate answered {status}: the control plane has no "
+                           "simulate route yet, so this figure was not measured"}
+    if status != 200:
+        raise RuntimeError(f"POST /api/simulate answered {status}: {data[:300]!r}")
+    samples = [seconds]
+    for _ in range(times - 1):
+        status, data, seconds = daemon.post("/api/simulate", body)
+        samples.append(seconds)
+    return {"jobs": jobs, "runner_counts": RUNNER_COUNTS, "simulate_p50_s":
+            statistics.median(samples), "simulate_max_s": max(samples),
+            "response_kib": len(data) / 1024, "runs": len(samples)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runners", type=int, default=200)
+    parser.add_argument("--rebuilds", type=int, default=30)
+    parser.add_argument("--jobs", type=int, default=100_000, help="history for the simulation")
+    parser.add_argument("--simulations", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.runners, args.rebuilds, args.jobs, args.simulations = 5, 3, 500, 1
+    github = FakeGitHub()
+    github.start()
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            host = Host(Path(folder), github, args.runners)
+            # The engine runs its commands with this process's environment, as the daemon does
+            # with its own: the fake systemctl must come first on PATH.
+            os.environ.update(host.env)
+            floor_ms = python_pass_ms(max(3, args.rebuilds // 3))
+            engine = asyncio.run(engine_figures(host, args.rebuilds))
+            own = engine["rebuild_p50_ms"] - engine["supervisor_p50_ms"]
+            emit({"bench": "controlplane", "figure": "rebuild", **engine,
+                  "without_supervisor_p50_ms": own, "python_pass_p50_ms": floor_ms,
+                  "ratio_to_target": engine["rebuild_p50_ms"] / 50, "target_ms": 50})
+            history_s = load_history(host.state, args.jobs)
+            daemon = Daemon(host)
+            try:
+                api = api_figures(daemon, args.rebuilds)
+                emit({"bench": "controlplane", "figure": "rebuild_api", "runners": args.runners,
+                      **api})
+                sim = simulate_figures(daemon, args.jobs, args.simulations)
+            finally:
+                daemon.stop()
+            emit({"bench": "controlplane", "figure": "simulate", "history_load_s": history_s,
+                  "target_s": 1.0, **sim})
+    finally:
+        github.stop()
+    rows = [
+        ("rebuild p50 ms (engine)", f"{engine['rebuild_p50_ms']:.1f}",
+         f"{engine['runners']} runners; target <= 50"),
+        ("rebuild p90 ms (engine)", f"{engine['rebuild_p90_ms']:.1f}", ""),
+        ("  supervisor query ms", f"{engine['supervisor_p50_ms']:.1f}",
+         f"fake systemctl; python -c pass {floor_ms:.1f} ms"),
+        ("  discovery ms", f"{engine['discovery_p50_ms']:.1f}", "runner dirs + /proc"),
+        ("  vitals ms", f"{engine['vitals_p50_ms']:.1f}", ""),
+        ("  JSON encoding ms", f"{engine['json_p50_ms']:.1f}",
+         f"snapshot {engine['snapshot_kib']:.0f} KiB"),
+        ("rebuild without supervisor ms", f"{own:.1f}", "our own code"),
+        ("forced rebuild via API p50 ms", f"{api['forced_rebuild_p50_ms']:.1f}",
+         "POST /api/settings round trip"),
+    ]
+    if "skipped" in sim:
+        rows.append(("simulate 100k jobs x 5", "skipped", sim["skipped"]))
+    else:
+        rows.append(("simulate p50 s", f"{sim['simulate_p50_s']:.2f}",
+                     f"{args.jobs} jobs x {len(RUNNER_COUNTS)} counts; target <= 1"))
+    table(rows)
+
+
+if __name__ == "__main__":
+    main()

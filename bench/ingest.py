@@ -1,0 +1,225 @@
+"""Result ingestion: many posters in several client processes send result rows through
+POST /results to a real collector (synchronous=FULL), and the acknowledged rows per second are
+reported next to two ceilings measured in the same run.
+
+    python bench/ingest.py [--posters 64] [--procs 4] [--seconds 8] [--rounds 3] [--quick]
+
+Ceilings:
+
+- storage: raw sqlite3 inserts of the same rows (the collector's own INSERT into a database made
+  from the collector's own schema, WAL, synchronous=FULL) in one process, committed in batches
+  the size of the collector's mean group commit during the run (read from /api/health's writer
+  figures), so the durability and batching are the same and only our work is missing. One row
+  per commit is shown as well: that is what a store without group commit gets.
+- load generator: the same posters against the bare aiohttp server (bench/bare_server.py),
+  which answers POST /results with no work: what the clients and HTTP can carry at all.
+
+Every row is a distinct (job, device, iteration), so none is a duplicate. Figures are medians
+over rounds; rounds alternate the servers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Http, cpu_seconds, emit, server, table
+from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.db import migrate
+
+METRICS = {"decode_tok_s": 12.5, "prefill_tok_s": 101.25, "ttft_ms": 48.0, "peak_mem_mb": 812}
+INSERT = """
+    INSERT OR IGNORE INTO results (job_id, device_id, iter, workload, ok, final, preempted,
+                                   error, metrics, artifacts, device, extra, created_at)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+
+
+def row(job_id: str, device_id: str, n: int) -> dict[str, Any]:
+    return {"schema": 1, "kind": "result", "job_id": job_id, "device_id": device_id, "iter": n,
+            "final": False, "ok": True, "metrics": METRICS}
+
+
+async def prepare(address: str, tag: str, posters: int) -> None:
+    """One registered device and one job per poster (rows are posted for existing jobs)."""
+    http = Http(address)
+    for i in range(posters):
+        status, body = await http.request("POST", "/devices/register", {
+            "device_id": f"ingest-{tag}-{i}", "descriptor": {"platform": "linux"},
+            "capabilities": ["benchmark"]})
+        if status != 200:
+            raise RuntimeError(f"register answered {status}: {body[:200]!r}")
+    status, body = await http.request("POST", "/jobs", [
+        {"schema": 1, "job_id": f"ingest-{tag}-{i}", "workload": "benchmark",
+         "executor": "device", "backend": "synthetic",
+         "targets": {"device_id": f"ingest-{tag}-{i}"}} for i in range(posters)])
+    if status != 201:
+        raise RuntimeError(f"POST /jobs answered {status}: {body[:200]!r}")
+    http.close()
+
+
+async def _poster(address: str, name: str, stop_at: float, counter: list[int]) -> None:
+    http = Http(address)
+    n = 0
+    while time.monotonic() < stop_at:
+        status, body = await http.request("POST", "/results", row(name, name, n))
+        if status != 200:
+            raise RuntimeError(f"POST /results answered {status}: {body[:200]!r}")
+        n += 1
+    counter[0] += n
+    http.close()
+
+
+def _client(address: str, names: list[str], seconds: float, ready: Any, go: Any,
+            out: Any) -> None:
+    counter = [0]
+
+    async def run() -> None:
+        stop_at = time.monotonic() + seconds
+        await asyncio.gather(*(_poster(address, name, stop_at, counter) for name in names))
+
+    ready.put(True)
+    go.wait()
+    started = time.process_time()
+    asyncio.run(run())
+    out.put((counter[0], time.process_time() - started))
+
+
+async def _writer_stats(address: str) -> dict[str, float]:
+    http = Http(address)
+    _, body = await http.request("GET", "/api/health")
+    http.close()
+    return dict(json.loads(body).get("writer") or {})
+
+
+def post_rows(kind: str, address: str, pid: int, tag: str, args: argparse.Namespace
+              ) -> dict[str, float]:
+    if kind == "collector":
+        asyncio.run(prepare(address, tag, args.posters))
+        stats_before = asyncio.run(_writer_stats(address))
+    names = [f"ingest-{tag}-{i}" for i in range(args.posters)]
+    ready: Any = multiprocessing.Queue()
+    out: Any = multiprocessing.Queue()
+    go = multiprocessing.Event()
+    workers = [multiprocessing.Process(target=_client, args=(
+        address, names[i::args.procs], args.seconds, ready, go, out))
+        for i in range(args.procs) if names[i::args.procs]]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    cpu_before, started = cpu_seconds(pid), time.monotonic()
+    go.set()
+    outcomes = [out.get(timeout=args.seconds + 120) for _ in workers]
+    wall = time.monotonic() - started
+    cpu = cpu_seconds(pid) - cpu_before
+    for worker in workers:
+        worker.join()
+    rows = sum(n for n, _ in outcomes)
+    figures = {"rows": rows, "wall_s": wall, "rows_per_s": rows / wall,
+               "server_cpu_us_per_row": 1e6 * cpu / max(rows, 1),
+               "client_cpu_s": sum(c for _, c in outcomes)}
+    if kind == "collector":
+        stats = asyncio.run(_writer_stats(address))
+        batches = stats.get("batches", 0) - stats_before.get("batches", 0)
+        transactions = stats.get("transactions", 0) - stats_before.get("transactions", 0)
+        figures["mean_group_commit"] = transactions / max(batches, 1)
+    return figures
+
+
+def sqlite_ceiling(rows: int, batch: int) -> dict[str, float]:
+    """Raw inserts of the same rows into the collector's schema, `batch` rows per commit."""
+    with tempfile.TemporaryDirectory() as folder:
+        conn = sqlite3.connect(Path(folder) / "ceiling.sqlite3", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        migrate(conn, MIGRATIONS)
+        metrics = json.dumps(METRICS)
+        started = time.perf_counter()
+        for first in range(0, rows, batch):
+            conn.execute("BEGIN IMMEDIATE")
+            for n in range(first, min(first + batch, rows)):
+                conn.execute(INSERT, ("ceiling-job", "ceiling-device", n, "benchmark", 1, 0, 0,
+                                      None, metrics, "[]", None, None, time.time()))
+            conn.execute("COMMIT")
+        elapsed = time.perf_counter() - started
+        conn.close()
+    return {"rows": rows, "batch": batch, "rows_per_s": rows / elapsed}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--posters", type=int, default=64, help="concurrent posters in all")
+    parser.add_argument("--procs", type=int, default=4, help="client processes")
+    parser.add_argument("--seconds", type=float, default=8.0, help="per server and round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.posters, args.procs, args.seconds, args.rounds = 4, 2, 0.5, 1
+    rounds = []
+    with server("bare") as (bare_address, bare_pid), server("collector") as (address, pid):
+        for r in range(args.rounds):
+            bare = post_rows("bare", bare_address, bare_pid, f"r{r}", args)
+            ours = post_rows("collector", address, pid, f"r{r}", args)
+            batch = max(1, round(ours["mean_group_commit"]))
+            grouped = sqlite_ceiling(max(2000, min(ours["rows"], 50_000)), batch)
+            single = sqlite_ceiling(200 if args.quick else 1000, 1)
+            record = {"round": r, "bare": bare, "collector": ours, "sqlite_grouped": grouped,
+                      "sqlite_one_per_commit": single,
+                      "ratio_to_sqlite": ours["rows_per_s"] / grouped["rows_per_s"],
+                      "ratio_to_bare": ours["rows_per_s"] / bare["rows_per_s"]}
+            emit({"bench": "ingest", "figure": "round", **record})
+            rounds.append(record)
+
+    def med(*path: str) -> float:
+        values = []
+        for record in rounds:
+            value: Any = record
+            for key in path:
+                value = value[key]
+            values.append(float(value))
+        return statistics.median(values)
+
+    result = {
+        "bench": "ingest", "figure": "ingest", "posters": args.posters, "procs": args.procs,
+        "rounds": len(rounds), "rows_per_s": med("collector", "rows_per_s"),
+        "server_cpu_us_per_row": med("collector", "server_cpu_us_per_row"),
+        "mean_group_commit": med("collector", "mean_group_commit"),
+        "sqlite_grouped_rows_per_s": med("sqlite_grouped", "rows_per_s"),
+        "sqlite_one_per_commit_rows_per_s": med("sqlite_one_per_commit", "rows_per_s"),
+        "bare_rows_per_s": med("bare", "rows_per_s"),
+        "bare_cpu_us_per_row": med("bare", "server_cpu_us_per_row"),
+        "ratio_to_sqlite": med("ratio_to_sqlite"), "ratio_to_bare": med("ratio_to_bare"),
+        "target_rows_per_s": 5000, "cores": os.cpu_count(),
+    }
+    emit(result)
+    table([
+        ("collector rows/s", f"{result['rows_per_s']:.0f}", "target >= 5000 (synchronous=FULL)"),
+        ("collector CPU us/row", f"{result['server_cpu_us_per_row']:.0f}",
+         f"mean group commit {result['mean_group_commit']:.1f} rows"),
+        ("sqlite3, same batches rows/s", f"{result['sqlite_grouped_rows_per_s']:.0f}",
+         "storage ceiling"),
+        ("sqlite3, 1 row/commit rows/s", f"{result['sqlite_one_per_commit_rows_per_s']:.0f}",
+         "no group commit"),
+        ("bare server rows/s", f"{result['bare_rows_per_s']:.0f}", "load generator ceiling"),
+        ("ratio to sqlite3 ceiling", f"{result['ratio_to_sqlite']:.2f}", ""),
+        ("ratio to bare server", f"{result['ratio_to_bare']:.2f}", ""),
+    ])
+
+
+if __name__ == "__main__":
+    main()
