@@ -1,0 +1,80 @@
+"""Each benchmark of bench/ runs end to end at tiny sizes (--quick) and prints valid JSON lines
+followed by its table. The figures themselves are never asserted: benchmarks are not timed tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def run_bench(name: str, *extra: str) -> list[dict[str, object]]:
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", *extra],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines if line.startswith("{")]
+    assert records, result.stdout
+    assert all(r["bench"] == name for r in records)
+    assert not lines[-1].startswith("{"), "the table follows the JSON lines"
+    return records
+
+
+def figure(records: list[dict[str, object]], name: str) -> dict[str, object]:
+    found = [r for r in records if r.get("figure") == name]
+    assert found, f"no {name!r} figure in {records}"
+    return found[-1]
+
+
+def test_dispatch_smoke():
+    result = figure(run_bench("dispatch"), "dispatch_latency")
+    for key in ("p50_ms", "p99_ms", "bare_p50_ms", "p50_ratio", "two_commits_ms"):
+        assert isinstance(result[key], float), key
+
+
+def test_claim_cost_smoke():
+    records = run_bench("claim_cost")
+    assert {r["variant"] for r in records if r.get("figure") == "load"} == {"pinned",
+                                                                             "undeclared"}
+    for name in ("poll_cost", "claim_cost"):
+        costs = [r for r in records if r.get("figure") == name]
+        assert {r["variant"] for r in costs} == {"pinned", "undeclared"}
+        assert all(isinstance(r["ratio"], float) for r in costs)
+
+
+def test_idle_polls_smoke():
+    result = figure(run_bench("idle_polls"), "idle_polls")
+    assert result["polls"] == 40
+    for key in ("held", "on_time", "kib_per_poll", "bare_kib_per_poll", "ratio"):
+        assert isinstance(result[key], int | float), key
+
+
+def test_ingest_smoke():
+    result = figure(run_bench("ingest"), "ingest")
+    for key in ("rows_per_s", "sqlite_grouped_rows_per_s", "bare_rows_per_s",
+                "ratio_to_sqlite"):
+        assert isinstance(result[key], float), key
+
+
+def test_startup_smoke():
+    records = run_bench("startup")
+    starts = [r for r in records if r.get("figure") == "start"]
+    assert {r["kind"] for r in starts} == {"pyz", "pyz -S", "module"}
+    assert all(isinstance(r["start_ratio"], float) for r in starts)
+    assert isinstance(figure(records, "ceiling")["python_pass_s"], float)
+
+
+def test_controlplane_smoke():
+    records = run_bench("controlplane")
+    rebuild = figure(records, "rebuild")
+    assert rebuild["runners"] == 5 and isinstance(rebuild["rebuild_p50_ms"], float)
+    assert isinstance(figure(records, "rebuild_api")["forced_rebuild_p50_ms"], float)
+    simulate = figure(records, "simulate")
+    assert "skipped" in simulate or isinstance(simulate["simulate_p50_s"], float)
