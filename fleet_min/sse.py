@@ -37,9 +37,29 @@ class Subscriber:
         self.on_drop: Callable[[], None] | None = None
 
 
+class _Event:
+    __slots__ = ("at", "event", "id", "_frame")
+
+    def __init__(self, event_id: int, at: float, event: dict[str, Any]) -> None:
+        self.id = event_id
+        self.at = at
+        self.event = event
+        self._frame: bytes | None = None
+
+    def frame(self) -> bytes:
+        """The bytes every client receives, encoded once."""
+        if self._frame is None:
+            payload = {"at": iso(self.at), **self.event}
+            self._frame = (f"id: {self.id}\nevent: {self.event['type']}\n"
+                           f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
+        return self._frame
+
+
 class EventHub:
     def __init__(self, replay: int = 1000, depth: int = 256) -> None:
-        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=replay)
+        # Events are kept as they came and encoded only when a client needs the bytes: a
+        # collector nobody watches does not pay for encoding every write.
+        self._buffer: deque[_Event] = deque(maxlen=replay)
         self._subscribers: set[Subscriber] = set()
         self._depth = depth
         # Ids start from the clock (microseconds) so they keep rising across restarts: a client
@@ -53,13 +73,13 @@ class EventHub:
         return len(self._subscribers)
 
     def publish(self, event: dict[str, Any]) -> None:
-        event_id = self._next_id
+        item = _Event(self._next_id, now(), event)
         self._next_id += 1
-        payload = {"at": iso(now()), **event}
-        frame = (f"id: {event_id}\nevent: {event['type']}\n"
-                 f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
-        self._buffer.append((event_id, frame))
+        self._buffer.append(item)
         self.published += 1
+        if not self._subscribers:
+            return
+        frame = item.frame()
         for subscriber in list(self._subscribers):
             try:
                 subscriber.queue.put_nowait(frame)
@@ -78,7 +98,7 @@ class EventHub:
 
     def subscribe(self, last_event_id: int | None) -> tuple[Subscriber, list[bytes]]:
         subscriber = Subscriber(self._depth)
-        replay = ([frame for event_id, frame in self._buffer if event_id > last_event_id]
+        replay = ([item.frame() for item in self._buffer if item.id > last_event_id]
                   if last_event_id is not None else [])
         self._subscribers.add(subscriber)
         return subscriber, replay

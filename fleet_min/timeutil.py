@@ -2,19 +2,33 @@
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import UTC, datetime
+from typing import Any
 
 
 def now() -> float:
     return time.time()
 
 
+_second: list[Any] = [None, ""]  # the last whole second formatted, reused within that second
+
+
 def iso(ts: float | None) -> str | None:
-    """Epoch seconds -> '2026-11-21T19:35:50.123456Z' (None stays None)."""
+    """Epoch seconds -> '2026-11-21T19:35:50.123456Z' (None stays None).
+
+    Called for every event and row served, so the date part is formatted once per second.
+    """
     if ts is None:
         return None
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    whole = math.floor(ts)
+    micros = round((ts - whole) * 1_000_000)
+    if micros == 1_000_000:
+        whole, micros = whole + 1, 0
+    if _second[0] != whole:
+        _second[0], _second[1] = whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+    return f"{_second[1]}.{micros:06d}Z"
 
 
 def parse_iso(text: str) -> float:

@@ -99,7 +99,10 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
 
 
 def touch(conn: sqlite3.Connection, device_id: str, now: float) -> None:
-    conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ?", (now, device_id))
+    """Mark a device seen. A second's precision is plenty for minute-scale statuses, and not
+    rewriting a fresh value keeps a busy agent's requests from dirtying the page each time."""
+    conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ? AND last_seen < ?",
+                 (now, device_id, now - 1.0))
 
 
 def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:

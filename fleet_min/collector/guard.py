@@ -92,6 +92,8 @@ OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
 
 
 def is_guarded(method: str, template: str | None, path: str) -> bool:
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return False  # every guarded route changes something; reads never pay for the scan
     return any(r.matches(method, template, path) for r in GUARDED)
 
 

@@ -82,14 +82,15 @@ def job_record(row: sqlite3.Row) -> dict[str, Any]:
 
 
 def _set_status(conn: sqlite3.Connection, job_id: str, status: str, now: float,
-                last_error: str | None = None, *, keep_error: bool = False) -> None:
-    finished = now if status in CLOSED else None
-    if keep_error:
-        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ? "
-                     "WHERE job_id = ?", (status, now, finished, job_id))
+                last_error: str | None = None) -> None:
+    """Set a status; a closed job also loses its lease."""
+    if status in CLOSED:
+        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ?, "
+                     "last_error = ?, lease_deadline = NULL WHERE job_id = ?",
+                     (status, now, now, last_error, job_id))
     else:
-        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ?, last_error = ? "
-                     "WHERE job_id = ?", (status, now, finished, last_error, job_id))
+        conn.execute("UPDATE jobs SET status = ?, updated_at = ?, last_error = ? "
+                     "WHERE job_id = ?", (status, now, last_error, job_id))
 
 
 def _end_attempt(conn: sqlite3.Connection, job_id: str, outcome: str, error: str | None,
@@ -223,12 +224,10 @@ def _store(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: 
     if spec.get("fanout"):
         return _store_fanout(conn, spec, now, effects, template_id)
     status, last_error, spec = _initial_status(conn, spec)
-    _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent)
+    route = _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent)
     effects.job(spec["job_id"], status, spec["workload"], spec["executor"])
     if status == "queued":
-        row = _job_row(conn, spec["job_id"])
-        assert row is not None
-        effects.claimable.append(route_of(row))
+        effects.claimable.append(route)
     return {"job_id": spec["job_id"], "status": status}
 
 
@@ -260,7 +259,7 @@ def _dependency_error(dep: str, status: str, error: str | None) -> str:
 
 def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
             last_error: str | None, now: float, *, template_id: str | None,
-            parent: str | None, is_group: bool = False) -> None:
+            parent: str | None, is_group: bool = False) -> JobRoute:
     targets = spec.get("targets") or {}
     lease = spec.get("lease") or {}
     executor = spec["executor"]
@@ -280,8 +279,11 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
          int(lease.get("max_attempts") or rules.DEFAULT_MAX_ATTEMPTS),
          int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
          template_id, json.dumps(spec), now, now, now if status in CLOSED else None))
-    conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
-                     [(spec["job_id"], dep) for dep in spec.get("depends_on") or []])
+    if spec.get("depends_on"):
+        conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
+                         [(spec["job_id"], dep) for dep in spec["depends_on"]])
+    return JobRoute(spec["job_id"], executor, pin, spec["workload"], spec.get("backend"),
+                    targets.get("pool"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,21 +413,22 @@ def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
 
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
              device: Device | None, now: float, ignore_job: str | None) -> str | None:
-    spec = json.loads(row["spec"])
     if claimant.executor == "device":
         assert device is not None
         why = static_refusal(device, row["workload"], row["backend"], row["pool"], row["match"])
         if why:
             return why
-        beacon_source: Device | None = device
-    else:
+    # Most specs carry no constraints; only those are decoded here.
+    constraints = (json.loads(row["spec"]).get("constraints")
+                   if '"constraints"' in row["spec"] else None)
+    if constraints:
         # A host job is checked against the device it pins, when that device is registered.
-        beacon_source = load_device(conn, row["target_device"]) if row["target_device"] else None
-    why = rules.constraint_refusal(
-        spec.get("constraints"), beacon_source.last_beacon if beacon_source else None,
-        beacon_source.last_beacon_at if beacon_source else None, now)
-    if why:
-        return why
+        source = device if claimant.executor == "device" else (
+            load_device(conn, row["target_device"]) if row["target_device"] else None)
+        why = rules.constraint_refusal(constraints, source.last_beacon if source else None,
+                                       source.last_beacon_at if source else None, now)
+        if why:
+            return why
     return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job)
 
 
@@ -452,11 +455,10 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
 
 
 def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
-          effects: Effects) -> dict[str, Any] | None:
+          effects: Effects, device: Device | None = None) -> dict[str, Any] | None:
     """Claim the next job for a device or host executor: the spec to run, or None."""
-    device = None
     if claimant.executor == "device":
-        device = load_device(conn, claimant.id)
+        device = device or load_device(conn, claimant.id)
         if device is None:
             return None
         touch(conn, claimant.id, now)
@@ -490,14 +492,13 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
 
     Raises NotFound for a device that never registered.
     """
-    capabilities = None
-    if claimant.executor == "device":
-        device = load_device(conn, claimant.id)
-        if device is None:
-            raise NotFound(f"device {claimant.id!r} is not registered; register first "
-                           "(POST /devices/register)")
-        capabilities = device.capabilities
-    return capabilities, claim(conn, claimant, now, effects)
+    if claimant.executor != "device":
+        return None, claim(conn, claimant, now, effects)
+    device = load_device(conn, claimant.id)
+    if device is None:
+        raise NotFound(f"device {claimant.id!r} is not registered; register first "
+                       "(POST /devices/register)")
+    return device.capabilities, claim(conn, claimant, now, effects, device)
 
 
 def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
@@ -526,11 +527,10 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
         (max(0, attempts), now, row["job_id"]) if keep_error
         else (max(0, attempts), now, error, row["job_id"]))
     _end_attempt(conn, row["job_id"], outcome, error, now)
-    _unlock(conn, row["job_id"])
+    if row["exclusive"]:
+        _unlock(conn, row["job_id"])
     effects.job(row["job_id"], "queued", row["workload"], row["executor"])
-    fresh = _job_row(conn, row["job_id"])
-    assert fresh is not None
-    effects.claimable.append(route_of(fresh))
+    effects.claimable.append(route_of(row))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -614,8 +614,8 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
            now: float, effects: Effects) -> None:
     _set_status(conn, row["job_id"], status, now, error)
-    conn.execute("UPDATE jobs SET lease_deadline = NULL WHERE job_id = ?", (row["job_id"],))
-    _unlock(conn, row["job_id"])
+    if row["exclusive"]:
+        _unlock(conn, row["job_id"])
     effects.job(row["job_id"], status, row["workload"], row["executor"],
                 **({"last_error": error} if error else {}))
     if status == "done":

@@ -11,6 +11,7 @@ import sqlite3
 from typing import Any
 
 from fleet_min.collector import queue
+from fleet_min.collector.devices import touch
 from fleet_min.collector.effects import Effects
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso
@@ -39,7 +40,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
          json.dumps(body.get("artifacts") or []),
          json.dumps(body["device"]) if body.get("device") is not None else None,
          json.dumps(extra) if extra else None, now))
-    conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ?", (now, device_id))
+    touch(conn, device_id, now)
     if cursor.rowcount == 0 and not _supersede(conn, job, body, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
