@@ -46,7 +46,7 @@ def join(parts: Iterable[Any], sep: str = "") -> Markup:
     return Markup(escape(sep).join(esc(p) for p in parts))
 
 
-def tag(name: str, content: Any = "", **attrs: Any) -> Markup:
+def tag(name: str, content: Any = "", /, **attrs: Any) -> Markup:
     rendered = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(str(v), quote=True)}"'
                        for k, v in attrs.items() if v is not None and v is not False)
     if name in VOID:

@@ -40,8 +40,8 @@ export function Chart({ title, series, data, time = true, xLabels, height = 220,
         fill: s.bars ? `${s.color || PALETTE[i % PALETTE.length]}99` : undefined,
         width: 2,
         spanGaps: false,
-        points: { show: !s.bars, size: 5 },
-        paths: s.bars ? uPlot.paths.bars({ size: [0.6, 80] }) : undefined,
+        points: { show: !s.bars, size: s.pointsOnly ? 8 : 5 },
+        paths: s.bars ? uPlot.paths.bars({ size: [0.6, 80] }) : s.pointsOnly ? () => null : undefined,
       }))],
     };
     if (xLabels) opts.scales.x = { time: false, range: (u, min, max) => [min - 0.5, max + 0.5] };

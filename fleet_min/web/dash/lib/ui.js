@@ -86,20 +86,20 @@ export function Table({ head, rows, empty = "Nothing here yet.", label, classNam
 }
 
 // A destructive action in two steps, inline (no window.confirm): keyboard and screen-reader friendly.
-export function ConfirmButton({ label, question, confirmLabel, onConfirm, disabled, danger = true }) {
+export function ConfirmButton({ label, question, confirmLabel, onConfirm, disabled, danger = true, small = false }) {
   const [asking, setAsking] = useState(false);
   const yes = useRef(null);
   useEffect(() => { if (asking && yes.current) yes.current.focus(); }, [asking]);
   if (currentPeer()) return null;
   if (!asking) {
-    return html`<button type="button" class=${`btn ${danger ? "danger" : ""}`} disabled=${disabled}
+    return html`<button type="button" class=${`btn ${danger ? "danger" : ""} ${small ? "small" : ""}`} disabled=${disabled}
       onClick=${() => setAsking(true)}>${label}</button>`;
   }
   return html`<span class="confirm" role="group" aria-label=${question || label}>
     <span>${question || "Sure?"}</span>
-    <button type="button" ref=${yes} class=${`btn ${danger ? "danger" : "primary"}`}
+    <button type="button" ref=${yes} class=${`btn ${danger ? "danger" : "primary"} ${small ? "small" : ""}`}
       onClick=${async () => { setAsking(false); await onConfirm(); }}>${confirmLabel || label}</button>
-    <button type="button" class="btn" onClick=${() => setAsking(false)}>Keep</button>
+    <button type="button" class=${`btn ${small ? "small" : ""}`} onClick=${() => setAsking(false)}>Keep</button>
   </span>`;
 }
 

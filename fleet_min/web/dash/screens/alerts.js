@@ -22,7 +22,7 @@ function Snooze({ alert, run }) {
   const submit = (e) => { e.preventDefault(); run(() => post(`/api/alerts/${alert.id}/snooze`, { duration_s: Number(secs) }), `Snoozed ${alert.rule} ${alert.subject}.`); };
   return html`<form class="inline" onSubmit=${submit}>
     <label class="sr-only" for=${`snooze-${alert.id}`}>Snooze for</label>
-    <select id=${`snooze-${alert.id}`} value=${secs} onChange=${(e) => setSecs(e.target.value)}>
+    <select class="small" id=${`snooze-${alert.id}`} value=${secs} onChange=${(e) => setSecs(e.target.value)}>
       ${SNOOZES.map(([s, label]) => html`<option value=${s}>${label}</option>`)}</select>
     <button type="submit" class="btn small">Snooze</button></form>`;
 }
@@ -49,10 +49,11 @@ export function Alerts({ query }) {
       <${Action} onClick=${() => run(() => post("/api/alerts/tick"), (r) => `Evaluated the rules: ${r.open} open.`)} disabled=${busy}>Evaluate now<//>
     </form>
     <${Loaded} res=${res}>${(d) => html`<${Table} label="Alerts" empty="No alerts. All quiet." className="alerts"
-      head=${["Rule", "Subject", "State", "Seen", "Detail", "First seen", "Last seen", ""]}
+      head=${["Rule", "Subject", "State", "Detail", "Seen", ""]}
       rows=${d.alerts.map((a) => html`<tr class=${a.state === "open" && !a.muted ? "row-bad" : ""}>
-        <td>${a.rule}</td><td><${Subject} alert=${a} /></td><td>${state(a)}</td><td>${a.seen_count}×</td>
-        <td>${a.detail}</td><td><${Ago} iso=${a.first_seen} /></td><td><${Ago} iso=${a.last_seen} /></td>
+        <td class="nowrap">${a.rule}</td><td><${Subject} alert=${a} /></td><td>${state(a)}</td>
+        <td>${a.detail}</td>
+        <td class="small nowrap">${a.seen_count}× since <${Ago} iso=${a.first_seen} /><br />last <${Ago} iso=${a.last_seen} /></td>
         <td class="actions-cell">${a.acked_at ? null : html`<${Action} kind="small" disabled=${busy}
             onClick=${() => act(() => post(`/api/alerts/${a.id}/ack`), `Acknowledged ${a.rule} ${a.subject}.`)}>Ack<//>`}
           <${Snooze} alert=${a} run=${act} /></td></tr>`)} />`}<//>

@@ -12,6 +12,13 @@ import {
 
 const TABS = [["all", "All"], ["builds", "Published builds"], ["pinned", "Pinned"], ["gc", "Collection candidates"]];
 
+// Published builds carry an app name; the list API has no such filter, so this page of the
+// listing is narrowed here and its counts say so.
+function builds(d) {
+  const artifacts = d.artifacts.filter((a) => a.app);
+  return { ...d, artifacts, total: artifacts.length, bytes: artifacts.reduce((n, a) => n + a.size, 0) };
+}
+
 function PinForm({ sha, onDone }) {
   const [reason, setReason] = useState("");
   const [open, setOpen] = useState(false);
@@ -39,10 +46,10 @@ function ArtifactRows({ items, reload }) {
       <td><${Link} to=${`/artifacts/${a.sha256}`}>${a.name || shortSha(a.sha256)}<//><div class="mono small muted">${shortSha(a.sha256)}</div></td>
       <td>${a.app ? `${a.app}${a.build ? ` · ${a.build}` : ""}` : "–"}</td><td>${a.platform || "–"}</td>
       <td>${bytes(a.size)}</td><td><${Ago} iso=${a.created_at} /></td>
-      <td>${a.pinned ? html`<span class="chip pin" title="pinned">📌 ${a.pinned_reason}</span>` : ""}${a.baseline ? html` <span class="chip">baseline</span>` : null}</td>
+      <td>${a.pinned ? html`<span class="chip pin" title="pinned">pinned: ${a.pinned_reason}</span>` : ""}${a.baseline ? html` <span class="chip">baseline</span>` : null}</td>
       <td class="actions-cell"><a class="btn small" href=${a.url} download>Download</a>
         ${a.pinned ? html`<${Action} kind="small" onClick=${() => unpin(a)}>Unpin<//>` : html`<${PinForm} sha=${a.sha256} onDone=${reload} />`}
-        ${!a.pinned && !a.baseline ? html`<${ConfirmButton} label="Delete" question="Delete these bytes?" onConfirm=${() => remove(a)} />` : null}</td>
+        ${!a.pinned && !a.baseline ? html`<${ConfirmButton} small label="Delete" question="Delete these bytes?" onConfirm=${() => remove(a)} />` : null}</td>
     </tr>`)} />`;
 }
 
@@ -54,7 +61,7 @@ export function Artifacts({ query }) {
   const res = useResource(() => {
     if (tab === "gc") return get("/api/artifacts/gc-candidates", { page });
     const filters = { name, page, pinned: tab === "pinned" ? "true" : "" };
-    return get("/api/artifacts", filters).then((d) => (tab === "builds" ? { ...d, artifacts: d.artifacts.filter((a) => a.app) } : d));
+    return get("/api/artifacts", filters).then((d) => (tab === "builds" ? builds(d) : d));
   }, [tab, name, page], (e) => e.type === "artifact");
   const choose = (t) => { setTab(t); setPage(1); setQuery({ tab: t === "all" ? "" : t, name }); };
   return html`<${Page} title="Artifacts">

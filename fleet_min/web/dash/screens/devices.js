@@ -100,9 +100,11 @@ function BeaconCharts({ beacons }) {
   if (series.battery.some((v) => v !== null)) charts.push(html`<${Chart} title="Battery %" yLabel="%" series=${[{ label: "battery %" }]} data=${[series.xs, series.battery]} />`);
   if (series.mem.some((v) => v !== null)) charts.push(html`<${Chart} title="Memory (MB)" yLabel="MB" series=${[{ label: "mem MB", color: "#2b9a66" }]} data=${[series.xs, series.mem]} />`);
   if (series.load.some((v) => v !== null)) charts.push(html`<${Chart} title="Load (1 min)" series=${[{ label: "load", color: "#e8590c" }]} data=${[series.xs, series.load]} />`);
-  const thermal = beacons.filter((b) => b.thermal).slice(-12).reverse();
+  // Thermal state as its changes: a run of equal readings shows once, from its first beacon.
+  const thermal = beacons.filter((b) => b.thermal)
+    .filter((b, i, all) => i === 0 || all[i - 1].thermal !== b.thermal).slice(-12).reverse();
   return html`<div class="grid two">${charts}</div>
-    ${thermal.length ? html`<h3>Thermal (latest first)</h3><ul class="plain thermal">${thermal.map((b) => html`<li><${Ago} iso=${b.at} />: <${Thermal} value=${b.thermal} /></li>`)}</ul>` : null}
+    ${thermal.length ? html`<h3>Thermal state changes (latest first)</h3><ul class="plain thermal">${thermal.map((b) => html`<li><${Ago} iso=${b.at} />: <${Thermal} value=${b.thermal} /></li>`)}</ul>` : null}
     ${charts.length ? null : html`<${Empty}>Beacons carry no battery, memory or load figures.<//>`}`;
 }
 

@@ -27,7 +27,7 @@ function BenchChart({ rows, metric }) {
   const data = [xs, shown.map((r) => r[metric].median), shown.map((r) => r[metric].min), shown.map((r) => r[metric].max)];
   return html`<${Chart} title=${`${LABELS[metric] || metric}: median per device and model`} time=${false}
     xLabels=${labels} data=${data} height=${260}
-    series=${[{ label: "median", bars: true }, { label: "min", color: "#888888" }, { label: "max", color: "#555555" }]} />`;
+    series=${[{ label: "median", bars: true }, { label: "min", color: "#8a8f98", pointsOnly: true }, { label: "max", color: "#4a4f58", pointsOnly: true }]} />`;
 }
 
 function Bench({ filters }) {
@@ -56,7 +56,7 @@ function Ui({ filters }) {
     <${Table} label="UI tests" empty="No UI test jobs yet." className="ui"
       head=${["Job", "Status", "App", "Pass", "Fail", "Flows", "Created"]}
       rows=${d.jobs.map((j) => html`<tr><td><${JobLink} id=${j.job_id} /></td><td><${Pill} status=${j.status} /></td>
-        <td>${j.app ? [j.app.name, j.app.build].filter(Boolean).join(" ") : "–"}</td>
+        <td>${typeof j.app === "object" && j.app ? [j.app.name, j.app.build].filter(Boolean).join(" ") : j.app || "–"}</td>
         <td class="good">${j.pass}</td><td class=${j.fail ? "bad" : ""}>${j.fail}</td>
         <td><ul class="plain flows">${j.flows.map((f) => html`<li>
           <${Pill} status=${f.fail ? "failed" : "done"} label=${f.flow} /> ${f.pass}/${f.runs}

@@ -29,7 +29,7 @@ function TokenEntry({ guarded }) {
   return html`<form class="form" onSubmit=${save} aria-label="Dashboard token">
     <p>${guarded
       ? "This collector guards dashboard changes (cancel, retry, schedules, alerts, artifacts, devices) with FLEET_DASH_TOKEN."
-      : "This collector does not ask for a token (FLEET_DASH_TOKEN is unset): dashboard changes are open."}
+      : "This collector does not ask for a token (FLEET_DASH_TOKEN is unset): dashboard changes are open."}${" "}
       The token is kept in this browser's local storage and sent as <code>X-Fleet-Token</code>; it never leaves for another site.</p>
     <label>Token <input type="password" autocomplete="off" name="token" value=${value} onInput=${(e) => setValue(e.target.value)}
       placeholder=${stored ? "a token is stored; type to replace it" : "paste the dashboard token"} /></label>

@@ -1,0 +1,162 @@
+"""Real data for the browser tests: devices, beacons, jobs in every status, results, schedules,
+artifacts, alerts and topics, all put into a live collector through its own HTTP API."""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.helpers import HttpClient, beacon, job, registration, result_row
+
+
+@dataclass
+class Seeded:
+    """Ids the tests look for on the pages."""
+
+    devices: list[str] = field(default_factory=list)
+    jobs: dict[str, str] = field(default_factory=dict)  # role -> job id
+    artifact: str = ""
+    schedule: str = ""
+
+
+def ok(reply: tuple[int, Any], *codes: int) -> Any:
+    status, body = reply
+    assert status in (codes or (200, 201)), (status, body)
+    return body
+
+
+def upload(base: str, data: bytes, **headers: str) -> str:
+    req = urllib.request.Request(base + "/artifacts", data=data, method="POST", headers={
+        "Content-Type": "application/octet-stream", **headers})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        import json
+        return str(json.loads(resp.read())["sha256"])
+
+
+def claim(c: HttpClient, device_id: str) -> dict[str, Any]:
+    status, spec = c.get(f"/devices/{device_id}/next-job", timeout=10)
+    assert status == 200, (status, spec)
+    return dict(spec)
+
+
+def devices(c: HttpClient, s: Seeded) -> None:
+    phone = registration("pixel-7", descriptor={
+        "platform": "android", "kind": "phone", "model": "Pixel 7", "soc": "Tensor G2",
+        "ram_mb": 8192, "os": "Android 14", "arch": "arm64"},
+        pools=["phones", "nightly"], capabilities=["benchmark", "self-check", "pipeline"])
+    pi = registration("pi5", pools=["sbc"], capabilities=["benchmark", "self-check", "shell"])
+    tablet = registration("ipad-air", descriptor={
+        "platform": "ios", "kind": "tablet", "model": "iPad Air", "ram_mb": 8192,
+        "os": "iPadOS 17"}, pools=["tablets"], capabilities=["benchmark"])
+    for body in (phone, pi, tablet):
+        ok(c.post("/devices/register", body))
+        s.devices.append(body["device_id"])
+    ok(c.request("PATCH", "/api/devices/pixel-7",
+                  {"name": "Pixel on the shelf", "notes": "left USB hub, port 2"}))
+    for pct, thermal in ((92, "nominal"), (88, "nominal"), (81, "fair"), (77, "fair")):
+        ok(c.post("/results", beacon("pixel-7", battery_pct=pct, charging=False,
+                                     thermal=thermal, mem_mb=5200)))
+    ok(c.post("/results", beacon("pi5", thermal="nominal", mem_mb=2100, load=0.4, ac=True)))
+    ok(c.post("/results", beacon("ipad-air", battery_pct=9, charging=False, thermal="serious")))
+
+
+def bench_done(c: HttpClient, s: Seeded) -> None:
+    spec = job("bench-pi", params={"prompt_tokens": 4, "gen_tokens": 2, "warmup_iters": 0,
+                                   "measure_iters": 3}, targets={"device_id": "pi5"})
+    ok(c.post("/jobs", spec))
+    claim(c, "pi5")
+    for i, (p, d) in enumerate(((410.0, 120.0), (402.5, 118.0), (415.2, 121.5)), start=1):
+        ok(c.post("/results", result_row("bench-pi", "pi5", i, ok=True, final=False, metrics={
+            "prefill_tok_s": p, "decode_tok_s": d, "ttft_ms": 12.5 + i})))
+    ok(c.post("/results", result_row("bench-pi", "pi5", 0, ok=True, final=True, metrics={
+        "prefill_tok_s": 410.0, "decode_tok_s": 120.0, "ttft_ms": 13.5,
+        "synthetic_digest": "ab" * 32, "synthetic_rounds": 6000}, device={"model": "Pi 5"})))
+    s.jobs["done"] = "bench-pi"
+
+
+def running_and_failed(c: HttpClient, s: Seeded) -> None:
+    ok(c.post("/jobs", job("bench-phone", params={"prompt_tokens": 64, "gen_tokens": 16,
+                                                  "measure_iters": 5},
+                           targets={"device_id": "pixel-7"}, lease={"ttl_s": 900})))
+    claim(c, "pixel-7")
+    ok(c.post("/results", result_row("bench-phone", "pixel-7", 1, ok=True, final=False,
+                                     metrics={"prefill_tok_s": 95.0, "decode_tok_s": 31.0})))
+    ok(c.post("/results", beacon("pixel-7", "bench-phone", battery_pct=75, charging=False,
+                                 thermal="fair")))
+    s.jobs["running"] = "bench-phone"
+    ok(c.post("/jobs", job("selfcheck-ipad", workload="self-check",
+                           targets={"device_id": "ipad-air"})))
+    # ipad-air did not declare self-check; pi5 did
+    ok(c.post("/jobs", job("selfcheck-pi", workload="self-check",
+                           targets={"device_id": "pi5"})))
+    claim(c, "pi5")
+    ok(c.post("/results", result_row("selfcheck-pi", "pi5", 0, ok=False, final=True,
+                                     error="the state directory is not writable (<b>x</b>)")))
+    s.jobs["failed"] = "selfcheck-pi"
+
+
+def queued_and_waiting(c: HttpClient, s: Seeded) -> None:
+    chain = [job("chain-make", workload="self-check", targets={"pool": "nightly"}),
+             job("chain-bench", depends_on=["chain-make"],
+                 params={"prompt_tokens": 8, "gen_tokens": 4}, priority=5)]
+    ok(c.post("/jobs", chain))
+    s.jobs["queued"] = "chain-make"
+    s.jobs["waiting"] = "chain-bench"
+    ok(c.post("/jobs", job("fan-bench", fanout=True, targets={"match": "ram_mb >= 4096"},
+                           params={"prompt_tokens": 8, "gen_tokens": 4})))
+    s.jobs["fanout"] = "fan-bench"
+    ok(c.post("/jobs", job("to-cancel", targets={"device_id": "ipad-air"},
+                           params={"prompt_tokens": 8, "gen_tokens": 4})))
+    s.jobs["cancel"] = "to-cancel"
+
+
+def ui_test(c: HttpClient, s: Seeded) -> None:
+    ok(c.post("/jobs", job("ui-login", workload="ui-test", executor="host",
+                           app={"name": "shelf-app", "build": "41", "sha256": s.artifact},
+                           suite={"kind": "flow_runner", "flows": "flows/*.yaml"})))
+    status, spec = c.get("/executor/next-job?name=mac-mini", timeout=10)
+    assert status == 200, (status, spec)
+    for i, (flow, passed) in enumerate((("login", True), ("checkout", False)), start=1):
+        row = result_row("ui-login", "pixel-7", i, ok=passed, final=False, flow=flow)
+        if not passed:
+            row["error"] = "checkout button was not visible after 10 s"
+        ok(c.post("/results", row))
+    ok(c.post("/results", result_row("ui-login", "pixel-7", 0, ok=False, final=True,
+                                     error="1 of 2 flows failed")))
+    s.jobs["ui"] = "ui-login"
+
+
+def artifacts_and_schedules(c: HttpClient, s: Seeded) -> None:
+    s.artifact = upload(c.base, b"app build 41 " * 100, **{
+        "x-artifact-name": "shelf-app-41.apk", "x-artifact-app": "shelf-app",
+        "x-artifact-build": "41", "x-artifact-platform": "android"})
+    upload(c.base, b"orphan report", **{"x-artifact-name": "old-report.html"})
+    ok(c.post(f"/api/artifacts/{s.artifact}/pin", {"reason": "golden run for release 4.1"}))
+    ok(c.post("/api/schedules", {"id": "nightly-bench", "cron": "0 3 * * *", "template": {
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
+        "params": {"prompt_tokens": 16, "gen_tokens": 8}, "targets": {"pool": "sbc"}}}))
+    ok(c.request("PATCH", "/api/schedules/nightly-bench", {"enabled": True}))
+    ok(c.post("/api/schedules", {"id": "weekly-selfcheck", "cron": "@weekly", "template": {
+        "schema": 1, "workload": "self-check", "executor": "device"}}))
+    ok(c.post("/api/schedules/nightly-bench/run"))
+    s.schedule = "nightly-bench"
+
+
+def alerts_and_topics(c: HttpClient) -> None:
+    ok(c.post("/api/alerts/tick"))
+    ok(c.post("/api/events/camera-frames?source=pixel-7", {"frame": 1, "objects": ["cat"]}))
+    ok(c.post("/api/events/camera-frames?source=pixel-7", {"frame": 2, "objects": []}))
+    ok(c.post("/api/events/build-log", {"line": "<script>alert(1)</script> compiled"}))
+
+
+def seed(c: HttpClient) -> Seeded:
+    s = Seeded()
+    devices(c, s)
+    bench_done(c, s)
+    running_and_failed(c, s)
+    queued_and_waiting(c, s)
+    artifacts_and_schedules(c, s)
+    ui_test(c, s)
+    alerts_and_topics(c)
+    return s

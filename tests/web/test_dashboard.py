@@ -1,0 +1,236 @@
+"""The collector dashboard in headless Chromium against a live collector with real data: every
+screen loads without a console error; cancel from a job's page and see the change through the
+stream; the enqueue form's live match count; the token flow of a guarded collector; a peer's
+read-only view. Screenshots go to test-artifacts/screenshots/."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import CollectorProcess, job, registration
+from tests.web.conftest import PHONE, SeededCollector, shot
+
+pytestmark = pytest.mark.slow
+
+# (path, a selector that only appears once the screen shows its data, screenshot name)
+SCREENS = [
+    ("/dash", "text=Running", "overview"),
+    ("/dash/devices", "a:has-text('Pixel on the shelf')", "devices"),
+    ("/dash/devices/pixel-7", "canvas", "device-detail"),
+    ("/dash/jobs", "td >> text=bench-pi", "jobs"),
+    ("/dash/jobs/bench-pi", "#job-status >> text=done", "job-detail"),
+    ("/dash/jobs/fan-bench", "text=fan-out child for pi5", "job-fanout"),
+    ("/dash/jobs/chain-bench", "text=depends on", "job-chain"),
+    ("/dash/jobs/new", "#match-count [data-count]", "enqueue"),
+    ("/dash/results", "canvas", "results"),
+    ("/dash/schedules", "text=nightly-bench", "schedules"),
+    ("/dash/schedules/nightly-bench", "text=manual-", "schedule-detail"),
+    ("/dash/artifacts", "text=shelf-app-41.apk", "artifacts"),
+    ("/dash/artifacts?tab=gc", "text=old-report.html", "artifacts-gc"),
+    ("/dash/alerts", "text=low-battery", "alerts"),
+    ("/dash/topics", "text=camera-frames", "topics"),
+    ("/dash/topics/camera-frames", "text=pixel-7", "topic-detail"),
+    ("/dash/system", "text=Rows per table", "system"),
+    ("/dash/peers", "text=No peers are configured", "peers"),
+]
+LEGACY = ["/dash/legacy", "/dash/legacy/devices", "/dash/legacy/devices/pixel-7",
+          "/dash/legacy/jobs", "/dash/legacy/jobs/selfcheck-pi", "/dash/legacy/results",
+          "/dash/legacy/schedules", "/dash/legacy/alerts", "/dash/legacy/artifacts"]
+
+
+def wait_live(page: Any) -> None:
+    page.wait_for_selector(".live.live")  # the stream badge reads "live" once hello arrived
+
+
+def test_every_screen_loads_without_console_errors(seeded: SeededCollector,
+                                                   open_page: Callable[..., Any]) -> None:
+    page = open_page(seeded.url + "/dash", wait="text=Running")
+    wait_live(page)
+    for path, ready, name in SCREENS:
+        page.goto(seeded.url + path)
+        page.wait_for_selector(ready)
+        page.wait_for_load_state("networkidle")
+        assert not page.locator(".error-box").count(), (path, page.inner_text(".error-box"))
+        shot(page, f"dash-{name}")
+    assert page.watch.errors == []
+
+
+def test_navigation_in_the_page_and_phone_and_dark_layouts(
+        seeded: SeededCollector, open_page: Callable[..., Any]) -> None:
+    page = open_page(seeded.url + "/dash", viewport=PHONE, wait="text=Running")
+    shot(page, "phone-overview")
+    page.click("button.menu-toggle")
+    page.click("nav#nav >> text=Jobs")  # client-side navigation, no reload
+    page.wait_for_selector("td >> text=bench-pi")
+    assert page.url.endswith("/dash/jobs")
+    shot(page, "phone-jobs")
+    page.goto(seeded.url + "/dash/devices/pixel-7")
+    page.wait_for_selector("canvas")
+    shot(page, "phone-device-detail")
+    dark = open_page(seeded.url + "/dash", scheme="dark", wait="text=Running")
+    background = dark.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(17, 20, 24)"
+    shot(dark, "dark-overview")
+    dark.goto(seeded.url + "/dash/results")
+    dark.wait_for_selector("canvas")
+    shot(dark, "dark-results")
+    dark.keyboard.press("Tab")  # the first stop is the skip link
+    assert dark.evaluate("document.activeElement.textContent") == "Skip to content"
+    assert page.watch.errors == [] and dark.watch.errors == []
+
+
+def test_legacy_pages_load_without_script(seeded: SeededCollector,
+                                          open_page: Callable[..., Any]) -> None:
+    page = open_page(seeded.url + LEGACY[0], wait="h1")
+    for path in LEGACY:
+        page.goto(seeded.url + path)
+        page.wait_for_selector("h1")
+        assert page.evaluate("document.scripts.length") == 0
+        assert page.locator("main").count() == 1
+    shot(page, "legacy-artifacts")
+    page.goto(seeded.url + "/dash/legacy/jobs/selfcheck-pi")
+    assert page.locator("text=the state directory is not writable (<b>x</b>)").count() >= 1
+    shot(page, "legacy-job")
+    page.goto(seeded.url + "/dash/legacy")
+    shot(page, "legacy-overview")
+    assert page.watch.errors == []
+
+
+def test_cancel_from_the_job_page_and_see_it_through_the_stream(
+        seeded: SeededCollector, open_page: Callable[..., Any]) -> None:
+    job_id = seeded.ids.jobs["cancel"]
+    page = open_page(f"{seeded.url}/dash/jobs/{job_id}", wait="#job-status >> text=queued")
+    wait_live(page)
+    page.click("button:has-text('Cancel job')")
+    page.click("button:has-text('Yes, cancel')")
+    # The page does not reload after the POST: the job event on the stream updates it.
+    page.wait_for_selector("#job-status >> text=cancelled")
+    assert page.locator(".toast >> text=was queued").count() == 1
+    assert seeded.proc.client.get(f"/api/jobs/{job_id}")[1]["status"] == "cancelled"
+    shot(page, "job-cancelled")
+
+    # A change made elsewhere (another client) reaches the open page by the stream alone.
+    other = "selfcheck-ipad"
+    page.goto(f"{seeded.url}/dash/jobs/{other}")
+    page.wait_for_selector("#job-status >> text=queued")
+    wait_live(page)
+    status, reply = seeded.proc.client.post(f"/api/jobs/{other}/cancel")
+    assert status == 200, reply
+    page.wait_for_selector("#job-status >> text=cancelled", timeout=5000)
+    assert page.watch.errors == []
+
+
+def test_enqueue_form_counts_matching_devices_live(seeded: SeededCollector,
+                                                   open_page: Callable[..., Any]) -> None:
+    client = seeded.proc.client
+
+    def expected(body: dict[str, Any]) -> int:
+        status, reply = client.post("/api/jobs/preview-targets", body)
+        assert status == 200, reply
+        return int(reply["count"])
+
+    page = open_page(seeded.url + "/dash/jobs/new", wait="#match-count [data-count]")
+    count = page.locator("#match-count [data-count]")
+    everyone = expected({"workload": "benchmark", "backend": "synthetic"})
+    assert everyone >= 3 and count.get_attribute("data-count") == str(everyone)
+
+    page.fill("input[name=match]", "platform == 'android'")
+    page.wait_for_selector("#match-count [data-count='1']")
+    assert page.locator("#match-count >> text=pixel-7").count() == 1
+    page.fill("input[name=match]", "ram_mb >= 8192")
+    page.wait_for_selector("#match-count [data-count='2']")
+    shot(page, "enqueue-matching")
+
+    page.fill("input[name=match]", "ram_mb >=")  # not an expression: the sentence is shown
+    page.wait_for_selector("#match-count .bad")
+    assert "targets.match" in page.inner_text("#match-count")
+
+    page.fill("input[name=match]", "")
+    page.fill("input[name=workload]", "self-check")
+    page.fill("input[name=backend]", "")
+    page.wait_for_selector(f"#match-count [data-count='{expected({'workload': 'self-check'})}']")
+    page.fill("input[name=job_id]", "from-the-form")
+    page.fill("input[name=pool]", "sbc")
+    page.wait_for_selector("#match-count [data-count='1']")
+    page.click("button:has-text('Enqueue')")
+    page.wait_for_url("**/dash/jobs/from-the-form")
+    page.wait_for_selector("#job-status >> text=queued")
+    spec = client.get("/api/jobs/from-the-form")[1]["spec"]
+    assert spec["workload"] == "self-check" and spec["targets"] == {"pool": "sbc"}
+    # The refused preview (the broken expression) is logged by the browser as a failed request.
+    assert [e for e in page.watch.errors if "status of 400" not in e] == []
+
+
+def test_guarded_collector_asks_for_the_token_and_uses_it(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_DASH_TOKEN": "s3cret-token"}).start()
+    try:
+        client = proc.client
+        assert client.post("/devices/register", registration("d1"))[0] == 200
+        assert client.post("/jobs", job("guarded-job", targets={"device_id": "d1"}))[0] == 201
+        page = open_page(proc.url + "/dash/jobs/guarded-job", wait="#job-status >> text=queued")
+        page.click("button:has-text('Cancel job')")
+        page.click("button:has-text('Yes, cancel')")
+        page.wait_for_selector(".toast.error >> text=requires X-Fleet-Token")
+        assert client.get("/api/jobs/guarded-job")[1]["status"] == "queued"
+
+        page.click(".toast.error >> text=Enter a token")
+        page.wait_for_selector("text=guards dashboard changes")
+        page.fill("input[name=token]", "wrong")
+        page.click("button:has-text('Save token')")
+        page.click("button:has-text('Test')")
+        page.wait_for_selector("text=The collector refused it.")
+        page.fill("input[name=token]", "s3cret-token")
+        page.click("button:has-text('Save token')")
+        page.click("button:has-text('Test')")
+        page.wait_for_selector("text=The collector accepted it.")
+        shot(page, "system-token")
+
+        page.goto(proc.url + "/dash/jobs/guarded-job")
+        page.click("button:has-text('Cancel job')")
+        page.click("button:has-text('Yes, cancel')")
+        page.wait_for_selector("#job-status >> text=cancelled")
+        assert page.evaluate("localStorage.getItem('fleet.dashToken')") == "s3cret-token"
+        # 401 and 403 answers show up as failed requests in the console; nothing else may.
+        unexpected = [e for e in page.watch.errors if "status of 401" not in e
+                      and "status of 403" not in e]
+        assert unexpected == []
+    finally:
+        proc.stop()
+
+
+def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    other = CollectorProcess(tmp_path / "other").start()
+    here = CollectorProcess(tmp_path / "here", env={"FLEET_PEERS": other.url}).start()
+    try:
+        assert other.client.post("/devices/register", registration("far-away-pi"))[0] == 200
+        assert other.client.post("/jobs", job("far-job", targets={"device_id": "far-away-pi"}))[
+            0] == 201
+        peer_id = other.client.get("/api/health")[1]["collector"]
+        deadline = time.monotonic() + 10
+        while here.client.get("/api/peers")[1]["peers"][0]["id"] != peer_id:
+            assert time.monotonic() < deadline, here.client.get("/api/peers")
+            time.sleep(0.1)
+        page = open_page(here.url + "/dash/peers", wait="text=Open read-only view")
+        shot(page, "peers")
+        page.click("text=Open read-only view")
+        page.wait_for_selector("text=Read-only view of")
+        page.click("nav#nav >> text=Devices")
+        page.wait_for_selector("text=far-away-pi")
+        assert f"/dash/@{peer_id}/devices" in page.url
+        page.click("nav#nav >> text=Jobs")
+        page.wait_for_selector("td >> text=far-job")
+        assert page.locator("text=Enqueue a job").count() == 0
+        page.click("text=far-job")
+        page.wait_for_selector("#job-status >> text=queued")
+        assert page.locator("button:has-text('Cancel job')").count() == 0
+        shot(page, "peer-job")
+        assert page.watch.errors == []
+    finally:
+        here.stop()
+        other.stop()
