@@ -182,7 +182,8 @@ async def test_drain_rate_skips_gaps_and_charging(client, db_path):
     assert round(phone["covered_s"]) == 360 and phone["gaps_skipped"] == 1
     assert round(phone["charging_s"]) == 120
     covered = [h for h in phone["series"] if h["covered_s"] > 0]
-    assert sum(h["covered_s"] for h in covered) == phone["covered_s"]
+    # Each figure is rounded to 0.1 s on its own, so the hours may differ from the total by that.
+    assert abs(sum(h["covered_s"] for h in covered) - phone["covered_s"]) <= 0.1 * len(covered)
     assert all(round(h["drain_pct_per_h"], 1) == 30.0 for h in covered)
     assert all(h["drain_pct_per_h"] is None for h in phone["series"] if h["covered_s"] == 0)
 
