@@ -168,8 +168,8 @@ class Runner {
   async post(row) {
     for (let attempt = 1; ; attempt += 1) {
       try {
-        await http("POST", "/results", { schema: 1, kind: "result", device_id: this.id, device: this.summary(), ...row });
-        return;
+        const { data } = await http("POST", "/results", { schema: 1, kind: "result", device_id: this.id, device: this.summary(), ...row });
+        return data || {};
       } catch (err) {
         // Rows are idempotent by (job, device, iter): posting again is safe.
         if (attempt >= 5 || (err.status && err.status < 500)) throw err;
@@ -419,7 +419,10 @@ class Runner {
         this.check();
         if (!warm) {
           completed.push(metrics);
-          await this.post({ job_id: spec.job_id, iter: completed.length, ok: true, final: false, metrics });
+          const reply = await this.post({ job_id: spec.job_id, iter: completed.length, ok: true, final: false, metrics });
+          // The reply tells the job's status: closed (cancelled) means stop without a beacon.
+          if (["cancelled", "failed", "done"].includes(reply.status)) this.stopJob(`the job is ${reply.status} at the collector`);
+          this.check();
         }
       }
     } catch (err) {

@@ -1,0 +1,145 @@
+"""The browser runner page (/runner) in headless Chromium against a live collector: it enrols as a
+temporary web device, runs synthetic benchmarks with both browser backends, and posts rows whose
+digest equals the reference (the agent's loop, computed here with hashlib); it stops claiming
+while hidden and hands back a job it claimed too late."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.helpers import CollectorProcess, HttpClient, job
+from tests.web.conftest import shot
+
+pytestmark = pytest.mark.slow
+
+
+def reference_digest(prompt_tokens: int, gen_tokens: int) -> str:
+    """decisions.md: 1,000 chained SHA-256 rounds per token from sha256('fleet-synthetic:p:g')."""
+    digest = hashlib.sha256(f"fleet-synthetic:{prompt_tokens}:{gen_tokens}".encode()).digest()
+    for _ in range((prompt_tokens + gen_tokens) * 1000):
+        digest = hashlib.sha256(digest).digest()
+    return digest.hex()
+
+
+def wait_for_status(client: HttpClient, job_id: str, wanted: set[str], timeout: float = 30
+                    ) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        detail = client.get(f"/api/jobs/{job_id}")[1]
+        if detail["status"] in wanted:
+            return dict(detail)
+        assert time.monotonic() < deadline, detail
+        time.sleep(0.1)
+
+
+def enrolled(page: Any) -> str:
+    page.wait_for_selector("#log >> text=enrolled as")
+    return str(page.text_content("#device-id"))
+
+
+@pytest.fixture
+def collector(tmp_path: Path) -> Any:
+    proc = CollectorProcess(tmp_path / "data").start()
+    yield proc
+    proc.stop()
+
+
+def test_runner_posts_synthetic_benchmarks_matching_the_reference(
+        collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
+    client = collector.client
+    page = open_page(collector.url + "/runner")
+    device_id = enrolled(page)
+    device = client.get(f"/api/devices/{device_id}")[1]
+    assert device["platform"] == "web" and device["kind"] == "browser"
+    assert device["temporary"] and device["ttl_s"] > 0
+    # http://127.0.0.1 is a secure context, so the platform digest is offered too.
+    assert device["capabilities"] == ["benchmark:jssha", "benchmark:webcrypto"]
+    assert device["last_beacon"] is not None  # it beacons as soon as it is enrolled
+
+    params = {"prompt_tokens": 3, "gen_tokens": 2, "warmup_iters": 1, "measure_iters": 2}
+    expected = reference_digest(3, 2)
+    for backend in ("jssha", "webcrypto"):
+        spec = job(f"web-{backend}", backend=backend, params=params,
+                   targets={"device_id": device_id})
+        assert client.post("/jobs", spec)[0] == 201
+    for backend in ("jssha", "webcrypto"):
+        detail = wait_for_status(client, f"web-{backend}", {"done", "failed"})
+        assert detail["status"] == "done", detail
+        rows = {r["iter"]: r for r in detail["results"]}
+        assert sorted(rows) == [0, 1, 2]
+        assert rows[0]["final"] and rows[0]["ok"] and not rows[1]["final"]
+        for row in rows.values():
+            assert row["metrics"]["synthetic_digest"] == expected
+            assert row["metrics"]["synthetic_rounds"] == 5000
+            assert row["metrics"]["decode_tok_s"] > 0 and row["metrics"]["prefill_tok_s"] > 0
+        assert rows[0]["runner"]["backend"] == backend
+    page.wait_for_selector("#done >> text=2")
+    assert page.text_content("#last-digest") == expected
+    shot(page, "runner")
+    assert page.watch.errors == []
+
+
+def test_runner_stops_claiming_while_hidden_and_refuses_what_it_cannot_run(
+        collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
+    client = collector.client
+    page = open_page(collector.url + "/runner")
+    device_id = enrolled(page)
+    page.wait_for_selector("#status >> text=Waiting for a job")
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {value: true, configurable: true});
+        Object.defineProperty(document, "visibilityState", {value: "hidden", configurable: true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    spec = job("while-hidden", backend="jssha", params={"prompt_tokens": 1, "gen_tokens": 1,
+                                                        "warmup_iters": 0, "measure_iters": 1},
+               targets={"device_id": device_id})
+    assert client.post("/jobs", spec)[0] == 201
+    # A poll already waiting may claim it, and then the page hands it straight back.
+    page.wait_for_selector("#status >> text=Hidden: not claiming")
+    time.sleep(3)  # longer than the test collector's 2 s long poll
+    detail = client.get("/api/jobs/while-hidden")[1]
+    assert detail["status"] == "queued" and detail["results"] == [], detail
+
+    page.evaluate("""() => {
+        Object.defineProperty(document, "hidden", {value: false, configurable: true});
+        Object.defineProperty(document, "visibilityState", {value: "visible", configurable: true});
+        document.dispatchEvent(new Event("visibilitychange"));
+    }""")
+    assert wait_for_status(client, "while-hidden", {"done", "failed"})["status"] == "done"
+
+    # A constraint the browser cannot check is refused with a sentence, not run.
+    spec = job("needs-charging", backend="jssha", constraints={"require_charging": True},
+               params={"prompt_tokens": 1, "gen_tokens": 1}, targets={"device_id": device_id})
+    page.evaluate("""() => { navigator.getBattery = () => Promise.resolve(
+        {level: 0.5, charging: false}); }""")
+    assert client.post("/jobs", spec)[0] == 201
+    detail = wait_for_status(client, "needs-charging", {"done", "failed"})
+    assert detail["status"] == "failed"
+    assert "requires charging" in detail["last_error"]
+    assert page.watch.errors == []
+
+
+def test_runner_stops_a_cancelled_job_at_its_next_beacon(
+        collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
+    client = collector.client
+    page = open_page(collector.url + "/runner")
+    device_id = enrolled(page)
+    # About a second per iteration; a 8 s lease makes the page beacon every 2 s.
+    spec = job("long-one", backend="jssha", lease={"ttl_s": 8},
+               params={"prompt_tokens": 600, "gen_tokens": 200, "warmup_iters": 0,
+                       "measure_iters": 50}, targets={"device_id": device_id})
+    assert client.post("/jobs", spec)[0] == 201
+    page.wait_for_selector("#status >> text=Running long-one")
+    page.wait_for_selector("#job-phase >> text=iteration 2 of 50")
+    assert client.post("/api/jobs/long-one/cancel")[0] == 200
+    page.wait_for_selector("#log >> text=stopped long-one", timeout=10000)
+    page.wait_for_selector("#status >> text=Waiting for a job")
+    rows = client.get("/api/jobs/long-one")[1]["results"]
+    assert rows and all(not r["final"] for r in rows)  # no summary for a cancelled job
+    assert page.watch.errors == []
