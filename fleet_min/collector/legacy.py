@@ -16,6 +16,7 @@ BASE = "/dash/legacy"
 NAV = (("", "Overview"), ("/devices", "Devices"), ("/jobs", "Jobs"), ("/results", "Results"),
        ("/schedules", "Schedules"), ("/artifacts", "Artifacts"), ("/alerts", "Alerts"))
 VOID = frozenset({"input", "meta", "link", "br"})
+DASH = "\u2013"  # an en dash: "nothing here", and ranges
 JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
 
 
@@ -36,7 +37,7 @@ def esc(value: Any) -> Markup:
     if isinstance(value, Markup):
         return value
     if value is None:
-        return Markup('<span class="muted">–</span>')
+        return Markup(f'<span class="muted">{DASH}</span>')
     if isinstance(value, bool):
         return Markup("yes" if value else "no")
     return Markup(escape(str(value), quote=True))
@@ -126,8 +127,9 @@ def page(title: str, active: str, content: Any, collector: str, refresh_s: int |
             + tag("main", tag("h1", title) + esc(content), id="main")
             + tag("footer", "Plain pages without script: they show the state when loaded"
                   + (f" and reload every {refresh_s} s." if refresh_s else ". Reload to update.")))
-    return str(Markup("<!doctype html>\n") + tag("html", tag("head", head + tag("title", f"{title} · fleet"))
-                                      + tag("body", body), lang="en"))
+    document = tag("html", tag("head", head + tag("title", f"{title} · fleet"))
+                   + tag("body", body), lang="en")
+    return str(Markup("<!doctype html>\n") + document)
 
 
 def counts(values: Mapping[str, int], link_path: str | None = None) -> Markup:
@@ -180,7 +182,8 @@ def device_table(devices: Sequence[Mapping[str, Any]]) -> Markup:
 
 def device(d: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> Markup:
     descriptor = d.get("descriptor") or {}
-    info = fields([("Name", d.get("name")), ("Notes", d.get("notes")), ("Status", pill(d["status"])),
+    info = fields([("Name", d.get("name")), ("Notes", d.get("notes")),
+                   ("Status", pill(d["status"])),
                    ("Temporary", d.get("temporary")), ("Pools", ", ".join(d.get("pools") or [])),
                    ("Capabilities", ", ".join(d.get("capabilities") or [])),
                    ("First seen", short_time(d.get("first_seen"))),
@@ -237,7 +240,8 @@ def job(j: Mapping[str, Any]) -> Markup:
                    ("Attempts", f"{len(j['attempts'])} of {j['max_attempts']}"),
                    ("Claimed by", device_link(j.get("claimed_by"))),
                    ("Targets", json.dumps(targets) if targets else None),
-                   ("Last error", j.get("last_error")), ("Parent", job_link(j.get("parent_job_id"))),
+                   ("Last error", j.get("last_error")),
+                   ("Parent", job_link(j.get("parent_job_id"))),
                    ("Schedule", j.get("template_id")), ("Created", short_time(j["created_at"])),
                    ("Claimed", short_time(j.get("claimed_at"))),
                    ("Finished", short_time(j.get("finished_at")))])
@@ -264,7 +268,7 @@ def bench(data: Mapping[str, Any], ui: Mapping[str, Any]) -> Markup:
     def stat(cell: Mapping[str, Any] | None) -> Any:
         if not cell or cell.get("median") is None:
             return None
-        return f"{cell['median']} ({cell['min']}–{cell['max']}, n={cell['n']})"
+        return f"{cell['median']} ({cell['min']}{DASH}{cell['max']}, n={cell['n']})"
 
     names = list(data["metrics"])
     rows = table(("Device", "Model", "Runs", *names), (
@@ -274,7 +278,7 @@ def bench(data: Mapping[str, Any], ui: Mapping[str, Any]) -> Markup:
         (job_link(j["job_id"]), pill(j["status"]), j["pass"], j["fail"],
          ", ".join(f["flow"] for f in j["flows"] if f["fail"])) for j in ui["jobs"]),
         "No UI test results.")
-    return section("Benchmarks (median, min–max)", rows) + section("UI tests", flows)
+    return section(f"Benchmarks (median, min{DASH}max)", rows) + section("UI tests", flows)
 
 
 def schedules(items: Sequence[Mapping[str, Any]]) -> Markup:
@@ -308,7 +312,7 @@ def artifacts(listing: Mapping[str, Any]) -> Markup:
 
 def size(n: int | None) -> str:
     if n is None:
-        return "–"
+        return DASH
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if value < 1024 or unit == "GiB":

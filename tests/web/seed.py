@@ -3,6 +3,7 @@ artifacts, alerts and topics, all put into a live collector through its own HTTP
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +31,6 @@ def upload(base: str, data: bytes, **headers: str) -> str:
     req = urllib.request.Request(base + "/artifacts", data=data, method="POST", headers={
         "Content-Type": "application/octet-stream", **headers})
     with urllib.request.urlopen(req, timeout=10) as resp:
-        import json
         return str(json.loads(resp.read())["sha256"])
 
 
@@ -85,9 +85,9 @@ def running_and_failed(c: HttpClient, s: Seeded) -> None:
     ok(c.post("/results", beacon("pixel-7", "bench-phone", battery_pct=75, charging=False,
                                  thermal="fair")))
     s.jobs["running"] = "bench-phone"
+    # ipad-air did not declare self-check, so this one stays queued (pi5 declared it).
     ok(c.post("/jobs", job("selfcheck-ipad", workload="self-check",
                            targets={"device_id": "ipad-air"})))
-    # ipad-air did not declare self-check; pi5 did
     ok(c.post("/jobs", job("selfcheck-pi", workload="self-check",
                            targets={"device_id": "pi5"})))
     claim(c, "pi5")

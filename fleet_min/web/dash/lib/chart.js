@@ -45,6 +45,8 @@ export function Chart({ title, series, data, time = true, xLabels, height = 220,
       }))],
     };
     if (xLabels) opts.scales.x = { time: false, range: (u, min, max) => [min - 0.5, max + 0.5] };
+    // Bars measure from zero; a range that starts elsewhere would exaggerate differences.
+    if (series.some((s) => s.bars)) opts.scales.y = { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] };
     plot.current = new uPlot(opts, data, el);
     const resize = new ResizeObserver(() => {
       if (plot.current) plot.current.setSize({ width: Math.max(200, el.clientWidth), height });
