@@ -61,6 +61,7 @@ class Console:
         self.unavailable: set[str] = set()
         self.notes: set[str] = set()  # the routes that "not available" notes named
         self.outage = False  # while the daemon is down, failed stream requests are expected
+        self.refusal = False  # while a wrong token is tried, the daemon's 403 is expected
         page.on("console", self._message)
         page.on("pageerror", lambda exc: self.errors.append(f"page error: {exc}"))
 
@@ -72,6 +73,8 @@ class Console:
             self.unavailable.add(path)
         elif self.outage and path == "/api/stream":
             pass
+        elif self.refusal and "status of 403" in msg.text and path == "/api/action":
+            self.refusal = False  # once
         else:
             self.errors.append(f"{msg.text} ({msg.location.get('url')})")
 
@@ -179,8 +182,19 @@ def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
     # every analysis route that answered 404 was named by a "not available" note
     assert console.unavailable <= console.notes
 
-    # the token: typed once, kept in this tab's sessionStorage, enables the buttons
+    # a wrong token is refused by the daemon and the page says so
     page.get_by_role("link", name="Runners").click()
+    page.locator("#token").fill("0" * 64)
+    page.get_by_role("button", name="Use token").click()
+    console.refusal = True
+    page.locator('button[data-action="health.check"]').click()
+    expect(page.locator(".toast.bad")).to_contain_text("Health check refused")
+    expect(page.locator(".token-set")).to_contain_text("token refused")
+    page.get_by_role("button", name="Forget token").click()
+    page.locator(".toast.bad .close").click()
+    assert not console.refusal, "the refused action did not reach the daemon"
+
+    # the right token: typed once, kept in this tab's sessionStorage, enables the buttons
     page.locator("#token").fill(live.token)
     page.get_by_role("button", name="Use token").click()
     expect(drain).to_be_enabled()
