@@ -24,6 +24,7 @@ from itertools import pairwise
 from typing import Any, TypeGuard
 
 __all__ = [
+    "EMBEDDED_REF",
     "MAX_ERRORS",
     "SCHEMA_NAMES",
     "TEMPLATE_REF",
@@ -56,7 +57,7 @@ _CI_STATUS = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}@[0-9a-f]{7
 _REF_BODY = (r"\$\{jobs\.(?P<job_id>[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}?)"
              r"\.(?:artifact|metrics\.(?P<key>[A-Za-z0-9_.-]{1,200}))\}")
 TEMPLATE_REF = re.compile(r"\A" + _REF_BODY + r"\Z")
-_EMBEDDED_REF = re.compile(_REF_BODY)
+EMBEDDED_REF = re.compile(_REF_BODY)
 
 
 def load_schema(name: str) -> dict[str, Any]:
@@ -473,7 +474,7 @@ def find_template_refs(value: object) -> list[tuple[str, str, str | None]]:
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            for m in _EMBEDDED_REF.finditer(item) if "${" in item else ():
+            for m in EMBEDDED_REF.finditer(item) if "${" in item else ():
                 key = m.group("key")
                 found[(m.group("job_id"), "metrics" if key else "artifact", key)] = None
         elif isinstance(item, dict):

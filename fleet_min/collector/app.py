@@ -18,10 +18,9 @@ from fleet_min.collector import (
     pages_http,
     queue,
     results,
-    templates,
+    specs,
     views,
 )
-from fleet_min.collector.match import MatchError, compiled
 from fleet_min.collector.queue import Claimant
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
@@ -51,31 +50,12 @@ def service_of(request: web.Request) -> Service:
 
 def _refuse_invalid(errors: list[str]) -> None:
     if errors:
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        raise BadRequest(errors[0] + more)
+        raise BadRequest(specs.first_problem(errors))
 
 
 def check_job_spec(spec: Any) -> dict[str, Any]:
     """Everything about a job spec that can be checked without the database."""
-    if not isinstance(spec, dict):
-        raise BadRequest("a job spec must be a JSON object")
-    _refuse_invalid(validate.validate_job(spec))
-    secrets = validate.find_secret_keys(spec)
-    if secrets:
-        raise BadRequest(f"{secrets[0]} looks like a secret; a job spec names a credential for "
-                         "the agent to read locally and never carries one")
-    match = (spec.get("targets") or {}).get("match")
-    if match:
-        try:
-            compiled(match)
-        except MatchError as exc:
-            raise BadRequest(f"targets.match: {exc}") from None
-    allowed = set(spec.get("depends_on") or [])
-    for job_id, _kind, _key in templates.references(spec):
-        if job_id not in allowed:
-            raise BadRequest(f"a template reference names job {job_id}, which is not in "
-                             "depends_on; a reference may only name a listed dependency")
-    return spec
+    return specs.check_spec(spec)
 
 
 # -- agents ------------------------------------------------------------------------------------

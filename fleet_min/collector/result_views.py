@@ -16,7 +16,8 @@ from typing import Any
 
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
-from fleet_min.timeutil import iso, parse_iso
+from fleet_min.query import int_param, time_range
+from fleet_min.timeutil import iso
 
 BENCH_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "peak_mem_mb")
 BENCH_ROW_CAP = 50_000  # newest result rows a bench view reads; `truncated` says when it stopped
@@ -28,25 +29,6 @@ SOAK_DEFAULT_POINTS, SOAK_MAX_POINTS = 2000, 10_000
 
 
 # -- shared parsing ----------------------------------------------------------------------------
-
-
-def _time(query: Mapping[str, str], name: str) -> float | None:
-    raw = query.get(name)
-    if not raw:
-        return None
-    try:
-        return parse_iso(raw)
-    except ValueError as exc:
-        raise BadRequest(f"{name}: {exc}") from None
-
-
-def _int(query: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = query.get(name) or ""
-    if raw == "":
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise BadRequest(f"{name} must be a whole number from {low} to {high}")
-    return int(raw)
 
 
 def _number(value: Any) -> float | None:
@@ -69,11 +51,7 @@ class _Filter:
         self.params.extend(params)
 
     def times(self, query: Mapping[str, str], column: str) -> _Filter:
-        start, end = _time(query, "from"), _time(query, "to")
-        if start is not None:
-            self.add(f"{column} >= ?", start)
-        if end is not None:
-            self.add(f"{column} <= ?", end)
+        time_range(query, column, self.clauses, self.params)
         return self
 
     def common(self, query: Mapping[str, str]) -> _Filter:
@@ -186,7 +164,7 @@ def _bench_groups(runs: Iterable[tuple[tuple[str, str], _Run]]) -> list[dict[str
 
 async def ui(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     workload = query.get("workload") or "ui-test"
-    page = _int(query, "page", 1, 1, 1_000_000)
+    page = int_param(query, "page", 1, 1, 1_000_000)
     jobs_where = _Filter().times(query, "j.created_at")
     jobs_where.add("j.workload = ? AND j.is_group = 0", workload)
     if query.get("job"):
@@ -284,7 +262,7 @@ class _Drain:
 
 
 async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str, Any]:
-    hours = _int(query, "hours", DRAIN_DEFAULT_HOURS, 1, DRAIN_MAX_HOURS)
+    hours = int_param(query, "hours", DRAIN_DEFAULT_HOURS, 1, DRAIN_MAX_HOURS)
     start = now - hours * 3600
     where = _Filter()
     where.add("at >= ? AND at <= ?", start, now)
@@ -359,7 +337,7 @@ async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     workload = query.get("workload")
     if workload and workload not in SOAK_WORKLOADS:
         raise BadRequest(f"workload must be one of {', '.join(SOAK_WORKLOADS)}")
-    limit = _int(query, "limit", SOAK_DEFAULT_POINTS, 1, SOAK_MAX_POINTS)
+    limit = int_param(query, "limit", SOAK_DEFAULT_POINTS, 1, SOAK_MAX_POINTS)
     where = _Filter().common(query)
     wanted = [workload] if workload else list(SOAK_WORKLOADS)
     where.add(f"r.workload IN ({','.join('?' * len(wanted))})", *wanted)

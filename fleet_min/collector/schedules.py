@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from fleet_min import validate
 from fleet_min.collector import queue
 from fleet_min.collector.cron import Cron, CronError, parse
 from fleet_min.collector.effects import Effects
-from fleet_min.collector.match import MatchError, compiled
+from fleet_min.collector.specs import check_spec
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused
 from fleet_min.timeutil import iso
@@ -68,26 +67,7 @@ def check_template(template: Any) -> dict[str, Any]:
     if "job_id" in template:
         raise BadRequest("template must not carry job_id; each run is named "
                          "<schedule id>-<YYYYMMDDHHMM>")
-    spec = {**template, "job_id": PLACEHOLDER_JOB_ID}
-    errors = validate.validate_job(spec)
-    if errors:
-        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
-        raise BadRequest(f"template: {errors[0]}{more}")
-    secrets = validate.find_secret_keys(spec)
-    if secrets:
-        raise BadRequest(f"template: {secrets[0]} looks like a secret; a job spec names a "
-                         "credential for the agent to read locally and never carries one")
-    match = (spec.get("targets") or {}).get("match")
-    if match:
-        try:
-            compiled(match)
-        except MatchError as exc:
-            raise BadRequest(f"template: targets.match: {exc}") from None
-    allowed = set(spec.get("depends_on") or [])
-    for job_id, _kind, _key in validate.find_template_refs(spec):
-        if job_id not in allowed:
-            raise BadRequest(f"template: a reference names job {job_id}, which is not in "
-                             "depends_on; a reference may only name a listed dependency")
+    check_spec({**template, "job_id": PLACEHOLDER_JOB_ID}, context="template: ")
     return template
 
 

@@ -12,7 +12,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-REF = re.compile(r"\$\{jobs\.([A-Za-z0-9._:@-]+?)\.(artifact|metrics\.([A-Za-z0-9_.-]+))\}")
+from fleet_min.validate import EMBEDDED_REF, find_template_refs
+
+# The grammar is the validator's (fleet_min.validate), so what is accepted is what is resolved.
+REF = EMBEDDED_REF
 
 Lookup = Callable[[str, str, str | None], Any]  # (job_id, "artifact"|"metrics", key) -> value
 
@@ -23,22 +26,7 @@ class Unresolvable(LookupError):
 
 def references(value: Any) -> list[tuple[str, str, str | None]]:
     """Every reference in a JSON value, as (job_id, kind, metric key or None)."""
-    found: list[tuple[str, str, str | None]] = []
-    _walk_strings(value, lambda text: found.extend(
-        (m.group(1), "artifact" if m.group(2) == "artifact" else "metrics", m.group(3))
-        for m in REF.finditer(text)))
-    return found
-
-
-def _walk_strings(value: Any, visit: Callable[[str], None]) -> None:
-    if isinstance(value, str):
-        visit(value)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _walk_strings(item, visit)
-    elif isinstance(value, list):
-        for item in value:
-            _walk_strings(item, visit)
+    return find_template_refs(value)
 
 
 def rewrite(value: Any, lookup: Lookup) -> Any:
@@ -56,8 +44,8 @@ def rewrite(value: Any, lookup: Lookup) -> Any:
 
 
 def _resolve(match: re.Match[str], lookup: Lookup) -> Any:
-    job_id, kind, key = match.group(1), match.group(2), match.group(3)
-    kind = "artifact" if kind == "artifact" else "metrics"
+    job_id, key = match.group("job_id"), match.group("key")
+    kind = "metrics" if key else "artifact"
     result = lookup(job_id, kind, key)
     if result is None:
         what = "an artifact" if kind == "artifact" else f"metric {key!r}"

@@ -14,27 +14,11 @@ from fleet_min.collector.devices import device_record
 from fleet_min.collector.results import result_record
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
-from fleet_min.timeutil import iso, parse_iso
+from fleet_min.query import page_param, time_param, time_range
+from fleet_min.timeutil import iso
 
 PER_PAGE = 50
 JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
-
-
-def _page(query: Mapping[str, str]) -> int:
-    raw = query.get("page") or "1"
-    if not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
-        raise BadRequest("page must be a whole number from 1")
-    return int(raw)
-
-
-def _time(query: Mapping[str, str], name: str) -> float | None:
-    raw = query.get(name)
-    if not raw:
-        return None
-    try:
-        return parse_iso(raw)
-    except ValueError as exc:
-        raise BadRequest(f"{name}: {exc}") from None
 
 
 def _paged(total: int, page: int, key: str, items: list[Any]) -> dict[str, Any]:
@@ -64,14 +48,8 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         where.append("(job_id LIKE ? ESCAPE '\\' OR last_error LIKE ? ESCAPE '\\')")
         pattern = "%" + like_escape(query["q"]) + "%"
         params += [pattern, pattern]
-    start, end = _time(query, "from"), _time(query, "to")
-    if start is not None:
-        where.append("created_at >= ?")
-        params.append(start)
-    if end is not None:
-        where.append("created_at <= ?")
-        params.append(end)
-    page = _page(query)
+    time_range(query, "created_at", where, params)
+    page = page_param(query)
     clause = " AND ".join(where)
     total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)
     rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "
@@ -123,14 +101,8 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
         if query.get(name):
             where.append(f"{column} = ?")
             params.append(query[name])
-    start, end = _time(query, "from"), _time(query, "to")
-    if start is not None:
-        where.append("created_at >= ?")
-        params.append(start)
-    if end is not None:
-        where.append("created_at <= ?")
-        params.append(end)
-    page = _page(query)
+    time_range(query, "created_at", where, params)
+    page = page_param(query)
     clause = " AND ".join(where)
     total_row = await db.read_one(f"SELECT COUNT(*) FROM results WHERE {clause}", params)
     rows = await db.read(f"SELECT * FROM results WHERE {clause} "
@@ -164,7 +136,7 @@ async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
                          ) -> dict[str, Any]:
     if await db.read_one("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)) is None:
         raise NotFound(f"no device {device_id!r}")
-    since = _time(query, "since") or 0.0
+    since = time_param(query, "since") or 0.0
     limit = 1000
     rows = await db.read("SELECT job_id, at, body FROM beacons WHERE device_id = ? AND at >= ? "
                          "ORDER BY at DESC LIMIT ?", (device_id, since, limit))

@@ -1,0 +1,41 @@
+"""Everything about a job spec that can be checked without the database, in one place: used by
+POST /jobs, POST /api/jobs/preview-targets and schedule templates alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_min import validate
+from fleet_min.collector.match import MatchError, compiled
+from fleet_min.errors import BadRequest
+
+
+def first_problem(errors: list[str]) -> str:
+    more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+    return errors[0] + more
+
+
+def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
+    """Refuse (400) a spec that is malformed, holds a secret, has an unsafe match expression or
+    references a job outside its depends_on. `context` prefixes the messages ("template: ")."""
+    if not isinstance(spec, dict):
+        raise BadRequest(f"{context}a job spec must be a JSON object")
+    errors = validate.validate_job(spec)
+    if errors:
+        raise BadRequest(context + first_problem(errors))
+    secrets = validate.find_secret_keys(spec)
+    if secrets:
+        raise BadRequest(f"{context}{secrets[0]} looks like a secret; a job spec names a "
+                         "credential for the agent to read locally and never carries one")
+    match = (spec.get("targets") or {}).get("match")
+    if match:
+        try:
+            compiled(match)
+        except MatchError as exc:
+            raise BadRequest(f"{context}targets.match: {exc}") from None
+    allowed = set(spec.get("depends_on") or [])
+    for job_id, _kind, _key in validate.find_template_refs(spec):
+        if job_id not in allowed:
+            raise BadRequest(f"{context}a template reference names job {job_id}, which is not "
+                             "in depends_on; a reference may only name a listed dependency")
+    return spec
