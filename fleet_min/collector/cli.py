@@ -19,7 +19,9 @@ log = logging.getLogger("fleet_min.collector")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-min collector",
-        description="Run the device job collector.",
+        description="Run the device job collector. Backups: `fleet-min collector backup PATH "
+                    "[--with-artifacts]` and `fleet-min collector restore PATH --data DIR` "
+                    "(each has its own --help).",
         epilog="Settings without a flag are read from the environment:\n\n"
                + markdown_table([s for s in COLLECTOR_SETTINGS if not s.flag]),
         formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,14 +50,21 @@ def install_uvloop() -> bool:
     return True
 
 
+SUBCOMMANDS = ("backup", "restore")  # `collector backup PATH`, `collector restore PATH --data DIR`
+
+
 def main(argv: list[str]) -> int:
+    if argv and argv[0] in SUBCOMMANDS:
+        from fleet_min.collector import backup
+
+        return backup.main(argv[0], argv[1:])
     args = _parser().parse_args(argv)
     try:
         config = resolve(COLLECTOR_SETTINGS, vars(args))
     except ConfigError as exc:
         print(f"fleet-min collector: {exc}", file=sys.stderr)
         return 2
-    logs.setup(config.log_level)
+    logs.setup(config.log_level, config.log_file)  # also makes SIGHUP reopen the log file
     fast = install_uvloop()
     from fleet_min.collector.app import create_app
 

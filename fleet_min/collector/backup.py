@@ -1,0 +1,383 @@
+"""`fleet-min collector backup PATH` and `fleet-min collector restore PATH --data DIR`.
+
+A backup is a directory:
+
+    PATH/fleet.sqlite3    the database, copied with SQLite's online backup API
+    PATH/collector-id     the collector's stable id
+    PATH/artifacts/       (with --with-artifacts) the bytes of every artifact the copy names
+    PATH/manifest.json    what was copied: counts, schema version, each artifact's hash and size
+
+The copy is taken through a read-only connection in one step of the backup API, which reads one
+consistent snapshot of the database (WAL lets the running collector go on writing meanwhile).
+The `artifacts` table inside that copy is the artifact index; its rows are listed in the
+manifest. Artifact bytes are copied after the snapshot and each file is hashed while it is
+copied, so a file that does not match its name is never put in a backup. The directory is built
+under a temporary name and renamed into place only when complete and checked, so a backup that
+was interrupted never looks finished.
+
+Restore refuses to touch a data directory whose database is open in any process. The check asks
+the operating system, not a lock file of ours: every connection to a WAL database holds a shared
+lock on the "dead man switch" byte of its `-shm` file for as long as it is open, so a collector
+(or a sqlite3 shell) that has the database open is seen even if it crashed a lock file into
+staleness or predates this command. An existing database is moved aside into
+`DIR/pre-restore-<time>/`, never deleted, and only with --force.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleet_min.timeutil import iso
+
+DB_NAME = "fleet.sqlite3"
+ID_NAME = "collector-id"
+MANIFEST = "manifest.json"
+FORMAT = 1
+_CHUNK = 1 << 20
+# Byte 128 of the -shm file: SQLite's unix VFS keeps a shared lock there per open connection
+# (UNIX_SHM_DMS = (22 + SQLITE_SHM_NLOCK) * 4 + SQLITE_SHM_NLOCK, with SQLITE_SHM_NLOCK = 8).
+_SHM_DMS_BYTE = 128
+
+
+class BackupError(RuntimeError):
+    """A backup or restore that cannot go on; the message is a sentence for the operator."""
+
+
+@dataclass
+class Report:
+    path: str
+    counts: dict[str, int] = field(default_factory=dict)
+    artifacts_copied: int = 0
+    artifacts_bytes: int = 0
+    artifacts_missing: list[str] = field(default_factory=list)
+    moved_aside: str | None = None
+    schema_version: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if v not in (None, [])}
+
+
+# -- shared ---------------------------------------------------------------------------------
+
+
+def known_schema_version() -> int:
+    from fleet_min.collector.schema import MIGRATIONS
+    return len(MIGRATIONS)
+
+
+def database_in_use(db_path: Path) -> bool:
+    """True when some process has the WAL database open (holds its -shm dead-man-switch lock)."""
+    shm = Path(str(db_path) + "-shm")
+    try:
+        fd = os.open(shm, os.O_RDWR)
+    except FileNotFoundError:
+        return False  # a WAL database that nobody has open has no -shm (or a stale one)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, _SHM_DMS_BYTE)
+    except OSError:
+        return True
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, _SHM_DMS_BYTE)
+        return False
+    finally:
+        os.close(fd)
+
+
+def _fsync_path(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _copy_hashed(src: Path, dest: Path, expected: str) -> int:
+    """Copy src to dest, hashing on the way; refuse (and leave nothing) when the hash differs."""
+    digest, size = hashlib.sha256(), 0
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    with open(src, "rb") as reader, open(part, "wb") as writer:
+        for chunk in iter(lambda: reader.read(_CHUNK), b""):
+            digest.update(chunk)
+            writer.write(chunk)
+            size += len(chunk)
+        writer.flush()
+        os.fsync(writer.fileno())
+    if digest.hexdigest() != expected:
+        part.unlink()
+        raise BackupError(f"artifact file {src} does not match its SHA-256 name; the store is "
+                          "damaged there (the file was left out)")
+    os.replace(part, dest)
+    return size
+
+
+def _check_database(path: Path) -> tuple[int, dict[str, int]]:
+    """Integrity-check a database file; its schema version and row counts."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        verdict = [row[0] for row in conn.execute("PRAGMA integrity_check")]
+        if verdict != ["ok"]:
+            raise BackupError(f"{path} fails SQLite's integrity check: {'; '.join(verdict[:3])}")
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        counts = {}
+        for table in ("jobs", "results", "devices", "artifacts", "schedules"):
+            with contextlib.suppress(sqlite3.OperationalError):
+                counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+        return int(version), counts
+    finally:
+        conn.close()
+
+
+def _artifact_rows(db_path: Path) -> list[tuple[str, int]]:
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    try:
+        return [(row[0], int(row[1])) for row in
+                conn.execute("SELECT sha256, size FROM artifacts ORDER BY sha256")]
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        conn.close()
+
+
+def _artifact_file(root: Path, sha256: str) -> Path:
+    if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+        raise BackupError(f"the artifact index names {sha256[:80]!r}, which is not a SHA-256")
+    return root / sha256[:2] / sha256
+
+
+# -- backup ---------------------------------------------------------------------------------
+
+
+def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
+    """Write a consistent backup of data_dir's collector into the new directory dest."""
+    started = time.monotonic()
+    source = data_dir / DB_NAME
+    if not source.is_file():
+        raise BackupError(f"there is no collector database at {source}; pass the collector's "
+                          "data directory with --data")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise BackupError(f"{dest} already exists; a backup goes into a new (or empty) directory")
+    work = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    try:
+        report = _fill(data_dir, source, work, with_artifacts)
+        if dest.exists():
+            dest.rmdir()
+        os.replace(work, dest)
+        _fsync_path(dest.parent, directory=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    report.path = str(dest)
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def _snapshot(source: Path, target: Path) -> None:
+    """The whole database as of one read transaction, through SQLite's backup API."""
+    try:
+        reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+    except sqlite3.Error as exc:
+        raise BackupError(f"cannot open {source} for reading: {exc}") from None
+    writer = sqlite3.connect(target)
+    try:
+        reader.execute("PRAGMA busy_timeout = 30000")
+        # pages=-1: one step, so the copy is one snapshot even while the collector writes.
+        reader.backup(writer, pages=-1)
+        writer.execute("PRAGMA journal_mode = DELETE")  # one self-contained file
+    except sqlite3.Error as exc:
+        raise BackupError(f"the backup of {source} failed: {exc}") from None
+    finally:
+        writer.close()
+        reader.close()
+    _fsync_path(target)
+
+
+def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Report:
+    copy = work / DB_NAME
+    _snapshot(source, copy)
+    version, counts = _check_database(copy)
+    report = Report(path=str(work), counts=counts, schema_version=version)
+    collector_id = (data_dir / ID_NAME).read_text().strip() if (data_dir / ID_NAME).exists() \
+        else ""
+    if collector_id:
+        (work / ID_NAME).write_text(collector_id + "\n")
+    rows = _artifact_rows(copy)
+    included: list[dict[str, Any]] = []
+    for sha256, size in rows:
+        entry: dict[str, Any] = {"sha256": sha256, "size": size}
+        if with_artifacts:
+            src = _artifact_file(data_dir / "artifacts", sha256)
+            try:
+                report.artifacts_bytes += _copy_hashed(src, _artifact_file(work / "artifacts",
+                                                                           sha256), sha256)
+                report.artifacts_copied += 1
+                entry["included"] = True
+            except FileNotFoundError:  # deleted after the snapshot was taken
+                report.artifacts_missing.append(sha256)
+                entry["included"] = False
+        included.append(entry)
+    manifest = {
+        "format": FORMAT, "kind": "fleet-min collector backup", "created_at": iso(time.time()),
+        "source": str(data_dir.resolve()), "collector_id": collector_id,
+        "schema_version": version, "counts": counts, "with_artifacts": with_artifacts,
+        "artifacts": included,
+    }
+    (work / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    for path in _walk(work):
+        _fsync_path(path)
+    _fsync_path(work, directory=True)
+    return report
+
+
+def _walk(root: Path) -> Iterator[Path]:
+    for path in sorted(root.rglob("*")):
+        if path.is_file():
+            yield path
+
+
+# -- restore --------------------------------------------------------------------------------
+
+
+def read_manifest(src: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((src / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise BackupError(f"{src} is not a fleet-min collector backup (no {MANIFEST})") from None
+    except ValueError:
+        raise BackupError(f"{src / MANIFEST} is not valid JSON; the backup is damaged") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise BackupError(f"{src} is a backup format this program does not know")
+    return manifest
+
+
+def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
+    """Put the backup in src into data_dir; refuses while the database there is open."""
+    started = time.monotonic()
+    manifest = read_manifest(src)
+    version, counts = _check_database(src / DB_NAME)
+    if version > known_schema_version():
+        raise BackupError(f"the backup is at schema version {version}, newer than this program "
+                          f"knows ({known_schema_version()}); restore it with a newer fleet-min")
+    target = data_dir / DB_NAME
+    if database_in_use(target):
+        raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "
+                          "stop the collector first")
+    report = Report(path=str(data_dir), counts=counts, schema_version=version)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        if not force:
+            raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
+                              "aside (into pre-restore-<time>/) and restore over it")
+        report.moved_aside = str(_move_aside(data_dir))
+    _place_database(src / DB_NAME, target)
+    if (src / ID_NAME).exists():
+        shutil.copyfile(src / ID_NAME, data_dir / ID_NAME)
+        _fsync_path(data_dir / ID_NAME)
+    store = data_dir / "artifacts"
+    for entry in manifest.get("artifacts") or []:
+        sha256 = str(entry.get("sha256"))
+        dest = _artifact_file(store, sha256)
+        packed = _artifact_file(src / "artifacts", sha256)
+        if entry.get("included") and packed.exists() and not dest.exists():
+            report.artifacts_bytes += _copy_hashed(packed, dest, sha256)
+            report.artifacts_copied += 1
+        if not dest.exists():
+            report.artifacts_missing.append(sha256)
+    _fsync_path(data_dir, directory=True)
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def _move_aside(data_dir: Path) -> Path:
+    aside = data_dir / f"pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    aside.mkdir()
+    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", ID_NAME):
+        if (data_dir / name).exists():
+            os.replace(data_dir / name, aside / name)
+    return aside
+
+
+def _place_database(copy: Path, target: Path) -> None:
+    part = target.with_name(target.name + ".restoring")
+    shutil.copyfile(copy, part)
+    _fsync_path(part)
+    for stale in (Path(str(target) + "-wal"), Path(str(target) + "-shm")):
+        stale.unlink(missing_ok=True)  # never let an old WAL replay onto the restored file
+    os.replace(part, target)
+
+
+# -- command line ---------------------------------------------------------------------------
+
+
+def _data_dir(given: str | None, required: bool) -> Path:
+    from fleet_min.config import COLLECTOR_SETTINGS, resolve
+
+    if given is None and required and not os.environ.get("FLEET_DATA_DIR"):
+        raise BackupError("say which data directory to restore into with --data DIR")
+    return Path(resolve(COLLECTOR_SETTINGS, {"data_dir": given}).data_dir)
+
+
+def _summary(verb: str, report: Report) -> str:
+    counts = ", ".join(f"{n} {table}" for table, n in report.counts.items())
+    line = f"{verb} {report.path}: {counts}; schema version {report.schema_version}"
+    if report.artifacts_copied:
+        line += (f"; {report.artifacts_copied} artifact files "
+                 f"({report.artifacts_bytes / 1048576:.1f} MiB)")
+    if report.moved_aside:
+        line += f"; the previous database was moved to {report.moved_aside}"
+    if report.artifacts_missing:
+        line += (f"; {len(report.artifacts_missing)} indexed artifacts have no bytes "
+                 "(deleted meanwhile, or not in the backup: take one with --with-artifacts)")
+    return line + f" ({report.seconds} s)"
+
+
+def main(command: str, argv: list[str]) -> int:
+    """`fleet-min collector backup|restore ...`; 0 on success, 1 with a sentence on failure."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=f"fleet-min collector {command}")
+    parser.add_argument("path", help="the backup directory (created by backup, read by restore)")
+    parser.add_argument("--data", dest="data_dir", default=None,
+                        help="the collector's data directory (env FLEET_DATA_DIR)")
+    if command == "backup":
+        parser.description = ("Take a consistent online backup of the collector's database and "
+                              "artifact index (safe while the collector runs).")
+        parser.add_argument("--with-artifacts", action="store_true",
+                            help="also copy the bytes of every artifact the index names")
+    else:
+        parser.description = ("Restore a backup into a data directory whose collector is "
+                              "stopped.")
+        parser.add_argument("--force", action="store_true",
+                            help="move an existing database aside (pre-restore-<time>/) first")
+    args = parser.parse_args(argv)
+    try:
+        if command == "backup":
+            report = backup(_data_dir(args.data_dir, False), Path(args.path),
+                            args.with_artifacts)
+            print(_summary("backup written to", report))
+        else:
+            report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force)
+            print(_summary("restored into", report))
+    except BackupError as exc:
+        print(f"fleet-min collector {command}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"fleet-min collector {command}: {exc.strerror or exc}: "
+              f"{exc.filename or args.path}", file=sys.stderr)
+        return 1
+    return 0
