@@ -1,16 +1,84 @@
-"""Logging: one line per event to stderr (journald and log rotation friendly)."""
+"""Logging: one line per event, to stderr (journald) or to a file that log rotation can move.
+
+With no log file, every record goes to stderr as one line; under systemd that is the journal,
+which rotates by itself. With a log file (FLEET_LOG_FILE), records are appended to it through a
+WatchedFileHandler, which notices on the next record that logrotate moved or deleted the file and
+opens a new one; SIGHUP makes the reopen happen at once (logrotate's `postrotate` can send it, and
+it also suits `copytruncate`, newsyslog and anything else that expects a daemon to reopen its log
+on HUP). SIGHUP never stops the service.
+
+A multi-line message (a traceback) is folded onto its line with " | " between the parts, so one
+event is always one line and a grep or a line-based shipper sees it whole.
+"""
 
 from __future__ import annotations
 
 import logging
+import logging.handlers
+import os
+import signal
 import sys
+import threading
+
+LOG_FILE_ENV = "FLEET_LOG_FILE"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+DATEFMT = "%Y-%m-%dT%H:%M:%S"
 
 
-def setup(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+class OneLineFormatter(logging.Formatter):
+    """The usual format, with newlines in the message or the traceback folded into ' | '."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return " | ".join(part for part in super().format(record).splitlines() if part.strip())
+
+
+def _handler(log_file: str) -> logging.Handler:
+    if not log_file:
+        return logging.StreamHandler(sys.stderr)
+    path = os.path.abspath(os.path.expanduser(log_file))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+
+
+def reopen() -> None:
+    """Reopen every log file now (what SIGHUP does): after a rotation, write to the new file."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.handlers.WatchedFileHandler):
+            handler.acquire()
+            try:
+                if handler.stream:
+                    handler.stream.close()
+                handler.stream = handler._open()
+                handler._statstream()
+            finally:
+                handler.release()
+
+
+def _on_sighup(_signum: int, _frame: object) -> None:
+    reopen()
+    logging.getLogger(__name__).info("SIGHUP: log file reopened")
+
+
+def install_sighup() -> bool:
+    """Make SIGHUP reopen the log file instead of ending the process (main thread only)."""
+    if not hasattr(signal, "SIGHUP") or threading.current_thread() is not threading.main_thread():
+        return False
+    signal.signal(signal.SIGHUP, _on_sighup)
+    return True
+
+
+def setup(level: str, log_file: str | None = None) -> None:
+    """Log records of `level` and above, one line each, to stderr or to `log_file`.
+
+    log_file None means the FLEET_LOG_FILE environment variable (empty: stderr).
+    """
+    path = os.environ.get(LOG_FILE_ENV, "") if log_file is None else log_file
+    handler = _handler(path)
+    handler.setFormatter(OneLineFormatter(FORMAT, DATEFMT))
     root = logging.getLogger()
+    for old in root.handlers:
+        old.close()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    install_sighup()
