@@ -1,0 +1,60 @@
+"""Fixtures of the fault suite: a figures book written out at the end of the session, a small
+tmpfs, and the collector data directory it holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+class Figures:
+    """What each fault test measured; printed at the end and written to $FLEET_FAULT_REPORT."""
+
+    def __init__(self) -> None:
+        self.book: dict[str, dict[str, Any]] = {}
+
+    def record(self, test: str, **values: Any) -> None:
+        self.book.setdefault(test, {}).update(values)
+
+
+@pytest.fixture(scope="session")
+def figures() -> Iterator[Figures]:
+    book = Figures()
+    yield book
+    if not book.book:
+        return
+    text = json.dumps(book.book, indent=1, sort_keys=True)
+    print("\nfault suite figures:\n" + text)
+    target = os.environ.get("FLEET_FAULT_REPORT")
+    if target:
+        Path(target).write_text(text + "\n")
+
+
+def mount_tmpfs(where: Path, size: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                             str(where)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or 'not root'}); the "
+                    "disk-full test needs root or CAP_SYS_ADMIN")
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """An 8 MiB tmpfs to use as a data directory (skipped where mount is not permitted)."""
+    where = tmp_path / "small-disk"
+    mount_tmpfs(where, "8m")
+    try:
+        yield where
+    finally:
+        unmount(where)

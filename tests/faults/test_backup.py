@@ -1,0 +1,148 @@
+"""`fleet-min collector backup` while agents write, `restore`, and a collector started on the
+restored data: everything acknowledged before the backup began is there, and the copy is one
+consistent moment (no job closed without its final row)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.faults.support import LeanAgent, Ledger, Producer, invariants, losses, read_db
+from tests.helpers import ROOT, CollectorProcess, HttpClient
+
+pytestmark = pytest.mark.slow
+
+
+def fleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet_min", "collector", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+
+
+def consistent(db: Path) -> list[str]:
+    """What one moment of the database must show: closes with their final rows, rows with
+    their jobs, claims with their attempts."""
+    conn = read_db(db)
+    try:
+        return [f"{name}: {rows[:3]}" for name, sql in (
+            ("done without a final row",
+             "SELECT job_id FROM jobs j WHERE status = 'done' AND is_group = 0 AND NOT EXISTS "
+             "(SELECT 1 FROM results r WHERE r.job_id = j.job_id AND r.final = 1)"),
+            ("rows of unknown jobs",
+             "SELECT DISTINCT job_id FROM results WHERE job_id NOT IN (SELECT job_id FROM jobs)"),
+            ("claims without an open attempt",
+             "SELECT job_id FROM jobs j WHERE status = 'claimed' AND NOT EXISTS (SELECT 1 FROM "
+             "job_attempts a WHERE a.job_id = j.job_id AND a.ended_at IS NULL)"),
+        ) if (rows := [r[0] for r in conn.execute(sql)])]
+    finally:
+        conn.close()
+
+
+def counts(client: HttpClient) -> tuple[int, int]:
+    jobs = client.get("/api/jobs?limit=1")[1]["total"]
+    artifacts = client.get("/api/artifacts")[1]
+    return jobs, artifacts.get("total", len(artifacts.get("artifacts", [])))
+
+
+@pytest.mark.timeout(180)
+def test_online_backup_under_load_restores_and_starts(tmp_path: Path, figures: Any) -> None:
+    data = tmp_path / "data"
+    proc = CollectorProcess(data, env={"FLEET_LONG_POLL_S": "1"}).start()
+    ledger, stop = Ledger(), threading.Event()
+    workers = [*(LeanAgent(proc.url, f"b{i}", ledger, stop) for i in range(4)),
+               Producer(proc.url, ledger, stop, "bk", {"ttl_s": 30}, pause_s=0.05)]
+    for worker in workers:
+        worker.start()
+    backup_dir = tmp_path / "backups" / "one"
+    try:
+        while len(ledger.snapshot()["closed"]) < 60:
+            time.sleep(0.1)
+        before = ledger.snapshot()
+        started = time.monotonic()
+        result = fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts")
+        took = time.monotonic() - started
+        assert result.returncode == 0, result.stderr
+        during = len(ledger.snapshot()["rows"]) - len(before["rows"])
+        # the running collector's data cannot be restored over
+        refused = fleet("restore", str(backup_dir), "--data", str(data), "--force")
+        assert refused.returncode == 1
+        assert "collector is running" in refused.stderr and "Traceback" not in refused.stderr
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(15)
+        proc.stop()
+    assert "backup written to" in result.stdout
+    manifest = json.loads((backup_dir / "manifest.json").read_text())
+    copy = backup_dir / "fleet.sqlite3"
+    assert not invariants(copy, full=True)
+    assert not consistent(copy)
+    assert not losses(copy, backup_dir, before)  # every acknowledgement before the backup
+    assert manifest["collector_id"] == (data / "collector-id").read_text().strip()
+    assert all(a["included"] for a in manifest["artifacts"])
+
+    # restore into a new directory and start a collector on it
+    fresh = tmp_path / "restored"
+    result = fleet("restore", str(backup_dir), "--data", str(fresh))
+    assert result.returncode == 0, result.stderr
+    restored = CollectorProcess(fresh).start()
+    try:
+        client = restored.client
+        assert client.get("/api/health")[1]["collector"] == manifest["collector_id"]
+        jobs, _ = counts(client)
+        assert jobs == manifest["counts"]["jobs"]
+        for sha in list(before["artifacts"])[:20]:
+            status, _ = client.request("GET", f"/api/artifacts/{sha}")
+            assert status == 200
+            assert (fresh / "artifacts" / sha[:2] / sha).read_bytes() == before["artifacts"][sha]
+    finally:
+        assert restored.stop() == 0
+    assert not losses(fresh / "fleet.sqlite3", fresh, before)
+
+    # over the stopped original: refused without --force, moved aside with it
+    again = fleet("restore", str(backup_dir), "--data", str(data))
+    assert again.returncode == 1 and "--force" in again.stderr
+    forced = fleet("restore", str(backup_dir), "--data", str(data), "--force")
+    assert forced.returncode == 0, forced.stderr
+    aside = [p for p in data.iterdir() if p.name.startswith("pre-restore-")]
+    assert len(aside) == 1 and (aside[0] / "fleet.sqlite3").exists()
+    back = CollectorProcess(data, port=proc.port).start()
+    try:
+        assert counts(back.client)[0] == manifest["counts"]["jobs"]
+    finally:
+        back.stop()
+    figures.record("backup_under_load", backup_s=round(took, 3), jobs=manifest["counts"]["jobs"],
+                   result_rows=manifest["counts"]["results"],
+                   artifacts=len(manifest["artifacts"]),
+                   rows_acknowledged_while_backing_up=during, consistent=True)
+
+
+def test_backup_and_restore_refuse_with_a_sentence(tmp_path: Path) -> None:
+    missing = fleet("backup", str(tmp_path / "b"), "--data", str(tmp_path / "nowhere"))
+    assert missing.returncode == 1 and "no collector database" in missing.stderr
+    proc = CollectorProcess(tmp_path / "data").start()
+    proc.client.post("/jobs", {"schema": 1, "job_id": "x", "workload": "benchmark",
+                               "executor": "device", "backend": "synthetic"})
+    proc.stop()
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    taken = fleet("backup", str(tmp_path / "taken"), "--data", str(tmp_path / "data"))
+    assert taken.returncode == 1 and "already exists" in taken.stderr
+    not_backup = fleet("restore", str(tmp_path / "taken"), "--data", str(tmp_path / "new"))
+    assert not_backup.returncode == 1 and "not a fleet-min collector backup" in not_backup.stderr
+    no_data = fleet("restore", str(tmp_path / "taken"), env={"FLEET_DATA_DIR": ""})
+    assert no_data.returncode == 1 and "--data" in no_data.stderr
+    for result in (missing, taken, not_backup, no_data):
+        assert "Traceback" not in result.stderr
+    ok = fleet("backup", str(tmp_path / "b"), "--data", str(tmp_path / "data"))
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "b" / "artifacts").exists()  # bytes only with --with-artifacts
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
