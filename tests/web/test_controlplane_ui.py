@@ -225,6 +225,14 @@ def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
            ).to_be_enabled()
     assert not fakes.pid_alive(listener)
     shot(page, "drained")
+
+    # a live setting changed with the token, its source now "stored"
+    page.get_by_role("link", name="Settings").click()
+    row = page.locator('tr[data-setting="stuck_queue_s"]')
+    row.locator("input").fill("600")
+    row.get_by_role("button", name="Save").click()
+    expect(page.locator(".toast.ok").last).to_contain_text("stuck_queue_s is now 600")
+    expect(row).to_contain_text("stored")
     assert console.errors == []
     page.context.close()
 

@@ -47,14 +47,14 @@ export function Settings() {
   const res = useFetch("/api/settings", nonce);
   return html`<div class="grid"><${Panel} id="settings" wide title="Live settings">
     ${!readOnly() && !state.token ? html`<p class="note">Enter the control token to change a setting; it takes effect at once.</p>` : null}
-    <${Loaded} res=${res} what="Settings" path="/api/settings">${(data) => html`<div class="table-wrap"><table class="settings">
+    <${Loaded} res=${res} what="Settings" path="/api/settings">${(data) => html`<div class="table-wrap"><table class="settings cards">
       <thead><tr><th scope="col">Setting</th><th scope="col">Value</th><th scope="col">Default</th><th scope="col">Range</th><th scope="col">Source</th></tr></thead>
       <tbody>${(data.settings || []).map((s) => html`<tr data-setting=${s.key}>
-        <th scope="row"><code>${s.key}</code><div class="muted small">${s.help}</div></th>
-        <td><${Editor} key=${`${s.key}:${s.value}`} s=${s} onSaved=${() => setNonce((n) => n + 1)} /></td>
-        <td>${any(s.default)}</td>
-        <td>${s.choices ? s.choices.join(", ") : `${any(s.min)} – ${any(s.max)}`}</td>
-        <td><${Badge} kind=${s.source === "stored" ? "info" : ""}>${s.source}<//>${s.env ? html`<div class="muted small">${s.env}</div>` : null}</td>
+        <th scope="row" data-label="Setting"><span><code>${s.key}</code><div class="muted small">${s.help}</div></span></th>
+        <td data-label="Value"><${Editor} key=${`${s.key}:${s.value}`} s=${s} onSaved=${() => setNonce((n) => n + 1)} /></td>
+        <td data-label="Default"><span>${any(s.default)}</span></td>
+        <td data-label="Range"><span>${s.choices ? s.choices.join(", ") : `${any(s.min)} – ${any(s.max)}`}</span></td>
+        <td data-label="Source"><span><${Badge} kind=${s.source === "stored" ? "info" : ""}>${s.source}<//>${s.env ? html` <span class="muted small">${s.env}</span>` : null}</span></td>
       </tr>`)}</tbody></table></div>`}<//>
   <//></div>`;
 }
