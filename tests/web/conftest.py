@@ -2,8 +2,9 @@
 downloaded browser, against real collector processes with real data.
 
 Fixtures:
-- `browser`: one headless Chromium for the session (skipped, with the reason, when the browser or
-  the playwright package is missing).
+- `browser`: one headless Chromium per test module (skipped, with the reason, when the browser or
+  the playwright package is missing). Not per session: Playwright's sync API keeps an event loop
+  on the main thread while it runs, and later asyncio tests (pytest-aiohttp) need that thread.
 - `open_page(path_or_url, ...)`: a fresh context and page that records console errors and
   uncaught exceptions (`page.watch.errors`); `shot(page, name)` writes a screenshot to
   test-artifacts/screenshots/.
@@ -59,7 +60,7 @@ class Watch:
         self.errors.append(f"uncaught: {error}")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     reason = _skip_reason()
     if reason:
