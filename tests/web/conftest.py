@@ -2,8 +2,8 @@
 downloaded browser, against real collector processes with real data.
 
 Fixtures:
-- `browser`: one headless Chromium per test module (skipped, with the reason, when the browser or
-  the playwright package is missing). Not per session: Playwright's sync API keeps an event loop
+- `browser`: one headless Chromium per test module (skipped, with the reason, when
+  /usr/bin/chromium is missing). Not per session: Playwright's sync API keeps an event loop
   on the main thread while it runs, and later asyncio tests (pytest-aiohttp) need that thread.
 - `open_page(path_or_url, ...)`: a fresh context and page that records console errors and
   uncaught exceptions (`page.watch.errors`); `shot(page, name)` writes a screenshot to
@@ -36,13 +36,10 @@ PHONE = {"width": 390, "height": 844}
 
 
 def _skip_reason() -> str | None:
+    # Only a missing browser skips; a missing playwright package is an error (CI installs it).
     if not CHROMIUM.exists():
         return (f"{CHROMIUM} is missing: install Debian's chromium package "
                 "(apt-get install -y chromium) to run the browser tests")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        return "the playwright Python package is missing (pip install playwright)"
     return None
 
 
