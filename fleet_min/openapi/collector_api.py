@@ -1,0 +1,658 @@
+"""The collector's HTTP API, route by route, for its OpenAPI document
+(fleet_min/openapi/collector.json).
+
+Sources: shared/spec/collector-api.md, shared/spec/decisions.md and docs/collector*.md for the
+shapes; the route registrations (collector/app.py and each feature's setup()) for the routes and
+the statuses they really return. tests/contract/test_routes_documented.py fails when this table
+and the router disagree; the schemathesis run checks every reply against it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_min.openapi.dsl import (
+    ANY,
+    BOOL,
+    INT,
+    NUM,
+    STR,
+    TIME,
+    Body,
+    Param,
+    Reply,
+    Route,
+    Schema,
+    Service,
+    arr,
+    binary_reply,
+    embed_schema,
+    empty_reply,
+    enum,
+    header,
+    html_reply,
+    integer,
+    json_reply,
+    map_of,
+    null,
+    obj,
+    query,
+    ref,
+    string,
+    text_reply,
+)
+
+JOB_STATUS = enum("queued", "waiting", "claimed", "done", "failed", "cancelled")
+HEX64 = string(pattern="^[0-9a-f]{64}$")
+SCHEDULE_ID = string(pattern="^[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}$")
+TOPIC = string(pattern="^[A-Za-z0-9._:-]{1,100}$")
+
+# -- status sentences shared by many routes ---------------------------------------------------
+
+BAD_JSON = "the body is not valid JSON, has the wrong types, or breaks a rule (the sentence says)"
+TOO_LARGE = "the JSON body is larger than FLEET_MAX_JSON_BYTES (1 MiB by default)"
+STORAGE = "the database cannot be written (disk full, read-only file); nothing changed"
+BAD_QUERY = "a query parameter is malformed (the sentence names it)"
+NO_JOB = "no job with that id"
+NO_DEVICE = "no device with that id"
+GUARD_401 = "FLEET_DASH_TOKEN is set and X-Fleet-Token is missing"
+GUARD_403 = "X-Fleet-Token is wrong, or the request comes from another site's page"
+JSON_ERRORS = {400: BAD_JSON, 413: TOO_LARGE, 503: STORAGE}
+
+PATH_PARAMS = {
+    "job_id": Param("job_id", ref("jobId"), "a job id", "path"),
+    "device_id": Param("device_id", ref("jobId"), "a device id (the agent's choice)", "path"),
+    "sha256": Param("sha256", HEX64, "the artifact's SHA-256, 64 lowercase hex digits", "path"),
+    "id": Param("id", SCHEDULE_ID, "a schedule id", "path"),
+    "alert_id": Param("alert_id", integer(1, 10**18 - 1), "an alert id", "path"),
+    "topic": Param("topic", TOPIC, "a topic name", "path"),
+    "peer_id": Param("peer_id", string(minLength=1, maxLength=200),
+                     "a peer collector's stable id (GET /api/peers lists them)", "path"),
+    "tail": Param("tail", STR, "the rest of the path (may contain slashes)", "path"),
+    "build": Param("build", string(pattern="^[0-9a-zA-Z_-]{1,64}$"),
+                   "the build digest the page was rendered with", "path"),
+    "path": Param("path", string(minLength=1),
+                  "a file under web/dash, web/runner or web/vendor", "path"),
+}
+
+# -- components --------------------------------------------------------------------------------
+
+
+def paged(key: str, item: Schema, **more: Schema) -> Schema:
+    return obj({"page": integer(1), "per_page": INT, "total": integer(0), "pages": integer(1),
+                key: arr(item), **more})
+
+
+JOB_RECORD = obj({
+    "job_id": STR, "workload": STR, "executor": STR, "backend": null(STR), "status": JOB_STATUS,
+    "priority": INT, "claimed_by": null(STR), "attempts": integer(0), "max_attempts": INT,
+    "lease_ttl_s": INT, "lease_deadline": null(TIME), "last_error": null(STR),
+    "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
+    "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
+    "spec": obj()})
+
+JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
+
+RESULT_RECORD = obj({
+    "id": INT, "job_id": STR, "device_id": STR, "iter": integer(0), "workload": STR,
+    "ok": null(BOOL), "final": BOOL, "preempted": BOOL, "error": null(STR), "metrics": obj(),
+    "artifacts": arr(STR), "device": null(obj()), "created_at": TIME},
+    description="A stored result row; unknown fields the agent sent ride along at the top level.")
+
+DEVICE = obj({
+    "device_id": STR, "name": null(STR), "notes": null(STR), "descriptor": obj(),
+    "platform": null(STR), "kind": null(STR), "pools": arr(STR), "reported_pools": arr(STR),
+    "pools_override": null(arr(STR)), "capabilities": null(arr(STR)),
+    "status": enum("online", "stale", "offline"), "temporary": BOOL, "ttl_s": null(INT),
+    "expired": BOOL, "first_seen": TIME, "last_seen": TIME, "last_seen_age_s": NUM,
+    "last_beacon": null(obj()), "last_beacon_at": null(TIME),
+    "busy": null(obj({"job_id": STR, "collector": null(STR), "at": null(TIME)})),
+    "address": null(STR)})
+
+ARTIFACT = obj({
+    "sha256": HEX64, "size": integer(0), "created_at": TIME, "name": null(STR), "app": null(STR),
+    "build": null(STR), "platform": null(STR), "pinned": BOOL, "pinned_reason": null(STR),
+    "baseline": BOOL, "url": STR})
+
+SCHEDULE = obj({
+    "id": STR, "cron": STR, "enabled": BOOL, "last_run": null(TIME), "next_run": null(TIME),
+    "template": obj(), "last_skip": null(STR), "last_slot": null(TIME), "created_at": TIME,
+    "updated_at": TIME})
+
+ALERT = obj({
+    "id": INT, "rule": STR, "subject": STR, "state": enum("open", "resolved"),
+    "seen_count": integer(1), "first_seen": TIME, "last_seen": TIME, "resolved_at": null(TIME),
+    "acked_at": null(TIME), "snoozed_until": null(TIME), "muted": BOOL, "detail": null(STR),
+    "webhook_state": null(enum("pending", "delivered", "failed"))})
+
+TOPIC_EVENT = obj({"seq": INT, "at": TIME, "source": null(STR), "payload": ANY})
+
+STATS = obj({"median": null(NUM), "min": null(NUM), "max": null(NUM), "n": integer(0)})
+
+
+def _components() -> dict[str, Schema]:
+    schemas: dict[str, Schema] = {
+        "Error": obj({"error": string(minLength=1)},
+                     description='Every refusal: {"error": "<one sentence a person can act '
+                                 'on>"}.'),
+        "JobRecord": JOB_RECORD,
+        "JobDetail": {"allOf": [ref("JobRecord"), obj({
+            "results": arr(ref("ResultRecord")), "artifacts": arr(STR),
+            "children": arr(obj({"job_id": STR, "status": JOB_STATUS, "claimed_by": null(STR),
+                                 "last_error": null(STR), "target_device": null(STR)})),
+            "attempts": arr(obj({"attempt": INT, "claimed_by": null(STR), "claimed_at": null(TIME),
+                                 "ended_at": null(TIME), "outcome": null(STR),
+                                 "error": null(STR)})),
+            "depends_on": arr(JOB_LINK), "dependents": arr(JOB_LINK),
+            "ci_status?": ref("CiStatus")})]},
+        "ClaimedJob": {"allOf": [ref("JobSpec"), obj({
+            "lease": obj({"ttl_s": INT, "max_attempts": INT}), "attempt": integer(1),
+            "lease_deadline": TIME})],
+            "description": "The stored spec of the claimed job with its lease."},
+        "ResultRecord": RESULT_RECORD,
+        "Device": DEVICE,
+        "DeviceDetail": {"allOf": [ref("Device"), obj({"running": arr(obj({
+            "job_id": STR, "workload": STR, "lease_deadline": null(TIME)}))})]},
+        "Artifact": ARTIFACT,
+        "Schedule": SCHEDULE,
+        "Alert": ALERT,
+        "TopicEvent": TOPIC_EVENT,
+        "Stats": STATS,
+        "CiStatus": obj({"job_id": STR, "target": null(STR), "armed": BOOL, "statuses": arr(obj({
+            "id": INT, "state": enum("pending", "success", "failure", "error"),
+            "description": STR, "at": TIME, "dry_run": BOOL, "http_status": null(INT),
+            "error": null(STR)}))}),
+        "TickReport": obj({"ok": BOOL, "missed": integer(0),
+                           "fired": arr(obj({"schedule_id": STR, "slot": STR, "job_id": STR,
+                                             "status": JOB_STATUS})),
+                           "skipped": arr(obj({"schedule_id": STR, "slot": STR, "reason": STR})),
+                           "failed": arr(obj({"schedule_id": STR, "slot": STR, "error": STR}))}),
+        "Retention": obj({"ok": BOOL, "apply": BOOL, "policy": obj(), "tables": map_of(obj()),
+                          "reclaim?": obj()}),
+    }
+    embed_schema("job", "JobSpec", schemas)
+    embed_schema("result", "ResultRow", schemas)
+    embed_schema("beacon", "Beacon", schemas)
+    embed_schema("register", "Registration", schemas)
+    return schemas
+
+
+# -- routes ------------------------------------------------------------------------------------
+
+
+def guarded(method: str, path: str, summary: str, replies: dict[int, Reply],
+            errors: dict[int, str], **more: Any) -> Route:
+    """A dashboard change: X-Fleet-Token when FLEET_DASH_TOKEN is set; cross-site refused."""
+    return Route(method, path, summary, replies, {**errors, 401: GUARD_401, 403: GUARD_403},
+                 security=("dashToken",), security_optional=True, **more)
+
+
+OK_TRUE = enum(True)
+
+
+def _agents() -> list[Route]:
+    tag = "agents"
+    next_job = {200: json_reply(ref("ClaimedJob"), "a job was claimed; its lease is running"),
+                204: empty_reply("the long poll (FLEET_LONG_POLL_S, 25 s) ended with nothing "
+                                 "to do")}
+    return [
+        Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
+            "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
+            "pools": arr(STR)}), "the effective capabilities and pools")},
+            {**JSON_ERRORS, 403: "the mesh allowlist (FLEET_MESH_ALLOW) refuses the peer"},
+            body=Body(ref("Registration"), "the registration body"), tag=tag),
+        Route("GET", "/devices/{device_id}/next-job", "Long-poll for a device job", next_job,
+              {404: "the device is not registered; register first", 503: STORAGE}, tag=tag),
+        Route("GET", "/executor/next-job", "Long-poll for a host job", next_job,
+              {400: "name is missing or longer than 200 characters", 503: STORAGE},
+              params=(query("name", string(minLength=1, maxLength=200),
+                            "the executor's label", required=True),), tag=tag),
+        Route("POST", "/results", "Post a result row or a beacon", {200: json_reply({"anyOf": [
+            obj({"lease_renewed": BOOL, "preempt": BOOL}),
+            obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS})]},
+            "beacon: {lease_renewed, preempt}; result: the row was stored (or was a repeat)")},
+            {**JSON_ERRORS, 404: "the job is unknown (result), or the device is not registered "
+                                 "and names no job (beacon)"},
+            body=Body({"oneOf": [ref("ResultRow"), ref("Beacon")]}, "a result row or a beacon"),
+            tag=tag),
+        Route("POST", "/jobs/{job_id}/release", "Hand a claimed job back", {200: json_reply(obj({
+            "ok": OK_TRUE, "job_id": STR, "status": enum("queued")}))},
+            {**JSON_ERRORS, 404: NO_JOB,
+             409: "the caller is not the claimant, or a result row exists"},
+            body=Body(obj({"device_id": string(minLength=1)}), "the claimant"), tag=tag),
+    ]
+
+
+def _jobs() -> list[Route]:
+    tag = "jobs"
+    enqueued = obj({"ok": OK_TRUE, "job_id": STR, "status": JOB_STATUS,
+                    "fanout?": arr(STR)})
+    batch = obj({"ok": OK_TRUE, "jobs": arr(obj({"job_id": STR, "status": JOB_STATUS,
+                                                 "fanout?": arr(STR)}))})
+    return [
+        Route("POST", "/jobs", "Enqueue a job, or an array of jobs (all or none)",
+              {201: json_reply({"anyOf": [enqueued, batch]}, "stored")},
+              {**JSON_ERRORS, 409: "a job_id exists already (or repeats in the array)",
+               422: "no registered agent declares the workload (the sentence names it), or a "
+                    "fan-out matches no device"},
+              body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
+                                                        maxItems=1000)]},
+                        "one job spec, or an array of up to 1000"), tag=tag),
+        Route("POST", "/jobs/sweep", "Run the lease sweep now", {200: json_reply(obj({
+            "ok": OK_TRUE, "requeued": arr(STR), "failed": arr(STR)}))}, {503: STORAGE},
+              tag=tag),
+        Route("GET", "/jobs/{job_id}", "A job row with its spec",
+              {200: json_reply(ref("JobRecord"))}, {404: NO_JOB}, tag=tag),
+        Route("GET", "/api/jobs", "List jobs, newest first, 50 a page",
+              {200: json_reply(paged("jobs", ref("JobRecord")))}, {400: BAD_QUERY},
+              params=(query("status", STR, "comma-separated statuses"),
+                      query("workload", STR, "exact workload"),
+                      query("executor", STR, "device or host"),
+                      query("pool", STR, "exact pool"),
+                      query("device", STR, "claimant or pinned device"),
+                      query("q", STR, "text in the job id or last error"),
+                      query("from", STR, "ISO-8601 time: created at or after"),
+                      query("to", STR, "ISO-8601 time: created at or before"),
+                      query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        Route("GET", "/api/jobs/{job_id}", "Job detail: results, artifacts, children, attempts",
+              {200: json_reply(ref("JobDetail"))}, {404: NO_JOB}, tag=tag),
+        guarded("PATCH", "/api/jobs/{job_id}", "Change an open job's priority",
+                {200: json_reply(ref("JobRecord"))},
+                {**JSON_ERRORS, 404: NO_JOB, 409: "the job is closed"},
+                body=Body(obj({"priority": integer(-1000, 1000)}, closed=True), "the priority"),
+                tag=tag),
+        guarded("POST", "/api/jobs/{job_id}/cancel", "Cancel a queued, waiting or claimed job",
+                {200: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "was": JOB_STATUS,
+                                      "cascaded": arr(STR)}))},
+                {404: NO_JOB, 409: "the job is closed already", 503: STORAGE},
+                tag=tag),
+        guarded("POST", "/api/jobs/{job_id}/retry", "Clone a failed or cancelled job as <id>-rN",
+                {201: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "retry_of": STR,
+                                      "status": JOB_STATUS, "fanout?": arr(STR)}))},
+                {404: NO_JOB, 409: "the job is not failed or cancelled",
+                 422: "the workload is no longer declared by any agent", 503: STORAGE},
+                tag=tag),
+        Route("POST", "/api/jobs/preview-targets", "Count the devices a target would reach",
+              {200: json_reply(obj({"count": integer(0), "devices": arr(obj({
+                  "device_id": STR, "platform": ANY, "model": ANY, "pools": arr(STR)}))}))},
+              JSON_ERRORS,
+              body=Body(obj({"workload": ref("name"), "executor?": enum("device", "host"),
+                             "backend?": ref("name"), "targets?": ANY, "fanout?": ANY}),
+                        "a spec, or its workload, executor, backend, targets and fanout"),
+              tag=tag),
+        Route("GET", "/api/jobs/{job_id}/ci-status", "Commit statuses posted for a job",
+              {200: json_reply(ref("CiStatus"))}, {404: NO_JOB}, tag=tag),
+    ]
+
+
+def _devices() -> list[Route]:
+    tag = "devices"
+    return [
+        Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
+              {200: json_reply(obj({"devices": arr(ref("Device"))}))},
+              params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
+                                            "devices"),), tag=tag),
+        Route("GET", "/api/devices/{device_id}", "One device, expired or not",
+              {200: json_reply(ref("DeviceDetail"))}, {404: NO_DEVICE}, tag=tag),
+        guarded("PATCH", "/api/devices/{device_id}", "Edit name, notes, pools override",
+                {200: json_reply(ref("DeviceDetail"))},
+                {**JSON_ERRORS, 404: NO_DEVICE},
+                body=Body(obj({"name?": null(string(maxLength=2000)),
+                               "notes?": null(string(maxLength=2000)),
+                               "pools?": null(arr(string(minLength=1, maxLength=100),
+                                                  maxItems=64))}, closed=True, minProperties=1),
+                          "fields to change; null clears"),
+                tag=tag),
+        guarded("DELETE", "/api/devices/{device_id}", "Forget a device (its results stay)",
+                {200: json_reply(obj({"ok": OK_TRUE, "device_id": STR, "forgotten": enum(True)}))},
+                {404: NO_DEVICE, 503: STORAGE},
+                tag=tag),
+        Route("GET", "/api/devices/{device_id}/beacons", "A device's beacon history",
+              {200: json_reply(obj({"device_id": STR, "truncated": BOOL,
+                                    "beacons": arr(obj({"at": ANY, "job_id": ANY}))}))},
+              {400: BAD_QUERY, 404: NO_DEVICE},
+              params=(query("since", STR, "ISO-8601 time"),), tag=tag),
+    ]
+
+
+def _reads() -> list[Route]:
+    tag = "reads"
+    return [
+        Route("GET", "/api/health", "Health", {200: json_reply(obj({
+            "ok": BOOL, "collector": STR, "name": STR, "instance": STR, "started_at": TIME,
+            "uptime_s": NUM, "now": TIME, "node": STR, "pid": INT, "stream_clients": integer(0),
+            "guard": BOOL}))}, tag=tag),
+        Route("GET", "/api/overview", "Fleet overview in one call", {200: json_reply(obj({
+            "devices": obj({"total": INT, "online": INT, "stale": INT, "offline": INT}),
+            "queue": map_of(integer(0)),
+            "running": arr(obj({"job_id": STR, "workload": STR, "claimed_by": null(STR),
+                                "claimed_at": null(TIME), "lease_deadline": null(TIME),
+                                "progress": obj({"rows": INT, "last_iter": null(INT)})})),
+            "recent_failures": arr(obj({"job_id": STR, "workload": STR,
+                                        "last_error": null(STR), "finished_at": null(TIME)})),
+            "now": TIME}))}, tag=tag),
+        Route("GET", "/api/stream", "Live events (server-sent events)",
+              {200: text_reply("text/event-stream: a hello event, then job, device, result, "
+                               "beacon, topic, alert, schedule and artifact events",
+                               "text/event-stream")},
+              params=(query("last_event_id", STR, "resume after this event id"),
+                      header("Last-Event-ID", STR, "resume after this event id")), tag=tag),
+        Route("GET", "/api/results", "Result rows, newest first, 50 a page",
+              {200: json_reply(paged("results", ref("ResultRecord")))}, {400: BAD_QUERY},
+              params=(query("job", STR, "job id"), query("device", STR, "device id"),
+                      query("workload", STR, "workload"),
+                      query("from", STR, "ISO-8601 time"), query("to", STR, "ISO-8601 time"),
+                      query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        *_result_views(tag),
+        Route("GET", "/api/system", "What the collector holds on disk", {200: json_reply(obj({
+            "uptime_s": NUM, "started_at": TIME, "now": TIME, "data_dir": STR,
+            "database": obj(), "tables": map_of(integer(0)), "artifacts": obj(),
+            "log": null(obj()), "ci_status": obj({"armed": BOOL}), "retention": obj()}))},
+              tag=tag),
+        guarded("POST", "/api/system/retention", "Prune old beacons, topic events, alerts",
+                {200: json_reply(ref("Retention"), "a dry run, or what was deleted")},
+                JSON_ERRORS,
+                body=Body(obj({"apply?": BOOL}, closed=True),
+                          "{} or {\"apply\": false} is a dry run", required=False),
+                tag=tag),
+    ]
+
+
+def _result_views(tag: str) -> list[Route]:
+    common = (query("device", STR, "device id"), query("job", STR, "job id"))
+    times = (query("from", STR, "ISO-8601 time"), query("to", STR, "ISO-8601 time"))
+    bench_row = obj({"device_id": STR, "device_name": null(STR), "model": null(STR),
+                     "backends": arr(STR), "mem_method": null(STR), "runs": integer(1),
+                     "last_at": TIME}, additionalProperties=ANY)
+    return [
+        Route("GET", "/api/results/bench", "Benchmark figures per device, model, mem_method",
+              {200: json_reply(obj({"workload": STR, "metrics": arr(STR), "truncated": BOOL,
+                                    "rows": arr(bench_row)}))}, {400: BAD_QUERY},
+              params=(*common, query("model", STR, "model name"),
+                      query("workload", STR, "default benchmark"), *times), tag=tag),
+        Route("GET", "/api/results/ui", "UI-test jobs with their flows",
+              {200: json_reply(paged("jobs", obj({
+                  "job_id": STR, "status": JOB_STATUS, "app": ANY, "last_error": null(STR),
+                  "created_at": TIME, "finished_at": null(TIME), "pass": integer(0),
+                  "fail": integer(0), "flows": arr(obj())}), workload=STR))}, {400: BAD_QUERY},
+              params=(*common, query("workload", STR, "default ui-test"), *times,
+                      query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        Route("GET", "/api/results/drain", "Battery drain per hour from beacons",
+              {200: json_reply(obj({"metric": enum("drain_pct_per_h"), "hours": INT,
+                                    "from": TIME, "to": TIME, "max_gap_s": NUM,
+                                    "devices": arr(obj({"device_id": STR,
+                                                        "drain_pct_per_h": null(NUM),
+                                                        "series": arr(obj())}))}))},
+              {400: BAD_QUERY},
+              params=(*common, query("hours", integer(1, 168), "window, default 24")), tag=tag),
+        Route("GET", "/api/results/soak", "Memory and errors over a soak",
+              {200: json_reply(obj({"workloads": arr(STR), "truncated": BOOL,
+                                    "series": arr(obj({"device_id": STR, "mem_method": null(STR),
+                                                       "points": arr(obj())}))}))},
+              {400: BAD_QUERY},
+              params=(*common, query("workload", enum("app-soak", "soak"), "default both"),
+                      *times, query("limit", integer(1, 10_000), "points, default 2000")),
+              tag=tag),
+    ]
+
+
+def _artifacts() -> list[Route]:
+    tag = "artifacts"
+    headers = {"ETag": STR, "Cache-Control": STR, "Accept-Ranges": STR}
+    page = paged("artifacts", ref("Artifact"), bytes=integer(0))
+    return [
+        Route("POST", "/artifacts", "Upload bytes (streamed, hashed, stored by SHA-256)",
+              {200: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
+                                    "artifact": ref("Artifact")}), "stored (or already stored)")},
+              {400: "a header is malformed, the body hashes otherwise than x-artifact-sha256, "
+                    "or the upload was cut off",
+               413: "larger than FLEET_MAX_ARTIFACT_BYTES",
+               417: "an Expect header other than 100-continue",
+               503: STORAGE, 507: "the disk is full"},
+              params=tuple(header(h, string(maxLength=200), what) for h, what in (
+                  ("x-artifact-name", "display name"), ("x-artifact-app", "publishes a build "
+                                                                          "of this app"),
+                  ("x-artifact-build", "build label"), ("x-artifact-platform", "platform"),
+                  ("x-artifact-sha256", "the hash the sender expects"))),
+              body=Body({"type": "string", "format": "binary"}, "the raw bytes",
+                        media="application/octet-stream"), tag=tag),
+        Route("GET", "/artifacts/{sha256}", "Download bytes (Range, If-None-Match)", {
+            200: Reply("the bytes", {"application/octet-stream": {"type": "string",
+                                                                  "format": "binary"}}, headers),
+            206: Reply("the requested range", {"application/octet-stream": {
+                "type": "string", "format": "binary"}}, {**headers, "Content-Range": STR}),
+            304: empty_reply("the client holds these bytes already")},
+              {400: "not a SHA-256", 404: "no such artifact",
+               416: "the range lies outside the artifact"},
+              params=(header("Range", STR, "bytes=a-b, bytes=a-, bytes=-n"),
+                      header("If-None-Match", STR, "an ETag list"),
+                      header("If-Range", STR, "an ETag")), tag=tag),
+        Route("HEAD", "/artifacts/{sha256}", "The headers of a download, without the bytes", {
+            200: Reply("the artifact exists", None, headers),
+            206: Reply("the range is satisfiable"), 304: empty_reply("not modified")},
+              {400: "not a SHA-256", 404: "no such artifact", 416: "range not satisfiable"},
+              params=(header("Range", STR, "a byte range"),), tag=tag),
+        Route("GET", "/api/artifacts", "List artifacts, newest first",
+              {200: json_reply(page)}, {400: BAD_QUERY},
+              params=(query("app", STR, "exact app"), query("platform", STR, "exact platform"),
+                      query("name", STR, "substring of the name"),
+                      query("pinned", enum("true", "false", "1", "0", "yes", "no"), "pinned"),
+                      query("baseline", enum("true", "false", "1", "0", "yes", "no"),
+                            "accepted baseline"),
+                      query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        Route("GET", "/api/artifacts/gc-candidates", "Unreferenced, unpinned artifacts",
+              {200: json_reply(page)}, {400: BAD_QUERY, 503: STORAGE},
+              params=(query("page", integer(1, 1_000_000), "page number"),), tag=tag),
+        Route("GET", "/api/artifacts/{sha256}", "One artifact with what holds it",
+              {200: json_reply({"allOf": [ref("Artifact"), obj({
+                  "stored": BOOL, "deletable": BOOL, "holds": arr(STR),
+                  "referenced_by": obj({"jobs": arr(obj()), "schedules": arr(STR)}),
+                  "produced_by": arr(obj())})]})},
+              {400: "not a SHA-256", 404: "no such artifact", 503: STORAGE}, tag=tag),
+        guarded("DELETE", "/api/artifacts/{sha256}", "Delete an unheld artifact",
+                {200: json_reply(obj({"ok": OK_TRUE, "sha256": HEX64, "deleted": enum(True),
+                                      "size": integer(0)}))},
+                {400: "not a SHA-256", 404: "no such artifact",
+                 409: "it is held (pinned, a baseline, or referenced); the sentence says which",
+                 503: STORAGE}, tag=tag),
+        guarded("POST", "/api/artifacts/{sha256}/pin", "Pin an artifact with a reason",
+                {200: json_reply(ref("Artifact"))},
+                {**JSON_ERRORS, 404: "no such artifact"},
+                body=Body(obj({"reason": string(minLength=1, maxLength=500)}), "why it is kept"),
+                tag=tag),
+        guarded("DELETE", "/api/artifacts/{sha256}/pin", "Unpin an artifact",
+                {200: json_reply(ref("Artifact"))},
+                {400: "not a SHA-256", 404: "no such artifact", 503: STORAGE},
+                tag=tag),
+        guarded("POST", "/api/artifacts/{sha256}/baseline", "Accept or drop a visual baseline",
+                {200: json_reply(ref("Artifact"))},
+                {**JSON_ERRORS, 404: "no such artifact"},
+                body=Body(obj({"accepted": BOOL}), "true accepts, false drops"), tag=tag),
+    ]
+
+
+def _automation() -> list[Route]:
+    tag = "automation"
+    no_schedule = "no schedule with that id"
+    return [
+        guarded("POST", "/api/schedules", "Create a schedule (disabled)",
+                {201: json_reply(ref("Schedule"))},
+                {**JSON_ERRORS, 409: "the id exists"},
+                body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
+                               "enabled?": enum(False)}, closed=True),
+                          "a cron expression and a job spec without job_id"), tag=tag),
+        Route("GET", "/api/schedules", "List schedules",
+              {200: json_reply(obj({"schedules": arr(ref("Schedule"))}))}, tag=tag),
+        Route("GET", "/api/schedules/{id}", "One schedule", {200: json_reply(ref("Schedule"))},
+              {404: no_schedule}, tag=tag),
+        guarded("PATCH", "/api/schedules/{id}", "Change cron, enabled or template",
+                {200: json_reply(ref("Schedule"))},
+                {**JSON_ERRORS, 404: no_schedule},
+                body=Body(obj({"cron?": STR, "enabled?": BOOL, "template?": obj()}, closed=True,
+                              minProperties=1), "fields to change"), tag=tag),
+        guarded("DELETE", "/api/schedules/{id}", "Delete a schedule and its run records",
+                {200: json_reply(obj({"ok": OK_TRUE, "id": STR, "deleted": enum(True)}))},
+                {404: no_schedule, 503: STORAGE}, tag=tag),
+        guarded("POST", "/api/schedules/{id}/run", "Enqueue one run now", {
+              201: json_reply(obj({"ok": OK_TRUE, "schedule_id": STR, "outcome": enum("enqueued"),
+                                   "job_id": STR, "status": JOB_STATUS})),
+              200: json_reply(obj({"ok": OK_TRUE, "schedule_id": STR, "outcome": enum("skipped"),
+                                   "job_id": {"type": "null"}, "reason": STR}),
+                              "skipped: no published build for `latest`")},
+                {400: "the job is refused (the sentence says why)",
+                 404: no_schedule, 409: "run twice in the same second, or the job id exists",
+                 422: "no agent declares the workload", 503: STORAGE}, tag=tag),
+        Route("GET", "/api/schedules/{id}/history", "Runs and jobs of a schedule",
+              {200: json_reply(obj({"schedule_id": STR, "runs": arr(obj({
+                  "slot": STR, "due": null(TIME), "at": TIME, "outcome": STR,
+                  "job_id": null(STR), "job_status": null(JOB_STATUS), "detail": null(STR)})),
+                  "jobs": arr(obj())}))},
+              {400: BAD_QUERY, 404: no_schedule},
+              params=(query("limit", integer(1, 500), "default 50"),), tag=tag),
+        Route("POST", "/schedules/tick", "Fire due schedules now",
+              {200: json_reply(ref("TickReport"))}, {503: STORAGE}, tag=tag),
+        Route("GET", "/api/alerts", "Alerts: open, then newest",
+              {200: json_reply(obj({"alerts": arr(ref("Alert"))}))}, {400: BAD_QUERY},
+              params=(query("state", STR, "open, resolved or all"),
+                      query("rule", STR, "rule name"),
+                      query("limit", integer(1, 1000), "default 200")), tag=tag),
+        Route("POST", "/api/alerts/tick", "Evaluate the alert rules now",
+              {200: json_reply(obj({"ok": OK_TRUE, "opened": arr(INT), "resolved": arr(INT),
+                                    "open": integer(0)}))}, {503: STORAGE}, tag=tag),
+        guarded("POST", "/api/alerts/{alert_id}/ack", "Acknowledge an alert",
+                {200: json_reply(ref("Alert"))},
+                {404: "no such alert", 503: STORAGE}, tag=tag),
+        guarded("POST", "/api/alerts/{alert_id}/snooze", "Snooze an open alert",
+                {200: json_reply(ref("Alert"))},
+                {**JSON_ERRORS, 404: "no such alert",
+                 409: "the alert is resolved"},
+                body=Body({"oneOf": [obj({"duration_s": {"type": "number", "minimum": 0,
+                                                         "maximum": 2_592_000}}, closed=True),
+                                     obj({"minutes": {"type": "number", "minimum": 0,
+                                                      "maximum": 43_200}}, closed=True)]},
+                          "how long; 0 lifts the snooze"), tag=tag),
+    ]
+
+
+def _topics() -> list[Route]:
+    tag = "topics"
+    published = {201: json_reply(obj({"ok": OK_TRUE, "topic": STR, "seq": INT, "at": TIME}))}
+    errors = {400: "the topic name or source is malformed, or the body is not JSON",
+              413: "the payload is over 64 KiB", 503: STORAGE}
+    source = query("source", string(maxLength=200), "the device or job publishing")
+    body = Body(ANY, "any JSON value: the payload")
+    topic_view = obj({"topic": STR, "count": integer(0), "last_seq": null(INT),
+                      "last_at": null(TIME)})
+    return [
+        Route("GET", "/api/events", "Topics with counts and recent payloads",
+              {200: json_reply(obj({"topics": arr({"allOf": [topic_view, obj({
+                  "recent": arr(ref("TopicEvent"))})]})}))}, tag=tag),
+        Route("POST", "/api/events/{topic}", "Publish to a topic", published, errors,
+              params=(source,), body=body, tag=tag),
+        Route("POST", "/events/{topic}", "Publish to a topic (agents)", published, errors,
+              params=(source,), body=body, tag=tag),
+        Route("GET", "/api/events/{topic}", "Newest events of a topic",
+              {200: json_reply({"allOf": [topic_view, obj({
+                  "events": arr(ref("TopicEvent"))})]})}, {400: BAD_QUERY},
+              params=(query("limit", integer(1, 500), "default 50"),
+                      query("before", integer(1, 2**62), "a seq: page back")), tag=tag),
+        Route("GET", "/api/events/{topic}/next", "Long-poll for events after a cursor", {
+            200: json_reply(obj({"topic": STR, "events": arr(ref("TopicEvent")),
+                                 "cursor": INT})),
+            204: empty_reply("nothing arrived within wait_s")}, {400: BAD_QUERY},
+              params=(query("after", integer(0, 2**62), "cursor, default 0"),
+                      query("wait_s", {"type": "number", "minimum": 0, "maximum": 25},
+                            "seconds to wait, default the long-poll hold"),
+                      query("limit", integer(1, 500), "default 100")), tag=tag),
+    ]
+
+
+def _access() -> list[Route]:
+    tag = "access"
+    return [
+        Route("GET", "/api/peers", "Other collectors", {200: json_reply(obj({"peers": arr(obj({
+            "id": null(STR), "name": null(STR), "url": STR, "reachable": BOOL,
+            "last_checked": null(TIME), "latency_ms": null(NUM), "instance": null(STR),
+            "error": null(STR)}))}))},
+              params=(query("refresh", STR, "1, true or yes checks every peer first"),),
+              tag=tag),
+        *[Route(method, "/api/peers/{peer_id}/{tail}", summary, replies, errors, tag=tag)
+          for method, summary, replies, errors in (
+              ("GET", "Read an allow-listed path from a peer (read-only proxy)",
+               {200: json_reply(ANY, "the peer's answer")},
+               {403: "the path is not one the proxy reads",
+                404: "no peer with that id, or the peer's own 404",
+                502: "the peer is unreachable, silent, or answered something not JSON"}),
+              *[(m, "Refused: the proxy never forwards a change", {},
+                 {403: "the peer proxy only reads"})
+                for m in ("POST", "PUT", "PATCH", "DELETE")])],
+    ]
+
+
+def _pages() -> list[Route]:
+    tag = "pages"
+    page = {200: html_reply("the page"), 304: empty_reply("the client's copy is current")}
+    legacy = {200: html_reply("the page")}
+    missing = html_reply("an HTML page saying what was not found")
+    return [
+        Route("GET", "/", "Redirect to the dashboard", {302: empty_reply("to /dash")}, tag=tag),
+        Route("GET", "/favicon.svg", "The icon", {200: text_reply("SVG", "image/svg+xml"),
+                                                   304: empty_reply("not modified")}, tag=tag),
+        Route("GET", "/dash", "The dashboard application", page, tag=tag),
+        Route("GET", "/dash/{tail}", "Dashboard deep links (the same application)", page,
+              tag=tag),
+        Route("GET", "/runner", "The browser runner page", page, tag=tag),
+        Route("GET", "/static/{build}/{path}", "Page assets (immutable under the build digest)",
+              {200: binary_reply("the file (JavaScript, CSS, SVG, ...)", "*/*"),
+               304: empty_reply("not modified")}, {404: "no such file"}, tag=tag),
+        Route("GET", "/dash/legacy", "Legacy overview page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/", "Legacy overview page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/style.css", "Legacy style sheet",
+              {200: text_reply("CSS", "text/css"), 304: empty_reply("not modified")}, tag=tag),
+        Route("GET", "/dash/legacy/devices", "Legacy devices page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/devices/{device_id}", "Legacy device page",
+              {**legacy, 404: missing}, tag=tag),
+        Route("GET", "/dash/legacy/jobs", "Legacy jobs page", {**legacy, 400: html_reply(
+            "a filter is malformed")}, params=(
+            query("status", STR, "comma-separated statuses"), query("q", STR, "text"),
+            query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        Route("GET", "/dash/legacy/jobs/{job_id}", "Legacy job page", {**legacy, 404: missing},
+              tag=tag),
+        Route("GET", "/dash/legacy/results", "Legacy results page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/schedules", "Legacy schedules page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/alerts", "Legacy alerts page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/artifacts", "Legacy artifacts page",
+              {**legacy, 400: html_reply("page is malformed")},
+              params=(query("page", integer(1, 1_000_000), "page number"),), tag=tag),
+        Route("GET", "/dash/legacy/{tail}", "Any other legacy path", {404: missing}, tag=tag),
+        Route("GET", "/openapi.json", "This document", {200: json_reply(obj(
+            {"openapi": STR, "paths": obj()}))}, tag=tag),
+    ]
+
+
+def service() -> Service:
+    return Service(
+        title="fleet_min collector",
+        version="1",
+        description=(
+            "Job queue, device registry, result store, artifact store, scheduler and alerts for "
+            "a shelf of devices. No authentication by design: the network is the access "
+            "control; FLEET_DASH_TOKEN (header X-Fleet-Token), when set, guards dashboard "
+            "changes. Errors are {\"error\": \"<sentence>\"}. Times are UTC ISO-8601 with Z. "
+            "JSON bodies are limited to FLEET_MAX_JSON_BYTES (1 MiB): 413 above it. Spec: "
+            "shared/spec/collector-api.md; choices: docs/collector*.md."),
+        path_params=PATH_PARAMS,
+        schemas=_components(),
+        security_schemes={"dashToken": {
+            "type": "apiKey", "in": "header", "name": "X-Fleet-Token",
+            "description": "Needed only when the collector runs with FLEET_DASH_TOKEN set."}},
+        routes=[*_agents(), *_jobs(), *_devices(), *_reads(), *_artifacts(), *_automation(),
+                *_topics(), *_access(), *_pages()],
+        tags=[("agents", "what the agent calls"), ("jobs", "the queue"),
+              ("devices", "the registry"), ("reads", "listings, views, health, stream"),
+              ("artifacts", "the content-addressed store"),
+              ("automation", "schedules and alerts"), ("topics", "pipeline topics"),
+              ("access", "peers"), ("pages", "HTML pages and their files")],
+        fallbacks=[{"path": "/api/{tail}", "methods": ["*"], "status": 404,
+                    "description": "any other /api/... path: 404 {\"error\"}"}],
+    )

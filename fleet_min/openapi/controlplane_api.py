@@ -1,0 +1,219 @@
+"""The control plane's HTTP API, route by route, for its OpenAPI document
+(fleet_min/openapi/controlplane.json).
+
+Sources: shared/spec/control-plane-api.md, shared/spec/decisions.md and docs/controlplane.md for
+the shapes; controlplane/app.py ROUTES for the routes, their auth and their statuses.
+tests/contract/test_routes_documented.py fails when this table and the router disagree.
+"""
+
+from __future__ import annotations
+
+from fleet_min.openapi.dsl import (
+    ANY,
+    BOOL,
+    INT,
+    NUM,
+    STR,
+    TIME,
+    Body,
+    Param,
+    Route,
+    Schema,
+    Service,
+    arr,
+    binary_reply,
+    enum,
+    html_reply,
+    integer,
+    json_reply,
+    map_of,
+    null,
+    obj,
+    query,
+    ref,
+    string,
+    text_reply,
+)
+
+RUNNER_NAME = string(minLength=1, maxLength=200)
+HOST_NAME = string(pattern="^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+BAD_JSON = "the body is not valid JSON, has the wrong types, or breaks a rule (the sentence says)"
+TOO_LARGE = "the JSON body is larger than FLEET_MAX_JSON_BYTES (1 MiB by default)"
+NO_TOKEN = "the Authorization: Bearer <token> header is missing"  # noqa: S105 - a sentence
+REFUSED = ("the token is wrong, the request is cross-origin (Origin or Sec-Fetch-Site), or the "
+           "daemon runs read-only (\"this daemon is running read-only\")")
+NO_RUNNER = "no runner of that name on this host"
+BAD_NAME = "name is missing or not a valid runner name"
+AUTH_ERRORS = {401: NO_TOKEN, 403: REFUSED}
+
+PATH_PARAMS = {
+    "path": Param("path", string(minLength=1), "a file under web/controlplane", "path"),
+}
+
+PROC = null(obj({"pid": INT, "rss_kb": null(INT), "uptime_s": INT}))
+
+RUNNER = obj({
+    "name": STR, "dir": STR, "repo": null(STR), "owner": null(STR), "url": null(STR),
+    "labels": arr(STR), "custom_labels": arr(STR), "version": null(STR),
+    "staged_versions": arr(STR), "draining": BOOL, "draining_since": null(STR),
+    "service": obj(), "listener": PROC, "workers": arr(PROC),
+    "registration": enum("registered", "missing", "unknown"),
+    "registered": null(obj({"id": ANY, "status": ANY, "busy": ANY})), "busy": BOOL,
+    "state": enum("working", "idle", "draining", "drained", "stopped", "failed")})
+
+SNAPSHOT = obj({
+    "generated_at": TIME,
+    "host": obj({"name": STR, "platform": STR, "supervisor": STR, "root": STR,
+                 "read_only": BOOL}),
+    "runners": arr(ref("Runner")), "active_runs": arr(obj({"jobs": arr(obj())})),
+    "groups": arr(obj({"key": STR, "by": STR, "runners": arr(STR), "total": INT,
+                       "busy": INT, "draining": INT})),
+    "vitals": obj(), "capacity": ref("Capacity"), "drift": arr(obj()),
+    "queue_causes": arr(obj()), "alerts": arr(obj({"severity": STR, "message": STR})),
+    "github": obj()})
+
+CAPACITY = obj({
+    "ceiling": INT, "runners": INT, "busy": INT, "idle": INT, "headroom": integer(0),
+    "busy_headroom": integer(0), "per_repo": map_of(INT), "limits": obj(), "can_add": BOOL,
+    "reasons": arr(STR)})
+
+ACTION_REPLY = obj({"ok": BOOL, "action": STR, "code": null(INT), "output": STR,
+                    "durationMs": integer(0), "command": null(STR), "error?": STR,
+                    "runner?": ANY})
+
+SETTING = obj({"key": STR, "type": STR, "default": ANY, "env": STR, "help": STR, "value": ANY,
+               "source": enum("stored", "env", "default"), "choices?": arr(STR),
+               "min?": null(NUM), "max?": null(NUM)})
+
+
+def _components() -> dict[str, Schema]:
+    return {
+        "Error": obj({"error": string(minLength=1)},
+                     description='Every refusal: {"error": "<sentence>"}; a refused action '
+                                 'also carries "ok": false.'),
+        "Snapshot": SNAPSHOT,
+        "Runner": RUNNER,
+        "Capacity": CAPACITY,
+        "ActionReply": ACTION_REPLY,
+        "Setting": SETTING,
+    }
+
+
+def _reads() -> list[Route]:
+    tag = "reads"
+    name = query("name", RUNNER_NAME, "runner name", required=True)
+    return [
+        Route("GET", "/api/state", "The snapshot: runners, runs, groups, vitals, capacity, drift",
+              {200: json_reply(ref("Snapshot"))}, tag=tag),
+        Route("GET", "/api/stream", "The snapshot as server-sent events, one per tick",
+              {200: text_reply("text/event-stream: data: <snapshot> events; : keep-alive "
+                               "comments", "text/event-stream")}, tag=tag),
+        Route("GET", "/api/runner", "Runner detail: events, jobs, utilization, redacted log tail",
+              {200: json_reply(obj({"runner": ref("Runner"), "events": arr(obj()),
+                                    "jobs": arr(obj()),
+                                    "utilization": obj({"busy_24h_pct": NUM, "busy_7d_pct": NUM,
+                                                        "busy_now": BOOL}),
+                                    "diag": obj(), "version": obj({"active": null(STR),
+                                                                   "staged": arr(STR)})}))},
+              {400: BAD_NAME, 404: NO_RUNNER}, params=(name,), tag=tag),
+        Route("GET", "/api/queue-causes", "Why each queued run waits",
+              {200: json_reply(obj({"generated_at": null(TIME), "queue_causes": arr(obj())}))},
+              tag=tag),
+        Route("GET", "/api/actions", "The action catalogue", {200: json_reply(obj({
+            "read_only": BOOL, "actions": arr(obj({"id": STR, "label": STR, "runner": BOOL,
+                                                   "description": STR, "args": obj()}))}))},
+              tag=tag),
+        Route("GET", "/api/settings", "Live settings with value, default, range and source",
+              {200: json_reply(obj({"settings": arr(ref("Setting"))}))}, tag=tag),
+        Route("GET", "/api/hosts", "This host and every agent host that sent a heartbeat",
+              {200: json_reply(obj({"hosts": arr(obj({
+                  "host": STR, "role": enum("coordinator", "agent"), "runners": ANY,
+                  "capacity": ANY, "load": ANY, "heartbeat_age_s": NUM}))}))}, tag=tag),
+    ]
+
+
+def _control() -> list[Route]:
+    tag = "control"
+    bearer = ("controlToken",)
+    return [
+        Route("POST", "/api/action", "Run an action (duplicate, drain, resume, deregister, "
+                                     "health check)",
+              {200: json_reply(ref("ActionReply"), "ran; ok says whether its commands "
+                                                   "succeeded")},
+              {400: BAD_JSON, **AUTH_ERRORS, 404: NO_RUNNER,
+               409: "refused: capacity, the per-repo limit, or a busy runner",
+               413: TOO_LARGE, 503: "GitHub will not give a registration token"},
+              body=Body(obj({"id": enum("runner.duplicate", "runner.drain", "runner.resume",
+                                        "runner.deregister", "health.check"),
+                             "args?": obj()}), "{id, args}"),
+              tag=tag, security=bearer),
+        Route("POST", "/api/settings", "Change (or reset) a live setting",
+              {200: json_reply(obj({"ok": enum(True), "key": STR, "value": ANY,
+                                    "source": enum("stored", "env", "default")}))},
+              {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
+              body=Body({"anyOf": [obj({"key": STR, "value": ANY}),
+                                   obj({"key": STR, "reset": enum(True)})]},
+                        "{key, value} or {key, reset: true}"), tag=tag, security=bearer),
+        Route("GET", "/api/runner/bundle", "A runner's redacted diagnostic bundle",
+              {200: text_reply("the bundle as a text file")},
+              {400: BAD_NAME, **AUTH_ERRORS, 404: NO_RUNNER},
+              params=(query("name", RUNNER_NAME, "runner name", required=True),),
+              tag=tag, security=bearer),
+    ]
+
+
+def _agents() -> list[Route]:
+    tag = "federation"
+    either = ("controlToken", "agentToken")
+    return [
+        Route("POST", "/api/host/heartbeat", "An agent host reports its state",
+              {200: json_reply(obj({"ok": enum(True), "commands": arr(obj({
+                  "id": STR, "action": STR, "args": obj()}))}))},
+              {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
+              body=Body(obj({"host": HOST_NAME, "runners?": ANY, "capacity?": ANY,
+                             "load?": ANY}), "the agent's state"),
+              tag=tag, security=either),
+        Route("POST", "/api/host/results", "An agent host reports command results",
+              {200: json_reply(obj({"ok": enum(True), "received": integer(0)}))},
+              {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
+              body=Body(obj({"host": HOST_NAME, "results": arr(obj({
+                  "id": STR, "ok?": ANY, "error?": ANY, "output?": ANY}))}),
+                        "{host, results: [{id, ok, error, output}]}"),
+              tag=tag, security=either),
+    ]
+
+
+def _pages() -> list[Route]:
+    tag = "pages"
+    return [
+        Route("GET", "/", "The control-plane UI", {200: html_reply("the page")}, tag=tag),
+        Route("GET", "/public/{path}", "UI files",
+              {200: binary_reply("the file (JavaScript, CSS, SVG, ...)", "*/*")},
+              {404: "no such file"}, tag=tag),
+        Route("GET", "/openapi.json", "This document", {200: json_reply(obj(
+            {"openapi": STR, "paths": obj()}))}, tag=tag),
+    ]
+
+
+def service() -> Service:
+    return Service(
+        title="fleet_min control plane",
+        version="1",
+        description=(
+            "Supervises the self-hosted CI runners of one host and federates hosts. Reads are "
+            "open; actions, settings and the bundle need Authorization: Bearer <control token>; "
+            "agent routes accept the agent token too. Cross-origin requests to those routes "
+            "are refused (403). Errors are {\"error\": \"<sentence>\"}. Spec: "
+            "shared/spec/control-plane-api.md; choices: docs/controlplane.md."),
+        path_params=PATH_PARAMS,
+        schemas=_components(),
+        security_schemes={
+            "controlToken": {"type": "http", "scheme": "bearer",
+                             "description": "<state>/control-token"},
+            "agentToken": {"type": "http", "scheme": "bearer",
+                           "description": "<state>/agent-token (else the control token)"}},
+        routes=[*_reads(), *_control(), *_agents(), *_pages()],
+        tags=[("reads", "open reads"), ("control", "token-guarded changes"),
+              ("federation", "agent hosts"), ("pages", "the UI and its files")],
+    )
