@@ -7,7 +7,8 @@ const PEER_POLL_MS = 15000;  // a peer's stream is not proxied, so its views are
 
 // loader: () => Promise<data>. deps: reload when these change.
 // changes: (event) => boolean, which stream events make this resource stale.
-export function useResource(loader, deps, changes) {
+// delayMs: how long to gather a burst of events before one reload.
+export function useResource(loader, deps, changes, delayMs = 200) {
   const [state, setState] = useState({ data: null, error: null, loading: true });
   const seq = useRef(0);
   const timer = useRef(null);
@@ -38,10 +39,10 @@ export function useResource(loader, deps, changes) {
       const stale = event.type === "resync" || (changesRef.current && changesRef.current(event));
       if (!stale || timer.current) return;
       // Coalesce a burst of events (a fan-out, a busy agent) into one reload.
-      timer.current = setTimeout(() => { timer.current = null; load(); }, 200);
+      timer.current = setTimeout(() => { timer.current = null; load(); }, delayMs);
     });
     return () => { off(); clearTimeout(timer.current); timer.current = null; };
-  }, [load]);
+  }, [load, delayMs]);
 
   return { ...state, reload: load };
 }

@@ -25,8 +25,9 @@ export function Devices({ query }) {
   const [text, setText] = useState(query.get("q") || "");
   const [status, setStatus] = useState(query.get("status") || "");
   const [expired, setExpired] = useState(query.get("expired") === "1");
+  // Every agent beacons about once a minute: a large shelf reloads this list at most every 2 s.
   const res = useResource(() => get("/api/devices", { expired: expired ? "1" : "" }), [expired],
-    (e) => e.type === "device" || e.type === "beacon");
+    (e) => e.type === "device" || e.type === "beacon", 2000);
   const update = (next) => setQuery({ q: text, status, expired: expired ? "1" : "", ...next });
   return html`<${Page} title="Devices" subtitle="Everything that registered: agents on devices and browser runners.">
     <form class="filters" onSubmit=${(e) => e.preventDefault()} role="search">
