@@ -237,6 +237,52 @@ def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
     page.context.close()
 
 
+SAMPLES: dict[str, Any] = {
+    "/api/analytics": {"days": 30, "repos": [
+        {"repo": "octo/app", "jobs": 120, "p50_s": 95, "p95_s": 410, "failure_rate_pct": 4.2},
+        {"repo": "octo/web", "jobs": 40, "p50_s": 300, "p95_s": 1210, "failure_rate_pct": 12.5}],
+        "browser_test": {"install_p50_s": 21, "queue_p50_s": 12, "jobs": 9}},
+    "/api/forecast": {"generated_at": "2025-01-01T00:00:00Z", "repos": [
+        {"repo": "octo/app", "expected_jobs": 6.5, "p90_jobs": 10},
+        {"repo": "octo/web", "expected_jobs": 1.5, "p90_jobs": 3}]},
+    "/api/simulate": {"repo": "octo/app", "sloSec": 300, "results": [
+        {"runners": n, "p50_queue_s": 600 / n, "p95_queue_s": 1800 / n, "slo_met_pct": 50 + 12 * n}
+        for n in (1, 2, 3, 4)]},
+}
+
+
+def test_analysis_screens_draw_tables_and_charts(live: UiDaemon, browser: Browser) -> None:
+    """Where the daemon does not answer an analysis route yet, the page is given an answer of
+    the documented kind instead (only for that route), so the tables and charts are drawn."""
+    page, console = open_page(browser, live.url + "/#/hosts")
+    stood_in: set[str] = set()
+
+    def sample_if_missing(route: Any) -> None:
+        path = urlparse(route.request.url).path
+        real = route.fetch()
+        if real.status != 404:
+            route.fulfill(response=real)
+            return
+        stood_in.add(path)
+        route.fulfill(status=200, content_type="application/json", body=json.dumps(SAMPLES[path]))
+
+    for path in SAMPLES:
+        page.route(f"**{path}*", sample_if_missing)
+    for screen, panel in (("analytics", "#analytics"), ("forecast", "#forecast"),
+                          ("simulate", "#simulation")):
+        visit(page, console, screen)
+        if f"/api/{screen}" not in stood_in:
+            continue
+        expect(page.locator(f"{panel} canvas").first).to_be_visible()
+        expect(page.locator(f"{panel} tbody tr")).not_to_have_count(0)
+        if screen == "analytics":
+            expect(page.locator("#analytics")).to_contain_text("Browser tests")
+            expect(page.locator("#analytics canvas")).to_have_count(2)  # durations, failures
+        shot(page, f"{screen}-sample")
+    assert console.errors == []
+    page.context.close()
+
+
 def test_phone_layout_and_dark_theme(live: UiDaemon, browser: Browser) -> None:
     page, console = open_page(browser, live.url, viewport={"width": 390, "height": 844},
                               color_scheme="dark", is_mobile=True, has_touch=True,

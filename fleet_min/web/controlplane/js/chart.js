@@ -21,6 +21,25 @@ function useTheme() {
   return dark.matches ? "dark" : "light";
 }
 
+// Axis numbers that fit 50 px: seconds as 45s / 15m / 2.5h, other numbers as 1.2k.
+export function tick(value, unit = "") {
+  if (value === null || value === undefined) return "";
+  if (unit.trim() === "s") {
+    const a = Math.abs(value);
+    if (a < 60) return `${+value.toFixed(1)}s`;
+    if (a < 3600) return `${+(value / 60).toFixed(1)}m`;
+    return `${+(value / 3600).toFixed(1)}h`;
+  }
+  const a = Math.abs(value);
+  if (a >= 1e6) return `${+(value / 1e6).toFixed(1)}M${unit}`;
+  if (a >= 1e3) return `${+(value / 1e3).toFixed(1)}k${unit}`;
+  return `${+value.toFixed(2)}${unit}`;
+}
+
+// Round steps for an axis in seconds (uPlot would otherwise pick 500, 1000, ... s).
+const SECOND_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+const stepsFor = (unit) => (unit.trim() === "s" ? { incrs: SECOND_STEPS } : {});
+
 function axis(extra = {}) {
   return { stroke: css("--muted"), grid: { stroke: css("--grid"), width: 1 }, ticks: { stroke: css("--grid") }, ...extra };
 }
@@ -33,7 +52,7 @@ function Plot({ build, data, label, height }) {
   useEffect(() => {
     const el = box.current;
     const width = Math.max(240, el.clientWidth);
-    plot.current = new uPlot({ width, height, ...build.opts() }, data, el);
+    plot.current = new uPlot({ width, height, ...build.opts(width) }, data, el);
     const resize = new ResizeObserver(() => {
       const w = Math.max(240, el.clientWidth);
       if (plot.current && Math.abs(plot.current.width - w) > 2) plot.current.setSize({ width: w, height });
@@ -71,14 +90,17 @@ export function BarChart({ categories, series, label, height = 220, unit = "" })
   const n = series.length;
   const build = {
     key: `${categories.join("|")}#${series.map((s) => s.label).join("|")}`,
-    opts: () => ({
+    opts: (width) => ({
+      legend: { live: false },
       series: [{ label: "", value: (u, i) => categories[i] ?? "" }, ...series.map((s, i) => {
         const colour = css(PALETTE[i % PALETTE.length]);
-        const slot = 0.8 / n; // each category's 80 % split between the series
+        // each category's 80 % split between the series, a bar at most 64 px wide
+        const slot = Math.min(0.8 / n, 64 / Math.max(1, width / categories.length));
+        const start = -(slot * n) / 2;
         return {
           label: s.label, stroke: colour, fill: colour, width: 0,
           paths: uPlot.paths.bars({ disp: {
-            x0: { unit: 1, values: (u) => u.data[0].map((j) => j - 0.4 + i * slot + slot * 0.05) },
+            x0: { unit: 1, values: (u) => u.data[0].map((j) => j + start + i * slot + slot * 0.05) },
             size: { unit: 1, values: () => [slot * 0.9] },
           } }),
           points: { show: false },
@@ -86,7 +108,7 @@ export function BarChart({ categories, series, label, height = 220, unit = "" })
         };
       })],
       axes: [axis({ splits: () => categories.map((_, i) => i), values: () => categories.map((c) => (c.length > 18 ? `${c.slice(0, 17)}…` : c)), grid: { show: false } }),
-        axis({ size: 50, values: (u, v) => v.map((x) => `${x}${unit}`) })],
+        axis({ size: 56, ...stepsFor(unit), values: (u, v) => v.map((x) => tick(x, unit)) })],
       scales: { x: { time: false, range: [-0.5, categories.length - 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       cursor: { drag: { x: false, y: false }, points: { show: false } },
     }),
@@ -100,7 +122,7 @@ export function LineChart({ x, series, label, height = 220, xLabel, unit = "" })
     key: series.map((s) => s.label).join("|"),
     opts: () => ({
       series: [{ label: xLabel || "x" }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : `${Number(v).toFixed(1)}${unit}`) }))],
-      axes: [axis({ label: xLabel, splits: () => x }), axis({ size: 55, values: (u, v) => v.map((n) => `${n}${unit}`) })],
+      axes: [axis({ label: xLabel, splits: () => x }), axis({ size: 56, ...stepsFor(unit), values: (u, v) => v.map((n) => tick(n, unit)) })],
       scales: { x: { time: false, range: [Math.min(...x) - 0.5, Math.max(...x) + 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       cursor: { drag: { x: false, y: false } },
     }),

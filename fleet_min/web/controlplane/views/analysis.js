@@ -46,7 +46,8 @@ export function Analytics() {
         return html`
           ${rows.length ? html`
             <${RepoBars} rows=${rows} pick=${isDuration} label="Job duration by repository" unit=" s" convert=${msToS} />
-            <${RepoBars} rows=${rows} pick=${isRate} label="Failure rate by repository" />
+            <${RepoBars} rows=${rows} pick=${isRate} label="Failure rate by repository"
+              unit=${numericColumns(rows, isRate).some((k) => /pct|percent/i.test(k)) ? "%" : ""} />
             <${AutoTable} rows=${rows} />
             <p class="muted small">Pick a repository for its 30-day detail:
               ${rows.map((r) => html` <button type="button" class="link" onClick=${() => setRepo(labelOf(r))}>${labelOf(r)}</button>`)}</p>`
@@ -124,7 +125,7 @@ export function Simulate() {
         <button type="submit" class="primary" disabled=${!valid || run.busy}>${run.busy ? "Simulating…" : "Simulate"}</button>
       </form>
     <//>
-    <${Panel} id="simulation" wide title="Comparison">
+    <${Panel} id="simulation" title="Comparison">
       ${run.error ? (isMissing(run.error) ? html`<${NotAvailable} what="Simulation" path="/api/simulate" />` : html`<${Failed} error=${run.error} />`)
         : run.result ? html`<${Comparison} result=${run.result} />`
           : html`<${Empty}>Pick a repository and the runner counts, then Simulate: the daemon replays its recorded jobs against each count.<//>`}
