@@ -3,5 +3,22 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+# Debian packages the browser and fault tests drive: Chromium (pages, driven by Playwright with
+# the system browser; no browser is downloaded) and libfaketime (clock-jump tests).
+packages=()
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+command -v faketime >/dev/null 2>&1 || packages+=(faketime)
+if [ "${#packages[@]}" -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${packages[@]}" >/dev/null
+  else
+    echo "scripts/test.sh: cannot install ${packages[*]} (needs root and apt-get);" \
+         "the tests that need them will be skipped" >&2
+  fi
+fi
+
 python3 -m pip install --quiet --editable ".[test,fast]"
 exec python3 -m pytest "$@"

@@ -35,10 +35,13 @@ COLLECTOR_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 # The read endpoints a peer may be asked for; `{}` is one path segment.
 READABLE: tuple[str, ...] = (
     "/api/health", "/api/overview", "/api/system",
-    "/api/devices", "/api/devices/{}",
+    "/api/devices", "/api/devices/{}", "/api/devices/{}/beacons",
     "/api/jobs", "/api/jobs/{}",
     "/api/results", "/api/results/{}",
-    "/api/schedules", "/api/alerts", "/api/artifacts", "/api/events",
+    "/api/schedules", "/api/schedules/{}", "/api/schedules/{}/history",
+    "/api/alerts",
+    "/api/artifacts", "/api/artifacts/gc-candidates", "/api/artifacts/{}",
+    "/api/events", "/api/events/{}",
 )
 
 
