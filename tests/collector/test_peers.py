@@ -89,7 +89,7 @@ def test_readable_paths(tail, path):
 
 
 @pytest.mark.parametrize("tail", [
-    "api/stream", "jobs", "api/jobs/j/cancel", "api/devices/d/beacons", "api/devices/%2e%2e",
+    "api/stream", "jobs", "api/jobs/j/cancel", "api/jobs/j/ci-status", "api/devices/%2e%2e",
     "api/devices/..", "api//health", "api/health/", "", "artifacts/" + "a" * 64, "api/peers",
     "api/devices/a%00b",
 ])
@@ -142,7 +142,7 @@ async def test_proxy_never_forwards_a_change(collector_factory, monkeypatch, tmp
         resp = await local.request(method, base + path, json={"priority": 9})
         assert resp.status == 403, (method, path)
         assert "only reads" in (await resp.json())["error"]
-    for path in ("/api/stream", "/jobs/keep", "/api/devices/x/beacons", "/api/peers"):
+    for path in ("/api/stream", "/jobs/keep", "/api/jobs/x/ci-status", "/api/peers"):
         resp = await local.get(base + path)
         assert resp.status == 403, path
     row = await (await remote.get("/jobs/keep")).json()
