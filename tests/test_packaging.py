@@ -1,0 +1,222 @@
+"""A shelf-ready install: service files that parse, fleet.pyz and the pip-installed `fleet-min`
+running both services, `--version`, and logs that rotate (one line per event, SIGHUP reopens)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import plistlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet_min.logs import OneLineFormatter
+from tests.helpers import ROOT, CollectorProcess, free_port
+
+DEPLOY = ROOT / "deploy"
+UNITS = sorted([*DEPLOY.rglob("*.service"), *DEPLOY.rglob("*.timer")])
+PLISTS = sorted(DEPLOY.rglob("*.plist"))
+LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d (DEBUG|INFO|WARNING|ERROR|CRITICAL) \S+: ")
+
+
+# -- service files ------------------------------------------------------------------------------
+
+
+def test_every_service_has_its_units_and_plists() -> None:
+    names = {p.relative_to(DEPLOY).as_posix() for p in [*UNITS, *PLISTS]}
+    for wanted in ("agent/fleet-agent.service", "agent/com.fleet-min.agent.plist",
+                   "collector/fleet-collector.service", "collector/com.fleet-min.collector.plist",
+                   "controlplane/fleet-min-controlplane.service",
+                   "controlplane/com.fleet-min.controlplane.plist"):
+        assert wanted in names
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_units_verify(unit: Path, tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (apt-get install systemd)")
+    # A timer is verified next to the service it starts.
+    for sibling in unit.parent.glob("*.service"):
+        shutil.copy(sibling, tmp_path / sibling.name)
+    shutil.copy(unit, tmp_path / unit.name)
+    scope = ["--user"] if "controlplane" in unit.parent.name else []
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(tmp_path)}
+    result = subprocess.run(["systemd-analyze", *scope, "verify", "--man=no", unit.name],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
+    problems = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    if not Path("/usr/bin/python3").exists():  # the units name Debian's interpreter
+        problems = [p for p in problems if "/usr/bin/python3 is not executable" not in p]
+    assert result.returncode == 0 and not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", PLISTS, ids=lambda p: p.name)
+def test_launchd_plists_parse(path: Path) -> None:
+    with open(path, "rb") as fh:
+        plist = plistlib.load(fh)
+    assert plist["Label"] == path.stem
+    args = plist["ProgramArguments"]
+    assert args and all(isinstance(a, str) for a in args)
+    assert args[0].startswith("/") and "python3" in args[0]
+    assert plist["RunAtLoad"] is True and plist["KeepAlive"] == {"SuccessfulExit": False}
+    assert isinstance(plist.get("ExitTimeOut"), int) and plist["ExitTimeOut"] >= 20
+    for value in plist.get("EnvironmentVariables", {}).values():
+        assert isinstance(value, str)
+    assert "GH_TOKEN" not in plist.get("EnvironmentVariables", {})  # secrets stay out
+
+
+def test_deployment_doc_names_every_deploy_file() -> None:
+    doc = (ROOT / "docs" / "deployment.md").read_text()
+    for path in sorted(p for p in DEPLOY.rglob("*") if p.is_file()):
+        assert path.relative_to(ROOT).as_posix() in doc, path
+    assert "docs/agent.md" in doc and "Termux" in doc
+
+
+# -- fleet.pyz and pip --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("pyz") / "fleet.pyz"
+    subprocess.run([sys.executable, str(ROOT / "zipapp.py"), "-o", str(out)], check=True,
+                   capture_output=True, timeout=180)
+    return out
+
+
+def _bare(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run with no checkout on the path: -I ignores PYTHONPATH and the current directory."""
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=60,
+                          env={**os.environ, "PYTHONPATH": "", **env})
+
+
+@pytest.mark.slow
+def test_pyz_runs_both_services_and_the_backup(pyz: Path, tmp_path: Path) -> None:
+    python = [sys.executable, "-I", "-S", str(pyz)]
+    version = _bare([*python, "--version"], tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("fleet-min ")
+    helped = _bare([*python, "controlplane", "--help"], tmp_path)
+    assert helped.returncode == 0 and "--root" in helped.stdout
+    proc = CollectorProcess(tmp_path / "data", argv=[*python, "collector"], cwd=tmp_path,
+                            env={"PYTHONPATH": ""}).start()
+    try:
+        assert proc.client.get("/api/health")[1]["ok"] is True
+        backup = _bare([*python, "collector", "backup", str(tmp_path / "b"), "--data",
+                        str(tmp_path / "data")], tmp_path)
+        assert backup.returncode == 0, backup.stderr
+    finally:
+        assert proc.stop() == 0
+    port = free_port()
+    cp = subprocess.Popen([*python, "controlplane", "--port", str(port), "--root",
+                           str(tmp_path), "--state", str(tmp_path / "cp")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": "", "GH_TOKEN": "",
+                                             "FLEET_GITHUB_API": f"http://127.0.0.1:{port}"})
+    try:
+        assert cp.stdout is not None
+        assert "listening on" in cp.stdout.readline()
+    finally:
+        cp.send_signal(signal.SIGTERM)
+        cp.wait(20)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_pip_install_gives_a_fleet_min_script(tmp_path: Path) -> None:
+    """`pip install .` from a copy of the tree (so no build files land in the checkout), into
+    a target directory with --no-deps: the dependencies come from this interpreter."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "fleet_min", src / "fleet_min",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    target = tmp_path / "site"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
+                             "--target", str(target), str(src)], capture_output=True, text=True,
+                            timeout=280, env={**os.environ, "PIP_ROOT_USER_ACTION": "ignore",
+                                              "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+    if result.returncode != 0 and "No matching distribution" in result.stderr:
+        pytest.skip(f"pip could not fetch the build backend: {result.stderr[-300:]}")
+    assert result.returncode == 0, result.stderr
+    script = target / "bin" / "fleet-min"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {"PYTHONPATH": str(target)}
+    version = _bare([str(script), "--version"], elsewhere, **env)
+    assert version.returncode == 0 and version.stdout.startswith("fleet-min "), version.stderr
+    helped = _bare([str(script), "controlplane", "--help"], elsewhere, **env)
+    assert helped.returncode == 0 and "--root" in helped.stdout
+    proc = CollectorProcess(tmp_path / "data", argv=[str(script), "collector"], cwd=elsewhere,
+                            env=env).start()
+    try:
+        health = proc.client.get("/api/health")[1]
+        assert health["ok"] is True
+        where = _bare([sys.executable, "-c", "import fleet_min; print(fleet_min.__file__)"],
+                      elsewhere, **env)
+        assert where.stdout.startswith(str(target)), where.stdout  # not the checkout
+    finally:
+        assert proc.stop() == 0
+
+
+def test_module_version_flag() -> None:
+    result = subprocess.run([sys.executable, "-m", "fleet_min", "--version"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0 and re.fullmatch(r"fleet-min \S+\n", result.stdout)
+
+
+# -- logs -----------------------------------------------------------------------------------------
+
+
+def test_a_traceback_is_folded_onto_its_line() -> None:
+    formatter = OneLineFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        record = logging.LogRecord("x", logging.ERROR, __file__, 1, "failed: %s", ("a\nb",),
+                                   sys.exc_info())
+    text = formatter.format(record)
+    assert "\n" not in text and "Traceback" in text and "ValueError" in text
+
+
+@pytest.mark.slow
+def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) -> None:
+    log_file = tmp_path / "logs" / "collector.log"
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_LOG_FILE": str(log_file)}).start()
+    try:
+        assert proc.proc is not None
+        first = log_file.read_text()
+        assert "collector on 127.0.0.1" in first
+        assert all(LINE.match(line) for line in first.splitlines()), first
+        rotated = log_file.with_suffix(".log.1")
+        log_file.rename(rotated)  # what logrotate does
+        proc.proc.send_signal(signal.SIGHUP)
+        import time
+
+        deadline = time.monotonic() + 10
+        while not (log_file.exists() and "reopened" in log_file.read_text()):
+            assert time.monotonic() < deadline, "SIGHUP did not reopen the log file"
+            time.sleep(0.05)
+        assert proc.client.get("/api/health")[0] == 200  # SIGHUP did not stop it
+        assert proc.client.get("/api/nowhere")[0] == 404
+    finally:
+        assert proc.stop() == 0
+    after = log_file.read_text()
+    assert "collector stopped cleanly" in after and "collector stopped" not in rotated.read_text()
+    assert all(LINE.match(line) for line in after.splitlines()), after
+
+
+@pytest.mark.slow
+def test_log_level_and_sighup_without_a_log_file(tmp_path: Path) -> None:
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_LOG_LEVEL": "WARNING",
+                                                    "FLEET_LOG_FILE": ""}).start()
+    try:
+        assert proc.proc is not None
+        proc.proc.send_signal(signal.SIGHUP)  # must not end the service
+        assert proc.client.get("/api/health")[0] == 200
+    finally:
+        assert proc.stop() == 0
+    assert "INFO" not in proc.log()
