@@ -55,7 +55,7 @@ def test_collector_survives_repeated_kill_9_under_agent_load(tmp_path: Path, fig
     killed_after: list[float] = []
     try:
         for cycle in range(KILLS):
-            alive = rng.uniform(0.3, 1.5)
+            alive = rng.uniform(0.3, 1.2)
             time.sleep(alive)
             proc.kill9()
             killed_after.append(round(alive, 2))
@@ -229,7 +229,7 @@ def test_control_plane_history_survives_repeated_kill_9(tmp_path: Path, figures:
     settings, results = posters
     try:
         for cycle in range(KILLS):
-            time.sleep(rng.uniform(0.3, 1.2))
+            time.sleep(rng.uniform(0.2, 0.8))
             cp.kill9()
             acked_results = list(results.acked)
             acked_settings = list(settings.acked)

@@ -200,7 +200,8 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
     "answers every write with 500 'internal error' (sqlite3 'attempt to write a readonly "
     "database' raised inside the transaction is not mapped to StorageError); fix in "
     "fleet_min/db.py, see docs/reliability.md"))
-def test_start_on_an_immutable_database_refuses_writes_with_503(tmp_path: Path) -> None:
+def test_start_on_an_immutable_database_says_why(tmp_path: Path) -> None:
+    """Either it refuses to start with a sentence, or it starts and refuses writes with 503."""
     if shutil.which("chattr") is None:
         pytest.skip("chattr (e2fsprogs) is not installed")
     data = tmp_path / "data"
