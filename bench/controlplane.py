@@ -11,9 +11,10 @@ fake_github.py) that knows every runner's registration and a few queued runs.
 Rebuild, two ways:
 
 - engine: ControlPlane.rebuild() called in this process (the daemon's own code, after one GitHub
-  refresh) `--rebuilds` times; median and p90, with its parts timed alone: discovery of the runner
-  directories and processes, the supervisor query (one `systemctl show` for all units), host
-  vitals, and the rest (views, composition, JSON encoding, publishing).
+  refresh) `--rebuilds` times; median and p90 of the wall time, the supervisor query (one
+  `systemctl show` for all units, timed inside each rebuild), the rest ("without supervisor"),
+  and this process's CPU time per rebuild (which leaves out the systemctl child). Discovery of
+  the runner directories and processes, host vitals and the JSON encoding are also timed alone.
 - API: a real `python -m fleet_min controlplane` process; POST /api/settings changes a live
   setting, which rebuilds before answering, so its round trip is a forced rebuild plus two small
   committed writes and HTTP.
@@ -116,15 +117,25 @@ async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
         cp.runners = await cp.discover()
         await cp.refresh_github()  # the registrations and runs the snapshot shows
         await cp.rebuild()  # the first build records every runner as seen
-        totals, supervisor = [], []
-        for _ in range(rebuilds):
+        # Time the supervisor query inside each rebuild (wrapping this instance's method), so
+        # the rebuild's own part is measured in the same rebuild, not estimated across loops.
+        real_states, in_states = cp.supervisor.states, []
+
+        async def timed_states(runners: list[Any]) -> Any:
             started = time.perf_counter()
+            try:
+                return await real_states(runners)
+            finally:
+                in_states.append(1000 * (time.perf_counter() - started))
+
+        cp.supervisor.states = timed_states  # type: ignore[method-assign]
+        totals, own, cpu = [], [], []
+        for _ in range(rebuilds):
+            started, cpu_started = time.perf_counter(), time.process_time()
             snapshot = await cp.rebuild()
             totals.append(1000 * (time.perf_counter() - started))
-        for _ in range(rebuilds):
-            started = time.perf_counter()
-            await cp.supervisor.states(cp.runners)
-            supervisor.append(1000 * (time.perf_counter() - started))
+            cpu.append(1000 * (time.process_time() - cpu_started))
+            own.append(totals[-1] - in_states[-1])
         discovery = timed_ms(lambda: discover(host.root, process_table()), rebuilds)
         vitals = timed_ms(lambda: host_vitals(host.root), rebuilds)
         encode = timed_ms(lambda: json.dumps(snapshot, separators=(",", ":")), rebuilds)
@@ -133,7 +144,9 @@ async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
             "runners": len(snapshot["runners"]), "registered": registered,
             "snapshot_kib": len(json.dumps(snapshot)) / 1024,
             "rebuild_p50_ms": percentile(totals, 0.5), "rebuild_p90_ms": percentile(totals, 0.9),
-            "supervisor_p50_ms": percentile(supervisor, 0.5),
+            "supervisor_p50_ms": percentile(in_states, 0.5),
+            "without_supervisor_p50_ms": percentile(own, 0.5),
+            "cpu_p50_ms": percentile(cpu, 0.5),
             "discovery_p50_ms": percentile(discovery, 0.5),
             "vitals_p50_ms": percentile(vitals, 0.5),
             "json_p50_ms": percentile(encode, 0.5),
@@ -262,10 +275,10 @@ def main() -> None:
             os.environ.update(host.env)
             floor_ms = python_pass_ms(max(3, args.rebuilds // 3))
             engine = asyncio.run(engine_figures(host, args.rebuilds))
-            own = engine["rebuild_p50_ms"] - engine["supervisor_p50_ms"]
+            own = engine["without_supervisor_p50_ms"]
             emit({"bench": "controlplane", "figure": "rebuild", **engine,
-                  "without_supervisor_p50_ms": own, "python_pass_p50_ms": floor_ms,
-                  "ratio_to_target": engine["rebuild_p50_ms"] / 50, "target_ms": 50})
+                  "python_pass_p50_ms": floor_ms,
+                  "ratio_to_python_pass": engine["rebuild_p50_ms"] / floor_ms, "target_ms": 50})
             history_s = load_history(host.state, args.jobs)
             daemon = Daemon(host)
             try:
@@ -289,7 +302,10 @@ def main() -> None:
         ("  vitals ms", f"{engine['vitals_p50_ms']:.1f}", ""),
         ("  JSON encoding ms", f"{engine['json_p50_ms']:.1f}",
          f"snapshot {engine['snapshot_kib']:.0f} KiB"),
-        ("rebuild without supervisor ms", f"{own:.1f}", "our own code"),
+        ("rebuild without supervisor ms", f"{own:.1f}", "our own code, wall"),
+        ("rebuild CPU ms (this process)", f"{engine['cpu_p50_ms']:.1f}",
+         "excludes the systemctl child"),
+        ("rebuild / python -c pass", f"{engine['rebuild_p50_ms'] / floor_ms:.2f}", ""),
         ("forced rebuild via API p50 ms", f"{api['forced_rebuild_p50_ms']:.1f}",
          "POST /api/settings round trip"),
     ]

@@ -162,18 +162,20 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.trials, args.rounds, args.others = 10, 1, 2
-    floor = commit_floor_ms(50 if args.quick else 200)
-    emit({"bench": "dispatch", "figure": "commit_floor", **floor,
-          "two_commits_ms": 2 * floor["commit_p50_ms"]})
     rounds: list[dict[str, Any]] = []
     with server("bare") as (bare_address, _), server("collector") as (address, _pid):
         for r in range(args.rounds):
+            floor = commit_floor_ms(50 if args.quick else 100)
             bare = summary(asyncio.run(bare_trials(bare_address, args.trials)))
             ours = summary(asyncio.run(run_collector(address, args.trials, args.others, f"r{r}",
                                                      args.settle_ms / 1000)))
-            record = {"round": r, "bare": bare, "collector": ours,
+            # What no server could beat on this machine: the bare round trip plus the two
+            # durable commits the path holds (the enqueue, then the claim).
+            floor_ms = bare["p50_ms"] + 2 * floor["commit_p50_ms"]
+            record = {"round": r, "bare": bare, "collector": ours, "disk": floor,
                       "p50_ratio": ours["p50_ms"] / bare["p50_ms"],
-                      "p99_ratio": ours["p99_ms"] / bare["p99_ms"]}
+                      "p99_ratio": ours["p99_ms"] / bare["p99_ms"],
+                      "floor_ms": floor_ms, "p50_over_floor": ours["p50_ms"] / floor_ms}
             emit({"bench": "dispatch", "figure": "round", **record})
             rounds.append(record)
 
@@ -188,18 +190,24 @@ def main() -> None:
         "p50_ratio": statistics.median(r["p50_ratio"] for r in rounds),
         "p99_ratio": statistics.median(r["p99_ratio"] for r in rounds),
         "enqueue_ack_p50_ms": med("collector", "enqueue_ack_p50_ms"),
-        "two_commits_ms": 2 * floor["commit_p50_ms"],
+        "commit_p50_ms": med("disk", "commit_p50_ms"),
+        "commit_p99_ms": med("disk", "commit_p99_ms"),
+        "two_commits_ms": 2 * med("disk", "commit_p50_ms"),
+        "floor_ms": statistics.median(r["floor_ms"] for r in rounds),
+        "p50_over_floor": statistics.median(r["p50_over_floor"] for r in rounds),
         "target": {"p50_ms": 3, "p99_ms": 15}, "cores": os.cpu_count(),
     }
     emit(result)
     table([
         ("ceiling (bare) p50 ms", f"{result['bare_p50_ms']:.2f}", "POST /jobs + GET next-job"),
         ("ceiling (bare) p99 ms", f"{result['bare_p99_ms']:.2f}", ""),
-        ("disk: one commit p50 ms", f"{floor['commit_p50_ms']:.2f}", "WAL, synchronous=FULL"),
+        ("disk: one commit p50 ms", f"{result['commit_p50_ms']:.2f}", "WAL, synchronous=FULL"),
+        ("floor: bare + 2 commits ms", f"{result['floor_ms']:.2f}", ""),
         ("dispatch p50 ms", f"{result['p50_ms']:.2f}", "target <= 3"),
         ("dispatch p99 ms", f"{result['p99_ms']:.2f}", "target <= 15"),
         ("p50 ratio collector/bare", f"{result['p50_ratio']:.1f}", ""),
         ("p99 ratio collector/bare", f"{result['p99_ratio']:.1f}", ""),
+        ("p50 / floor", f"{result['p50_over_floor']:.2f}", "1.0 = only the disk's cost"),
         ("enqueue ack p50 ms", f"{result['enqueue_ack_p50_ms']:.2f}", "POST /jobs answered"),
     ])
 
