@@ -38,7 +38,7 @@ class Subscriber:
 
 
 class _Event:
-    __slots__ = ("at", "event", "id", "_frame")
+    __slots__ = ("_frame", "at", "event", "id")
 
     def __init__(self, event_id: int, at: float, event: dict[str, Any]) -> None:
         self.id = event_id
