@@ -46,8 +46,10 @@ ANALYSIS = {"/api/analytics", "/api/concurrency", "/api/billing", "/api/autoscal
 SCREENS = ["analytics", "simulate", "forecast", "hosts", "settings"]
 WAIT_MS = 15_000
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium package")]
+UI_DIR = REPO_ROOT / "fleet_min" / "web" / "controlplane"
+SHARED_VENDOR = REPO_ROOT / "fleet_min" / "web" / "vendor"
+
+needs_chromium = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium package")
 
 if CHROMIUM.exists():
     from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
@@ -151,6 +153,8 @@ def visit(page: Page, console: Console, screen: str) -> None:
     shot(page, screen)
 
 
+@needs_chromium
+@pytest.mark.slow
 def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
                                                                browser: Browser) -> None:
     page, console = open_page(browser, live.url, color_scheme="light")
@@ -251,6 +255,8 @@ SAMPLES: dict[str, Any] = {
 }
 
 
+@needs_chromium
+@pytest.mark.slow
 def test_analysis_screens_draw_tables_and_charts(live: UiDaemon, browser: Browser) -> None:
     """Where the daemon does not answer an analysis route yet, the page is given an answer of
     the documented kind instead (only for that route), so the tables and charts are drawn."""
@@ -283,6 +289,8 @@ def test_analysis_screens_draw_tables_and_charts(live: UiDaemon, browser: Browse
     page.context.close()
 
 
+@needs_chromium
+@pytest.mark.slow
 def test_phone_layout_and_dark_theme(live: UiDaemon, browser: Browser) -> None:
     page, console = open_page(browser, live.url, viewport={"width": 390, "height": 844},
                               color_scheme="dark", is_mobile=True, has_touch=True,
@@ -301,6 +309,8 @@ def test_phone_layout_and_dark_theme(live: UiDaemon, browser: Browser) -> None:
     page.context.close()
 
 
+@needs_chromium
+@pytest.mark.slow
 def test_page_reconnects_after_the_daemon_restarts(live: UiDaemon, browser: Browser) -> None:
     page, console = open_page(browser, live.url)
     conn = page.locator("#conn")
@@ -316,6 +326,8 @@ def test_page_reconnects_after_the_daemon_restarts(live: UiDaemon, browser: Brow
     page.context.close()
 
 
+@needs_chromium
+@pytest.mark.slow
 def test_read_only_mode_draws_no_action_buttons(tmp_path: Path, github: FakeGitHub,
                                                 browser: Browser) -> None:
     host = make_host(tmp_path, github)
@@ -340,3 +352,15 @@ def test_read_only_mode_draws_no_action_buttons(tmp_path: Path, github: FakeGitH
     finally:
         daemon.stop()
         fakes.kill_all_listeners(host.root)
+
+
+def test_vendored_copies_match_the_shared_ones() -> None:
+    """The UI's vendor/ folder is a copy of fleet_min/web/vendor/ (the control plane serves only
+    its own folder): same bytes, licences included, and no symbolic link anywhere in the UI,
+    since zipapp.py does not follow one into fleet.pyz."""
+    copies = [p for p in (UI_DIR / "vendor").rglob("*") if p.is_file() and p.name != "README.md"]
+    assert {p.parent.name for p in copies if p.name == "LICENSE"} == {"preact", "htm", "uplot"}
+    for copy in copies:
+        shared = SHARED_VENDOR / copy.relative_to(UI_DIR / "vendor")
+        assert copy.read_bytes() == shared.read_bytes(), f"{copy} differs from {shared}"
+    assert not [p for p in UI_DIR.rglob("*") if p.is_symlink()]
