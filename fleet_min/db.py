@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -57,6 +59,27 @@ def _connect(path: Path, synchronous: str, *, readonly: bool = False) -> sqlite3
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     return conn
+
+
+def _directory_problem(directory: Path) -> str | None:
+    """Name what is wrong with the data directory, when something plainly is."""
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "its directory is on a read-only file system"
+        if not os.access(directory, os.W_OK):
+            return "its directory is read-only for this user"
+        if shutil.disk_usage(directory).free < 64 * 1024:
+            return "the disk holding it is full"
+    except OSError:
+        return None
+    return None
+
+
+def _probe_writable(conn: sqlite3.Connection) -> None:
+    """Fail now, with a sentence, on a file SQLite could only open read-only (an immutable file,
+    a read-only mount), rather than later on every write."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    conn.execute(f"PRAGMA user_version = {int(version)}")
 
 
 def migrate(conn: sqlite3.Connection, migrations: Sequence[str]) -> int:
@@ -167,7 +190,10 @@ class _Writer:
             except Exception as exc:  # the caller gets it; the others in the batch go on
                 conn.execute("ROLLBACK TO tx")
                 conn.execute("RELEASE tx")
-                outcomes.append((fut, None, exc))
+                # SQLite's own refusals (read-only file, full disk, I/O) are storage errors: the
+                # client gets 503 with a sentence, not a 500.
+                outcomes.append((fut, None, _storage(exc) if isinstance(exc, sqlite3.Error)
+                                 else exc))
             else:
                 conn.execute("RELEASE tx")
                 outcomes.append((fut, result, None))
@@ -191,7 +217,12 @@ def _storage(exc: sqlite3.Error) -> StorageError:
     if "full" in text:
         return StorageError("the disk holding the database is full; free space and retry")
     if "readonly" in text or "read-only" in text:
-        return StorageError("the database file is read-only; check its permissions")
+        return StorageError("the database file is read-only; check its permissions and mount")
+    if "unable to open" in text:
+        return StorageError("the database file cannot be opened; check that its directory is "
+                            "writable and has free space")
+    if "disk I/O" in text:
+        return StorageError("the disk holding the database reported an I/O error")
     return StorageError(f"the database refused the write: {text}")
 
 
@@ -219,9 +250,18 @@ class Database:
         self._reader: aiosqlite.Connection | None = None
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = await asyncio.to_thread(_connect, self.path, self.synchronous)
-        await asyncio.to_thread(migrate, conn, self.migrations)
+        """Open (creating if needed) and migrate; StorageError with a sentence when it cannot."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = await asyncio.to_thread(_connect, self.path, self.synchronous)
+            await asyncio.to_thread(migrate, conn, self.migrations)
+            await asyncio.to_thread(_probe_writable, conn)
+        except sqlite3.Error as exc:
+            why = _directory_problem(self.path.parent) or _storage(exc).args[0]
+            raise StorageError(f"cannot open the database {self.path}: {why}") from None
+        except OSError as exc:
+            raise StorageError(f"cannot open the database {self.path}: {exc.strerror or exc}"
+                               ) from None
         self._writer = _Writer(conn)
         self._writer.start()
         self._reader = await aiosqlite.connect(self.path, isolation_level=None)

@@ -143,7 +143,7 @@ async def get_job(request: web.Request) -> web.Response:
 
 
 async def sweep(request: web.Request) -> web.Response:
-    swept = await service_of(request).transact(queue.sweep, now())
+    swept = await service_of(request).sweep()
     return json_response({"ok": True, "requeued": swept.requeued, "failed": swept.failed})
 
 

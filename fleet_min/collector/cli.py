@@ -12,6 +12,7 @@ from aiohttp import web
 
 from fleet_min import logs
 from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, markdown_table, resolve
+from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.collector")
 
@@ -76,10 +77,15 @@ def main(argv: list[str]) -> int:
     _warn_about_bind(config.bind)
     log.info("collector on %s port %s, data in %s%s", ",".join(config.bind), config.port,
              config.data_dir, " (uvloop)" if fast else "")
-    web.run_app(app, host=list(config.bind), port=config.port, print=None,
-                shutdown_timeout=5.0, access_log=None, handle_signals=True,
-                # A client that goes away ends its handler at once: a held long poll or stream
-                # is released (and counted out of stream_clients) without waiting for a write.
-                handler_cancellation=True)
+    try:
+        web.run_app(app, host=list(config.bind), port=config.port, print=None,
+                    shutdown_timeout=5.0, access_log=None, handle_signals=True,
+                    # A client that goes away ends its handler at once: a held long poll or stream
+                    # is released (and counted out of stream_clients) without waiting for a write.
+                    handler_cancellation=True)
+    except StorageError as exc:
+        log.error("%s", exc)
+        print(f"fleet-min collector: {exc}", file=sys.stderr)
+        return 1
     log.info("collector stopped cleanly")
     return 0

@@ -259,11 +259,29 @@ def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | No
          ) -> TickReport:
     """Fire every enabled schedule whose due minute has come and was not handled yet."""
     report = TickReport()
+    _pull_back_next_runs(conn, now, tz)
     rows = conn.execute("SELECT * FROM schedules WHERE enabled = 1 AND next_run IS NOT NULL "
                         "AND next_run <= ? ORDER BY next_run, id", (now,)).fetchall()
     for row in rows:
         _tick_one(conn, row, now, effects, tz, report)
     return report
+
+
+def _pull_back_next_runs(conn: sqlite3.Connection, now: float, tz: tzinfo | None) -> None:
+    """A next_run later than the next due minute from now was computed before the clock was set
+    back; left alone, the schedule would stay silent until the clock caught up with it."""
+    current = math.floor(now / 60) * 60
+    rows = conn.execute("SELECT id, cron, next_run FROM schedules WHERE enabled = 1 "
+                        "AND next_run > ?", (current + 60,)).fetchall()
+    for row in rows:
+        try:
+            upcoming = parse(row["cron"]).next_after(current - 60, tz)
+        except CronError:
+            continue
+        handled = conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
+                               (row["id"], slot_of(upcoming))).fetchone() is not None
+        if upcoming < row["next_run"] and not handled:
+            conn.execute("UPDATE schedules SET next_run = ? WHERE id = ?", (upcoming, row["id"]))
 
 
 def _tick_one(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Effects,

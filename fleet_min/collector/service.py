@@ -14,6 +14,7 @@ import platform
 import secrets
 import socket
 import sqlite3
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -48,6 +49,40 @@ def stable_id(data_dir: Path) -> str:
     return value
 
 
+CLOCK_JUMP_S = 10.0  # wall-clock moves beyond elapsed monotonic time by more than this: a jump
+
+
+class ClockWatch:
+    """Notices the host's wall clock being stepped (NTP catching up, an operator, a VM resumed)
+    by comparing how far it moved with how far the monotonic clock moved."""
+
+    def __init__(self) -> None:
+        self._wall, self._mono = time.time(), time.monotonic()
+
+    def jump(self) -> float:
+        """Seconds the wall clock was stepped since the last look (0.0 when it was not)."""
+        wall, mono = time.time(), time.monotonic()
+        stepped = (wall - self._wall) - (mono - self._mono)
+        self._wall, self._mono = wall, mono
+        return stepped if abs(stepped) > CLOCK_JUMP_S else 0.0
+
+
+def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> None:
+    """Move stored wall-clock times that measure elapsed time by a detected clock jump.
+
+    Lease deadlines and last-seen times mean "so long after that moment"; a stepped clock must
+    neither expire every lease at once (forward) nor stretch a dead agent's lease (backward), nor
+    make every device look silent. Schedules stay on the wall clock: a job due at 09:00 runs at
+    the new 09:00 (the scheduler handles both directions).
+    """
+    conn.execute("UPDATE jobs SET lease_deadline = lease_deadline + ? WHERE status = 'claimed' "
+                 "AND lease_deadline IS NOT NULL", (jump,))
+    conn.execute("UPDATE devices SET last_seen = last_seen + ?, "
+                 "last_beacon_at = last_beacon_at + ?, busy_at = busy_at + ?",
+                 (jump, jump, jump))
+    effects.emit("clock", jump_s=round(jump, 3))
+
+
 class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -59,6 +94,7 @@ class Service:
         self.instance = uuid.uuid4().hex
         self.name = config.name or socket.gethostname()
         self.started_at = now()
+        self.clock = ClockWatch()
         self.guarded = False
         self._tasks: list[asyncio.Task[None]] = []
         # Called with every event after its transaction committed (CI status, alerts, ...).
@@ -76,11 +112,12 @@ class Service:
         self.collector_id = stable_id(self.data_dir)
         await self.db.open()
         self.dispatcher.start()
-        swept = await self.transact(queue.sweep, now())
+        swept = await self.sweep()
         if swept.requeued or swept.failed:
             log.info("start-up sweep: requeued %d, failed %d", len(swept.requeued),
                      len(swept.failed))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
+        self._tasks.append(asyncio.create_task(self._clock_loop(), name="clock-watch"))
         for hook in self.on_started:
             await hook()
 
@@ -101,9 +138,32 @@ class Service:
         while True:
             await asyncio.sleep(self.config.sweep_s)
             try:
-                await self.transact(queue.sweep, now())
+                await self.sweep()
             except Exception:
                 log.exception("lease sweep failed; it runs again in %s s", self.config.sweep_s)
+
+    async def sweep(self) -> queue.Swept:
+        """The lease sweep, after making sure no clock jump is pending."""
+        await self.check_clock()
+        swept: queue.Swept = await self.transact(queue.sweep, now())
+        return swept
+
+    async def check_clock(self) -> None:
+        """Rebase stored times if the wall clock was stepped since the last look. Called every
+        second and before anything that compares stored times with now (sweep, alert tick)."""
+        jump = self.clock.jump()
+        if jump:
+            log.warning("the wall clock was stepped by %+.0f s; lease deadlines and last-seen "
+                        "times are moved with it", jump)
+            await self.transact(rebase_clock, jump)
+
+    async def _clock_loop(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                await self.check_clock()
+            except Exception:
+                log.exception("clock check failed")
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         """A background task owned by the service (cancelled when it stops)."""
