@@ -269,13 +269,15 @@ def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | No
 
 def _pull_back_next_runs(conn: sqlite3.Connection, now: float, tz: tzinfo | None) -> None:
     """A next_run later than the next due minute from now was computed before the clock was set
-    back; left alone, the schedule would stay silent until the clock caught up with it."""
+    back; left alone, the schedule would stay silent until the clock caught up with it. It comes
+    back to the next due minute after the current one (the minute the clock landed in is not
+    fired: it may be one that already ran before the clock was set)."""
     current = math.floor(now / 60) * 60
     rows = conn.execute("SELECT id, cron, next_run FROM schedules WHERE enabled = 1 "
                         "AND next_run > ?", (current + 60,)).fetchall()
     for row in rows:
         try:
-            upcoming = parse(row["cron"]).next_after(current - 60, tz)
+            upcoming = parse(row["cron"]).next_after(current, tz)
         except CronError:
             continue
         handled = conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
