@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import sqlite3
 import statistics
@@ -132,6 +133,13 @@ async def bare_trials(address: str, trials: int) -> dict[str, list[float]]:
     return {"latency_ms": latencies, "enqueue_ack_ms": acks}
 
 
+async def writer_stats(address: str) -> dict[str, float]:
+    http = Http(address)
+    _, body = await http.request("GET", "/api/health")
+    http.close()
+    return dict(json.loads(body).get("writer") or {})
+
+
 async def run_collector(address: str, trials: int, others: int, tag: str, settle_s: float
                         ) -> dict[str, list[float]]:
     stop = asyncio.Event()
@@ -151,6 +159,14 @@ def summary(samples: dict[str, list[float]]) -> dict[str, float]:
             "max_ms": max(lat), "enqueue_ack_p50_ms": percentile(samples["enqueue_ack_ms"], 0.5)}
 
 
+def writer_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """The collector's own group-commit figures over the trials (GET /api/health "writer")."""
+    batches = max(after.get("batches", 0) - before.get("batches", 0), 1)
+    return {"batches": batches,
+            "commit_ms_per_batch": 1000 * (after["commit_s"] - before["commit_s"]) / batches,
+            "run_ms_per_batch": 1000 * (after["run_s"] - before["run_s"]) / batches}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--trials", type=int, default=300, help="trials per round and server")
@@ -167,8 +183,10 @@ def main() -> None:
         for r in range(args.rounds):
             floor = commit_floor_ms(50 if args.quick else 100)
             bare = summary(asyncio.run(bare_trials(bare_address, args.trials)))
+            before = asyncio.run(writer_stats(address))
             ours = summary(asyncio.run(run_collector(address, args.trials, args.others, f"r{r}",
                                                      args.settle_ms / 1000)))
+            ours.update(writer_delta(before, asyncio.run(writer_stats(address))))
             # What no server could beat on this machine: the bare round trip plus the two
             # durable commits the path holds (the enqueue, then the claim).
             floor_ms = bare["p50_ms"] + 2 * floor["commit_p50_ms"]
@@ -190,6 +208,8 @@ def main() -> None:
         "p50_ratio": statistics.median(r["p50_ratio"] for r in rounds),
         "p99_ratio": statistics.median(r["p99_ratio"] for r in rounds),
         "enqueue_ack_p50_ms": med("collector", "enqueue_ack_p50_ms"),
+        "server_commit_ms_per_batch": med("collector", "commit_ms_per_batch"),
+        "server_run_ms_per_batch": med("collector", "run_ms_per_batch"),
         "commit_p50_ms": med("disk", "commit_p50_ms"),
         "commit_p99_ms": med("disk", "commit_p99_ms"),
         "two_commits_ms": 2 * med("disk", "commit_p50_ms"),
@@ -209,6 +229,8 @@ def main() -> None:
         ("p99 ratio collector/bare", f"{result['p99_ratio']:.1f}", ""),
         ("p50 / floor", f"{result['p50_over_floor']:.2f}", "1.0 = only the disk's cost"),
         ("enqueue ack p50 ms", f"{result['enqueue_ack_p50_ms']:.2f}", "POST /jobs answered"),
+        ("collector COMMIT ms per batch", f"{result['server_commit_ms_per_batch']:.2f}",
+         "mean, its own writer figures"),
     ])
 
 

@@ -1,9 +1,10 @@
 """Cold start and idle memory of the collector: `python dist/fleet.pyz collector` from the spawn
 until its first answered request, and its resident memory once idle, next to `python -c pass`.
 
-    python bench/startup.py [--runs 7] [--settle 2] [--quick]
+    python bench/startup.py [--runs 7] [--settle 2] [--pyz PATH] [--quick]
 
-The pyz is built with zipapp.py into a temporary directory. Three ways to start are measured:
+The pyz is built with zipapp.py into a temporary directory (or given with `--pyz`). Three ways
+to start are measured:
 
 - `pyz`: `python fleet.pyz collector`, the figure of the target (the vendored pure-Python
   aiohttp inside the zip is imported first; uvloop is used when this Python has it);
@@ -116,12 +117,13 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=7, help="starts of each kind")
     parser.add_argument("--settle", type=float, default=2.0,
                         help="seconds idle before reading RSS")
+    parser.add_argument("--pyz", type=Path, help="measure this pyz instead of building one")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.runs, args.settle = 1, 0.2
     with tempfile.TemporaryDirectory() as folder:
-        pyz = build_pyz(Path(folder))
+        pyz = args.pyz.resolve() if args.pyz else build_pyz(Path(folder))
         kinds: dict[str, list[str]] = {
             "pyz": [sys.executable, str(pyz)],
             "pyz -S": [sys.executable, "-S", str(pyz)],
