@@ -57,21 +57,28 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
         return CommandResult(argv, None, f"could not start {argv[0]}: {exc.strerror}",
                              _ms(started))
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout_s)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives
+        # as the command exits (see loops.py), and the daemon's shutdown would then hang.
+        async with asyncio.timeout(timeout_s):
+            out, _ = await proc.communicate()
     except TimeoutError:
         _kill_group(proc.pid)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(proc.wait(), 5)
+        await _reap(proc, 5)
         return CommandResult(argv, None, f"{argv[0]} did not finish within {timeout_s:g} s "
                              "and was stopped", _ms(started), timed_out=True)
     except asyncio.CancelledError:
         _kill_group(proc.pid)
         # Reap it before going on: an unreaped child outlives the loop and warns at exit.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(proc.wait(), 2)
+        await _reap(proc, 2)
         raise
     text = out[-MAX_OUTPUT:].decode("utf-8", "replace")
     return CommandResult(argv, proc.returncode, redact(text), _ms(started))
+
+
+async def _reap(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await proc.wait()
 
 
 def _kill_group(pid: int) -> None:

@@ -8,7 +8,6 @@ the GitHub data fresh with conditional requests. Domain only: no aiohttp.web her
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -24,6 +23,7 @@ from fleet_min.controlplane import diag, store, tokens
 from fleet_min.controlplane.capacity import capacity
 from fleet_min.controlplane.drift import drift_alerts
 from fleet_min.controlplane.github import GitHub, GitHubError, find_token
+from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.procs import process_table
 from fleet_min.controlplane.queue_causes import queue_causes
 from fleet_min.controlplane.runners import Runner, discover
@@ -96,11 +96,7 @@ class ControlPlane:
 
     async def close(self) -> None:
         self.hub.close()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_tasks(self._tasks)
         await self.github.close()
         await self.db.close()
 
@@ -116,8 +112,7 @@ class ControlPlane:
         while True:
             busy = any(r["busy"] for r in self.snapshot.get("runners", []))
             interval = self.setting("busy_tick_s" if busy else "tick_s")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
+            await wait_event(self._wake, interval)
             self._wake.clear()
             try:
                 await self.rebuild()
@@ -131,8 +126,7 @@ class ControlPlane:
             except Exception:
                 log.exception("GitHub refresh failed; the next round tries again")
             self._wake.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._github_wake.wait(), self.setting("github_s"))
+            await wait_event(self._github_wake, self.setting("github_s"))
             self._github_wake.clear()
 
     # --- GitHub ----------------------------------------------------------------------------

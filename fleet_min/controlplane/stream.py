@@ -42,7 +42,8 @@ class SnapshotHub:
             return None
         future = self._future()
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for: see loops.py
+                return await asyncio.shield(future)
         return None
 
 
