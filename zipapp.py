@@ -23,7 +23,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parent
-RUNTIME = ("aiohttp", "aiosqlite")
+RUNTIME = ("aiohttp", "aiosqlite", "PyYAML")
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pyi", ".h", ".pyc")
 MAIN = """\
