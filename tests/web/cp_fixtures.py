@@ -111,6 +111,9 @@ def make_host(tmp: Path, github: FakeGitHub) -> Host:
 
 
 def main() -> None:  # pragma: no cover - a manual aid
+    # SIGTERM (and SIGINT, ignored by a shell's background jobs) ends it through `finally`,
+    # which stops the daemon, the fake listeners and the fake GitHub.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     github = FakeGitHub()
     github.start()
     tmp = Path(tempfile.mkdtemp(prefix="fleet-cp-ui-"))
