@@ -64,6 +64,7 @@ class Ledger:
     artifacts: dict[str, bytes] = field(default_factory=dict)
     closed: dict[str, str] = field(default_factory=dict)  # job_id -> status acknowledged
     offers: list[tuple[str, str, float]] = field(default_factory=list)  # job, device, claimed
+    resent: int = 0  # sends repeated because the collector went away before answering
     violations: list[str] = field(default_factory=list)
     anomalies: list[str] = field(default_factory=list)
 
@@ -110,6 +111,9 @@ class LeanAgent(threading.Thread):
             try:
                 self.step()
             except NET_ERRORS:
+                if self.owed:
+                    with self.ledger.lock:
+                        self.ledger.resent += 1
                 if self.stop.wait(0.05) and not self.owed:
                     return
 

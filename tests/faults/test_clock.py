@@ -1,13 +1,12 @@
 """The host clock moved by hours under a running collector (libfaketime, with the monotonic clock
 left real, as settimeofday or an NTP step would leave it).
 
-What must hold: a jump neither expires every lease at once nor fires every schedule. The
-collector keeps its times as wall-clock epoch seconds, so some of this does not hold yet; those
-tests are marked xfail(strict=True) with the defect in their reason, and docs/reliability.md has
-the proposed fix. When the fix lands they pass, strict xfail turns that into a failure, and the
-marker comes off.
+What must hold: a jump neither expires every lease at once nor fires every schedule, does not
+stretch a dead agent's lease, does not call every device offline, and does not pause schedules.
+Four of these failed when first run (times are stored as wall-clock epoch seconds); the
+collector's clock watch and the scheduler's catch-up fixed them, and these tests keep them
+fixed (docs/reliability.md).
 """
-
 from __future__ import annotations
 
 import time
@@ -88,11 +87,6 @@ def test_the_fake_clock_moves_the_collector_and_not_the_test(clock: FakedClock) 
     assert after["uptime_s"] - before["uptime_s"] > 3 * 3600  # uptime is wall-clock based
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "lease deadlines are wall-clock times and the sweep compares them with time.time(): a "
-    "forward jump of 3 h requeues every claimed job at the next sweep although every agent "
-    "beaconed a moment ago; proposed fix: a clock watch in Service that rebases lease deadlines "
-    "by the detected jump (docs/reliability.md)"))
 def test_forward_jump_does_not_expire_every_lease(clock: FakedClock) -> None:
     ids = _claimed(clock, 4, ttl_s=600)
     client = clock.proc.client
@@ -102,9 +96,6 @@ def test_forward_jump_does_not_expire_every_lease(clock: FakedClock) -> None:
     assert swept["requeued"] == [] and set(statuses.values()) == {"claimed"}, (swept, statuses)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after the clock is set back 1 h, a lease whose agent died runs for 1 h plus its TTL instead "
-    "of its TTL (deadlines are wall-clock times); the same clock-watch rebase fixes it"))
 def test_backward_jump_does_not_stretch_a_dead_agents_lease(clock: FakedClock) -> None:
     ids = _claimed(clock, 1, ttl_s=2)
     clock.set(-3600)
@@ -142,10 +133,6 @@ def test_forward_jump_fires_each_schedule_at_most_once(clock: FakedClock, figure
                    runs=len(after) - len(before), history_rows=len(history.get("runs", [])))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "after the clock is set back 1 h, every schedule stays silent for that hour: next_run was "
-    "computed before the jump and the tick only looks at rows with next_run <= now; proposed "
-    "fix: the tick brings a next_run that lies beyond the next due minute back to it"))
 def test_backward_jump_does_not_pause_schedules(clock: FakedClock) -> None:
     _schedule(clock, "* * * * *")
     client = clock.proc.client
@@ -159,10 +146,6 @@ def test_backward_jump_does_not_pause_schedules(clock: FakedClock) -> None:
     assert len(fired) == 1, "a minutely schedule did not run for three minutes"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "last_seen is a wall-clock time, so a forward jump of 3 h makes every named device look "
-    "silent for 3 h and the device-offline rule opens an alert for each one at the next alert "
-    "tick, though they beaconed a moment ago; the clock-watch rebase should shift last_seen too"))
 def test_forward_jump_does_not_call_every_device_offline(clock: FakedClock) -> None:
     client = clock.proc.client
     for n in range(3):

@@ -99,6 +99,7 @@ def test_collector_survives_repeated_kill_9_under_agent_load(tmp_path: Path, fig
                    acknowledged_jobs=len(acked["enqueued"]), acknowledged_rows=len(acked["rows"]),
                    acknowledged_artifacts=len(acked["artifacts"]),
                    acknowledged_closes=len(acked["closed"]), offers=len(ledger.offers),
+                   sends_repeated_after_a_kill=ledger.resent,
                    result_rows=result_rows, artifacts=artifacts, attempts_by_outcome=outcomes,
                    restart_to_ready_s_median=round(statistics.median(ready_s), 3),
                    restart_to_ready_s_max=round(max(ready_s), 3),

@@ -121,12 +121,8 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "the collector cannot start on a full disk (SQLite cannot create the -wal/-shm files) and "
-    "exits with a Python traceback instead of a sentence; fix: fleet_min/db.py Database.open "
-    "turns sqlite3.Error into StorageError and the collector cli prints it (see "
-    "docs/reliability.md)"))
 def test_start_on_a_full_disk_says_why_in_one_sentence(small_disk: Path) -> None:
+    """Found here: it used to exit with a Python traceback (SQLite could not create its -wal)."""
     proc = CollectorProcess(small_disk)
     proc.start()
     proc.client.post("/jobs", job("one"))
@@ -195,13 +191,9 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "a collector started on an immutable database file opens it read-only without a word, then "
-    "answers every write with 500 'internal error' (sqlite3 'attempt to write a readonly "
-    "database' raised inside the transaction is not mapped to StorageError); fix in "
-    "fleet_min/db.py, see docs/reliability.md"))
 def test_start_on_an_immutable_database_says_why(tmp_path: Path) -> None:
-    """Either it refuses to start with a sentence, or it starts and refuses writes with 503."""
+    """Either it refuses to start with a sentence, or it starts and refuses writes with 503.
+    Found here: it used to open the file read-only without a word and answer writes with 500."""
     if shutil.which("chattr") is None:
         pytest.skip("chattr (e2fsprogs) is not installed")
     data = tmp_path / "data"
@@ -230,11 +222,8 @@ def test_start_on_an_immutable_database_says_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "a collector started on a read-only mount exits with a Python traceback ('unable to open "
-    "database file' from PRAGMA journal_mode) instead of one sentence; fix in fleet_min/db.py "
-    "and the collector cli, see docs/reliability.md"))
 def test_start_on_a_read_only_mount_says_why_in_one_sentence(tmp_path: Path) -> None:
+    """Found here: it used to exit with a Python traceback ('unable to open database file')."""
     real, view = tmp_path / "real", tmp_path / "view"
     proc = CollectorProcess(real).start()
     proc.client.post("/jobs", job("a"))
