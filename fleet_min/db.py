@@ -21,7 +21,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 import aiosqlite
 
@@ -192,8 +192,7 @@ class _Writer:
                 conn.execute("RELEASE tx")
                 # SQLite's own refusals (read-only file, full disk, I/O) are storage errors: the
                 # client gets 503 with a sentence, not a 500.
-                outcomes.append((fut, None, _storage(exc) if isinstance(exc, sqlite3.Error)
-                                 else exc))
+                outcomes.append((fut, None, _storage(exc) if _is_storage(exc) else exc))
             else:
                 conn.execute("RELEASE tx")
                 outcomes.append((fut, result, None))
@@ -210,6 +209,16 @@ class _Writer:
         self.batches += 1
         self.transactions += len(batch)
         _resolve_all(outcomes)
+
+
+# SQLite's answers that mean the storage is at fault (not our SQL): full, read-only, I/O, ...
+_STORAGE_CODES = ("SQLITE_FULL", "SQLITE_READONLY", "SQLITE_IOERR", "SQLITE_CANTOPEN",
+                  "SQLITE_PERM", "SQLITE_CORRUPT", "SQLITE_NOTADB")
+
+
+def _is_storage(exc: BaseException) -> TypeGuard[sqlite3.Error]:
+    return isinstance(exc, sqlite3.Error) and str(
+        getattr(exc, "sqlite_errorname", "")).startswith(_STORAGE_CODES)
 
 
 def _storage(exc: sqlite3.Error) -> StorageError:

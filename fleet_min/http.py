@@ -55,7 +55,13 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     limit = limit if limit is not None else request.app.get(MAX_JSON_KEY, 1 << 20)
     if request.content_length is not None and request.content_length > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
-    raw = await request.content.read(limit + 1)
+    # read() returns what has arrived so far, so a large body takes several reads.
+    raw = bytearray()
+    while len(raw) <= limit:
+        chunk = await request.content.read(limit + 1 - len(raw))
+        if not chunk:
+            break
+        raw += chunk
     if len(raw) > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
     if not raw.strip():

@@ -87,5 +87,9 @@ def main(argv: list[str]) -> int:
         log.error("%s", exc)
         print(f"fleet-min collector: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # the port is taken, or the address is not this host's
+        print(f"fleet-min collector: cannot listen on {','.join(config.bind)} port "
+              f"{config.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     log.info("collector stopped cleanly")
     return 0

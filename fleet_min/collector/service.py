@@ -153,9 +153,14 @@ class Service:
         second and before anything that compares stored times with now (sweep, alert tick)."""
         jump = self.clock.jump()
         if jump:
-            log.warning("the wall clock was stepped by %+.0f s; lease deadlines and last-seen "
-                        "times are moved with it", jump)
-            await self.transact(rebase_clock, jump)
+            await self._rebase(jump)
+
+    async def _rebase(self, jump: float) -> None:
+        log.warning("the wall clock was stepped by %+.0f s; lease deadlines and last-seen "
+                    "times are moved with it", jump)
+        effects = Effects()
+        await self.db.write(rebase_clock, jump, effects)
+        self.apply(effects)
 
     async def _clock_loop(self) -> None:
         while True:
@@ -180,6 +185,10 @@ class Service:
 
     async def transact(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run fn(conn, *args, effects, **kwargs) as one transaction, then apply its effects."""
+        # A write stamped on a stepped clock would be moved again by the rebase: look first.
+        jump = self.clock.jump()
+        if jump:
+            await self._rebase(jump)
         effects = Effects()
 
         def run(conn: sqlite3.Connection) -> Any:

@@ -134,3 +134,10 @@ async def test_lease_defaults(client):
     assert (rows["short"]["lease_ttl_s"], rows["short"]["max_attempts"]) == (600, 3)
     assert rows["long"]["lease_ttl_s"] == 14400
     assert (rows["own"]["lease_ttl_s"], rows["own"]["max_attempts"]) == (30, 5)
+
+
+async def test_a_large_body_under_the_limit_is_read_whole(client):
+    """A body that arrives in several pieces (hundreds of KiB) is read to its end, not cut."""
+    resp = await client.post("/jobs", json=job("big", params={"pad": "x" * 800_000}))
+    assert resp.status == 201, await resp.text()
+    assert len((await (await client.get("/jobs/big")).json())["spec"]["params"]["pad"]) == 800_000
