@@ -9,6 +9,7 @@ from fleet_min import __version__
 USAGE = """usage: fleet-min {collector,controlplane} [options]
 
   collector      run the device job collector (port 8788)
+                 collector backup PATH / collector restore PATH --data DIR
   controlplane   run the CI runner control plane (port 7878, loopback)
 
 Run `fleet-min <command> --help` for the options of one command.

@@ -4,11 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 
-# Debian packages the browser and fault tests drive: Chromium (pages, driven by Playwright with
-# the system browser; no browser is downloaded) and libfaketime (clock-jump tests).
+# Debian packages the tests drive: Chromium (pages, driven by Playwright with the system browser;
+# no browser is downloaded), libfaketime (clock jumps), systemd-analyze (unit files) and chattr
+# (an immutable database file).
 packages=()
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v faketime >/dev/null 2>&1 || packages+=(faketime)
+command -v systemd-analyze >/dev/null 2>&1 || packages+=(systemd)
+command -v chattr >/dev/null 2>&1 || packages+=(e2fsprogs)
 if [ "${#packages[@]}" -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq
