@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 RETRIES = 3
 MAX_PAGES = 10
 _LINK_NEXT = re.compile(r'<([^>]+)>;\s*rel="next"')
+_OWNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 class GitHubError(Exception):
@@ -163,14 +164,67 @@ class GitHub:
                  "created_at": r.get("created_at"), "started_at": r.get("run_started_at"),
                  "url": r.get("html_url")} for r in (body or {}).get("workflow_runs") or []]
 
-    async def jobs(self, repo: str, run_id: int) -> list[dict[str, Any]]:
-        raw = await self.get_all(f"{_repo_path(repo)}/actions/runs/{int(run_id)}/jobs", "jobs")
+    async def jobs(self, repo: str, run_id: int, all_attempts: bool = False
+                   ) -> list[dict[str, Any]]:
+        """The run's jobs (of every attempt with all_attempts) with their steps."""
+        raw = await self.get_all(f"{_repo_path(repo)}/actions/runs/{int(run_id)}/jobs", "jobs",
+                                 "&filter=all" if all_attempts else "")
         return [{"id": j.get("id"), "run_id": j.get("run_id"), "repo": repo,
                  "name": j.get("name"), "workflow": j.get("workflow_name"),
                  "status": j.get("status"), "conclusion": j.get("conclusion"),
                  "runner": j.get("runner_name"), "labels": j.get("labels") or [],
                  "created_at": j.get("created_at"), "started_at": j.get("started_at"),
-                 "completed_at": j.get("completed_at")} for j in raw]
+                 "completed_at": j.get("completed_at"), "run_attempt": j.get("run_attempt"),
+                 "head_branch": j.get("head_branch"),
+                 "steps": [_step(step) for step in j.get("steps") or []
+                           if isinstance(step, dict)]} for j in raw if isinstance(j, dict)]
+
+    async def completed_runs(self, repo: str, created: str, page: int
+                             ) -> tuple[list[dict[str, Any]], int, bool]:
+        """One page (100) of completed runs created in `created` (GitHub's search range
+        syntax, e.g. 2026-01-01T00:00:00Z..2026-01-01T23:59:59Z): (runs, total_count, more)."""
+        url = (f"{self.base}{_repo_path(repo)}/actions/runs?per_page=100&status=completed"
+               f"&created={quote(created, safe='')}&page={int(page)}")
+        body, nxt = await self.request("GET", url, conditional=True)
+        body = body if isinstance(body, dict) else {}
+        runs = [{"id": r.get("id"), "repo": repo, "name": r.get("name"), "path": r.get("path"),
+                 "run_attempt": r.get("run_attempt") or 1, "event": r.get("event"),
+                 "branch": r.get("head_branch"), "status": r.get("status"),
+                 "conclusion": r.get("conclusion"), "created_at": r.get("created_at"),
+                 "updated_at": r.get("updated_at")}
+                for r in body.get("workflow_runs") or [] if isinstance(r, dict)]
+        total = body.get("total_count")
+        return runs, total if isinstance(total, int) else len(runs), nxt is not None
+
+    async def repository(self, repo: str) -> dict[str, Any]:
+        body, _ = await self.request("GET", f"{self.base}{_repo_path(repo)}", conditional=True)
+        return body if isinstance(body, dict) else {}
+
+    async def contents(self, repo: str, path: str, ref: str) -> Any:
+        """The contents API: a list for a directory, an object (base64 content) for a file."""
+        parts = path.split("/")
+        if any(p in ("", ".", "..") for p in parts) or "\\" in path:
+            raise GitHubError(f"{path!r} is not a plain repository path")
+        url = (f"{self.base}{_repo_path(repo)}/contents/{quote(path, safe='/')}"
+               f"?ref={quote(ref, safe='')}")
+        body, _ = await self.request("GET", url, conditional=True)
+        return body
+
+    async def account_type(self, owner: str) -> str | None:
+        """"User" or "Organization"."""
+        _check_owner(owner)
+        body, _ = await self.request("GET", f"{self.base}/users/{quote(owner, safe='')}",
+                                     conditional=True)
+        kind = body.get("type") if isinstance(body, dict) else None
+        return kind if isinstance(kind, str) else None
+
+    async def actions_billing(self, owner: str, organization: bool) -> dict[str, Any]:
+        _check_owner(owner)
+        scope = "orgs" if organization else "users"
+        body, _ = await self.request(
+            "GET", f"{self.base}/{scope}/{quote(owner, safe='')}/settings/billing/actions",
+            conditional=True)
+        return body if isinstance(body, dict) else {}
 
     async def _token(self, repo: str, kind: str) -> str:
         body, _ = await self.request("POST", f"{self.base}{_repo_path(repo)}/actions/runners/"
@@ -189,3 +243,14 @@ class GitHub:
     def status(self) -> dict[str, Any]:
         return {"api": self.base, "token": bool(self.token), "rate_limit": self.rate or None,
                 "requests": self.requests, "not_modified": self.not_modified}
+
+
+def _check_owner(owner: str) -> None:
+    if not _OWNER.fullmatch(owner):
+        raise GitHubError(f"{owner!r} is not a GitHub account name")
+
+
+def _step(step: dict[str, Any]) -> dict[str, Any]:
+    return {"name": str(step.get("name") or "")[:300], "number": step.get("number"),
+            "conclusion": step.get("conclusion"), "started_at": step.get("started_at"),
+            "completed_at": step.get("completed_at")}

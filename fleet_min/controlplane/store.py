@@ -1,4 +1,4 @@
-"""The control plane's SQLite tables: live settings, audit log, runner events, recent jobs.
+"""The control plane's SQLite tables: live settings, audit log, runner events, job history.
 
 Write functions take the sqlite3 connection first (they run on the writer thread through
 Database.write); read functions are coroutines over Database.read. Retention keeps every table
@@ -57,11 +57,124 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX jobs_runner ON jobs (runner, started_at);
     """,
+    # 2: job history with steps, workflow files, forecasts, autoscale, admission, federation.
+    """
+    ALTER TABLE jobs ADD COLUMN run_attempt INTEGER NOT NULL DEFAULT 1;
+    ALTER TABLE jobs ADD COLUMN head_branch TEXT;
+    ALTER TABLE jobs ADD COLUMN event TEXT;
+    ALTER TABLE jobs ADD COLUMN steps TEXT NOT NULL DEFAULT '[]';
+    CREATE INDEX jobs_completed ON jobs (completed_at);
+    CREATE INDEX jobs_repo_completed ON jobs (repo, completed_at);
+    CREATE TABLE history_runs (
+        repo TEXT NOT NULL,
+        run_id INTEGER NOT NULL,
+        run_attempt INTEGER NOT NULL,
+        created_at REAL,
+        fetched_at REAL NOT NULL,
+        jobs INTEGER NOT NULL,
+        PRIMARY KEY (repo, run_id, run_attempt)
+    ) WITHOUT ROWID;
+    CREATE TABLE history_state (
+        repo TEXT PRIMARY KEY,
+        backfill_since REAL NOT NULL,
+        caught_up_at REAL,
+        last_round_at REAL,
+        last_error TEXT,
+        pending INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE workflow_files (
+        repo TEXT NOT NULL,
+        path TEXT NOT NULL,
+        ref TEXT NOT NULL,
+        sha TEXT NOT NULL,
+        content TEXT NOT NULL,
+        fetched_at REAL NOT NULL,
+        PRIMARY KEY (repo, path)
+    );
+    CREATE TABLE forecasts (
+        repo TEXT NOT NULL,
+        hour_start REAL NOT NULL,
+        source TEXT NOT NULL,
+        predicted REAL NOT NULL,
+        confidence TEXT NOT NULL,
+        made_at REAL NOT NULL,
+        detail TEXT NOT NULL DEFAULT '{}',
+        actual REAL,
+        scored_at REAL,
+        PRIMARY KEY (repo, hour_start, source)
+    );
+    CREATE TABLE autoscale (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        last_seen_at REAL NOT NULL,
+        seen INTEGER NOT NULL DEFAULT 1,
+        repo TEXT NOT NULL,
+        direction TEXT NOT NULL,
+        outcome TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        action TEXT,
+        args TEXT NOT NULL DEFAULT '{}',
+        reasons TEXT NOT NULL,
+        inputs TEXT NOT NULL,
+        result TEXT
+    );
+    CREATE INDEX autoscale_repo ON autoscale (repo, id);
+    CREATE TABLE duplicates (
+        name TEXT PRIMARY KEY,
+        sibling TEXT NOT NULL,
+        repo TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        who TEXT NOT NULL
+    );
+    CREATE TABLE admission (
+        id INTEGER PRIMARY KEY,
+        at REAL NOT NULL,
+        runner TEXT,
+        repo TEXT,
+        run_id INTEGER,
+        job TEXT,
+        workflow TEXT,
+        decision TEXT NOT NULL,
+        wait_s REAL,
+        reason TEXT,
+        load REAL
+    );
+    CREATE INDEX admission_at ON admission (at);
+    CREATE TABLE admission_cursor (
+        path TEXT PRIMARY KEY,
+        inode INTEGER,
+        offset INTEGER NOT NULL,
+        head TEXT,
+        bad_lines INTEGER NOT NULL DEFAULT 0,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE hosts (
+        name TEXT PRIMARY KEY,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL,
+        report TEXT NOT NULL
+    );
+    CREATE TABLE host_commands (
+        id TEXT PRIMARY KEY,
+        host TEXT NOT NULL,
+        action TEXT NOT NULL,
+        args TEXT NOT NULL,
+        who TEXT NOT NULL,
+        queued_at REAL NOT NULL,
+        sent_at REAL,
+        sends INTEGER NOT NULL DEFAULT 0,
+        done_at REAL,
+        ok INTEGER,
+        error TEXT,
+        output TEXT
+    );
+    CREATE INDEX host_commands_host ON host_commands (host, done_at);
+    """,
 ]
 
 KEEP_AUDIT = 20000
 KEEP_EVENTS = 20000
-KEEP_JOBS_S = 90 * 86400
+KEEP_JOBS_S = 400 * 86400  # analytics look back up to 365 days
 
 
 # --- writes (writer thread) ----------------------------------------------------------------
@@ -95,17 +208,37 @@ def add_events(conn: sqlite3.Connection, events: list[tuple[str, str, str]]) -> 
     conn.execute("DELETE FROM events WHERE id <= ?", (last - KEEP_EVENTS,))
 
 
+_UPSERT_JOB = (
+    "INSERT INTO jobs (job_id, run_id, repo, name, workflow, runner, status, conclusion, "
+    "created_at, started_at, completed_at, labels, run_attempt, head_branch, event, steps) "
+    "VALUES (:job_id, :run_id, :repo, :name, :workflow, :runner, :status, :conclusion, "
+    ":created_at, :started_at, :completed_at, :labels, :run_attempt, :head_branch, :event, "
+    ":steps) ON CONFLICT (job_id) DO UPDATE SET status = excluded.status, "
+    "conclusion = excluded.conclusion, runner = coalesce(excluded.runner, jobs.runner), "
+    "created_at = coalesce(excluded.created_at, jobs.created_at), "
+    "started_at = excluded.started_at, completed_at = excluded.completed_at, "
+    "run_attempt = excluded.run_attempt, "
+    "head_branch = coalesce(excluded.head_branch, jobs.head_branch), "
+    "event = coalesce(excluded.event, jobs.event), "
+    "steps = CASE WHEN excluded.steps = '[]' THEN jobs.steps ELSE excluded.steps END")
+
+
 def upsert_jobs(conn: sqlite3.Connection, jobs: list[dict[str, Any]]) -> None:
-    conn.executemany(
-        "INSERT INTO jobs (job_id, run_id, repo, name, workflow, runner, status, conclusion, "
-        "created_at, started_at, completed_at, labels) VALUES (:job_id, :run_id, :repo, :name, "
-        ":workflow, :runner, :status, :conclusion, :created_at, :started_at, :completed_at, "
-        ":labels) ON CONFLICT (job_id) DO UPDATE SET status = excluded.status, "
-        "conclusion = excluded.conclusion, runner = coalesce(excluded.runner, jobs.runner), "
-        "started_at = excluded.started_at, completed_at = excluded.completed_at",
-        [{**job, "labels": json.dumps(job.get("labels", []))} for job in jobs])
-    conn.execute("DELETE FROM jobs WHERE coalesce(completed_at, created_at, 0) < ?",
-                 (now() - KEEP_JOBS_S,))
+    """Insert or update jobs by job id (idempotent: the same job twice is one row)."""
+    conn.executemany(_UPSERT_JOB, [
+        {"run_attempt": 1, "head_branch": None, "event": None, **job,
+         "labels": json.dumps(job.get("labels", [])),
+         "steps": json.dumps(job.get("steps") or [], separators=(",", ":"))} for job in jobs])
+
+
+def prune_jobs(conn: sqlite3.Connection, at: float) -> int:
+    """Retention: jobs (and fetched-run marks) older than KEEP_JOBS_S go."""
+    cutoff = at - KEEP_JOBS_S
+    removed = conn.execute("DELETE FROM jobs WHERE completed_at < ?", (cutoff,)).rowcount
+    removed += conn.execute("DELETE FROM jobs WHERE completed_at IS NULL AND created_at < ?",
+                            (cutoff,)).rowcount
+    conn.execute("DELETE FROM history_runs WHERE created_at < ?", (cutoff,))
+    return removed
 
 
 # --- reads ---------------------------------------------------------------------------------

@@ -5,16 +5,23 @@ label objects, workflow runs, jobs), honours ETag/If-None-Match with 304, pagina
 headers, sends rate-limit headers, checks the bearer token, issues registration and removal
 tokens, and can be told to fail the next N requests with 502. `/_fake/*` is the back door the
 fake config.sh uses to register and remove runners, as the real one talks to GitHub.
+
+For the history and analysis: the run listing filters by status and by GitHub's `created`
+search ranges, pages with Link headers and answers at most 1,000 runs per query as GitHub
+does; jobs honour `filter=latest|all`; the contents API serves workflow files (base64, blob
+sha); `/users/{name}` and the Actions billing routes answer for the accounts a test sets up.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import itertools
 import json
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -28,6 +35,8 @@ class FakeGitHub:
         self.repos: dict[str, dict[str, Any]] = {}
         self.issued: dict[str, tuple[str, str]] = {}  # token -> (kind, repo)
         self.fail_next = 0
+        self.accounts: dict[str, str] = {}               # login -> "User" / "Organization"
+        self.billing: dict[str, dict[str, Any]] = {}     # login -> Actions billing body
         self.log: list[tuple[str, str, int]] = []
         self.remaining = 5000
         self._ids = itertools.count(1000)
@@ -38,7 +47,14 @@ class FakeGitHub:
     # --- state the tests arrange ----------------------------------------------------------
 
     def repo(self, name: str) -> dict[str, Any]:
-        return self.repos.setdefault(name, {"runners": {}, "runs": [], "jobs": {}})
+        return self.repos.setdefault(name, {"runners": {}, "runs": [], "jobs": {}, "files": {},
+                                            "default_branch": "main"})
+
+    def load_history(self, history: Any) -> None:
+        """Serve a generated history (tests/controlplane/history_gen.py) for its repo."""
+        repo = self.repo(history.repo)
+        repo["runs"] += history.runs
+        repo["jobs"].update(history.jobs)
 
     def add_runner(self, repo: str, name: str, labels: list[str] | None = None,
                    status: str = "online", busy: bool = False) -> int:
@@ -115,14 +131,69 @@ class FakeGitHub:
             link = f'<{nxt}>; rel="next"'
         return self._answer(request, {"total_count": len(items), "runners": chunk}, link=link)
 
+    def _page(self, request: web.Request, items: list[Any], key: str, cap: int | None = None
+              ) -> web.Response:
+        per_page = min(100, int(request.query.get("per_page", 30)))
+        page = int(request.query.get("page", 1))
+        reachable = items[:cap] if cap else items
+        chunk = reachable[(page - 1) * per_page: page * per_page]
+        link = None
+        if page * per_page < len(reachable):
+            link = f'<{request.url.update_query(page=page + 1)}>; rel="next"'
+        return self._answer(request, {"total_count": len(items), key: chunk}, link=link)
+
     async def runs(self, request: web.Request) -> web.Response:
         status = request.query.get("status")
-        runs = [r for r in self._repo_of(request)["runs"] if status in (None, r["status"])]
-        return self._answer(request, {"total_count": len(runs), "workflow_runs": runs})
+        created = _created_filter(request.query.get("created"))
+        runs = [r for r in self._repo_of(request)["runs"] if status in (None, r["status"])
+                and created(r["created_at"])]
+        runs.sort(key=lambda r: r["created_at"], reverse=True)
+        return self._page(request, runs, "workflow_runs", cap=1000)
 
     async def jobs(self, request: web.Request) -> web.Response:
         jobs = self._repo_of(request)["jobs"].get(int(request.match_info["run"]), [])
-        return self._answer(request, {"total_count": len(jobs), "jobs": jobs})
+        if request.query.get("filter", "latest") == "latest" and jobs:
+            latest = max(j.get("run_attempt", 1) for j in jobs)
+            jobs = [j for j in jobs if j.get("run_attempt", 1) == latest]
+        return self._page(request, jobs, "jobs")
+
+    async def repository(self, request: web.Request) -> web.Response:
+        repo = self._repo_of(request)
+        name = f"{request.match_info['owner']}/{request.match_info['repo']}"
+        return self._answer(request, {"full_name": name, "default_branch":
+                                      repo["default_branch"], "private": True})
+
+    async def contents(self, request: web.Request) -> web.Response:
+        repo = self._repo_of(request)
+        path = request.match_info["path"].strip("/")
+        files: dict[str, str] = repo["files"]
+        if path in files:
+            data = files[path].encode()
+            return self._answer(request, {"type": "file", "path": path, "sha": _blob_sha(data),
+                                          "size": len(data), "encoding": "base64",
+                                          "content": base64.encodebytes(data).decode()})
+        inside = sorted(p for p in files if p.startswith(path + "/"))
+        if not inside:
+            raise web.HTTPNotFound(text='{"message": "Not Found"}',
+                                   content_type="application/json")
+        return self._answer(request, [
+            {"type": "file", "name": p.rsplit("/", 1)[-1], "path": p,
+             "sha": _blob_sha(files[p].encode()), "size": len(files[p].encode())}
+            for p in inside])
+
+    async def user(self, request: web.Request) -> web.Response:
+        login = request.match_info["login"]
+        if login not in self.accounts:
+            raise web.HTTPNotFound(text='{"message": "Not Found"}',
+                                   content_type="application/json")
+        return self._answer(request, {"login": login, "type": self.accounts[login]})
+
+    async def actions_billing(self, request: web.Request) -> web.Response:
+        login = request.match_info["login"]
+        if login not in self.billing:
+            return web.json_response({"message": "Resource not accessible by integration"},
+                                     status=403)
+        return self._answer(request, self.billing[login])
 
     async def token(self, request: web.Request) -> web.Response:
         self._repo_of(request)
@@ -152,6 +223,11 @@ class FakeGitHub:
         app.router.add_post(base + "/runners/{kind:registration|remove}-token", self.token)
         app.router.add_get(base + "/runs", self.runs)
         app.router.add_get(base + "/runs/{run:[0-9]+}/jobs", self.jobs)
+        app.router.add_get("/repos/{owner}/{repo}", self.repository)
+        app.router.add_get("/repos/{owner}/{repo}/contents/{path:.+}", self.contents)
+        app.router.add_get("/users/{login}", self.user)
+        app.router.add_get("/users/{login}/settings/billing/actions", self.actions_billing)
+        app.router.add_get("/orgs/{login}/settings/billing/actions", self.actions_billing)
         app.router.add_post("/_fake/register", self.fake_register)
         app.router.add_post("/_fake/remove", self.fake_remove)
         return app
@@ -184,3 +260,39 @@ class FakeGitHub:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(10)
+
+
+def _blob_sha(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _when(text: str, end: bool) -> float:
+    """A search-syntax date or time as epoch seconds (a bare date: its first or last second)."""
+    value = text.strip().replace("Z", "+00:00")
+    if len(value) == 10:
+        value += "T23:59:59+00:00" if end else "T00:00:00+00:00"
+    moment = datetime.fromisoformat(value)
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.now().astimezone().tzinfo)
+    return moment.timestamp()
+
+
+def _created_filter(query: str | None) -> Any:
+    """GitHub's `created` qualifier: A..B, >=A, <=A, >A, <A, or one date (inclusive)."""
+    if not query:
+        return lambda created: True
+    if ".." in query:
+        low, high = query.split("..", 1)
+        lo = _when(low, False) if low != "*" else float("-inf")
+        hi = _when(high, True) if high != "*" else float("inf")
+    elif query.startswith(">="):
+        lo, hi = _when(query[2:], False), float("inf")
+    elif query.startswith("<="):
+        lo, hi = float("-inf"), _when(query[2:], True)
+    elif query.startswith(">"):
+        lo, hi = _when(query[1:], True) + 1, float("inf")
+    elif query.startswith("<"):
+        lo, hi = float("-inf"), _when(query[1:], False) - 1
+    else:
+        lo, hi = _when(query, False), _when(query, True)
+    return lambda created: lo <= _when(created, False) <= hi
