@@ -12,6 +12,7 @@ import asyncio
 import os
 import re
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from fleet_min.controlplane import commands, store
 from fleet_min.controlplane.capacity import refusals_for_repo
 from fleet_min.controlplane.commands import CommandResult
+from fleet_min.controlplane.federation import AGENT_ACTIONS, check_host
 from fleet_min.controlplane.github import GitHubError
 from fleet_min.controlplane.runners import DRAIN_MARKER, Runner, load_runner, valid_name
 from fleet_min.controlplane.supervisor import ServiceState, chain
-from fleet_min.errors import BadRequest, Conflict, Refused, Unavailable
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, Unavailable
 from fleet_min.timeutil import iso, now
 
 if TYPE_CHECKING:
@@ -42,7 +44,8 @@ CATALOGUE: list[dict[str, Any]] = [
      "description": "Stop the service and remove the registration (refused while busy).",
      "args": {"name": "runner name", "delete_dir": "optional boolean; default false"}},
     {"id": "health.check", "label": "Health check", "runner": False,
-     "description": "Run the host health script and show its output.", "args": {}},
+     "description": "Run the host health script and show its output.",
+     "args": {"host": "optional agent host to run it on (queued to that agent)"}},
 ]
 ACTION_IDS = {entry["id"] for entry in CATALOGUE}
 # The runner's own files that belong to its registration or its runtime state: never copied
@@ -88,7 +91,12 @@ async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict
     try:
         async with cp.action_lock:
             await cp.rebuild()  # validate against what is on the host now, not a tick ago
-            reply = await _dispatch(cp, action, args)
+            host = _remote_host(cp, action, args)
+            if host is not None:
+                reply = await _queue_remote(cp, host, action, args, who)
+            else:
+                reply = await _dispatch(cp, action, args)
+                await _note_duplicates(cp, action, reply, who)
             await cp.rebuild()  # the reply's effect is in /api/state and the stream at once
         return reply
     except Refused as exc:
@@ -96,12 +104,74 @@ async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict
         raise
     finally:
         duration = int((time.monotonic() - started) * 1000)
-        audit_args = {k: v for k, v in args.items() if k in ("name", "new_name", "delete_dir")}
+        audit_args = {k: v for k, v in args.items()
+                      if k in ("name", "new_name", "delete_dir", "host")}
         await cp.db.write(store.add_audit, who, action, audit_args,
                           bool(reply and reply["ok"]), reply["code"] if reply else None,
                           reply["durationMs"] if reply else duration,
                           error or (reply or {}).get("error"))
         cp.wake(github=True)
+
+
+def _remote_host(cp: ControlPlane, action: str, args: dict[str, Any]) -> str | None:
+    """The agent host an action is for, or None when it runs here.
+
+    A runner found on this host is acted on here; one only an agent reports is queued to that
+    agent (args.host picks between agents reporting the same name). health.check runs here
+    unless args.host names an agent.
+    """
+    wanted = args.get("host")
+    if wanted is not None:
+        wanted = check_host(wanted)
+        if wanted == cp.host_name:
+            return None
+        if wanted not in cp.hosts.reports:
+            raise NotFound(f"no agent host named {wanted!r} has sent a heartbeat")
+    if action == "health.check":
+        return wanted
+    name = _runner_name(args)
+    if wanted is None and any(r.name == name for r in cp.runners):
+        return None
+    owners = cp.hosts.owner_of(name, wanted)
+    if len(owners) > 1:
+        raise Conflict(f"agents {', '.join(owners)} all report a runner named {name!r}; "
+                       "say which with args.host")
+    return owners[0] if owners else None
+
+
+async def _queue_remote(cp: ControlPlane, host: str, action: str, args: dict[str, Any],
+                        who: str) -> dict[str, Any]:
+    if action not in AGENT_ACTIONS:
+        raise Conflict(f"{action} is not sent to agent hosts; only "
+                       f"{', '.join(AGENT_ACTIONS)} are")
+    command_id = await cp.hosts.queue(host, action, args, who)
+    return {"ok": True, "action": action, "queued": True, "host": host,
+            "command_id": command_id, "code": None, "durationMs": 0, "command": None,
+            "runner": args.get("name"),
+            "output": f"queued for {host}; it runs when the agent next calls in"}
+
+
+async def _note_duplicates(cp: ControlPlane, action: str, reply: dict[str, Any],
+                           who: str) -> None:
+    """Remember which runners are duplicates: autoscale only ever removes those."""
+    if not reply.get("ok"):
+        return
+    if action == "runner.duplicate":
+        sibling = next((r for r in cp.runners if r.name == reply["sibling"]), None)
+        await cp.db.write(_add_duplicate, reply["runner"], reply["sibling"],
+                          sibling.repo if sibling else "", who)
+    elif action == "runner.deregister":
+        await cp.db.write(_drop_duplicate, reply["runner"])
+
+
+def _add_duplicate(conn: sqlite3.Connection, name: str, sibling: str, repo: str,
+                   who: str) -> None:
+    conn.execute("INSERT OR REPLACE INTO duplicates (name, sibling, repo, created_at, who) "
+                 "VALUES (?, ?, ?, ?, ?)", (name, sibling, repo, now(), who))
+
+
+def _drop_duplicate(conn: sqlite3.Connection, name: str) -> None:
+    conn.execute("DELETE FROM duplicates WHERE name = ?", (name,))
 
 
 async def _dispatch(cp: ControlPlane, action: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -15,12 +15,14 @@ from aiohttp import web
 
 from fleet_min.config import Config
 from fleet_min.controlplane import actions, auth, store
+from fleet_min.controlplane.analysis import check_repo
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.bundle import build_bundle
 from fleet_min.controlplane.engine import ControlPlane
+from fleet_min.controlplane.federation import check_host, clean_report, wait_of
 from fleet_min.controlplane.runners import valid_name
 from fleet_min.controlplane.stream import KEEP_ALIVE, sse_event
-from fleet_min.errors import BadRequest, Refused
+from fleet_min.errors import BadRequest, Conflict, Refused
 from fleet_min.http import (
     MAX_JSON_KEY,
     SECURITY_HEADERS,
@@ -40,7 +42,7 @@ WEB_FOLDER = "web/controlplane/"
 # Stricter than the shared page policy: the control-plane UI has no inline style or script.
 UI_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
           "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'")
-_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_DIGITS = re.compile(r"[0-9]{1,6}")
 
 
 def engine(request: web.Request) -> ControlPlane:
@@ -121,14 +123,53 @@ async def settings_list(request: web.Request) -> web.Response:
 
 
 async def hosts(request: web.Request) -> web.Response:
-    cp = engine(request)
-    snap = cp.snapshot
-    here = {"host": snap["host"]["name"], "role": "coordinator", "runners": len(snap["runners"]),
-            "capacity": snap["capacity"], "load": snap["vitals"].get("load"),
-            "heartbeat_age_s": 0}
-    remote = [{**h, "role": "agent", "heartbeat_age_s": round(now() - h["received"], 1),
-               "received": iso(h["received"])} for h in cp.hosts.values()]
-    return json_response({"hosts": [here, *remote]})
+    return json_response(await engine(request).hosts_report())
+
+
+def _strict_int(request: web.Request, name: str, default: int, high: int) -> int:
+    """A query integer from 1 to high; anything else (empty, signs, spaces, 0) is a 400."""
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if not _DIGITS.fullmatch(raw) or not 1 <= int(raw) <= high:
+        raise BadRequest(f"{name} must be a whole number from 1 to {high} (default {default})")
+    return int(raw)
+
+
+async def analytics(request: web.Request) -> web.Response:
+    days = _strict_int(request, "days", 30, 365)
+    return json_response(await engine(request).analysis.analytics(days))
+
+
+async def repo_detail(request: web.Request) -> web.Response:
+    name = check_repo(request.query.get("name"))
+    return json_response(await engine(request).analysis.repo(name))
+
+
+async def concurrency(request: web.Request) -> web.Response:
+    return json_response(await engine(request).analysis.concurrency())
+
+
+async def simulate(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    return json_response(await engine(request).analysis.simulate(body))
+
+
+async def forecast(request: web.Request) -> web.Response:
+    return json_response(await engine(request).analysis.forecast())
+
+
+async def autoscale(request: web.Request) -> web.Response:
+    return json_response(await engine(request).analysis.autoscale_report())
+
+
+async def admission(request: web.Request) -> web.Response:
+    limit = _strict_int(request, "limit", 60, 500)
+    return json_response(await engine(request).analysis.admission(limit))
+
+
+async def billing(request: web.Request) -> web.Response:
+    return json_response(await engine(request).analysis.billing())
 
 
 # --- mutating routes -----------------------------------------------------------------------
@@ -177,30 +218,28 @@ async def bundle(request: web.Request) -> web.Response:
 
 async def heartbeat(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    host = body.get("host")
-    if not isinstance(host, str) or not _HOST_NAME.fullmatch(host):
-        raise BadRequest("host must be the agent host's name")
     cp = engine(request)
-    cp.hosts[host] = {"host": host, "received": now(),
-                      "runners": body.get("runners") if isinstance(body.get("runners"), list)
-                      else [], "capacity": body.get("capacity"), "load": body.get("load")}
-    return json_response({"ok": True, "commands": []})
+    host = check_host(body.get("host"))
+    if host == cp.host_name:
+        raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
+                       "(FLEET_HOST_NAME)")
+    commands = await cp.hosts.heartbeat(host, clean_report(body), wait_of(body))
+    return json_response({"ok": True, "commands": commands})
 
 
 async def host_results(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    host, results = body.get("host"), body.get("results")
-    if not isinstance(host, str) or not _HOST_NAME.fullmatch(host):
-        raise BadRequest("host must be the agent host's name")
+    host, results = check_host(body.get("host")), body.get("results")
     if not isinstance(results, list) or not all(
             isinstance(r, dict) and isinstance(r.get("id"), str) for r in results):
         raise BadRequest("results must be a list of objects, each with a string id")
     cp = engine(request)
+    received = await cp.hosts.results(host, results)
     for result in results:
         await cp.db.write(store.add_audit, _who(request), f"host.result:{host}",
                           {"id": result["id"]}, bool(result.get("ok")), None, 0,
                           str(result.get("error"))[:500] if result.get("error") else None)
-    return json_response({"ok": True, "received": len(results)})
+    return json_response({"ok": True, "received": len(results), "matched": received})
 
 
 # --- the table -----------------------------------------------------------------------------
@@ -215,6 +254,14 @@ ROUTES: list[tuple[str, str, Handler, Need]] = [
     ("GET", "/api/actions", action_catalogue, Need.NONE),
     ("GET", "/api/settings", settings_list, Need.NONE),
     ("GET", "/api/hosts", hosts, Need.NONE),
+    ("GET", "/api/analytics", analytics, Need.NONE),
+    ("GET", "/api/repo", repo_detail, Need.NONE),
+    ("GET", "/api/concurrency", concurrency, Need.NONE),
+    ("POST", "/api/simulate", simulate, Need.SAME_ORIGIN),
+    ("GET", "/api/forecast", forecast, Need.NONE),
+    ("GET", "/api/autoscale", autoscale, Need.NONE),
+    ("GET", "/api/admission", admission, Need.NONE),
+    ("GET", "/api/billing", billing, Need.NONE),
     ("POST", "/api/action", action, Need.CONTROL),
     ("POST", "/api/settings", settings_change, Need.CONTROL),
     ("GET", "/api/runner/bundle", bundle, Need.CONTROL),
@@ -252,7 +299,9 @@ def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Applic
         await cp.close()
 
     async def release_streams(app: web.Application) -> None:
-        cp.hub.close()  # lets every open /api/stream end so shutdown does not wait on them
+        # Every open /api/stream and held heartbeat ends now, so shutdown waits on none.
+        cp.hub.close()
+        cp.hosts.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.on_shutdown.append(release_streams)

@@ -18,6 +18,7 @@ READ_ONLY_MESSAGE = "this daemon is running read-only"
 
 class Need(Enum):
     NONE = "none"
+    SAME_ORIGIN = "same-origin"  # no token, but never from another site's page (POST reads)
     CONTROL = "control"
     AGENT = "agent"
 
@@ -52,6 +53,9 @@ def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,
               control: str | None, agent: str | None) -> str:
     """Raise 401/403 unless the request may proceed; return who it is for the audit log."""
     if need is Need.NONE:
+        return "anonymous"
+    if need is Need.SAME_ORIGIN:
+        check_same_origin(headers)
         return "anonymous"
     if read_only:
         raise Forbidden(READ_ONLY_MESSAGE)

@@ -2,7 +2,9 @@
 
 One ControlPlane per daemon. A tick rebuilds the snapshot (faster while a runner is busy, at
 once after an action or a setting change) and publishes it to the stream; a second loop keeps
-the GitHub data fresh with conditional requests. Domain only: no aiohttp.web here.
+the GitHub data fresh with conditional requests (and lets autoscale look at it); a third runs
+the analysis rounds (job history, workflow files, forecast). In agent mode a fourth sends
+heartbeats to the coordinator. Domain only: no aiohttp.web here.
 """
 
 from __future__ import annotations
@@ -20,12 +22,16 @@ from typing import Any
 
 from fleet_min.config import Config
 from fleet_min.controlplane import diag, store, tokens
+from fleet_min.controlplane.agent_link import CoordinatorLink, coordinator_token
+from fleet_min.controlplane.analysis import Analysis
 from fleet_min.controlplane.capacity import capacity
 from fleet_min.controlplane.drift import drift_alerts
+from fleet_min.controlplane.federation import Hosts
 from fleet_min.controlplane.github import GitHub, GitHubError, find_token
+from fleet_min.controlplane.history import job_row
 from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.procs import process_table
-from fleet_min.controlplane.queue_causes import queue_causes
+from fleet_min.controlplane.queue_causes import Context, queue_causes
 from fleet_min.controlplane.runners import Runner, discover
 from fleet_min.controlplane.settings import LiveValues, lookup
 from fleet_min.controlplane.stream import SnapshotHub
@@ -33,12 +39,13 @@ from fleet_min.controlplane.supervisor import ServiceState, choose
 from fleet_min.controlplane.vitals import host_vitals
 from fleet_min.db import Database
 from fleet_min.errors import NotFound
-from fleet_min.timeutil import iso, now, parse_iso
+from fleet_min.timeutil import iso, now
 
 log = logging.getLogger(__name__)
 
 DRAIN_RETRY_S = 60.0
 COMPLETED_JOBS_PER_REFRESH = 10
+RUN_STATUSES = ("queued", "pending", "in_progress")
 
 
 class RepoData:
@@ -69,11 +76,17 @@ class ControlPlane:
         self.runners: list[Runner] = []
         self.states: dict[str, ServiceState] = {}
         self.snapshot: dict[str, Any] = {}
-        self.hosts: dict[str, dict[str, Any]] = {}
+        self.views: list[dict[str, Any]] = []  # this host's runners (the snapshot adds remote)
+        self.clock = now
+        self.host_name = cfg.host_name or socket.gethostname()
+        self.hosts = Hosts(self.db, self.clock)
+        self.analysis = Analysis(self)
+        self.link: CoordinatorLink | None = None
         self.action_lock = asyncio.Lock()
         self._build_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._github_wake = asyncio.Event()
+        self._history_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._previous: dict[str, dict[str, Any]] = {}
         self._drain_tried: dict[str, float] = {}
@@ -90,20 +103,34 @@ class ControlPlane:
             self.control_token = tokens.ensure_token(self.state_dir)
             self.agent_token = tokens.agent_token(self.state_dir, self.control_token)
         self.github.token = await asyncio.to_thread(find_token, self.environ)
+        await self.hosts.load()
+        if self.cfg.coordinator:
+            token_file = (Path(self.cfg.coordinator_token_file).expanduser()
+                          if self.cfg.coordinator_token_file
+                          else self.state_dir / "coordinator-token")
+            self.link = CoordinatorLink(self, self.cfg.coordinator, coordinator_token(token_file))
         await self.rebuild()
         self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
-                       asyncio.create_task(self._github_loop(), name="controlplane-github")]
+                       asyncio.create_task(self._github_loop(), name="controlplane-github"),
+                       asyncio.create_task(self._history_loop(), name="controlplane-history")]
+        if self.link is not None:
+            self._tasks.append(asyncio.create_task(self.link.run(), name="controlplane-agent"))
 
     async def close(self) -> None:
         self.hub.close()
+        self.hosts.close()
+        if self.link is not None:
+            self.link.stop()
         await stop_tasks(self._tasks)
         await self.github.close()
         await self.db.close()
 
-    def wake(self, github: bool = False) -> None:
+    def wake(self, github: bool = False, history: bool = False) -> None:
         self._wake.set()
         if github:
             self._github_wake.set()
+        if history:
+            self._history_wake.set()
 
     def setting(self, key: str) -> Any:
         return self.live.get(key)
@@ -116,6 +143,7 @@ class ControlPlane:
             self._wake.clear()
             try:
                 await self.rebuild()
+                await self.analysis.admission_log.ingest(self.clock())
             except Exception:
                 log.exception("snapshot rebuild failed; the next tick tries again")
 
@@ -123,16 +151,32 @@ class ControlPlane:
         while True:
             try:
                 await self.refresh_github()
+                await self.rebuild()
+                await self.analysis.autoscale()
             except Exception:
                 log.exception("GitHub refresh failed; the next round tries again")
-            self._wake.set()
             await wait_event(self._github_wake, self.setting("github_s"))
             self._github_wake.clear()
+
+    async def _history_loop(self) -> None:
+        while True:
+            try:
+                await self.analysis.round()
+            except Exception:
+                log.exception("analysis round failed; the next round tries again")
+            await wait_event(self._history_wake, self.setting("history_s"))
+            self._history_wake.clear()
+
+    def watched_repos(self) -> list[str]:
+        """This host's runners' repositories, the agents' and FLEET_WATCH_REPOS."""
+        repos = {r.repo for r in self.runners if r.repo}
+        repos |= {r["repo"] for r in self.hosts.remote_views(float("inf")) if r.get("repo")}
+        return sorted(repos | set(self.cfg.watch_repos))
 
     # --- GitHub ----------------------------------------------------------------------------
 
     async def refresh_github(self) -> None:
-        repos = sorted({r.repo for r in self.runners if r.repo})
+        repos = self.watched_repos()
         for repo in list(self.repos):
             if repo not in repos:
                 del self.repos[repo]
@@ -148,7 +192,7 @@ class ControlPlane:
     async def _refresh_repo(self, repo: str, data: RepoData) -> None:
         data.runners = await self.github.runners(repo)
         runs = []
-        for status in ("queued", "in_progress"):
+        for status in RUN_STATUSES:
             runs += await self.github.runs(repo, status)
         jobs = [job for run in runs for job in await self.github.jobs(repo, run["id"])]
         completed = await self.github.runs(repo, "completed")
@@ -160,7 +204,7 @@ class ControlPlane:
             self._seen_completed.add(run["id"])
         data.runs, data.jobs = runs, [j for j in jobs if j["run_id"] in {r["id"] for r in runs}]
         if jobs:
-            await self.db.write(store.upsert_jobs, [_job_row(j) for j in jobs])
+            await self.db.write(store.upsert_jobs, [job_row(j) for j in jobs])
 
     # --- snapshot --------------------------------------------------------------------------
 
@@ -175,6 +219,7 @@ class ControlPlane:
             views = [self._view(r) for r in self.runners]
             await self._record_transitions(views)
             await self._enforce_drains(views)
+            self.views = views
             self.snapshot = self._compose(views, vitals)
             self.ticks += 1
             self.hub.publish(json.dumps(self.snapshot, separators=(",", ":")).encode())
@@ -204,28 +249,37 @@ class ControlPlane:
                 "registration": registration,
                 "registered": ({"id": reg["id"], "status": reg["status"], "busy": reg["busy"]}
                                if reg else None),
-                "busy": busy, "state": label}
+                "busy": busy, "state": label, "host": self.host_name, "remote": False,
+                "stale": False}
 
     def _compose(self, views: list[dict[str, Any]], vitals: dict[str, Any]) -> dict[str, Any]:
         at = now()
         runs = [run for data in self.repos.values() for run in data.runs]
         jobs = [job for data in self.repos.values() for job in data.jobs]
         cap = capacity(views, vitals, self.setting)
-        draining = {v["name"] for v in views if v["draining"]}
-        registered = {repo: data.runners for repo, data in self.repos.items()}
+        remote = self.hosts.remote_views(self.setting("stale_after_s"))
+        every = views + remote
+        ctx = Context(registered={repo: data.runners for repo, data in self.repos.items()},
+                      views={v["name"]: v for v in reversed(every)},
+                      local={v["name"] for v in views}, capacity=cap,
+                      errors={repo: d.error for repo, d in self.repos.items() if d.error})
+        if not self.github.token:
+            ctx.errors = {repo: "no GitHub token" for repo in self.repos}
         return {
             "generated_at": iso(at),
-            "host": {"name": socket.gethostname(), "platform": platform.system().lower(),
+            "host": {"name": self.host_name, "platform": platform.system().lower(),
                      "supervisor": self.supervisor.kind, "root": str(self.root),
-                     "read_only": bool(self.cfg.read_only)},
-            "runners": views,
+                     "read_only": bool(self.cfg.read_only),
+                     "role": "agent" if self.cfg.coordinator else "coordinator",
+                     "coordinator": self.cfg.coordinator or None},
+            "runners": every,
             "active_runs": [{**run, "jobs": [j for j in jobs if j["run_id"] == run["id"]]}
                             for run in runs],
-            "groups": self._groups(views),
+            "groups": self._groups(every),
             "vitals": vitals,
             "capacity": cap,
             "drift": drift_alerts(views, runs, at, self.setting("stuck_queue_s")),
-            "queue_causes": queue_causes(runs, jobs, registered, draining, cap["can_add"], at),
+            "queue_causes": queue_causes(runs, jobs, ctx, at),
             "alerts": self._alerts(cap),
             "github": {**self.github.status(),
                        "repos": {repo: {"error": d.error, "refreshed_at": iso(d.refreshed_at)}
@@ -308,7 +362,7 @@ class ControlPlane:
         raise NotFound(f"no runner named {name!r} on this host")
 
     def view(self, name: str) -> dict[str, Any]:
-        for v in self.snapshot.get("runners", []):
+        for v in self.views:
             if v["name"] == name:
                 return v
         raise NotFound(f"no runner named {name!r} on this host")
@@ -336,6 +390,25 @@ class ControlPlane:
             "version": {"active": runner.version, "staged": runner.staged},
         }
 
+    async def hosts_report(self) -> dict[str, Any]:
+        """Every host: this one (with its role) and each agent that has called in."""
+        snap = self.snapshot
+        here: dict[str, Any] = {"host": self.host_name,
+                "role": "agent" if self.cfg.coordinator else "coordinator",
+                "runners": [{k: v.get(k) for k in ("name", "repo", "state", "busy", "draining")}
+                            for v in self.views],
+                "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
+                "load": (snap.get("vitals") or {}).get("load"), "heartbeat_age_s": 0.0,
+                "last_heartbeat_at": snap.get("generated_at"), "stale": False,
+                "pending_commands": 0, "local": True}
+        if self.link is not None:
+            link = self.link.status()
+            here["coordinator"] = {**link, "last_ok_at": iso(link["last_ok_at"])}
+        stale = self.setting("stale_after_s")
+        agents = [{**h, "local": False} for h in await self.hosts.listing(stale)]
+        return {"generated_at": iso(self.clock()), "stale_after_s": stale,
+                "hosts": [here, *agents], "commands": await self.hosts.commands(limit=50)}
+
     async def change_setting(self, key: Any, value: Any, reset: bool) -> dict[str, Any]:
         setting = lookup(key)
         if reset:
@@ -355,20 +428,3 @@ def _proc(proc: Any) -> dict[str, Any] | None:
     if proc is None:
         return None
     return {"pid": proc.pid, "rss_kb": proc.rss_kb, "uptime_s": int(proc.uptime_s)}
-
-
-def _ts(text: str | None) -> float | None:
-    if not text:
-        return None
-    try:
-        return parse_iso(text)
-    except ValueError:
-        return None
-
-
-def _job_row(job: dict[str, Any]) -> dict[str, Any]:
-    return {"job_id": job["id"], "run_id": job["run_id"], "repo": job["repo"],
-            "name": job["name"] or "", "workflow": job["workflow"], "runner": job["runner"],
-            "status": job["status"] or "unknown", "conclusion": job["conclusion"],
-            "created_at": _ts(job["created_at"]), "started_at": _ts(job["started_at"]),
-            "completed_at": _ts(job["completed_at"]), "labels": job["labels"]}

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from fleet_min.config import Setting
 from fleet_min.errors import BadRequest
@@ -56,6 +58,36 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _repos(text: str) -> tuple[str, ...]:
+    repos = tuple(part.strip() for part in text.split(",") if part.strip())
+    for repo in repos:
+        owner, _, project = repo.partition("/")
+        if not (_SLUG.fullmatch(owner) and _SLUG.fullmatch(project)) or ".." in repo:
+            raise ValueError(f"must be owner/project names separated by commas, got {repo!r}")
+    return repos
+
+
+def _host_name(text: str) -> str:
+    if text and not _SLUG.fullmatch(text):
+        raise ValueError(f"must be letters, digits, '.', '_' or '-', got {text!r}")
+    return text
+
+
+def _coordinator(text: str) -> str:
+    if text and (urlsplit(text).scheme not in ("http", "https") or not urlsplit(text).netloc):
+        raise ValueError(f"must be an http(s) URL such as http://10.0.0.2:7878, got {text!r}")
+    return text.rstrip("/")
+
+
+def _days(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 365:
+        raise ValueError(f"must be a whole number of days from 1 to 365, got {text!r}")
+    return value
+
+
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+
 CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("host", "FLEET_HOST", "127.0.0.1", str,
             "Address to listen on. Loopback by default; reach it through an SSH tunnel.",
@@ -83,6 +115,20 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+    Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
+            "This host's name in the federation (default: the system's host name)."),
+    Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
+            "Run as an agent of this coordinator (its URL): send heartbeats, run the drain, "
+            "resume and health-check commands it queues.", "--coordinator"),
+    Setting("coordinator_token_file", "FLEET_COORDINATOR_TOKEN_FILE", "", str,
+            "File holding the coordinator's agent token (default: <state>/coordinator-token)."),
+    Setting("watch_repos", "FLEET_WATCH_REPOS", (), _repos,
+            "Repositories to collect history and workflow files for besides those of the "
+            "runners (owner/project, comma-separated)."),
+    Setting("backfill_days", "FLEET_BACKFILL_DAYS", 30, _days,
+            "Days of job history fetched when a repository is first watched."),
+    Setting("admission_log", "FLEET_ADMISSION_LOG", "", str,
+            "Log the job-started hook appends its decisions to (default: <state>/admission.log)."),
 )
 
 
@@ -159,6 +205,23 @@ LIVE_SETTINGS: tuple[LiveSetting, ...] = (
     LiveSetting("grouping", "FLEET_GROUPING", "repo", None, None,
                 "How the snapshot groups runners: by repo, by owner, or by label set.",
                 ("repo", "owner", "labels")),
+    LiveSetting("history_s", "FLEET_HISTORY_S", 300.0, 0.5, 86400.0,
+                "Seconds between job-history rounds (collection, forecast)."),
+    LiveSetting("workflows_s", "FLEET_WORKFLOWS_S", 3600.0, 1.0, 86400.0,
+                "Seconds between listings of the workflow files on the default branch."),
+    LiveSetting("heartbeat_s", "FLEET_HEARTBEAT_S", 15.0, 0.5, 3600.0,
+                "Agent mode: seconds between heartbeats to the coordinator."),
+    LiveSetting("stale_after_s", "FLEET_STALE_AFTER_S", 60.0, 1.0, 86400.0,
+                "An agent host whose last heartbeat is older than this is marked stale."),
+    LiveSetting("autoscale", "FLEET_AUTOSCALE", "off", None, None,
+                "Autoscale decisions: off, or on (then see autoscale_mode).", ("off", "on")),
+    LiveSetting("autoscale_mode", "FLEET_AUTOSCALE_MODE", "dry-run", None, None,
+                "dry-run proposes only; execute runs the decisions through the action path.",
+                ("dry-run", "execute")),
+    LiveSetting("autoscale_cooldown_s", "FLEET_AUTOSCALE_COOLDOWN_S", 600, 0, 86400,
+                "Seconds after an executed autoscale action before the next for that repo."),
+    LiveSetting("autoscale_idle_s", "FLEET_AUTOSCALE_IDLE_S", 1800, 0, 604800,
+                "Seconds a duplicate runner must be idle before autoscale removes it."),
 )
 
 BY_KEY = {s.key: s for s in LIVE_SETTINGS}

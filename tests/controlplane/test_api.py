@@ -116,7 +116,7 @@ async def test_busy_runner_is_working_and_queue_causes_explain_waiting_runs(host
     snap = await state(client)
     assert snap["capacity"]["busy"] == 1
     causes = await until(lambda: _queue_causes(client))
-    assert causes[0]["cause"] == "no-matching-runner"
+    assert causes[0]["cause"] == "label-mismatch" and causes[0]["confidence"] == "high"
     snap = await state(client)
     assert any(d["kind"] == "queue-stuck" for d in snap["drift"])
     assert snap["active_runs"][0]["jobs"][0]["labels"] == ["self-hosted", "gpu"]

@@ -1,5 +1,5 @@
 """Pure pieces without HTTP: tokens, auth rules, live settings, discovery, capacity, drift,
-queue causes, and the parsers of /proc, ps, sysctl/vm_stat, systemctl show, launchctl list."""
+and the parsers of /proc, ps, sysctl/vm_stat, systemctl show, launchctl list."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.capacity import capacity, refusals_for_repo
 from fleet_min.controlplane.drift import drift_alerts
 from fleet_min.controlplane.procs import Proc
-from fleet_min.controlplane.queue_causes import queue_causes
 from fleet_min.controlplane.runners import discover, repo_of
 from fleet_min.controlplane.settings import BY_KEY, LiveValues, lookup
 from fleet_min.controlplane.supervisor import parse_launchctl_list, parse_show
@@ -215,28 +214,6 @@ def test_drift_kinds() -> None:
     assert not any(a.get("runner") == "drained" for a in alerts)
     assert any(a["kind"] == "label-mismatch" for a in alerts)
     assert any(a["kind"] == "queue-stuck" and a["run_id"] == 9 for a in alerts)
-
-
-def test_queue_causes() -> None:
-    runs = [{"id": n, "repo": "octo/app", "name": "CI", "status": "queued",
-             "created_at": "2026-01-01T00:00:00Z"} for n in range(1, 5)]
-    jobs = [{"run_id": 1, "status": "queued", "labels": ["self-hosted", "gpu"]},
-            {"run_id": 2, "status": "queued", "labels": ["self-hosted", "linux"]},
-            {"run_id": 3, "status": "queued", "labels": ["self-hosted", "arm"]},
-            {"run_id": 4, "status": "queued", "labels": ["self-hosted", "big"]}]
-    registered = {"octo/app": [
-        {"name": "a", "status": "online", "busy": True, "labels": ["self-hosted", "linux"]},
-        {"name": "b", "status": "offline", "busy": False, "labels": ["self-hosted", "arm"]},
-        {"name": "c", "status": "online", "busy": False, "labels": ["self-hosted", "big"]}]}
-    causes = {c["run_id"]: c["cause"] for c in
-              queue_causes(runs, jobs, registered, {"c"}, True, 1767225600)}
-    assert causes == {1: "no-matching-runner", 2: "runners-busy", 3: "runners-offline",
-                      4: "runners-draining"}
-    causes = {c["run_id"]: c["cause"] for c in
-              queue_causes(runs, jobs, registered, set(), False, 1767225600)}
-    assert causes[2] == "capacity" and causes[4] == "dispatching"
-    unknown = queue_causes(runs[:1], jobs, {"octo/app": None}, set(), True, 1767225600)
-    assert unknown[0]["cause"] == "unknown" and unknown[0]["queued_s"] == 0
 
 
 # --- parsers -----------------------------------------------------------------------------------

@@ -1,0 +1,195 @@
+"""Federation, the coordinator's side: agent hosts, their reports and their command queues.
+
+Agents call in (POST /api/host/heartbeat, POST /api/host/results); the coordinator never opens
+a connection to an agent. A heartbeat stores the agent's report (its runners, capacity, vitals)
+and is answered with the commands queued for it. An agent may ask to wait (`wait_s`): the reply
+is then held until a command is queued for it or the wait ends, so a queued drain reaches the
+agent at once rather than at its next heartbeat. Commands are kept in SQLite and sent again if no
+result came back within RESEND_S (agents run a command id once and repeat its result).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from fleet_min.controlplane.loops import wait_event
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest
+from fleet_min.timeutil import iso
+
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+AGENT_ACTIONS = ("runner.drain", "runner.resume", "health.check")
+RESEND_S = 60.0
+MAX_WAIT_S = 30.0
+MAX_RUNNERS = 500
+_RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
+                  "registration")
+
+
+def check_host(name: Any) -> str:
+    if not isinstance(name, str) or not HOST_NAME.fullmatch(name):
+        raise BadRequest("host must be the agent host's name (letters, digits, '.', '_', '-')")
+    return name
+
+
+def clean_report(body: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a heartbeat the coordinator keeps, with their types checked."""
+    runners = body.get("runners", [])
+    if not isinstance(runners, list) or len(runners) > MAX_RUNNERS:
+        raise BadRequest(f"runners must be a list of at most {MAX_RUNNERS} runner objects")
+    kept = []
+    for runner in runners:
+        if not isinstance(runner, dict) or not isinstance(runner.get("name"), str) \
+                or not HOST_NAME.fullmatch(runner["name"]):
+            raise BadRequest("each runner needs a name (letters, digits, '.', '_', '-')")
+        kept.append({k: runner.get(k) for k in _RUNNER_FIELDS})
+    out: dict[str, Any] = {"runners": kept}
+    for key in ("capacity", "vitals"):
+        value = body.get(key)
+        out[key] = value if isinstance(value, dict) else None
+    load = body.get("load")
+    out["load"] = load if isinstance(load, list) and all(
+        isinstance(x, int | float) or x is None for x in load) else None
+    return out
+
+
+def wait_of(body: dict[str, Any]) -> float:
+    value = body.get("wait_s", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise BadRequest("wait_s must be a number of seconds from 0 to 3600")
+    return min(float(value), MAX_WAIT_S)
+
+
+# --- database (writer-thread functions) ------------------------------------------------------
+
+def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at: float) -> None:
+    conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
+                 "report = excluded.report", (host, at, at, json.dumps(report)))
+
+
+def _take_commands(conn: sqlite3.Connection, host: str, at: float) -> list[dict[str, Any]]:
+    rows = conn.execute("SELECT id, action, args FROM host_commands WHERE host = ? AND done_at "
+                        "IS NULL AND (sent_at IS NULL OR sent_at < ?) ORDER BY queued_at",
+                        (host, at - RESEND_S)).fetchall()
+    conn.executemany("UPDATE host_commands SET sent_at = ?, sends = sends + 1 WHERE id = ?",
+                     [(at, row[0]) for row in rows])
+    return [{"id": row[0], "action": row[1], "args": json.loads(row[2])} for row in rows]
+
+
+def _queue(conn: sqlite3.Connection, command_id: str, host: str, action: str,
+           args: dict[str, Any], who: str, at: float) -> None:
+    conn.execute("INSERT INTO host_commands (id, host, action, args, who, queued_at) "
+                 "VALUES (?, ?, ?, ?, ?, ?)", (command_id, host, action, json.dumps(args), who, at))
+
+
+def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]],
+             at: float) -> int:
+    done = 0
+    for result in results:
+        done += conn.execute(
+            "UPDATE host_commands SET done_at = ?, ok = ?, error = ?, output = ? WHERE id = ? "
+            "AND host = ? AND done_at IS NULL",
+            (at, int(bool(result.get("ok"))), _text(result.get("error"), 500),
+             _text(result.get("output"), 20000), result["id"], host)).rowcount
+    return done
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return None if value is None else str(value)[:limit]
+
+
+class Hosts:
+    """The coordinator's view of its agents."""
+
+    def __init__(self, db: Database, clock: Callable[[], float]) -> None:
+        self.db = db
+        self.clock = clock
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.received: dict[str, float] = {}
+        self._bells: dict[str, asyncio.Event] = {}
+        self.closed = False
+
+    async def load(self) -> None:
+        for row in await self.db.read("SELECT name, last_seen, report FROM hosts"):
+            self.reports[row["name"]] = json.loads(row["report"])
+            self.received[row["name"]] = row["last_seen"]
+
+    def close(self) -> None:
+        """Shutdown: every held heartbeat is answered now."""
+        self.closed = True
+        for bell in self._bells.values():
+            bell.set()
+
+    def _bell(self, host: str) -> asyncio.Event:
+        return self._bells.setdefault(host, asyncio.Event())
+
+    async def heartbeat(self, host: str, report: dict[str, Any], wait_s: float
+                        ) -> list[dict[str, Any]]:
+        at = self.clock()
+        self.reports[host], self.received[host] = report, at
+        await self.db.write(_save_report, host, report, at)
+        bell = self._bell(host)
+        bell.clear()
+        commands = await self.db.write(_take_commands, host, self.clock())
+        if not commands and wait_s > 0 and not self.closed:
+            await wait_event(bell, wait_s)
+            if not self.closed:
+                commands = await self.db.write(_take_commands, host, self.clock())
+        return commands
+
+    async def queue(self, host: str, action: str, args: dict[str, Any], who: str) -> str:
+        command_id = "cmd-" + secrets.token_hex(8)
+        await self.db.write(_queue, command_id, host, action, args, who, self.clock())
+        self._bell(host).set()
+        return command_id
+
+    async def results(self, host: str, results: list[dict[str, Any]]) -> int:
+        return await self.db.write(_results, host, results, self.clock())
+
+    def owner_of(self, runner: str, host: str | None = None) -> list[str]:
+        """The agent hosts whose last report lists a runner of that name."""
+        return [name for name, report in sorted(self.reports.items())
+                if (host is None or name == host)
+                and any(r["name"] == runner for r in report.get("runners", []))]
+
+    def age(self, host: str) -> float:
+        return max(0.0, self.clock() - self.received.get(host, 0.0))
+
+    def remote_views(self, stale_after_s: float) -> list[dict[str, Any]]:
+        out = []
+        for host, report in sorted(self.reports.items()):
+            stale = self.age(host) > stale_after_s
+            out += [{**runner, "host": host, "remote": True, "stale": stale}
+                    for runner in report.get("runners", [])]
+        return out
+
+    async def listing(self, stale_after_s: float) -> list[dict[str, Any]]:
+        pending = {row["host"]: row["n"] for row in await self.db.read(
+            "SELECT host, count(*) AS n FROM host_commands WHERE done_at IS NULL GROUP BY host")}
+        out = []
+        for host, report in sorted(self.reports.items()):
+            age = self.age(host)
+            out.append({"host": host, "role": "agent", "runners": report.get("runners", []),
+                        "capacity": report.get("capacity"), "vitals": report.get("vitals"),
+                        "load": report.get("load"), "heartbeat_age_s": round(age, 1),
+                        "last_heartbeat_at": iso(self.received.get(host)),
+                        "stale": age > stale_after_s, "pending_commands": pending.get(host, 0)})
+        return out
+
+    async def commands(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        rows = await self.db.read(
+            "SELECT * FROM host_commands WHERE (? IS NULL OR host = ?) ORDER BY queued_at DESC "
+            "LIMIT ?", (host, host, limit))
+        return [{"id": r["id"], "host": r["host"], "action": r["action"],
+                 "args": json.loads(r["args"]), "who": r["who"],
+                 "queued_at": iso(r["queued_at"]), "sent_at": iso(r["sent_at"]),
+                 "sends": r["sends"], "done_at": iso(r["done_at"]),
+                 "ok": None if r["ok"] is None else bool(r["ok"]), "error": r["error"],
+                 "output": r["output"]} for r in rows]
