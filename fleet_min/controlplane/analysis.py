@@ -211,8 +211,15 @@ class Analysis:
         return [(r["created_at"], r["completed_at"]) for r in rows if _self_hosted(r["labels"])]
 
     async def _covered_since(self, repo: str) -> float | None:
+        """Where the history of a repository starts: the backfill's start, or its oldest
+        recorded run when that is later (weeks before a repository's first run are unknown,
+        not idle)."""
         state = await history.load_state(self.cp.db, repo)
-        return state["backfill_since"] if state else None
+        row = await self.cp.db.read_one(
+            "SELECT min(created_at) AS oldest FROM history_runs WHERE repo = ?", (repo,))
+        if state is None or row is None or row["oldest"] is None:
+            return None
+        return max(state["backfill_since"], row["oldest"])
 
     async def forecast_repo(self, repo: str, hour_start: float) -> dict[str, Any]:
         intervals = await self._intervals(repo, hour_start - (forecast.WEEKS + 1) * 7 * DAY)

@@ -182,15 +182,22 @@ class ControlPlane:
                 del self.repos[repo]
         for repo in repos:
             data = self.repos[repo]
+            data.error = None
             try:
                 await self._refresh_repo(repo, data)
-                data.error = None
             except GitHubError as exc:
                 data.error = str(exc)
             data.refreshed_at = now()
 
     async def _refresh_repo(self, repo: str, data: RepoData) -> None:
-        data.runners = await self.github.runners(repo)
+        try:
+            data.runners = await self.github.runners(repo)
+        except GitHubError as exc:
+            if exc.status not in (403, 404):
+                raise
+            # Listing runners needs admin rights a token may lack; its runs may still be
+            # readable, and their queue causes then say the runner list is unavailable.
+            data.runners, data.error = None, str(exc)
         runs = []
         for status in RUN_STATUSES:
             runs += await self.github.runs(repo, status)

@@ -4,8 +4,9 @@ Demand is the peak number of a repository's self-hosted jobs that needed a runne
 (queued or running: from creation to completion) within a clock hour (UTC).
 
 - history: the same weekday and hour in each of the last WEEKS weeks that the collected history
-  covers. The prediction is the median of those weekly peaks, made only with at least MIN_WEEKS
-  covered weeks (a week before collection began is unknown, not zero). Confidence: high with 6+
+  covers (from the later of the backfill's start and the repository's oldest recorded run). The
+  prediction is the median of those weekly peaks, made only with at least MIN_WEEKS covered
+  weeks (a week before the history begins is unknown, not idle). Confidence: high with 6+
   weeks whose peaks agree (interquartile range at most half the median, or 1), medium with 4+,
   low with 3.
 - schedule: every `on.schedule` cron of the default branch's workflow files that is due in the

@@ -36,6 +36,7 @@ class FakeGitHub:
         self.issued: dict[str, tuple[str, str]] = {}  # token -> (kind, repo)
         self.fail_next = 0
         self.accounts: dict[str, str] = {}               # login -> "User" / "Organization"
+        self.hidden_runners: set[str] = set()            # repos whose runner list answers 403
         self.billing: dict[str, dict[str, Any]] = {}     # login -> Actions billing body
         self.log: list[tuple[str, str, int]] = []
         self.remaining = 5000
@@ -73,7 +74,7 @@ class FakeGitHub:
             "id": run_id, "name": name, "status": status, "conclusion": None,
             "event": "push", "head_branch": "main", "created_at": created_at,
             "run_started_at": created_at, "html_url": f"https://github.com/{repo}/actions/runs/{run_id}"})
-        job_status = "queued" if status == "queued" else "in_progress"
+        job_status = "queued" if status in ("queued", "pending") else "in_progress"
         self.repo(repo)["jobs"][run_id] = [{
             "id": next(self._ids), "run_id": run_id, "name": "build", "workflow_name": name,
             "status": job_status, "conclusion": None, "labels": labels, "created_at": created_at,
@@ -121,6 +122,10 @@ class FakeGitHub:
         return self.repos[name]
 
     async def runners(self, request: web.Request) -> web.Response:
+        name = f"{request.match_info['owner']}/{request.match_info['repo']}"
+        if name in self.hidden_runners:
+            return web.json_response({"message": "Must have admin rights to Repository."},
+                                     status=403)
         items = list(self._repo_of(request)["runners"].values())
         per_page = int(request.query.get("per_page", 30))
         page = int(request.query.get("page", 1))
