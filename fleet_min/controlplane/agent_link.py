@@ -34,6 +34,12 @@ REMEMBERED = 500
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 
 
+def coordinator_token_file(cfg: Any) -> Path:
+    if cfg.coordinator_token_file:
+        return Path(cfg.coordinator_token_file).expanduser()
+    return Path(cfg.state_dir).expanduser() / "coordinator-token"
+
+
 def coordinator_token(path: Path) -> str:
     """The coordinator's agent token, from an owner-only file (never argv or the environment of
     child commands)."""

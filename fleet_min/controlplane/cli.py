@@ -15,6 +15,7 @@ from aiohttp import web
 
 from fleet_min.config import ConfigError, add_flags, resolve
 from fleet_min.controlplane import tokens
+from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues
 
 log = logging.getLogger("fleet_min.controlplane")
@@ -58,6 +59,9 @@ async def _serve(app: web.Application, host: str, port: int) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """`fleet-min controlplane [--coordinator URL] ...`: with --coordinator this host runs as an
+    agent of that coordinator (it reads the agent token from FLEET_COORDINATOR_TOKEN_FILE,
+    default <state>/coordinator-token)."""
     if argv and argv[0] == "token":
         return _token_command(argv[1:])
     parser = argparse.ArgumentParser(prog="fleet-min controlplane",
@@ -69,6 +73,8 @@ def main(argv: list[str]) -> int:
         cfg = resolve(CONTROLPLANE_SETTINGS, vars(args))
 
         LiveValues({}, os.environ)  # refuse a bad FLEET_CEILING etc. now, not at the first tick
+        if cfg.coordinator:
+            coordinator_token(coordinator_token_file(cfg))  # an agent without it cannot start
     except (ConfigError, ValueError) as exc:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2

@@ -22,7 +22,11 @@ from typing import Any
 
 from fleet_min.config import Config
 from fleet_min.controlplane import diag, store, tokens
-from fleet_min.controlplane.agent_link import CoordinatorLink, coordinator_token
+from fleet_min.controlplane.agent_link import (
+    CoordinatorLink,
+    coordinator_token,
+    coordinator_token_file,
+)
 from fleet_min.controlplane.analysis import Analysis
 from fleet_min.controlplane.capacity import capacity
 from fleet_min.controlplane.drift import drift_alerts
@@ -105,10 +109,8 @@ class ControlPlane:
         self.github.token = await asyncio.to_thread(find_token, self.environ)
         await self.hosts.load()
         if self.cfg.coordinator:
-            token_file = (Path(self.cfg.coordinator_token_file).expanduser()
-                          if self.cfg.coordinator_token_file
-                          else self.state_dir / "coordinator-token")
-            self.link = CoordinatorLink(self, self.cfg.coordinator, coordinator_token(token_file))
+            token = coordinator_token(coordinator_token_file(self.cfg))
+            self.link = CoordinatorLink(self, self.cfg.coordinator, token)
         await self.rebuild()
         self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
                        asyncio.create_task(self._github_loop(), name="controlplane-github"),

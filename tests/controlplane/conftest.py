@@ -153,13 +153,14 @@ async def until(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -
 class Daemon:
     """`python -m fleet_min controlplane` as a real process on a free port."""
 
-    def __init__(self, host: Host, extra_env: dict[str, str] | None = None) -> None:
+    def __init__(self, host: Host, extra_env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.host = host
         env = {**host.full_env(), **(extra_env or {}), "PYTHONPATH": str(REPO_ROOT)}
         with open(host.tmp / "daemon.log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0",
-                 "--root", str(host.root), "--state", str(host.state)],
+                 "--root", str(host.root), "--state", str(host.state), *args],
                 env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO_ROOT)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         if "listening on" not in line:
