@@ -28,10 +28,15 @@ _OTHER_VENDOR = re.compile(r"\b(?:AKIA[0-9A-Z]{16}|xox[abprs]-[A-Za-z0-9-]{10,}|
                            r"glpat-[A-Za-z0-9_-]{20,}|sk-[A-Za-z0-9_-]{20,})\b")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization\s*[:=]\s*)(?:\"[^\"]*\"|'[^']*'|[^\r\n]+)")
 _SCHEME = re.compile(r"(?i)\b(bearer|basic|token)(\s+)[A-Za-z0-9._~+/=-]{12,}")
-_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
+_URL_CREDENTIALS = re.compile(r"(?i)(?<![a-z0-9+.-])([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@")
 _JSON_FIELD = re.compile(r"(?i)(\"[A-Za-z0-9_.-]*" + _KEY_WORDS + r"[A-Za-z0-9_.-]*\"\s*:\s*)"
                          r"\"(?:[^\"\\\r\n]|\\.)*\"")
-_KEY_VALUE = re.compile(r"(?i)\b([A-Za-z0-9_.-]*" + _KEY_WORDS + r"[A-Za-z0-9_.-]*)"
+# A key starts only where a run of key characters starts (a lookbehind, not \b, which also holds
+# after every '.' and '-' inside a run): with \b, "a.a.a.a..." made the engine re-scan the rest
+# of the run from every dot, quadratic in its length (16 KB took 52 s). The same for URL schemes.
+_KEY_START = r"(?<![A-Za-z0-9_.-])"
+_KEY_VALUE = re.compile(r"(?i)" + _KEY_START + r"([A-Za-z0-9_.-]*" + _KEY_WORDS
+                        + r"[A-Za-z0-9_.-]*)"
                         r"(\s*[=:]\s*)(?!<redacted>)(\"[^\"\r\n]*\"|'[^'\r\n]*'|[^\s,;&\"']+)")
 _BASE64_RUN = re.compile(r"[A-Za-z0-9+/_-]{40,}={0,2}")
 
