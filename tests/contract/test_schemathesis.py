@@ -1,0 +1,138 @@
+"""Schemathesis runs every operation of both OpenAPI documents against the live services.
+
+Each operation gets examples from the document, boundary cases (the coverage phase) and a few
+generated requests, valid and invalid; every response is checked for: no 5xx, a status the
+document lists, the content type and body the document describes, and a bounded answer (each
+request times out after REQUEST_TIMEOUT_S, so a hang fails instead of stalling the suite).
+Path parameters and the runner name are drawn half the time from the ids the seeded services
+hold, so the replies of real records (not only 404s) are checked against the document.
+
+Bounded: MAX_EXAMPLES per operation (FLEET_CONTRACT_EXAMPLES raises it for a longer search).
+Long polls are held short: FLEET_LONG_POLL_S=0.3 on the collector, and wait_s of the topic long
+poll is clamped to 0.5 s by a hook; event streams are read up to their first event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import strategies as st
+from schemathesis import Case
+
+from fleet_min import openapi
+from tests.contract.conftest import LiveCollector, LiveControlPlane, SlowProbes
+
+MAX_EXAMPLES = int(os.environ.get("FLEET_CONTRACT_EXAMPLES", "6"))
+REQUEST_TIMEOUT_S = 15
+# unsupported_method is left out: its one finding here (a 405 without Allow) would fail every
+# operation, so test_hostile.py checks it once. positive_data_acceptance is left out too: a
+# well-formed request may rightly be refused by state (an unknown id, a closed job, a workload
+# no agent declares).
+CHECKS = ("not_a_server_error", "status_code_conformance", "content_type_conformance",
+          "response_schema_conformance", "response_headers_conformance",
+          "negative_data_rejection")
+
+
+def _config(base_url: str, headers: dict[str, str] | None = None) -> schemathesis.Config:
+    return schemathesis.Config.from_dict({
+        "base-url": base_url,
+        "headers": headers or {},
+        "request-timeout": REQUEST_TIMEOUT_S,
+        "max-stream-events": 1,
+        "seed": 20251121,
+        "generation": {"max-examples": MAX_EXAMPLES, "mode": "all", "database": "none"},
+        "phases": {"stateful": {"enabled": False}},
+        "checks": {"enabled": False, **{name: {"enabled": True} for name in CHECKS}},
+    })
+
+
+def _load(name: str, config: schemathesis.Config) -> Any:
+    return schemathesis.openapi.from_dict(generation_copy(json.loads(
+        openapi.document_bytes(name))), config=config)
+
+
+def generation_copy(doc: dict[str, Any]) -> dict[str, Any]:
+    """The document as schemathesis generates from it.
+
+    Schemathesis cannot generate from `if`/`then` (it reports the schema as unsupported), which
+    the job schema uses to type `params` per workload. Requests are generated from the job spec
+    without those rules (params stay an open object); replies, claimed jobs included, are still
+    checked against the full schema, and tests/test_validate.py covers the per-workload rules.
+    """
+    schemas = doc["components"]["schemas"]
+    if "JobSpec" in schemas:
+        schemas["JobSpecRequest"] = {k: v for k, v in schemas["JobSpec"].items() if k != "allOf"}
+        body = doc["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"]
+        body["schema"] = json.loads(json.dumps(body["schema"]).replace(
+            "#/components/schemas/JobSpec\"", "#/components/schemas/JobSpecRequest\""))
+    return doc
+
+
+def _mixing_known(known: dict[str, list[Any]]) -> Any:
+    """A before_generate_* hook: half the time, replace generated values by known ones."""
+
+    def hook(context: Any, strategy: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+        def swap(values: Any) -> st.SearchStrategy[Any]:
+            if not isinstance(values, dict):
+                return st.just(values)
+            return st.fixed_dictionaries({
+                key: st.sampled_from(known[key]) if known.get(key) else st.just(value)
+                for key, value in values.items()})
+
+        return st.one_of(strategy, strategy.flatmap(swap))
+
+    return hook
+
+
+def _alert_ids(base: str) -> list[int]:
+    with urllib.request.urlopen(base + "/api/alerts?state=all", timeout=10) as resp:
+        return [alert["id"] for alert in json.loads(resp.read())["alerts"]]
+
+
+@pytest.fixture(scope="session")
+def collector_schema(collector_live: LiveCollector, slow_probes: SlowProbes) -> Any:
+    # slow_probes: started here so that their minute-long wait overlaps this run.
+    schema = _load("collector", _config(collector_live.url))
+    seeded = collector_live.seeded
+    known = {"job_id": list(seeded.jobs.values()), "device_id": seeded.devices,
+             "sha256": [seeded.artifact], "id": [seeded.schedule],
+             "alert_id": _alert_ids(collector_live.url),
+             "topic": ["camera-frames", "build-log"]}
+    schema.hook("before_generate_path_parameters")(_mixing_known(known))
+
+    @schema.hook
+    def map_query(context: Any, query: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Hold the topic long poll short: a valid wait_s of up to 25 s is correct but slow.
+        wait = (query or {}).get("wait_s")
+        if isinstance(wait, int | float) and not isinstance(wait, bool) and wait > 0.5:
+            query = {**(query or {}), "wait_s": 0.5}
+        return query
+
+    return schema
+
+
+@pytest.fixture(scope="session")
+def controlplane_schema(controlplane_live: LiveControlPlane) -> Any:
+    auth = {"Authorization": f"Bearer {controlplane_live.token}"}
+    schema = _load("controlplane", _config(controlplane_live.url, auth))
+    schema.hook("before_generate_query")(_mixing_known({"name": [controlplane_live.runner]}))
+    return schema
+
+
+collector = schemathesis.pytest.from_fixture("collector_schema")
+controlplane = schemathesis.pytest.from_fixture("controlplane_schema")
+
+
+@collector.parametrize()
+def test_collector_operation_keeps_its_contract(case: Case) -> None:
+    case.call_and_validate()
+
+
+@controlplane.parametrize()
+def test_controlplane_operation_keeps_its_contract(case: Case) -> None:
+    case.call_and_validate()
