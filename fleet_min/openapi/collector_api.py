@@ -38,6 +38,7 @@ from fleet_min.openapi.dsl import (
     obj,
     query,
     ref,
+    sse_reply,
     string,
     text_reply,
 )
@@ -83,13 +84,14 @@ def paged(key: str, item: Schema, **more: Schema) -> Schema:
                 key: arr(item), **more})
 
 
-JOB_RECORD = obj({
+JOB_FIELDS: dict[str, Schema] = {
     "job_id": STR, "workload": STR, "executor": STR, "backend": null(STR), "status": JOB_STATUS,
     "priority": INT, "claimed_by": null(STR), "attempts": integer(0), "max_attempts": INT,
     "lease_ttl_s": INT, "lease_deadline": null(TIME), "last_error": null(STR),
     "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
     "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
-    "spec": obj()})
+    "spec": obj()}
+JOB_RECORD = obj(JOB_FIELDS)
 
 JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
 
@@ -136,7 +138,8 @@ def _components() -> dict[str, Schema]:
                      description='Every refusal: {"error": "<one sentence a person can act '
                                  'on>"}.'),
         "JobRecord": JOB_RECORD,
-        "JobDetail": {"allOf": [ref("JobRecord"), obj({
+        # The job row's fields, with `attempts` the list of attempts instead of their count.
+        "JobDetail": obj({**JOB_FIELDS, **{
             "results": arr(ref("ResultRecord")), "artifacts": arr(STR),
             "children": arr(obj({"job_id": STR, "status": JOB_STATUS, "claimed_by": null(STR),
                                  "last_error": null(STR), "target_device": null(STR)})),
@@ -144,7 +147,7 @@ def _components() -> dict[str, Schema]:
                                  "ended_at": null(TIME), "outcome": null(STR),
                                  "error": null(STR)})),
             "depends_on": arr(JOB_LINK), "dependents": arr(JOB_LINK),
-            "ci_status?": ref("CiStatus")})]},
+            "ci_status?": ref("CiStatus")}}),
         "ClaimedJob": {"allOf": [ref("JobSpec"), obj({
             "lease": obj({"ttl_s": INT, "max_attempts": INT}), "attempt": integer(1),
             "lease_deadline": TIME})],
@@ -332,9 +335,10 @@ def _reads() -> list[Route]:
                                         "last_error": null(STR), "finished_at": null(TIME)})),
             "now": TIME}))}, tag=tag),
         Route("GET", "/api/stream", "Live events (server-sent events)",
-              {200: text_reply("text/event-stream: a hello event, then job, device, result, "
-                               "beacon, topic, alert, schedule and artifact events",
-                               "text/event-stream")},
+              {200: sse_reply("a hello event, then job, device, result, beacon, topic, alert, "
+                              "schedule and artifact events", obj({"type": STR, "at": TIME}),
+                              enum("hello", "job", "device", "result", "beacon", "topic",
+                                   "alert", "schedule", "artifact"))},
               params=(query("last_event_id", STR, "resume after this event id"),
                       header("Last-Event-ID", STR, "resume after this event id")), tag=tag),
         Route("GET", "/api/results", "Result rows, newest first, 50 a page",
@@ -584,7 +588,8 @@ def _access() -> list[Route]:
                 404: "no peer with that id, or the peer's own 404",
                 502: "the peer is unreachable, silent, or answered something not JSON"}),
               *[(m, "Refused: the proxy never forwards a change", {},
-                 {403: "the peer proxy only reads"})
+                 {403: "the peer proxy only reads",
+                  404: "the path matches no route at all (a line break in it)"})
                 for m in ("POST", "PUT", "PATCH", "DELETE")])],
     ]
 

@@ -31,6 +31,7 @@ from fleet_min.openapi.dsl import (
     obj,
     query,
     ref,
+    sse_reply,
     string,
     text_reply,
 )
@@ -107,8 +108,8 @@ def _reads() -> list[Route]:
         Route("GET", "/api/state", "The snapshot: runners, runs, groups, vitals, capacity, drift",
               {200: json_reply(ref("Snapshot"))}, tag=tag),
         Route("GET", "/api/stream", "The snapshot as server-sent events, one per tick",
-              {200: text_reply("text/event-stream: data: <snapshot> events; : keep-alive "
-                               "comments", "text/event-stream")}, tag=tag),
+              {200: sse_reply("data: <snapshot> events, no event names; : keep-alive "
+                              "comments between them", ref("Snapshot"))}, tag=tag),
         Route("GET", "/api/runner", "Runner detail: events, jobs, utilization, redacted log tail",
               {200: json_reply(obj({"runner": ref("Runner"), "events": arr(obj()),
                                     "jobs": arr(obj()),

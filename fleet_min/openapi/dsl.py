@@ -116,6 +116,17 @@ def empty_reply(description: str) -> Reply:
     return Reply(description)
 
 
+def sse_reply(description: str, data: Schema, event: Schema | None = None) -> Reply:
+    """text/event-stream; in OpenAPI 3.1 the schema describes one event, its `data` is JSON."""
+    fields: dict[str, Schema] = {
+        "data?": {"type": "string", "contentMediaType": "application/json",
+                  "contentSchema": data},
+        "id?": STR, "retry?": integer(0)}
+    if event is not None:
+        fields["event?"] = event
+    return Reply(description, {"text/event-stream": obj(fields)})
+
+
 # --------------------------------------------------------------------------------------------
 # Parameters and bodies
 
@@ -133,6 +144,8 @@ class Param:
                                "description": self.description}
         if self.required or self.where == "path":
             out["required"] = True
+        elif self.where == "query":
+            out["allowEmptyValue"] = True  # an empty optional parameter counts as not given
         return out
 
 
