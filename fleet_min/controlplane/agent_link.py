@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from fleet_min.controlplane.actions import run_action
-from fleet_min.controlplane.federation import AGENT_ACTIONS
+from fleet_min.controlplane.federation import AGENT_ACTIONS, RUNNER_FIELDS
 from fleet_min.controlplane.loops import wait_event
 from fleet_min.errors import Refused
 
@@ -77,10 +77,7 @@ class CoordinatorLink:
     def report(self, wait_s: float) -> dict[str, Any]:
         snap = self.cp.snapshot
         return {"host": self.cp.host_name, "role": "agent", "wait_s": wait_s,
-                "runners": [{k: v.get(k) for k in ("name", "repo", "owner", "labels", "state",
-                                                    "busy", "draining", "version",
-                                                    "registration")}
-                            for v in self.cp.views],
+                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.cp.views],
                 "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
                 "load": (snap.get("vitals") or {}).get("load")}
 

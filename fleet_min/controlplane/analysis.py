@@ -328,7 +328,8 @@ class Analysis:
 
     async def autoscale_report(self, limit: int = 100) -> dict[str, Any]:
         rows = await self.cp.db.read("SELECT * FROM autoscale ORDER BY id DESC LIMIT ?", (limit,))
-        return {"enabled": self.cp.setting("autoscale") == "on",
+        return {"generated_at": iso(self.cp.clock()),
+                "enabled": self.cp.setting("autoscale") == "on",
                 "mode": self.cp.setting("autoscale_mode"),
                 "cooldown_s": self.cp.setting("autoscale_cooldown_s"),
                 "idle_s": self.cp.setting("autoscale_idle_s"),

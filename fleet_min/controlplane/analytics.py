@@ -140,8 +140,8 @@ def _install_figures(installs: list[tuple[str, float, str | None]],
             "share_of_job_time_pct": round(100 * sum(per_job.values()) / job_time, 1)
             if job_time else None,
             "failed": sum(1 for _, _, c in installs if c in FAILED),
-            "by_name": [{"name": name, "count": len(values), **percentiles(values, (50, 95))}
-                        for name, values in names]}
+            "by_name": [{"name": name, "count": len(values),
+                         "duration_s": percentiles(values, (50, 95))} for name, values in names]}
 
 
 def _e2e_figures(e2e: list[Mapping[str, Any]]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from fleet_min.controlplane.agent_link import (
 from fleet_min.controlplane.analysis import Analysis
 from fleet_min.controlplane.capacity import capacity
 from fleet_min.controlplane.drift import drift_alerts
-from fleet_min.controlplane.federation import Hosts
+from fleet_min.controlplane.federation import RUNNER_FIELDS, Hosts
 from fleet_min.controlplane.github import GitHub, GitHubError, find_token
 from fleet_min.controlplane.history import job_row
 from fleet_min.controlplane.loops import stop_tasks, wait_event
@@ -404,8 +404,7 @@ class ControlPlane:
         snap = self.snapshot
         here: dict[str, Any] = {"host": self.host_name,
                 "role": "agent" if self.cfg.coordinator else "coordinator",
-                "runners": [{k: v.get(k) for k in ("name", "repo", "state", "busy", "draining")}
-                            for v in self.views],
+                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.views],
                 "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
                 "load": (snap.get("vitals") or {}).get("load"), "heartbeat_age_s": 0.0,
                 "last_heartbeat_at": snap.get("generated_at"), "stale": False,

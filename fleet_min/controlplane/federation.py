@@ -26,9 +26,10 @@ from fleet_min.timeutil import iso
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 AGENT_ACTIONS = ("runner.drain", "runner.resume", "health.check")
 RESEND_S = 60.0
+FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
 MAX_WAIT_S = 30.0
 MAX_RUNNERS = 500
-_RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
+RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
                   "registration")
 
 
@@ -48,7 +49,7 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(runner, dict) or not isinstance(runner.get("name"), str) \
                 or not HOST_NAME.fullmatch(runner["name"]):
             raise BadRequest("each runner needs a name (letters, digits, '.', '_', '-')")
-        kept.append({k: runner.get(k) for k in _RUNNER_FIELDS})
+        kept.append({k: runner.get(k) for k in RUNNER_FIELDS})
     out: dict[str, Any] = {"runners": kept}
     for key in ("capacity", "vitals"):
         value = body.get(key)
@@ -72,6 +73,9 @@ def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at
     conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report) VALUES (?, ?, ?, ?) "
                  "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
                  "report = excluded.report", (host, at, at, json.dumps(report)))
+    conn.execute("DELETE FROM hosts WHERE last_seen < ?", (at - FORGET_S,))
+    conn.execute("DELETE FROM host_commands WHERE queued_at < ? AND (done_at IS NOT NULL OR "
+                 "host NOT IN (SELECT name FROM hosts))", (at - FORGET_S,))
 
 
 def _take_commands(conn: sqlite3.Connection, host: str, at: float) -> list[dict[str, Any]]:
@@ -117,7 +121,8 @@ class Hosts:
         self.closed = False
 
     async def load(self) -> None:
-        for row in await self.db.read("SELECT name, last_seen, report FROM hosts"):
+        for row in await self.db.read("SELECT name, last_seen, report FROM hosts WHERE "
+                                      "last_seen >= ?", (self.clock() - FORGET_S,)):
             self.reports[row["name"]] = json.loads(row["report"])
             self.received[row["name"]] = row["last_seen"]
 
@@ -134,6 +139,9 @@ class Hosts:
                         ) -> list[dict[str, Any]]:
         at = self.clock()
         self.reports[host], self.received[host] = report, at
+        for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
+            self.reports.pop(gone, None)
+            self.received.pop(gone, None)
         await self.db.write(_save_report, host, report, at)
         bell = self._bell(host)
         bell.clear()

@@ -24,3 +24,26 @@ def test_doc_shows_the_user_service_and_the_tunnel() -> None:
     text = DOC.read_text()
     assert "systemctl --user enable --now fleet-min-controlplane" in text
     assert "ssh -N -L 7878:127.0.0.1:7878" in text
+
+
+ANALYSIS = DOC.with_name("controlplane-analysis.md")
+
+
+def test_the_analysis_doc_explains_every_cause_finding_route_and_setting() -> None:
+    from fleet_min.controlplane.app import ROUTES
+    from fleet_min.controlplane.queue_causes import ORDER
+
+    text = ANALYSIS.read_text()
+    for cause in ORDER:
+        assert f"| `{cause}` |" in text, cause
+    for kind in ("matrix-exceeds-runners", "unbounded-matrix", "missing-concurrency",
+                 "static-group-collision"):
+        assert f"| `{kind}` |" in text, kind
+    for method, path, _, _ in ROUTES:
+        if path.startswith(("/api/analytics", "/api/repo", "/api/concurrency", "/api/simulate",
+                            "/api/forecast", "/api/autoscale", "/api/admission",
+                            "/api/billing", "/api/hosts", "/api/host/")):
+            assert f"{method} {path}" in text, path
+    for key in ("history_s", "workflows_s", "heartbeat_s", "stale_after_s", "autoscale",
+                "autoscale_mode", "autoscale_cooldown_s", "autoscale_idle_s"):
+        assert f"`{key}`" in text, key

@@ -73,8 +73,11 @@ async def test_coordinator_and_agent(tmp_path: Any, github: FakeGitHub,
         edge.stop()
         hosts = await until(lambda: _stale(http, coord), timeout=30)
         assert hosts["edge"]["stale"] and hosts["edge"]["heartbeat_age_s"] >= 3
-        view = await remote(http, coord, "b-1")
-        assert view is not None and view["stale"] is True
+        async def stale_view() -> dict[str, Any] | None:
+            view = await remote(http, coord, "b-1")
+            return view if view and view["stale"] else None
+        view = await until(stale_view, timeout=30)  # at the next snapshot
+        assert view["state"] == "idle"  # its last known state
     finally:
         if edge is not None:
             edge.stop()
