@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet_min.controlplane.loops import wait_event
+from fleet_min.controlplane.runners import valid_repo
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso
@@ -49,7 +50,7 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(runner, dict) or not isinstance(runner.get("name"), str) \
                 or not HOST_NAME.fullmatch(runner["name"]):
             raise BadRequest("each runner needs a name (letters, digits, '.', '_', '-')")
-        kept.append({k: runner.get(k) for k in RUNNER_FIELDS})
+        kept.append(_clean_runner(runner))
     out: dict[str, Any] = {"runners": kept}
     for key in ("capacity", "vitals"):
         value = body.get(key)
@@ -57,6 +58,24 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
     load = body.get("load")
     out["load"] = load if isinstance(load, list) and all(
         isinstance(x, int | float) or x is None for x in load) else None
+    return out
+
+
+def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
+    """An agent's runner with every field of the expected type (others become null): the
+    coordinator acts on these (GitHub requests for their repositories), so nothing odd passes."""
+    out: dict[str, Any] = {k: None for k in RUNNER_FIELDS}
+    out["name"] = runner["name"]
+    for key in ("owner", "state", "version", "registration"):
+        value = runner.get(key)
+        out[key] = value[:100] if isinstance(value, str) else None
+    repo = runner.get("repo")
+    out["repo"] = repo if isinstance(repo, str) and valid_repo(repo) else None
+    labels = runner.get("labels")
+    out["labels"] = [x[:100] for x in labels[:50] if isinstance(x, str)] \
+        if isinstance(labels, list) else []
+    for key in ("busy", "draining"):
+        out[key] = runner.get(key) is True
     return out
 
 
