@@ -54,14 +54,18 @@ PATH_PARAMS = {
 
 PROC = null(obj({"pid": INT, "rss_kb": null(INT), "uptime_s": INT}))
 
+# A runner of this host carries every field; one an agent reports (remote: true) the first
+# line's, plus host, remote and stale, each null when the agent left it out.
 RUNNER = obj({
-    "name": STR, "dir": STR, "repo": null(STR), "owner": null(STR), "url": null(STR),
-    "labels": arr(STR), "custom_labels": arr(STR), "version": null(STR),
-    "staged_versions": arr(STR), "draining": BOOL, "draining_since": null(STR),
-    "service": obj(), "listener": PROC, "workers": arr(PROC),
-    "registration": enum("registered", "missing", "unknown"),
-    "registered": null(obj({"id": ANY, "status": ANY, "busy": ANY})), "busy": BOOL,
-    "state": enum("working", "idle", "draining", "drained", "stopped", "failed")})
+    "name": STR, "repo": null(STR), "owner?": null(STR), "labels?": null(arr(STR)),
+    "state": null(STR), "busy": null(BOOL), "draining": null(BOOL), "version?": null(STR),
+    "registration": null(STR),
+    "host?": null(STR), "remote?": BOOL, "stale?": BOOL,
+    "dir?": STR, "url?": null(STR), "custom_labels?": null(arr(STR)),
+    "staged_versions?": arr(STR), "draining_since?": null(STR), "service?": obj(),
+    "listener?": PROC, "workers?": arr(PROC),
+    "registered?": null(obj({"id": ANY, "status": ANY, "busy": ANY}))})
+REPO = string(pattern="^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$")
 
 SNAPSHOT = obj({
     "generated_at": TIME,
@@ -128,9 +132,63 @@ def _reads() -> list[Route]:
         Route("GET", "/api/settings", "Live settings with value, default, range and source",
               {200: json_reply(obj({"settings": arr(ref("Setting"))}))}, tag=tag),
         Route("GET", "/api/hosts", "This host and every agent host that sent a heartbeat",
-              {200: json_reply(obj({"hosts": arr(obj({
+              {200: json_reply(obj({"generated_at?": TIME, "hosts": arr(obj({
                   "host": STR, "role": enum("coordinator", "agent"), "runners": ANY,
                   "capacity": ANY, "load": ANY, "heartbeat_age_s": NUM}))}))}, tag=tag),
+        *_analysis(),
+    ]
+
+
+def _analysis() -> list[Route]:
+    """Figures from the recorded job history (docs/controlplane-analysis.md)."""
+    tag = "analysis"
+    stamped = {"generated_at": TIME}
+    return [
+        Route("GET", "/api/analytics", "Per-repository job figures and browser-test timings",
+              {200: json_reply(obj({**stamped, "days": INT, "since": TIME, "until": TIME,
+                                    "repos": arr(obj({"repo": STR, "jobs": integer(0)})),
+                                    "browser_test": obj(), "history": arr(obj())}))},
+              {400: "days is not a whole number from 1 to 365"},
+              params=(query("days", integer(1, 365), "look-back in days, default 30",
+                            allow_empty=False),), tag=tag),
+        Route("GET", "/api/repo", "30 days of one repository",
+              {200: json_reply(obj({**stamped, "repo": STR, "days": INT, "since": TIME,
+                                    "jobs": integer(0), "runners": arr(obj()),
+                                    "registered": null(arr(obj())), "history": obj()}))},
+              {400: "name is not owner/project",
+               404: "no recorded jobs and not a watched repository"},
+              params=(query("name", REPO, "owner/project", required=True),), tag=tag),
+        Route("GET", "/api/concurrency", "Concurrency findings in the workflow files",
+              {200: json_reply(obj({**stamped, "repos": arr(obj({"repo": STR})),
+                                    "findings": arr(obj({"kind": STR, "severity": STR,
+                                                         "repo": STR}))}))}, tag=tag),
+        Route("POST", "/api/simulate", "Replay a repository's jobs against runner counts",
+              {200: json_reply(obj({**stamped, "repo": STR, "days": INT, "since": TIME,
+                                    "results": arr(obj({"runners": integer(0)}))}))},
+              {400: BAD_JSON, 403: "a cross-origin request (Origin or Sec-Fetch-Site)",
+               404: "no recorded jobs of the repository in the window", 413: TOO_LARGE},
+              body=Body(obj({"repo": REPO, "runnerCounts": arr(integer(0, 256), minItems=1,
+                                                               maxItems=16),
+                             "sloSec": integer(0, 604_800), "days?": integer(1, 365)}),
+                        "{repo, runnerCounts, sloSec, days?}"), tag=tag),
+        Route("GET", "/api/forecast", "Next-hour demand per repository, and past scores",
+              {200: json_reply(obj({**stamped, "hour_start": TIME, "hour_end": TIME,
+                                    "repos": arr(obj({"repo": STR})),
+                                    "scores": arr(obj())}))}, tag=tag),
+        Route("GET", "/api/autoscale", "Autoscale decisions, newest first",
+              {200: json_reply(obj({**stamped, "enabled": BOOL, "mode": STR,
+                                    "evaluated_at": null(TIME),
+                                    "decisions": arr(obj({"repo": STR, "direction": STR,
+                                                          "outcome": STR}))}))}, tag=tag),
+        Route("GET", "/api/admission", "Job admission decisions of the job-started hook",
+              {200: json_reply(obj({**stamped, "totals": map_of(integer(0)),
+                                    "decisions": arr(obj({"decision": STR}))}))},
+              {400: "limit is not a whole number from 1 to 500"},
+              params=(query("limit", integer(1, 500), "newest decisions, default 60",
+                            allow_empty=False),), tag=tag),
+        Route("GET", "/api/billing", "GitHub Actions billing of the watched owners",
+              {200: json_reply(obj({**stamped, "available": BOOL,
+                                    "owners": arr(obj({"owner": STR}))}))}, tag=tag),
     ]
 
 
@@ -170,13 +228,19 @@ def _agents() -> list[Route]:
     return [
         Route("POST", "/api/host/heartbeat", "An agent host reports its state",
               {200: json_reply(obj({"ok": enum(True), "commands": arr(obj({
-                  "id": STR, "action": STR, "args": obj()}))}))},
-              {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
-              body=Body(obj({"host": HOST_NAME, "runners?": ANY, "capacity?": ANY,
-                             "load?": ANY}), "the agent's state"),
+                  "id": STR, "action": STR, "args": obj()}))}),
+                  "stored; the commands queued for the host (held up to wait_s for one)")},
+              {400: BAD_JSON, **AUTH_ERRORS, 409: "the host is this coordinator's own name",
+               413: TOO_LARGE},
+              body=Body(obj({"host": HOST_NAME, "role?": ANY,
+                             "wait_s?": {"type": "number", "minimum": 0, "maximum": 3600},
+                             "runners?": arr(obj({"name": HOST_NAME}), maxItems=500),
+                             "capacity?": ANY, "vitals?": ANY, "load?": ANY}),
+                        "the agent's state"),
               tag=tag, security=either),
         Route("POST", "/api/host/results", "An agent host reports command results",
-              {200: json_reply(obj({"ok": enum(True), "received": integer(0)}))},
+              {200: json_reply(obj({"ok": enum(True), "received": integer(0),
+                                    "matched?": integer(0)}))},
               {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "results": arr(obj({
                   "id": STR, "ok?": ANY, "error?": ANY, "output?": ANY}))}),
@@ -215,6 +279,7 @@ def service() -> Service:
             "agentToken": {"type": "http", "scheme": "bearer",
                            "description": "<state>/agent-token (else the control token)"}},
         routes=[*_reads(), *_control(), *_agents(), *_pages()],
-        tags=[("reads", "open reads"), ("control", "token-guarded changes"),
+        tags=[("reads", "open reads"), ("analysis", "figures from the job history"),
+              ("control", "token-guarded changes"),
               ("federation", "agent hosts"), ("pages", "the UI and its files")],
     )

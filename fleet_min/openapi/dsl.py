@@ -138,19 +138,21 @@ class Param:
     description: str
     where: str = "query"
     required: bool = False
+    allow_empty: bool = True  # an empty optional query value counts as not given
 
     def render(self) -> dict[str, Any]:
         out: dict[str, Any] = {"name": self.name, "in": self.where, "schema": self.schema,
                                "description": self.description}
         if self.required or self.where == "path":
             out["required"] = True
-        elif self.where == "query":
-            out["allowEmptyValue"] = True  # an empty optional parameter counts as not given
+        elif self.where == "query" and self.allow_empty:
+            out["allowEmptyValue"] = True
         return out
 
 
-def query(name: str, schema: Schema, description: str, required: bool = False) -> Param:
-    return Param(name, schema, description, "query", required)
+def query(name: str, schema: Schema, description: str, required: bool = False,
+          allow_empty: bool = True) -> Param:
+    return Param(name, schema, description, "query", required, allow_empty)
 
 
 def header(name: str, schema: Schema, description: str, required: bool = False) -> Param:

@@ -104,7 +104,7 @@ def collector_state(base: str) -> dict[str, Any]:
 
 def controlplane_state(base: str) -> dict[str, Any]:
     state = _get(base, "/api/state")
-    runners = sorted((r["name"], r["draining"], r["dir"]) for r in state["runners"])
+    runners = sorted((r["name"], r["draining"], r.get("dir")) for r in state["runners"])
     settings = {s["key"]: s["value"] for s in _get(base, "/api/settings")["settings"]}
     hosts = sorted(h["host"] for h in _get(base, "/api/hosts")["hosts"])
     return {"runners": runners, "settings": settings, "hosts": hosts}
@@ -383,8 +383,17 @@ CP_BODIES: dict[str, list[Any]] = {
         {"key": "max_load_per_core", "value": HUGE},
         {"key": "min_free_disk_gb", "value": -HUGE},
     ],
-    "POST /api/host/heartbeat": [{}, {"host": 5}, {"host": "../x"}, {"host": "a" * 101},
-                                 {"host": "a\u0000b"}, {"host": ""}, {"host": "-x"}],
+    "POST /api/host/heartbeat": [
+        {}, {"host": 5}, {"host": "../x"}, {"host": "a" * 101}, {"host": "a\u0000b"},
+        {"host": ""}, {"host": "-x"}, {"host": "h", "wait_s": -1}, {"host": "h", "wait_s": "1"},
+        {"host": "h", "runners": "r1"}, {"host": "h", "runners": [{"name": "../r"}]},
+        {"host": "h", "runners": [{"name": "r"}] * 501},
+        # What an agent says about its runners reaches the snapshot and the UI: typed or refused.
+        {"host": "h", "runners": [{"name": "r1", "state": {"html": "<b>x</b>"}}]},
+        {"host": "h", "runners": [{"name": "r1", "busy": "yes"}]},
+        {"host": "h", "runners": [{"name": "r1", "labels": "linux"}]},
+        {"host": "h", "runners": [{"name": "r1", "draining": [1]}]},
+        {"host": "h", "runners": [{"name": "r1", "version": {"v": 1}}]}],
     "POST /api/host/results": [{}, {"host": "h"}, {"host": "h", "results": "x"},
                                {"host": "h", "results": [{"id": 5}]},
                                {"host": "h", "results": [None]},
