@@ -157,6 +157,36 @@ class Dispatcher:
             if not remaining:
                 return
 
+    def reserve_for(self, jobs: list[JobRoute]) -> list[Waiter]:
+        """Waiters that could take these jobs, one per job, first come first served, reserved
+        for a claim made inside the transaction that made the jobs claimable (so the enqueue and
+        the claim share one commit). Call on the loop's thread; settle() them after the commit."""
+        chosen: list[Waiter] = []
+        for waiter in self._waiters:
+            if len(chosen) == len(jobs):
+                break
+            if waiter.future.done() or not any(waiter.could_take(job) for job in jobs):
+                continue
+            if waiter.reserved:
+                waiter.missed = True
+                continue
+            waiter.reserved = True
+            chosen.append(waiter)
+        return chosen
+
+    def settle(self, handouts: list[tuple[Waiter, dict[str, Any] | None]]) -> None:
+        """After the commit (or its failure, with None for every job): deliver or release."""
+        for waiter, job in handouts:
+            waiter.reserved = False
+            if job is not None:
+                self._deliver(waiter, job)
+            elif waiter.expired:
+                self.remove(waiter)
+                if not waiter.future.done():
+                    waiter.future.set_result(None)
+            elif waiter.missed:
+                self.claimants_changed([waiter.claimant.key])
+
     async def claim_now(self, waiter: Waiter,
                         first: Callable[[Waiter], Awaitable[dict[str, Any] | None]]
                         ) -> dict[str, Any] | None:

@@ -184,19 +184,53 @@ class Service:
     # -- transactions -----------------------------------------------------------------------
 
     async def transact(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run fn(conn, *args, effects, **kwargs) as one transaction, then apply its effects."""
+        """Run fn(conn, *args, effects, **kwargs) as one transaction, then apply its effects.
+
+        Jobs the transaction made claimable are claimed for waiting polls in the same
+        transaction, so a dispatch costs one commit, not two (the enqueue's, then the claim's).
+        """
         # A write stamped on a stepped clock would be moved again by the rebase: look first.
         jump = self.clock.jump()
         if jump:
             await self._rebase(jump)
         effects = Effects()
+        handouts: list[tuple[Waiter, dict[str, Any] | None]] = []
 
         def run(conn: sqlite3.Connection) -> Any:
-            return fn(conn, *args, effects, **kwargs)
+            result = fn(conn, *args, effects, **kwargs)
+            if effects.claimable:
+                handouts.extend(self._claim_inline(conn, effects))
+            return result
 
-        result = await self.db.write(run)
+        try:
+            result = await self.db.write(run)
+        except BaseException:
+            self.dispatcher.settle([(waiter, None) for waiter, _ in handouts])
+            raise
+        taken = {job["job_id"] for _, job in handouts if job is not None}
+        if taken:
+            effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
+        self.dispatcher.settle(handouts)
         self.apply(effects)
         return result
+
+    def _claim_inline(self, conn: sqlite3.Connection, effects: Effects
+                      ) -> list[tuple[Waiter, dict[str, Any] | None]]:
+        """Runs inside the writer's transaction, on the loop's thread (see fleet_min.db)."""
+        waiters = self.dispatcher.reserve_for(effects.claimable)
+        if not waiters:
+            return []
+        current = now()
+        conn.execute("SAVEPOINT inline_claim")
+        try:
+            handouts = [(w, queue.claim(conn, w.claimant, current, effects)) for w in waiters]
+        except Exception:  # the enqueue stands; the dispatcher's own pass claims instead
+            conn.execute("ROLLBACK TO inline_claim")
+            conn.execute("RELEASE inline_claim")
+            log.exception("claiming for waiting polls inside the transaction failed")
+            return [(w, None) for w in waiters]
+        conn.execute("RELEASE inline_claim")
+        return handouts
 
     def apply(self, effects: Effects) -> None:
         for event in effects.events:
