@@ -387,13 +387,22 @@ CP_BODIES: dict[str, list[Any]] = {
         {}, {"host": 5}, {"host": "../x"}, {"host": "a" * 101}, {"host": "a\u0000b"},
         {"host": ""}, {"host": "-x"}, {"host": "h", "wait_s": -1}, {"host": "h", "wait_s": "1"},
         {"host": "h", "runners": "r1"}, {"host": "h", "runners": [{"name": "../r"}]},
-        {"host": "h", "runners": [{"name": "r"}] * 501},
-        # What an agent says about its runners reaches the snapshot and the UI: typed or refused.
-        {"host": "h", "runners": [{"name": "r1", "state": {"html": "<b>x</b>"}}]},
-        {"host": "h", "runners": [{"name": "r1", "busy": "yes"}]},
-        {"host": "h", "runners": [{"name": "r1", "labels": "linux"}]},
-        {"host": "h", "runners": [{"name": "r1", "draining": [1]}]},
-        {"host": "h", "runners": [{"name": "r1", "version": {"v": 1}}]}],
+        {"host": "h", "runners": [{"name": "r"}] * 501}],
+    "POST /api/simulate": [
+        {}, {"repo": "octo/app"}, {"repo": "../x", "runnerCounts": [1], "sloSec": 60},
+        {"repo": "a/b/c", "runnerCounts": [1], "sloSec": 60},
+        {"repo": 5, "runnerCounts": [1], "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": [], "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": [257], "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": [1] * 17, "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": ["1"], "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": [HUGE], "sloSec": 60},
+        {"repo": "octo/app", "runnerCounts": [1], "sloSec": -1},
+        {"repo": "octo/app", "runnerCounts": [1], "sloSec": 1e999},
+        {"repo": "octo/app", "runnerCounts": [1], "sloSec": HUGE},
+        {"repo": "octo/app", "runnerCounts": [1], "sloSec": 60, "days": 0},
+        {"repo": "octo/app", "runnerCounts": [1], "sloSec": 60, "days": 366},
+        {"repo": "octo/app", "runnerCounts": [1.5], "sloSec": 60}],
     "POST /api/host/results": [{}, {"host": "h"}, {"host": "h", "results": "x"},
                                {"host": "h", "results": [{"id": 5}]},
                                {"host": "h", "results": [None]},
@@ -721,6 +730,15 @@ def test_controlplane_token_routes_refuse_without_the_right_token(
     problems.assert_none()
 
 
+def test_controlplane_simulate_refuses_other_sites(controlplane: LiveControlPlane) -> None:
+    """The replay needs no token (it only reads) but another site's page may not start one."""
+    body = {"repo": "octo/app", "runnerCounts": [1, 2], "sloSec": 60}
+    for headers in ({"Origin": EVIL_ORIGIN}, {"Origin": "null"},
+                    {"Sec-Fetch-Site": "cross-site"}):
+        reply = send_json(controlplane.url, "POST", "/api/simulate", body, headers)
+        assert_refused(reply, f"simulate with {headers}", (403,))
+
+
 @pytest.mark.parametrize("service", ["collector", "controlplane"])
 def test_no_cross_origin_grant_anywhere(service: str, request: Any) -> None:
     """No CORS: another site's page can neither read replies nor pass a preflight."""
@@ -759,3 +777,23 @@ def test_method_not_allowed_names_the_allowed_methods(service: str, request: Any
     reply = send(live.url, "PUT", "/jobs/sweep" if service == "collector" else "/api/state")
     assert_refused(reply, "PUT on a route without PUT", (405,))
     assert "GET" in (reply.headers.get("Allow") or ""), dict(reply.headers)
+
+
+def test_agent_reports_reach_the_snapshot_typed(controlplane: LiveControlPlane) -> None:
+    """What an agent says about its runners reaches the snapshot and the UI: a field of the
+    wrong type is dropped (null), never passed on (federation.clean_report)."""
+    auth = {"Authorization": f"Bearer {controlplane.token}"}
+    odd = [{"name": "r1", "state": {"html": "<b>x</b>"}, "busy": "yes", "labels": "linux",
+            "draining": [1], "version": {"v": 1}, "repo": "../../etc", "owner": 5},
+           {"name": "r2", "labels": ["ok", 5, None, {"x": 1}], "busy": True, "state": "idle"}]
+    reply = send_json(controlplane.url, "POST", "/api/host/heartbeat",
+                      {"host": "odd-agent", "runners": odd, "load": ["high"]}, auth)
+    assert reply.status == 200, reply
+    hosts = _get(controlplane.url, "/api/hosts")["hosts"]
+    agent = next(h for h in hosts if h["host"] == "odd-agent")
+    assert agent["load"] is None
+    by_name = {r["name"]: r for r in agent["runners"]}
+    assert by_name["r1"]["state"] is None and by_name["r1"]["busy"] is False
+    assert by_name["r1"]["labels"] == [] and by_name["r1"]["draining"] is False
+    assert by_name["r1"]["version"] is None and by_name["r1"]["repo"] is None
+    assert by_name["r2"]["labels"] == ["ok"] and by_name["r2"]["busy"] is True
