@@ -223,10 +223,6 @@ def test_log_level_and_sighup_without_a_log_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "the control plane sets up logging with logging.basicConfig, not fleet_min.logs.setup, so "
-    "it has no SIGHUP handler and SIGHUP (logrotate, `kill -HUP`) ends it; fix: "
-    "controlplane/cli.py calls logs.setup(cfg.log_level, cfg.log_file) (docs/reliability.md)"))
 def test_control_plane_survives_sighup(tmp_path: Path) -> None:
     from tests.faults.support import ControlPlaneProcess
 

@@ -10,6 +10,7 @@ keeps serving the stream and the actions meanwhile.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import sqlite3
@@ -47,6 +48,7 @@ def check_repo(name: Any, field: str = "name") -> str:
     return name
 
 
+@functools.lru_cache(maxsize=4096)  # a repository has a handful of distinct label sets
 def _self_hosted(labels_json: str) -> bool:
     try:
         labels = json.loads(labels_json)

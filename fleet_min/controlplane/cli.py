@@ -13,6 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from fleet_min import logs
 from fleet_min.config import ConfigError, add_flags, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
@@ -78,8 +79,7 @@ def main(argv: list[str]) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(cfg.log_level, cfg.log_file)  # one line per event; SIGHUP reopens, never stops
     from fleet_min.controlplane.app import create_app
     try:
         asyncio.run(_serve(create_app(cfg), cfg.host, cfg.port))

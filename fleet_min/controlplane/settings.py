@@ -115,6 +115,8 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+    Setting("log_file", "FLEET_LOG_FILE", "", str,
+            "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
     Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
             "This host's name in the federation (default: the system's host name)."),
     Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
