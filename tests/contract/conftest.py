@@ -139,7 +139,7 @@ class SlowClient:
                 if not data:
                     return "closed"
                 status = re.match(rb"HTTP/1\.1 (\d{3})", data)
-                return f"answered {status.group(1).decode() if status else data[:40]!r}"
+                return f"answered {status.group(1).decode()}" if status else f"sent {data[:40]!r}"
         return "open"
 
 
