@@ -165,7 +165,7 @@ def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
     expect(page.locator('[data-group="octo/web"]')).to_be_visible()
     expect(runner_row(page, "web-old")).to_contain_text("service-dead")
     expect(runner_row(page, "stray")).to_contain_text("unregistered")
-    expect(page.locator("#queue")).to_contain_text("no-matching-runner")
+    expect(page.locator("#queue")).to_contain_text("label-mismatch")
     expect(page.locator("#host")).to_contain_text("Capacity")
     expect(page.locator("#conn")).to_have_text("live")
     # buttons come from /api/actions and wait for a token
