@@ -297,10 +297,13 @@ class ControlPlaneProcess:
     """`python -m fleet_min controlplane` on a fixed port with an empty runner root; GitHub is an
     address nothing listens on, so nothing leaves the machine."""
 
-    def __init__(self, tmp: Path, port: int | None = None) -> None:
+    def __init__(self, tmp: Path, port: int | None = None, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.port = port or free_port()
         self.state = tmp / "state"
+        self.extra_env = dict(env or {})  # may be changed between a stop and the next start
+        self.args = args
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = tmp / f"controlplane-{self.port}.log"
         for folder in ("runners", "home"):
@@ -315,13 +318,13 @@ class ControlPlaneProcess:
                 "XDG_CONFIG_HOME": str(self.tmp / "home"), "GH_TOKEN": "",
                 "FLEET_GITHUB_API": f"http://127.0.0.1:{free_port()}",
                 "FLEET_SUPERVISOR": "systemd", "FLEET_SYSTEMD_SCOPE": "user",
-                "FLEET_SQLITE_SYNCHRONOUS": "FULL", "FLEET_TICK_S": "5"}
+                "FLEET_SQLITE_SYNCHRONOUS": "FULL", "FLEET_TICK_S": "5", **self.extra_env}
 
     def start(self) -> ControlPlaneProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fleet_min", "controlplane", "--port", str(self.port),
-                 "--root", str(self.tmp / "runners"), "--state", str(self.state)],
+                 "--root", str(self.tmp / "runners"), "--state", str(self.state), *self.args],
                 env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
         wait_until(self._ready, 20, "the control plane to answer", 0.05)
         return self
