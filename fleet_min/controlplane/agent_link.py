@@ -12,7 +12,9 @@ the stored result again.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,16 +61,51 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+OWED_FILE = "federation-owed.json"
+
+
 class CoordinatorLink:
+    """The agent side of federation. Results the coordinator has not acknowledged are kept in a
+    spool file (with the ids of commands already run) and posted after the next heartbeat that
+    gets through, so an outage or a restart of either side loses nothing and runs nothing twice.
+    """
+
     def __init__(self, cp: ControlPlane, url: str, token: str) -> None:
         self.cp = cp
         self.url = check_url(url)
         self.token = token
         self.done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.owed: list[dict[str, Any]] = []
+        self.spool = cp.state_dir / OWED_FILE
+        self._load()
         self.last_ok_at: float | None = None
         self.last_error: str | None = None
         self.heartbeats = 0
         self._stop = asyncio.Event()
+
+    def _load(self) -> None:
+        try:
+            data = json.loads(self.spool.read_text())
+        except (OSError, ValueError):
+            return  # nothing owed, or a file we cannot read: start clean
+        if not isinstance(data, dict):
+            return
+        self.owed = [r for r in data.get("owed") or [] if isinstance(r, dict) and "id" in r]
+        for result in data.get("done") or []:
+            if isinstance(result, dict) and "id" in result:
+                self.done[str(result["id"])] = result
+        while len(self.done) > REMEMBERED:
+            self.done.popitem(last=False)
+
+    def _save(self) -> None:
+        """Write the spool atomically, readable by its owner only."""
+        tmp = self.spool.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            json.dump({"owed": self.owed, "done": list(self.done.values())}, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, self.spool)
 
     def status(self) -> dict[str, Any]:
         return {"coordinator": self.url, "heartbeats": self.heartbeats,
@@ -113,12 +150,17 @@ class CoordinatorLink:
         self.heartbeats += 1
         self.last_ok_at, self.last_error = self.cp.clock(), None
         commands = reply.get("commands")
-        if not isinstance(commands, list) or not commands:
-            return
-        results = [await self.execute(c) for c in commands if isinstance(c, dict)]
-        await self.cp.rebuild()  # the next heartbeat reports the commands' effect
-        await self._post(session, "/api/host/results",
-                         {"host": self.cp.host_name, "results": results}, 30)
+        if isinstance(commands, list) and commands:
+            results = [await self.execute(c) for c in commands if isinstance(c, dict)]
+            await self.cp.rebuild()  # the next heartbeat reports the commands' effect
+            owed_ids = {r["id"] for r in self.owed}
+            self.owed += [r for r in results if r["id"] not in owed_ids]
+            self._save()
+        if self.owed:
+            await self._post(session, "/api/host/results",
+                             {"host": self.cp.host_name, "results": self.owed}, 30)
+            self.owed = []
+            self._save()
 
     async def execute(self, command: dict[str, Any]) -> dict[str, Any]:
         command_id = str(command.get("id", ""))[:100]
