@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
+
+from fleet_min.validate import load_schema
 
 Schema = dict[str, Any]
 
@@ -277,7 +278,7 @@ def embed_schema(name: str, component: str, schemas: dict[str, Schema]) -> None:
     files, such as jobId, are stored once) and its internal `#/$defs/x` references are rewritten
     to point at them, so the document needs no resolution of `$id` bases.
     """
-    raw = json.loads(resources.files("fleet_min").joinpath(f"schemas/{name}.json").read_text())
+    raw = load_schema(name)  # a fresh dict each call: changed here freely
     definitions: dict[str, Schema] = raw.pop("$defs", {})
     renames = {def_name: def_name for def_name in definitions}
     for def_name, definition in definitions.items():
