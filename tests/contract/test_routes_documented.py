@@ -23,6 +23,7 @@ from fleet_min.config import COLLECTOR_SETTINGS, resolve
 from fleet_min.controlplane.app import create_app as create_controlplane
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
 from fleet_min.openapi import build
+from fleet_min.validate import load_schema
 
 EVERY_METHOD = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 HTTP_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
@@ -150,7 +151,7 @@ def test_embedded_job_schema_is_the_schema_file() -> None:
     """The request bodies reuse fleet_min/schemas/*.json: same keywords, refs rewritten."""
     doc = _document("collector")
     schemas = doc["components"]["schemas"]
-    raw = json.loads((Path(openapi.__file__).parent.parent / "schemas" / "job.json").read_text())
+    raw = load_schema("job")
     assert schemas["JobSpec"]["required"] == raw["required"]
     assert set(schemas["JobSpec"]["properties"]) == set(raw["properties"])
     text = json.dumps(schemas)
