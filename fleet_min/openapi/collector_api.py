@@ -312,7 +312,8 @@ def _devices() -> list[Route]:
                 tag=tag),
         Route("GET", "/api/devices/{device_id}/beacons", "A device's beacon history",
               {200: json_reply(obj({"device_id": STR, "truncated": BOOL,
-                                    "beacons": arr(obj({"at": ANY, "job_id": ANY}))}))},
+                                    "beacons": arr(obj({"at": TIME,
+                                                        "job_id": null(STR)}))}))},
               {400: BAD_QUERY, 404: NO_DEVICE},
               params=(query("since", STR, "ISO-8601 time"),), tag=tag),
     ]

@@ -430,6 +430,17 @@ def test_controlplane_refuses_broken_bodies(label: str, controlplane: LiveContro
     problems.assert_none()
 
 
+def test_beacon_fields_do_not_overwrite_the_record(collector: LiveCollector) -> None:
+    """A beacon is free-form, but its own `at` and `job_id` are the collector's to say."""
+    assert send_json(collector.url, "POST", "/devices/register",
+                     registration("beacon-forger")).status == 200
+    forged = {"schema": 1, "kind": "beacon", "device_id": "beacon-forger",
+              "beacon": {"at": "not a time", "job_id": "forged", "battery_pct": 50}}
+    assert send_json(collector.url, "POST", "/results", forged).status == 200
+    [kept] = _get(collector.url, "/api/devices/beacon-forger/beacons")["beacons"]
+    assert kept["job_id"] is None and kept["at"].endswith("Z") and kept["battery_pct"] == 50
+
+
 # --------------------------------------------------------------------------------------------
 # Path parameters
 
