@@ -34,6 +34,10 @@ class Conflict(Refused):
     status = 409
 
 
+class TimedOut(Refused):
+    status = 408
+
+
 class TooLarge(Refused):
     status = 413
 

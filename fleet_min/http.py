@@ -7,8 +7,10 @@ anything unexpected is logged with its traceback and answered 500 without one.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import math
 import mimetypes
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -17,13 +19,14 @@ from typing import Any
 from aiohttp import web
 
 from fleet_min.db import StorageError
-from fleet_min.errors import BadRequest, Refused, TooLarge
+from fleet_min.errors import BadRequest, Refused, TimedOut, TooLarge
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 MAX_JSON_KEY = web.AppKey("max_json_bytes", int)
+BODY_TIMEOUT_S = 60.0  # a JSON body must have arrived by then: a slow client is cut off
 
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -55,19 +58,14 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     limit = limit if limit is not None else request.app.get(MAX_JSON_KEY, 1 << 20)
     if request.content_length is not None and request.content_length > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
-    # read() returns what has arrived so far, so a large body takes several reads.
-    raw = bytearray()
-    while len(raw) <= limit:
-        chunk = await request.content.read(limit + 1 - len(raw))
-        if not chunk:
-            break
-        raw += chunk
-    if len(raw) > limit:
-        raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+    raw = await _read_body(request, limit)
     if not raw.strip():
         raise BadRequest("the request needs a JSON body")
     try:
-        return json.loads(raw)
+        # Decoded here: json.loads(bytes) would also take UTF-16 and UTF-32 (RFC 8259: UTF-8).
+        # NaN, Infinity and numbers past float are refused: no JSON reply could carry them.
+        return json.loads(raw.decode("utf-8"), parse_constant=_not_json,
+                          parse_float=_finite_float)
     except UnicodeDecodeError:
         raise BadRequest("the request body is not UTF-8 text") from None
     except RecursionError:
@@ -75,6 +73,34 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     except ValueError as exc:
         reason = exc.args[0].split(":")[0]
         raise BadRequest(f"the request body is not valid JSON ({reason})") from None
+
+
+async def _read_body(request: web.Request, limit: int) -> bytearray:
+    # read() returns what has arrived so far, so a large body takes several reads.
+    raw = bytearray()
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            while len(raw) <= limit:
+                chunk = await request.content.read(limit + 1 - len(raw))
+                if not chunk:
+                    break
+                raw += chunk
+    except TimeoutError:
+        raise TimedOut(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+    if len(raw) > limit:
+        raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+    return raw
+
+
+def _not_json(name: str) -> Any:
+    raise BadRequest(f"the request body holds {name}, which is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadRequest(f"the number {text[:20]} is too large")
+    return value
 
 
 async def read_json_object(request: web.Request, limit: int | None = None) -> dict[str, Any]:
@@ -111,6 +137,9 @@ async def errors_middleware(request: web.Request, handler: Handler) -> web.Strea
             message = exc.reason if exc.status != 404 else f"no such route: {request.path}"
             if exc.status == 405:
                 message = f"{request.method} is not allowed on {request.path}"
+                response = error_response(405, message)
+                response.headers["Allow"] = exc.headers.get("Allow", "")  # RFC 9110
+                return response
             if exc.status == 413:
                 message = "the request body is larger than the limit"
             return error_response(exc.status, message)

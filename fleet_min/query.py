@@ -5,10 +5,13 @@ Pure functions over a mapping, so domain modules use them without importing aioh
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import parse_iso
+
+_INTEGER = re.compile(r"-?[0-9]{1,12}")  # ASCII: isdigit() also takes '²', which int() refuses
 
 
 def time_param(query: Mapping[str, str], name: str) -> float | None:
@@ -26,7 +29,7 @@ def int_param(query: Mapping[str, str], name: str, default: int, low: int, high:
     raw = (query.get(name) or "").strip()
     if raw == "":
         return default
-    if not raw.lstrip("-").isdigit() or len(raw) > 12 or not low <= int(raw) <= high:
+    if not _INTEGER.fullmatch(raw) or not low <= int(raw) <= high:
         raise BadRequest(f"{name} must be an integer from {low} to {high}")
     return int(raw)
 

@@ -425,10 +425,10 @@ def snooze_seconds(body: Mapping[str, Any]) -> float:
     value = body[given[0]]
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise BadRequest(f"{given[0]} must be a number")
-    seconds = float(value) * (60 if given[0] == "minutes" else 1)
+    seconds = value * (60 if given[0] == "minutes" else 1)  # no float(): 10**400 overflows it
     if not 0 <= seconds <= MAX_SNOOZE_S:
         raise BadRequest("a snooze lasts from 0 seconds (lift it) to 30 days")
-    return seconds
+    return float(seconds)
 
 
 def snooze(conn: sqlite3.Connection, alert_id: int, seconds: float, now: float,

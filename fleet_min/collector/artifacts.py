@@ -176,7 +176,7 @@ def _flag(query: Mapping[str, str], name: str) -> bool | None:
 
 def _page(query: Mapping[str, str]) -> int:
     raw = query.get("page") or "1"
-    if not raw.isascii() or not raw.isdigit() or not 1 <= int(raw) <= 1_000_000:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 7 or not 1 <= int(raw) <= 1_000_000:
         raise BadRequest("page must be a whole number from 1")
     return int(raw)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
@@ -15,12 +16,13 @@ from aiohttp import ClientPayloadError, web
 from fleet_min.collector import artifacts
 from fleet_min.collector.artifacts import ArtifactStore, Opened, RangeNotSatisfiable
 from fleet_min.collector.service import Service
-from fleet_min.errors import BadRequest, TooLarge
+from fleet_min.errors import BadRequest, TimedOut, TooLarge
 from fleet_min.http import error_response, json_response, read_json_object
 from fleet_min.timeutil import now
 
 STORE = web.AppKey("artifact_store", ArtifactStore)
 IMMUTABLE = "public, max-age=31536000, immutable"  # a hash's bytes never change
+UPLOAD_WINDOW_S, UPLOAD_MIN_BYTES = 60.0, 64 * 1024  # slower than ~1 KiB/s is cut off
 
 
 def store_of(request: web.Request) -> ArtifactStore:
@@ -62,12 +64,37 @@ async def upload(request: web.Request) -> web.Response:
     if request.content_length is not None and request.content_length > store.max_bytes:
         raise TooLarge(_too_large(store.max_bytes))
     try:
-        stored = await store.upload(request.content.iter_chunked(artifacts.BATCH_BYTES),
-                                    publish, expected, now())
+        stored = await store.upload(
+            at_a_living_rate(request.content.iter_chunked(artifacts.BATCH_BYTES)), publish,
+            expected, now())
     except (ClientPayloadError, ConnectionResetError):
         raise BadRequest("the upload ended before its body was complete; nothing was stored")\
             from None
     return json_response(stored)
+
+
+async def at_a_living_rate(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The body's chunks, while each UPLOAD_WINDOW_S brings UPLOAD_MIN_BYTES at least: an
+    upload that trickles (slow loris) is cut off with 408, and its temporary file removed."""
+    loop = asyncio.get_running_loop()
+    deadline, received = loop.time() + UPLOAD_WINDOW_S, 0
+    iterator = aiter(chunks)
+    while True:
+        try:
+            async with asyncio.timeout_at(deadline):
+                chunk = await anext(iterator)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            chunk = b""
+        received += len(chunk)
+        if loop.time() >= deadline:
+            if received < UPLOAD_MIN_BYTES:
+                raise TimedOut(f"the upload sent less than {UPLOAD_MIN_BYTES} bytes in "
+                               f"{UPLOAD_WINDOW_S:g} s; nothing was stored")
+            deadline, received = loop.time() + UPLOAD_WINDOW_S, 0
+        if chunk:
+            yield chunk
 
 
 class ArtifactResponse(web.StreamResponse):

@@ -133,7 +133,7 @@ async def _guarded(what: str, tick: Callable[[], Awaitable[Any]]) -> None:
 
 def _alert_id(request: web.Request) -> int:
     raw = request.match_info["alert_id"]
-    if not raw.isdigit() or len(raw) > 18:
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
         raise NotFound(f"no alert {raw[:40]!r}")
     return int(raw)
 

@@ -163,11 +163,16 @@ def _wall(t: float, tz: tzinfo | None) -> datetime:
 # parsing
 
 
-@lru_cache(maxsize=512)
 def parse(text: str) -> Cron:
     """Parse an expression or raise CronError with a sentence naming the field."""
+    # Checked before the cache: a dict or a list is not hashable and would crash lru_cache.
     if not isinstance(text, str):
         raise CronError("cron must be a string such as '*/15 * * * *'")
+    return _parse(text)
+
+
+@lru_cache(maxsize=512)
+def _parse(text: str) -> Cron:
     if len(text) > MAX_LENGTH:
         raise CronError(f"cron is longer than {MAX_LENGTH} characters")
     source = text.strip()
@@ -222,9 +227,14 @@ def _parse_item(item: str, spec: _Field) -> range:
     return range(low, high + 1, step)
 
 
+def _is_number(text: str) -> bool:
+    """ASCII digits only: str.isdigit() also takes '²' (which int() refuses) and '٣'."""
+    return text.isascii() and text.isdigit()
+
+
 def _parse_step(text: str, spec: _Field) -> int:
     span = spec.high - spec.low + 1
-    if not text.isdigit() or not 1 <= int(text) <= span:
+    if not _is_number(text) or not 1 <= int(text) <= span:
         raise CronError(f"cron {spec.name}: the step after '/' must be a whole number from 1 "
                         f"to {span}, got {text[:10]!r}")
     return int(text)
@@ -234,7 +244,7 @@ def _parse_value(text: str, spec: _Field) -> int:
     lowered = text.lower()
     if spec.names and lowered in spec.names:
         return spec.names.index(lowered) + spec.names_from
-    if text.isdigit() and len(text) <= 4:
+    if _is_number(text) and len(text) <= 4:
         value = int(text)
         if spec.low <= value <= spec.high:
             return value

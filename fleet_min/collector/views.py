@@ -140,7 +140,8 @@ async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
     limit = 1000
     rows = await db.read("SELECT job_id, at, body FROM beacons WHERE device_id = ? AND at >= ? "
                          "ORDER BY at DESC LIMIT ?", (device_id, since, limit))
-    beacons = [{"at": iso(r["at"]), "job_id": r["job_id"], **json.loads(r["body"])}
+    # The record's own time and job come last: a beacon's fields of the same name do not win.
+    beacons = [{**json.loads(r["body"]), "at": iso(r["at"]), "job_id": r["job_id"]}
                for r in reversed(rows)]
     return {"device_id": device_id, "beacons": beacons, "truncated": len(rows) == limit}
 

@@ -14,7 +14,7 @@ from importlib import resources
 from aiohttp import web
 
 from fleet_min.config import Config
-from fleet_min.controlplane import actions, auth, store
+from fleet_min.controlplane import actions, auth, openapi, store
 from fleet_min.controlplane.analysis import check_repo
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.bundle import build_bundle
@@ -247,6 +247,7 @@ async def host_results(request: web.Request) -> web.Response:
 ROUTES: list[tuple[str, str, Handler, Need]] = [
     ("GET", "/", index, Need.NONE),
     ("GET", "/public/{path:.+}", public, Need.NONE),
+    ("GET", "/openapi.json", openapi.document, Need.NONE),
     ("GET", "/api/state", state, Need.NONE),
     ("GET", "/api/stream", stream, Need.NONE),
     ("GET", "/api/runner", runner_detail, Need.NONE),

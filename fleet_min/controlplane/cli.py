@@ -42,7 +42,10 @@ def _token_command(argv: list[str]) -> int:
 
 
 async def _serve(app: web.Application, host: str, port: int) -> None:
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=3.0, access_log=None)
+    # keepalive_timeout also closes a connection that never completes a request (slow loris);
+    # AppRunner's default is aiohttp's 3630 s, web.run_app's (the collector) 75 s.
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=3.0, access_log=None,
+                           keepalive_timeout=75.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -162,7 +162,7 @@ class LiveSetting:
             if isinstance(value, float) and not value.is_integer():
                 raise BadRequest(f"{self.key} must be a whole number")
             value = int(value)
-        elif not math.isfinite(value):
+        elif isinstance(value, float) and not math.isfinite(value):
             raise BadRequest(f"{self.key} must be a finite number")
         assert self.low is not None and self.high is not None
         if not self.low <= value <= self.high:
