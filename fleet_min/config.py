@@ -23,35 +23,35 @@ class Setting:
     flag: str | None = None  # command-line flag, when the setting has one
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not value > 0 or value == float("inf"):
         raise ValueError(f"must be a positive number, got {text!r}")
     return value
 
 
-def _port(text: str) -> int:
+def port_number(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise ValueError(f"must be a port number from 0 to 65535, got {text!r}")
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise ValueError(f"must be a positive integer, got {text!r}")
     return value
 
 
-def _csv(text: str) -> tuple[str, ...]:
+def csv_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
-def _size(text: str) -> int:
+def byte_size(text: str) -> int:
     """A byte count: 1048576, 512K, 500M, 16G (binary units; a trailing B or iB is allowed)."""
     cleaned = text.strip().lower().removesuffix("ib").removesuffix("b")
     unit = cleaned[-1:] if cleaned[-1:] in _SIZE_UNITS else ""
@@ -64,14 +64,14 @@ def _size(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"must be a number, 0 or more, got {text!r}")
     return value
 
 
-def _timezone(text: str) -> str:
+def timezone_name(text: str) -> str:
     from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
     name = text.strip()
@@ -84,14 +84,14 @@ def _timezone(text: str) -> str:
     return name
 
 
-def _http_url(text: str) -> str:
+def http_url(text: str) -> str:
     url = text.strip()
     if url and not url.startswith(("http://", "https://")):
         raise ValueError(f"must be an http:// or https:// URL, got {url[:80]!r}")
     return url.rstrip("/") if url.count("/") > 2 else url
 
 
-def _flag(text: str) -> bool:
+def flag(text: str) -> bool:
     lowered = text.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
         return True
@@ -101,95 +101,95 @@ def _flag(text: str) -> bool:
 
 
 COLLECTOR_SETTINGS: tuple[Setting, ...] = (
-    Setting("bind", "FLEET_BIND", ("0.0.0.0",), _csv,
+    Setting("bind", "FLEET_BIND", ("0.0.0.0",), csv_list,
             "Comma-separated addresses to listen on. Default: every interface (a warning is "
             "logged; loopback plus a private mesh address is recommended).", "--bind"),
-    Setting("port", "FLEET_PORT", 8788, _port, "TCP port.", "--port"),
+    Setting("port", "FLEET_PORT", 8788, port_number, "TCP port.", "--port"),
     Setting("data_dir", "FLEET_DATA_DIR", "./fleet-data", str,
             "Directory for the SQLite database, artifacts and the stable collector id.", "--data"),
     Setting("name", "FLEET_NAME", "", str,
             "Display name of this collector (default: the host name)."),
-    Setting("long_poll_s", "FLEET_LONG_POLL_S", 25.0, _positive_float,
+    Setting("long_poll_s", "FLEET_LONG_POLL_S", 25.0, positive_float,
             "How long a next-job poll is held before answering 204."),
-    Setting("sweep_s", "FLEET_SWEEP_S", 15.0, _positive_float,
+    Setting("sweep_s", "FLEET_SWEEP_S", 15.0, positive_float,
             "Interval of the lease sweep (it also runs at start-up and on POST /jobs/sweep)."),
-    Setting("max_json_bytes", "FLEET_MAX_JSON_BYTES", 1 << 20, _positive_int,
+    Setting("max_json_bytes", "FLEET_MAX_JSON_BYTES", 1 << 20, positive_int,
             "Largest JSON request body accepted (413 above it)."),
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
     # artifacts
-    Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, _size,
+    Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, byte_size,
             "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "
             "length is refused before the body is sent)."),
     # scheduler and alerts
-    Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", _timezone,
+    Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", timezone_name,
             "IANA time zone cron expressions are read in; empty means the host's local time."),
-    Setting("schedule_tick_s", "FLEET_SCHEDULE_TICK_S", 20.0, _positive_float,
+    Setting("schedule_tick_s", "FLEET_SCHEDULE_TICK_S", 20.0, positive_float,
             "Scheduler tick period, aligned to multiples of it on the clock."),
-    Setting("alert_tick_s", "FLEET_ALERT_TICK_S", 60.0, _positive_float,
+    Setting("alert_tick_s", "FLEET_ALERT_TICK_S", 60.0, positive_float,
             "Alert rule evaluation period."),
-    Setting("alert_offline_s", "FLEET_ALERT_OFFLINE_S", 900.0, _positive_float,
+    Setting("alert_offline_s", "FLEET_ALERT_OFFLINE_S", 900.0, positive_float,
             "A device an operator named that is unseen this long raises device-offline."),
-    Setting("alert_beacon_fresh_s", "FLEET_ALERT_BEACON_FRESH_S", 900.0, _positive_float,
+    Setting("alert_beacon_fresh_s", "FLEET_ALERT_BEACON_FRESH_S", 900.0, positive_float,
             "Beacons older than this no longer raise thermal or battery alerts."),
-    Setting("alert_stuck_factor", "FLEET_ALERT_STUCK_FACTOR", 2.0, _positive_float,
+    Setting("alert_stuck_factor", "FLEET_ALERT_STUCK_FACTOR", 2.0, positive_float,
             "A claimed job with no result rows for this many lease TTLs raises job-stuck."),
     Setting("alert_job_failed_window_s", "FLEET_ALERT_JOB_FAILED_WINDOW_S", 86400.0,
-            _positive_float, "How long a job-failed alert stays open."),
-    Setting("alert_battery_pct", "FLEET_ALERT_BATTERY_PCT", 15.0, _positive_float,
+            positive_float, "How long a job-failed alert stays open."),
+    Setting("alert_battery_pct", "FLEET_ALERT_BATTERY_PCT", 15.0, positive_float,
             "Battery percentage under which a device that is not charging raises low-battery."),
     Setting("alert_thermal_states", "FLEET_ALERT_THERMAL_STATES",
-            ("serious", "severe", "critical", "emergency", "shutdown"), _csv,
+            ("serious", "severe", "critical", "emergency", "shutdown"), csv_list,
             "Beacon thermal values that raise thermal-critical."),
-    Setting("alert_schedule_late_s", "FLEET_ALERT_SCHEDULE_LATE_S", 300.0, _positive_float,
+    Setting("alert_schedule_late_s", "FLEET_ALERT_SCHEDULE_LATE_S", 300.0, positive_float,
             "How late a due schedule run must be to raise schedule-missed."),
-    Setting("alert_data_bytes", "FLEET_ALERT_DATA_BYTES", 16 << 30, _size,
+    Setting("alert_data_bytes", "FLEET_ALERT_DATA_BYTES", 16 << 30, byte_size,
             "Database plus artifacts size that raises disk-size."),
-    Setting("alert_log_bytes", "FLEET_ALERT_LOG_BYTES", 1 << 30, _size,
+    Setting("alert_log_bytes", "FLEET_ALERT_LOG_BYTES", 1 << 30, byte_size,
             "Log size that raises disk-size."),
-    Setting("alert_free_bytes", "FLEET_ALERT_FREE_BYTES", 1 << 30, _size,
+    Setting("alert_free_bytes", "FLEET_ALERT_FREE_BYTES", 1 << 30, byte_size,
             "Free space on the data disk under which disk-size is raised."),
-    Setting("alert_log_paths", "FLEET_ALERT_LOG_PATHS", (), _csv,
+    Setting("alert_log_paths", "FLEET_ALERT_LOG_PATHS", (), csv_list,
             "Files or directories counted as logs for disk-size (the log file is counted too)."),
-    Setting("alert_webhook", "FLEET_ALERT_WEBHOOK", "", _http_url,
+    Setting("alert_webhook", "FLEET_ALERT_WEBHOOK", "", http_url,
             "URL that receives each new alert once as a JSON POST."),
-    Setting("alert_webhook_attempts", "FLEET_ALERT_WEBHOOK_ATTEMPTS", 10, _positive_int,
+    Setting("alert_webhook_attempts", "FLEET_ALERT_WEBHOOK_ATTEMPTS", 10, positive_int,
             "Delivery attempts for one alert before it is marked failed."),
-    Setting("alert_webhook_backoff_s", "FLEET_ALERT_WEBHOOK_BACKOFF_S", 2.0, _positive_float,
+    Setting("alert_webhook_backoff_s", "FLEET_ALERT_WEBHOOK_BACKOFF_S", 2.0, positive_float,
             "First webhook retry delay; it doubles on each attempt (with jitter, at most 300 s)."),
-    Setting("alert_webhook_timeout_s", "FLEET_ALERT_WEBHOOK_TIMEOUT_S", 10.0, _positive_float,
+    Setting("alert_webhook_timeout_s", "FLEET_ALERT_WEBHOOK_TIMEOUT_S", 10.0, positive_float,
             "Timeout of one webhook attempt."),
     # retention, stream, system
-    Setting("retain_beacons_days", "FLEET_RETAIN_BEACONS_DAYS", 30.0, _non_negative_float,
+    Setting("retain_beacons_days", "FLEET_RETAIN_BEACONS_DAYS", 30.0, non_negative_float,
             "Beacons older than this many days are pruned by retention (0 keeps them)."),
-    Setting("retain_events_days", "FLEET_RETAIN_EVENTS_DAYS", 30.0, _non_negative_float,
+    Setting("retain_events_days", "FLEET_RETAIN_EVENTS_DAYS", 30.0, non_negative_float,
             "Topic events older than this many days are pruned by retention (0 keeps them)."),
-    Setting("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0, _non_negative_float,
+    Setting("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0, non_negative_float,
             "Alerts resolved longer ago than this many days are pruned (0 keeps them)."),
-    Setting("retention_auto", "FLEET_RETENTION_AUTO", False, _flag,
+    Setting("retention_auto", "FLEET_RETENTION_AUTO", False, flag,
             "Apply retention a minute after start and then daily (otherwise only on request)."),
     Setting("log_file", "FLEET_LOG_FILE", "", str,
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
-    Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, _positive_float,
+    Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, positive_float,
             "Interval of keep-alive comments on /api/stream."),
     # access, peers, discovery, CI status
     Setting("dash_token", "FLEET_DASH_TOKEN", "", str,
             "When set, dashboard changes need this value in the X-Fleet-Token header; unset "
             "leaves them open. POST /jobs and agent routes stay open either way."),
-    Setting("mesh_allow", "FLEET_MESH_ALLOW", (), _csv,
+    Setting("mesh_allow", "FLEET_MESH_ALLOW", (), csv_list,
             "Mesh node names (exact) allowed to register from 100.64.0.0/10 and "
             "fd7a:115c:a1e0::/48; unset admits everyone."),
     Setting("mesh_whois", "FLEET_MESH_WHOIS", "tailscale", str,
             "Identity lookup program, run as `<program> whois --json <ip>`."),
-    Setting("trust_proxy", "FLEET_TRUST_PROXY", False, _flag,
+    Setting("trust_proxy", "FLEET_TRUST_PROXY", False, flag,
             "Take a registering peer's address from the last X-Forwarded-For entry (only "
             "behind a proxy that sets it)."),
-    Setting("peers", "FLEET_PEERS", (), _csv,
+    Setting("peers", "FLEET_PEERS", (), csv_list,
             "Addresses of other collectors to read (host:port or http(s)://host:port)."),
-    Setting("mdns", "FLEET_MDNS", False, _flag,
+    Setting("mdns", "FLEET_MDNS", False, flag,
             "Advertise this collector on the LAN as _fleet-collector._tcp.local."),
-    Setting("github_api", "FLEET_GITHUB_API", "https://api.github.com", _http_url,
+    Setting("github_api", "FLEET_GITHUB_API", "https://api.github.com", http_url,
             "Base URL of GitHub's API for commit statuses (GitHub Enterprise or a test fake)."),
     Setting("ci_status_token", "FLEET_CI_STATUS_TOKEN", "", str,
             "Token for posting commit statuses; without one (and without GITHUB_TOKEN) they "

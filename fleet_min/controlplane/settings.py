@@ -16,24 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet_min.config import Setting
+from fleet_min.config import Setting, flag, port_number, positive_float, positive_int
 from fleet_min.errors import BadRequest
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise ValueError(f"must be a port number from 0 to 65535, got {text!r}")
-    return value
-
-
-def _flag(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in {"1", "true", "yes", "on"}:
-        return True
-    if lowered in {"0", "false", "no", "off", ""}:
-        return False
-    raise ValueError(f"must be 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
 def _choice(*allowed: str) -> Callable[[str], str]:
@@ -42,20 +26,6 @@ def _choice(*allowed: str) -> Callable[[str], str]:
             raise ValueError(f"must be one of {', '.join(allowed)}, got {text!r}")
         return text
     return parse
-
-
-def _positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _repos(text: str) -> tuple[str, ...]:
@@ -92,12 +62,12 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("host", "FLEET_HOST", "127.0.0.1", str,
             "Address to listen on. Loopback by default; reach it through an SSH tunnel.",
             "--host"),
-    Setting("port", "FLEET_CONTROL_PORT", 7878, _port, "TCP port.", "--port"),
+    Setting("port", "FLEET_CONTROL_PORT", 7878, port_number, "TCP port.", "--port"),
     Setting("root", "FLEET_ROOT", "~/actions-runners", str,
             "Directory holding the runner installations (one directory per runner).", "--root"),
     Setting("state_dir", "FLEET_STATE_DIR", "~/.config/fleet-min", str,
             "Directory for the SQLite database and the token files.", "--state"),
-    Setting("read_only", "FLEET_READ_ONLY", False, _flag,
+    Setting("read_only", "FLEET_READ_ONLY", False, flag,
             "Read-only mode: no token exists and every mutating route answers 403."),
     Setting("github_api", "FLEET_GITHUB_API", "https://api.github.com", str,
             "Base URL of the GitHub REST API (GitHub Enterprise: https://HOST/api/v3)."),
@@ -108,9 +78,9 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("systemd_scope", "FLEET_SYSTEMD_SCOPE", "auto", _choice("auto", "system", "user"),
             "Where runner units live: system, user, or auto (both are looked at; new units "
             "go where their sibling's is)."),
-    Setting("command_timeout_s", "FLEET_COMMAND_TIMEOUT_S", 120.0, _positive_float,
+    Setting("command_timeout_s", "FLEET_COMMAND_TIMEOUT_S", 120.0, positive_float,
             "Longest a runner command (config.sh, systemctl, the health script) may run."),
-    Setting("max_json_bytes", "FLEET_MAX_JSON_BYTES", 1 << 20, _positive_int,
+    Setting("max_json_bytes", "FLEET_MAX_JSON_BYTES", 1 << 20, positive_int,
             "Largest JSON request body accepted (413 above it)."),
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
