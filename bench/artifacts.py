@@ -27,8 +27,6 @@ import http.client
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -38,33 +36,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import cpu_seconds, free_port, memory_kib, stop_process
+
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps({"bench": "artifacts", **record}), flush=True)
-
-
-def proc_memory_kib(pid: int) -> dict[str, int]:
-    values = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            values[key] = int(rest.split()[0])
-    return values
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def make_source(path: Path, size: int) -> str:
@@ -127,12 +108,7 @@ def collector(data_dir: Path) -> Iterator[tuple[int, int]]:
                 time.sleep(0.05)
         yield port, proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def upload(port: int, source: Path, size: int) -> tuple[dict[str, Any], float]:
@@ -175,13 +151,13 @@ def measure(port: int, pid: int, source: Path, size: int, expected: str) -> list
     warm = source.with_name("warm.bin")
     warm.write_bytes(os.urandom(4 * MiB))  # load the code paths before taking the baseline
     download(port, upload(port, warm, 4 * MiB)[0]["sha256"])
-    base, cpu0 = proc_memory_kib(pid), cpu_seconds(pid)
+    base, cpu0 = memory_kib(pid), cpu_seconds(pid)
     reply, up_s = upload(port, source, size)
-    after_up, cpu1 = proc_memory_kib(pid), cpu_seconds(pid)
+    after_up, cpu1 = memory_kib(pid), cpu_seconds(pid)
     if reply["sha256"] != expected:
         raise RuntimeError(f"stored as {reply['sha256']}, expected {expected}")
     received, down_s = download(port, expected)
-    after_down, cpu2 = proc_memory_kib(pid), cpu_seconds(pid)
+    after_down, cpu2 = memory_kib(pid), cpu_seconds(pid)
     if received != size:
         raise RuntimeError(f"downloaded {received} bytes of {size}")
     return [

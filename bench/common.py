@@ -47,6 +47,17 @@ def memory_kib(pid: int) -> dict[str, int]:
     return values
 
 
+def stop_process(proc: subprocess.Popen[Any]) -> None:
+    """SIGTERM, then SIGKILL if it has not ended in 15 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 
@@ -87,12 +98,7 @@ def server(kind: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, 
             wait_http(f"http://127.0.0.1:{port}{health}")
             yield f"127.0.0.1:{port}", proc.pid
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 class Http:

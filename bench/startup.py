@@ -26,7 +26,6 @@ import argparse
 import contextlib
 import http.client
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, emit, free_port, memory_kib, table
+from bench.common import ROOT, emit, free_port, memory_kib, stop_process, table
 
 MiB = 1024
 
@@ -84,12 +83,7 @@ def start_once(argv: list[str], settle: float, path: str | None) -> dict[str, fl
             time.sleep(settle)
             rss = memory_kib(proc.pid)["VmRSS"]
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
             if proc.stderr:
                 proc.stderr.close()
     return {"start_s": start_s, "rss_kib": rss}

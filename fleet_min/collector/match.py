@@ -61,6 +61,7 @@ import math
 import operator
 import re
 import warnings
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -163,9 +164,9 @@ def _truthy(value: Any) -> bool:
 # --------------------------------------------------------------------------- tree
 
 
-class _Operand:
-    def get(self, view: Mapping[str, Any]) -> Any:
-        raise NotImplementedError
+class _Operand(ABC):
+    @abstractmethod
+    def get(self, view: Mapping[str, Any]) -> Any: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,9 +185,9 @@ class _Literal(_Operand):
         return self.value
 
 
-class _Node:
-    def evaluate(self, view: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
+class _Node(ABC):
+    @abstractmethod
+    def evaluate(self, view: Mapping[str, Any]) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
