@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -50,7 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, emit, table
+from bench.common import ROOT, emit, stop_process, table
 from fleet_min.config import resolve
 from fleet_min.controlplane import store
 from fleet_min.controlplane.engine import ControlPlane
@@ -217,13 +216,7 @@ class Daemon:
         return status, data, time.perf_counter() - started
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
         if self.proc.stdout:
             self.proc.stdout.close()
         self.log.close()

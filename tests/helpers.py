@@ -20,6 +20,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM,
+                 timeout: float = 15) -> int:
+    """Send sig (SIGTERM), then SIGKILL if it has not ended in time; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -147,13 +159,7 @@ class CollectorProcess:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
+        code = stop_process(self.proc, sig, timeout)
         self.proc = None
         return code
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from fleet_min.controlplane.engine import ControlPlane
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
 from tests.controlplane import fakes
 from tests.controlplane.fake_github import TOKEN, FakeGitHub
+from tests.helpers import stop_process
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -177,14 +177,7 @@ class Daemon:
         return {"Authorization": f"Bearer {self.token}"}
 
     def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return stop_process(self.proc)
 
 
 @pytest.fixture

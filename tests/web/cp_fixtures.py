@@ -11,6 +11,8 @@ control token and serves until Ctrl-C.
 
 from __future__ import annotations
 
+from tests.helpers import stop_process
+
 import signal
 import socket
 import subprocess
@@ -92,14 +94,8 @@ class UiDaemon:
         return (self.host.state / "control-token").read_text().strip()
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 def make_host(tmp: Path, github: FakeGitHub) -> Host:
