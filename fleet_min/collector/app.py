@@ -192,12 +192,8 @@ async def api_preview_targets(request: web.Request) -> web.Response:
     if "workload" not in spec:
         raise BadRequest("workload is required to preview targets")
     check_job_spec(spec)
-    service = service_of(request)
-
-    def preview(conn: Any) -> list[Any]:
-        return queue.fanout_devices(conn, spec, now())
-
-    chosen = await service.db.write(preview)
+    rows = await service_of(request).db.read(queue.DEVICES_NEWEST_FIRST)
+    chosen = queue.select_targets(rows, spec, now())
     return json_response({"count": len(chosen), "devices": [
         {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]})

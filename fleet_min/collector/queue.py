@@ -330,10 +330,17 @@ def static_refusal(device: Device, workload: str, backend: str | None, pool: str
     return None
 
 
+DEVICES_NEWEST_FIRST = "SELECT * FROM devices ORDER BY last_seen DESC, device_id"
+
+
 def fanout_devices(conn: sqlite3.Connection, spec: dict[str, Any], now: float) -> list[Device]:
     """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
+    return select_targets(conn.execute(DEVICES_NEWEST_FIRST).fetchall(), spec, now)
+
+
+def select_targets(rows: list[sqlite3.Row], spec: dict[str, Any], now: float) -> list[Device]:
+    """Of device rows (newest-seen first), those a fan-out of this spec reaches."""
     targets = spec.get("targets") or {}
-    rows = conn.execute("SELECT * FROM devices ORDER BY last_seen DESC, device_id").fetchall()
     chosen: list[Device] = []
     for row in rows:
         if rules.is_expired(row["ttl_s"], row["last_seen"], now):
