@@ -130,15 +130,20 @@ def test_runner_stops_a_cancelled_job_at_its_next_beacon(
     client = collector.client
     page = open_page(collector.url + "/runner")
     device_id = enrolled(page)
-    # About a second per iteration; a 8 s lease makes the page beacon every 2 s.
+    # Short iterations (a slow, shared CI machine must still reach the second one quickly) and
+    # many of them, so the job is far from done when it is cancelled; an 8 s lease makes the page
+    # beacon every 2 s.
     spec = job("long-one", backend="jssha", lease={"ttl_s": 8},
-               params={"prompt_tokens": 600, "gen_tokens": 200, "warmup_iters": 0,
-                       "measure_iters": 50}, targets={"device_id": device_id})
+               params={"prompt_tokens": 60, "gen_tokens": 20, "warmup_iters": 0,
+                       "measure_iters": 5000}, targets={"device_id": device_id})
     assert client.post("/jobs", spec)[0] == 201
     page.wait_for_selector("#status >> text=Running long-one")
-    page.wait_for_selector("#job-phase >> text=iteration 2 of 50")
+    page.wait_for_function("""() => {
+        const m = /iteration (\\d+) of 5000/.exec(document.querySelector("#job-phase").textContent);
+        return m !== null && Number(m[1]) >= 2;
+    }""", timeout=60000)
     assert client.post("/api/jobs/long-one/cancel")[0] == 200
-    page.wait_for_selector("#log >> text=stopped long-one", timeout=10000)
+    page.wait_for_selector("#log >> text=stopped long-one", timeout=20000)
     page.wait_for_selector("#status >> text=Waiting for a job")
     rows = client.get("/api/jobs/long-one")[1]["results"]
     assert rows and all(not r["final"] for r in rows)  # no summary for a cancelled job
