@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,7 +29,11 @@ class ServiceState:
     main_pid: int | None
 
     def as_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # Spelled out rather than dataclasses.asdict (which deep-copies field by field): it runs
+        # for every runner in every rebuild. test_service_state_json_has_every_field keeps it
+        # in step with the fields.
+        return {"unit": self.unit, "scope": self.scope, "loaded": self.loaded,
+                "active": self.active, "sub": self.sub, "main_pid": self.main_pid}
 
 
 class Supervisor(Protocol):
@@ -78,10 +82,13 @@ class Systemd:
         # A system unit needs root; sudo -n fails fast instead of waiting for a password.
         return ["systemctl"] if os.geteuid() == 0 else ["sudo", "-n", "systemctl"]
 
-    async def _run(self, argv: list[str], cwd: Path | None = None) -> CommandResult:
-        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd)
+    async def _run(self, argv: list[str], cwd: Path | None = None,
+                   parse_only: bool = False) -> CommandResult:
+        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd, parse_only=parse_only)
 
     async def states(self, runners: list[Runner]) -> dict[str, ServiceState]:
+        """One `systemctl show` per scope for every unit at once (it prints one block per unit);
+        its output is only parsed, so it is not redacted."""
         units = {r.name: service_name(r) + ".service" for r in runners}
         found = {name: ServiceState(unit, None, False, "unknown", "", None)
                  for name, unit in units.items()}
@@ -92,7 +99,7 @@ class Systemd:
             base = ["systemctl", "--user"] if scope == "user" else ["systemctl"]
             argv = [*base, "show", "--property=Id,LoadState,ActiveState,SubState,MainPID", "--",
                     *units.values()]
-            result = await self._run(argv)
+            result = await self._run(argv, parse_only=True)
             if result.code is None:
                 continue
             by_unit = parse_show(result.output)
@@ -182,11 +189,12 @@ class Launchd:
     def plist(label: str) -> Path:
         return Path.home() / "Library" / "LaunchAgents" / f"{label}.plist"
 
-    async def _run(self, argv: list[str], cwd: Path | None = None) -> CommandResult:
-        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd)
+    async def _run(self, argv: list[str], cwd: Path | None = None,
+                   parse_only: bool = False) -> CommandResult:
+        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd, parse_only=parse_only)
 
     async def states(self, runners: list[Runner]) -> dict[str, ServiceState]:
-        result = await self._run(["launchctl", "list"])
+        result = await self._run(["launchctl", "list"], parse_only=True)  # parsed, never shown
         table = parse_launchctl_list(result.output) if result.ok else {}
         found = {}
         for runner in runners:

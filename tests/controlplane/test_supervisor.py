@@ -3,6 +3,7 @@ process really starts and stops."""
 
 from __future__ import annotations
 
+import dataclasses
 import plistlib
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from fleet_min.controlplane import commands
 from fleet_min.controlplane.procs import process_table
 from fleet_min.controlplane.runners import discover
-from fleet_min.controlplane.supervisor import Launchd, Systemd, service_name
+from fleet_min.controlplane.supervisor import Launchd, ServiceState, Systemd, service_name
 from tests.controlplane import fakes
 from tests.controlplane.conftest import Host, until
 
@@ -98,3 +99,48 @@ async def test_commands_time_out_and_report_missing_programs(tmp_path: Path) -> 
     echoed = await commands.run(["sh", "-c", "echo token=ghp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"],
                                 timeout_s=5)
     assert echoed.ok and "ghp_" not in echoed.output
+    # Output that is only parsed (the supervisors' state queries) comes back as printed.
+    raw = await commands.run(["sh", "-c", "echo token=ghp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"],
+                             timeout_s=5, parse_only=True)
+    assert raw.ok and raw.output.strip() == "token=ghp_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+
+
+async def test_systemd_states_of_many_units_come_from_one_show(apply_env: Host) -> None:
+    """Sixty runners: one `systemctl show` call for all of them, each block matched to its
+    runner whatever state its unit is in (running, failed, inactive, no unit at all)."""
+    host = apply_env
+    names = [f"m{i:02d}" for i in range(60)]
+    for i, name in enumerate(names):
+        host.add_runner(name, repo=f"octo/app{i % 3}", unit=i % 10 != 9)
+    failed = host.systemd / "user" / (host.unit("m04", "octo/app1") + ".failed")
+    failed.parent.mkdir(parents=True, exist_ok=True)
+    failed.touch()
+    runners = discover(host.root, [])
+    sup = Systemd("user", 20)
+    started = next(r for r in runners if r.name == "m07")
+    assert (await sup.start(started, (await sup.states([started]))["m07"])).ok
+    pid = host.wait_listener("m07")
+    before = len(host.calls("systemctl"))
+    states = await sup.states(runners)
+    shows = [c["argv"] for c in host.calls("systemctl")[before:]]
+    assert len(shows) == 1 and shows[0][:2] == ["--user", "show"]
+    assert sorted(states) == names
+    for i, name in enumerate(names):
+        state = states[name]
+        assert state.unit == host.unit(name, f"octo/app{i % 3}")
+        if i % 10 == 9:
+            assert (state.loaded, state.scope, state.active) == (False, None, "inactive")
+        elif name == "m04":
+            assert (state.loaded, state.active, state.sub) == (True, "failed", "failed")
+        elif name == "m07":
+            assert (state.active, state.sub, state.main_pid) == ("active", "running", pid)
+        else:
+            assert (state.loaded, state.scope, state.active, state.sub, state.main_pid) == (
+                True, "user", "inactive", "dead", None)
+    assert (await sup.stop(started, states["m07"])).ok
+
+
+def test_service_state_json_has_every_field() -> None:
+    state = ServiceState("u.service", "user", True, "active", "running", 42)
+    assert state.as_json() == dataclasses.asdict(state)
+    assert list(state.as_json()) == [f.name for f in dataclasses.fields(ServiceState)]
