@@ -89,6 +89,7 @@ class ControlPlane:
         self.action_lock = asyncio.Lock()
         self._build_lock = asyncio.Lock()
         self._wake = asyncio.Event()
+        self._rebuild_wanted = False  # a wake that asks for a rebuild (not only a new interval)
         self._github_wake = asyncio.Event()
         self._history_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,6 +129,7 @@ class ControlPlane:
         await self.db.close()
 
     def wake(self, github: bool = False, history: bool = False) -> None:
+        self._rebuild_wanted = True
         self._wake.set()
         if github:
             self._github_wake.set()
@@ -141,8 +143,11 @@ class ControlPlane:
         while True:
             busy = any(r["busy"] for r in self.snapshot.get("runners", []))
             interval = self.setting("busy_tick_s" if busy else "tick_s")
-            await wait_event(self._wake, interval)
+            woken = await wait_event(self._wake, interval)
             self._wake.clear()
+            if woken and not self._rebuild_wanted:
+                continue  # only the interval may have changed (a setting, already rebuilt)
+            self._rebuild_wanted = False
             try:
                 await self.rebuild()
                 await self.analysis.admission_log.ingest(self.clock())
@@ -225,7 +230,11 @@ class ControlPlane:
             self.runners = await self.discover()
             self.states = await self.supervisor.states(self.runners)
             vitals = await asyncio.to_thread(host_vitals, self.root)
-            views = [self._view(r) for r in self.runners]
+            # Each repository's registrations by name, once per rebuild (the first of a name
+            # wins, as a scan of the list would find it), not a scan of the list per runner.
+            registered = {repo: {x["name"]: x for x in reversed(data.runners)}
+                          for repo, data in self.repos.items() if data.runners is not None}
+            views = [self._view(r, registered) for r in self.runners]
             await self._record_transitions(views)
             await self._enforce_drains(views)
             self.views = views
@@ -234,11 +243,11 @@ class ControlPlane:
             self.hub.publish(json.dumps(self.snapshot, separators=(",", ":")).encode())
             return self.snapshot
 
-    def _view(self, r: Runner) -> dict[str, Any]:
+    def _view(self, r: Runner, registered: dict[str, dict[str, dict[str, Any]]]
+              ) -> dict[str, Any]:
         state = self.states[r.name]
-        data = self.repos.get(r.repo) if r.repo else None
-        listed = data.runners if data else None
-        reg = next((x for x in listed if x["name"] == r.name), None) if listed is not None else None
+        listed = registered.get(r.repo) if r.repo else None
+        reg = listed.get(r.name) if listed is not None else None
         registration = "unknown" if listed is None else ("registered" if reg else "missing")
         busy = r.working or bool(reg and reg["busy"])
         running = state.active == "active" and r.listener is not None
@@ -427,7 +436,9 @@ class ControlPlane:
             await self.db.write(store.put_setting, setting.key, checked)
             self.live.stored[setting.key] = checked
         await self.rebuild()
-        self.wake()  # the tick loop picks up a changed interval now, not after the old one
+        # The tick loop picks up a changed interval now, not after the old one; the rebuild
+        # above already shows the new value, so it does not rebuild again.
+        self._wake.set()
         return {"ok": True, "key": setting.key, "value": self.setting(setting.key),
                 "source": self.live.source(setting.key)}
 

@@ -12,7 +12,7 @@ import asyncio
 
 from fleet_min.controlplane.engine import ControlPlane
 from fleet_min.controlplane.loops import stop_tasks, wait_event
-from tests.controlplane.conftest import Host, make_config
+from tests.controlplane.conftest import Host, make_config, until
 
 HANG_GUARD_S = 60  # not a performance bound: only turns a hang into a failure
 
@@ -72,3 +72,30 @@ async def test_engine_close_right_after_a_wake_ends(host: Host) -> None:
         async with asyncio.timeout(HANG_GUARD_S):
             await cp.close()
         assert all(task.done() for task in cp._tasks)
+
+
+async def test_a_setting_change_rebuilds_once_and_the_tick_takes_the_new_interval(
+        apply_env: Host) -> None:
+    host = apply_env
+    host.add_runner("r1", repo="octo/app")
+    env = {**host.full_env(), "FLEET_TICK_S": "3600", "FLEET_BUSY_TICK_S": "3600",
+           "FLEET_GITHUB_S": "3600"}
+    cp = ControlPlane(make_config(host), env)
+    await cp.open()
+    try:
+        await until(lambda: cp.ticks >= 2)  # open()'s rebuild and the GitHub loop's first
+        await asyncio.sleep(0.3)
+        settled = cp.ticks
+        reply = await cp.change_setting("grouping", "owner", False)
+        assert reply["value"] == "owner" and cp.ticks == settled + 1
+        assert [g["key"] for g in cp.snapshot["groups"]] == ["octo"]
+        await asyncio.sleep(0.5)  # the tick loop woke up for the interval, and only for it
+        assert cp.ticks == settled + 1
+        cp.wake()  # a plain wake still asks for a rebuild
+        await until(lambda: cp.ticks == settled + 2)
+        await cp.change_setting("tick_s", 0.2, False)  # not after the old 3600 s
+        changed = cp.ticks
+        await until(lambda: cp.ticks >= changed + 3)
+    finally:
+        async with asyncio.timeout(HANG_GUARD_S):
+            await cp.close()
