@@ -36,7 +36,7 @@ from fleet_min.controlplane.history import job_row
 from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.procs import process_table
 from fleet_min.controlplane.queue_causes import Context, queue_causes
-from fleet_min.controlplane.runners import Runner, discover
+from fleet_min.controlplane.runners import Discovery, Runner
 from fleet_min.controlplane.settings import LiveValues, lookup
 from fleet_min.controlplane.stream import SnapshotHub
 from fleet_min.controlplane.supervisor import ServiceState, choose
@@ -78,6 +78,7 @@ class ControlPlane:
         self.agent_token: str | None = None
         self.repos: dict[str, RepoData] = defaultdict(RepoData)
         self.runners: list[Runner] = []
+        self.discovery = Discovery(self.root)  # reads a runner's files only when they change
         self.states: dict[str, ServiceState] = {}
         self.snapshot: dict[str, Any] = {}
         self.views: list[dict[str, Any]] = []  # this host's runners (the snapshot adds remote)
@@ -223,7 +224,7 @@ class ControlPlane:
     # --- snapshot --------------------------------------------------------------------------
 
     async def discover(self) -> list[Runner]:
-        return await asyncio.to_thread(lambda: discover(self.root, process_table()))
+        return await asyncio.to_thread(lambda: self.discovery.discover(process_table()))
 
     async def rebuild(self) -> dict[str, Any]:
         async with self._build_lock:

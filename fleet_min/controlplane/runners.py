@@ -4,6 +4,9 @@ A runner is a directory holding a `.runner` file (JSON, written by config.sh wit
 name, URL and repository come from that file; its version from the runner's own binaries; its
 drain marker is ours (`.fleet-drain`); its processes are matched from the process table by path.
 `.credentials*` files are never opened here or anywhere else in the control plane.
+
+The daemon discovers every few seconds through one Discovery, which reads a runner's files again
+only when their stat signature changed (see Discovery); discover() reads everything each time.
 """
 
 from __future__ import annotations
@@ -11,7 +14,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass, field
+import stat
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -149,13 +154,19 @@ def load_runner(path: Path, root: Path) -> Runner | None:
                   unit_hint=_unit_hint(path))
 
 
-def _runner_dirs(root: Path) -> list[Path]:
-    found: list[Path] = []
+def _runner_dirs(root: Path) -> list[tuple[Path, os.stat_result]]:
+    """Every directory under root (to _MAX_DEPTH) holding a `.runner` file, sorted by path,
+    with that file's stat."""
+    found: list[tuple[Path, os.stat_result]] = []
     stack = [(root, 0)]
     while stack:
         here, depth = stack.pop()
-        if (here / ".runner").is_file():
-            found.append(here)
+        try:
+            marker = os.stat(os.path.join(here, ".runner"))
+        except (OSError, ValueError):
+            marker = None
+        if marker is not None and stat.S_ISREG(marker.st_mode):
+            found.append((here, marker))
             continue  # never walk into a runner's _work tree
         if depth >= _MAX_DEPTH:
             continue
@@ -167,32 +178,127 @@ def _runner_dirs(root: Path) -> list[Path]:
             # Symlinked directories are skipped so discovery cannot leave the root.
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
                 stack.append((Path(entry.path), depth + 1))
-    return sorted(found)
+    return sorted(found, key=lambda item: item[0])
 
 
 def discover(root: Path, procs: list[Proc]) -> list[Runner]:
-    """Every runner under root with its listener and worker processes attached."""
-    runners = []
-    seen: set[str] = set()
-    for path in _runner_dirs(root):
-        runner = load_runner(path, root)
-        if runner is None or runner.name in seen:
-            continue
-        seen.add(runner.name)
-        attach_processes(runner, procs)
-        runners.append(runner)
-    return runners
+    """Every runner under root with its listener and worker processes attached (every file
+    read afresh; the daemon keeps a Discovery instead)."""
+    return Discovery(root).discover(procs)
 
 
-def attach_processes(runner: Runner, procs: list[Proc]) -> None:
-    prefix = str(runner.path) + os.sep
-    for proc in procs:
-        for arg in proc.argv[:3]:
-            if not arg.startswith(prefix):
+# A signature whose newest time is this close to the moment it was taken is not trusted: a
+# change within the same clock tick (coarse on many file systems, 1-2 s on some) would leave
+# the times as they were, so such a runner is read again at the next discovery (as git's index
+# treats "racily clean" files).
+RACY_NS = 2_000_000_000
+
+_Signature = tuple[tuple[int, int, int, int] | None, ...]
+
+
+def _stat_key(path: str, follow: bool = True) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Discovery:
+    """discover() that reads a runner's files only when they may have changed.
+
+    Each runner's parsed files are kept with a signature: the stat (inode, size, mtime, ctime)
+    of its directory (an entry added, removed, renamed or replaced: the drain marker, `.service`,
+    the `bin` link of a self-update, staged `bin.*` directories), of `.runner`, `.service` and
+    `.fleet-drain` (rewritten in place) and of `bin/Runner.Listener.deps.json`. The same
+    signature means the same Runner, so only the stats are paid. Not cached: a runner read
+    within RACY_NS of its newest time, or one whose `bin.*` entries are symlinks (their
+    targets can change without touching the runner's directory). Processes change every tick
+    and are attached afresh each time.
+    """
+
+    def __init__(self, root: Path, racy_ns: int = RACY_NS) -> None:
+        self.root = root
+        self.racy_ns = racy_ns
+        self._known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        self.reads = 0  # runners whose files were read (not served from the cache)
+
+    def discover(self, procs: list[Proc]) -> list[Runner]:
+        known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        runners = []
+        seen: set[str] = set()
+        for path, marker in _runner_dirs(self.root):
+            signature = _signature(path, marker)
+            cached = self._known.get(path)
+            if cached is not None and cached[0] == signature:
+                known[path] = cached
+                template = cached[1]
+            else:
+                self.reads += 1
+                template, cacheable = _load(path, self.root)
+                if cacheable and not _racy(signature, self.racy_ns):
+                    known[path] = (signature, template)
+            if template is None or template.name in seen:
                 continue
+            seen.add(template.name)
+            runners.append(replace(template, labels=list(template.labels),
+                                   staged=list(template.staged), listener=None, workers=[]))
+        self._known = known  # replaced whole: runners gone from the root are forgotten
+        attach_all(runners, procs)
+        return runners
+
+
+def _signature(path: Path, marker: os.stat_result) -> _Signature:
+    folder = str(path)
+    return (_stat_key(folder, follow=False),
+            (marker.st_ino, marker.st_size, marker.st_mtime_ns, marker.st_ctime_ns),
+            _stat_key(os.path.join(folder, SERVICE_FILE)),
+            _stat_key(os.path.join(folder, DRAIN_MARKER)),
+            _stat_key(os.path.join(folder, "bin", "Runner.Listener.deps.json")))
+
+
+def _racy(signature: _Signature, racy_ns: int) -> bool:
+    newest = max((max(key[2], key[3]) for key in signature if key is not None), default=0)
+    return time.time_ns() - newest < racy_ns
+
+
+def _load(path: Path, root: Path) -> tuple[Runner | None, bool]:
+    """(the runner read from its files, whether the result may be cached)."""
+    runner = load_runner(path, root)
+    cacheable = not any(entry.is_symlink() for entry in path.glob("bin.*"))
+    return runner, cacheable
+
+
+def attach_all(runners: list[Runner], procs: list[Proc]) -> None:
+    """Each process to the runner whose directory holds one of its first three arguments: a
+    `Runner.Listener` (the first one) or a `Runner.Worker`. One pass over the processes with a
+    lookup by directory, not every process for every runner."""
+    by_path = {str(r.path): r for r in runners}
+    if not by_path:
+        return
+    for proc in procs:
+        claimed: list[Runner] = []
+        for arg in proc.argv[:3]:
+            runner = _holder(arg, by_path)
+            if runner is None or any(runner is other for other in claimed):
+                continue  # a runner looks at its first matching argument only
+            claimed.append(runner)
             base = os.path.basename(arg)
             if base == "Runner.Listener" and runner.listener is None:
                 runner.listener = proc
             elif base == "Runner.Worker":
                 runner.workers.append(proc)
-            break
+
+
+def _holder(arg: str, by_path: dict[str, Runner]) -> Runner | None:
+    """The runner whose path + separator starts arg (at most one: runners do not nest)."""
+    head = os.path.dirname(arg)
+    while head:
+        runner = by_path.get(head)
+        if runner is not None:
+            return runner if arg.startswith(head + os.sep) else None
+        parent = os.path.dirname(head)
+        if parent == head:
+            return None
+        head = parent
+    return None
