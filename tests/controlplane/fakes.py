@@ -31,19 +31,29 @@ def record(tool):
             handle.write(json.dumps(entry) + "\\n")
 '''
 
-SYSTEMCTL = _RECORD + r'''
-import shlex, signal, subprocess, time
-from pathlib import Path
+# Started with `python -S` and importing only what `show` needs (os, sys): it stands for a
+# compiled binary, so the supervisor query in bench/controlplane.py pays an interpreter start
+# (python -S -c pass, reported there) rather than site-packages' import hooks.
+SYSTEMCTL = r'''
+import os, sys
+
+def record(tool):
+    path = os.environ.get("FAKE_CALLS")
+    if path:
+        import json
+        with open(path, "a") as handle:
+            entry = {"tool": tool, "argv": sys.argv[1:], "cwd": os.getcwd()}
+            handle.write(json.dumps(entry) + "\n")
 
 record("systemctl")
 args = sys.argv[1:]
 user = "--user" in args
 args = [a for a in args if a not in ("--user", "--no-ask-password", "--")]
-base = Path(os.environ["FAKE_SYSTEMD_DIR"])
-scope = base / ("user" if user else "system")
-scope.mkdir(parents=True, exist_ok=True)
+base = os.environ["FAKE_SYSTEMD_DIR"]
+scope = os.path.join(base, "user" if user else "system")
+os.makedirs(scope, exist_ok=True)
 xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-units = Path(xdg) / "systemd" / "user" if user else base / "system-units"
+units = os.path.join(xdg, "systemd", "user") if user else os.path.join(base, "system-units")
 
 def alive(pid):
     try:
@@ -54,29 +64,39 @@ def alive(pid):
 
 def pid_of(unit):
     try:
-        pid = int((scope / (unit + ".pid")).read_text())
+        with open(os.path.join(scope, unit + ".pid")) as handle:
+            pid = int(handle.read())
     except (OSError, ValueError):
         return None
     return pid if alive(pid) else None
 
 def unit_file(unit):
-    return units / unit
+    return os.path.join(units, unit)
 
 def exec_start(unit):
+    import shlex
     props = {}
-    for line in unit_file(unit).read_text().splitlines():
-        if "=" in line:
-            key, value = line.split("=", 1)
-            props[key] = value
+    with open(unit_file(unit)) as handle:
+        for line in handle.read().splitlines():
+            if "=" in line:
+                key, value = line.split("=", 1)
+                props[key] = value
     return shlex.split(props["ExecStart"]), props.get("WorkingDirectory")
+
+def remove(path):
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 command, rest = (args[0], args[1:]) if args else ("", [])
 if command == "show":
+    # One block per unit, blank-line separated, in the order asked (as systemctl show does).
     blocks = []
     for unit in [a for a in rest if not a.startswith("-")]:
-        loaded = unit_file(unit).exists()
+        loaded = os.path.exists(unit_file(unit))
         pid = pid_of(unit)
-        failed = (scope / (unit + ".failed")).exists()
+        failed = os.path.exists(os.path.join(scope, unit + ".failed"))
         active = "active" if pid else ("failed" if failed else "inactive")
         sub = "running" if pid else ("failed" if failed else "dead")
         blocks.append("\n".join([f"Id={unit}", f"LoadState={'loaded' if loaded else 'not-found'}",
@@ -88,24 +108,27 @@ if command == "show":
 if command in ("daemon-reload",):
     sys.exit(0)
 unit = rest[0] if rest else ""
-if not unit_file(unit).exists():
+if not os.path.exists(unit_file(unit)):
     print(f"Failed to {command} {unit}: Unit {unit} not found.", file=sys.stderr)
     sys.exit(5)
 if command == "enable":
-    (scope / (unit + ".enabled")).touch()
+    open(os.path.join(scope, unit + ".enabled"), "a").close()
 elif command == "disable":
-    (scope / (unit + ".enabled")).unlink(missing_ok=True)
+    remove(os.path.join(scope, unit + ".enabled"))
 elif command == "start":
     if pid_of(unit) is None:
+        import subprocess
         argv, cwd = exec_start(unit)
-        log = open(scope / (unit + ".log"), "ab")
+        log = open(os.path.join(scope, unit + ".log"), "ab")
         proc = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
-        (scope / (unit + ".pid")).write_text(str(proc.pid))
-        (scope / (unit + ".failed")).unlink(missing_ok=True)
+        with open(os.path.join(scope, unit + ".pid"), "w") as handle:
+            handle.write(str(proc.pid))
+        remove(os.path.join(scope, unit + ".failed"))
 elif command == "stop":
     pid = pid_of(unit)
     if pid:
+        import signal, time
         os.kill(pid, signal.SIGTERM)
         for _ in range(100):
             if not alive(pid):
@@ -113,7 +136,7 @@ elif command == "stop":
             time.sleep(0.05)
         else:
             os.kill(pid, signal.SIGKILL)
-    (scope / (unit + ".pid")).unlink(missing_ok=True)
+    remove(os.path.join(scope, unit + ".pid"))
 else:
     print(f"fake systemctl: unknown command {command}", file=sys.stderr)
     sys.exit(1)
@@ -298,7 +321,7 @@ def _script(path: Path, body: str, shebang: str | None = None) -> Path:
 
 
 def write_bin(bin_dir: Path) -> Path:
-    _script(bin_dir / "systemctl", SYSTEMCTL)
+    _script(bin_dir / "systemctl", SYSTEMCTL, shebang=f"#!{PY} -S")
     _script(bin_dir / "launchctl", LAUNCHCTL)
     _script(bin_dir / "health-check", HEALTH, shebang="#!/bin/sh")
     return bin_dir
