@@ -197,9 +197,8 @@ class Analysis:
         if not chosen:
             raise NotFound(f"no recorded jobs of {repo} in the last {days} days to replay")
         async with self._simulating:  # one replay at a time: CPU is the runners' first
-            result = await asyncio.to_thread(
-                lambda: compare(Trace.build([(r["job_id"], r["created_at"], r["started_at"],
-                                              r["completed_at"]) for r in chosen]), counts, slo))
+            # The rows' first four columns are (job id, created, started, completed).
+            result = await asyncio.to_thread(lambda: compare(Trace.build(chosen), counts, slo))
         return {"generated_at": iso(until), "repo": repo, "days": days,
                 "since": iso(until - days * DAY), "self_hosted_only": bool(hosted), **result}
 

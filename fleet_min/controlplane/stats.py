@@ -9,7 +9,10 @@
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import sub
 
 
 def percentile(ordered: Sequence[float], pct: float) -> float | None:
@@ -43,18 +46,23 @@ def median(values: Iterable[float]) -> float | None:
 
 def peak_overlap(intervals: Iterable[tuple[float, float]]) -> tuple[int, float | None]:
     """(largest number of intervals open at once, the first instant it was reached)."""
-    events: list[tuple[float, int]] = []
+    starts: list[float] = []
+    ends: list[float] = []
     for start, end in intervals:
         if end > start:
-            events.append((start, 1))
-            events.append((end, -1))
-    events.sort()  # at equal times -1 sorts before +1: touching intervals do not overlap
-    best, at, current = 0, None, 0
-    for when, delta in events:
-        current += delta
-        if current > best:
-            best, at = current, when
-    return best, at
+            starts.append(start)
+            ends.append(end)
+    if not starts:
+        return 0, None
+    starts.sort()
+    ends.sort()
+    # Just after the k-th start (in time order) k intervals have started and those ending at or
+    # before that instant have ended (touching intervals do not overlap). The counts come from
+    # C-level loops (map, bisect) over two sorted lists of numbers, not a sort of 2n tuples.
+    ended = map(bisect_right, repeat(ends, len(starts)), starts)
+    open_after = list(map(sub, range(1, len(starts) + 1), ended))
+    best = max(open_after)
+    return best, starts[open_after.index(best)]
 
 
 def rate(part: int, whole: int, digits: int = 4) -> float | None:
