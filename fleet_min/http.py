@@ -39,8 +39,13 @@ PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inl
             "frame-ancestors 'none'; form-action 'self'")
 
 
+# One encoder and one decoder for every request: json.dumps/json.loads with options build a new
+# one on each call.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(value)
 
 
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None
@@ -64,8 +69,7 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     try:
         # Decoded here: json.loads(bytes) would also take UTF-16 and UTF-32 (RFC 8259: UTF-8).
         # NaN, Infinity and numbers past float are refused: no JSON reply could carry them.
-        return json.loads(raw.decode("utf-8"), parse_constant=_not_json,
-                          parse_float=_finite_float)
+        return _DECODER.decode(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("the request body is not UTF-8 text") from None
     except RecursionError:
@@ -75,13 +79,19 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
         raise BadRequest(f"the request body is not valid JSON ({reason})") from None
 
 
-async def _read_body(request: web.Request, limit: int) -> bytearray:
+async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
+    content = request.content
+    if content.is_eof():  # the whole body came with the headers: the usual small JSON body
+        whole = content.read_nowait(limit + 1)
+        if len(whole) > limit:
+            raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+        return whole
     # read() returns what has arrived so far, so a large body takes several reads.
     raw = bytearray()
     try:
         async with asyncio.timeout(BODY_TIMEOUT_S):
             while len(raw) <= limit:
-                chunk = await request.content.read(limit + 1 - len(raw))
+                chunk = await content.read(limit + 1 - len(raw))
                 if not chunk:
                     break
                 raw += chunk
@@ -101,6 +111,9 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise BadRequest(f"the number {text[:20]} is too large")
     return value
+
+
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_float)
 
 
 async def read_json_object(request: web.Request, limit: int | None = None) -> dict[str, Any]:
@@ -124,42 +137,47 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
 
 
 @web.middleware
-async def errors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+async def base_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Refusals and errors as `{"error": ...}`, and the security headers on every answer.
+
+    One middleware rather than two: every request of both services passes through it, and each
+    layer of middleware costs a call and a coroutine per request.
+    """
     try:
-        return await handler(request)
+        response = await handler(request)
     except Refused as exc:
-        return error_response(exc.status, exc.message)
+        response = error_response(exc.status, exc.message)
     except StorageError as exc:
         log.error("storage error on %s %s: %s", request.method, request.path, exc)
-        return error_response(503, str(exc))
+        response = error_response(503, str(exc))
     except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            message = exc.reason if exc.status != 404 else f"no such route: {request.path}"
-            if exc.status == 405:
-                message = f"{request.method} is not allowed on {request.path}"
-                response = error_response(405, message)
-                response.headers["Allow"] = exc.headers.get("Allow", "")  # RFC 9110
-                return response
-            if exc.status == 413:
-                message = "the request body is larger than the limit"
-            return error_response(exc.status, message)
-        raise
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        response = _http_error(request, exc)
     except (ConnectionResetError, TimeoutError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return error_response(500, "internal error; the service log has the details")
-
-
-@web.middleware
-async def security_headers_middleware(request: web.Request, handler: Handler
-                                      ) -> web.StreamResponse:
-    response = await handler(request)
+        response = error_response(500, "internal error; the service log has the details")
+    headers = response.headers
     for name, value in SECURITY_HEADERS.items():
-        response.headers.setdefault(name, value)
+        headers.setdefault(name, value)
     if response.content_type == "text/html":
-        response.headers.setdefault("Content-Security-Policy", PAGE_CSP)
+        headers.setdefault("Content-Security-Policy", PAGE_CSP)
     return response
+
+
+def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
+    """aiohttp's own 4xx/5xx (no route, wrong method, body too large) as JSON."""
+    if exc.status == 405:
+        response = error_response(405, f"{request.method} is not allowed on {request.path}")
+        response.headers["Allow"] = exc.headers.get("Allow", "")  # RFC 9110
+        return response
+    if exc.status == 404:
+        return error_response(404, f"no such route: {request.path}")
+    if exc.status == 413:
+        return error_response(413, "the request body is larger than the limit")
+    return error_response(exc.status, exc.reason)
 
 
 def static_file(package: str, relative: str, cache_s: int = 300) -> web.Response:

@@ -27,7 +27,9 @@ def _template(request: web.Request) -> str | None:
 def guard_middleware(token: str | None) -> Middleware:
     @web.middleware
     async def dashboard_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        guard.check(request.method, _template(request), request.path, request.headers, token)
+        if request.method.upper() in guard.MUTATING:  # reads never need the route template
+            guard.check(request.method, _template(request), request.path, request.headers,
+                        token)
         return await handler(request)
 
     return dashboard_guard

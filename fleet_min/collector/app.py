@@ -28,11 +28,10 @@ from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import (
     MAX_JSON_KEY,
-    errors_middleware,
+    base_middleware,
     json_response,
     read_json,
     read_json_object,
-    security_headers_middleware,
 )
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
@@ -296,7 +295,7 @@ def add_routes(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
     # every JSON handler reads through fleet_min.http.read_json with its own limit.
-    app = web.Application(middlewares=[security_headers_middleware, errors_middleware],
+    app = web.Application(middlewares=[base_middleware],
                           client_max_size=1 << 62)
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)

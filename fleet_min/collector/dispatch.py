@@ -55,6 +55,9 @@ class Dispatcher:
         self._claim_batch = claim_batch
         self._hand_back = hand_back
         self._waiters: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
+        # The same waiters by claimant: a pinned job (the usual case) is looked up among its own
+        # claimant's polls, not checked against every poll that is waiting.
+        self._by_claimant: dict[str, dict[Waiter, None]] = {}
         self._jobs: list[JobRoute] = []
         self._claimants: set[str] = set()
         self._wake = asyncio.Event()
@@ -81,15 +84,35 @@ class Dispatcher:
                 if not waiter.future.done():
                     waiter.future.set_result(None)
             self._waiters.clear()
+            self._by_claimant.clear()
 
     def add(self, waiter: Waiter) -> None:
         if self.closed:
             waiter.future.set_result(None)
             return
         self._waiters[waiter] = None
+        self._by_claimant.setdefault(waiter.claimant.key, {})[waiter] = None
 
     def remove(self, waiter: Waiter) -> None:
-        self._waiters.pop(waiter, None)
+        if waiter not in self._waiters:
+            return
+        del self._waiters[waiter]
+        key = waiter.claimant.key
+        same = self._by_claimant[key]
+        del same[waiter]
+        if not same:
+            del self._by_claimant[key]
+
+    def _could_take_any(self, jobs: list[JobRoute]) -> list[Waiter]:
+        """The waiting polls that might take one of these jobs, first come first served."""
+        pinned = {Claimant(job.executor, job.pin).key for job in jobs if job.pin}
+        if len(pinned) < len(jobs):  # a job for any claimant: every poll is a candidate
+            return [w for w in self._waiters if any(w.could_take(job) for job in jobs)]
+        same = [w for key in pinned for w in self._by_claimant.get(key, ())]
+        if len(pinned) > 1:
+            arrival = {w: i for i, w in enumerate(self._waiters)} if same else {}
+            same.sort(key=arrival.__getitem__)
+        return [w for w in same if any(w.could_take(job) for job in jobs)]
 
     def jobs_claimable(self, jobs: list[JobRoute]) -> None:
         if jobs:
@@ -118,9 +141,10 @@ class Dispatcher:
     def _chosen(self, jobs: list[JobRoute], keys: set[str]) -> list[Waiter]:
         chosen: list[Waiter] = []
         budget = len(jobs)
+        takers = set(self._could_take_any(jobs)) if jobs else set()
         for waiter in self._waiters:
             wanted = waiter.claimant.key in keys
-            if not wanted and budget > 0 and any(waiter.could_take(job) for job in jobs):
+            if not wanted and budget > 0 and waiter in takers:
                 wanted, budget = True, budget - 1
             if not wanted:
                 continue
@@ -162,10 +186,10 @@ class Dispatcher:
         for a claim made inside the transaction that made the jobs claimable (so the enqueue and
         the claim share one commit). Call on the loop's thread; settle() them after the commit."""
         chosen: list[Waiter] = []
-        for waiter in self._waiters:
+        for waiter in self._could_take_any(jobs):
             if len(chosen) == len(jobs):
                 break
-            if waiter.future.done() or not any(waiter.could_take(job) for job in jobs):
+            if waiter.future.done():
                 continue
             if waiter.reserved:
                 waiter.missed = True

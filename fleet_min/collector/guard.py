@@ -91,10 +91,26 @@ OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
 )
 
 
+def _one_pattern(patterns: list[re.Pattern[str]]) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p.pattern})" for p in patterns) or "(?!)", re.S)
+
+
+# Per method, the guarded rules' templates and paths as one alternation each: a request to an
+# agent route (POST /results, POST /jobs) is two regex matches, not two per rule.
+_GUARDED_BY_METHOD: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {
+    method: (_one_pattern([r.template_re for r in GUARDED if method in r.methods]),
+             _one_pattern([r.path_re for r in GUARDED if method in r.methods]))
+    for method in MUTATING
+}
+
+
 def is_guarded(method: str, template: str | None, path: str) -> bool:
-    if method in ("GET", "HEAD", "OPTIONS"):
+    patterns = _GUARDED_BY_METHOD.get(method)
+    if patterns is None:
         return False  # every guarded route changes something; reads never pay for the scan
-    return any(r.matches(method, template, path) for r in GUARDED)
+    template_re, path_re = patterns
+    return ((template is not None and template_re.fullmatch(template) is not None)
+            or path_re.fullmatch(path) is not None)
 
 
 def is_open_on_purpose(method: str, template: str | None, path: str) -> bool:

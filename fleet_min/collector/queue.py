@@ -17,6 +17,7 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from fleet_min.collector import rules, templates
@@ -37,7 +38,7 @@ class Claimant:
     executor: str  # "device" or "host"
     id: str        # device_id, or the host executor's name
 
-    @property
+    @cached_property
     def key(self) -> str:
         return f"{self.executor}:{self.id}"
 
@@ -468,7 +469,8 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
-        touch(conn, claimant.id, now)
+        if device.last_seen < now - 1.0:  # touch's own test, without a statement to run
+            touch(conn, claimant.id, now)
     row = find_claimable(conn, claimant, now, device=device)
     if row is None:
         return None

@@ -27,10 +27,9 @@ from fleet_min.http import (
     MAX_JSON_KEY,
     SECURITY_HEADERS,
     Handler,
-    errors_middleware,
+    base_middleware,
     json_response,
     read_json_object,
-    security_headers_middleware,
     static_file,
 )
 from fleet_min.timeutil import iso, now
@@ -285,8 +284,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Application:
     # client_max_size is a backstop above the JSON limit; read_json answers 413 itself.
-    app = web.Application(middlewares=[security_headers_middleware, errors_middleware,
-                                       auth_middleware],
+    app = web.Application(middlewares=[base_middleware, auth_middleware],
                           client_max_size=cfg.max_json_bytes + 1024)
     app[MAX_JSON_KEY] = cfg.max_json_bytes
     cp = ControlPlane(cfg, environ)
