@@ -1,9 +1,17 @@
 """Server-sent events: a hub that fans events out to many clients without letting one slow
 client grow memory or slow the others.
 
-Each event is encoded once into the bytes every client receives. A client owns a bounded queue;
-when it is full the client is dropped (it reconnects and resumes with Last-Event-ID from the
-bounded replay buffer). Keep-alive comments keep proxies and idle connections open.
+Each event is encoded once, chunk framing included, into the bytes every client receives, and
+the hub writes those bytes straight into each client's transport: a non-blocking call that the
+kernel normally takes whole at once. Per event (or per burst of events published in one turn of
+the loop) and client that is one send, with no queue and no task wake-up (with a queue and a
+writer task per client, the wake-ups cost more than the sends).
+
+A client whose transport already holds more unsent bytes than `BEHIND_BYTES` is behind: its
+events wait in its own backlog, which its handler writes out as the socket drains. A backlog that
+reaches its depth drops the client: its connection is closed at once (so the kernel frees its
+buffers) and it reconnects, resuming with Last-Event-ID from the bounded replay buffer.
+Keep-alive comments keep proxies and idle connections open.
 """
 
 from __future__ import annotations
@@ -17,42 +25,74 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger(__name__)
 
-_DROP = b""  # sentinel put in a queue to end its stream
+# Unsent bytes a transport may hold before its client counts as behind. Past the kernel's own
+# socket buffer (often MiBs), so a client that reads at all stays on the direct path; the same as
+# asyncio's default high-water mark, the point where aiohttp's own writes start waiting.
+BEHIND_BYTES = 64 * 1024
 
-
-class Subscriber:
-    __slots__ = ("dropped", "on_drop", "queue")
-
-    def __init__(self, depth: int) -> None:
-        self.queue: asyncio.Queue[bytes] = asyncio.Queue(maxsize=depth)
-        self.dropped = False
-        # Closes the client's connection: a slow client is stuck in a write that only the
-        # closing of its socket ends, and its kernel buffers are released only then.
-        self.on_drop: Callable[[], None] | None = None
+_KEEPALIVE = b": keep-alive\n\n"
 
 
 class _Event:
-    __slots__ = ("_frame", "at", "event", "id")
+    __slots__ = ("_head", "_wire", "at", "event", "id")
 
     def __init__(self, event_id: int, at: float, event: dict[str, Any]) -> None:
         self.id = event_id
         self.at = at
         self.event = event
-        self._frame: bytes | None = None
+        self._wire: bytes | None = None
+        self._head = 0
 
-    def frame(self) -> bytes:
-        """The bytes every client receives, encoded once."""
-        if self._frame is None:
+    def wire(self) -> bytes:
+        """The frame as one HTTP/1.1 chunk, encoded once and shared by every client."""
+        if self._wire is None:
             payload = {"at": iso(self.at), **self.event}
-            self._frame = (f"id: {self.id}\nevent: {self.event['type']}\n"
-                           f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
-        return self._frame
+            frame = (f"id: {self.id}\nevent: {self.event['type']}\n"
+                     f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
+            head = f"{len(frame):x}\r\n".encode()
+            self._wire = head + frame + b"\r\n"
+            self._head = len(head)
+        return self._wire
+
+    def frame(self) -> memoryview:
+        """The bare SSE frame (no chunk framing), a view into the same bytes."""
+        wire = self.wire()
+        return memoryview(wire)[self._head:-2]
+
+
+class Subscriber:
+    __slots__ = ("backlog", "chunked", "ended", "held", "sent_at", "transport", "waiter")
+
+    def __init__(self, transport: asyncio.Transport, chunked: bool) -> None:
+        self.transport = transport
+        self.chunked = chunked  # False for an HTTP/1.0 client: its body is the bare frames
+        # While held, the handler owns the order of writes (the hello and the replay are not out
+        # yet, or a backlog is being written): publishing appends to the backlog instead.
+        self.held = True
+        self.backlog: deque[memoryview] = deque()
+        self.ended = False  # dropped, gone, or the hub closed: the handler ends the stream
+        self.sent_at = time.monotonic()  # the last write to this client, for keep-alives
+        self.waiter: asyncio.Future[None] | None = None
+
+    def wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the backlog gets an event, the stream ends, or timeout_s passes."""
+        self.waiter = asyncio.get_running_loop().create_future()
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.waiter, timeout_s)
+        finally:
+            self.waiter = None
 
 
 class EventHub:
@@ -61,6 +101,7 @@ class EventHub:
         # collector nobody watches does not pay for encoding every write.
         self._buffer: deque[_Event] = deque(maxlen=replay)
         self._subscribers: set[Subscriber] = set()
+        self._unsent: list[_Event] = []  # published, not yet written to the subscribers
         self._depth = depth
         # Ids start from the clock (microseconds) so they keep rising across restarts: a client
         # resuming with an id from an earlier run gets no replay rather than a wrong one.
@@ -79,25 +120,60 @@ class EventHub:
         self.published += 1
         if not self._subscribers:
             return
-        frame = item.frame()
-        for subscriber in list(self._subscribers):
+        # The writes happen just after the publisher's turn of the loop: its reply is not held
+        # up by 500 sends, and events published together go out as one write per client.
+        self._unsent.append(item)
+        if len(self._unsent) == 1:
             try:
-                subscriber.queue.put_nowait(frame)
-            except asyncio.QueueFull:
-                self._drop(subscriber)
+                asyncio.get_running_loop().call_soon(self._flush)
+            except RuntimeError:  # published from outside the loop (a test, a shutdown path)
+                self._flush()
 
-    def _drop(self, subscriber: Subscriber) -> None:
+    def _flush(self) -> None:
+        items, self._unsent = self._unsent, []
+        if not items or not self._subscribers:
+            return
+        wire = items[0].wire() if len(items) == 1 else b"".join(i.wire() for i in items)
+        bare: bytes | None = None  # the frames without chunk framing, for HTTP/1.0 clients
+        sent_at = time.monotonic()
+        for subscriber in tuple(self._subscribers):
+            transport = subscriber.transport
+            if transport.is_closing():
+                self._end(subscriber)  # the client left; noticed here, not counted as dropped
+            elif subscriber.held or transport.get_write_buffer_size() > BEHIND_BYTES:
+                self._hold(subscriber, items)
+            elif subscriber.chunked:
+                transport.write(wire)
+                subscriber.sent_at = sent_at
+            else:
+                bare = bare or b"".join(i.frame() for i in items)
+                transport.write(bare)
+                subscriber.sent_at = sent_at
+
+    def _hold(self, subscriber: Subscriber, items: list[_Event]) -> None:
+        for item in items:
+            if len(subscriber.backlog) >= self._depth:
+                self.dropped_clients += 1
+                self._end(subscriber)
+                # Closing the socket ends a write its handler may be parked in and frees the
+                # kernel's buffers now, rather than whenever the client gets round to closing.
+                subscriber.transport.abort()
+                return
+            subscriber.backlog.append(item.frame())
+        subscriber.held = True
+        subscriber.wake()
+
+    def _end(self, subscriber: Subscriber) -> None:
         self._subscribers.discard(subscriber)
-        subscriber.dropped = True
-        self.dropped_clients += 1
-        with contextlib.suppress(asyncio.QueueEmpty):
-            subscriber.queue.get_nowait()  # make room for the sentinel
-        subscriber.queue.put_nowait(_DROP)
-        if subscriber.on_drop is not None:
-            subscriber.on_drop()
+        subscriber.ended = True
+        subscriber.wake()
 
-    def subscribe(self, last_event_id: int | None) -> tuple[Subscriber, list[bytes]]:
-        subscriber = Subscriber(self._depth)
+    def subscribe(self, transport: asyncio.Transport, chunked: bool,
+                  last_event_id: int | None) -> tuple[Subscriber, list[memoryview]]:
+        """A held subscriber (its handler releases it after the hello and the replay) and the
+        buffered frames after last_event_id."""
+        self._flush()  # events still unsent belong to the subscribers already there
+        subscriber = Subscriber(transport, chunked)
         replay = ([item.frame() for item in self._buffer if item.id > last_event_id]
                   if last_event_id is not None else [])
         self._subscribers.add(subscriber)
@@ -107,8 +183,13 @@ class EventHub:
         self._subscribers.discard(subscriber)
 
     def close(self) -> None:
-        for subscriber in list(self._subscribers):
-            self._drop(subscriber)
+        """End every stream: a client that keeps up gets the end of its response; one that is
+        behind would hold the shutdown up, so its connection is closed."""
+        self._flush()
+        for subscriber in tuple(self._subscribers):
+            self._end(subscriber)
+            if subscriber.held:
+                subscriber.transport.abort()
 
 
 def _last_event_id(request: web.Request) -> int | None:
@@ -128,26 +209,42 @@ async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[s
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
         "X-Accel-Buffering": "no"})
     await response.prepare(request)
-    subscriber, replay = hub.subscribe(_last_event_id(request))
     transport = request.transport
-    if transport is not None:
-        subscriber.on_drop = transport.abort
+    if request.method == hdrs.METH_HEAD or transport is None or transport.is_closing():
+        return response  # no body to stream, or nobody to stream it to
+    chunked = response.headers.get(hdrs.TRANSFER_ENCODING) == "chunked"
+    subscriber, replay = hub.subscribe(transport, chunked, _last_event_id(request))
     try:
         greeting = json.dumps({"type": "hello", "at": iso(now()), **hello()},
                               separators=(",", ":"))
+        # The hello goes through aiohttp's writer (which sends the headers with it); from then
+        # on the hub may write to the transport itself.
         await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
         for frame in replay:
             await response.write(frame)
-        while True:
-            try:
-                frame = await asyncio.wait_for(subscriber.queue.get(), keepalive_s)
-            except TimeoutError:
-                frame = b": keep-alive\n\n"
-            if not frame:  # the drop sentinel
-                break
-            await response.write(frame)
+        await _serve(response, subscriber, keepalive_s)
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the client left, or the service is stopping: both end this stream quietly
     finally:
         hub.unsubscribe(subscriber)
     return response
+
+
+async def _serve(response: web.StreamResponse, subscriber: Subscriber,
+                 keepalive_s: float) -> None:
+    """Write the backlog when there is one (aiohttp's writer waits for the socket to drain),
+    else let the hub write directly, waking only for a backlog or a keep-alive."""
+    while not subscriber.ended:
+        if subscriber.backlog:
+            await response.write(subscriber.backlog.popleft())
+            subscriber.sent_at = time.monotonic()
+            continue
+        subscriber.held = False  # nothing is ahead of the next event: the hub may write it
+        idle_s = time.monotonic() - subscriber.sent_at
+        if idle_s < keepalive_s:
+            await subscriber.wait(keepalive_s - idle_s)
+        elif subscriber.transport.get_write_buffer_size() <= BEHIND_BYTES:
+            await response.write(_KEEPALIVE)  # also notices a client that went away
+            subscriber.sent_at = time.monotonic()
+        else:
+            await subscriber.wait(keepalive_s)  # bytes are still going out: not idle

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -411,3 +412,159 @@ async def test_a_client_that_stops_reading_is_dropped_without_growing_memory(tmp
         with contextlib.suppress(OSError):
             stuck.close()
         assert proc.stop() == 0, proc.log()
+
+
+# -- the direct-write hub: order under a flood, the dropped client's socket, HTTP/1.0 and HEAD ----
+
+
+class IdChecker:
+    """Reads a stream as fast as bytes arrive and checks that event ids come one after another
+    (every event reaches every client that keeps up, in the order it was published)."""
+
+    ID_LINE = re.compile(rb"(?:^|\n)id: (\d+)\n")
+
+    def __init__(self, reader: StreamReader) -> None:
+        assert reader.response is not None
+        self.response = reader.response
+        self.ids: list[int] = []
+        self.gaps: list[tuple[int, int]] = []
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        tail = b""
+        async for chunk in self.response.content.iter_any():
+            data = tail + chunk
+            end = data.rfind(b"\n\n") + 2  # only whole frames; the rest waits for more bytes
+            for match in self.ID_LINE.finditer(data, 0, end):
+                event_id = int(match.group(1))
+                if self.ids and event_id != self.ids[-1] + 1:
+                    self.gaps.append((self.ids[-1], event_id))
+                self.ids.append(event_id)
+            tail = data[end:]
+
+    async def reach(self, count: int, timeout_s: float = 60.0) -> int:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while len(self.ids) < count and not self.task.done():
+            if asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.02)
+        return len(self.ids)
+
+
+def _read_until_closed(sock: socket.socket, timeout_s: float = 30.0) -> str:
+    """Read (and discard) what the stuck client was sent until the server closes the
+    connection: 'closed' (FIN or RST), or 'open' if it is still open after timeout_s."""
+    sock.settimeout(timeout_s)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except (ConnectionResetError, BrokenPipeError):
+        return "closed"
+    except TimeoutError:
+        return "open"
+    return "closed"
+
+
+@pytest.mark.slow
+async def test_a_slow_client_is_dropped_and_disconnected_while_fast_ones_get_every_event_in_order(
+        tmp_path):
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_SQLITE_SYNCHRONOUS": "NORMAL"})
+    proc.start()
+    stuck = _stuck_client(proc.port)
+    try:
+        async with aiohttp.ClientSession() as session:
+            readers = [StreamReader(session, proc.url + "/api/stream") for _ in range(3)]
+            for reader in readers:
+                await reader.__aenter__()
+            await _until_health(session, proc.url, lambda h: h["stream_clients"] == 4)
+            checkers = [IdChecker(reader) for reader in readers]
+            published = await _flood_until_dropped(session, proc.url)
+            health = await _health(session, proc.url)
+            assert health["stream_dropped_clients"] == 1 and health["stream_clients"] == 3
+            # The hub closed the dropped client's connection: reading what reached its socket
+            # ends in EOF or a reset instead of waiting forever.
+            assert await asyncio.to_thread(_read_until_closed, stuck) == "closed"
+            await _publish_many(session, proc.url, 200, 100, concurrency=8)
+            published += 200
+            for checker in checkers:
+                assert await checker.reach(published) == published
+                assert checker.gaps == []  # no event lost or reordered for a client that keeps up
+                checker.task.cancel()
+            for reader in readers:
+                reader.close()
+    finally:
+        with contextlib.suppress(OSError):
+            stuck.close()
+        assert proc.stop() == 0, proc.log()
+
+
+async def _raw_request(port: int, head: bytes) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(head)
+    await writer.drain()
+    return reader, writer
+
+
+async def test_an_http_1_0_client_gets_bare_frames(client):
+    reader, writer = await _raw_request(
+        client.port, b"GET /api/stream HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+        assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0]
+        assert b"transfer-encoding" not in head.lower()  # the body is the frames themselves
+        hello = parse_frame(await asyncio.wait_for(reader.readuntil(b"\n\n"), READ_TIMEOUT_S))
+        assert hello["event"] == "hello"
+        await client.post("/devices/register", json=registration("old-client"))
+        while True:
+            frame = parse_frame(await asyncio.wait_for(reader.readuntil(b"\n\n"),
+                                                       READ_TIMEOUT_S))
+            if frame["event"] == "device":
+                break
+        assert frame["data"]["device_id"] == "old-client" and frame["id"] is not None
+    finally:
+        writer.close()
+
+
+async def test_head_answers_at_once_without_subscribing(client):
+    resp = await client.head("/api/stream")
+    assert resp.status == 200
+    assert resp.headers["Content-Type"].startswith("text/event-stream")
+    assert (await (await client.get("/api/health")).json())["stream_clients"] == 0
+
+
+async def test_events_published_together_arrive_in_order(aiohttp_client):
+    # Events published in one turn of the loop go out as one write per client; on the wire
+    # they are still separate frames, in publishing order.
+    hub = EventHub()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        return await stream(request, hub, lambda: {"collector": "test"})
+
+    app = web.Application()
+    app.router.add_get("/api/stream", handler)
+    client = await aiohttp_client(app)
+    async with StreamReader(client) as reader:
+        for n in range(50):
+            hub.publish({"type": "job", "job_id": f"b{n}"})
+        got = [await reader.next_of("job") for _ in range(50)]
+        assert [g["job_id"] for g in got] == [f"b{n}" for n in range(50)]
+    await client.close()
+    hub.close()
+
+
+async def test_shutdown_ends_open_streams(tmp_path):
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_SQLITE_SYNCHRONOUS": "NORMAL"})
+    proc.start()
+    try:
+        async with (aiohttp.ClientSession() as session,
+                    StreamReader(session, proc.url + "/api/stream") as reader):
+            assert reader.response is not None
+            await _until_health(session, proc.url, lambda h: h["stream_clients"] == 1)
+            stopping = asyncio.create_task(asyncio.to_thread(proc.stop))
+            # The stream ends (cleanly or by a reset) rather than hanging on.
+            with contextlib.suppress(aiohttp.ClientPayloadError, aiohttp.ClientConnectionError):
+                while await asyncio.wait_for(reader.response.content.readany(), READ_TIMEOUT_S):
+                    pass
+            assert await stopping == 0, proc.log()
+    finally:
+        proc.stop()
