@@ -14,10 +14,11 @@ from tests.helpers import ROOT
 pytestmark = pytest.mark.slow
 
 
-def test_stream_bench_smoke():
+@pytest.mark.parametrize("client", ["lean", "aiohttp"])
+def test_stream_bench_smoke(client):
     result = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "stream.py"), "--clients", "6", "--procs", "2",
-         "--events", "4", "--rate", "50"],
+         "--events", "4", "--rate", "50", "--client", client],
         cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
     records = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
@@ -26,6 +27,9 @@ def test_stream_bench_smoke():
     assert delivery["connected"] == 6 and delivery["stream_clients_seen"] == 6
     assert delivery["expected"] == delivery["delivered"] == 24
     assert delivery["clients_complete"] == 6 and delivery["dropped_clients"] == 0
-    for key in ("p50_ms", "p99_ms", "max_ms", "server_kib_per_client"):
+    assert delivery["client"] == client
+    for key in ("p50_ms", "p99_ms", "max_ms", "fanout_p50_ms", "fanout_p99_ms", "post_p50_ms",
+                "post_p99_ms", "server_kib_per_client", "server_cpu_s_publishing",
+                "client_cpu_s"):
         assert isinstance(delivery[key], int | float), key
     assert "latency p99 ms" in result.stdout  # the table follows the JSON lines
