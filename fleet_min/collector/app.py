@@ -41,7 +41,7 @@ SERVICE = web.AppKey("service", Service)
 # Each feature module registers its own routes, middlewares, listeners and loops in
 # setup(app, service). Access control comes first: it may add a middleware.
 FEATURES = (access_http, artifacts_http, automation_http, insight_http, pages_http, openapi_http)
-MAX_BATCH = 1000  # jobs in one POST /jobs array
+MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 
 def service_of(request: web.Request) -> Service:
@@ -94,12 +94,36 @@ async def executor_next_job(request: web.Request) -> web.Response:
 
 
 async def post_results(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    _refuse_invalid(validate.validate_post_results(body))
+    body = await read_json(request)
     service = service_of(request)
+    if isinstance(body, list):
+        rows = _checked_rows(body)
+        replies = await service.transact(results.post_rows, rows, now())
+        return json_response({"ok": True, "results": replies})
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object (a result row or a beacon) "
+                         "or an array of result rows")
+    _refuse_invalid(validate.validate_post_results(body))
     if body["kind"] == "beacon":
         return json_response(await service.transact(results.post_beacon, body, now()))
     return json_response(await service.transact(results.post_result, body, now()))
+
+
+def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
+    """An array body of POST /results: result rows only (a beacon is a live signal, not
+    something to queue up), every one valid before any is stored."""
+    if not body:
+        raise BadRequest("the array of result rows is empty")
+    if len(body) > MAX_BATCH:
+        raise BadRequest(f"at most {MAX_BATCH} result rows can be posted in one request")
+    for index, row in enumerate(body):
+        if not isinstance(row, dict) or row.get("kind") != "result":
+            raise BadRequest(f"row {index}: an array holds result rows (kind \"result\") only; "
+                             "post a beacon on its own")
+        errors = validate.validate_result(row)
+        if errors:
+            raise BadRequest(f"row {index}: {specs.first_problem(errors)}")
+    return body
 
 
 async def release(request: web.Request) -> web.Response:

@@ -13,7 +13,7 @@ from typing import Any
 from fleet_min.collector import queue
 from fleet_min.collector.devices import touch
 from fleet_min.collector.effects import Effects
-from fleet_min.errors import NotFound
+from fleet_min.errors import NotFound, Refused
 from fleet_min.timeutil import iso
 
 _ROW_FIELDS = {"schema", "kind", "device_id", "job_id", "iter", "metrics", "final", "ok", "error",
@@ -53,6 +53,19 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
             status = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"),
                                              now, effects)
     return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+
+
+def post_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float,
+              effects: Effects) -> list[dict[str, Any]]:
+    """Several validated result rows in one transaction, applied in order exactly as if they
+    were posted one by one; all or none: a refused row (an unknown job) stores nothing."""
+    replies = []
+    for index, row in enumerate(rows):
+        try:
+            replies.append(post_result(conn, row, now, effects))
+        except Refused as exc:
+            raise type(exc)(f"row {index}: {exc.message}") from None
+    return replies
 
 
 def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],

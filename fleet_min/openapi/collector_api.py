@@ -198,6 +198,7 @@ def _agents() -> list[Route]:
     next_job = {200: json_reply(ref("ClaimedJob"), "a job was claimed; its lease is running"),
                 204: empty_reply("the long poll (FLEET_LONG_POLL_S, 25 s) ended with nothing "
                                  "to do")}
+    stored_row = obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS})
     return [
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
@@ -210,14 +211,21 @@ def _agents() -> list[Route]:
               {400: "name is missing or longer than 200 characters", 503: STORAGE},
               params=(query("name", string(minLength=1, maxLength=200),
                             "the executor's label", required=True),), tag=tag),
-        Route("POST", "/results", "Post a result row or a beacon", {200: json_reply({"anyOf": [
-            obj({"lease_renewed": BOOL, "preempt": BOOL}),
-            obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS})]},
-            "beacon: {lease_renewed, preempt}; result: the row was stored (or was a repeat)")},
-            {**JSON_ERRORS, 404: "the job is unknown (result), or the device is not registered "
-                                 "and names no job (beacon)"},
-            body=Body({"oneOf": [ref("ResultRow"), ref("Beacon")]}, "a result row or a beacon"),
-            tag=tag),
+        Route("POST", "/results", "Post a result row, an array of result rows, or a beacon",
+              {200: json_reply({"anyOf": [
+                  obj({"lease_renewed": BOOL, "preempt": BOOL}), stored_row,
+                  obj({"ok": OK_TRUE, "results": arr(stored_row)})]},
+                  "beacon: {lease_renewed, preempt}; result: the row was stored (or was a "
+                  "repeat); array: one such reply per row, in order")},
+              {**JSON_ERRORS, 404: "the job is unknown (result; in an array the sentence names "
+                                   "the row and nothing is stored), or the device is not "
+                                   "registered and names no job (beacon)"},
+              body=Body({"oneOf": [ref("ResultRow"), ref("Beacon"),
+                                   {"type": "array", "items": ref("ResultRow"), "minItems": 1,
+                                    "maxItems": 1000}]},
+                        "a result row, a beacon, or an array of 1 to 1000 result rows applied "
+                        "in order in one transaction (all or none)"),
+              tag=tag),
         Route("POST", "/jobs/{job_id}/release", "Hand a claimed job back", {200: json_reply(obj({
             "ok": OK_TRUE, "job_id": STR, "status": enum("queued")}))},
             {**JSON_ERRORS, 404: NO_JOB,

@@ -75,6 +75,47 @@ async def test_result_for_an_unknown_job_is_404(client):
     assert resp.status == 404
 
 
+async def test_an_array_of_rows_is_applied_in_order_in_one_request(client):
+    await setup_claimed(client)
+    rows = [result_row("j", "d", i, metrics={"decode_tok_s": float(i)}) for i in (1, 2, 3)]
+    rows.append(result_row("j", "d", 2, metrics={"decode_tok_s": 99.0}))  # a repeat
+    rows.append(result_row("j", "d", 0, final=True, ok=True))
+    resp = await client.post("/results", json=rows)
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["ok"] is True
+    assert [r["duplicate"] for r in body["results"]] == [False, False, False, True, False]
+    assert [r["status"] for r in body["results"]] == ["claimed"] * 4 + ["done"]
+    assert (await status_of(client, "j"))["status"] == "done"
+    listing = await (await client.get("/api/results?job=j")).json()
+    assert listing["total"] == 4
+    by_iter = {r["iter"]: r["metrics"] for r in listing["results"]}
+    assert by_iter[2] == {"decode_tok_s": 2.0}  # the repeat changed nothing
+
+
+async def test_an_array_with_a_bad_row_stores_nothing(client):
+    await setup_claimed(client)
+    good = result_row("j", "d", 1, metrics={"x": 1})
+    cases = [
+        ([good, result_row("j", "d", "two")], 400, "row 1: iter"),
+        ([good, beacon("d", "j", battery_pct=50)], 400, "row 1: an array holds result rows"),
+        ([good, result_row("nope", "d", 2)], 404, "row 1: no job 'nope'"),
+        ([], 400, "the array of result rows is empty"),
+        ([good] * 1001, 400, "at most 1000 result rows"),
+        ([good, 7], 400, "row 1:"),
+    ]
+    for rows, status, words in cases:
+        resp = await client.post("/results", json=rows)
+        assert resp.status == status, (rows[:2], await resp.text())
+        assert (await resp.json())["error"].startswith(words), words
+    listing = await (await client.get("/api/results?job=j")).json()
+    assert listing["total"] == 0
+    assert (await status_of(client, "j"))["status"] == "claimed"
+    resp = await client.post("/results", json="a string")
+    assert resp.status == 400
+    assert "an array of result rows" in (await resp.json())["error"]
+
+
 async def test_results_listing_filters_and_pages(client):
     await setup_claimed(client, workload="benchmark")
     for i in range(1, 61):
