@@ -749,6 +749,10 @@ class Collector:
     def post_result(self, row: dict) -> None:
         self.call_json("POST", "/results", row)
 
+    def post_results(self, rows: list) -> None:
+        """Several rows in one request (one transaction on the collector; all or none)."""
+        self.call_json("POST", "/results", rows)
+
     def release(self, job_id: str, device_id: str) -> str:
         """'released', 'old-collector' (404: predates the endpoint) or 'refused' (409)."""
         path = f"/jobs/{urllib.parse.quote(job_id, safe='')}/release"
@@ -827,6 +831,9 @@ class ArtifactCache:
 # --------------------------------------------------------------------------------------------
 
 
+BATCH_ROWS = 100  # spooled rows sent in one POST /results; the collector takes up to 1000
+
+
 class Outbox:
     """Result rows spooled on disk (atomically, mode 0600) until a collector acknowledges them.
 
@@ -860,20 +867,44 @@ class Outbox:
         return [p for p in paths if (read_json(p) or {}).get("collector") == collector_url]
 
     def flush(self, only: str | None = None) -> bool:
-        """Post pending rows in order; True when nothing is left for `only` (or for anyone)."""
+        """Post pending rows in order; True when nothing is left for `only` (or for anyone).
+
+        Rows that piled up (an outage, an earlier run) go up to BATCH_ROWS at a time in one
+        request; the usual single fresh row goes on its own.
+        """
         with self.flush_lock:
-            stuck: set[str] = set()
+            by_collector: dict[str, list[tuple[str, dict]]] = {}
             for path in self.pending():
                 entry = read_json(path)
                 if not isinstance(entry, dict) or "row" not in entry:
                     os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
                     continue
                 url = str(entry.get("collector"))
-                if url in stuck or (only is not None and url != only):
-                    continue
-                if not self._post(url, entry["row"], path):
-                    stuck.add(url)
+                if only is None or url == only:
+                    by_collector.setdefault(url, []).append((path, entry["row"]))
+            stuck = {url for url, rows in by_collector.items() if not self._deliver(url, rows)}
             return not stuck if only is None else only not in stuck
+
+    def _deliver(self, url: str, rows: list[tuple[str, dict]]) -> bool:
+        """Post one collector's rows in order; False when it cannot be reached."""
+        for start in range(0, len(rows), BATCH_ROWS):
+            chunk = rows[start:start + BATCH_ROWS]
+            if len(chunk) > 1:
+                try:
+                    Collector(url, timeout=30).post_results([row for _, row in chunk])
+                except Unreachable as exc:
+                    log.info("%d result rows kept on disk for later (%s)", len(chunk), exc)
+                    return False
+                except HttpError:
+                    pass  # a refused row, or a collector without arrays: one at a time below
+                else:
+                    for path, _ in chunk:
+                        os.unlink(path)
+                    continue
+            for path, row in chunk:
+                if not self._post(url, row, path):
+                    return False
+        return True
 
     def _post(self, url: str, row: dict, path: str) -> bool:
         try:

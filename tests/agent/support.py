@@ -89,6 +89,7 @@ class Recorder:
         self.posts: list[dict] = []
         self.blobs: dict[str, bytes] = {}
         self.status = 200
+        self.refuse_arrays = False  # answer an array body 400, like a collector before arrays
 
 
 @pytest.fixture
@@ -123,7 +124,11 @@ def http_stub():
             if recorder.status != 200:
                 self._reply(recorder.status, b'{"error": "refused by the stub"}')
                 return
-            recorder.posts.append(json.loads(body))
+            parsed = json.loads(body)
+            if isinstance(parsed, list) and recorder.refuse_arrays:
+                self._reply(400, b'{"error": "the request body must be a JSON object"}')
+                return
+            recorder.posts.append(parsed)
             self._reply(200, b'{"ok": true}')
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

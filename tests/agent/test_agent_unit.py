@@ -310,7 +310,46 @@ def test_outbox_keeps_rows_while_the_collector_is_away(fa, tmp_path, http_stub):
         entry["collector"] = http_stub.url
         Path(path).write_text(json.dumps(entry))
     assert outbox.flush() is True
-    assert [row["iter"] for row in http_stub.posts] == [1, 2, 0]  # final row last
+    # What piled up goes in one request, in the order it was written: the final row last.
+    assert [[row["iter"] for row in body] for body in http_stub.posts] == [[1, 2, 0]]
+    assert outbox.pending() == []
+
+
+def test_outbox_posts_one_at_a_time_to_a_collector_without_arrays(fa, tmp_path, http_stub):
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    http_stub.refuse_arrays = True
+    for number in (1, 2, 0):
+        outbox.put(http_stub.url, {"job_id": "j", "device_id": "d", "iter": number})
+    assert outbox.flush() is True
+    assert [row["iter"] for row in http_stub.posts] == [1, 2, 0]
+    assert outbox.pending() == []
+    assert list((tmp_path / "spool" / "rejected").iterdir()) == []
+
+
+def test_outbox_batches_stop_at_the_batch_size(fa, tmp_path, http_stub):
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    for number in range(fa.BATCH_ROWS + 1):
+        outbox.put(http_stub.url, {"job_id": "j", "device_id": "d", "iter": number + 1})
+    assert outbox.flush() is True
+    assert [len(body) if isinstance(body, list) else 1 for body in http_stub.posts] == [
+        fa.BATCH_ROWS, 1]
+
+
+def test_a_refused_row_in_a_batch_is_set_aside_and_the_rest_delivered(fa, tmp_path, procs):
+    collector = procs.collector()
+    collector.post("/devices/register", {"device_id": "d", "descriptor": {},
+                                         "capabilities": ["benchmark"]})
+    collector.enqueue({"schema": 1, "job_id": "kept", "workload": "benchmark",
+                       "executor": "device", "backend": "synthetic",
+                       "targets": {"device_id": "d"}})
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    for job_id, number in (("kept", 1), ("forgotten", 1), ("kept", 2)):
+        outbox.put(collector.url, {"schema": 1, "kind": "result", "job_id": job_id,
+                                   "device_id": "d", "iter": number, "metrics": {}})
+    assert outbox.flush() is True
+    assert sorted(r["iter"] for r in collector.results("kept")) == [1, 2]
+    rejected = list((tmp_path / "spool" / "rejected").iterdir())
+    assert [json.loads(p.read_text())["row"]["job_id"] for p in rejected] == ["forgotten"]
     assert outbox.pending() == []
 
 
