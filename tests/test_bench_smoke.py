@@ -56,11 +56,13 @@ def test_idle_polls_smoke():
         assert isinstance(result[key], int | float), key
 
 
-def test_ingest_smoke():
-    result = figure(run_bench("ingest"), "ingest")
+@pytest.mark.parametrize("rows_per_request", ["1", "5"])
+def test_ingest_smoke(rows_per_request):
+    result = figure(run_bench("ingest", "--rows-per-request", rows_per_request), "ingest")
     for key in ("rows_per_s", "sqlite_grouped_rows_per_s", "bare_rows_per_s",
-                "ratio_to_sqlite"):
+                "ratio_to_sqlite", "mean_rows_per_commit"):
         assert isinstance(result[key], float), key
+    assert result["rows_per_request"] == int(rows_per_request)
 
 
 def test_startup_smoke():
