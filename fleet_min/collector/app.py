@@ -285,6 +285,17 @@ async def api_stream(request: web.Request) -> web.StreamResponse:
 
 
 async def api_not_found(request: web.Request) -> web.Response:
+    """The /api fallback: 405 (with Allow) for a known path asked with the wrong method, else
+    404. Only refusals come here, so looking through the routes costs nothing on the hot path."""
+    allowed: set[str] = set()
+    fallback = request.match_info.route.resource
+    for resource in request.app.router.resources():
+        if resource is not fallback:
+            match, methods = await resource.resolve(request)
+            if match is None:
+                allowed |= methods
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, sorted(allowed))
     raise NotFound(f"no such route: {request.method} {request.path}")
 
 

@@ -782,10 +782,17 @@ def test_guarded_changes_from_another_site_are_refused_without_a_token(
 def test_method_not_allowed_names_the_allowed_methods(service: str, request: Any) -> None:
     """RFC 9110: a 405 carries Allow (schemathesis' unsupported_method check asks for it)."""
     live = request.getfixturevalue(service)
-    # (Under /api/ the collector's catch-all answers any unrouted method and path with 404.)
     reply = send(live.url, "PUT", "/jobs/sweep" if service == "collector" else "/api/state")
     assert_refused(reply, "PUT on a route without PUT", (405,))
     assert "GET" in (reply.headers.get("Allow") or ""), dict(reply.headers)
+    if service == "collector":
+        # Under /api/ the fallback route catches every method, and still tells the two apart:
+        # a known path with the wrong method is 405 with Allow, an unknown path 404.
+        reply = send(live.url, "PUT", "/api/jobs")
+        assert_refused(reply, "PUT on /api/jobs", (405,))
+        assert {"GET", "HEAD"} <= {m.strip() for m in (reply.headers.get("Allow") or "").split(",")}
+        assert "PUT is not allowed on /api/jobs" in json.loads(reply.body)["error"]
+        assert_refused(send(live.url, "PUT", "/api/no-such-thing"), "an unknown path", (404,))
 
 
 def test_agent_reports_reach_the_snapshot_typed(controlplane: LiveControlPlane) -> None:
