@@ -3,11 +3,12 @@
 Layout under `<data_dir>/artifacts/`: `<first two hex digits>/<sha256>` for stored bytes and
 `tmp/<random>.part` for uploads in flight (same filesystem, so the final rename is atomic).
 
-An upload streams into a temporary file while it is hashed, a batch of about 1 MiB at a time, each
-batch written and hashed on a worker thread, so memory does not grow with the artifact and the
-event loop never waits on the disk. The file and its directory are fsynced before the row is
-committed and the upload acknowledged: an acknowledged artifact survives `kill -9` and a power
-cut. An upload whose hash is already stored keeps the stored copy and drops the new one.
+An upload streams into a temporary file while it is hashed, a batch of about 1 MiB at a time: the
+batch is hashed on one worker thread and written on another while the event loop receives the
+next, so memory does not grow with the artifact and the event loop never waits on the disk. The
+file and its directory are fsynced (once, at the end) before the row is committed and the upload
+acknowledged: an acknowledged artifact survives `kill -9` and a power cut. An upload whose hash
+is already stored keeps the stored copy and drops the new one.
 
 "Referenced" (what blocks a delete and keeps an artifact off the collection list) means needed by
 work that can still run: named in the spec or a result row of a live job (queued, waiting,
@@ -193,8 +194,9 @@ def _paged(items: list[dict[str, Any]], total: int, page: int, **extra: Any) -> 
 class _TempFile:
     """An upload being written: its temporary path, open descriptor, running hash and size.
 
-    `write` and `close` run on worker threads; the lock makes an abandon (client gone, limit
-    passed, shutdown) wait for a write still in flight instead of closing the descriptor under it.
+    `hash`, `write` and `close` run on worker threads; the lock makes an abandon (client gone,
+    limit passed, shutdown) wait for a write still in flight instead of closing the descriptor
+    under it. The hash needs no lock: it never touches the descriptor.
     """
 
     path: Path
@@ -203,12 +205,15 @@ class _TempFile:
     size: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def hash(self, parts: list[bytes]) -> None:
+        for part in parts:
+            self.hasher.update(part)  # hashlib lets go of the GIL for buffers this large
+
     def write(self, parts: list[bytes]) -> None:
         with self.lock:
             if self.fd < 0:
                 return
             for part in parts:
-                self.hasher.update(part)
                 view = memoryview(part)
                 while view:
                     view = view[_write(self.fd, view):]
@@ -228,6 +233,33 @@ class _TempFile:
                 self.fd = -1
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
+
+
+class _Lanes:
+    """The hash and the write of one batch, each on its own worker thread, while the event loop
+    receives the next batch: three stages side by side, not hash-then-write. One batch at a time
+    in each lane keeps the hash's order and the file's, and bounds memory to two batches."""
+
+    def __init__(self, temp: _TempFile) -> None:
+        self.temp = temp
+        self.running: list[asyncio.Future[None]] = []
+
+    async def start(self, batch: list[bytes]) -> None:
+        await self.finish()
+        if batch:
+            self.running = [asyncio.ensure_future(asyncio.to_thread(self.temp.hash, batch)),
+                            asyncio.ensure_future(asyncio.to_thread(self.temp.write, batch))]
+            for future in self.running:
+                future.add_done_callback(_retrieve)
+
+    async def finish(self) -> None:
+        running, self.running = self.running, []
+        for future in running:
+            await future
+
+    def cancel(self) -> None:
+        for future in self.running:
+            future.cancel()  # the threads finish their batch; abandon waits on the lock
 
 
 def _write(fd: int, view: memoryview) -> int:
@@ -335,7 +367,7 @@ class ArtifactStore:
 
     async def _receive(self, chunks: AsyncIterator[bytes]) -> _TempFile:
         temp = await asyncio.to_thread(self._open_temp)
-        pending: asyncio.Future[None] | None = None
+        lanes = _Lanes(temp)
         try:
             batch: list[bytes] = []
             batched = 0
@@ -347,19 +379,13 @@ class ArtifactStore:
                 batch.append(chunk)
                 batched += len(chunk)
                 if batched >= BATCH_BYTES:
-                    # Write this batch while the next one arrives from the network.
-                    if pending is not None:
-                        await pending
-                    pending = asyncio.ensure_future(asyncio.to_thread(temp.write, batch))
-                    pending.add_done_callback(_retrieve)
+                    await lanes.start(batch)  # hashed and written while the next one arrives
                     batch, batched = [], 0
-            if pending is not None:
-                await pending
-            await asyncio.to_thread(temp.write, batch)
+            await lanes.start(batch)
+            await lanes.finish()
             return temp
         except BaseException:
-            if pending is not None and not pending.done():
-                pending.cancel()  # the thread finishes its write; abandon waits on the lock
+            lanes.cancel()
             await asyncio.shield(asyncio.to_thread(temp.abandon))
             raise
 
