@@ -3,13 +3,20 @@ real collector process, next to the ceiling this machine sets for the same work.
 
     python bench/artifacts.py [--size-mb 1024] [--dir /path/on/the/disk/to/test]
 
-Ceiling: `sha256sum` (and `openssl dgst -sha256`, the library behind hashlib; the faster of the
-two counts) of the source file plus a file copy that is fsynced (`cp` then `sync`), measured in
-the same run on the same disk: an upload has to do both (hash and write durably), so
-`size / (hash time + copy time)` is what a server doing them one after the other could reach.
-The collector overlaps them (the next MiB arrives while the last one is hashed and written), so
-on two cores it can pass that figure; the hash alone (`hash_mb_s`) is the hard bound. The source
-file is read from the page cache in every case (it was just written), as the upload's is.
+Two ceilings, both measured in the same run on the same disk, since an upload has to hash the
+bytes and write them durably:
+
+- the issue's: `sha256sum` of the source file plus a file copy that is fsynced (`cp` then
+  `sync`), `size / (sha256sum time + copy time)`;
+- a stricter one: the same with the faster of `sha256sum` and `openssl dgst -sha256` (OpenSSL is
+  the library behind hashlib; where it uses the CPU's SHA instructions and coreutils does not,
+  it hashes several times faster).
+
+Both add the two steps one after the other. The collector overlaps them with each other and
+with receiving (the next MiB arrives while the last one is hashed on one thread and written on
+another), so it can pass either; the hash alone (`hash_mb_s`) and the copy alone are the hard
+bounds. The source file is read from the page cache in every case (it was just written), as the
+upload's is.
 
 Memory: the collector's VmHWM (peak resident set) and VmRSS from /proc/<pid>/status before and
 after the upload and the download. Uploads stream through a bounded buffer, so the peak should
@@ -83,7 +90,10 @@ def ceiling(source: Path, size: int) -> dict[str, Any]:
             "openssl_mb_s": round(mb / openssl_s, 1) if openssl_s else None,
             "copy_fsync_s": round(copy_s, 3), "copy_fsync_mb_s": round(mb / copy_s, 1),
             "hash_mb_s": round(mb / hash_s, 1),
-            "upload_ceiling_mb_s": round(mb / (hash_s + copy_s), 1)}
+            # The issue's definition: sha256sum, then the durable copy.
+            "issue_ceiling_mb_s": round(mb / (sha256sum_s + copy_s), 1),
+            # The stricter one: the faster hash, then the durable copy.
+            "strict_ceiling_mb_s": round(mb / (hash_s + copy_s), 1)}
 
 
 @contextlib.contextmanager
@@ -152,6 +162,7 @@ def measure(port: int, pid: int, source: Path, size: int, expected: str) -> list
     warm.write_bytes(os.urandom(4 * MiB))  # load the code paths before taking the baseline
     download(port, upload(port, warm, 4 * MiB)[0]["sha256"])
     base, cpu0 = memory_kib(pid), cpu_seconds(pid)
+    load = Path("/proc/loadavg").read_text().split()[0]  # the machine may be shared
     reply, up_s = upload(port, source, size)
     after_up, cpu1 = memory_kib(pid), cpu_seconds(pid)
     if reply["sha256"] != expected:
@@ -163,6 +174,7 @@ def measure(port: int, pid: int, source: Path, size: int, expected: str) -> list
     return [
         {"figure": "upload", "size_mb": size / MiB, "seconds": round(up_s, 3),
          "mb_s": round(size / MiB / up_s, 1), "server_cpu_s": round(cpu1 - cpu0, 2),
+         "loadavg_before": load,
          "hwm_before_kib": base["VmHWM"], "hwm_after_kib": after_up["VmHWM"],
          "hwm_growth_kib": after_up["VmHWM"] - base["VmHWM"],
          "rss_before_kib": base["VmRSS"], "rss_after_kib": after_up["VmRSS"]},
@@ -180,10 +192,13 @@ def print_table(records: list[dict[str, Any]]) -> None:
         ("sha256sum", f"{ceil['sha256sum_mb_s']} MB/s", "hash only (coreutils)"),
         ("openssl dgst", f"{ceil['openssl_mb_s']} MB/s", "hash only (the library hashlib uses)"),
         ("cp + sync", f"{ceil['copy_fsync_mb_s']} MB/s", "durable copy only"),
-        ("upload ceiling", f"{ceil['upload_ceiling_mb_s']} MB/s",
-         "faster hash, then durable copy, one after the other"),
+        ("issue's ceiling", f"{ceil['issue_ceiling_mb_s']} MB/s",
+         "sha256sum, then durable copy (the issue's definition)"),
+        ("strict ceiling", f"{ceil['strict_ceiling_mb_s']} MB/s",
+         "faster hash, then durable copy"),
         ("upload", f"{up['mb_s']} MB/s",
-         f"{up['mb_s'] / ceil['upload_ceiling_mb_s']:.0%} of the ceiling"),
+         f"{up['vs_issue_ceiling']:.0%} of the issue's ceiling, "
+         f"{up['vs_strict_ceiling']:.0%} of the strict one (load avg {up['loadavg_before']})"),
         ("download", f"{down['mb_s']} MB/s", "served from the page cache"),
         ("peak RSS growth", f"{up['hwm_growth_kib'] / 1024:.1f} MiB",
          f"during the {up['size_mb']:g} MiB upload (VmHWM)"),
@@ -212,6 +227,9 @@ def main() -> int:
         records = [ceiling(source, size)]
         with collector(Path(work) / "data") as (port, pid):
             records += measure(port, pid, source, size, expected)
+    ceil, up = records[0], records[1]
+    up["vs_issue_ceiling"] = round(up["mb_s"] / ceil["issue_ceiling_mb_s"], 3)
+    up["vs_strict_ceiling"] = round(up["mb_s"] / ceil["strict_ceiling_mb_s"], 3)
     for record in records:
         emit(record)
     print_table(records)
