@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import multiprocessing
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, server, table
+from bench.common import Http, emit, run_clients, server, table
 
 VARIANTS = ("empty", "pinned", "undeclared")
 OTHER_WORKLOADS = ("batch", "self-check", "pipeline", "llm-eval", "serve")
@@ -131,24 +130,11 @@ def _client(address: str, prefix: str, phase: str, agents: int, seconds: float,
 
 def measure(address: str, pid: int, tag: str, phase: str, agents: int, procs: int,
             seconds: float) -> dict[str, float]:
-    ready: Any = multiprocessing.Queue()
-    out: Any = multiprocessing.Queue()
-    go = multiprocessing.Event()
     per_proc = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
-    workers = [multiprocessing.Process(target=_client, args=(
-        address, f"{tag}-{phase}-p{i}", phase, n, seconds, ready, go, out))
-        for i, n in enumerate(per_proc) if n]
-    for worker in workers:
-        worker.start()
-    for _ in workers:
-        ready.get(timeout=120)
-    cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
-    go.set()
-    latencies = [x for _ in workers for x in out.get(timeout=seconds + 120)]
-    wall = time.monotonic() - wall_before
-    cpu = cpu_seconds(pid) - cpu_before
-    for worker in workers:
-        worker.join()
+    run = run_clients(_client, [(address, f"{tag}-{phase}-p{i}", phase, n, seconds)
+                                for i, n in enumerate(per_proc) if n], pid, seconds + 120)
+    latencies = [x for outcome in run.outcomes for x in outcome]
+    wall, cpu = run.wall_s, run.server_cpu_s
     count = len(latencies)
     return {"count": count, "per_s": count / wall, "cpu_us_each": 1e6 * cpu / max(count, 1),
             "p50_ms": percentile(latencies, 0.5) if latencies else 0.0}

@@ -10,13 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,40 @@ def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc/<pid>/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+@dataclass
+class ClientRun:
+    outcomes: list[Any]  # what each client process put on `out`, in the order they finished
+    wall_s: float
+    server_cpu_s: float
+
+
+def run_clients(target: Callable[..., None], per_process: list[tuple[Any, ...]], pid: int,
+                wait_s: float) -> ClientRun:
+    """One client process per argument tuple, running target(*args, ready, go, out).
+
+    Each puts something on `ready` once set up (connected, registered), then waits for `go`; the
+    server's CPU and the wall clock are measured from releasing them all together until each has
+    put its outcome on `out`, so the set-up is never part of a figure.
+    """
+    ready: Any = multiprocessing.Queue()
+    out: Any = multiprocessing.Queue()
+    go = multiprocessing.Event()
+    workers = [multiprocessing.Process(target=target, args=(*args, ready, go, out))
+               for args in per_process]
+    for worker in workers:
+        worker.start()
+    for _ in workers:
+        ready.get(timeout=120)
+    cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+    go.set()
+    outcomes = [out.get(timeout=wait_s) for _ in workers]
+    wall = time.monotonic() - wall_before
+    cpu = cpu_seconds(pid) - cpu_before
+    for worker in workers:
+        worker.join()
+    return ClientRun(outcomes, wall, cpu)
 
 
 def memory_kib(pid: int) -> dict[str, int]:

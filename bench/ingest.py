@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
 import os
 import sqlite3
 import statistics
@@ -36,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, server, table
+from bench.common import Http, emit, run_clients, server, table
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.db import migrate
 
@@ -86,8 +85,8 @@ async def _poster(address: str, name: str, stop_at: float, counter: list[int],
     http.close()
 
 
-def _client(address: str, names: list[str], seconds: float, ready: Any, go: Any,
-            out: Any, per_request: int = 1) -> None:
+def _client(address: str, names: list[str], seconds: float, per_request: int, ready: Any,
+            go: Any, out: Any) -> None:
     counter = [0]
 
     async def run() -> None:
@@ -115,23 +114,11 @@ def post_rows(kind: str, address: str, pid: int, tag: str, args: argparse.Namesp
         asyncio.run(prepare(address, tag, args.posters))
         stats_before = asyncio.run(_writer_stats(address))
     names = [f"ingest-{tag}-{i}" for i in range(args.posters)]
-    ready: Any = multiprocessing.Queue()
-    out: Any = multiprocessing.Queue()
-    go = multiprocessing.Event()
-    workers = [multiprocessing.Process(target=_client, args=(
-        address, names[i::args.procs], args.seconds, ready, go, out, args.rows_per_request))
-        for i in range(args.procs) if names[i::args.procs]]
-    for worker in workers:
-        worker.start()
-    for _ in workers:
-        ready.get(timeout=120)
-    cpu_before, started = cpu_seconds(pid), time.monotonic()
-    go.set()
-    outcomes = [out.get(timeout=args.seconds + 120) for _ in workers]
-    wall = time.monotonic() - started
-    cpu = cpu_seconds(pid) - cpu_before
-    for worker in workers:
-        worker.join()
+    run = run_clients(_client, [(address, names[i::args.procs], args.seconds,
+                                 args.rows_per_request)
+                                for i in range(args.procs) if names[i::args.procs]],
+                      pid, args.seconds + 120)
+    outcomes, wall, cpu = run.outcomes, run.wall_s, run.server_cpu_s
     rows = sum(n for n, _ in outcomes)
     figures = {"rows": rows, "wall_s": wall, "rows_per_s": rows / wall,
                "server_cpu_us_per_row": 1e6 * cpu / max(rows, 1),
