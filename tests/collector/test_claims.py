@@ -197,6 +197,25 @@ async def test_long_poll_wakes_on_promotion_and_release(collector_factory):
     assert (await resp.json())["job_id"] == "shared"
 
 
+async def test_pinned_jobs_reach_their_own_waiting_polls(collector_factory):
+    """An array of jobs pinned to several devices: each waiting device gets its own job at once
+    (the dispatcher looks them up by claimant), a device nobody pinned keeps waiting."""
+    client = await collector_factory(long_poll_s=30)
+    for name in ("a", "b", "c", "idle"):
+        await client.post("/devices/register", json=registration(name))
+    polls = {name: asyncio.create_task(client.get(f"/devices/{name}/next-job"))
+             for name in ("c", "idle", "a", "b")}
+    await asyncio.sleep(0.3)
+    await client.post("/jobs", json=[job(f"for-{name}", targets={"device_id": name})
+                                     for name in ("a", "b", "c")])
+    for name in ("a", "b", "c"):
+        resp = await asyncio.wait_for(polls[name], 10)
+        assert resp.status == 200 and (await resp.json())["job_id"] == f"for-{name}"
+    await asyncio.sleep(0.3)
+    assert not polls["idle"].done()
+    polls["idle"].cancel()
+
+
 async def test_many_waiting_polls_each_get_one_job(collector_factory):
     client = await collector_factory(long_poll_s=30)
     for i in range(8):
