@@ -7,7 +7,7 @@ from typing import Any
 
 from aiohttp import web
 
-from fleet_min import validate
+from fleet_min import heap, validate
 from fleet_min.collector import (
     access_http,
     artifacts_http,
@@ -342,6 +342,7 @@ def create_app(config: Config) -> web.Application:
 
     async def on_startup(_app: web.Application) -> None:
         await service.start()
+        heap.settle_after_start()
 
     async def on_shutdown(_app: web.Application) -> None:
         await service.dispatcher.close()

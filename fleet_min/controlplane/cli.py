@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from fleet_min import logs
+from fleet_min import heap, logs
 from fleet_min.config import ConfigError, add_flags, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
@@ -49,6 +49,7 @@ async def _serve(app: web.Application, host: str, port: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
+    heap.settle_after_start()
     bound = runner.addresses[0][1] if runner.addresses else port
     # Tests and scripts read this line to learn the port when --port 0 asked for a free one.
     print(f"fleet-min controlplane listening on http://{host}:{bound}", flush=True)
