@@ -198,6 +198,11 @@ class Dispatcher:
             chosen.append(waiter)
         return chosen
 
+    def unreserve(self, waiters: list[Waiter]) -> None:
+        """Undo reserve_for when the transaction that reserved is rolled back to run again."""
+        for waiter in waiters:
+            waiter.reserved = False
+
     def settle(self, handouts: list[tuple[Waiter, dict[str, Any] | None]]) -> None:
         """After the commit (or its failure, with None for every job): deliver or release."""
         for waiter, job in handouts:

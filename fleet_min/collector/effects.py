@@ -29,6 +29,12 @@ class Effects:
     claimable: list[JobRoute] = field(default_factory=list)
     claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
 
+    def clear(self) -> None:
+        """Forget everything recorded (the transaction is about to run again)."""
+        self.events.clear()
+        self.claimable.clear()
+        self.claimants.clear()
+
     def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
         self.events.append({"type": "job", "job_id": job_id, "status": status,
                             "workload": workload, "executor": executor, **extra})

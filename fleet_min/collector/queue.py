@@ -24,7 +24,7 @@ from fleet_min.collector import rules, templates
 from fleet_min.collector.devices import Device, device_from_row, load_device, touch
 from fleet_min.collector.effects import Effects, JobRoute
 from fleet_min.collector.match import compiled
-from fleet_min.db import like_escape
+from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso
 
@@ -114,6 +114,7 @@ class Enqueued:
     replies: list[dict[str, Any]]
 
 
+@replayable
 def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
             effects: Effects, template_id: str | None = None) -> Enqueued:
     """Store validated specs atomically (all or none).
@@ -495,6 +496,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
     return spec
 
 
+@replayable
 def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effects: Effects
                 ) -> tuple[list[str] | None, dict[str, Any] | None]:
     """A poll's first look: its device's declared capabilities and a claim, in one hop.
@@ -510,12 +512,14 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
     return device.capabilities, claim(conn, claimant, now, effects, device)
 
 
+@replayable
 def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
                effects: Effects) -> list[dict[str, Any] | None]:
     """Claims for several waiting long polls in one transaction (the dispatcher's batch)."""
     return [claim(conn, claimant, now, effects) for claimant in claimants]
 
 
+@replayable
 def hand_back_undelivered(conn: sqlite3.Connection, job_id: str, claimant_id: str, now: float,
                           effects: Effects) -> None:
     """A claim whose long poll went away before delivery is returned, its attempt not burned."""

@@ -13,6 +13,7 @@ from typing import Any
 from fleet_min.collector import queue
 from fleet_min.collector.devices import touch
 from fleet_min.collector.effects import Effects
+from fleet_min.db import replayable
 from fleet_min.errors import NotFound, Refused
 from fleet_min.timeutil import iso
 
@@ -20,6 +21,7 @@ _ROW_FIELDS = {"schema", "kind", "device_id", "job_id", "iter", "metrics", "fina
                "device", "artifacts", "preempted"}
 
 
+@replayable
 def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                 effects: Effects) -> dict[str, Any]:
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
@@ -55,6 +57,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
 
 
+@replayable
 def post_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float,
               effects: Effects) -> list[dict[str, Any]]:
     """Several validated result rows in one transaction, applied in order exactly as if they
@@ -105,6 +108,7 @@ def _closes(job: sqlite3.Row, device_id: str) -> bool:
     return bool(job["claimed_by"] == device_id)
 
 
+@replayable
 def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                 effects: Effects) -> dict[str, Any]:
     device_id = body["device_id"]

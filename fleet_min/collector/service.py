@@ -196,14 +196,22 @@ class Service:
         effects = Effects()
         handouts: list[tuple[Waiter, dict[str, Any] | None]] = []
 
+        runs = 0
+
         def run(conn: sqlite3.Connection) -> Any:
+            nonlocal runs
+            if runs:  # again, after the writer rolled its batch back (see fleet_min.db)
+                self.dispatcher.unreserve([waiter for waiter, _ in handouts])
+                handouts.clear()
+                effects.clear()
+            runs += 1
             result = fn(conn, *args, effects, **kwargs)
             if effects.claimable:
                 handouts.extend(self._claim_inline(conn, effects))
             return result
 
         try:
-            result = await self.db.write(run)
+            result = await self.db.write(run, replay=getattr(fn, "replayable", False))
         except BaseException:
             self.dispatcher.settle([(waiter, None) for waiter, _ in handouts])
             raise

@@ -1,0 +1,144 @@
+"""The database writer (fleet_min.db): group commit, and one failing transaction rolling back
+alone, with and without savepoints. A real SQLite file in WAL mode, synchronous=FULL."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_min.db import Database, replayable
+
+SCHEMA = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE)"]
+
+
+class Refusal(Exception):
+    pass
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(tmp_path / "notes.sqlite3", SCHEMA)
+    await database.open()
+    yield database
+    await database.close()
+
+
+runs: Counter[str] = Counter()
+
+
+@replayable
+def add(conn: sqlite3.Connection, text: str) -> int:
+    runs[text] += 1
+    return int(conn.execute("INSERT INTO notes (text) VALUES (?) RETURNING id",
+                            (text,)).fetchone()[0])
+
+
+@replayable
+def refuse_first(conn: sqlite3.Connection, text: str) -> None:
+    """Fails before writing anything: nothing to undo."""
+    runs[text] += 1
+    if conn.execute("SELECT 1 FROM notes WHERE text = 'gate'").fetchone() is None:
+        raise Refusal("no gate")
+
+
+@replayable
+def write_then_refuse(conn: sqlite3.Connection, text: str) -> None:
+    """Fails after writing: its row must not survive."""
+    runs[text] += 1
+    conn.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+    raise Refusal("changed my mind")
+
+
+def write_then_refuse_once_only(conn: sqlite3.Connection, text: str) -> None:
+    """The same, but not marked replayable: it must never run twice."""
+    runs[text] += 1
+    conn.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+    raise Refusal("changed my mind")
+
+
+async def texts(db: Database) -> set[str]:
+    return {row["text"] for row in await db.read("SELECT text FROM notes")}
+
+
+async def in_one_batch(*writes: Any) -> list[Any]:
+    """Start the writes together: all are pending before the writer wakes, so one batch."""
+    return await asyncio.gather(*writes, return_exceptions=True)
+
+
+async def test_concurrent_writes_share_one_commit(db: Database) -> None:
+    runs.clear()
+    ids = await in_one_batch(*(db.write(add, f"note {i}") for i in range(20)))
+    assert sorted(ids) == list(range(1, 21))
+    assert await texts(db) == {f"note {i}" for i in range(20)}
+    assert db.stats["batches"] == 1 and db.stats["transactions"] == 20
+    assert db.stats["replays"] == 0
+
+
+async def test_a_refusal_before_any_write_needs_no_replay(db: Database) -> None:
+    runs.clear()
+    outcomes = await in_one_batch(db.write(add, "a"), db.write(refuse_first, "r"),
+                                  db.write(add, "b"))
+    assert outcomes[0] == 1 and outcomes[2] == 2
+    assert isinstance(outcomes[1], Refusal)
+    assert await texts(db) == {"a", "b"}
+    assert db.stats["replays"] == 0
+    assert runs == {"a": 1, "r": 1, "b": 1}
+
+
+async def test_a_failure_after_writing_is_undone_and_the_rest_replayed(db: Database) -> None:
+    runs.clear()
+    outcomes = await in_one_batch(db.write(add, "a"), db.write(write_then_refuse, "w"),
+                                  db.write(add, "b"))
+    assert isinstance(outcomes[1], Refusal)
+    assert await texts(db) == {"a", "b"}  # the failed one's row is gone, the others kept
+    assert db.stats["replays"] == 1
+    # The attempt stopped at the failure; the batch then ran again, each in a savepoint.
+    assert runs == {"a": 2, "w": 2, "b": 1}
+    # The replay is a new attempt, not a second copy: the ids follow on from each other.
+    assert outcomes[0] == 1 and outcomes[2] == 2
+
+
+async def test_sqlite_refusing_a_statement_rolls_back_that_transaction_only(db: Database) -> None:
+    await db.write(add, "taken")
+    outcomes = await in_one_batch(db.write(add, "a"), db.write(add, "taken"),
+                                  db.write(add, "b"))
+    assert isinstance(outcomes[1], sqlite3.IntegrityError)  # the caller sees why
+    assert await texts(db) == {"taken", "a", "b"}
+    assert db.stats["replays"] == 1
+
+
+async def test_a_batch_with_a_transaction_not_replayable_runs_each_in_a_savepoint(
+        db: Database) -> None:
+    runs.clear()
+    outcomes = await in_one_batch(db.write(add, "a"), db.write(write_then_refuse_once_only, "o"),
+                                  db.write(add, "b"))
+    assert isinstance(outcomes[1], Refusal)
+    assert await texts(db) == {"a", "b"}
+    assert db.stats["replays"] == 0
+    assert runs == {"a": 1, "o": 1, "b": 1}  # nothing ran twice
+
+
+async def test_replay_can_be_refused_per_call(db: Database) -> None:
+    runs.clear()
+    outcomes = await in_one_batch(db.write(add, "a"),
+                                  db.write(write_then_refuse, "w", replay=False))
+    assert isinstance(outcomes[1], Refusal)
+    assert await texts(db) == {"a"}
+    assert runs == {"a": 1, "w": 1}
+
+
+async def test_an_acknowledged_write_survives_a_reopen(db: Database, tmp_path: Path) -> None:
+    await in_one_batch(db.write(add, "kept"), db.write(write_then_refuse, "dropped"))
+    await db.close()
+    again = Database(tmp_path / "notes.sqlite3", SCHEMA)
+    await again.open()
+    try:
+        assert await texts(again) == {"kept"}
+    finally:
+        await again.close()
