@@ -33,6 +33,16 @@ def figure(records: list[dict[str, object]], name: str) -> dict[str, object]:
     return found[-1]
 
 
+def test_lifecycle_smoke():
+    records = run_bench("lifecycle")
+    assert {r["server"] for r in records if "server" in r} == {"bare", "collector"}
+    result = figure(records, "lifecycle")
+    for key in ("jobs_per_s", "bare_jobs_per_s", "cpu_ms_per_job", "bare_cpu_ms_per_job",
+                "cpu_ratio"):
+        assert isinstance(result[key], float), key
+    assert result["rounds"] == 1
+
+
 def test_dispatch_smoke():
     result = figure(run_bench("dispatch"), "dispatch_latency")
     for key in ("p50_ms", "p99_ms", "bare_p50_ms", "p50_ratio", "two_commits_ms"):
