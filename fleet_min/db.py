@@ -260,6 +260,11 @@ def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: boo
             if guarded:
                 conn.execute("RELEASE tx")
             outcomes.append((fut, result, None))
+        if not conn.in_transaction:
+            # SQLite ends the whole transaction by itself on some failures (a full disk, an I/O
+            # error) even when the statement's error was caught: nothing of the batch stands.
+            raise StorageError("the database abandoned the transaction (a full disk or an I/O "
+                               "error); the batch was not committed")
     return outcomes
 
 

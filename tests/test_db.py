@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleet_min.db import Database, replayable
+from fleet_min.db import Database, StorageError, replayable
 
 SCHEMA = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE)"]
 
@@ -142,3 +142,22 @@ async def test_an_acknowledged_write_survives_a_reopen(db: Database, tmp_path: P
         assert await texts(again) == {"kept"}
     finally:
         await again.close()
+
+
+@replayable
+def end_the_transaction(conn: sqlite3.Connection, text: str) -> None:
+    """Stands for SQLite rolling the transaction back on its own (a full disk, an I/O error)
+    under a function that caught the statement's error and went on."""
+    conn.execute("INSERT INTO notes (text) VALUES (?)", (text,))
+    conn.execute("ROLLBACK")
+
+
+@pytest.mark.parametrize("replay", [True, False])
+async def test_a_transaction_the_database_abandoned_fails_the_batch(db: Database,
+                                                                   replay: bool) -> None:
+    outcomes = await in_one_batch(db.write(add, "a"),
+                                  db.write(end_the_transaction, "x", replay=replay))
+    assert all(isinstance(o, StorageError) for o in outcomes), outcomes
+    assert await texts(db) == set()
+    assert await db.write(add, "after") == 1  # the writer goes on with the next batch
+    assert await texts(db) == {"after"}
