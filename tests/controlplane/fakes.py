@@ -21,20 +21,9 @@ from pathlib import Path
 
 PY = sys.executable
 
-_RECORD = '''
-import json, os, sys
-def record(tool):
-    path = os.environ.get("FAKE_CALLS")
-    if path:
-        with open(path, "a") as handle:
-            entry = {"tool": tool, "argv": sys.argv[1:], "cwd": os.getcwd()}
-            handle.write(json.dumps(entry) + "\\n")
-'''
-
-# Started with `python -S` and importing only what `show` needs (os, sys): it stands for a
-# compiled binary, so the supervisor query in bench/controlplane.py pays an interpreter start
-# (python -S -c pass, reported there) rather than site-packages' import hooks.
-SYSTEMCTL = r'''
+# Each fake records its call. json is imported only when recording, so a fake that stands for a
+# compiled binary (systemctl, started with `python -S`) pays no more than an interpreter start.
+_RECORD = r'''
 import os, sys
 
 def record(tool):
@@ -44,7 +33,9 @@ def record(tool):
         with open(path, "a") as handle:
             entry = {"tool": tool, "argv": sys.argv[1:], "cwd": os.getcwd()}
             handle.write(json.dumps(entry) + "\n")
+'''
 
+SYSTEMCTL = _RECORD + r'''
 record("systemctl")
 args = sys.argv[1:]
 user = "--user" in args
@@ -189,7 +180,7 @@ elif args[0] == "unload":
 '''
 
 CONFIG_SH = _RECORD + r'''
-import urllib.request, urllib.error
+import json, urllib.request, urllib.error
 from pathlib import Path
 
 record("config.sh")
@@ -239,6 +230,7 @@ print(f"Runner successfully added as {opts['name']}")
 '''
 
 SVC_SH = _RECORD + r'''
+import json
 from pathlib import Path
 
 record("svc.sh")
