@@ -2,7 +2,8 @@
 
 Every document of the hand-written corpus (tests/validation_corpus/*.json) and every document
 hypothesis derives from it goes through both the hand-written validator and jsonschema's
-Draft202012Validator; a test fails whenever the two disagree on valid/invalid. The corpus also
+Draft202012Validator; a test fails whenever the two disagree on valid/invalid, or when a rule's
+quick answer (`ok`) and its sentences disagree. The corpus also
 pins the sentences (each names the field) and, by field_paths(), that every field of every schema
 has at least one invalid case.
 """
@@ -94,8 +95,24 @@ CORPUS_PARAMS = [pytest.param(name, doc, valid, error, id=f"{name}: {why}")
                  for name, cases in CORPUS.items() for why, doc, valid, error in cases]
 
 
+# The whole-document rule behind each validator, asked both ways in assert_agree.
+RULES: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "job": v._job_rule,
+    "result": lambda doc: v._RESULT,
+    "beacon": lambda doc: v._BEACON,
+    "register": lambda doc: v._REGISTER,
+}
+
+
 def assert_agree(name: str, doc: object) -> list[str]:
     messages = VALIDATORS[name](doc)
+    if isinstance(doc, dict):
+        # The quick answer (ok) and the sentences must agree: the validators trust ok alone
+        # for a document it accepts.
+        rule = RULES[name](doc)
+        assert rule.ok(doc) == (rule(doc, "") == []), (
+            f"{name}: ok() says {rule.ok(doc)} but the sentences are {rule(doc, '')[:3]} for "
+            f"{json.dumps(doc, default=repr)[:1500]}")
     limit = sys.get_int_max_str_digits()
     sys.set_int_max_str_digits(0)  # jsonschema puts repr(instance) in its messages
     try:
