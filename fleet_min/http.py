@@ -48,10 +48,15 @@ def _dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
+# A JSON answer is born with every header base_middleware would add: passing them in one dict,
+# with the body already bytes, costs aiohttp half of what setting them one by one does.
+_JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8", **SECURITY_HEADERS}
+
+
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None
                   ) -> web.Response:
-    return web.Response(text=_dumps(value), status=status, headers=headers,
-                        content_type="application/json")
+    return web.Response(body=_dumps(value).encode(), status=status,
+                        headers={**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS)
 
 
 def error_response(status: int, message: str) -> web.Response:
@@ -160,9 +165,10 @@ async def base_middleware(request: web.Request, handler: Handler) -> web.StreamR
         log.exception("unhandled error on %s %s", request.method, request.path)
         response = error_response(500, "internal error; the service log has the details")
     headers = response.headers
-    for name, value in SECURITY_HEADERS.items():
-        headers.setdefault(name, value)
-    if response.content_type == "text/html":
+    if "X-Frame-Options" not in headers:  # json_response set them all already
+        for name, value in SECURITY_HEADERS.items():
+            headers.setdefault(name, value)
+    if headers.get("Content-Type", "").startswith("text/html"):
         headers.setdefault("Content-Security-Policy", PAGE_CSP)
     return response
 
