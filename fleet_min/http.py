@@ -18,6 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
+from fleet_min import jsonio
 from fleet_min.db import StorageError
 from fleet_min.errors import BadRequest, Refused, TimedOut, TooLarge
 
@@ -39,15 +40,6 @@ PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inl
             "frame-ancestors 'none'; form-action 'self'")
 
 
-# One encoder and one decoder for every request: json.dumps/json.loads with options build a new
-# one on each call.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
-
-
-def _dumps(value: Any) -> str:
-    return _ENCODER.encode(value)
-
-
 # A JSON answer is born with every header base_middleware would add: passing them in one dict,
 # with the body already bytes, costs aiohttp half of what setting them one by one does.
 _JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8", **SECURITY_HEADERS}
@@ -55,7 +47,7 @@ _JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8", **SECURITY_H
 
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None
                   ) -> web.Response:
-    return web.Response(body=_dumps(value).encode(), status=status,
+    return web.Response(body=jsonio.dumps_body(value), status=status,
                         headers={**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS)
 
 
@@ -71,6 +63,9 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     raw = await _read_body(request, limit)
     if not raw.strip():
         raise BadRequest("the request needs a JSON body")
+    parsed, value = jsonio.loads_quick(raw)
+    if parsed:
+        return value
     try:
         # Decoded here: json.loads(bytes) would also take UTF-16 and UTF-32 (RFC 8259: UTF-8).
         # NaN, Infinity and numbers past float are refused: no JSON reply could carry them.
@@ -118,6 +113,8 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# Built once (json.loads with options builds a decoder per call). It decides every body orjson
+# did not take (see fleet_min.jsonio), and words the refusals.
 _DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_float)
 
 

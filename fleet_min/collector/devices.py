@@ -11,6 +11,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector import rules
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso
@@ -38,7 +39,7 @@ class Device:
 
 
 def _loads(text: str | None, default: Any) -> Any:
-    return json.loads(text) if text else default
+    return jsonio.loads_stored(text) if text else default
 
 
 def device_from_row(row: sqlite3.Row) -> Device:

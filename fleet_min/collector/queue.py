@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector import rules, templates
 from fleet_min.collector.devices import Device, device_from_row, load_device, touch
 from fleet_min.collector.effects import Effects, JobRoute
@@ -280,7 +281,7 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
          int(bool(spec.get("preemptible"))), int(is_group),
          int(lease.get("max_attempts") or rules.DEFAULT_MAX_ATTEMPTS),
          int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
-         template_id, json.dumps(spec), now, now, now if status in CLOSED else None))
+         template_id, jsonio.dumps_stored(spec), now, now, now if status in CLOSED else None))
     if spec.get("depends_on"):
         conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
                          [(spec["job_id"], dep) for dep in spec["depends_on"]])
@@ -431,7 +432,7 @@ def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
         if why:
             return why
     # Most specs carry no constraints; only those are decoded here.
-    constraints = (json.loads(row["spec"]).get("constraints")
+    constraints = (jsonio.loads_stored(row["spec"]).get("constraints")
                    if '"constraints"' in row["spec"] else None)
     if constraints:
         # A host job is checked against the device it pins, when that device is registered.
@@ -491,7 +492,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
     effects.job(row["job_id"], "claimed", row["workload"], row["executor"],
                 claimed_by=claimant.id)
-    spec = json.loads(row["spec"])
+    spec = jsonio.loads_stored(row["spec"])
     spec["lease"] = {**(spec.get("lease") or {}), "ttl_s": row["ttl_s"],
                      "max_attempts": row["max_attempts"]}
     spec["attempt"] = attempt

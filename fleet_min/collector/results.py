@@ -10,6 +10,7 @@ import json
 import sqlite3
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector import queue
 from fleet_min.collector.devices import touch
 from fleet_min.collector.effects import Effects
@@ -38,10 +39,10 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
         """,
         (job_id, device_id, iteration, job["workload"],
          None if body.get("ok") is None else int(bool(body["ok"])), int(final), int(preempted),
-         body.get("error"), json.dumps(body.get("metrics") or {}),
-         json.dumps(body.get("artifacts") or []),
-         json.dumps(body["device"]) if body.get("device") is not None else None,
-         json.dumps(extra) if extra else None, now))
+         body.get("error"), jsonio.dumps_stored(body.get("metrics") or {}),
+         jsonio.dumps_stored(body.get("artifacts") or []),
+         jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None,
+         jsonio.dumps_stored(extra) if extra else None, now))
     touch(conn, device_id, now)
     if cursor.rowcount == 0 and not _supersede(conn, job, body, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
@@ -89,8 +90,9 @@ def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
         """,
         (None if body.get("ok") is None else int(bool(body["ok"])), int(bool(body.get("final"))),
          int(bool(body.get("preempted"))), body.get("error"),
-         json.dumps(body.get("metrics") or {}), json.dumps(body.get("artifacts") or []),
-         json.dumps(body["device"]) if body.get("device") is not None else None, now,
+         jsonio.dumps_stored(body.get("metrics") or {}),
+         jsonio.dumps_stored(body.get("artifacts") or []),
+         jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None, now,
          body["job_id"], body["device_id"], int(body["iter"]), job["claimed_at"]))
     return cursor.rowcount > 0
 
@@ -118,12 +120,12 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if known is None and not job_id:
         raise NotFound(f"device {device_id!r} is not registered; register first")
     conn.execute("INSERT INTO beacons (device_id, job_id, at, body) VALUES (?, ?, ?, ?)",
-                 (device_id, job_id, now, json.dumps(beacon)))
+                 (device_id, job_id, now, jsonio.dumps_stored(beacon)))
     busy = beacon.get("busy") if isinstance(beacon.get("busy"), dict) else None
     conn.execute(
         "UPDATE devices SET last_seen = ?, last_beacon = ?, last_beacon_at = ?, "
         "busy_job_id = ?, busy_collector = ?, busy_at = ? WHERE device_id = ?",
-        (now, json.dumps(beacon), now, busy.get("job_id") if busy else None,
+        (now, jsonio.dumps_stored(beacon), now, busy.get("job_id") if busy else None,
          busy.get("collector") if busy else None, now if busy else None, device_id))
     renewed, preempt = False, False
     if job_id:
