@@ -215,4 +215,10 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX ci_statuses_job ON ci_statuses(job_id, id);
     """,
+    # 2: a job knows whether another waits on it, so closing one nobody waits on (nearly every
+    # job) skips the look through job_deps for waiters to promote or fail
+    """
+    ALTER TABLE jobs ADD COLUMN has_dependents INTEGER NOT NULL DEFAULT 0;
+    UPDATE jobs SET has_dependents = 1 WHERE job_id IN (SELECT depends_on FROM job_deps);
+    """,
 ]
