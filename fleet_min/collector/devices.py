@@ -106,11 +106,21 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
             "pools": device.pools}
 
 
+# A second's precision is plenty for minute-scale statuses, and not rewriting a fresh value
+# keeps a busy agent's requests from dirtying the page each time.
+TOUCH_EVERY_S = 1.0
+
+
 def touch(conn: sqlite3.Connection, device_id: str, now: float) -> None:
-    """Mark a device seen. A second's precision is plenty for minute-scale statuses, and not
-    rewriting a fresh value keeps a busy agent's requests from dirtying the page each time."""
+    """Mark a device seen (when it was last marked more than TOUCH_EVERY_S ago)."""
     conn.execute("UPDATE devices SET last_seen = ? WHERE device_id = ? AND last_seen < ?",
-                 (now, device_id, now - 1.0))
+                 (now, device_id, now - TOUCH_EVERY_S))
+
+
+def touch_due(last_seen: float | None, now: float) -> bool:
+    """Would touch change anything, given the device's last_seen (None: no such device)? Lets
+    a transaction that already read the device skip the statement."""
+    return last_seen is not None and last_seen < now - TOUCH_EVERY_S
 
 
 def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:

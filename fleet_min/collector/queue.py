@@ -22,7 +22,7 @@ from typing import Any
 
 from fleet_min import jsonio
 from fleet_min.collector import rules, templates
-from fleet_min.collector.devices import Device, device_from_row, load_device, touch
+from fleet_min.collector.devices import Device, device_from_row, load_device, touch, touch_due
 from fleet_min.collector.effects import Effects, JobRoute
 from fleet_min.collector.match import compiled
 from fleet_min.db import like_escape, replayable
@@ -282,9 +282,12 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
          int(lease.get("max_attempts") or rules.DEFAULT_MAX_ATTEMPTS),
          int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
          template_id, jsonio.dumps_stored(spec), now, now, now if status in CLOSED else None))
-    if spec.get("depends_on"):
+    deps = spec.get("depends_on")
+    if deps:
         conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
-                         [(spec["job_id"], dep) for dep in spec["depends_on"]])
+                         [(spec["job_id"], dep) for dep in deps])
+        conn.execute(f"UPDATE jobs SET has_dependents = 1 WHERE job_id IN "
+                     f"({','.join('?' * len(deps))}) AND has_dependents = 0", deps)
     return JobRoute(spec["job_id"], executor, pin, spec["workload"], spec.get("backend"),
                     targets.get("pool"))
 
@@ -474,7 +477,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
-        if device.last_seen < now - 1.0:  # touch's own test, without a statement to run
+        if touch_due(device.last_seen, now):
             touch(conn, claimant.id, now)
     row = find_claimable(conn, claimant, now, device=device)
     if row is None:
@@ -635,10 +638,11 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
         _unlock(conn, row["job_id"])
     effects.job(row["job_id"], status, row["workload"], row["executor"],
                 **({"last_error": error} if error else {}))
-    if status == "done":
-        _promote_waiters(conn, row["job_id"], now, effects)
-    else:
-        _fail_waiters(conn, row["job_id"], status, error, now, effects)
+    if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
+        if status == "done":
+            _promote_waiters(conn, row["job_id"], now, effects)
+        else:
+            _fail_waiters(conn, row["job_id"], status, error, now, effects)
     if row["parent_job_id"]:
         _settle_group(conn, row["parent_job_id"], now, effects)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleet_min import jsonio
 from fleet_min.collector import queue
-from fleet_min.collector.devices import touch
+from fleet_min.collector.devices import touch, touch_due
 from fleet_min.collector.effects import Effects
 from fleet_min.db import replayable
 from fleet_min.errors import NotFound, Refused
@@ -26,7 +26,10 @@ _ROW_FIELDS = {"schema", "kind", "device_id", "job_id", "iter", "metrics", "fina
 def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                 effects: Effects) -> dict[str, Any]:
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
-    job = conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+    # The device's last_seen comes along, so an agent seen within the second costs no UPDATE.
+    job = conn.execute("SELECT j.*, d.last_seen AS device_last_seen FROM jobs j "
+                       "LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?",
+                       (device_id, job_id)).fetchone()
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
     extra = {k: v for k, v in body.items() if k not in _ROW_FIELDS}
@@ -43,7 +46,8 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
          jsonio.dumps_stored(body.get("artifacts") or []),
          jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None,
          jsonio.dumps_stored(extra) if extra else None, now))
-    touch(conn, device_id, now)
+    if touch_due(job["device_last_seen"], now):
+        touch(conn, device_id, now)
     if cursor.rowcount == 0 and not _supersede(conn, job, body, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
