@@ -64,6 +64,7 @@ class Dispatcher:
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # close() waits for a claim in flight to be delivered
         self.closed = False
+        self.passes = 0  # wake-ups of the dispatch loop
 
     @property
     def waiting(self) -> int:
@@ -128,6 +129,7 @@ class Dispatcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self.passes += 1
             jobs, self._jobs = self._jobs, []
             keys, self._claimants = self._claimants, set()
             try:
@@ -181,22 +183,30 @@ class Dispatcher:
             if not remaining:
                 return
 
-    def reserve_for(self, jobs: list[JobRoute]) -> list[Waiter]:
+    def reserve_for(self, jobs: list[JobRoute]) -> tuple[list[Waiter], bool]:
         """Waiters that could take these jobs, one per job, first come first served, reserved
         for a claim made inside the transaction that made the jobs claimable (so the enqueue and
-        the claim share one commit). Call on the loop's thread; settle() them after the commit."""
+        the claim share one commit). Call on the loop's thread; settle() them after the commit.
+
+        Also says whether that was every waiting poll that could take one: then a claim for each
+        settles the jobs' fate for the polls waiting now (a later poll looks for itself), and the
+        dispatcher need not be woken to offer them again.
+        """
         chosen: list[Waiter] = []
+        everyone = True
         for waiter in self._could_take_any(jobs):
             if len(chosen) == len(jobs):
+                everyone = False
                 break
             if waiter.future.done():
                 continue
-            if waiter.reserved:
+            if waiter.reserved:  # its claim in flight looks again (missed) or is the dispatcher's
                 waiter.missed = True
+                everyone = False
                 continue
             waiter.reserved = True
             chosen.append(waiter)
-        return chosen
+        return chosen, everyone
 
     def unreserve(self, waiters: list[Waiter]) -> None:
         """Undo reserve_for when the transaction that reserved is rolled back to run again."""

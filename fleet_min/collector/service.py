@@ -195,11 +195,11 @@ class Service:
             await self._rebase(jump)
         effects = Effects()
         handouts: list[tuple[Waiter, dict[str, Any] | None]] = []
-
+        offered = False  # every poll that could take a claimable job was claimed for inline
         runs = 0
 
         def run(conn: sqlite3.Connection) -> Any:
-            nonlocal runs
+            nonlocal runs, offered
             if runs:  # again, after the writer rolled its batch back (see fleet_min.db)
                 self.dispatcher.unreserve([waiter for waiter, _ in handouts])
                 handouts.clear()
@@ -207,7 +207,8 @@ class Service:
             runs += 1
             result = fn(conn, *args, effects, **kwargs)
             if effects.claimable:
-                handouts.extend(self._claim_inline(conn, effects))
+                claims, offered = self._claim_inline(conn, effects)
+                handouts.extend(claims)
             return result
 
         try:
@@ -216,18 +217,22 @@ class Service:
             self.dispatcher.settle([(waiter, None) for waiter, _ in handouts])
             raise
         taken = {job["job_id"] for _, job in handouts if job is not None}
-        if taken:
+        if offered:  # nobody waiting now is left to offer the rest to: no dispatcher pass
+            effects.claimable = []
+        elif taken:
             effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
         self.dispatcher.settle(handouts)
         self.apply(effects)
         return result
 
     def _claim_inline(self, conn: sqlite3.Connection, effects: Effects
-                      ) -> list[tuple[Waiter, dict[str, Any] | None]]:
-        """Runs inside the writer's transaction, on the loop's thread (see fleet_min.db)."""
-        waiters = self.dispatcher.reserve_for(effects.claimable)
+                      ) -> tuple[list[tuple[Waiter, dict[str, Any] | None]], bool]:
+        """Claims for the waiting polls that could take the jobs this transaction made
+        claimable, and whether those were all of them (see Dispatcher.reserve_for). Runs inside
+        the writer's transaction, on the loop's thread (see fleet_min.db)."""
+        waiters, everyone = self.dispatcher.reserve_for(effects.claimable)
         if not waiters:
-            return []
+            return [], everyone
         current = now()
         conn.execute("SAVEPOINT inline_claim")
         try:
@@ -236,9 +241,9 @@ class Service:
             conn.execute("ROLLBACK TO inline_claim")
             conn.execute("RELEASE inline_claim")
             log.exception("claiming for waiting polls inside the transaction failed")
-            return [(w, None) for w in waiters]
+            return [(w, None) for w in waiters], False
         conn.execute("RELEASE inline_claim")
-        return handouts
+        return handouts, everyone
 
     def apply(self, effects: Effects) -> None:
         for event in effects.events:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from fleet_min.collector.app import SERVICE
 from tests.helpers import age_rows, beacon, job, registration
 
 
@@ -226,3 +227,48 @@ async def test_many_waiting_polls_each_get_one_job(collector_factory):
     answers = await asyncio.wait_for(asyncio.gather(*polls), 15)
     ids = sorted([(await r.json())["job_id"] for r in answers])
     assert ids == sorted(f"j{i}" for i in range(8))
+
+
+async def test_jobs_every_waiting_poll_was_offered_inside_the_enqueue_wake_no_dispatcher(
+        collector_factory):
+    """The enqueue claims for every poll that could take its jobs in its own transaction, and
+    then the dispatcher's loop has nothing to offer anyone: it is not woken. With more takers
+    than jobs, the one left out still gets the next job."""
+    client = await collector_factory(long_poll_s=30)
+    dispatcher = client.server.app[SERVICE].dispatcher
+    for name in ("a", "b", "c"):
+        await client.post("/devices/register", json=registration(name))
+    passes = dispatcher.passes
+    await client.post("/jobs", json=[job("nobody-waits-1"), job("nobody-waits-2")])
+    poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
+    resp = await asyncio.wait_for(poll_a, 10)  # its first look takes a queued job at once
+    assert (await resp.json())["job_id"] == "nobody-waits-1"
+    poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
+    assert (await (await asyncio.wait_for(poll_a, 10)).json())["job_id"] == "nobody-waits-2"
+    poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
+    await wait_for_polls(client, 1)
+    await client.post("/jobs", json=[job("for-b", targets={"device_id": "b"}),
+                                     job("for-a", targets={"device_id": "a"})])
+    assert (await (await asyncio.wait_for(poll_a, 10)).json())["job_id"] == "for-a"
+    assert dispatcher.passes == passes  # every taker was offered a job inside the enqueue
+
+    polls = [asyncio.create_task(client.get(f"/devices/{name}/next-job")) for name in "bc"]
+    await wait_for_polls(client, 1)  # b took its pinned job at once; c waits
+    assert (await (await asyncio.wait_for(polls[0], 10)).json())["job_id"] == "for-b"
+    poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
+    await wait_for_polls(client, 2)
+    await client.post("/jobs", json=job("one-for-two"))  # two takers, one job
+    done, waiting = await asyncio.wait([poll_a, polls[1]], timeout=10,
+                                       return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1 and (await done.pop().result().json())["job_id"] == "one-for-two"
+    await client.post("/jobs", json=job("the-other"))
+    done, _ = await asyncio.wait(waiting, timeout=10)
+    assert (await done.pop().result().json())["job_id"] == "the-other"
+
+
+async def wait_for_polls(client, count: int) -> None:
+    for _ in range(300):
+        if (await (await client.get("/api/health")).json())["waiting_polls"] == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} polls never waited")
