@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from fleet_min import jsonio
 from fleet_min.db import StorageError
@@ -138,36 +139,46 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
     return value
 
 
-@web.middleware
-async def base_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Refusals and errors as `{"error": ...}`, and the security headers on every answer.
+RequestCheck = Callable[[web.Request], None]
 
-    One middleware rather than two: every request of both services passes through it, and each
-    layer of middleware costs a call and a coroutine per request.
-    """
-    try:
-        response = await handler(request)
-    except Refused as exc:
-        response = error_response(exc.status, exc.message)
-    except StorageError as exc:
-        log.error("storage error on %s %s: %s", request.method, request.path, exc)
-        response = error_response(503, str(exc))
-    except web.HTTPException as exc:
-        if exc.status < 400 or exc.content_type == "application/json":
+
+def base_middleware_with(check: RequestCheck | None) -> Middleware:
+    """The one middleware of each service: refusals and errors as `{"error": ...}`, the
+    security headers on every answer, and first `check`, the service's access rule (it refuses
+    a request by raising Refused), run here rather than as a layer of its own."""
+
+    @web.middleware
+    async def base_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # One middleware for all of it: every request of both services passes through here,
+        # and each layer of middleware costs aiohttp a call and a coroutine per request, and
+        # every await below it a step more each time a handler resumes.
+        try:
+            if check is not None:
+                check(request)
+            response = await handler(request)
+        except Refused as exc:
+            response = error_response(exc.status, exc.message)
+        except StorageError as exc:
+            log.error("storage error on %s %s: %s", request.method, request.path, exc)
+            response = error_response(503, str(exc))
+        except web.HTTPException as exc:
+            if exc.status < 400 or exc.content_type == "application/json":
+                raise
+            response = _http_error(request, exc)
+        except (ConnectionResetError, TimeoutError):
             raise
-        response = _http_error(request, exc)
-    except (ConnectionResetError, TimeoutError):
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        response = error_response(500, "internal error; the service log has the details")
-    headers = response.headers
-    if "X-Frame-Options" not in headers:  # json_response set them all already
-        for name, value in SECURITY_HEADERS.items():
-            headers.setdefault(name, value)
-    if headers.get("Content-Type", "").startswith("text/html"):
-        headers.setdefault("Content-Security-Policy", PAGE_CSP)
-    return response
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = error_response(500, "internal error; the service log has the details")
+        headers = response.headers
+        if "X-Frame-Options" not in headers:  # json_response set them all already
+            for name, value in SECURITY_HEADERS.items():
+                headers.setdefault(name, value)
+        if headers.get("Content-Type", "").startswith("text/html"):
+            headers.setdefault("Content-Security-Policy", PAGE_CSP)
+        return response
+
+    return base_middleware
 
 
 def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:

@@ -9,8 +9,9 @@ from aiohttp.typedefs import Middleware
 
 from fleet_min.collector import ci_status, guard, mdns, mesh, peers
 from fleet_min.collector.service import Service
+from fleet_min.config import Config
 from fleet_min.errors import Forbidden
-from fleet_min.http import Handler, json_response
+from fleet_min.http import Handler, RequestCheck, json_response
 
 PEERS = web.AppKey("peers", peers.Peers)
 CI = web.AppKey("ci_status", ci_status.CiReporter)
@@ -24,13 +25,14 @@ def _template(request: web.Request) -> str | None:
     return resource.canonical if resource is not None else None
 
 
-def guard_middleware(token: str | None) -> Middleware:
-    @web.middleware
-    async def dashboard_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+def request_check(config: Config) -> RequestCheck:
+    """The dashboard guard, run by the collector's one middleware before every handler."""
+    token = guard.dash_token(config)
+
+    def dashboard_guard(request: web.Request) -> None:
         if request.method.upper() in guard.MUTATING:  # reads never need the route template
             guard.check(request.method, _template(request), request.path, request.headers,
                         token)
-        return await handler(request)
 
     return dashboard_guard
 
@@ -90,10 +92,9 @@ def setup(app: web.Application, service: Service) -> None:
 
 
 def _guards(app: web.Application, service: Service) -> None:
-    """Middlewares may still be appended here: the app is not frozen until it starts."""
-    token = guard.dash_token(service.config)
-    service.guarded = token is not None
-    app.middlewares.append(guard_middleware(token))
+    """Middlewares may still be appended here: the app is not frozen until it starts. (The
+    dashboard guard is not one: create_app runs request_check inside base_middleware_with.)"""
+    service.guarded = guard.dash_token(service.config) is not None
     gate = mesh.MeshGate(mesh.settings(service.config))
     if gate.enabled:
         app.middlewares.append(mesh_middleware(gate))

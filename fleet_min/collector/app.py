@@ -28,7 +28,7 @@ from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import (
     MAX_JSON_KEY,
-    base_middleware,
+    base_middleware_with,
     json_response,
     read_json,
     read_json_object,
@@ -330,7 +330,7 @@ def add_routes(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
     # every JSON handler reads through fleet_min.http.read_json with its own limit.
-    app = web.Application(middlewares=[base_middleware],
+    app = web.Application(middlewares=[base_middleware_with(access_http.request_check(config))],
                           client_max_size=1 << 62)
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)

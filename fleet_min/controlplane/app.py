@@ -27,7 +27,7 @@ from fleet_min.http import (
     MAX_JSON_KEY,
     SECURITY_HEADERS,
     Handler,
-    base_middleware,
+    base_middleware_with,
     json_response,
     read_json_object,
     static_file,
@@ -271,20 +271,20 @@ ROUTES: list[tuple[str, str, Handler, Need]] = [
 NEEDS = {(method, path): need for method, path, _, need in ROUTES}
 
 
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+def authorize_request(request: web.Request) -> None:
+    """Who is asking, checked against what the route needs; run by base_middleware_with before
+    every handler (refusing raises)."""
     route = request.match_info.route
     path = route.resource.canonical if route.resource is not None else ""
     need = NEEDS.get((request.method, path), Need.NONE)
     cp = engine(request)
     request["who"] = auth.authorize(need, request.headers, read_only=bool(cp.cfg.read_only),
                                     control=cp.control_token, agent=cp.agent_token)
-    return await handler(request)
 
 
 def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Application:
     # client_max_size is a backstop above the JSON limit; read_json answers 413 itself.
-    app = web.Application(middlewares=[base_middleware, auth_middleware],
+    app = web.Application(middlewares=[base_middleware_with(authorize_request)],
                           client_max_size=cfg.max_json_bytes + 1024)
     app[MAX_JSON_KEY] = cfg.max_json_bytes
     cp = ControlPlane(cfg, environ)
