@@ -171,7 +171,7 @@ def base_middleware_with(check: RequestCheck | None) -> Middleware:
             log.exception("unhandled error on %s %s", request.method, request.path)
             response = error_response(500, "internal error; the service log has the details")
         headers = response.headers
-        if "X-Frame-Options" not in headers:  # json_response set them all already
+        if "X-Frame-Options" not in headers:  # json_response sets all three together
             for name, value in SECURITY_HEADERS.items():
                 headers.setdefault(name, value)
         if headers.get("Content-Type", "").startswith("text/html"):

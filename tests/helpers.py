@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -174,3 +175,12 @@ def running_collector(data_dir: Path, **kw: Any) -> Iterator[CollectorProcess]:
         yield proc
     finally:
         proc.stop()
+
+
+async def wait_for_polls(client: Any, count: int) -> None:
+    """Until the collector behind an aiohttp test client holds `count` long polls waiting."""
+    for _ in range(300):
+        if (await (await client.get("/api/health")).json())["waiting_polls"] == count:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{count} polls never waited")

@@ -204,6 +204,7 @@ class Service:
                 self.dispatcher.unreserve([waiter for waiter, _ in handouts])
                 handouts.clear()
                 effects.clear()
+                offered = False
             runs += 1
             result = fn(conn, *args, effects, **kwargs)
             if effects.claimable:

@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from fleet_min.collector.app import SERVICE
-from tests.helpers import age_rows, beacon, job, registration
+from tests.helpers import age_rows, beacon, job, registration, wait_for_polls
 
 
 async def claim(client, device_id):
@@ -264,11 +264,3 @@ async def test_jobs_every_waiting_poll_was_offered_inside_the_enqueue_wake_no_di
     await client.post("/jobs", json=job("the-other"))
     done, _ = await asyncio.wait(waiting, timeout=10)
     assert (await done.pop().result().json())["job_id"] == "the-other"
-
-
-async def wait_for_polls(client, count: int) -> None:
-    for _ in range(300):
-        if (await (await client.get("/api/health")).json())["waiting_polls"] == count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} polls never waited")

@@ -13,15 +13,7 @@ from fleet_min.collector.app import SERVICE
 from fleet_min.collector.specs import check_spec
 from fleet_min.errors import Unprocessable
 from fleet_min.timeutil import now
-from tests.helpers import job, registration, result_row
-
-
-async def wait_for_polls(client, count: int) -> None:
-    for _ in range(200):
-        if (await (await client.get("/api/health")).json())["waiting_polls"] == count:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{count} polls never waited")
+from tests.helpers import job, registration, result_row, wait_for_polls
 
 
 async def test_a_failed_enqueue_in_a_shared_batch_leaves_the_others_whole(client):
