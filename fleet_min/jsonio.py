@@ -35,22 +35,12 @@ _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
 _LONG_NUMBER = b"0" * 19
 
 
-def dumps_compact(value: Any) -> str:
-    """Compact JSON text (no spaces, UTF-8 characters as they are), as the API answers."""
-    if orjson is not None:
-        try:
-            return orjson.dumps(value).decode()
-        except TypeError:  # a key that is not a string, an int past 64 bits, an unknown type
-            pass
-    return _COMPACT.encode(value)
-
-
 def dumps_body(value: Any) -> bytes:
-    """dumps_compact as UTF-8 bytes, ready to be a response body."""
+    """Compact JSON (no spaces, characters as they are) in UTF-8: a response body."""
     if orjson is not None:
         try:
             return orjson.dumps(value)
-        except TypeError:
+        except TypeError:  # a key that is not a string, an int past 64 bits, an unknown type
             pass
     return _COMPACT.encode(value).encode()
 

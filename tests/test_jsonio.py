@@ -84,16 +84,15 @@ def test_long_numbers_keep_every_digit_when_stored():
 @settings(max_examples=300, deadline=None)
 @given(documents)
 def test_what_is_written_reads_back_the_same(doc):
-    for text in (jsonio.dumps_compact(doc), jsonio.dumps_stored(doc),
-                 jsonio.dumps_body(doc).decode("utf-8", "surrogatepass")):
+    for text in (jsonio.dumps_stored(doc), jsonio.dumps_body(doc).decode("utf-8", "surrogatepass")):
         assert typed(json.loads(text)) == typed(doc)
-    assert " " not in jsonio.dumps_compact({"a": [1, 2]})
+    assert b" " not in jsonio.dumps_body({"a": [1, 2]})
 
 
 def test_values_orjson_refuses_are_written_by_the_json_module():
     doc = {"n": 10 ** 25, "lone": "\ud800"}
     assert jsonio.dumps_stored(doc) == json.dumps(doc)
-    assert json.loads(jsonio.dumps_compact({1: "a"})) == {"1": "a"}
+    assert json.loads(jsonio.dumps_body({1: "a"})) == {"1": "a"}
     assert jsonio.dumps_body({"n": 10 ** 25}) == b'{"n":10000000000000000000000000}'
     assert not math.isnan(json.loads(jsonio.dumps_body({"x": 1.5}))["x"])
 
