@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector import queue
 from fleet_min.collector.dispatch import Dispatcher, Waiter
 from fleet_min.collector.effects import Effects
@@ -312,6 +313,7 @@ class Service:
             "uptime_s": round(current - self.started_at, 3),
             "now": iso(current),
             "node": f"Python {platform.python_version()}",
+            "speedups": jsonio.speedups(),
             "pid": os.getpid(),
             "stream_clients": self.hub.clients,
             "guard": self.guarded,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import json
 
 from tests.helpers import age_rows, beacon, job, registration, result_row
@@ -462,9 +464,14 @@ async def test_overview_counts_waiting_and_running(client):
 async def test_health_fields(client):
     health = await (await client.get("/api/health")).json()
     for key in ("ok", "collector", "name", "instance", "started_at", "uptime_s", "now", "node",
-                "pid", "stream_clients", "guard"):
+                "pid", "stream_clients", "guard", "speedups"):
         assert key in health
     assert health["now"].endswith("Z")
+    # What the fast extra gives this process, as it is: orjson when importable; uvloop only
+    # when the loop is uvloop's (the test runner's loop is asyncio's own).
+    loop_is_uvloop = type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+    assert health["speedups"] == (["uvloop"] if loop_is_uvloop else []) + (
+        ["orjson"] if importlib.util.find_spec("orjson") else [])
 
 
 async def test_unknown_api_path_is_json_404(client):
