@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, server, table
+from bench.common import Http, cpu_seconds, emit, main_thread_cpu_seconds, server, table
 
 
 async def _agent(address: str, device: str, stop_at: float, counter: list[int]) -> None:
@@ -71,6 +71,7 @@ def measure(kind: str, agents: int, procs: int, seconds: float) -> dict[str, flo
                                            args=(address, f"{kind}{i}", n, seconds, queue))
                    for i, n in enumerate(per_proc) if n]
         cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+        main_before = main_thread_cpu_seconds(pid)
         for worker in workers:
             worker.start()
         outcomes = [queue.get(timeout=seconds + 60) for _ in workers]
@@ -78,9 +79,11 @@ def measure(kind: str, agents: int, procs: int, seconds: float) -> dict[str, flo
             worker.join()
         wall = time.monotonic() - wall_before
         cpu = cpu_seconds(pid) - cpu_before
+        main = main_thread_cpu_seconds(pid) - main_before
     jobs = sum(n for n, _ in outcomes)
     return {"jobs": jobs, "wall_s": wall, "jobs_per_s": jobs / wall,
             "server_cpu_s": cpu, "server_cpu_ms_per_job": 1000 * cpu / max(jobs, 1),
+            "server_main_thread_ms_per_job": 1000 * main / max(jobs, 1),
             "client_cpu_s": sum(c for _, c in outcomes)}
 
 
@@ -123,6 +126,8 @@ def main() -> None:
         ("collector jobs/s", f"{med(collectors, 'jobs_per_s'):.0f}", "target >= 1500"),
         ("bare CPU ms/job", f"{med(bares, 'server_cpu_ms_per_job'):.3f}", ""),
         ("collector CPU ms/job", f"{med(collectors, 'server_cpu_ms_per_job'):.3f}", ""),
+        ("  of which the loop's thread", f"{med(collectors, 'server_main_thread_ms_per_job'):.3f}",
+         "the rest: the COMMIT thread"),
         ("CPU ratio bare/collector", f"{ratio:.2f}",
          "target >= 0.33; by round " + ", ".join(f"{r:.2f}" for r in ratios)),
     ])
