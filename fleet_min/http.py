@@ -142,7 +142,7 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
 RequestCheck = Callable[[web.Request], None]
 
 
-def base_middleware_with(check: RequestCheck | None) -> Middleware:
+def base_middleware_with(check: RequestCheck) -> Middleware:
     """The one middleware of each service: refusals and errors as `{"error": ...}`, the
     security headers on every answer, and first `check`, the service's access rule (it refuses
     a request by raising Refused), run here rather than as a layer of its own."""
@@ -153,8 +153,7 @@ def base_middleware_with(check: RequestCheck | None) -> Middleware:
         # and each layer of middleware costs aiohttp a call and a coroutine per request, and
         # every await below it a step more each time a handler resumes.
         try:
-            if check is not None:
-                check(request)
+            check(request)
             response = await handler(request)
         except Refused as exc:
             response = error_response(exc.status, exc.message)

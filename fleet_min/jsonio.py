@@ -12,7 +12,6 @@ turn into a float where the json module keeps every digit.
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import json
 from typing import Any
@@ -27,20 +26,6 @@ def _optional(name: str) -> Any:
 
 orjson = _optional("orjson")
 FAST = orjson is not None
-
-
-def speedups() -> list[str]:
-    """The optional compiled speed-ups this process runs with (the `fast` extra): "uvloop" when
-    the running event loop is uvloop's, "orjson" when JSON goes through it."""
-    active = []
-    try:
-        if type(asyncio.get_running_loop()).__module__.split(".")[0] == "uvloop":
-            active.append("uvloop")
-    except RuntimeError:  # no loop running
-        pass
-    if FAST:
-        active.append("orjson")
-    return active
 
 # One encoder for every call: json.dumps with options builds a new one each time.
 _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)

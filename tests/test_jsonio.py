@@ -6,7 +6,6 @@ every document orjson is not trusted with must be left to the standard library."
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 
@@ -94,7 +93,6 @@ def test_values_orjson_refuses_are_written_by_the_json_module():
     assert jsonio.dumps_stored(doc) == json.dumps(doc)
     assert json.loads(jsonio.dumps_body({1: "a"})) == {"1": "a"}
     assert jsonio.dumps_body({"n": 10 ** 25}) == b'{"n":10000000000000000000000000}'
-    assert not math.isnan(json.loads(jsonio.dumps_body({"x": 1.5}))["x"])
 
 
 def test_without_orjson_the_standard_library_answers_alone():

@@ -33,6 +33,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
     extra = {k: v for k, v in body.items() if k not in _ROW_FIELDS}
+    fields = _row_fields(body)
     final, preempted = bool(body.get("final")), bool(body.get("preempted"))
     cursor = conn.execute(
         """
@@ -40,15 +41,11 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                                        error, metrics, artifacts, device, extra, created_at)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         """,
-        (job_id, device_id, iteration, job["workload"],
-         None if body.get("ok") is None else int(bool(body["ok"])), int(final), int(preempted),
-         body.get("error"), jsonio.dumps_stored(body.get("metrics") or {}),
-         jsonio.dumps_stored(body.get("artifacts") or []),
-         jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None,
+        (job_id, device_id, iteration, job["workload"], *fields,
          jsonio.dumps_stored(extra) if extra else None, now))
     if touch_due(job["device_last_seen"], now):
         touch(conn, device_id, now)
-    if cursor.rowcount == 0 and not _supersede(conn, job, body, now):
+    if cursor.rowcount == 0 and not _supersede(conn, job, body, fields, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
     status = job["status"]
@@ -76,8 +73,18 @@ def post_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float,
     return replies
 
 
+def _row_fields(body: dict[str, Any]) -> tuple[Any, ...]:
+    """A row's stored columns ok, final, preempted, error, metrics, artifacts, device, in that
+    order, encoded once for the INSERT and, when it was a repeat, the superseding UPDATE."""
+    return (None if body.get("ok") is None else int(bool(body["ok"])),
+            int(bool(body.get("final"))), int(bool(body.get("preempted"))), body.get("error"),
+            jsonio.dumps_stored(body.get("metrics") or {}),
+            jsonio.dumps_stored(body.get("artifacts") or []),
+            jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None)
+
+
 def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
-               now: float) -> bool:
+               fields: tuple[Any, ...], now: float) -> bool:
     """A row whose key exists from an EARLIER attempt of the job replaces that row.
 
     Rows are idempotent by (job_id, device_id, iter) so that a re-post changes nothing; but a
@@ -92,12 +99,7 @@ def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
                artifacts = ?, device = ?, created_at = ?
         WHERE job_id = ? AND device_id = ? AND iter = ? AND created_at < ?
         """,
-        (None if body.get("ok") is None else int(bool(body["ok"])), int(bool(body.get("final"))),
-         int(bool(body.get("preempted"))), body.get("error"),
-         jsonio.dumps_stored(body.get("metrics") or {}),
-         jsonio.dumps_stored(body.get("artifacts") or []),
-         jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None, now,
-         body["job_id"], body["device_id"], int(body["iter"]), job["claimed_at"]))
+        (*fields, now, body["job_id"], body["device_id"], int(body["iter"]), job["claimed_at"]))
     return cursor.rowcount > 0
 
 
@@ -123,13 +125,14 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     job_id = body.get("job_id")
     if known is None and not job_id:
         raise NotFound(f"device {device_id!r} is not registered; register first")
+    stored = jsonio.dumps_stored(beacon)  # the beacons row and the device's last_beacon
     conn.execute("INSERT INTO beacons (device_id, job_id, at, body) VALUES (?, ?, ?, ?)",
-                 (device_id, job_id, now, jsonio.dumps_stored(beacon)))
+                 (device_id, job_id, now, stored))
     busy = beacon.get("busy") if isinstance(beacon.get("busy"), dict) else None
     conn.execute(
         "UPDATE devices SET last_seen = ?, last_beacon = ?, last_beacon_at = ?, "
         "busy_job_id = ?, busy_collector = ?, busy_at = ? WHERE device_id = ?",
-        (now, jsonio.dumps_stored(beacon), now, busy.get("job_id") if busy else None,
+        (now, stored, now, busy.get("job_id") if busy else None,
          busy.get("collector") if busy else None, now if busy else None, device_id))
     renewed, preempt = False, False
     if job_id:
