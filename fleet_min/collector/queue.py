@@ -17,12 +17,19 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 from fleet_min import jsonio
 from fleet_min.collector import rules, templates
-from fleet_min.collector.devices import Device, device_from_row, load_device, touch, touch_due
+from fleet_min.collector.devices import (
+    NOT_READ,
+    Device,
+    device_from_row,
+    load_device,
+    touch,
+    touch_due,
+)
 from fleet_min.collector.effects import Effects, JobRoute
 from fleet_min.collector.match import compiled
 from fleet_min.db import like_escape, replayable
@@ -374,49 +381,61 @@ def select_targets(rows: list[sqlite3.Row], spec: dict[str, Any], now: float) ->
 # claim
 
 
+@lru_cache(maxsize=256)
+def _claim_sql(workloads: int, by_priority: bool, after: bool) -> str:
+    """The claim query of one shape: per pin ("" and the claimant's own) a branch for each of
+    `workloads` declared workloads (0: any workload), optionally only from a priority up, and
+    optionally past a cursor (priority, seq). Built once per shape, not at every claim."""
+    where = "status = 'queued' AND is_group = 0 AND executor = ? AND pin = ?"
+    if workloads:
+        where += " AND workload = ?"
+    if by_priority:
+        where += " AND priority >= ?"
+    if after:
+        where += " AND (priority < ? OR (priority = ? AND seq > ?))"
+    branches = [f"SELECT * FROM jobs WHERE {where}"] * (2 * max(workloads, 1))
+    # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order and
+    # stops at the LIMIT. Each branch wrapped in its own ORDER BY ... LIMIT subquery made SQLite
+    # sort both through temporary B-trees: twice the time (19 against 9 us), measured.
+    # tests/collector/test_claim_query.py holds the plan to this.
+    return " UNION ALL ".join(branches) + f" ORDER BY priority DESC, seq LIMIT {_PAGE}"
+
+
 def _candidates(conn: sqlite3.Connection, claimant: Claimant, workloads: list[str] | None,
                 min_priority: int | None) -> Iterator[sqlite3.Row]:
     """Queued jobs this claimant may be offered by executor, pin and workload, in claim order."""
-    branches: list[tuple[str, list[Any]]] = []
+    branches: list[list[Any]] = []  # each branch's parameters, in _claim_sql's order
     for pin in ("", claimant.id):
         for workload in workloads if workloads is not None else [None]:
-            where = "status = 'queued' AND is_group = 0 AND executor = ? AND pin = ?"
             params: list[Any] = [claimant.executor, pin]
             if workload is not None:
-                where += " AND workload = ?"
                 params.append(workload)
             if min_priority is not None:
-                where += " AND priority >= ?"
                 params.append(min_priority)
-            branches.append((where, params))
-    cursor: tuple[int, int] | None = None
+            branches.append(params)
+    shape = (len(workloads) if workloads is not None else 0, min_priority is not None)
+    rows = conn.execute(_claim_sql(*shape, False),
+                        [p for branch in branches for p in branch]).fetchall()
     while True:
-        parts, params = [], []
-        for where, branch_params in branches:
-            clause, extra = where, list(branch_params)
-            if cursor is not None:
-                clause += " AND (priority < ? OR (priority = ? AND seq > ?))"
-                extra += [cursor[0], cursor[0], cursor[1]]
-            parts.append(f"SELECT * FROM jobs WHERE {clause}")
-            params += extra
-        # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order
-        # and stops at the LIMIT. Each branch wrapped in its own ORDER BY ... LIMIT subquery
-        # made SQLite sort both through temporary B-trees: twice the time (19 against 9 us),
-        # measured. tests/collector/test_claim_query.py holds the plan to this.
-        sql = " UNION ALL ".join(parts) + f" ORDER BY priority DESC, seq LIMIT {_PAGE}"
-        rows = conn.execute(sql, params).fetchall()
         yield from rows
         if len(rows) < _PAGE:
             return
-        cursor = (rows[-1]["priority"], rows[-1]["seq"])
+        priority, seq = rows[-1]["priority"], rows[-1]["seq"]
+        rows = conn.execute(_claim_sql(*shape, True),
+                            [p for branch in branches for p in (*branch, priority, priority, seq)]
+                            ).fetchall()
 
 
 def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
-                  ignore_job: str | None) -> str | None:
-    holder = conn.execute("SELECT job_id FROM device_locks WHERE device_id = ?",
-                          (subject,)).fetchone()
-    if holder and holder["job_id"] != ignore_job:
-        return f"device {subject} is locked by {holder['job_id']}"
+                  ignore_job: str | None, device: Device | None) -> str | None:
+    if device is not None and device.device_id == subject and device.lock_holder is not NOT_READ:
+        holder = device.lock_holder  # read with the device, in this same transaction
+    else:
+        found = conn.execute("SELECT job_id FROM device_locks WHERE device_id = ?",
+                             (subject,)).fetchone()
+        holder = found["job_id"] if found else None
+    if holder is not None and holder != ignore_job:
+        return f"device {subject} is locked by {holder}"
     if row["exclusive"]:
         running = conn.execute(
             "SELECT job_id FROM jobs WHERE status = 'claimed' AND job_id != ? AND "
@@ -445,7 +464,7 @@ def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
                                        source.last_beacon_at if source else None, now)
         if why:
             return why
-    return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job)
+    return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job, device)
 
 
 def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
