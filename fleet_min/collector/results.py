@@ -78,9 +78,13 @@ def _row_fields(body: dict[str, Any]) -> tuple[Any, ...]:
     order, encoded once for the INSERT and, when it was a repeat, the superseding UPDATE."""
     return (None if body.get("ok") is None else int(bool(body["ok"])),
             int(bool(body.get("final"))), int(bool(body.get("preempted"))), body.get("error"),
-            jsonio.dumps_stored(body.get("metrics") or {}),
-            jsonio.dumps_stored(body.get("artifacts") or []),
+            _stored_or(body.get("metrics"), "{}"), _stored_or(body.get("artifacts"), "[]"),
             jsonio.dumps_stored(body["device"]) if body.get("device") is not None else None)
+
+
+def _stored_or(value: Any, empty: str) -> str:
+    """A JSON column's text, with the usual empty value ("{}", "[]") written without encoding."""
+    return jsonio.dumps_stored(value) if value else empty
 
 
 def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
