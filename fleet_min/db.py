@@ -17,8 +17,10 @@ import asyncio
 import contextlib
 import logging
 import os
+import queue
 import shutil
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -136,9 +138,11 @@ class _Writer:
     win it back from a busy event loop, once per statement. Measured under load that convoy cost
     more than the work itself (a batch of 20 transactions took ~15 ms for a 2 ms fsync). Here a
     batch's transactions run back to back on the loop's thread, all plain Python and SQLite with
-    no hand-offs, and only the COMMIT, which waits for the disk, runs in a worker thread. While
-    it syncs, the loop goes on serving requests and the next batch gathers. Results are handed
-    out only after the COMMIT returned, so an acknowledged write is on disk.
+    no hand-offs, and only the COMMIT, which waits for the disk, runs in a thread of its own.
+    While it syncs, the loop goes on serving requests and the next batch gathers. Results are
+    handed out only after the COMMIT returned, so an acknowledged write is on disk. The COMMIT
+    thread is a plain one fed by a queue rather than asyncio.to_thread: a batch's hand-off then
+    costs a queue put and one call back to the loop, not an executor's futures and context copy.
 
     One transaction failing must leave the others of its batch alone. A SAVEPOINT around each
     does that, but it costs two statements and, worse, a copy of every page a transaction
@@ -162,9 +166,33 @@ class _Writer:
         self.commit_s = 0.0  # time spent in COMMIT (in a worker thread)
         self.in_flight = False  # a batch is between BEGIN and the end of its COMMIT
         self.closing = False
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._commits: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
+        self._committer = threading.Thread(target=self._commit_loop, name="db-commit",
+                                           daemon=True)
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run(), name="db-writer")
+        self.loop = asyncio.get_running_loop()
+        self._committer.start()
+        self.task = self.loop.create_task(self._run(), name="db-writer")
+
+    def _commit_loop(self) -> None:
+        """The COMMIT thread: commit when told, then tell the loop how it went."""
+        loop = self.loop
+        assert loop is not None
+        while (done := self._commits.get()) is not None:
+            try:
+                self.conn.execute("COMMIT")
+            except BaseException as exc:  # handed to the writer, which decides
+                loop.call_soon_threadsafe(_settle, done, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, done, None)
+
+    async def _commit(self) -> None:
+        assert self.loop is not None
+        done: asyncio.Future[None] = self.loop.create_future()
+        self._commits.put(done)
+        await done
 
     async def stop(self) -> None:
         # Every accepted write finishes, and the connection is never closed under a COMMIT
@@ -177,6 +205,9 @@ class _Writer:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self.task
+        if self._committer.is_alive():
+            self._commits.put(None)
+            await asyncio.to_thread(self._committer.join)
         await asyncio.to_thread(self.conn.close)
 
     async def _run(self) -> None:
@@ -218,7 +249,7 @@ class _Writer:
         committing = time.perf_counter()
         self.run_s += committing - started
         try:
-            await asyncio.to_thread(conn.execute, "COMMIT")
+            await self._commit()
         except sqlite3.Error as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
@@ -299,6 +330,15 @@ def _storage(exc: sqlite3.Error) -> StorageError:
     return StorageError(f"the database refused the write: {text}")
 
 
+def _settle(done: asyncio.Future[None], exc: BaseException | None) -> None:
+    if done.done():
+        return
+    if exc is not None:
+        done.set_exception(exc)
+    else:
+        done.set_result(None)
+
+
 def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     for fut, result, exc in outcomes:
         if fut.done():
@@ -361,7 +401,8 @@ class Database:
         writer = self._writer
         if writer is None or writer.closing:
             raise StorageError("the database is closed")
-        fut: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        assert writer.loop is not None
+        fut: asyncio.Future[T] = writer.loop.create_future()
         if replay is None:
             replay = getattr(fn, "replayable", False)
         writer.pending.append(_Pending(fn, args, fut, replay))
