@@ -713,6 +713,34 @@ def test_secret_keys_are_found_anywhere_with_their_paths() -> None:
         assert v.find_secret_keys(doc) == []
 
 
+# Keys and strings a spec may hold: secret-like keys, innocent ones, template references.
+SCAN_KEYS = st.sampled_from(["password", "apiKey", "token_name", "max_tokens", "env", "a", ""])
+SCAN_STRINGS = st.sampled_from(["${jobs.a.artifact}", "x ${jobs.b.metrics.k} y", "${", "$",
+                                "plain", ""])
+SCAN_VALUES = st.recursive(
+    st.none() | st.integers() | SCAN_STRINGS | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(SCAN_KEYS, inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=max(200, EXAMPLES), deadline=None, database=None)
+@given(doc=SCAN_VALUES)
+def test_one_walk_scan_agrees_with_the_finer_searches(doc: Any) -> None:
+    # check_spec skips find_secret_keys and find_template_refs on what the scan says is clean.
+    secret_key, templated = v.scan_keys_and_strings(doc)
+    assert secret_key == bool(v.find_secret_keys(doc))
+    if not templated:
+        assert v.find_template_refs(doc) == []
+
+
+def test_one_walk_scan_sees_templates_anywhere() -> None:
+    assert v.scan_keys_and_strings({"a": [{"b": ["x", "${jobs.j.artifact}"]}]}) == (False, True)
+    assert v.scan_keys_and_strings("${jobs.j.artifact}") == (False, True)
+    assert v.scan_keys_and_strings({"a": [1, "plain", {"b": None}]}) == (False, False)
+    assert v.scan_keys_and_strings({"env": {"API_KEY": "x"}})[0] is True
+
+
 def test_deep_secret_paths_keep_both_ends() -> None:
     for depth in range(1, 40):
         doc: Any = {"api_key": 1}

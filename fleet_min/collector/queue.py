@@ -174,6 +174,8 @@ def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
 def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
                       ) -> list[dict[str, Any]]:
     """The batch in an order where in-batch dependencies come first; refuses missing and cycles."""
+    if not any(spec.get("depends_on") for spec in specs):
+        return specs  # the usual batch: nothing to check, and its own order is the order
     by_id = {spec["job_id"]: spec for spec in specs}
     for spec in specs:
         deps = spec.get("depends_on") or []

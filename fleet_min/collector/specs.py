@@ -23,7 +23,8 @@ def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
     errors = validate.validate_job(spec)
     if errors:
         raise BadRequest(context + first_problem(errors))
-    secrets = validate.find_secret_keys(spec)
+    secret_key, templated = validate.scan_keys_and_strings(spec)
+    secrets = validate.find_secret_keys(spec) if secret_key else []
     if secrets:
         raise BadRequest(f"{context}{secrets[0]} looks like a secret; a job spec names a "
                          "credential for the agent to read locally and never carries one")
@@ -34,7 +35,7 @@ def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
         except MatchError as exc:
             raise BadRequest(f"{context}targets.match: {exc}") from None
     allowed = set(spec.get("depends_on") or [])
-    for job_id, _kind, _key in validate.find_template_refs(spec):
+    for job_id, _kind, _key in validate.find_template_refs(spec) if templated else ():
         if job_id not in allowed:
             raise BadRequest(f"{context}a template reference names job {job_id}, which is not "
                              "in depends_on; a reference may only name a listed dependency")
