@@ -57,6 +57,8 @@ def dumps_stored(value: Any) -> str:
 
 
 def _has_long_number(data: str | bytes | bytearray) -> bool:
+    if len(data) < len(_LONG_NUMBER):  # a short column (a device's pools, say) cannot hold one
+        return False
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     return _LONG_NUMBER in raw.translate(_DIGITS)
 

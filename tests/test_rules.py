@@ -47,6 +47,18 @@ def test_offers():
         "benchmark", "build", "self-check"]
 
 
+def test_offers_is_the_capability_names_rule_for_every_combination():
+    declarations = ["benchmark", "benchmark:jssha", "build", "build:", ":jssha", "batch:x"]
+    lists = [[]] + [[d] for d in declarations] + [declarations[:3], declarations[2:]]
+    for capabilities in lists:
+        for workload in ("benchmark", "build", "batch", ""):
+            for backend in (None, "", "jssha", "x"):
+                expected = any(name in set(capabilities)
+                               for name in rules.capability_names(workload, backend))
+                assert rules.offers(capabilities, workload, backend) is expected
+                assert rules.offers(iter(capabilities), workload, backend) is expected
+
+
 def test_status_and_expiry():
     assert rules.device_status(100, 100 + 179) == "online"
     assert rules.device_status(100, 100 + 181) == "stale"

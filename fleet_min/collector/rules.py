@@ -54,8 +54,12 @@ def offers(capabilities: Iterable[str] | None, workload: str, backend: str | Non
     """
     if capabilities is None:
         return True
-    declared = set(capabilities)
-    return any(name in declared for name in capability_names(workload, backend))
+    if not isinstance(capabilities, (list, tuple, set, frozenset)):
+        capabilities = list(capabilities)
+    # capability_names, spelled out: every claim asks this of its device.
+    if workload in capabilities:
+        return True
+    return bool(backend) and f"{workload}:{backend}" in capabilities
 
 
 def declared_workloads(capabilities: Iterable[str] | None) -> list[str] | None:
