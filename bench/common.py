@@ -111,8 +111,10 @@ def wait_http(url: str, timeout: float = 20) -> None:
 
 
 @contextlib.contextmanager
-def server(kind: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
-    """Start the collector ('collector') or the bare aiohttp server ('bare') as a process."""
+def server(kind: str, env: dict[str, str] | None = None, tree: Path = ROOT
+           ) -> Iterator[tuple[str, int]]:
+    """Start the collector ('collector') or the bare aiohttp server ('bare') as a process; the
+    collector runs from `tree`, a checkout of this repository (this one by default)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
         if kind == "collector":
@@ -122,8 +124,8 @@ def server(kind: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, 
         else:
             argv = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]
             health = "/api/health"
-        proc = subprocess.Popen(argv, env={**os.environ, "PYTHONPATH": str(ROOT),
-                                           "FLEET_LOG_LEVEL": "WARNING", **(env or {})},
+        proc = subprocess.Popen(argv, cwd=tree, env={**os.environ, "PYTHONPATH": str(tree),
+                                                     "FLEET_LOG_LEVEL": "WARNING", **(env or {})},
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_http(f"http://127.0.0.1:{port}{health}")

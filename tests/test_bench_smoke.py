@@ -43,6 +43,20 @@ def test_lifecycle_smoke():
     assert result["rounds"] == 1
 
 
+def test_compare_smoke():
+    # No trees given: this tree against itself, both collectors under load at once.
+    result = figure(run_bench("compare"), "cpu_per_job_new_over_old")
+    assert result["rounds"] == 1 and result["old"] == result["new"]
+    assert isinstance(result["median"], float) and result["median"] > 0
+
+
+def test_compare_refuses_a_directory_that_is_not_a_tree(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "compare.py"), str(tmp_path)],
+                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "is not a checkout of fleet_min" in result.stderr
+
+
 def test_dispatch_smoke():
     result = figure(run_bench("dispatch"), "dispatch_latency")
     for key in ("p50_ms", "p99_ms", "bare_p50_ms", "p50_ratio", "two_commits_ms"):
