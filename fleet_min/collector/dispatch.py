@@ -23,7 +23,7 @@ from typing import Any
 
 from fleet_min.collector import rules
 from fleet_min.collector.effects import JobRoute
-from fleet_min.collector.queue import Claimant
+from fleet_min.collector.queue import Claimant, claimant_key
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class Dispatcher:
 
     def _could_take_any(self, jobs: list[JobRoute]) -> list[Waiter]:
         """The waiting polls that might take one of these jobs, first come first served."""
-        pinned = {Claimant(job.executor, job.pin).key for job in jobs if job.pin}
+        pinned = {claimant_key(job.executor, job.pin) for job in jobs if job.pin}
         if len(pinned) < len(jobs):  # a job for any claimant: every poll is a candidate
             return [w for w in self._waiters if any(w.could_take(job) for job in jobs)]
         same = [w for key in pinned for w in self._by_claimant.get(key, ())]

@@ -23,7 +23,7 @@ class JobRoute:
     pool: str | None
 
 
-@dataclass
+@dataclass(slots=True)
 class Effects:
     events: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)

@@ -48,7 +48,12 @@ class Claimant:
 
     @cached_property
     def key(self) -> str:
-        return f"{self.executor}:{self.id}"
+        return claimant_key(self.executor, self.id)
+
+
+def claimant_key(executor: str, claimant_id: str) -> str:
+    """A claimant as one string ("device:pixel-7", "host:mac-mini"), for lookups."""
+    return f"{executor}:{claimant_id}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,8 +18,8 @@ from fleet_min.db import replayable
 from fleet_min.errors import NotFound, Refused
 from fleet_min.timeutil import iso
 
-_ROW_FIELDS = {"schema", "kind", "device_id", "job_id", "iter", "metrics", "final", "ok", "error",
-               "device", "artifacts", "preempted"}
+_ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "metrics", "final",
+                         "ok", "error", "device", "artifacts", "preempted"})
 
 
 @replayable
@@ -32,7 +32,8 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                        (device_id, job_id)).fetchone()
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
-    extra = {k: v for k, v in body.items() if k not in _ROW_FIELDS}
+    extra = ({} if _ROW_FIELDS.issuperset(body)  # the usual row: nothing else to keep
+             else {k: v for k, v in body.items() if k not in _ROW_FIELDS})
     fields = _row_fields(body)
     final, preempted = bool(body.get("final")), bool(body.get("preempted"))
     cursor = conn.execute(

@@ -228,12 +228,13 @@ class Service:
         except BaseException:
             self.dispatcher.settle([(waiter, None) for waiter, _ in handouts])
             raise
-        taken = {job["job_id"] for _, job in handouts if job is not None}
         if offered:  # nobody waiting now is left to offer the rest to: no dispatcher pass
             effects.claimable = []
-        elif taken:
-            effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
-        self.dispatcher.settle(handouts)
+        if handouts:
+            taken = {job["job_id"] for _, job in handouts if job is not None}
+            if taken and effects.claimable:
+                effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
+            self.dispatcher.settle(handouts)
         self.apply(effects)
         return result
 
@@ -265,8 +266,10 @@ class Service:
                     listener(event)
                 except Exception:
                     log.exception("event listener failed on %s", event.get("type"))
-        self.dispatcher.jobs_claimable(effects.claimable)
-        self.dispatcher.claimants_changed(effects.claimants)
+        if effects.claimable:
+            self.dispatcher.jobs_claimable(effects.claimable)
+        if effects.claimants:
+            self.dispatcher.claimants_changed(effects.claimants)
 
     async def _claim_batch(self, claimants: list[Claimant]) -> list[dict[str, Any] | None]:
         result: list[dict[str, Any] | None] = await self.transact(queue.claim_many, claimants,
