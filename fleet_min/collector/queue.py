@@ -107,11 +107,12 @@ def _set_status(conn: sqlite3.Connection, job_id: str, status: str, now: float,
                      "WHERE job_id = ?", (status, now, last_error, job_id))
 
 
-def _end_attempt(conn: sqlite3.Connection, job_id: str, outcome: str, error: str | None,
+def _end_attempt(conn: sqlite3.Connection, row: sqlite3.Row, outcome: str, error: str | None,
                  now: float) -> None:
+    """Close the job's open attempt (found by the job's seq: see schema migration 3)."""
     conn.execute(
         "UPDATE job_attempts SET ended_at = ?, outcome = ?, error = ? "
-        "WHERE job_id = ? AND ended_at IS NULL", (now, outcome, error, job_id))
+        "WHERE job_seq = ? AND ended_at IS NULL", (now, outcome, error, row["seq"]))
 
 
 def _unlock(conn: sqlite3.Connection, job_id: str) -> None:
@@ -514,8 +515,8 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
         "UPDATE jobs SET status = 'claimed', claimed_by = ?, attempts = ?, lease_deadline = ?, "
         "claimed_at = ?, updated_at = ? WHERE seq = ?",
         (claimant.id, attempt, deadline, now, now, row["seq"]))
-    conn.execute("INSERT INTO job_attempts (job_id, attempt, claimed_by, claimed_at) "
-                 "VALUES (?, ?, ?, ?)", (row["job_id"], attempt, claimant.id, now))
+    conn.execute("INSERT INTO job_attempts (job_id, job_seq, attempt, claimed_by, claimed_at) "
+                 "VALUES (?, ?, ?, ?, ?)", (row["job_id"], row["seq"], attempt, claimant.id, now))
     if row["exclusive"]:
         conn.execute("INSERT OR REPLACE INTO device_locks (device_id, job_id, locked_at) "
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
@@ -572,7 +573,7 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
         + " WHERE job_id = ?",
         (max(0, attempts), now, row["job_id"]) if keep_error
         else (max(0, attempts), now, error, row["job_id"]))
-    _end_attempt(conn, row["job_id"], outcome, error, now)
+    _end_attempt(conn, row, outcome, error, now)
     if row["exclusive"]:
         _unlock(conn, row["job_id"])
     effects.job(row["job_id"], "queued", row["workload"], row["executor"])
@@ -627,7 +628,7 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
         else:
             error = (f"lease expired {where} on the final attempt ({row['attempts']} of "
                      f"{row['max_attempts']}); the job failed")
-            _end_attempt(conn, row["job_id"], "expired", error, now)
+            _end_attempt(conn, row, "expired", error, now)
             _close(conn, row, "failed", error, now, effects)
             swept.failed.append(row["job_id"])
     return swept
@@ -641,7 +642,7 @@ def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, erro
                       now: float, effects: Effects) -> str:
     outcome = "done" if ok else "failed"
     message = None if ok else (error or "the device reported a failure without a reason")
-    _end_attempt(conn, row["job_id"], outcome, message, now)
+    _end_attempt(conn, row, outcome, message, now)
     _close(conn, row, outcome, message, now, effects)
     return outcome
 
@@ -790,12 +791,12 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
-            _end_attempt(conn, child["job_id"], "cancelled", "cancelled by an operator", now)
+            _end_attempt(conn, child, "cancelled", "cancelled by an operator", now)
             _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
         row = _job_row(conn, job_id)
         assert row is not None
     if row["status"] not in CLOSED:
-        _end_attempt(conn, job_id, "cancelled", "cancelled by an operator", now)
+        _end_attempt(conn, row, "cancelled", "cancelled by an operator", now)
         _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
     cascaded = [e["job_id"] for e in effects.events[mark:]
                 if e["type"] == "job" and e["job_id"] != job_id

@@ -221,4 +221,14 @@ MIGRATIONS: list[str] = [
     ALTER TABLE jobs ADD COLUMN has_dependents INTEGER NOT NULL DEFAULT 0;
     UPDATE jobs SET has_dependents = 1 WHERE job_id IN (SELECT depends_on FROM job_deps);
     """,
+    # 3: a job's attempts are found by the job's seq, not its id. Job ids are the clients' own
+    # strings, so each new attempt's entry in an index on them lands on a page of its own (one
+    # more page to write a job); seq only grows, so entries keyed on it land beside the last.
+    """
+    ALTER TABLE job_attempts ADD COLUMN job_seq INTEGER;
+    UPDATE job_attempts
+       SET job_seq = (SELECT seq FROM jobs WHERE jobs.job_id = job_attempts.job_id);
+    CREATE INDEX job_attempts_seq ON job_attempts(job_seq, attempt);
+    DROP INDEX job_attempts_job;
+    """,
 ]

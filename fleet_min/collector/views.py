@@ -72,7 +72,8 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
                             (job_id,))
     children = await db.read("SELECT job_id, status, claimed_by, last_error, target_device "
                              "FROM jobs WHERE parent_job_id = ? ORDER BY seq", (job_id,))
-    attempts = await db.read("SELECT * FROM job_attempts WHERE job_id = ? ORDER BY attempt, id",
+    attempts = await db.read("SELECT * FROM job_attempts WHERE job_seq = "
+                             "(SELECT seq FROM jobs WHERE job_id = ?) ORDER BY attempt, id",
                              (job_id,))
     deps = await db.read("SELECT d.depends_on AS job_id, j.status FROM job_deps d "
                          "LEFT JOIN jobs j ON j.job_id = d.depends_on WHERE d.job_id = ?",
