@@ -9,7 +9,8 @@ bench/lifecycle.py), so both see the same minute of this machine. The figure is 
 CPU per job over the old tree's, by round and as the median. On this shared two-core machine a
 collector's CPU per job moves by 10 to 40 % from one minute to the next, so trees measured one
 after the other differ by more than most changes do; measured at once, the same tree against
-itself gives 1.00 with a spread of about 0.03 (run it with one tree, or none, to see that here).
+itself gives 0.98 to 1.01 with a spread (sd of rounds) of 0.02 to 0.04 (run it with one tree, or
+none, to see that here).
 The absolute figures are higher than bench/lifecycle.py's: two collectors share the two cores.
 """
 
