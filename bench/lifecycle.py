@@ -3,11 +3,14 @@ loopback HTTP, against the collector (synchronous=FULL) and against a bare aioht
 answers the same three requests with no work. Reports the collector's own CPU time per job (from
 /proc) and the ratio to the bare server's, which does not depend on how fast the client is.
 
-    python bench/lifecycle.py [--agents 50] [--procs 3] [--seconds 10] [--rounds 3]
+    python bench/lifecycle.py [--agents 50] [--procs 3] [--seconds 12] [--slices 3] [--rounds 3]
 
-Each round measures the bare server, then the collector, on fresh servers; the figures are the
-medians over rounds, and the ratio is taken within each round (this machine's speed moves by
-tens of percent from one minute to the next; two measurements a few seconds apart move less).
+Each round starts a fresh bare server and a fresh collector and loads them in turn, one at a
+time, in short slices (bare, collector, collector, bare, bare, collector for three slices each),
+so that both are measured across the same minute: this machine's speed moves by tens of percent
+from one minute to the next, and a bare server measured a whole run before the collector made
+single rounds' ratios range from 0.25 to 0.35 for the same tree. The ratio is taken within each
+round, and the figures are the medians over rounds.
 """
 
 from __future__ import annotations
@@ -63,49 +66,71 @@ def _client_process(address: str, prefix: str, agents: int, seconds: float,
     out.put((counter[0], time.process_time() - start_cpu))
 
 
-def measure(kind: str, agents: int, procs: int, seconds: float) -> dict[str, float]:
-    with server(kind) as (address, pid):
-        queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
-        per_proc = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
-        workers = [multiprocessing.Process(target=_client_process,
-                                           args=(address, f"{kind}{i}", n, seconds, queue))
-                   for i, n in enumerate(per_proc) if n]
-        cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
-        main_before = main_thread_cpu_seconds(pid)
-        for worker in workers:
-            worker.start()
-        outcomes = [queue.get(timeout=seconds + 60) for _ in workers]
-        for worker in workers:
-            worker.join()
-        wall = time.monotonic() - wall_before
-        cpu = cpu_seconds(pid) - cpu_before
-        main = main_thread_cpu_seconds(pid) - main_before
-    jobs = sum(n for n, _ in outcomes)
-    return {"jobs": jobs, "wall_s": wall, "jobs_per_s": jobs / wall,
-            "server_cpu_s": cpu, "server_cpu_ms_per_job": 1000 * cpu / max(jobs, 1),
-            "server_main_thread_ms_per_job": 1000 * main / max(jobs, 1),
+def load(address: str, pid: int, prefix: str, agents: int, procs: int, seconds: float
+         ) -> dict[str, float]:
+    """One slice of load against a running server: its CPU, jobs and wall time."""
+    queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
+    per_proc = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
+    workers = [multiprocessing.Process(target=_client_process,
+                                       args=(address, f"{prefix}-{i}", n, seconds, queue))
+               for i, n in enumerate(per_proc) if n]
+    cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+    main_before = main_thread_cpu_seconds(pid)
+    for worker in workers:
+        worker.start()
+    outcomes = [queue.get(timeout=seconds + 60) for _ in workers]
+    for worker in workers:
+        worker.join()
+    return {"jobs": sum(n for n, _ in outcomes), "wall_s": time.monotonic() - wall_before,
+            "server_cpu_s": cpu_seconds(pid) - cpu_before,
+            "server_main_thread_cpu_s": main_thread_cpu_seconds(pid) - main_before,
             "client_cpu_s": sum(c for _, c in outcomes)}
+
+
+def _summary(slices: list[dict[str, float]]) -> dict[str, float]:
+    total = {key: sum(s[key] for s in slices) for key in slices[0]}
+    jobs = max(total["jobs"], 1)
+    return {**total, "jobs_per_s": total["jobs"] / total["wall_s"],
+            "server_cpu_ms_per_job": 1000 * total["server_cpu_s"] / jobs,
+            "server_main_thread_ms_per_job": 1000 * total["server_main_thread_cpu_s"] / jobs}
+
+
+def measure_round(r: int, agents: int, procs: int, seconds: float, slices: int
+                  ) -> tuple[dict[str, float], dict[str, float]]:
+    """One round: the bare server and the collector (fresh ones), both running, loaded in turn
+    in `slices` slices each (bare, collector, collector, bare, ...), so that both are measured
+    across the same minute of this machine; each slice loads one server alone."""
+    got: dict[str, list[dict[str, float]]] = {"bare": [], "collector": []}
+    with server("bare") as bare, server("collector") as ours:
+        running = {"bare": bare, "collector": ours}
+        for n in range(slices):
+            for kind in ("bare", "collector") if n % 2 == 0 else ("collector", "bare"):
+                address, pid = running[kind]
+                got[kind].append(load(address, pid, f"{kind}{r}s{n}", agents, procs,
+                                      seconds / slices))
+    return _summary(got["bare"]), _summary(got["collector"])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=50)
     parser.add_argument("--procs", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per server and round")
+    parser.add_argument("--seconds", type=float, default=12.0, help="per server and round")
+    parser.add_argument("--slices", type=int, default=3,
+                        help="each server's seconds of a round come in this many turns")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
-        args.agents, args.procs, args.seconds, args.rounds = 4, 2, 0.5, 1
+        args.agents, args.procs, args.seconds, args.slices, args.rounds = 4, 2, 1.0, 2, 1
     bares: list[dict[str, float]] = []
     collectors: list[dict[str, float]] = []
     ratios: list[float] = []
     for r in range(args.rounds):
-        bare = measure("bare", args.agents, args.procs, args.seconds)
-        emit({"bench": "lifecycle", "round": r, "server": "bare", **bare})
-        ours = measure("collector", args.agents, args.procs, args.seconds)
+        bare, ours = measure_round(r, args.agents, args.procs, args.seconds, args.slices)
+        emit({"bench": "lifecycle", "round": r, "server": "bare", "slices": args.slices, **bare})
         emit({"bench": "lifecycle", "round": r, "server": "collector", "synchronous": "FULL",
-              **ours})
+              "slices": args.slices, **ours})
         bares.append(bare)
         collectors.append(ours)
         ratios.append(bare["server_cpu_ms_per_job"] / max(ours["server_cpu_ms_per_job"], 1e-9))
