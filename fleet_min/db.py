@@ -184,9 +184,9 @@ class _Writer:
             try:
                 self.conn.execute("COMMIT")
             except BaseException as exc:  # handed to the writer, which decides
-                loop.call_soon_threadsafe(_settle, done, exc)
+                loop.call_soon_threadsafe(_resolve, done, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, done, None)
+                loop.call_soon_threadsafe(_resolve, done, None, None)
 
     async def _commit(self) -> None:
         assert self.loop is not None
@@ -330,23 +330,18 @@ def _storage(exc: sqlite3.Error) -> StorageError:
     return StorageError(f"the database refused the write: {text}")
 
 
-def _settle(done: asyncio.Future[None], exc: BaseException | None) -> None:
-    if done.done():
+def _resolve(fut: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if fut.done():  # its caller went away (cancelled)
         return
     if exc is not None:
-        done.set_exception(exc)
+        fut.set_exception(exc)
     else:
-        done.set_result(None)
+        fut.set_result(result)
 
 
 def _resolve_all(outcomes: list[tuple[asyncio.Future[Any], Any, BaseException | None]]) -> None:
     for fut, result, exc in outcomes:
-        if fut.done():
-            continue
-        if exc is not None:
-            fut.set_exception(exc)
-        else:
-            fut.set_result(result)
+        _resolve(fut, result, exc)
 
 
 class Database:
