@@ -28,7 +28,7 @@ class Device:
                  "busy_job_id", "capabilities", "device_id", "last_beacon_at", "last_seen",
                  "lock_holder", "pools")
 
-    def __init__(self, row: sqlite3.Row, lock_holder: object = None) -> None:
+    def __init__(self, row: sqlite3.Row, lock_holder: object) -> None:
         override = _loads(row["pools_override"], None)
         self.device_id: str = row["device_id"]
         self.pools: list[str] = (override if override is not None  # the operator's, when set
