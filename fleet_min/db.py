@@ -2,10 +2,11 @@
 
 Why a writer of our own rather than aiosqlite for writes: a write in this project is a whole
 transaction (a Python function that runs several statements) that must run with no await in
-between. The writer takes every transaction waiting, runs them one after another, and commits
-them together: one fsync for the batch. That is group commit; it is how throughput is found
-without lowering `synchronous`. One transaction failing must roll back alone; see `_Writer` for
-how that is done without paying a SAVEPOINT for every transaction.
+between. The writer runs each transaction as soon as it arrives, one after another inside one
+open SQLite transaction, and commits all of them together when its COMMIT thread gets to it: one
+fsync for the lot. That is group commit; it is how throughput is found without lowering
+`synchronous`. One transaction failing must roll back alone; see `_OpenTransaction` for how that
+is done without paying a SAVEPOINT for every transaction.
 
 Reads go through aiosqlite on a second connection; WAL lets them run while the writer commits.
 Migrations are applied in order by PRAGMA user_version.
@@ -136,22 +137,21 @@ class _Writer:
 
     Why not a writer thread: every sqlite3 call releases the GIL, and a writer thread must then
     win it back from a busy event loop, once per statement. Measured under load that convoy cost
-    more than the work itself (a batch of 20 transactions took ~15 ms for a 2 ms fsync). Here a
-    batch's transactions run back to back on the loop's thread, all plain Python and SQLite with
-    no hand-offs, and only the COMMIT, which waits for the disk, runs in a thread of its own.
-    While it syncs, the loop goes on serving requests and the next batch gathers. Results are
-    handed out only after the COMMIT returned, so an acknowledged write is on disk. The COMMIT
-    thread is a plain one fed by a queue rather than asyncio.to_thread: a batch's hand-off then
-    costs a queue put and one call back to the loop, not an executor's futures and context copy.
+    more than the work itself (a batch of 20 transactions took ~15 ms for a 2 ms fsync). Here
+    transactions run back to back on the loop's thread, all plain Python and SQLite with no
+    hand-offs, and only the COMMIT, which waits for the disk, runs in a thread of its own. While
+    it syncs, the loop goes on serving requests and the next batch gathers. Results are handed
+    out only after the COMMIT returned, so an acknowledged write is on disk. The COMMIT thread is
+    a plain one fed by a queue rather than asyncio.to_thread: a batch's hand-off then costs a
+    queue put and one call back to the loop, not an executor's futures and context copy.
 
-    One transaction failing must leave the others of its batch alone. A SAVEPOINT around each
-    does that, but it costs two statements and, worse, a copy of every page a transaction
-    changes that an earlier one in the batch had already changed: about 5 % of the collector's
-    CPU per result row, measured. So a batch of replayable transactions (see `replayable`) runs
-    without savepoints. A transaction that fails before writing anything (the usual refusal: an
-    unknown job, a duplicate id) needs nothing undone. One that fails after writing, or with an
-    error from SQLite itself, makes the writer roll the whole attempt back and run the batch
-    again, each transaction in its own savepoint: rare, and correct either way.
+    The COMMIT takes whatever ran before it started (see `_OpenTransaction`). Asking the thread
+    to commit is quick, but the thread then has to be scheduled and win the GIL from the busy
+    loop: 1 to 2 ms under the lifecycle load on two cores, longer than the COMMIT itself. The
+    transactions that arrive in that time run at once inside the same open SQLite transaction
+    and are committed with it, instead of waiting for the next COMMIT. The connection is held
+    under `lock` by whichever side uses it; the loop never waits for it (a transaction arriving
+    during a COMMIT waits in `pending` for the next one).
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -159,17 +159,27 @@ class _Writer:
         self.pending: list[_Pending] = []
         self.wake = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
-        self.batches = 0
+        self.batches = 0     # COMMITs
         self.transactions = 0
-        self.replays = 0     # batches run a second time, in savepoints, after a failed write
+        self.replays = 0     # open transactions run a second time, in savepoints, after a failure
         self.run_s = 0.0     # time spent running transaction bodies (on the loop's thread)
-        self.commit_s = 0.0  # time spent in COMMIT (in a worker thread)
-        self.in_flight = False  # a batch is between BEGIN and the end of its COMMIT
+        self.commit_s = 0.0  # from asking for a COMMIT until its answer reached the loop
         self.closing = False
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._commits: queue.SimpleQueue[asyncio.Future[None] | None] = queue.SimpleQueue()
+        self.lock = threading.Lock()
+        self.open = _OpenTransaction(conn)
+        self.commit_asked = False  # the COMMIT thread was told to commit and has not started
+        self._asked_at = 0.0
+        self._taken = 0  # COMMITs the thread has started (it alone counts them; `batches` is
+        #                  the loop's count of those answered)
+        self._commits: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._committer = threading.Thread(target=self._commit_loop, name="db-commit",
                                            daemon=True)
+
+    @property
+    def in_flight(self) -> bool:
+        """Something has run and is not yet committed or answered."""
+        return self.commit_asked or self._taken != self.batches or bool(self.open.outcomes)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -177,26 +187,40 @@ class _Writer:
         self.task = self.loop.create_task(self._run(), name="db-writer")
 
     def _commit_loop(self) -> None:
-        """The COMMIT thread: commit when told, then tell the loop how it went."""
+        """The COMMIT thread: commit what has run so far when told, then hand the answers to
+        the loop."""
         loop = self.loop
         assert loop is not None
-        while (done := self._commits.get()) is not None:
-            try:
-                self.conn.execute("COMMIT")
-            except BaseException as exc:  # handed to the writer, which decides
-                loop.call_soon_threadsafe(_resolve, done, None, exc)
-            else:
-                loop.call_soon_threadsafe(_resolve, done, None, None)
+        while self._commits.get() is not None:
+            with self.lock:
+                self.commit_asked = False
+                self._taken += 1
+                asked_at, outcomes = self._asked_at, self.open.take()
+                error: BaseException | None = None
+                try:
+                    self.conn.execute("COMMIT")
+                except BaseException as exc:  # handed to the loop, which answers every caller
+                    error = exc
+                    if self.conn.in_transaction:
+                        self.conn.execute("ROLLBACK")
+            loop.call_soon_threadsafe(self._committed, outcomes, error, asked_at)
 
-    async def _commit(self) -> None:
-        assert self.loop is not None
-        done: asyncio.Future[None] = self.loop.create_future()
-        self._commits.put(done)
-        await done
+    def _committed(self, outcomes: list[_Outcome], error: BaseException | None,
+                   asked_at: float) -> None:
+        self.commit_s += time.perf_counter() - asked_at
+        self.batches += 1
+        self.transactions += len(outcomes)
+        if error is not None:
+            failure = (_storage(error) if isinstance(error, sqlite3.Error)
+                       else StorageError(f"the commit failed: {error}"))
+            outcomes = [(fut, None, failure) for fut, _, _ in outcomes]
+        _resolve_all(outcomes)
+        if self.pending:
+            self.wake.set()
 
     async def stop(self) -> None:
         # Every accepted write finishes, and the connection is never closed under a COMMIT
-        # that is still running in its worker thread.
+        # that is still running in its thread.
         self.closing = True
         while self.pending or self.in_flight:
             self.wake.set()
@@ -214,51 +238,95 @@ class _Writer:
         while True:
             await self.wake.wait()
             self.wake.clear()
-            while self.pending:
-                batch, self.pending = self.pending[:_MAX_BATCH], self.pending[_MAX_BATCH:]
-                self.in_flight = True
+            # Not taken: the COMMIT thread is committing; its answer wakes us again.
+            while self.pending and self.lock.acquire(blocking=False):
                 try:
-                    await self._run_batch(batch)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:  # never leave a caller waiting forever
-                    log.exception("the database writer failed a batch")
-                    if self.conn.in_transaction:
-                        self.conn.execute("ROLLBACK")
-                    _resolve_all([(item.future, None, StorageError(f"the write failed: {exc}"))
-                                  for item in batch])
+                    self._run_pending()
                 finally:
-                    self.in_flight = False
+                    self.lock.release()
 
-    async def _run_batch(self, batch: list[_Pending]) -> None:
+    def _run_pending(self) -> None:
+        """Run what is pending inside the open transaction and make sure a COMMIT is asked
+        for. Called holding `lock`."""
+        batch, self.pending = self.pending[:_MAX_BATCH], self.pending[_MAX_BATCH:]
+        started = time.perf_counter()
+        try:
+            self.replays += self.open.run(batch)
+        finally:
+            self.run_s += time.perf_counter() - started
+        if self.open.outcomes and not self.commit_asked:
+            self.commit_asked = True
+            self._asked_at = time.perf_counter()
+            self._commits.put(True)
+
+
+class _OpenTransaction:
+    """The writes run since the last COMMIT, inside one SQLite transaction, with their answers.
+
+    One transaction failing must leave the others alone. A SAVEPOINT around each does that, but
+    it costs two statements and, worse, a copy of every page a transaction changes that an
+    earlier one had already changed: about 5 % of the collector's CPU per result row, measured.
+    So replayable transactions (see `replayable`) run without savepoints. One that fails before
+    writing anything (the usual refusal: an unknown job, a duplicate id) needs nothing undone.
+    One that fails after writing, or with an error from SQLite itself, makes the whole open
+    transaction roll back and run again, each write in its own savepoint: rare, and correct
+    either way. Once a write that may not run twice has joined, everything after it in the same
+    transaction runs in savepoints too, so a later failure never replays it.
+    """
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        self.writes: list[_Pending] = []
+        self.outcomes: list[_Outcome] = []
+        self.guarded = False
+
+    def run(self, batch: list[_Pending]) -> int:
+        """Run a batch inside the open transaction, opening one if none is open; how many
+        replays that took (0 or 1). Every failure becomes an answer: a write's own failure is
+        its caller's, a failure of the transaction is every caller's in it, answered at once."""
         conn = self.conn
         try:
+            if not conn.in_transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            self.guarded = self.guarded or not all(item.replay for item in batch)
+            outcomes = _run_bodies(conn, batch, guarded=self.guarded)
+            if outcomes is not None:
+                self.writes.extend(batch)
+                self.outcomes.extend(outcomes)
+                return 0
+            # A write failed after writing: undo everything since the last COMMIT, run it again.
+            batch = self.writes + batch
+            self._discard()
+            conn.execute("ROLLBACK")
             conn.execute("BEGIN IMMEDIATE")
-        except sqlite3.Error as exc:
-            _resolve_all([(item.future, None, _storage(exc)) for item in batch])
-            return
-        started = time.perf_counter()
-        outcomes = _run_bodies(conn, batch, guarded=not all(item.replay for item in batch))
-        if outcomes is None:  # a transaction failed after writing: run the batch again, guarded
-            self.replays += 1
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            conn.execute("BEGIN IMMEDIATE")
+            self.guarded = True
             outcomes = _run_bodies(conn, batch, guarded=True)
             assert outcomes is not None
-        committing = time.perf_counter()
-        self.run_s += committing - started
-        try:
-            await self._commit()
-        except sqlite3.Error as exc:
+            self.writes, self.outcomes = batch, outcomes
+            return 1
+        except Exception as exc:  # the transaction itself failed: nothing of it stands
+            if isinstance(exc, sqlite3.Error):
+                failure = _storage(exc)
+            elif isinstance(exc, StorageError):
+                failure = exc
+            else:
+                log.exception("the database writer failed a batch")
+                failure = StorageError(f"the write failed: {exc}")
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            error = _storage(exc)
-            outcomes = [(fut, None, error) for fut, _, _ in outcomes]
-        self.commit_s += time.perf_counter() - committing
-        self.batches += 1
-        self.transactions += len(batch)
-        _resolve_all(outcomes)
+            _resolve_all([(fut, None, failure) for fut, _, _ in self.outcomes]
+                         + [(item.future, None, failure) for item in batch])
+            self._discard()
+            return 0
+
+    def take(self) -> list[_Outcome]:
+        """The answers of everything run since the last COMMIT, which is about to happen."""
+        outcomes = self.outcomes
+        self._discard()
+        return outcomes
+
+    def _discard(self) -> None:
+        self.writes, self.outcomes, self.guarded = [], [], False
 
 
 class _Pending(NamedTuple):
@@ -388,10 +456,11 @@ class Database:
     async def write(self, fn: Callable[..., T], *args: Any, replay: bool | None = None) -> T:
         """Run fn(conn, *args) as one transaction; return its result once committed.
 
-        fn runs synchronously, with no await between its statements, in a batch with the other
-        writes that arrived meanwhile; the result is returned only after the batch's COMMIT has
-        returned (with synchronous=FULL: after it reached the disk). `replay` says whether fn
-        may be run a second time (default: whether it is marked `replayable`).
+        fn runs synchronously, with no await between its statements, in one SQLite transaction
+        with the other writes that arrive until its COMMIT starts; the result is returned only
+        after that COMMIT has returned (with synchronous=FULL: after it reached the disk).
+        `replay` says whether fn may be run a second time (default: whether it is marked
+        `replayable`).
         """
         writer = self._writer
         if writer is None or writer.closing:
@@ -415,8 +484,9 @@ class Database:
 
     @property
     def stats(self) -> dict[str, float]:
-        """Group-commit figures since start: batches, transactions, batches replayed in savepoints
-        after a failed write, seconds running and committing."""
+        """Group-commit figures since start: batches (COMMITs), transactions committed, open
+        transactions replayed in savepoints after a failed write, seconds running transaction
+        bodies and from asking for each COMMIT until its answer."""
         writer = self._writer
         if writer is None:
             return {"batches": 0, "transactions": 0, "replays": 0, "run_s": 0.0,

@@ -1,18 +1,28 @@
-"""The database writer (fleet_min.db): group commit, and one failing transaction rolling back
-alone, with and without savepoints. A real SQLite file in WAL mode, synchronous=FULL."""
+"""The database writer (fleet_min.db): group commit, writes joining the open transaction until
+its COMMIT starts, and one failing transaction rolling back alone, with and without
+savepoints. A real SQLite file in WAL mode, synchronous=FULL."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet_min.db import Database, StorageError, replayable
+from fleet_min.db import (
+    Database,
+    StorageError,
+    _connect,
+    _OpenTransaction,
+    _Pending,
+    _resolve_all,
+    migrate,
+    replayable,
+)
 
 SCHEMA = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE)"]
 
@@ -161,3 +171,122 @@ async def test_a_transaction_the_database_abandoned_fails_the_batch(db: Database
     assert await texts(db) == set()
     assert await db.write(add, "after") == 1  # the writer goes on with the next batch
     assert await texts(db) == {"after"}
+
+
+# -- writes arriving before the COMMIT starts join it (fleet_min.db._OpenTransaction) ---------
+#
+# The open transaction is driven here directly, on a real connection, so that two runs are
+# certain to land in one SQLite transaction; the COMMIT thread decides that under load.
+
+
+def add_once(conn: sqlite3.Connection, text: str) -> int:
+    """Like `add`, but not marked replayable: it must never run twice."""
+    runs[text] += 1
+    return int(conn.execute("INSERT INTO notes (text) VALUES (?) RETURNING id",
+                            (text,)).fetchone()[0])
+
+
+@pytest.fixture
+def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
+    connection = _connect(tmp_path / "open.sqlite3", "FULL")
+    migrate(connection, SCHEMA)
+    yield connection
+    connection.close()
+
+
+def pending(fn: Any, text: str, replay: bool | None = None) -> _Pending:
+    replay = getattr(fn, "replayable", False) if replay is None else replay
+    return _Pending(fn, (text,), asyncio.get_running_loop().create_future(), replay)
+
+
+def committed_texts(conn: sqlite3.Connection) -> set[str]:
+    return {row[0] for row in conn.execute("SELECT text FROM notes")}
+
+
+def answers(writes: list[_Pending]) -> list[Any]:
+    """What each caller heard: its result, its exception, or "unanswered" while it waits."""
+    return [w.future.exception() or w.future.result() if w.future.done() else "unanswered"
+            for w in writes]
+
+
+async def test_writes_run_before_the_commit_are_answered_only_by_it(
+        conn: sqlite3.Connection) -> None:
+    runs.clear()
+    txn = _OpenTransaction(conn)
+    first, second = [pending(add, "a")], [pending(add, "b"), pending(add, "c")]
+    assert txn.run(first) == 0 and txn.run(second) == 0
+    assert conn.in_transaction  # one transaction for both runs
+    assert not any(w.future.done() for w in first + second)
+    outcomes = txn.take()
+    conn.execute("COMMIT")
+    _resolve_all(outcomes)
+    assert answers(first + second) == [1, 2, 3]
+    assert committed_texts(conn) == {"a", "b", "c"}
+    assert txn.take() == []  # taken once
+
+
+async def test_a_failure_after_writing_replays_the_earlier_runs_of_the_transaction(
+        conn: sqlite3.Connection) -> None:
+    runs.clear()
+    txn = _OpenTransaction(conn)
+    first, second = [pending(add, "a")], [pending(add, "b"), pending(write_then_refuse, "w")]
+    txn.run(first)
+    assert txn.run(second) == 1
+    outcomes = txn.take()
+    conn.execute("COMMIT")
+    _resolve_all(outcomes)
+    assert runs == {"a": 2, "b": 2, "w": 2}
+    a, b, w = answers(first + second)
+    assert (a, b) == (1, 2) and isinstance(w, Refusal)  # the replay's answers, not the first's
+    assert committed_texts(conn) == {"a", "b"}
+
+
+async def test_a_write_that_may_not_run_twice_makes_the_rest_of_its_transaction_guarded(
+        conn: sqlite3.Connection) -> None:
+    runs.clear()
+    txn = _OpenTransaction(conn)
+    first, second = [pending(add_once, "o")], [pending(write_then_refuse, "w")]
+    txn.run(first)
+    assert txn.run(second) == 0  # undone in its own savepoint, no replay of "o"
+    outcomes = txn.take()
+    conn.execute("COMMIT")
+    _resolve_all(outcomes)
+    assert runs == {"o": 1, "w": 1}
+    o, w = answers(first + second)
+    assert o == 1 and isinstance(w, Refusal)
+    assert committed_texts(conn) == {"o"}
+    # Guarding ends with its transaction: the next one runs without savepoints again.
+    assert txn.run([pending(add, "n")]) == 0 and not txn.guarded
+
+
+async def test_a_transaction_abandoned_later_fails_the_writes_run_earlier_in_it(
+        conn: sqlite3.Connection) -> None:
+    txn = _OpenTransaction(conn)
+    first, second = [pending(add, "a")], [pending(end_the_transaction, "x")]
+    txn.run(first)
+    txn.run(second)
+    # Answered at once, with nothing left to commit.
+    assert all(isinstance(answer, StorageError) for answer in answers(first + second))
+    assert txn.take() == [] and not conn.in_transaction
+    assert committed_texts(conn) == set()
+
+
+async def test_every_write_is_committed_when_its_caller_hears_back(db: Database) -> None:
+    """Writers that keep coming while COMMITs are on their way: whatever batch a write joined,
+    another connection sees it by the time its caller resumes."""
+    unseen: list[str] = []
+
+    async def writer(n: int) -> None:
+        for i in range(25):
+            text = f"w{n}-{i}"
+            await db.write(add, text)
+            other = sqlite3.connect(db.path)
+            try:
+                if other.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone() is None:
+                    unseen.append(text)
+            finally:
+                other.close()
+
+    await asyncio.gather(*(writer(n) for n in range(8)))
+    assert unseen == []
+    assert db.stats["transactions"] == 200 and db.stats["batches"] < 200
