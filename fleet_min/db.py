@@ -313,7 +313,8 @@ class _OpenTransaction:
                 log.exception("the database writer failed a batch")
                 failure = StorageError(f"the write failed: {exc}")
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(sqlite3.Error):  # the writer must go on regardless
+                    conn.execute("ROLLBACK")
             _resolve_all([(fut, None, failure) for fut, _, _ in self.outcomes]
                          + [(item.future, None, failure) for item in batch])
             self._discard()
