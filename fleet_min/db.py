@@ -170,16 +170,14 @@ class _Writer:
         self.open = _OpenTransaction(conn)
         self.commit_asked = False  # the COMMIT thread was told to commit and has not started
         self._asked_at = 0.0
-        self._taken = 0  # COMMITs the thread has started (it alone counts them; `batches` is
-        #                  the loop's count of those answered)
         self._commits: queue.SimpleQueue[bool | None] = queue.SimpleQueue()
         self._committer = threading.Thread(target=self._commit_loop, name="db-commit",
                                            daemon=True)
 
     @property
     def in_flight(self) -> bool:
-        """Something has run and is not yet committed or answered."""
-        return self.commit_asked or self._taken != self.batches or bool(self.open.outcomes)
+        """Something has run and no COMMIT has taken it yet."""
+        return self.commit_asked or bool(self.open.outcomes)
 
     def start(self) -> None:
         self.loop = asyncio.get_running_loop()
@@ -194,7 +192,6 @@ class _Writer:
         while self._commits.get() is not None:
             with self.lock:
                 self.commit_asked = False
-                self._taken += 1
                 asked_at, outcomes = self._asked_at, self.open.take()
                 error: BaseException | None = None
                 try:
@@ -202,7 +199,8 @@ class _Writer:
                 except BaseException as exc:  # handed to the loop, which answers every caller
                     error = exc
                     if self.conn.in_transaction:
-                        self.conn.execute("ROLLBACK")
+                        with contextlib.suppress(sqlite3.Error):  # the thread must go on
+                            self.conn.execute("ROLLBACK")
             loop.call_soon_threadsafe(self._committed, outcomes, error, asked_at)
 
     def _committed(self, outcomes: list[_Outcome], error: BaseException | None,
@@ -211,16 +209,16 @@ class _Writer:
         self.batches += 1
         self.transactions += len(outcomes)
         if error is not None:
-            failure = (_storage(error) if isinstance(error, sqlite3.Error)
-                       else StorageError(f"the commit failed: {error}"))
+            failure = _whole_failure(error, "the commit")
             outcomes = [(fut, None, failure) for fut, _, _ in outcomes]
         _resolve_all(outcomes)
         if self.pending:
             self.wake.set()
 
     async def stop(self) -> None:
-        # Every accepted write finishes, and the connection is never closed under a COMMIT
-        # that is still running in its thread.
+        # Every accepted write runs and is taken by a COMMIT; the thread's queue is first in,
+        # first out, so joining it lets the last COMMIT finish (and its answers reach the loop
+        # meanwhile) before the connection is closed.
         self.closing = True
         while self.pending or self.in_flight:
             self.wake.set()
@@ -305,13 +303,7 @@ class _OpenTransaction:
             self.writes, self.outcomes = batch, outcomes
             return 1
         except Exception as exc:  # the transaction itself failed: nothing of it stands
-            if isinstance(exc, sqlite3.Error):
-                failure = _storage(exc)
-            elif isinstance(exc, StorageError):
-                failure = exc
-            else:
-                log.exception("the database writer failed a batch")
-                failure = StorageError(f"the write failed: {exc}")
+            failure = _whole_failure(exc, "the write")
             if conn.in_transaction:
                 with contextlib.suppress(sqlite3.Error):  # the writer must go on regardless
                     conn.execute("ROLLBACK")
@@ -385,6 +377,17 @@ def _is_storage(exc: BaseException) -> TypeGuard[sqlite3.Error]:
         getattr(exc, "sqlite_errorname", "")).startswith(_STORAGE_CODES)
 
 
+def _whole_failure(exc: BaseException, what: str) -> StorageError:
+    """What every caller of a transaction or COMMIT that failed as a whole is told: SQLite's
+    refusals in a sentence, anything else (a bug of ours) logged with its traceback."""
+    if isinstance(exc, StorageError):
+        return exc
+    if isinstance(exc, sqlite3.Error):
+        return _storage(exc)
+    log.error("the database writer failed: %s", what, exc_info=exc)
+    return StorageError(f"{what} failed: {exc}")
+
+
 def _storage(exc: sqlite3.Error) -> StorageError:
     text = str(exc)
     if "full" in text:
@@ -447,12 +450,13 @@ class Database:
         await self._reader.execute("PRAGMA busy_timeout = 30000")
 
     async def close(self) -> None:
-        if self._reader is not None:
-            await self._reader.close()
-            self._reader = None
+        """Answer and commit every write already accepted, then close both connections."""
         if self._writer is not None:
             await self._writer.stop()
             self._writer = None
+        if self._reader is not None:
+            await self._reader.close()
+            self._reader = None
 
     async def write(self, fn: Callable[..., T], *args: Any, replay: bool | None = None) -> T:
         """Run fn(conn, *args) as one transaction; return its result once committed.

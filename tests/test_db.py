@@ -290,3 +290,19 @@ async def test_every_write_is_committed_when_its_caller_hears_back(db: Database)
     await asyncio.gather(*(writer(n) for n in range(8)))
     assert unseen == []
     assert db.stats["transactions"] == 200 and db.stats["batches"] < 200
+
+
+async def test_closing_answers_and_keeps_every_write_already_accepted(tmp_path: Path) -> None:
+    """close() while writes are pending, running or committing: each is answered and stored."""
+    database = Database(tmp_path / "drain.sqlite3", SCHEMA)
+    await database.open()
+    writes = [asyncio.ensure_future(database.write(add, f"late {i}")) for i in range(60)]
+    await asyncio.sleep(0)  # the first of them start running; the rest are still pending
+    await database.close()
+    assert all(w.done() and not w.cancelled() and w.exception() is None for w in writes)
+    again = Database(tmp_path / "drain.sqlite3", SCHEMA)
+    await again.open()
+    try:
+        assert await texts(again) == {f"late {i}" for i in range(60)}
+    finally:
+        await again.close()
