@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import free_port, stop_process  # noqa: E402  (one definition, shared)
+from tests.support.collector import free_port, stop_process  # noqa: E402  (one definition, shared)
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

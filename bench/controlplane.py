@@ -3,7 +3,7 @@ for 5 runner counts through POST /api/simulate.
 
     python bench/controlplane.py [--runners 200] [--rebuilds 30] [--jobs 100000] [--quick]
 
-The host is laid out with the test fakes (tests/controlplane/fakes.py): 200 runner installations
+The host is laid out with the test fakes (tests/support/cp_fakes.py): 200 runner installations
 across 10 repositories, each with its `.runner` file and a user unit, a fake `systemctl` on PATH
 (a real executable, here a Python script) and a fake GitHub API (tests/controlplane/
 fake_github.py) that knows every runner's registration and a few queued runs.
@@ -64,8 +64,8 @@ from fleet_min.controlplane.runners import RACY_NS, discover
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
 from fleet_min.controlplane.vitals import host_vitals
 from fleet_min.db import migrate
-from tests.controlplane import fakes
-from tests.controlplane.fake_github import TOKEN, FakeGitHub
+from tests.support import cp_fakes as fakes
+from tests.support.fake_github import TOKEN, FakeGitHub
 
 REPOS = 10
 SIM_REPO = "octo/history"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.collector import ROOT
 
 pytestmark = [
     pytest.mark.slow,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.support.collector import ROOT
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fleet_min.config import COLLECTOR_SETTINGS, markdown_table
-from tests.helpers import ROOT
+from tests.support.collector import ROOT
 
 
 def test_configuration_doc_lists_every_collector_setting():

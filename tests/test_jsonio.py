@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleet_min import jsonio
-from tests.helpers import ROOT
+from tests.support.collector import ROOT
 
 needs_orjson = pytest.mark.skipif(not jsonio.FAST, reason="orjson is not installed")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from fleet_min.logs import OneLineFormatter
-from tests.helpers import ROOT, CollectorProcess, free_port
+from tests.support.collector import ROOT, CollectorProcess, free_port
 
 DEPLOY = ROOT / "deploy"
 UNITS = sorted([*DEPLOY.rglob("*.service"), *DEPLOY.rglob("*.timer")])
@@ -224,13 +224,13 @@ def test_log_level_and_sighup_without_a_log_file(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_control_plane_survives_sighup(tmp_path: Path) -> None:
-    from tests.faults.support import ControlPlaneProcess
+    from tests.support.faults import ControlPlaneProcess
 
     cp = ControlPlaneProcess(tmp_path).start()
     try:
         assert cp.proc is not None
         cp.proc.send_signal(signal.SIGHUP)
-        from tests.helpers import HttpClient
+        from tests.support.collector import HttpClient
 
         status = HttpClient(cp.url).get("/api/settings")[0]  # answered, or the process is gone
         assert status == 200

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.agent.support import http_json, python38, wait_for
+from tests.support.agent import http_json, python38, wait_for
 
 pytestmark = pytest.mark.slow
 

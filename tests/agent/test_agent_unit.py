@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.agent.support import AGENT_FILE, make_tool, python38, write_tree
+from tests.support.agent import AGENT_FILE, make_tool, python38, write_tree
 
 PI5 = {
     "/proc/device-tree/model": "Raspberry Pi 5 Model B Rev 1.0\x00",
@@ -642,7 +642,7 @@ def test_launchd_plist_runs_the_agent_with_valid_flags(fa):
 
 
 def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
-    from tests.agent.test_agent_host import FAKE_ADB, FAKE_CHROMIUM, FAKE_FLOW_RUNNER
+    from tests.support.agent import FAKE_ADB, FAKE_CHROMIUM, FAKE_FLOW_RUNNER
 
     bin_dir = tmp_path / "bin"
     make_tool(bin_dir, "adb", FAKE_ADB)

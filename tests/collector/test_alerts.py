@@ -14,7 +14,7 @@ from aiohttp import web
 from fleet_min.collector import alerts
 from fleet_min.collector.alerts import Sizes, Thresholds
 from fleet_min.collector.webhook import MAX_BACKOFF_S, backoff
-from tests.helpers import age_rows, beacon, free_port, job, registration, result_row
+from tests.support.collector import age_rows, beacon, free_port, job, registration, result_row
 
 NOW = 1_800_000_000.0
 TH = Thresholds()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import CollectorProcess, job, registration, result_row
+from tests.support.collector import CollectorProcess, job, registration, result_row
 
 MiB = 1 << 20
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from fleet_min.collector import ci_status
-from tests.helpers import job, registration, result_row
+from tests.support.collector import job, registration, result_row
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 TARGET = f"octo-org/my.app@{SHA}"

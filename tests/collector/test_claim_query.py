@@ -7,7 +7,7 @@ from __future__ import annotations
 import sqlite3
 
 from fleet_min.collector import queue
-from tests.helpers import job, registration
+from tests.support.collector import job, registration
 
 
 def _candidates(db_path, claimant, workloads, min_priority=None):

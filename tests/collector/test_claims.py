@@ -6,7 +6,7 @@ import asyncio
 import time
 
 from fleet_min.collector.app import SERVICE
-from tests.helpers import age_rows, beacon, job, registration, wait_for_polls
+from tests.support.collector import age_rows, beacon, job, registration, wait_for_polls
 
 
 async def claim(client, device_id):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import job, registration
+from tests.support.collector import job, registration
 
 
 async def test_single_spec_reply_and_job_row(client):

@@ -7,7 +7,7 @@ import pytest
 from fleet_min.collector import guard
 from fleet_min.collector.app import create_app
 from fleet_min.config import COLLECTOR_SETTINGS, resolve
-from tests.helpers import job, registration
+from tests.support.collector import job, registration
 
 TOKEN = "s3cret-dashboard-token"
 GOOD = {"X-Fleet-Token": TOKEN}

@@ -6,7 +6,7 @@ import asyncio
 import importlib.util
 import json
 
-from tests.helpers import age_rows, beacon, job, registration, result_row
+from tests.support.collector import age_rows, beacon, job, registration, result_row
 
 SHA_A = "a" * 64
 SHA_B = "b" * 64

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from fleet_min.collector import mesh
-from tests.helpers import registration
+from tests.support.collector import registration
 
 FAKE = textwrap.dedent("""\
     #!{python}

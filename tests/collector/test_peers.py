@@ -9,7 +9,7 @@ from aiohttp.test_utils import TestServer
 
 from fleet_min.collector import peers
 from fleet_min.config import ConfigError
-from tests.helpers import free_port, job, registration
+from tests.support.collector import free_port, job, registration
 
 FAKE_ID = "col-fakepeer0000"
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import (
+from tests.support.collector import (
     ROOT,
     CollectorProcess,
     beacon,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.helpers import age_rows, job, registration
+from tests.support.collector import age_rows, job, registration
 
 
 async def test_register_is_an_upsert_with_the_documented_reply(client):

@@ -3,7 +3,7 @@ collector, with rows posted the way agents post them."""
 
 from __future__ import annotations
 
-from tests.helpers import age_rows, beacon, job, registration, result_row
+from tests.support.collector import age_rows, beacon, job, registration, result_row
 
 # -- helpers -----------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from fleet_min.collector import schedules
 from fleet_min.collector.effects import Effects
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.db import migrate
-from tests.helpers import age_rows
+from tests.support.collector import age_rows
 
 TEMPLATE = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
             "params": {"prompt_tokens": 8, "gen_tokens": 8}}

@@ -10,7 +10,7 @@ import time
 
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.db import migrate
-from tests.helpers import job, registration, result_row
+from tests.support.collector import job, registration, result_row
 
 
 def _old_database(db_path, version: int) -> None:

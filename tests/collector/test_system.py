@@ -10,7 +10,7 @@ import time
 import pytest
 
 from fleet_min.config import ConfigError
-from tests.helpers import age_rows, beacon, registration
+from tests.support.collector import age_rows, beacon, registration
 
 DAY_S = 86400
 

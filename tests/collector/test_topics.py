@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from tests.collector.test_stream import StreamReader
-from tests.helpers import CollectorProcess
+from tests.support.collector import CollectorProcess
+from tests.support.stream import StreamReader
 
 
 async def publish(client, topic, payload, path="/api/events", **params):

@@ -13,7 +13,7 @@ from fleet_min.collector.app import SERVICE
 from fleet_min.collector.specs import check_spec
 from fleet_min.errors import Unprocessable
 from fleet_min.timeutil import now
-from tests.helpers import job, registration, result_row, wait_for_polls
+from tests.support.collector import job, registration, result_row, wait_for_polls
 
 
 async def test_a_failed_enqueue_in_a_shared_batch_leaves_the_others_whole(client):

@@ -32,14 +32,15 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.contract.conftest import (
+from tests.support.collector import CollectorProcess, job, registration
+from tests.support.live import (
     LiveCollector,
     LiveControlPlane,
     SlowProbes,
     start_collector,
     start_controlplane,
 )
-from tests.contract.raw import (
+from tests.support.raw_http import (
     Operation,
     Reply,
     operations,
@@ -49,7 +50,6 @@ from tests.contract.raw import (
     send_json,
     status_of,
 )
-from tests.helpers import CollectorProcess, job, registration
 
 MIB = 1 << 20
 ARTIFACT_LIMIT = MIB

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from schemathesis import Case
 
 from fleet_min import openapi
-from tests.contract.conftest import LiveCollector, LiveControlPlane, SlowProbes
+from tests.support.live import LiveCollector, LiveControlPlane, SlowProbes
 
 MAX_EXAMPLES = int(os.environ.get("FLEET_CONTRACT_EXAMPLES", "6"))
 REQUEST_TIMEOUT_S = 15

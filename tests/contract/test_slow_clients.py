@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.contract.conftest import LiveCollector, SlowProbes
-from tests.contract.raw import send, status_of
+from tests.support.live import LiveCollector, SlowProbes
+from tests.support.raw_http import send, status_of
 
 ENDED = ("closed", "answered 4")
 

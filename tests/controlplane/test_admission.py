@@ -16,8 +16,8 @@ import pytest
 from fleet_min.controlplane import store
 from fleet_min.controlplane.admission import AdmissionLog
 from fleet_min.db import Database
-from tests.controlplane import fakes
-from tests.controlplane.conftest import REPO_ROOT
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import REPO_ROOT
 
 DEPLOY = REPO_ROOT / "deploy" / "controlplane"
 HOOK = DEPLOY / "job-started.sh"

@@ -1,5 +1,5 @@
 """Every analysis endpoint against one real daemon process fed by the fake GitHub API with weeks
-of generated history (tests/controlplane/history_gen.py).
+of generated history (tests/support/history_gen.py).
 
 The daemon backfills octo/app (35 days generated, 30 fetched) and octo/lib (12 days) over HTTP
 once for the module; each test then checks one endpoint's figures against an independent
@@ -27,9 +27,10 @@ import aiohttp
 import pytest
 
 from fleet_min.timeutil import iso, parse_iso
-from tests.controlplane import fakes, history_gen
-from tests.controlplane.conftest import Daemon, Host, until
-from tests.controlplane.fake_github import FakeGitHub
+from tests.support import cp_fakes as fakes
+from tests.support import history_gen
+from tests.support.controlplane import Daemon, Host, until
+from tests.support.fake_github import FakeGitHub
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import pytest
 
 from fleet_min.controlplane import analytics, autoscale, forecast, stats, workflows
 from fleet_min.controlplane.simulate import Trace, compare, replay
-from tests.controlplane import history_gen
+from tests.support import history_gen
 
 # --- stats -------------------------------------------------------------------------------------
 

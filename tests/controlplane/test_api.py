@@ -13,8 +13,8 @@ import sqlite3
 from typing import Any
 
 from fleet_min.controlplane.app import create_app
-from tests.controlplane import fakes
-from tests.controlplane.conftest import Host, auth, cp_of, make_config, until
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
 SECRET_LINE = ("[2026-01-01 00:00:00Z ERR  Runner] auth failed "
                "token=ghp_abcdefghijklmnopqrstuvwxyz0123456789")

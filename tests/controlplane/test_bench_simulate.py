@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from tests.controlplane.conftest import REPO_ROOT
+from tests.support.controlplane import REPO_ROOT
 
 
 def test_simulation_benchmark_smoke() -> None:

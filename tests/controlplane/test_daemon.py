@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.controlplane import fakes
-from tests.controlplane.conftest import REPO_ROOT, Host, until
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import REPO_ROOT, Host, until
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from fleet_min.controlplane.procs import Proc
 from fleet_min.controlplane.runners import Discovery, Runner, attach_all, discover
-from tests.controlplane import fakes
+from tests.support import cp_fakes as fakes
 
 PAST = time.time() - 3600
 

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.controlplane import fakes
-from tests.controlplane.conftest import REPO_ROOT, Daemon, Host, until
-from tests.controlplane.fake_github import FakeGitHub
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import REPO_ROOT, Daemon, Host, until
+from tests.support.fake_github import FakeGitHub
 
 pytestmark = pytest.mark.slow
 

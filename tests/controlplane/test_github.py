@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleet_min.controlplane.github import GitHub, GitHubError, find_token
-from tests.controlplane.fake_github import TOKEN, FakeGitHub
+from tests.support.fake_github import TOKEN, FakeGitHub
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from fleet_min.controlplane import store
 from fleet_min.controlplane.github import GitHub
 from fleet_min.controlplane.history import HistoryCollector, status
 from fleet_min.db import Database
-from tests.controlplane import history_gen
-from tests.controlplane.fake_github import TOKEN, FakeGitHub
+from tests.support import history_gen
+from tests.support.fake_github import TOKEN, FakeGitHub
 
 REPO = "octo/app"
 

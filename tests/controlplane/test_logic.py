@@ -18,7 +18,7 @@ from fleet_min.controlplane.runners import discover, repo_of
 from fleet_min.controlplane.settings import BY_KEY, LiveValues, lookup
 from fleet_min.controlplane.supervisor import parse_launchctl_list, parse_show
 from fleet_min.errors import BadRequest, Forbidden, Unauthorized
-from tests.controlplane import fakes
+from tests.support import cp_fakes as fakes
 
 # --- tokens ------------------------------------------------------------------------------------
 

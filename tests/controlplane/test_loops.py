@@ -12,7 +12,7 @@ import asyncio
 
 from fleet_min.controlplane.engine import ControlPlane
 from fleet_min.controlplane.loops import stop_tasks, wait_event
-from tests.controlplane.conftest import Host, make_config, until
+from tests.support.controlplane import Host, make_config, until
 
 HANG_GUARD_S = 60  # not a performance bound: only turns a hang into a failure
 

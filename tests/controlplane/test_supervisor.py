@@ -13,8 +13,8 @@ from fleet_min.controlplane import commands
 from fleet_min.controlplane.procs import process_table
 from fleet_min.controlplane.runners import discover
 from fleet_min.controlplane.supervisor import Launchd, ServiceState, Systemd, service_name
-from tests.controlplane import fakes
-from tests.controlplane.conftest import Host, until
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import Host, until
 
 
 async def test_systemd_user_unit_start_stop_and_state(apply_env: Host) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.faults import mount_tmpfs, unmount
 
 
 class Figures:
@@ -34,19 +35,6 @@ def figures() -> Iterator[Figures]:
     target = os.environ.get("FLEET_FAULT_REPORT")
     if target:
         Path(target).write_text(text + "\n")
-
-
-def mount_tmpfs(where: Path, size: str) -> None:
-    where.mkdir(parents=True, exist_ok=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
-                             str(where)], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or 'not root'}); the "
-                    "disk-full test needs root or CAP_SYS_ADMIN")
-
-
-def unmount(where: Path) -> None:
-    subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.support import LeanAgent, Ledger, Producer, invariants, losses, read_db
-from tests.helpers import ROOT, CollectorProcess, HttpClient
+from tests.support.collector import ROOT, CollectorProcess, HttpClient
+from tests.support.faults import LeanAgent, Ledger, Producer, invariants, losses, read_db
 
 pytestmark = pytest.mark.slow
 

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from fleet_min.timeutil import parse_iso
-from tests.faults.support import faketime_lib, wait_until
-from tests.helpers import CollectorProcess, beacon, job, registration
+from tests.support.collector import CollectorProcess, beacon, job, registration
+from tests.support.faults import faketime_lib, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.agent.support import AGENT_FILE
-from tests.faults.support import (
+from tests.support.agent import AGENT_FILE
+from tests.support.collector import CollectorProcess, HttpClient, job
+from tests.support.faults import (
     NET_ERRORS,
     ControlPlaneProcess,
     LeanAgent,
@@ -31,7 +32,6 @@ from tests.faults.support import (
     seeded,
     wait_until,
 )
-from tests.helpers import CollectorProcess, HttpClient, job
 
 pytestmark = pytest.mark.slow
 

@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.faults.conftest import unmount
-from tests.faults.support import Ledger, invariants, losses, upload
-from tests.helpers import CollectorProcess, HttpClient, job, registration, result_row
+from tests.support.collector import CollectorProcess, HttpClient, job, registration, result_row
+from tests.support.faults import Ledger, invariants, losses, unmount, upload
 
 pytestmark = pytest.mark.slow
 

@@ -15,15 +15,15 @@ from typing import Any
 import pytest
 
 from fleet_min.controlplane.federation import RESEND_S
-from tests.agent.support import AGENT_FILE
-from tests.faults.support import (
+from tests.support.agent import AGENT_FILE
+from tests.support.collector import ROOT, CollectorProcess, HttpClient, job
+from tests.support.faults import (
     NET_ERRORS,
     ControlPlaneProcess,
     faketime_lib,
     read_db,
     wait_until,
 )
-from tests.helpers import ROOT, CollectorProcess, HttpClient, job
 
 pytestmark = pytest.mark.slow
 

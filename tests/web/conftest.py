@@ -9,57 +9,31 @@ Fixtures:
   uncaught exceptions (`page.watch.errors`); `shot(page, name)` writes a screenshot to
   test-artifacts/screenshots/.
 - `seeded`: a collector process with devices, jobs in every status, results, schedules,
-  artifacts, alerts and topics (tests/web/seed.py), shared by the session.
+  artifacts, alerts and topics (tests/support/web_seed.py), shared by the session.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import ROOT, CollectorProcess
-from tests.web.seed import Seeded, seed
-
-CHROMIUM = Path(os.environ.get("FLEET_TEST_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]
-SHOTS = ROOT / "test-artifacts" / "screenshots"
-DESKTOP = {"width": 1280, "height": 860}
-PHONE = {"width": 390, "height": 844}
-
-
-def _skip_reason() -> str | None:
-    # Only a missing browser skips; a missing playwright package is an error (CI installs it).
-    if not CHROMIUM.exists():
-        return (f"{CHROMIUM} is missing: install Debian's chromium package "
-                "(apt-get install -y chromium) to run the browser tests")
-    return None
-
-
-@dataclass
-class Watch:
-    """Console errors and uncaught exceptions of one page."""
-
-    errors: list[str] = field(default_factory=list)
-
-    def console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(f"console: {message.text} ({message.location.get('url')})")
-
-    def exception(self, error: Any) -> None:
-        self.errors.append(f"uncaught: {error}")
-
+from tests.support.browser import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    DESKTOP,
+    SeededCollector,
+    Watch,
+    skip_reason,
+)
+from tests.support.collector import CollectorProcess
+from tests.support.web_seed import seed
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    reason = _skip_reason()
+    reason = skip_reason()
     if reason:
         pytest.skip(reason)
     from playwright.sync_api import sync_playwright
@@ -94,23 +68,6 @@ def open_page(browser: Any) -> Iterator[Callable[..., Any]]:
     for context in contexts:
         with contextlib.suppress(Exception):
             context.close()
-
-
-def shot(page: Any, name: str, full_page: bool = True) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=full_page)
-    return path
-
-
-@dataclass
-class SeededCollector:
-    proc: CollectorProcess
-    ids: Seeded
-
-    @property
-    def url(self) -> str:
-        return self.proc.url
 
 
 @pytest.fixture(scope="session")

@@ -22,10 +22,10 @@ from urllib.parse import urlparse
 
 import pytest
 
-from tests.controlplane import fakes
-from tests.controlplane.conftest import REPO_ROOT
-from tests.controlplane.fake_github import FakeGitHub
-from tests.web.cp_fixtures import (
+from tests.support import cp_fakes as fakes
+from tests.support.controlplane import REPO_ROOT
+from tests.support.fake_github import FakeGitHub
+from tests.support.cp_fixtures import (
     BUSY_RUNNER,
     DRAIN_RUNNER,
     LOG_SECRET,

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CollectorProcess, job, registration
-from tests.web.conftest import PHONE, SeededCollector, shot
+from tests.support.collector import CollectorProcess, job, registration
+from tests.support.browser import PHONE, SeededCollector, shot
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestClient
 
 from fleet_min.collector import legacy
 from fleet_min.http import PAGE_CSP
-from tests.helpers import beacon, job, registration, result_row
+from tests.support.collector import beacon, job, registration, result_row
 
 EVIL = '<img src=x onerror="alert(1)">'
 

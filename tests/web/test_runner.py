@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import CollectorProcess, HttpClient, job
-from tests.web.conftest import shot
+from tests.support.collector import CollectorProcess, HttpClient, job
+from tests.support.browser import shot
 
 pytestmark = pytest.mark.slow
 

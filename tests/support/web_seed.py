@@ -8,7 +8,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.helpers import HttpClient, beacon, job, registration, result_row
+from tests.support.collector import HttpClient, beacon, job, registration, result_row
 
 
 @dataclass

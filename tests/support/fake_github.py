@@ -52,7 +52,7 @@ class FakeGitHub:
                                             "default_branch": "main"})
 
     def load_history(self, history: Any) -> None:
-        """Serve a generated history (tests/controlplane/history_gen.py) for its repo."""
+        """Serve a generated history (tests/support/history_gen.py) for its repo."""
         repo = self.repo(history.repo)
         repo["runs"] += history.runs
         repo["jobs"].update(history.jobs)

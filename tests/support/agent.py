@@ -321,3 +321,115 @@ def procs(tmp_path):
                 proc.stop()
         else:
             proc.stop()
+
+
+# Fake host tools: real executables on PATH that behave like adb, xcrun, a flow runner and a
+# headless browser for the subcommands the host executor uses.
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+FAKE_ADB = r'''
+state_dir = os.environ["FAKE_ADB_DIR"]
+args = sys.argv[1:]
+with open(os.path.join(state_dir, "calls.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\n")
+devices = {"R5CT1234ABC": "SM_S911B", "emulator-5554": "sdk_gphone64_x86_64"}
+if os.environ.get("FAKE_ADB_EMPTY"):
+    devices = {}
+if args[:2] == ["devices", "-l"]:
+    print("List of devices attached")
+    for serial, model in devices.items():
+        print(f"{serial:<22} device product:x model:{model} device:y transport_id:1")
+    print()
+    sys.exit(0)
+if args[0] != "-s" or args[1] not in devices:
+    print(f"adb: device '{args[1]}' not found", file=sys.stderr)
+    sys.exit(1)
+serial, rest = args[1], args[2:]
+state_file = os.path.join(state_dir, serial + ".state")
+def set_state(value):
+    open(state_file, "w").write(value)
+def get_state():
+    return open(state_file).read() if os.path.exists(state_file) else "cold"
+if rest[0] == "install":
+    import hashlib
+    data = open(rest[-1], "rb").read()
+    with open(os.path.join(state_dir, "installed.jsonl"), "a") as log:
+        log.write(json.dumps([serial, hashlib.sha256(data).hexdigest(), rest[-1]]) + "\n")
+    print("Performing Streamed Install")
+    print("Success")
+elif rest[:2] == ["exec-out", "screencap"]:
+    sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\n" + serial.encode())
+elif rest[0] == "shell":
+    cmd = rest[1:]
+    if cmd[:3] == ["cmd", "package", "resolve-activity"]:
+        print("priority=0 preferredOrder=0 match=0x108000 specificIndex=-1 isDefault=true")
+        print(cmd[-1] + "/.MainActivity")
+    elif cmd[:2] == ["am", "force-stop"]:
+        set_state("cold")
+    elif cmd[:3] == ["input", "keyevent", "KEYCODE_HOME"]:
+        set_state("hot")
+    elif cmd[:3] == ["input", "keyevent", "KEYCODE_BACK"]:
+        set_state("warm")
+    elif cmd[:2] == ["am", "start"] and "-W" in cmd:
+        counter = os.path.join(state_dir, serial + ".launches")
+        n = int(open(counter).read()) if os.path.exists(counter) else 0
+        open(counter, "w").write(str(n + 1))
+        base = {"cold": 800, "warm": 400, "hot": 150}[get_state()]
+        total = base + (n % 5) * 10
+        print("Starting: Intent { cmp=" + cmd[-1] + " }")
+        print("Status: ok")
+        print("LaunchState: " + get_state().upper())
+        print("Activity: " + cmd[-1])
+        print(f"TotalTime: {total}")
+        print(f"WaitTime: {total + 4}")
+        print("Complete")
+        set_state("foreground")
+    elif cmd[:2] == ["am", "start"]:
+        print("Starting: Intent { act=android.intent.action.VIEW }")
+    else:
+        print("unknown shell command", file=sys.stderr)
+        sys.exit(1)
+else:
+    print("unknown adb command", file=sys.stderr)
+    sys.exit(1)
+'''
+
+FAKE_XCRUN = r'''
+args = sys.argv[1:]
+with open(os.path.join(os.environ["FAKE_ADB_DIR"], "xcrun.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\n")
+if args[:4] == ["simctl", "list", "-j", "devices"]:
+    print(json.dumps({"devices": {"com.apple.CoreSimulator.SimRuntime.iOS-17-2": [
+        {"udid": "5A1B-SIM", "name": "iPhone 15", "state": "Booted", "isAvailable": True}]}}))
+elif args[:2] == ["simctl", "install"]:
+    if not os.path.isfile(os.path.join(args[3], "Info.plist")):
+        print("An error was encountered processing the command: not an app bundle",
+              file=sys.stderr)
+        sys.exit(2)
+elif args[:2] in (["simctl", "launch"], ["simctl", "terminate"]):
+    print(args[3] + ": 4242")
+else:
+    sys.exit(2)
+'''
+
+FAKE_FLOW_RUNNER = r'''
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+flows = [{"name": "login", "ok": True, "duration_ms": 1200},
+         {"name": "checkout", "ok": False, "duration_ms": 900, "error": "Pay button not found"},
+         {"name": "logout", "ok": True, "duration_ms": 300}]
+with open(args["--report"], "w") as fh:
+    json.dump({"device": args["--device"], "flows": flows}, fh)
+sys.exit(1)
+'''
+
+FAKE_CHROMIUM = r'''
+shot = [a for a in sys.argv if a.startswith("--screenshot=")]
+if shot:
+    open(shot[0].split("=", 1)[1], "wb").write(b"\x89PNG\r\n\x1a\nchromium")
+    print("written screenshot")
+elif "--dump-dom" in sys.argv:
+    print("<html><head></head><body>Hello shelf</body></html>")
+else:
+    sys.exit(2)
+'''

@@ -29,8 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from fleet_min.timeutil import parse_iso
-from tests.helpers import ROOT, HttpClient, free_port, job, registration, result_row
+from tests.support.collector import ROOT, HttpClient, free_port, job, registration, result_row
 
 NET_ERRORS = (OSError, http.client.HTTPException, ValueError)
 CLOSED = ("done", "failed", "cancelled")
@@ -370,3 +372,16 @@ def seeded(name: str) -> random.Random:
 
 def copy_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, dirs_exist_ok=True)
+
+
+def mount_tmpfs(where: Path, size: str) -> None:
+    where.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                             str(where)], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip() or 'not root'}); the "
+                    "disk-full test needs root or CAP_SYS_ADMIN")
+
+
+def unmount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], capture_output=True)

@@ -11,8 +11,6 @@ control token and serves until Ctrl-C.
 
 from __future__ import annotations
 
-from tests.helpers import stop_process
-
 import signal
 import socket
 import subprocess
@@ -22,9 +20,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from tests.controlplane import fakes
-from tests.controlplane.conftest import REPO_ROOT, Host
-from tests.controlplane.fake_github import FakeGitHub
+from tests.support import cp_fakes as fakes
+from tests.support.collector import stop_process
+from tests.support.controlplane import REPO_ROOT, Host
+from tests.support.fake_github import FakeGitHub
 
 # A secret in a runner's diagnostic log: the page must only ever show it redacted.
 LOG_SECRET = "ghp_" + "Zq8" * 12
