@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh machine, then run the whole suite.
+#   bash scripts/test.sh            the full suite (what CI runs)
+#   bash scripts/test.sh --fast     the fast lane: no browser, no process fleets or fault loops,
+#                                   no long fuzzing (tests/conftest.py says what it leaves out)
+# Any other arguments go to pytest (a file, -k EXPR, -x, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
@@ -25,5 +29,7 @@ if [ "${#packages[@]}" -gt 0 ]; then
   fi
 fi
 
-python3 -m pip install --quiet --editable ".[test,fast]"
+# The test and dev tools and every dependency at the versions the suite passes with (see the
+# file's header for how to refresh them on purpose).
+python3 -m pip install --quiet --constraint constraints.txt --editable ".[test,fast]"
 exec python3 -m pytest "$@"

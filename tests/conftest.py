@@ -13,6 +13,32 @@ from fleet_min.config import COLLECTOR_SETTINGS, resolve
 
 CollectorFactory = Callable[..., Any]
 
+# The fast lane (`pytest --fast`, `bash scripts/test.sh --fast`) for the edit-test loop: it leaves
+# out what needs a browser, the end-to-end runs of real process fleets and fault loops (marked
+# slow) and the long fuzzing runs. The full suite stays what CI runs.
+FAST_LANE_SKIPS = ("slow", "browser", "fuzz")
+BROWSER_FIXTURES = frozenset({"browser", "open_page"})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true",
+                     help="the fast lane: leave out tests marked " + ", ".join(FAST_LANE_SKIPS))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if BROWSER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.browser)
+    if not config.getoption("--fast"):
+        return
+    kept, left_out = [], []
+    for item in items:
+        skip = any(item.get_closest_marker(name) for name in FAST_LANE_SKIPS)
+        (left_out if skip else kept).append(item)
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = kept
+
 
 @pytest.fixture
 def collector_factory(aiohttp_client: Any, tmp_path: Path) -> CollectorFactory:

@@ -24,3 +24,36 @@ def test_readme_quick_start_is_what_ci_runs():
     assert blocks[0] == "python3 -m pip install . && python3 -m fleet_min collector"
     assert blocks[1] == "bash scripts/test.sh"
     assert "bash scripts/test.sh" in ci
+
+
+def _pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"constraints.txt pins exact versions only: {line!r}"
+            pins[name] = version
+    return pins
+
+
+def test_the_test_command_installs_the_pinned_tools():
+    """A fresh machine gets the versions the suite passes with, not the newest releases: every
+    requirement of the package, its test extra and its fast extra is pinned exactly, and the
+    README's test command installs through the pins."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + [r for extra in ("test", "fast")
+                                        for r in project["optional-dependencies"][extra]]
+    pins = _pins()
+    for text in wanted:
+        requirement = Requirement(text)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in pins, f"{name} is not pinned in constraints.txt"
+        assert requirement.specifier.contains(Version(pins[name])), (
+            f"constraints.txt pins {name}=={pins[name]}, outside pyproject's {requirement}")
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    assert "--constraint constraints.txt" in script

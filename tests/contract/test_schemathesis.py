@@ -28,6 +28,8 @@ from schemathesis import Case
 from fleet_min import openapi
 from tests.support.live import LiveCollector, LiveControlPlane, SlowProbes
 
+pytestmark = pytest.mark.fuzz
+
 MAX_EXAMPLES = int(os.environ.get("FLEET_CONTRACT_EXAMPLES", "6"))
 REQUEST_TIMEOUT_S = 15
 # unsupported_method is left out: its one finding here (a 405 without Allow) would fail every

@@ -20,6 +20,7 @@ import math
 import os
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -28,6 +29,8 @@ from fleet_min.collector import alerts, artifacts, cron, guard, schedules, topic
 from fleet_min.controlplane import analysis, auth, federation, runners
 from fleet_min.controlplane import settings as live
 from fleet_min.errors import Refused
+
+pytestmark = pytest.mark.fuzz
 
 FUZZ = settings(max_examples=int(os.environ.get("FLEET_FUZZ_EXAMPLES", "300")), deadline=None,
                 database=None, suppress_health_check=list(HealthCheck))
