@@ -290,6 +290,7 @@ def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
     return "waiting", None, spec
 
 
+CASCADE_EVENTS = 100  # dependents failed together that each get a job event on the stream
 REASON_CHARS = 200  # of a failed dependency's own error, quoted in its dependents' errors
 
 
@@ -687,10 +688,14 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
 
 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
-           now: float, effects: Effects) -> None:
+           now: float, effects: Effects) -> list[str]:
     """Close a job and then whatever its closing settles: waiters promoted or failed, fan-out
-    parents closed. A work list, not recursion: a chain of 10,000 dependents must close in one
-    transaction without 10,000 nested calls (clients shape the chains)."""
+    parents closed. The ids of the other jobs this closed (failed or cancelled) come back.
+
+    A work list, not recursion: a chain of 10,000 dependents (clients shape the chains) closes
+    in one transaction without 10,000 nested calls."""
+    first = row["job_id"]
+    closed: list[str] = []
     work: list[tuple[sqlite3.Row, str, str | None]] = [(row, status, error)]
     while work:
         row, status, error = work.pop()
@@ -699,16 +704,20 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
             _unlock(conn, row["job_id"])
         effects.job(row["job_id"], status, row["workload"], row["executor"],
                     **({"last_error": error} if error else {}))
+        if row["job_id"] != first and status != "done":
+            closed.append(row["job_id"])
         groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
         if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
             if status == "done":
                 work.extend(_promote_waiters(conn, row["job_id"], now, effects))
             else:
-                groups += _fail_dependents(conn, row["job_id"], status, error, now, effects)
+                groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
+                                           closed)
         for parent_id in groups:
             settled = _settle_group(conn, parent_id)
             if settled is not None:
                 work.append(settled)
+    return closed
 
 
 def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects
@@ -762,15 +771,27 @@ RETURNING seq, job_id, workload, executor, parent_job_id
 
 
 def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: str | None,
-                     now: float, effects: Effects) -> list[str]:
+                     now: float, effects: Effects, closed: list[str]) -> list[str]:
     """Fail every job waiting on `root`, however long the chain, in one statement; each gets
-    the same short sentence naming the root. The fan-out parents to settle come back."""
+    the same short sentence naming the root, and its id is added to `closed`. The fan-out
+    parents to settle come back.
+
+    Only the first CASCADE_EVENTS of them get a job event on the live stream, then one
+    `cascade` event counts them all: 10,000 events in one burst to each of hundreds of stream
+    clients held the event loop for over a second. The listeners still get every job."""
     reason = _dependency_error(root, status, error)
     rows = conn.execute(_FAIL_DEPENDENTS, {"root": root, "now": now, "error": reason}).fetchall()
     rows.sort(key=lambda r: r["seq"])  # RETURNING comes in no promised order
-    doomed = {r["job_id"] for r in rows}
-    for r in rows:
+    for r in rows[:CASCADE_EVENTS]:
         effects.job(r["job_id"], "failed", r["workload"], r["executor"], last_error=reason)
+    if len(rows) > CASCADE_EVENTS:
+        effects.unstreamed.extend(
+            {"type": "job", "job_id": r["job_id"], "status": "failed", "workload": r["workload"],
+             "executor": r["executor"], "last_error": reason} for r in rows[CASCADE_EVENTS:])
+        effects.emit("cascade", job_id=root, failed=len(rows), streamed=CASCADE_EVENTS,
+                     last_error=reason)
+    doomed = {r["job_id"] for r in rows}
+    closed.extend(r["job_id"] for r in rows)
     return list(dict.fromkeys(r["parent_job_id"] for r in rows
                               if r["parent_job_id"] and r["parent_job_id"] not in doomed))
 
@@ -850,20 +871,19 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
     if row["status"] in CLOSED:
         raise Conflict(f"job {job_id} is already {row['status']}")
     was = row["status"]
-    mark = len(effects.events)
+    cascaded: list[str] = []
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
             _end_attempt(conn, child, "cancelled", "cancelled by an operator", now)
-            _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
+            cascaded.append(child["job_id"])
+            cascaded += _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
         row = _job_row(conn, job_id)
         assert row is not None
     if row["status"] not in CLOSED:
         _end_attempt(conn, row, "cancelled", "cancelled by an operator", now)
-        _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
-    cascaded = [e["job_id"] for e in effects.events[mark:]
-                if e["type"] == "job" and e["job_id"] != job_id
-                and e["status"] in ("failed", "cancelled")]
+        cascaded += _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
+    cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
     return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
 
 
