@@ -1,0 +1,170 @@
+"""Inputs shaped to crash or poison the collector: dependency chains thousands of jobs long,
+bodies nested past any parser's recursion, text that is not valid Unicode. Each must get a clear
+answer (or be stored and served) without a 500, a stalled sweep or a collector that cannot
+restart. The in-process `client` serves most; a real process where a restart matters.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.support.collector import (
+    CollectorProcess,
+    age_rows,
+    job,
+    registration,
+    result_row,
+)
+from tests.support.stream import StreamReader
+
+# ---------------------------------------------------------------------------------------------
+# Long dependency chains
+
+
+def chain(prefix: str, length: int, start: int = 0, **root: Any) -> list[dict[str, Any]]:
+    """Jobs prefix-<start> .. prefix-<start + length - 1>, each depending on the one before
+    (the first on prefix-<start - 1> when start > 0); `root` fields go to the very first."""
+    specs = []
+    for i in range(start, start + length):
+        fields: dict[str, Any] = dict(root) if i == 0 else {"depends_on": [f"{prefix}-{i - 1}"]}
+        specs.append(job(f"{prefix}-{i}", **fields))
+    return specs
+
+
+async def enqueue_chain(client: Any, prefix: str, length: int, **root: Any) -> None:
+    """A chain enqueued over several requests of at most 1,000 jobs each."""
+    for start in range(0, length, 1000):
+        resp = await client.post("/jobs", json=chain(prefix, min(1000, length - start), start,
+                                                     **root))
+        assert resp.status == 201, await resp.text()
+
+
+async def job_of(client: Any, job_id: str) -> dict[str, Any]:
+    resp = await client.get(f"/jobs/{job_id}")
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body
+
+
+async def claim_root(client: Any, device: str, job_id: str) -> None:
+    assert (await client.post("/devices/register", json=registration(device))).status == 200
+    resp = await client.get(f"/devices/{device}/next-job")
+    assert resp.status == 200 and (await resp.json())["job_id"] == job_id
+
+
+async def test_cancel_fails_a_chain_of_10000_in_one_request(client):
+    await enqueue_chain(client, "c", 10_000)
+    resp = await client.post("/api/jobs/c-0/cancel")
+    assert resp.status == 200, await resp.text()
+    reply = await resp.json()
+    assert reply["was"] == "queued" and len(reply["cascaded"]) == 9_999
+    assert reply["cascaded"][:2] == ["c-1", "c-2"] and reply["cascaded"][-1] == "c-9999"
+    for job_id in ("c-1", "c-5000", "c-9999"):
+        row = await job_of(client, job_id)
+        # One short sentence naming the root, the same at the end of the chain as at its head.
+        assert row["status"] == "failed"
+        assert row["last_error"] == "dependency 'c-0' was cancelled: cancelled by an operator"
+    overview = await (await client.get("/api/overview")).json()
+    assert overview["queue"]["failed"] == 9_999 and overview["queue"]["cancelled"] == 1
+    # The collector goes on: the sweep, a fresh enqueue, the listings.
+    assert (await client.post("/jobs/sweep")).status == 200
+    assert (await client.post("/jobs", json=job("after"))).status == 201
+    assert (await client.get("/api/jobs?status=failed")).status == 200
+
+
+async def test_a_failed_final_row_fails_the_chain_with_a_bounded_error(client):
+    await enqueue_chain(client, "f", 1_500)
+    await claim_root(client, "d", "f-0")
+    resp = await client.post("/results", json=result_row("f-0", "d", 0, final=True, ok=False,
+                                                         error="x" * 4000))
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["status"] == "failed"
+    tail = await job_of(client, "f-1499")
+    assert tail["status"] == "failed"
+    assert tail["last_error"] == "dependency 'f-0' failed: " + "x" * 197 + "..."
+
+
+async def test_the_sweep_fails_a_lapsed_root_and_its_chain(client, db_path):
+    await enqueue_chain(client, "s", 1_000, lease={"max_attempts": 1})
+    await claim_root(client, "d", "s-0")
+    age_rows(db_path, "UPDATE jobs SET lease_deadline = 1 WHERE job_id = 's-0'")
+    resp = await client.post("/jobs/sweep")
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["failed"] == ["s-0"]
+    tail = await job_of(client, "s-999")
+    assert tail["status"] == "failed" and tail["last_error"].startswith("dependency 's-0' failed")
+    again = await client.post("/jobs/sweep")
+    assert again.status == 200 and (await again.json()) == {"ok": True, "requeued": [],
+                                                            "failed": []}
+
+
+async def test_a_chain_listed_last_to_first_is_enqueued_in_one_request(client):
+    specs = list(reversed(chain("r", 1_000)))  # every job before the one it depends on
+    resp = await client.post("/jobs", json=specs)
+    assert resp.status == 201, await resp.text()
+    statuses = {j["job_id"]: j["status"] for j in (await resp.json())["jobs"]}
+    assert statuses["r-0"] == "queued" and statuses["r-999"] == "waiting"
+
+
+async def test_a_cycle_of_1000_is_refused_in_one_sentence(client):
+    specs = chain("y", 1_000)
+    specs[0]["depends_on"] = ["y-999"]
+    resp = await client.post("/jobs", json=specs)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error.startswith("the dependencies form a cycle: ") and len(error) < 200, error
+    assert (await client.get("/api/jobs")).status == 200
+    assert (await (await client.get("/api/jobs")).json())["total"] == 0
+
+
+async def test_promotion_walks_a_long_chain_one_job_at_a_time(client):
+    await enqueue_chain(client, "p", 2_000)
+    await claim_root(client, "d", "p-0")
+    for i in range(3):
+        resp = await client.post("/results", json=result_row(f"p-{i}", "d", 0, final=True,
+                                                             ok=True))
+        assert (await resp.json())["status"] == "done"
+        assert (await job_of(client, f"p-{i + 1}"))["status"] == "queued"
+        assert (await job_of(client, f"p-{i + 2}"))["status"] == "waiting"
+        got = await client.get("/devices/d/next-job")
+        assert (await got.json())["job_id"] == f"p-{i + 1}"
+
+
+async def test_a_long_cascade_streams_a_bounded_number_of_events(client):
+    await enqueue_chain(client, "e", 1_000)
+    async with StreamReader(client) as reader:
+        assert (await client.post("/api/jobs/e-0/cancel")).status == 200
+        events = []
+        while not events or events[-1]["type"] != "cascade":
+            events.append(await reader.event())
+    jobs = [e for e in events if e["type"] == "job"]
+    assert jobs[0]["job_id"] == "e-0" and jobs[0]["status"] == "cancelled"
+    assert [e["job_id"] for e in jobs[1:]] == [f"e-{i}" for i in range(1, 101)]
+    cascade = events[-1]
+    assert cascade["job_id"] == "e-0" and cascade["failed"] == 999
+    assert cascade["streamed"] == 100
+    assert cascade["last_error"] == "dependency 'e-0' was cancelled: cancelled by an operator"
+
+
+def test_a_restart_fails_a_chain_whose_root_lapsed_while_it_was_down(tmp_path: Path) -> None:
+    proc = CollectorProcess(tmp_path / "data").start()
+    try:
+        http = proc.client
+        assert http.post("/devices/register", registration("d"))[0] == 200
+        for start in (0, 1000):
+            status, _ = http.post("/jobs", chain("x", 1000, start, lease={"max_attempts": 1}))
+            assert status == 201
+        status, got = http.get("/devices/d/next-job")
+        assert status == 200 and got["job_id"] == "x-0"
+    finally:
+        proc.stop()
+    age_rows(tmp_path / "data" / "fleet.sqlite3",
+             "UPDATE jobs SET lease_deadline = 1 WHERE job_id = 'x-0'")
+    proc.start()  # the start-up sweep fails the root and the chain; start waits for health
+    try:
+        status, tail = proc.client.get("/jobs/x-1999")
+        assert status == 200 and tail["status"] == "failed", tail
+        assert proc.client.post("/jobs/sweep")[0] == 200
+    finally:
+        proc.stop()
