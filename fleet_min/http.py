@@ -57,13 +57,16 @@ def error_response(status: int, message: str) -> web.Response:
 
 
 async def read_json(request: web.Request, limit: int | None = None) -> Any:
-    """The request body as JSON, refused with 413 past the limit and 400 when malformed."""
+    """The request body as JSON, refused with 413 past the limit and 400 when malformed or
+    nested deeper than jsonio.MAX_DEPTH levels."""
     limit = limit if limit is not None else request.app.get(MAX_JSON_KEY, 1 << 20)
     if request.content_length is not None and request.content_length > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
     raw = await _read_body(request, limit)
     if not raw.strip():
         raise BadRequest("the request needs a JSON body")
+    if jsonio.too_deep(raw):  # before any parser recurses into it
+        raise BadRequest(f"the JSON body is nested deeper than {jsonio.MAX_DEPTH} levels")
     parsed, value = jsonio.loads_quick(raw)
     if parsed:
         return value

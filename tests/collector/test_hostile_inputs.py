@@ -9,13 +9,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from fleet_min.collector import templates
 from tests.support.collector import (
+    ROOT,
     CollectorProcess,
     age_rows,
     job,
     registration,
     result_row,
 )
+from tests.support.raw_http import send
 from tests.support.stream import StreamReader
 
 # ---------------------------------------------------------------------------------------------
@@ -168,3 +173,112 @@ def test_a_restart_fails_a_chain_whose_root_lapsed_while_it_was_down(tmp_path: P
         assert proc.client.post("/jobs/sweep")[0] == 200
     finally:
         proc.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep nesting
+
+DEPTH_ERROR = "the JSON body is nested deeper than 64 levels"
+JSON_TYPE = {"Content-Type": "application/json"}
+
+
+def arrays(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def objects(depth: int) -> bytes:
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+TOO_DEEP = {
+    "arrays 65 deep": arrays(65),
+    "objects 65 deep": objects(65),
+    "a spec with params 63 deep": b'{"schema":1,"job_id":"d","workload":"benchmark",'
+                                  b'"executor":"device","params":{"x":' + arrays(63) + b"}}",
+    "arrays 1,000 deep, which the parsers take": arrays(1_000),
+    "60,000 [ that never close": b"[" * 60_000,  # within a topic payload's 64 KiB
+}
+
+
+@pytest.mark.parametrize("path", ["/jobs", "/results", "/devices/register", "/api/events/deep",
+                                  "/api/jobs/preview-targets"])
+async def test_bodies_nested_deeper_than_64_levels_are_refused(client, path):
+    for what, body in TOO_DEEP.items():
+        resp = await client.post(path, data=body, headers=JSON_TYPE)
+        assert resp.status == 400, (what, resp.status, await resp.text())
+        assert (await resp.json())["error"] == DEPTH_ERROR, what
+    if path == "/jobs":  # the crash of an old orjson: within the 1 MiB limit of most routes
+        resp = await client.post(path, data=b"[" * 200_000, headers=JSON_TYPE)
+        assert resp.status == 400 and (await resp.json())["error"] == DEPTH_ERROR
+    overview = await (await client.get("/api/overview")).json()
+    assert overview["queue"] == dict.fromkeys(overview["queue"], 0)
+    assert (await (await client.get("/api/events")).json())["topics"] == []
+
+
+async def test_64_levels_and_brackets_inside_strings_pass(client):
+    resp = await client.post("/api/events/deep", data=arrays(64), headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    quoted = b'{"s": "' + b"[" * 500 + b'\\"[{' + b'", "t": "\\\\", "u": [[1]]}'
+    resp = await client.post("/api/events/deep", data=quoted, headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    seq = (await resp.json())["seq"]
+    events = (await (await client.get("/api/events/deep")).json())["events"]
+    [kept] = [e["payload"] for e in events if e["seq"] == seq]
+    assert kept == {"s": "[" * 500 + '"[{', "t": "\\", "u": [[1]]}
+
+
+def nested_list(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_spec_nested_60_deep_is_stored_and_shown(client):
+    deep = nested_list(60)
+    spec = job("deep-spec", params={"deep": deep})
+    assert (await client.post("/jobs", json=spec)).status == 201
+    assert (await job_of(client, "deep-spec"))["spec"]["params"]["deep"] == deep
+    listing = await client.get("/api/jobs")
+    assert listing.status == 200
+    assert (await listing.json())["jobs"][0]["spec"]["params"]["deep"] == deep
+    detail = await client.get("/api/jobs/deep-spec")
+    assert detail.status == 200 and (await detail.json())["spec"]["params"]["deep"] == deep
+    for page in ("/dash/legacy", "/dash/legacy/jobs", "/dash/legacy/jobs/deep-spec"):
+        resp = await client.get(page)
+        assert resp.status == 200, (page, await resp.text())
+    await claim_root(client, "d", "deep-spec")  # and the agent gets it whole
+
+
+def test_template_rewriting_walks_any_depth_without_recursion():
+    deep = "${jobs.make.artifact}"
+    for _ in range(5_000):  # deeper than the recursion limit: a row from before the body limit
+        deep = [deep]
+    rewritten = templates.rewrite({"params": {"x": deep}}, lambda job_id, kind, key: "a" * 64)
+    inner = rewritten["params"]["x"]
+    for _ in range(5_000):
+        inner = inner[0]
+    assert inner == "a" * 64
+
+
+def test_a_collector_with_an_old_orjson_runs_on_the_json_module(tmp_path: Path) -> None:
+    fake = tmp_path / "old-orjson"
+    fake.mkdir()
+    # What an old wheel left behind looks like from outside (the real 3.8.3 would crash on
+    # `[` * 200,000; this one is the json module under that version number).
+    (fake / "orjson.py").write_text(
+        "__version__ = '3.8.3'\nimport json\nclass JSONDecodeError(ValueError):\n    pass\n"
+        "def loads(raw):\n    raise AssertionError('an untrusted orjson was asked to parse')\n"
+        "def dumps(value):\n    raise AssertionError('an untrusted orjson was asked to write')\n")
+    proc = CollectorProcess(tmp_path / "data", env={"PYTHONPATH": f"{fake}:{ROOT}"}).start()
+    try:
+        status, health = proc.client.get("/api/health")
+        assert status == 200 and "orjson" not in health["speedups"]
+        status, reply = proc.client.post("/jobs", job("plain"))
+        assert status == 201 and reply["status"] == "queued"
+        reply_raw = send(proc.url, "POST", "/jobs", b"[" * 200_000, JSON_TYPE)
+        assert reply_raw.status == 400 and reply_raw.json()["error"] == DEPTH_ERROR
+    finally:
+        proc.stop()
+    lines = [line for line in proc.log().splitlines() if "orjson 3.8.3" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "3.11.6" in lines[0], proc.log()
