@@ -180,3 +180,59 @@ def _peak(shape: bytes) -> int:
     """The deepest point of a shape: after i brackets, 2 x (openers so far) - i, taken with
     C-level iterators (60 ns a bracket), never a Python loop."""
     return max(map(operator.sub, accumulate(shape.translate(_TWO_ZERO)), count(1)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Lone surrogates: a \\ud800 escape with no partner parses to a string that is not Unicode
+# text. Stored, it breaks every reply and page that includes it, so bodies holding one are
+# refused. orjson already refuses them, so only bodies the json module parsed can hold one, and
+# only those whose bytes hold such an escape need their strings looked at.
+
+_LONE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_PATH_STEPS = 8  # a longer path is shown with "(...)" in the middle
+
+
+def may_hold_surrogate(raw: bytes | bytearray) -> bool:
+    """Whether the JSON text holds a \\uD800-\\uDFFF escape (a pair's halves too): one C
+    search, and nearly every body answers no."""
+    return b"\\u" in raw and _LONE_ESCAPE.search(raw) is not None
+
+
+def lone_surrogate(value: Any) -> str | None:
+    """A sentence naming the first string or key under value (document order) that holds a lone
+    surrogate, or None. A parsed pair is one character, so any surrogate left is alone. Walked
+    with a stack of its own, not recursion."""
+    stack: list[tuple[tuple[str, ...], Any]] = [((), value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found:
+                return _not_text(_path_text(path) or "the body", found.group())
+        elif isinstance(item, dict):
+            for key in item:
+                found = _SURROGATE.search(key) if isinstance(key, str) else None
+                if found:
+                    return _not_text(f"a key of {_path_text(path) or 'the body'}", found.group())
+            stack.extend(((*path, "." + _step(key)), child)
+                         for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend(((*path, f"[{index}]"), child)
+                         for index, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _step(key: Any) -> str:
+    """A key as a step of a path in one line of text: cut short, control characters escaped."""
+    text = key[:60] if isinstance(key, str) else str(key)
+    return text if text.isprintable() else json.dumps(text)
+
+
+def _path_text(path: tuple[str, ...]) -> str:
+    if len(path) > _PATH_STEPS:
+        path = (*path[:4], ".(...)", *path[-3:])
+    return "".join(path).removeprefix(".")
+
+
+def _not_text(where: str, char: str) -> str:
+    return f"{where} is not valid Unicode text (a lone surrogate \\u{ord(char):04x})"

@@ -6,6 +6,7 @@ restart. The in-process `client` serves most; a real process where a restart mat
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -282,3 +283,70 @@ def test_a_collector_with_an_old_orjson_runs_on_the_json_module(tmp_path: Path) 
         proc.stop()
     lines = [line for line in proc.log().splitlines() if "orjson 3.8.3" in line]
     assert len(lines) == 1 and "WARNING" in lines[0] and "3.11.6" in lines[0], proc.log()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lone surrogates
+
+LONE = "\ud800"  # json.dumps writes it as the escape \ud800, which json.loads takes back
+
+
+def not_text(where: str, code: str = "d800") -> str:
+    return f"{where} is not valid Unicode text (a lone surrogate \\u{code})"
+
+
+SURROGATE_BODIES = [
+    ("/jobs", job("s1", params={"prompt": "a" + LONE + "b"}), not_text("params.prompt")),
+    ("/jobs", job(LONE + "x"), not_text("job_id")),
+    ("/jobs", [job("s2"), job("s3", params={"x": ["ok", "\udc00"]})],
+     not_text("[1].params.x[1]", "dc00")),
+    ("/devices/register", registration("s-dev", descriptor={"model": LONE}),
+     not_text("descriptor.model")),
+    ("/results", result_row("j", "d", 1, metrics={LONE: 1.0}), not_text("a key of metrics")),
+    ("/results", result_row("j", "d", 1, metrics={"note": "x\udfff"}),
+     not_text("metrics.note", "dfff")),
+    ("/results", {"schema": 1, "kind": "beacon", "device_id": "d", "beacon": {"thermal": LONE}},
+     not_text("beacon.thermal")),
+    ("/api/events/t", LONE, not_text("the body")),
+    ("/api/events/t", {"a\nb": {"c": [LONE]}}, not_text('"a\\nb".c[0]')),
+    ("/api/schedules", {"id": "s", "cron": "@daily", "template": {
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": LONE}},
+     not_text("template.backend")),
+]
+
+
+@pytest.mark.parametrize("path, body, error", SURROGATE_BODIES,
+                         ids=[f"{p} {e}" for p, _, e in SURROGATE_BODIES])
+async def test_a_lone_surrogate_in_a_body_is_refused_naming_the_field(client, path, body, error):
+    assert (await client.post("/devices/register", json=registration("d"))).status == 200
+    resp = await client.post(path, json=body)
+    assert resp.status == 400, await resp.text()
+    assert (await resp.json())["error"] == error
+    for listing in ("/api/jobs", "/api/devices", "/api/results", "/api/events", "/dash/legacy"):
+        assert (await client.get(listing)).status == 200, listing
+
+
+async def test_a_surrogate_pair_is_one_character_and_welcome(client):
+    spec = job("pair", params={"prompt": "\U0001f600 and \ud83d\ude00"})
+    resp = await client.post("/jobs", data=json.dumps(spec).encode(), headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    assert (await job_of(client, "pair"))["spec"]["params"]["prompt"] == "\U0001f600 and \U0001f600"
+    escaped_backslash = b'{"note": "\\\\ud800 is only text here"}'
+    resp = await client.post("/api/events/t", data=escaped_backslash, headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+
+
+async def test_paths_queries_and_headers_cannot_carry_a_lone_surrogate(client):
+    """UTF-8 of a surrogate (ED A0 80) percent-encoded: a path segment keeps its escapes, a query
+    value is decoded with U+FFFD for the bytes that are not UTF-8, a header is refused."""
+    assert (await client.get("/jobs/%ED%A0%80")).status == 404
+    assert (await client.get("/devices/%ED%A0%80/next-job")).status == 404
+    assert (await client.get("/executor/next-job?name=%ED%A0%80")).status == 204
+    resp = await client.post("/api/events/t?source=%ED%A0%80", json={"a": 1})
+    assert resp.status == 201
+    [event] = (await (await client.get("/api/events/t")).json())["events"]
+    assert LONE not in event["source"] and "\ufffd" in event["source"]
+    for listing in ("/api/jobs?q=%ED%A0%80", "/api/results?device=%ED%A0%80",
+                    "/dash/legacy/jobs?q=%ED%A0%80"):
+        assert (await client.get(listing)).status == 200, listing
+    assert (await client.get("/api/events")).status == 200
