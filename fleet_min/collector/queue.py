@@ -904,6 +904,7 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
     while f"{base}-r{suffix}" in taken:
         suffix += 1
     spec = json.loads(row["spec"])
+    refuse_lone_surrogates(spec, f"job {job_id}'s stored spec")
     spec["job_id"] = f"{base}-r{suffix}"
     params = spec.get("params")
     if isinstance(params, dict):
@@ -914,6 +915,16 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
                    parent=None)
     return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
             **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
+
+
+def refuse_lone_surrogates(spec: dict[str, Any], whose: str,
+                           remedy: str = "enqueue a corrected copy instead") -> None:
+    """Refuse (409) to store again a spec read back from the database that holds a lone
+    surrogate: an older collector stored such bodies, and their text cannot go into SQLite's
+    UTF-8 columns. Only specs from the database need this; bodies are checked as they arrive."""
+    problem = jsonio.lone_surrogate(spec)
+    if problem:
+        raise Conflict(f"{whose} holds text that is not Unicode ({problem}); {remedy}")
 
 
 def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,

@@ -17,6 +17,7 @@ from tests.support.collector import (
     ROOT,
     CollectorProcess,
     age_rows,
+    edit_rows,
     job,
     registration,
     result_row,
@@ -350,3 +351,78 @@ async def test_paths_queries_and_headers_cannot_carry_a_lone_surrogate(client):
                     "/dash/legacy/jobs?q=%ED%A0%80"):
         assert (await client.get(listing)).status == 200, listing
     assert (await client.get("/api/events")).status == 200
+
+
+# JSON columns as an older collector stored them: its json.dumps wrote a lone surrogate as the
+# escape \ud800 (the raw character cannot be written to SQLite as UTF-8 at all).
+OLD_ROWS = [
+    ("UPDATE jobs SET spec = ? WHERE job_id = 'old-job'",
+     json.dumps(job("old-job", params={"prompt": LONE, "\udc00k": 1}, targets={"pool": LONE}))),
+    ("UPDATE devices SET descriptor = ?, last_beacon = ?, pools = ? WHERE device_id = 'old-dev'",
+     json.dumps({"model": LONE + " phone", "os": "x"}), json.dumps({"thermal": LONE}),
+     json.dumps(["shelf", LONE])),
+    ("UPDATE results SET metrics = ?, device = ?, extra = ? WHERE job_id = 'old-job'",
+     json.dumps({LONE: 1.0, "note": "\udfff", "decode_tok_s": 5.0}),
+     json.dumps({"model": LONE}), json.dumps({"x": LONE})),
+    ("UPDATE beacons SET body = ?", json.dumps({"thermal": LONE, "battery_pct": 50})),
+    ("UPDATE schedules SET template = ?", json.dumps({
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": LONE})),
+    ("UPDATE topic_events SET payload = ?", json.dumps({"text": LONE})),
+]
+JSON_READS = ["/api/jobs", "/api/jobs/old-job", "/jobs/old-job", "/api/devices",
+              "/api/devices/old-dev", "/api/devices/old-dev/beacons", "/api/results",
+              "/api/overview", "/api/schedules", "/api/events", "/api/events/old-topic",
+              "/api/results/bench"]
+PAGES = ["/dash/legacy", "/dash/legacy/devices", "/dash/legacy/devices/old-dev",
+         "/dash/legacy/jobs", "/dash/legacy/jobs/old-job", "/dash/legacy/results",
+         "/dash/legacy/schedules"]
+
+
+async def seed_for_old_rows(client: Any) -> None:
+    assert (await client.post("/jobs", json=job("old-job"))).status == 201
+    await claim_root(client, "old-dev", "old-job")
+    posts = [("/results", result_row("old-job", "old-dev", 1, metrics={"decode_tok_s": 5.0})),
+             ("/results", {"schema": 1, "kind": "beacon", "device_id": "old-dev",
+                           "job_id": "old-job", "beacon": {"battery_pct": 50}}),
+             ("/api/schedules", {"id": "old-sched", "cron": "@daily", "template": {
+                 "schema": 1, "workload": "benchmark", "executor": "device",
+                 "backend": "synthetic"}}),
+             ("/api/events/old-topic", {"text": "fine"})]
+    for path, body in posts:
+        resp = await client.post(path, json=body)
+        assert resp.status in (200, 201), (path, await resp.text())
+
+
+async def test_reads_survive_lone_surrogates_left_in_an_old_database(client, db_path):
+    await seed_for_old_rows(client)
+    for sql, *params in OLD_ROWS:
+        edit_rows(db_path, sql, tuple(params))
+    for path in JSON_READS:
+        resp = await client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+        await resp.json()  # valid JSON, the surrogate written as its escape
+    raw = await (await client.get("/api/jobs/old-job")).read()
+    assert b'"prompt":"\\ud800"' in raw
+    for path in PAGES:
+        resp = await client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+    page = await (await client.get("/dash/legacy/devices/old-dev")).text()
+    assert "\ufffd phone" in page  # shown as the replacement character
+    # The old job can still be cancelled, retried and claimed, and the stream carries it all.
+    async with StreamReader(client) as reader:
+        assert (await client.post("/api/jobs/old-job/cancel")).status == 200
+        assert (await reader.next_of("job"))["job_id"] == "old-job"
+    # A copy cannot be stored (SQLite's text is UTF-8): retrying and running the schedule say
+    # why, with the field.
+    resp = await client.post("/api/jobs/old-job/retry")
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"] == (
+        "job old-job's stored spec holds text that is not Unicode ("
+        + not_text("a key of params", "dc00") + "); enqueue a corrected copy instead")
+    resp = await client.post("/api/schedules/old-sched/run")
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"] == (
+        "the template of schedule old-sched holds text that is not Unicode ("
+        + not_text("backend") + "); replace the template (PATCH the schedule)")
+    for path in ("/api/jobs", "/api/schedules", "/dash/legacy/schedules"):
+        assert (await client.get(path)).status == 200, path
