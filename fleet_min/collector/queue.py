@@ -725,8 +725,10 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
     """Queue the waiters of a job just done whose every dependency is done; the waiters whose
     template references cannot be resolved come back, to be failed by the caller."""
     unresolvable: list[tuple[sqlite3.Row, str, str | None]] = []
+    # CROSS JOIN keeps job_deps first: left to itself SQLite walked every waiting job in seq
+    # order (for the ORDER BY), which made each step along a long chain cost the chain's length.
     waiters = conn.execute(
-        "SELECT j.* FROM job_deps d JOIN jobs j ON j.job_id = d.job_id "
+        "SELECT j.* FROM job_deps d CROSS JOIN jobs j ON j.job_id = d.job_id "
         "WHERE d.depends_on = ? AND j.status = 'waiting' ORDER BY j.seq", (job_id,)).fetchall()
     for waiter in waiters:
         open_dep = conn.execute(

@@ -7,12 +7,14 @@ restart. The in-process `client` serves most; a real process where a restart mat
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from fleet_min.collector import templates
+from fleet_min.collector import queue, templates
+from fleet_min.collector.effects import Effects
 from tests.support.collector import (
     ROOT,
     CollectorProcess,
@@ -136,6 +138,30 @@ async def test_promotion_walks_a_long_chain_one_job_at_a_time(client):
         assert (await job_of(client, f"p-{i + 2}"))["status"] == "waiting"
         got = await client.get("/devices/d/next-job")
         assert (await got.json())["job_id"] == f"p-{i + 1}"
+
+
+async def test_settling_a_job_reads_only_its_own_dependents(client, db_path):
+    """The plans of promotion and of the failure cascade start from the job's own dependency
+    rows: never a walk over every waiting job (which made each step along a chain cost the
+    chain's length)."""
+    await enqueue_chain(client, "pl", 50)
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    statements: list[str] = []
+    try:
+        conn.execute("BEGIN")
+        conn.set_trace_callback(statements.append)  # with the bound values filled in
+        queue._promote_waiters(conn, "pl-0", 0.0, Effects())
+        queue._fail_dependents(conn, "pl-0", "failed", "boom", 0.0, Effects(), [])
+        conn.set_trace_callback(None)
+        plans = [" | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+                 for sql in statements if sql.lstrip().startswith(("SELECT", "WITH"))]
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert len(plans) >= 3, statements
+    for plan in plans:
+        assert "jobs_status_seq" not in plan and "SCAN j " not in plan + " ", plan
 
 
 async def test_a_long_cascade_streams_a_bounded_number_of_events(client):
