@@ -127,7 +127,7 @@ def loads_quick(raw: bytes | bytearray) -> tuple[bool, Any]:
 # ---------------------------------------------------------------------------------------------
 # Nesting, found before any parser recurses into a body.
 
-MAX_DEPTH = 64  # arrays and objects inside each other in a request body; documented in docs/api.md
+MAX_DEPTH = 64  # arrays and objects inside each other in a request body (docs/collector.md)
 
 # Brackets to parentheses, the string quote kept, everything else deleted (with _OTHER_BYTES).
 _BRACKETS = bytes.maketrans(b"[{]}", b"(())")
