@@ -57,27 +57,36 @@ def error_response(status: int, message: str) -> web.Response:
 
 
 async def read_json(request: web.Request, limit: int | None = None) -> Any:
-    """The request body as JSON, refused with 413 past the limit and 400 when malformed."""
+    """The request body as JSON, refused with 413 past the limit and 400 when malformed, nested
+    deeper than jsonio.MAX_DEPTH levels or holding text that is not Unicode (a lone surrogate)."""
     limit = limit if limit is not None else request.app.get(MAX_JSON_KEY, 1 << 20)
     if request.content_length is not None and request.content_length > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
     raw = await _read_body(request, limit)
     if not raw.strip():
         raise BadRequest("the request needs a JSON body")
+    if jsonio.too_deep(raw):  # before any parser recurses into it
+        raise BadRequest(f"the JSON body is nested deeper than {jsonio.MAX_DEPTH} levels")
     parsed, value = jsonio.loads_quick(raw)
     if parsed:
         return value
     try:
         # Decoded here: json.loads(bytes) would also take UTF-16 and UTF-32 (RFC 8259: UTF-8).
         # NaN, Infinity and numbers past float are refused: no JSON reply could carry them.
-        return _DECODER.decode(raw.decode("utf-8"))
+        value = _DECODER.decode(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise BadRequest("the request body is not UTF-8 text") from None
-    except RecursionError:
-        raise BadRequest("the JSON body is nested too deeply") from None
+    except RecursionError:  # too_deep keeps it from happening; never a 500 if it did
+        raise BadRequest(f"the JSON body is nested deeper than {jsonio.MAX_DEPTH} levels"
+                         ) from None
     except ValueError as exc:
         reason = exc.args[0].split(":")[0]
         raise BadRequest(f"the request body is not valid JSON ({reason})") from None
+    # orjson refuses a lone surrogate's escape, so only this path can meet one.
+    not_text = jsonio.lone_surrogate(value) if jsonio.may_hold_surrogate(raw) else None
+    if not_text:
+        raise BadRequest(not_text)
+    return value
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:

@@ -109,3 +109,99 @@ def test_without_orjson_the_standard_library_answers_alone():
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# Which orjson is trusted
+
+
+def _fake_orjson(folder, version: str):
+    """A stand-in `orjson` module of the given version (the json module underneath), put first
+    on a subprocess's path: what an old wheel left on a machine looks like to jsonio."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "orjson.py").write_text(
+        f"__version__ = {version!r}\n"
+        "import json\n"
+        "class JSONDecodeError(ValueError):\n    pass\n"
+        "def loads(raw):\n    return json.loads(raw)\n"
+        "def dumps(value):\n    return json.dumps(value).encode()\n")
+    return folder
+
+
+def _jsonio_in(pythonpath: str) -> list[str]:
+    script = ("from fleet_min import jsonio\n"
+              "print(jsonio.FAST, jsonio.orjson is not None)\nprint(jsonio.REFUSED)\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, check=False,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": pythonpath})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("version", ["3.8.3", "3.9.14", "3.11.5", "", "not-a-version"])
+def test_an_orjson_older_than_the_floor_is_not_used(tmp_path, version):
+    fake = _fake_orjson(tmp_path / "old", version)
+    fast, reason = _jsonio_in(f"{fake}:{ROOT}")
+    assert fast == "False False"
+    assert "not used" in reason and "3.11.6" in reason and "deeply nested" in reason
+
+
+@pytest.mark.parametrize("version", ["3.11.6", "3.12.0", "4.0.0rc1"])
+def test_an_orjson_at_or_past_the_floor_is_used(tmp_path, version):
+    fake = _fake_orjson(tmp_path / "new", version)
+    assert _jsonio_in(f"{fake}:{ROOT}") == ["True True", "None"]
+
+
+def test_the_installed_orjson_is_judged_by_its_version():
+    try:
+        import orjson
+    except ImportError:
+        pytest.skip("orjson is not installed")
+    trusted = jsonio._release(orjson.__version__) >= jsonio.ORJSON_FLOOR
+    assert jsonio.FAST is trusted and (jsonio.REFUSED is None) is trusted
+
+
+# ---------------------------------------------------------------------------------------------
+# Nesting
+
+
+def depth_of(value) -> int:
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict | list):
+            level += 1
+            deepest = max(deepest, level)
+            stack.extend((child, level) for child in (
+                item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+# Strings full of what a naive count would take for structure: brackets, quotes, backslashes.
+tricky_text = st.text(alphabet='[]{}"\\ ax\u00e9', max_size=6)
+nested_docs = st.recursive(
+    st.none() | st.integers() | tricky_text,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(tricky_text, inner, max_size=3),
+    max_leaves=40)
+
+
+@settings(max_examples=500, deadline=None)
+@given(nested_docs, st.booleans(), st.integers(min_value=0, max_value=8))
+def test_too_deep_agrees_with_the_parsed_depth(doc, ascii_only, limit):
+    raw = json.dumps(doc, ensure_ascii=ascii_only).encode()
+    assert jsonio.too_deep(raw, limit) == (depth_of(doc) > limit)
+
+
+@pytest.mark.parametrize("raw, deep", [
+    (b"[" * 64 + b"]" * 64, False),
+    (b"[" * 65 + b"]" * 65, True),
+    (b'{"a":' * 65 + b"1" + b"}" * 65, True),
+    (b"[" * 200_000, True),                                  # never closed
+    (b"[[]," * 70 + b"1" + b"]" * 70, True),                 # a sibling at every level
+    (b"[" + b"[[]]," * 10_000 + b"1]", False),               # wide, not deep
+    (b'["' + b"[" * 5_000 + b'"]', False),                    # brackets in a string
+    (b'["\\\\", "\\"[[[[", ' + b"[" * 63 + b"]" * 63 + b"]", False),
+    (b'["\\\\", "\\"[[[[", ' + b"[" * 64 + b"]" * 64 + b"]", True),
+])
+def test_too_deep_at_the_edges(raw, deep):
+    assert jsonio.too_deep(raw) is deep

@@ -10,7 +10,7 @@ import sys
 
 from aiohttp import web
 
-from fleet_min import logs
+from fleet_min import jsonio, logs
 from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, markdown_table, resolve
 from fleet_min.db import StorageError
 
@@ -66,6 +66,8 @@ def main(argv: list[str]) -> int:
         print(f"fleet-min collector: {exc}", file=sys.stderr)
         return 2
     logs.setup(config.log_level, config.log_file)  # also makes SIGHUP reopen the log file
+    if jsonio.REFUSED:  # an orjson too old to trust: say so once, at start
+        log.warning("%s", jsonio.REFUSED)
     fast = install_uvloop()
     from fleet_min.collector.app import create_app
 

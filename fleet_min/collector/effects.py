@@ -26,12 +26,16 @@ class JobRoute:
 @dataclass(slots=True)
 class Effects:
     events: list[dict[str, Any]] = field(default_factory=list)
+    # Events for the listeners (CI status, ...) but not the live stream: all but the first few
+    # of a long cascade, which every stream client would otherwise get in one burst.
+    unstreamed: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)
     claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
 
     def clear(self) -> None:
         """Forget everything recorded (the transaction is about to run again)."""
         self.events.clear()
+        self.unstreamed.clear()
         self.claimable.clear()
         self.claimants.clear()
 

@@ -7,6 +7,7 @@ make. Pages take the same dictionaries the /api routes return, so they show the 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
@@ -129,7 +130,16 @@ def page(title: str, active: str, content: Any, collector: str, refresh_s: int |
                   + (f" and reload every {refresh_s} s." if refresh_s else ". Reload to update.")))
     document = tag("html", tag("head", head + tag("title", f"{title} · fleet"))
                    + tag("body", body), lang="en")
-    return str(Markup("<!doctype html>\n") + document)
+    return shown_as_text(str(Markup("<!doctype html>\n") + document))
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def shown_as_text(html: str) -> str:
+    """The page with any lone surrogate (from a row stored before bodies holding one were
+    refused) as U+FFFD, the replacement character: a page is UTF-8, which cannot carry one."""
+    return _SURROGATE.sub("\ufffd", html)
 
 
 def counts(values: Mapping[str, int], link_path: str | None = None) -> Markup:

@@ -196,25 +196,45 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
             if missing:
                 raise BadRequest(f"job {spec['job_id']} depends on {missing[0]}, which does not "
                                  "exist; enqueue it first or in the same request")
-    ordered: list[dict[str, Any]] = []
-    state: dict[str, int] = {}  # 1 = visiting, 2 = done
+    return _in_batch_order(by_id, specs)
 
-    def visit(job_id: str, path: list[str]) -> None:
-        if state.get(job_id) == 2:
-            return
-        if state.get(job_id) == 1:
-            cycle = [*path[path.index(job_id):], job_id]
-            raise BadRequest(f"the dependencies form a cycle: {' -> '.join(cycle)}")
-        state[job_id] = 1
-        for dep in by_id[job_id].get("depends_on") or []:
-            if dep in by_id:
-                visit(dep, [*path, job_id])
-        state[job_id] = 2
-        ordered.append(by_id[job_id])
+
+def _in_batch_order(by_id: dict[str, dict[str, Any]], specs: list[dict[str, Any]]
+                    ) -> list[dict[str, Any]]:
+    """A depth-first walk of the in-batch dependencies, with its own stack: a batch can hold a
+    chain of 1,000 jobs listed last to first, deeper than Python's recursion limit."""
+    ordered: list[dict[str, Any]] = []
+    state: dict[str, int] = {}  # 1 = on the stack (being visited), 2 = placed in `ordered`
+
+    def in_batch(job_id: str) -> Iterator[str]:
+        return (d for d in by_id[job_id].get("depends_on") or [] if d in by_id)
 
     for spec in specs:
-        visit(spec["job_id"], [])
+        if spec["job_id"] in state:
+            continue
+        state[spec["job_id"]] = 1
+        stack = [(spec["job_id"], in_batch(spec["job_id"]))]
+        while stack:
+            job_id, deps = stack[-1]
+            for dep in deps:
+                if state.get(dep) == 1:
+                    raise BadRequest(_cycle_sentence([j for j, _ in stack], dep))
+                if dep not in state:
+                    state[dep] = 1
+                    stack.append((dep, in_batch(dep)))
+                    break
+            else:  # every dependency placed: this job can be
+                stack.pop()
+                state[job_id] = 2
+                ordered.append(by_id[job_id])
     return ordered
+
+
+def _cycle_sentence(path: list[str], back_to: str) -> str:
+    cycle = [*path[path.index(back_to):], back_to]
+    if len(cycle) > 9:  # a sentence, not a listing of a 1,000-job loop
+        cycle = [*cycle[:4], f"... ({len(cycle) - 8} more)", *cycle[-4:]]
+    return f"the dependencies form a cycle: {' -> '.join(cycle)}"
 
 
 def _resolve_latest(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
@@ -270,9 +290,18 @@ def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
     return "waiting", None, spec
 
 
+CASCADE_EVENTS = 100  # dependents failed together that each get a job event on the stream
+REASON_CHARS = 200  # of a failed dependency's own error, quoted in its dependents' errors
+
+
 def _dependency_error(dep: str, status: str, error: str | None) -> str:
+    """Why a job failed without running: one sentence naming the dependency where the failure
+    started and quoting its error cut short, so the text stays the same size however long the
+    chain that passes it on."""
     verb = "was cancelled" if status == "cancelled" else "failed"
-    return f"dependency {dep} {verb}" + (f": {error}" if error else "")
+    if error and len(error) > REASON_CHARS:
+        error = error[:REASON_CHARS - 3] + "..."
+    return f"dependency {dep!r} {verb}" + (f": {error}" if error else "")
 
 
 def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
@@ -659,31 +688,52 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
 
 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
-           now: float, effects: Effects) -> None:
-    _set_status(conn, row["job_id"], status, now, error)
-    if row["exclusive"]:
-        _unlock(conn, row["job_id"])
-    effects.job(row["job_id"], status, row["workload"], row["executor"],
-                **({"last_error": error} if error else {}))
-    if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
-        if status == "done":
-            _promote_waiters(conn, row["job_id"], now, effects)
-        else:
-            _fail_waiters(conn, row["job_id"], status, error, now, effects)
-    if row["parent_job_id"]:
-        _settle_group(conn, row["parent_job_id"], now, effects)
+           now: float, effects: Effects) -> list[str]:
+    """Close a job and then whatever its closing settles: waiters promoted or failed, fan-out
+    parents closed. The ids of the other jobs this closed (failed or cancelled) come back.
+
+    A work list, not recursion: a chain of 10,000 dependents (clients shape the chains) closes
+    in one transaction without 10,000 nested calls."""
+    first = row["job_id"]
+    closed: list[str] = []
+    work: list[tuple[sqlite3.Row, str, str | None]] = [(row, status, error)]
+    while work:
+        row, status, error = work.pop()
+        _set_status(conn, row["job_id"], status, now, error)
+        if row["exclusive"]:
+            _unlock(conn, row["job_id"])
+        effects.job(row["job_id"], status, row["workload"], row["executor"],
+                    **({"last_error": error} if error else {}))
+        if row["job_id"] != first and status != "done":
+            closed.append(row["job_id"])
+        groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
+        if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
+            if status == "done":
+                work.extend(_promote_waiters(conn, row["job_id"], now, effects))
+            else:
+                groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
+                                           closed)
+        for parent_id in groups:
+            settled = _settle_group(conn, parent_id)
+            if settled is not None:
+                work.append(settled)
+    return closed
 
 
-def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> None:
+def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects
+                     ) -> list[tuple[sqlite3.Row, str, str | None]]:
+    """Queue the waiters of a job just done whose every dependency is done; the waiters whose
+    template references cannot be resolved come back, to be failed by the caller."""
+    unresolvable: list[tuple[sqlite3.Row, str, str | None]] = []
+    # CROSS JOIN keeps job_deps first: left to itself SQLite walked every waiting job in seq
+    # order (for the ORDER BY), which made each step along a long chain cost the chain's length.
     waiters = conn.execute(
-        "SELECT j.* FROM job_deps d JOIN jobs j ON j.job_id = d.job_id "
+        "SELECT j.* FROM job_deps d CROSS JOIN jobs j ON j.job_id = d.job_id "
         "WHERE d.depends_on = ? AND j.status = 'waiting' ORDER BY j.seq", (job_id,)).fetchall()
     for waiter in waiters:
-        deps = [r[0] for r in conn.execute("SELECT depends_on FROM job_deps WHERE job_id = ?",
-                                           (waiter["job_id"],))]
         open_dep = conn.execute(
-            f"SELECT 1 FROM jobs WHERE job_id IN ({','.join('?' * len(deps))}) "
-            "AND status != 'done' LIMIT 1", deps).fetchone()
+            "SELECT 1 FROM job_deps d JOIN jobs j ON j.job_id = d.depends_on "
+            "WHERE d.job_id = ? AND j.status != 'done' LIMIT 1", (waiter["job_id"],)).fetchone()
         if open_dep:
             continue
         if waiter["is_group"]:
@@ -694,7 +744,7 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         try:
             spec = _rewritten(conn, spec)
         except templates.Unresolvable as exc:
-            _close(conn, waiter, "failed", str(exc), now, effects)
+            unresolvable.append((waiter, "failed", str(exc)))
             continue
         conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
                      "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
@@ -702,38 +752,74 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         fresh = _job_row(conn, waiter["job_id"])
         assert fresh is not None
         effects.claimable.append(route_of(fresh))
+    return unresolvable
 
 
-def _fail_waiters(conn: sqlite3.Connection, job_id: str, status: str, error: str | None,
-                  now: float, effects: Effects) -> None:
-    waiters = conn.execute(
-        "SELECT j.* FROM job_deps d JOIN jobs j ON j.job_id = d.job_id "
-        "WHERE d.depends_on = ? AND j.status = 'waiting' ORDER BY j.seq", (job_id,)).fetchall()
-    for waiter in waiters:
-        _close(conn, waiter, "failed", _dependency_error(job_id, status, error), now, effects)
+# Every waiting job that depends on a job, directly or through other waiting jobs: a job
+# reached twice (a diamond) is kept once, so the walk is linear in the dependency edges.
+_FAIL_DEPENDENTS = """
+WITH RECURSIVE doomed(job_id) AS (
+    SELECT d.job_id FROM job_deps d JOIN jobs j ON j.job_id = d.job_id
+    WHERE d.depends_on = :root AND j.status = 'waiting'
+    UNION
+    SELECT d.job_id FROM doomed JOIN job_deps d ON d.depends_on = doomed.job_id
+    JOIN jobs j ON j.job_id = d.job_id WHERE j.status = 'waiting'
+)
+UPDATE jobs SET status = 'failed', updated_at = :now, finished_at = :now, last_error = :error,
+    lease_deadline = NULL
+WHERE job_id IN (SELECT job_id FROM doomed)
+RETURNING seq, job_id, workload, executor, parent_job_id
+"""
 
 
-def _settle_group(conn: sqlite3.Connection, parent_id: str, now: float, effects: Effects) -> None:
-    """Close a fan-out parent once every child is closed: done, failed or cancelled."""
+def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: str | None,
+                     now: float, effects: Effects, closed: list[str]) -> list[str]:
+    """Fail every job waiting on `root`, however long the chain, in one statement; each gets
+    the same short sentence naming the root, and its id is added to `closed`. The fan-out
+    parents to settle come back.
+
+    Only the first CASCADE_EVENTS of them get a job event on the live stream, then one
+    `cascade` event counts them all: 10,000 events in one burst to each of hundreds of stream
+    clients held the event loop for over a second. The listeners still get every job."""
+    reason = _dependency_error(root, status, error)
+    rows = conn.execute(_FAIL_DEPENDENTS, {"root": root, "now": now, "error": reason}).fetchall()
+    rows.sort(key=lambda r: r["seq"])  # RETURNING comes in no promised order
+    for r in rows[:CASCADE_EVENTS]:
+        effects.job(r["job_id"], "failed", r["workload"], r["executor"], last_error=reason)
+    if len(rows) > CASCADE_EVENTS:
+        effects.unstreamed.extend(
+            {"type": "job", "job_id": r["job_id"], "status": "failed", "workload": r["workload"],
+             "executor": r["executor"], "last_error": reason} for r in rows[CASCADE_EVENTS:])
+        effects.emit("cascade", job_id=root, failed=len(rows), streamed=CASCADE_EVENTS,
+                     last_error=reason)
+    doomed = {r["job_id"] for r in rows}
+    closed.extend(r["job_id"] for r in rows)
+    return list(dict.fromkeys(r["parent_job_id"] for r in rows
+                              if r["parent_job_id"] and r["parent_job_id"] not in doomed))
+
+
+def _settle_group(conn: sqlite3.Connection, parent_id: str
+                  ) -> tuple[sqlite3.Row, str, str | None] | None:
+    """How a fan-out parent closes once every child is closed (done, failed or cancelled);
+    None while a child is open or the parent is already closed."""
+    if conn.execute("SELECT 1 FROM jobs WHERE parent_job_id = ? AND status IN "
+                    "('queued', 'waiting', 'claimed') LIMIT 1", (parent_id,)).fetchone():
+        return None  # the usual answer, found without reading every child
     parent = _job_row(conn, parent_id)
     if parent is None or parent["status"] in CLOSED:
-        return
+        return None
     children = conn.execute("SELECT job_id, status, last_error FROM jobs "
                             "WHERE parent_job_id = ? ORDER BY seq", (parent_id,)).fetchall()
-    if any(child["status"] in OPEN for child in children):
-        return
     failed = [c for c in children if c["status"] == "failed"]
     cancelled = [c for c in children if c["status"] == "cancelled"]
     if failed:
         detail = "; ".join(f"{c['job_id']}: {c['last_error']}" for c in failed[:5])
-        _close(conn, parent, "failed",
-               f"{len(failed)} of {len(children)} fan-out children failed ({detail})"[:2000],
-               now, effects)
-    elif cancelled:
-        _close(conn, parent, "cancelled", f"{len(cancelled)} of {len(children)} fan-out "
-               "children were cancelled", now, effects)
-    else:
-        _close(conn, parent, "done", None, now, effects)
+        return (parent, "failed",
+                f"{len(failed)} of {len(children)} fan-out children failed ({detail})"[:2000])
+    if cancelled:
+        return (parent, "cancelled",
+                f"{len(cancelled)} of {len(children)} fan-out children were cancelled")
+    return parent, "done", None
 
 
 def _rewritten(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
@@ -787,20 +873,19 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
     if row["status"] in CLOSED:
         raise Conflict(f"job {job_id} is already {row['status']}")
     was = row["status"]
-    mark = len(effects.events)
+    cascaded: list[str] = []
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
             _end_attempt(conn, child, "cancelled", "cancelled by an operator", now)
-            _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
+            cascaded.append(child["job_id"])
+            cascaded += _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
         row = _job_row(conn, job_id)
         assert row is not None
     if row["status"] not in CLOSED:
         _end_attempt(conn, row, "cancelled", "cancelled by an operator", now)
-        _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
-    cascaded = [e["job_id"] for e in effects.events[mark:]
-                if e["type"] == "job" and e["job_id"] != job_id
-                and e["status"] in ("failed", "cancelled")]
+        cascaded += _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
+    cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
     return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
 
 
@@ -821,6 +906,7 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
     while f"{base}-r{suffix}" in taken:
         suffix += 1
     spec = json.loads(row["spec"])
+    refuse_lone_surrogates(spec, f"job {job_id}'s stored spec")
     spec["job_id"] = f"{base}-r{suffix}"
     params = spec.get("params")
     if isinstance(params, dict):
@@ -831,6 +917,16 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
                    parent=None)
     return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
             **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
+
+
+def refuse_lone_surrogates(spec: dict[str, Any], whose: str,
+                           remedy: str = "enqueue a corrected copy instead") -> None:
+    """Refuse (409) to store again a spec read back from the database that holds a lone
+    surrogate: an older collector stored such bodies, and their text cannot go into SQLite's
+    UTF-8 columns. Only specs from the database need this; bodies are checked as they arrive."""
+    problem = jsonio.lone_surrogate(spec)
+    if problem:
+        raise Conflict(f"{whose} holds text that is not Unicode ({problem}); {remedy}")
 
 
 def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,

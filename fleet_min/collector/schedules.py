@@ -207,6 +207,8 @@ def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: dict[str, Any], n
     marks = len(effects.events), len(effects.claimable), len(effects.claimants)
     conn.execute("SAVEPOINT schedule_run")
     try:
+        queue.refuse_lone_surrogates(spec, f"the template of schedule {schedule_id}",
+                                     "replace the template (PATCH the schedule)")
         enqueued = queue.enqueue(conn, [spec], now, effects, template_id=schedule_id)
     except Refused:
         conn.execute("ROLLBACK TO schedule_run")

@@ -261,15 +261,20 @@ class Service:
     def apply(self, effects: Effects) -> None:
         for event in effects.events:
             self.hub.publish(event)
-            for listener in self.listeners:
-                try:
-                    listener(event)
-                except Exception:
-                    log.exception("event listener failed on %s", event.get("type"))
+            self._notify(event)
+        for event in effects.unstreamed:
+            self._notify(event)
         if effects.claimable:
             self.dispatcher.jobs_claimable(effects.claimable)
         if effects.claimants:
             self.dispatcher.claimants_changed(effects.claimants)
+
+    def _notify(self, event: dict[str, Any]) -> None:
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                log.exception("event listener failed on %s", event.get("type"))
 
     async def _claim_batch(self, claimants: list[Claimant]) -> list[dict[str, Any] | None]:
         result: list[dict[str, Any] | None] = await self.transact(queue.claim_many, claimants,

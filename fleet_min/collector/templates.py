@@ -30,17 +30,30 @@ def references(value: Any) -> list[tuple[str, str, str | None]]:
 
 
 def rewrite(value: Any, lookup: Lookup) -> Any:
-    """A copy of value with every reference replaced; raises Unresolvable for a missing one."""
-    if isinstance(value, dict):
-        return {key: rewrite(item, lookup) for key, item in value.items()}
-    if isinstance(value, list):
-        return [rewrite(item, lookup) for item in value]
-    if not isinstance(value, str) or "${jobs." not in value:
-        return value
-    whole = REF.fullmatch(value)
+    """A copy of value with every reference replaced; raises Unresolvable for a missing one
+    (the first in document order). Walked with a stack of its own, not recursion: a client
+    shaped the value."""
+    top: list[Any] = [value]
+    slots: list[tuple[Any, Any]] = [(top, 0)]  # (container copy, key or index) to rewrite
+    while slots:
+        holder, key = slots.pop()
+        item = holder[key]
+        if isinstance(item, dict):
+            holder[key] = item = dict(item)
+            slots.extend((item, k) for k in reversed(list(item)))
+        elif isinstance(item, list):
+            holder[key] = item = list(item)
+            slots.extend((item, i) for i in range(len(item) - 1, -1, -1))
+        elif isinstance(item, str) and "${jobs." in item:
+            holder[key] = _rewritten_text(item, lookup)
+    return top[0]
+
+
+def _rewritten_text(text: str, lookup: Lookup) -> Any:
+    whole = REF.fullmatch(text)
     if whole:
         return _resolve(whole, lookup)
-    return REF.sub(lambda m: _as_text(_resolve(m, lookup)), value)
+    return REF.sub(lambda m: _as_text(_resolve(m, lookup)), text)
 
 
 def _resolve(match: re.Match[str], lookup: Lookup) -> Any:

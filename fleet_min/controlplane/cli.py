@@ -13,7 +13,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from fleet_min import heap, logs
+from fleet_min import heap, jsonio, logs
 from fleet_min.config import ConfigError, add_flags, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
@@ -84,6 +84,8 @@ def main(argv: list[str]) -> int:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2
     logs.setup(cfg.log_level, cfg.log_file)  # one line per event; SIGHUP reopens, never stops
+    if jsonio.REFUSED:  # an orjson too old to trust: say so once, at start
+        log.warning("%s", jsonio.REFUSED)
     from fleet_min.controlplane.app import create_app
     try:
         asyncio.run(_serve(create_app(cfg), cfg.host, cfg.port))

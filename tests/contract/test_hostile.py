@@ -179,6 +179,27 @@ def _deep(depth: int) -> bytes:
     return b"[" * depth + b"]" * depth
 
 
+# Past the documented nesting limit (64) but within what the parsers take, and text that is not
+# Unicode: each refused with its own sentence on every JSON route of both services.
+DEPTH_ERROR = "the JSON body is nested deeper than 64 levels"
+NESTING_AND_SURROGATES: list[tuple[str, bytes, tuple[int, ...]]] = [
+    ("arrays nested 65 deep", _deep(65), (400,)),
+    ("objects nested 65 deep", b'{"a":' * 65 + b"1" + b"}" * 65, (400,)),
+    ("arrays nested 1,000 deep", _deep(1000), (400,)),
+    ("a lone surrogate in a string", b'{"device_id": "x\\ud800", "host": "\\udfff"}', (400,)),
+    ("a lone surrogate in a key", b'{"\\udc00": 1}', (400,)),
+]
+NAMED_REFUSALS = {
+    "arrays nested 65 deep": DEPTH_ERROR,
+    "objects nested 65 deep": DEPTH_ERROR,
+    "arrays nested 1,000 deep": DEPTH_ERROR,
+    "a lone surrogate in a string":
+        "device_id is not valid Unicode text (a lone surrogate \\ud800)",
+    "a lone surrogate in a key":
+        "a key of the body is not valid Unicode text (a lone surrogate \\udc00)",
+}
+
+
 def generic_bodies(limit: int, any_json: bool) -> list[tuple[str, bytes, tuple[int, ...]]]:
     """(what, body, allowed statuses) for every JSON route; `limit` is the route's body limit."""
     deep = min(200_000, limit // 2 - 8)  # deeper than any parser recursion, within the limit
@@ -190,6 +211,7 @@ def generic_bodies(limit: int, any_json: bool) -> list[tuple[str, bytes, tuple[i
         (f"arrays nested {deep} deep", _deep(deep), (400,)),
         (f"objects nested {deep // 6} deep", b'{"a":' * (deep // 6) + b"1" + b"}" * (deep // 6),
          (400,)),
+        *NESTING_AND_SURROGATES,
         ("an integer of 5000 digits", b'{"x": ' + b"9" * 5000 + b"}", (400,)),
         ("non-UTF-8 bytes", b'{"device_id": "\xff\xfe"}', (400,)),
         ("a UTF-16 body", '{"a": 1}'.encode("utf-16"), (400,)),
@@ -234,6 +256,24 @@ def test_collector_refuses_broken_bodies(op: Operation, collector: LiveCollector
                     {"Content-Type": "application/json", "Content-Length": str(10 * MIB)})
     problems.check(declared, f"{op.label} declaring 10 MiB", (413, 400))
     problems.assert_none()
+
+
+@pytest.mark.parametrize("service", ["collector", "controlplane"])
+def test_nesting_and_lone_surrogates_are_refused_by_name(service: str, request: Any) -> None:
+    live = request.getfixturevalue(service)
+    if service == "collector":
+        ops, values, headers = BODY_OPS, known_path_values(live), {}
+    else:
+        ops = [op for op in CONTROLPLANE_OPS if op.json_body]
+        values, headers = {}, {"Authorization": f"Bearer {live.token}"}
+    wrong = []
+    for op in ops:
+        for what, body, _ in NESTING_AND_SURROGATES:
+            reply = send(live.url, op.method, op.url(values) if values else op.path, body,
+                         {"Content-Type": "application/json", **headers})
+            if reply.status != 400 or reply.json().get("error") != NAMED_REFUSALS[what]:
+                wrong.append(f"{op.label} with {what}: {reply}"[:300])
+    assert not wrong, "\n".join(wrong)
 
 
 # Per-route corpus: bodies that parse but break a rule. Every one must be refused with 400.

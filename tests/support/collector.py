@@ -72,6 +72,12 @@ def beacon(device_id: str, job_id: str | None = None, **fields: Any) -> dict[str
 
 def age_rows(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
     """Move recorded times into the past in the real database file (the tests' clock)."""
+    edit_rows(db_path, sql, params)
+
+
+def edit_rows(db_path: Path, sql: str, params: tuple[Any, ...] = ()) -> None:
+    """Change rows in the real database file behind the collector's back (as an older version
+    or another tool may have left them)."""
     conn = sqlite3.connect(db_path, timeout=30)
     try:
         conn.execute(sql, params)

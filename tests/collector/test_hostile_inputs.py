@@ -1,0 +1,454 @@
+"""Inputs shaped to crash or poison the collector: dependency chains thousands of jobs long,
+bodies nested past any parser's recursion, text that is not valid Unicode. Each must get a clear
+answer (or be stored and served) without a 500, a stalled sweep or a collector that cannot
+restart. The in-process `client` serves most; a real process where a restart matters.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_min.collector import queue, templates
+from fleet_min.collector.effects import Effects
+from tests.support.collector import (
+    ROOT,
+    CollectorProcess,
+    age_rows,
+    edit_rows,
+    job,
+    registration,
+    result_row,
+)
+from tests.support.raw_http import send
+from tests.support.stream import StreamReader
+
+# ---------------------------------------------------------------------------------------------
+# Long dependency chains
+
+
+def chain(prefix: str, length: int, start: int = 0, **root: Any) -> list[dict[str, Any]]:
+    """Jobs prefix-<start> .. prefix-<start + length - 1>, each depending on the one before
+    (the first on prefix-<start - 1> when start > 0); `root` fields go to the very first."""
+    specs = []
+    for i in range(start, start + length):
+        fields: dict[str, Any] = dict(root) if i == 0 else {"depends_on": [f"{prefix}-{i - 1}"]}
+        specs.append(job(f"{prefix}-{i}", **fields))
+    return specs
+
+
+async def enqueue_chain(client: Any, prefix: str, length: int, **root: Any) -> None:
+    """A chain enqueued over several requests of at most 1,000 jobs each."""
+    for start in range(0, length, 1000):
+        resp = await client.post("/jobs", json=chain(prefix, min(1000, length - start), start,
+                                                     **root))
+        assert resp.status == 201, await resp.text()
+
+
+async def job_of(client: Any, job_id: str) -> dict[str, Any]:
+    resp = await client.get(f"/jobs/{job_id}")
+    assert resp.status == 200, await resp.text()
+    body: dict[str, Any] = await resp.json()
+    return body
+
+
+async def claim_root(client: Any, device: str, job_id: str) -> None:
+    assert (await client.post("/devices/register", json=registration(device))).status == 200
+    resp = await client.get(f"/devices/{device}/next-job")
+    assert resp.status == 200 and (await resp.json())["job_id"] == job_id
+
+
+async def test_cancel_fails_a_chain_of_10000_in_one_request(client):
+    await enqueue_chain(client, "c", 10_000)
+    resp = await client.post("/api/jobs/c-0/cancel")
+    assert resp.status == 200, await resp.text()
+    reply = await resp.json()
+    assert reply["was"] == "queued" and len(reply["cascaded"]) == 9_999
+    assert reply["cascaded"][:2] == ["c-1", "c-2"] and reply["cascaded"][-1] == "c-9999"
+    for job_id in ("c-1", "c-5000", "c-9999"):
+        row = await job_of(client, job_id)
+        # One short sentence naming the root, the same at the end of the chain as at its head.
+        assert row["status"] == "failed"
+        assert row["last_error"] == "dependency 'c-0' was cancelled: cancelled by an operator"
+    overview = await (await client.get("/api/overview")).json()
+    assert overview["queue"]["failed"] == 9_999 and overview["queue"]["cancelled"] == 1
+    # The collector goes on: the sweep, a fresh enqueue, the listings.
+    assert (await client.post("/jobs/sweep")).status == 200
+    assert (await client.post("/jobs", json=job("after"))).status == 201
+    assert (await client.get("/api/jobs?status=failed")).status == 200
+
+
+async def test_a_failed_final_row_fails_the_chain_with_a_bounded_error(client):
+    await enqueue_chain(client, "f", 1_500)
+    await claim_root(client, "d", "f-0")
+    resp = await client.post("/results", json=result_row("f-0", "d", 0, final=True, ok=False,
+                                                         error="x" * 4000))
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["status"] == "failed"
+    tail = await job_of(client, "f-1499")
+    assert tail["status"] == "failed"
+    assert tail["last_error"] == "dependency 'f-0' failed: " + "x" * 197 + "..."
+
+
+async def test_the_sweep_fails_a_lapsed_root_and_its_chain(client, db_path):
+    await enqueue_chain(client, "s", 1_000, lease={"max_attempts": 1})
+    await claim_root(client, "d", "s-0")
+    age_rows(db_path, "UPDATE jobs SET lease_deadline = 1 WHERE job_id = 's-0'")
+    resp = await client.post("/jobs/sweep")
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["failed"] == ["s-0"]
+    tail = await job_of(client, "s-999")
+    assert tail["status"] == "failed" and tail["last_error"].startswith("dependency 's-0' failed")
+    again = await client.post("/jobs/sweep")
+    assert again.status == 200 and (await again.json()) == {"ok": True, "requeued": [],
+                                                            "failed": []}
+
+
+async def test_a_chain_listed_last_to_first_is_enqueued_in_one_request(client):
+    specs = list(reversed(chain("r", 1_000)))  # every job before the one it depends on
+    resp = await client.post("/jobs", json=specs)
+    assert resp.status == 201, await resp.text()
+    statuses = {j["job_id"]: j["status"] for j in (await resp.json())["jobs"]}
+    assert statuses["r-0"] == "queued" and statuses["r-999"] == "waiting"
+
+
+async def test_a_cycle_of_1000_is_refused_in_one_sentence(client):
+    specs = chain("y", 1_000)
+    specs[0]["depends_on"] = ["y-999"]
+    resp = await client.post("/jobs", json=specs)
+    assert resp.status == 400
+    error = (await resp.json())["error"]
+    assert error.startswith("the dependencies form a cycle: ") and len(error) < 200, error
+    assert (await client.get("/api/jobs")).status == 200
+    assert (await (await client.get("/api/jobs")).json())["total"] == 0
+
+
+async def test_promotion_walks_a_long_chain_one_job_at_a_time(client):
+    await enqueue_chain(client, "p", 2_000)
+    await claim_root(client, "d", "p-0")
+    for i in range(3):
+        resp = await client.post("/results", json=result_row(f"p-{i}", "d", 0, final=True,
+                                                             ok=True))
+        assert (await resp.json())["status"] == "done"
+        assert (await job_of(client, f"p-{i + 1}"))["status"] == "queued"
+        assert (await job_of(client, f"p-{i + 2}"))["status"] == "waiting"
+        got = await client.get("/devices/d/next-job")
+        assert (await got.json())["job_id"] == f"p-{i + 1}"
+
+
+async def test_settling_a_job_reads_only_its_own_dependents(client, db_path):
+    """The plans of promotion and of the failure cascade start from the job's own dependency
+    rows: never a walk over every waiting job (which made each step along a chain cost the
+    chain's length)."""
+    await enqueue_chain(client, "pl", 50)
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    statements: list[str] = []
+    try:
+        conn.execute("BEGIN")
+        conn.set_trace_callback(statements.append)  # with the bound values filled in
+        queue._promote_waiters(conn, "pl-0", 0.0, Effects())
+        queue._fail_dependents(conn, "pl-0", "failed", "boom", 0.0, Effects(), [])
+        conn.set_trace_callback(None)
+        plans = [" | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
+                 for sql in statements if sql.lstrip().startswith(("SELECT", "WITH"))]
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert len(plans) >= 3, statements
+    for plan in plans:
+        assert "jobs_status_seq" not in plan and "SCAN j " not in plan + " ", plan
+
+
+async def test_a_long_cascade_streams_a_bounded_number_of_events(client):
+    await enqueue_chain(client, "e", 1_000)
+    async with StreamReader(client) as reader:
+        assert (await client.post("/api/jobs/e-0/cancel")).status == 200
+        events = []
+        while not events or events[-1]["type"] != "cascade":
+            events.append(await reader.event())
+    jobs = [e for e in events if e["type"] == "job"]
+    assert jobs[0]["job_id"] == "e-0" and jobs[0]["status"] == "cancelled"
+    assert [e["job_id"] for e in jobs[1:]] == [f"e-{i}" for i in range(1, 101)]
+    cascade = events[-1]
+    assert cascade["job_id"] == "e-0" and cascade["failed"] == 999
+    assert cascade["streamed"] == 100
+    assert cascade["last_error"] == "dependency 'e-0' was cancelled: cancelled by an operator"
+
+
+def test_a_restart_fails_a_chain_whose_root_lapsed_while_it_was_down(tmp_path: Path) -> None:
+    proc = CollectorProcess(tmp_path / "data").start()
+    try:
+        http = proc.client
+        assert http.post("/devices/register", registration("d"))[0] == 200
+        for start in (0, 1000):
+            status, _ = http.post("/jobs", chain("x", 1000, start, lease={"max_attempts": 1}))
+            assert status == 201
+        status, got = http.get("/devices/d/next-job")
+        assert status == 200 and got["job_id"] == "x-0"
+    finally:
+        proc.stop()
+    age_rows(tmp_path / "data" / "fleet.sqlite3",
+             "UPDATE jobs SET lease_deadline = 1 WHERE job_id = 'x-0'")
+    proc.start()  # the start-up sweep fails the root and the chain; start waits for health
+    try:
+        status, tail = proc.client.get("/jobs/x-1999")
+        assert status == 200 and tail["status"] == "failed", tail
+        assert proc.client.post("/jobs/sweep")[0] == 200
+    finally:
+        proc.stop()
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep nesting
+
+DEPTH_ERROR = "the JSON body is nested deeper than 64 levels"
+JSON_TYPE = {"Content-Type": "application/json"}
+
+
+def arrays(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def objects(depth: int) -> bytes:
+    return b'{"a":' * depth + b"1" + b"}" * depth
+
+
+TOO_DEEP = {
+    "arrays 65 deep": arrays(65),
+    "objects 65 deep": objects(65),
+    "a spec with params 63 deep": b'{"schema":1,"job_id":"d","workload":"benchmark",'
+                                  b'"executor":"device","params":{"x":' + arrays(63) + b"}}",
+    "arrays 1,000 deep, which the parsers take": arrays(1_000),
+    "60,000 [ that never close": b"[" * 60_000,  # within a topic payload's 64 KiB
+}
+
+
+@pytest.mark.parametrize("path", ["/jobs", "/results", "/devices/register", "/api/events/deep",
+                                  "/api/jobs/preview-targets"])
+async def test_bodies_nested_deeper_than_64_levels_are_refused(client, path):
+    for what, body in TOO_DEEP.items():
+        resp = await client.post(path, data=body, headers=JSON_TYPE)
+        assert resp.status == 400, (what, resp.status, await resp.text())
+        assert (await resp.json())["error"] == DEPTH_ERROR, what
+    if path == "/jobs":  # the crash of an old orjson: within the 1 MiB limit of most routes
+        resp = await client.post(path, data=b"[" * 200_000, headers=JSON_TYPE)
+        assert resp.status == 400 and (await resp.json())["error"] == DEPTH_ERROR
+    overview = await (await client.get("/api/overview")).json()
+    assert overview["queue"] == dict.fromkeys(overview["queue"], 0)
+    assert (await (await client.get("/api/events")).json())["topics"] == []
+
+
+async def test_64_levels_and_brackets_inside_strings_pass(client):
+    resp = await client.post("/api/events/deep", data=arrays(64), headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    quoted = b'{"s": "' + b"[" * 500 + b'\\"[{' + b'", "t": "\\\\", "u": [[1]]}'
+    resp = await client.post("/api/events/deep", data=quoted, headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    seq = (await resp.json())["seq"]
+    events = (await (await client.get("/api/events/deep")).json())["events"]
+    [kept] = [e["payload"] for e in events if e["seq"] == seq]
+    assert kept == {"s": "[" * 500 + '"[{', "t": "\\", "u": [[1]]}
+
+
+def nested_list(depth: int) -> Any:
+    value: Any = "bottom"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+async def test_a_spec_nested_60_deep_is_stored_and_shown(client):
+    deep = nested_list(60)
+    spec = job("deep-spec", params={"deep": deep})
+    assert (await client.post("/jobs", json=spec)).status == 201
+    assert (await job_of(client, "deep-spec"))["spec"]["params"]["deep"] == deep
+    listing = await client.get("/api/jobs")
+    assert listing.status == 200
+    assert (await listing.json())["jobs"][0]["spec"]["params"]["deep"] == deep
+    detail = await client.get("/api/jobs/deep-spec")
+    assert detail.status == 200 and (await detail.json())["spec"]["params"]["deep"] == deep
+    for page in ("/dash/legacy", "/dash/legacy/jobs", "/dash/legacy/jobs/deep-spec"):
+        resp = await client.get(page)
+        assert resp.status == 200, (page, await resp.text())
+    await claim_root(client, "d", "deep-spec")  # and the agent gets it whole
+
+
+def test_template_rewriting_walks_any_depth_without_recursion():
+    deep = "${jobs.make.artifact}"
+    for _ in range(5_000):  # deeper than the recursion limit: a row from before the body limit
+        deep = [deep]
+    rewritten = templates.rewrite({"params": {"x": deep}}, lambda job_id, kind, key: "a" * 64)
+    inner = rewritten["params"]["x"]
+    for _ in range(5_000):
+        inner = inner[0]
+    assert inner == "a" * 64
+
+
+def test_a_collector_with_an_old_orjson_runs_on_the_json_module(tmp_path: Path) -> None:
+    fake = tmp_path / "old-orjson"
+    fake.mkdir()
+    # What an old wheel left behind looks like from outside (the real 3.8.3 would crash on
+    # `[` * 200,000; this one is the json module under that version number).
+    (fake / "orjson.py").write_text(
+        "__version__ = '3.8.3'\nimport json\nclass JSONDecodeError(ValueError):\n    pass\n"
+        "def loads(raw):\n    raise AssertionError('an untrusted orjson was asked to parse')\n"
+        "def dumps(value):\n    raise AssertionError('an untrusted orjson was asked to write')\n")
+    proc = CollectorProcess(tmp_path / "data", env={"PYTHONPATH": f"{fake}:{ROOT}"}).start()
+    try:
+        status, health = proc.client.get("/api/health")
+        assert status == 200 and "orjson" not in health["speedups"]
+        status, reply = proc.client.post("/jobs", job("plain"))
+        assert status == 201 and reply["status"] == "queued"
+        reply_raw = send(proc.url, "POST", "/jobs", b"[" * 200_000, JSON_TYPE)
+        assert reply_raw.status == 400 and reply_raw.json()["error"] == DEPTH_ERROR
+    finally:
+        proc.stop()
+    lines = [line for line in proc.log().splitlines() if "orjson 3.8.3" in line]
+    assert len(lines) == 1 and "WARNING" in lines[0] and "3.11.6" in lines[0], proc.log()
+
+
+# ---------------------------------------------------------------------------------------------
+# Lone surrogates
+
+LONE = "\ud800"  # json.dumps writes it as the escape \ud800, which json.loads takes back
+
+
+def not_text(where: str, code: str = "d800") -> str:
+    return f"{where} is not valid Unicode text (a lone surrogate \\u{code})"
+
+
+SURROGATE_BODIES = [
+    ("/jobs", job("s1", params={"prompt": "a" + LONE + "b"}), not_text("params.prompt")),
+    ("/jobs", job(LONE + "x"), not_text("job_id")),
+    ("/jobs", [job("s2"), job("s3", params={"x": ["ok", "\udc00"]})],
+     not_text("[1].params.x[1]", "dc00")),
+    ("/devices/register", registration("s-dev", descriptor={"model": LONE}),
+     not_text("descriptor.model")),
+    ("/results", result_row("j", "d", 1, metrics={LONE: 1.0}), not_text("a key of metrics")),
+    ("/results", result_row("j", "d", 1, metrics={"note": "x\udfff"}),
+     not_text("metrics.note", "dfff")),
+    ("/results", {"schema": 1, "kind": "beacon", "device_id": "d", "beacon": {"thermal": LONE}},
+     not_text("beacon.thermal")),
+    ("/api/events/t", LONE, not_text("the body")),
+    ("/api/events/t", {"a\nb": {"c": [LONE]}}, not_text('"a\\nb".c[0]')),
+    ("/api/schedules", {"id": "s", "cron": "@daily", "template": {
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": LONE}},
+     not_text("template.backend")),
+]
+
+
+@pytest.mark.parametrize("path, body, error", SURROGATE_BODIES,
+                         ids=[f"{p} {e}" for p, _, e in SURROGATE_BODIES])
+async def test_a_lone_surrogate_in_a_body_is_refused_naming_the_field(client, path, body, error):
+    assert (await client.post("/devices/register", json=registration("d"))).status == 200
+    resp = await client.post(path, json=body)
+    assert resp.status == 400, await resp.text()
+    assert (await resp.json())["error"] == error
+    for listing in ("/api/jobs", "/api/devices", "/api/results", "/api/events", "/dash/legacy"):
+        assert (await client.get(listing)).status == 200, listing
+
+
+async def test_a_surrogate_pair_is_one_character_and_welcome(client):
+    spec = job("pair", params={"prompt": "\U0001f600 and \ud83d\ude00"})
+    resp = await client.post("/jobs", data=json.dumps(spec).encode(), headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+    assert (await job_of(client, "pair"))["spec"]["params"]["prompt"] == "\U0001f600 and \U0001f600"
+    escaped_backslash = b'{"note": "\\\\ud800 is only text here"}'
+    resp = await client.post("/api/events/t", data=escaped_backslash, headers=JSON_TYPE)
+    assert resp.status == 201, await resp.text()
+
+
+async def test_paths_queries_and_headers_cannot_carry_a_lone_surrogate(client):
+    """UTF-8 of a surrogate (ED A0 80) percent-encoded: a path segment keeps its escapes, a query
+    value is decoded with U+FFFD for the bytes that are not UTF-8, a header is refused."""
+    assert (await client.get("/jobs/%ED%A0%80")).status == 404
+    assert (await client.get("/devices/%ED%A0%80/next-job")).status == 404
+    assert (await client.get("/executor/next-job?name=%ED%A0%80")).status == 204
+    resp = await client.post("/api/events/t?source=%ED%A0%80", json={"a": 1})
+    assert resp.status == 201
+    [event] = (await (await client.get("/api/events/t")).json())["events"]
+    assert LONE not in event["source"] and "\ufffd" in event["source"]
+    for listing in ("/api/jobs?q=%ED%A0%80", "/api/results?device=%ED%A0%80",
+                    "/dash/legacy/jobs?q=%ED%A0%80"):
+        assert (await client.get(listing)).status == 200, listing
+    assert (await client.get("/api/events")).status == 200
+
+
+# JSON columns as an older collector stored them: its json.dumps wrote a lone surrogate as the
+# escape \ud800 (the raw character cannot be written to SQLite as UTF-8 at all).
+OLD_ROWS = [
+    ("UPDATE jobs SET spec = ? WHERE job_id = 'old-job'",
+     json.dumps(job("old-job", params={"prompt": LONE, "\udc00k": 1}, targets={"pool": LONE}))),
+    ("UPDATE devices SET descriptor = ?, last_beacon = ?, pools = ? WHERE device_id = 'old-dev'",
+     json.dumps({"model": LONE + " phone", "os": "x"}), json.dumps({"thermal": LONE}),
+     json.dumps(["shelf", LONE])),
+    ("UPDATE results SET metrics = ?, device = ?, extra = ? WHERE job_id = 'old-job'",
+     json.dumps({LONE: 1.0, "note": "\udfff", "decode_tok_s": 5.0}),
+     json.dumps({"model": LONE}), json.dumps({"x": LONE})),
+    ("UPDATE beacons SET body = ?", json.dumps({"thermal": LONE, "battery_pct": 50})),
+    ("UPDATE schedules SET template = ?", json.dumps({
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": LONE})),
+    ("UPDATE topic_events SET payload = ?", json.dumps({"text": LONE})),
+]
+JSON_READS = ["/api/jobs", "/api/jobs/old-job", "/jobs/old-job", "/api/devices",
+              "/api/devices/old-dev", "/api/devices/old-dev/beacons", "/api/results",
+              "/api/overview", "/api/schedules", "/api/events", "/api/events/old-topic",
+              "/api/results/bench"]
+PAGES = ["/dash/legacy", "/dash/legacy/devices", "/dash/legacy/devices/old-dev",
+         "/dash/legacy/jobs", "/dash/legacy/jobs/old-job", "/dash/legacy/results",
+         "/dash/legacy/schedules"]
+
+
+async def seed_for_old_rows(client: Any) -> None:
+    assert (await client.post("/jobs", json=job("old-job"))).status == 201
+    await claim_root(client, "old-dev", "old-job")
+    posts = [("/results", result_row("old-job", "old-dev", 1, metrics={"decode_tok_s": 5.0})),
+             ("/results", {"schema": 1, "kind": "beacon", "device_id": "old-dev",
+                           "job_id": "old-job", "beacon": {"battery_pct": 50}}),
+             ("/api/schedules", {"id": "old-sched", "cron": "@daily", "template": {
+                 "schema": 1, "workload": "benchmark", "executor": "device",
+                 "backend": "synthetic"}}),
+             ("/api/events/old-topic", {"text": "fine"})]
+    for path, body in posts:
+        resp = await client.post(path, json=body)
+        assert resp.status in (200, 201), (path, await resp.text())
+
+
+async def test_reads_survive_lone_surrogates_left_in_an_old_database(client, db_path):
+    await seed_for_old_rows(client)
+    for sql, *params in OLD_ROWS:
+        edit_rows(db_path, sql, tuple(params))
+    for path in JSON_READS:
+        resp = await client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+        await resp.json()  # valid JSON, the surrogate written as its escape
+    raw = await (await client.get("/api/jobs/old-job")).read()
+    assert b'"prompt":"\\ud800"' in raw
+    for path in PAGES:
+        resp = await client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+    page = await (await client.get("/dash/legacy/devices/old-dev")).text()
+    assert "\ufffd phone" in page  # shown as the replacement character
+    # The old job can still be cancelled, retried and claimed, and the stream carries it all.
+    async with StreamReader(client) as reader:
+        assert (await client.post("/api/jobs/old-job/cancel")).status == 200
+        assert (await reader.next_of("job"))["job_id"] == "old-job"
+    # A copy cannot be stored (SQLite's text is UTF-8): retrying and running the schedule say
+    # why, with the field.
+    resp = await client.post("/api/jobs/old-job/retry")
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"] == (
+        "job old-job's stored spec holds text that is not Unicode ("
+        + not_text("a key of params", "dc00") + "); enqueue a corrected copy instead")
+    resp = await client.post("/api/schedules/old-sched/run")
+    assert resp.status == 409, await resp.text()
+    assert (await resp.json())["error"] == (
+        "the template of schedule old-sched holds text that is not Unicode ("
+        + not_text("backend") + "); replace the template (PATCH the schedule)")
+    for path in ("/api/jobs", "/api/schedules", "/dash/legacy/schedules"):
+        assert (await client.get(path)).status == 200, path
