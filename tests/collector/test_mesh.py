@@ -205,3 +205,26 @@ async def test_a_hanging_lookup_is_cut_off_and_refused(collector_factory, monkey
     assert resp.status == 403 and "took over 3 s" in (await resp.json())["error"]
     # the collector kept answering meanwhile and afterwards
     assert (await client.get("/api/health")).status == 200
+
+
+async def test_a_cached_answer_in_use_is_refreshed_before_it_runs_out(fake_tailscale):
+    """Agent routes ask on every request: near the end of its life a cached answer is still
+    served at once while a lookup in the background renews it, so no request waits for one."""
+    clock = [1000.0]
+    gate = mesh.MeshGate(mesh.MeshSettings(frozenset({"pi5"}), "tailscale"),
+                         clock=lambda: clock[0])
+    assert (await gate.lookup("100.64.0.5")).node == "pi5.example.ts.net"
+    clock[0] += mesh.CACHE_S - mesh.REFRESH_AHEAD_S - 1  # not yet near the end: no lookup
+    await gate.lookup("100.64.0.5")
+    assert not gate._refreshing and gate.lookups == 1
+    clock[0] += 2  # near the end: answered from the cache, renewed in the background
+    assert (await gate.lookup("100.64.0.5")).node == "pi5.example.ts.net"
+    refreshing = list(gate._refreshing)
+    assert len(refreshing) == 1
+    await refreshing[0]
+    assert gate.lookups == 2
+    clock[0] += mesh.CACHE_S - mesh.REFRESH_AHEAD_S - 1  # the renewed answer is still fresh
+    await gate.lookup("100.64.0.5")
+    assert gate.lookups == 2 and not gate._refreshing
+    await gate.close()
+    assert fake_tailscale.read_text().splitlines() == ["whois --json 100.64.0.5"] * 2
