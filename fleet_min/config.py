@@ -224,8 +224,10 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "When set, dashboard changes need this value in the X-Fleet-Token header; unset "
             "leaves them open. POST /jobs and agent routes stay open either way."),
     Setting("mesh_allow", "FLEET_MESH_ALLOW", (), csv_list,
-            "Mesh node names (exact) allowed to register from 100.64.0.0/10 and "
-            "fd7a:115c:a1e0::/48; unset admits everyone."),
+            "Mesh node names (exact) allowed to use the agent routes (register, poll, "
+            "results and beacons, release) from 100.64.0.0/10 and fd7a:115c:a1e0::/48; a "
+            "device then answers only to the node it registered from, an executor name to the "
+            "node that first used it. Unset admits everyone."),
     Setting("mesh_whois", "FLEET_MESH_WHOIS", "tailscale", str,
             "Identity lookup program, run as `<program> whois --json <ip>`."),
     Setting("trust_proxy", "FLEET_TRUST_PROXY", (), proxy_networks,
