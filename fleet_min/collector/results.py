@@ -44,7 +44,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     held = authority.holds(job, speaker)
     if not held and _repeat_or_refuse(conn, job, body, speaker, fields, extra):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
-    final, preempted = bool(body.get("final")), bool(body.get("preempted"))
+    final = bool(body.get("final"))
     cursor = conn.execute(
         """
         INSERT OR IGNORE INTO results (job_id, device_id, iter, workload, ok, final, preempted,
@@ -58,15 +58,19 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if cursor.rowcount == 0 and not _supersede(conn, job, body, fields, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
-    status = job["status"]
-    if final and held:  # only the claimant's final row closes the job or hands it back
-        if preempted:
-            queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
-            status = "queued"
-        else:
-            status = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"),
-                                             now, effects)
+    # Only the claimant's final row closes the job or hands it back.
+    status = _settle(conn, job, body, now, effects) if final and held else job["status"]
     return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+
+
+def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], now: float,
+            effects: Effects) -> str:
+    """The claimant's final row: the job's new status."""
+    if body.get("preempted"):
+        queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
+        return "queued"
+    return queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"), now,
+                                   effects)
 
 
 def _repeat_or_refuse(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
