@@ -983,6 +983,10 @@ class JobContext:
                "job_id": self.job_id, "iter": iteration, "ok": ok, "final": False,
                "metrics": metrics or {}, "device": self.runtime.device_summary()}
         row.update({k: v for k, v in fields.items() if v is not None})
+        if self.runtime.mode == "host":
+            # Rows about an attached device are filed under its id; the collector takes a host
+            # job's rows only from the executor holding it, which this names.
+            row["executor"] = self.runtime.reporter_id
         if isinstance(row.get("error"), str) and len(row["error"]) > MAX_ERROR_CHARS:
             row["error"] = row["error"][:MAX_ERROR_CHARS - 3] + "..."
         return row

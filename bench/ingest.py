@@ -53,7 +53,8 @@ def row(job_id: str, device_id: str, n: int) -> dict[str, Any]:
 
 
 async def prepare(address: str, tag: str, posters: int) -> None:
-    """One registered device and one job per poster (rows are posted for existing jobs)."""
+    """One registered device and one job per poster, claimed by it (rows are posted for jobs
+    the poster holds)."""
     http = Http(address)
     for i in range(posters):
         status, body = await http.request("POST", "/devices/register", {
@@ -67,6 +68,10 @@ async def prepare(address: str, tag: str, posters: int) -> None:
          "targets": {"device_id": f"ingest-{tag}-{i}"}} for i in range(posters)])
     if status != 201:
         raise RuntimeError(f"POST /jobs answered {status}: {body[:200]!r}")
+    for i in range(posters):  # the collector takes rows only from a job's claimant
+        status, body = await http.request("GET", f"/devices/ingest-{tag}-{i}/next-job")
+        if status != 200:
+            raise RuntimeError(f"the claim answered {status}: {body[:200]!r}")
     http.close()
 
 

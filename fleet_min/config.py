@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -100,6 +101,51 @@ def flag(text: str) -> bool:
     raise ValueError(f"must be 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
+_FLAG_TRUE = {"1", "true", "yes", "on"}
+_FLAG_FALSE = {"0", "false", "no", "off", ""}
+
+
+def proxy_networks(text: str) -> tuple[str, ...]:
+    """FLEET_TRUST_PROXY: the proxies whose X-Forwarded-For is believed, as addresses or networks
+    (127.0.0.1, 10.0.0.0/8, ::1). 0/false/off: none. The old 1/true spelling believed any peer;
+    it is refused rather than quietly given a narrower meaning, so nothing a proxy on another
+    host sends is suddenly read as coming from that proxy's own (LAN) address."""
+    import ipaddress
+
+    lowered = text.strip().lower()
+    if lowered in _FLAG_FALSE:
+        return ()
+    if lowered in _FLAG_TRUE:
+        raise ValueError(f"{text.strip()!r} no longer switches proxy trust on: name the proxies "
+                         "whose X-Forwarded-For header is believed, e.g. 127.0.0.1 for a proxy on "
+                         "this host, or 10.0.0.5,fd00::/8")
+    networks = []
+    for part in csv_list(text):
+        try:
+            networks.append(str(ipaddress.ip_network(part, strict=False)))
+        except ValueError:
+            raise ValueError(f"{part[:80]!r} is not an address or network such as 127.0.0.1 or "
+                             "10.0.0.0/8") from None
+    return tuple(dict.fromkeys(networks))
+
+
+_REPO_NAME = re.compile(r"[a-z0-9_.-]{1,100}")
+
+
+def repo_patterns(text: str) -> tuple[str, ...]:
+    """FLEET_CI_STATUS_REPOS: `owner/repo` and `owner/*` entries, compared case-insensitively
+    (as GitHub compares names). `.` and `..` are never names: they would walk the API's path."""
+    patterns = []
+    for part in csv_list(text):
+        owner, slash, repo = part.lower().partition("/")
+        if not slash or not all(_REPO_NAME.fullmatch(n) and n not in (".", "..")
+                                for n in (owner, repo if repo != "*" else "x")):
+            raise ValueError(f"{part[:80]!r} is not owner/repo or owner/* (letters, digits, "
+                             "'.', '_' and '-')")
+        patterns.append(f"{owner}/{repo}")
+    return tuple(dict.fromkeys(patterns))
+
+
 COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("bind", "FLEET_BIND", ("0.0.0.0",), csv_list,
             "Comma-separated addresses to listen on. Default: every interface (a warning is "
@@ -178,13 +224,17 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "When set, dashboard changes need this value in the X-Fleet-Token header; unset "
             "leaves them open. POST /jobs and agent routes stay open either way."),
     Setting("mesh_allow", "FLEET_MESH_ALLOW", (), csv_list,
-            "Mesh node names (exact) allowed to register from 100.64.0.0/10 and "
-            "fd7a:115c:a1e0::/48; unset admits everyone."),
+            "Mesh node names (exact) allowed to use the agent routes (register, poll, "
+            "results and beacons, release) from 100.64.0.0/10 and fd7a:115c:a1e0::/48; a "
+            "device then answers only to the node it registered from, an executor name to the "
+            "node that first used it. Unset admits everyone."),
     Setting("mesh_whois", "FLEET_MESH_WHOIS", "tailscale", str,
             "Identity lookup program, run as `<program> whois --json <ip>`."),
-    Setting("trust_proxy", "FLEET_TRUST_PROXY", False, flag,
-            "Take a registering peer's address from the last X-Forwarded-For entry (only "
-            "behind a proxy that sets it)."),
+    Setting("trust_proxy", "FLEET_TRUST_PROXY", (), proxy_networks,
+            "Comma-separated addresses or networks of the reverse proxies whose "
+            "X-Forwarded-For header is believed (e.g. 127.0.0.1 for a proxy on this host); "
+            "from any other peer the header is ignored. Unset or 0: believed from nobody. The "
+            "old spelling 1/true is refused at start."),
     Setting("peers", "FLEET_PEERS", (), csv_list,
             "Addresses of other collectors to read (host:port or http(s)://host:port)."),
     Setting("mdns", "FLEET_MDNS", False, flag,
@@ -196,6 +246,10 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "are recorded as dry runs."),
     Setting("github_token", "GITHUB_TOKEN", "", str,
             "Fallback token for commit statuses when FLEET_CI_STATUS_TOKEN is unset."),
+    Setting("ci_status_repos", "FLEET_CI_STATUS_REPOS", (), repo_patterns,
+            "Comma-separated repositories (owner/repo) and owners (owner/*) commit statuses "
+            "may be posted to. When set, POST /jobs refuses a report_to.ci_status outside it "
+            "(400). With a token but no list, no status is posted."),
 )
 
 

@@ -452,6 +452,7 @@ _RESULT = _object({
     "error": _or_null(_string(0, 4000)),
     "device": _object({k: _NULLABLE_STRING for k in ("model", "soc", "os")}),
     "artifacts": _array(_SHA, "an array of sha256 strings", max_items=100),
+    "executor": _string(1, 200),
 }, required=("schema", "kind", "device_id", "job_id", "iter"))
 
 

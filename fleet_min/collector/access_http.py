@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -15,7 +16,14 @@ from fleet_min.http import Handler, RequestCheck, json_response
 
 PEERS = web.AppKey("peers", peers.Peers)
 CI = web.AppKey("ci_status", ci_status.CiReporter)
-REGISTER_TEMPLATE = "/devices/register"
+MESH = web.AppKey("mesh", mesh.MeshGate)
+# The routes an agent acts through for a device or an executor name: with FLEET_MESH_ALLOW set,
+# a mesh peer must be a listed node, and the node is handed on so the transaction can check it
+# may act for the device or executor the request names (fleet_min.collector.authority).
+AGENT_ROUTES = frozenset({
+    ("POST", "/devices/register"), ("GET", "/devices/{device_id}/next-job"),
+    ("GET", "/executor/next-job"), ("POST", "/results"), ("POST", "/jobs/{job_id}/release")})
+MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
 
 
 def _template(request: web.Request) -> str | None:
@@ -40,11 +48,25 @@ def request_check(config: Config) -> RequestCheck:
 def mesh_middleware(gate: mesh.MeshGate) -> Middleware:
     @web.middleware
     async def mesh_allowlist(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST" and _template(request) == REGISTER_TEMPLATE:
-            await gate.admit(request.remote, request.headers.get("X-Forwarded-For"))
+        if (request.method, _template(request)) in AGENT_ROUTES:
+            # Several X-Forwarded-For lines are one list (RFC 9110); the last entry is nearest.
+            forwarded = request.headers.getall("X-Forwarded-For", None)
+            request[MESH_NODE] = await gate.identify(
+                request.remote, ",".join(forwarded) if forwarded else None)
         return await handler(request)
 
     return mesh_allowlist
+
+
+def mesh_caller(request: web.Request) -> str | None:
+    """The mesh node an agent request came from; None off the mesh or with no allowlist."""
+    node: str | None = request.get(MESH_NODE)
+    return node
+
+
+def check_ci_target(request: web.Request, spec: dict[str, Any]) -> None:
+    """Refuse (400) a spec whose report_to.ci_status is outside FLEET_CI_STATUS_REPOS."""
+    ci_status.check_spec(request.app[CI].settings, spec)
 
 
 async def api_peers(request: web.Request) -> web.Response:
@@ -96,6 +118,7 @@ def _guards(app: web.Application, service: Service) -> None:
     dashboard guard is not one: create_app runs request_check inside base_middleware_with.)"""
     service.guarded = guard.dash_token(service.config) is not None
     gate = mesh.MeshGate(mesh.settings(service.config))
+    app[MESH] = gate
     if gate.enabled:
         app.middlewares.append(mesh_middleware(gate))
 
@@ -105,6 +128,7 @@ def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
     refresher: list[asyncio.Task[None]] = []
 
     async def start() -> None:  # runs once the service has its id and its database
+        reporter.announce()
         if known.peers:
             refresher.append(service.spawn(known.loop(), "peers"))
         if advertiser is not None:
@@ -115,6 +139,7 @@ def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
         if advertiser is not None:
             await advertiser.stop()
         await reporter.close()
+        await app[MESH].close()
         for task in refresher:  # stopped before its HTTP session closes under it
             task.cancel()
         await asyncio.gather(*refresher, return_exceptions=True)

@@ -65,13 +65,14 @@ async def register(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     _refuse_invalid(validate.validate_register(body))
     service = service_of(request)
-    reply = await service.transact(_register_tx, body, now(), request.remote)
+    reply = await service.transact(_register_tx, body, now(), request.remote,
+                                   caller=access_http.mesh_caller(request))
     return json_response(reply)
 
 
 def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str | None,
-                 effects: Any) -> dict[str, Any]:
-    reply = devices.register(conn, body, current, address)
+                 effects: Any, caller: str | None = None) -> dict[str, Any]:
+    reply = devices.register(conn, body, current, address, caller)
     effects.emit("device", device_id=body["device_id"])
     effects.claimants.append(f"device:{body['device_id']}")
     return reply
@@ -80,7 +81,7 @@ def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str |
 async def device_next_job(request: web.Request) -> web.Response:
     service = service_of(request)
     job = await service.next_job(Claimant("device", request.match_info["device_id"]),
-                                 service.config.long_poll_s)
+                                 service.config.long_poll_s, access_http.mesh_caller(request))
     return json_response(job) if job is not None else web.Response(status=204)
 
 
@@ -89,24 +90,28 @@ async def executor_next_job(request: web.Request) -> web.Response:
     if not name or len(name) > 200:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
     service = service_of(request)
-    job = await service.next_job(Claimant("host", name), service.config.long_poll_s)
+    job = await service.next_job(Claimant("host", name), service.config.long_poll_s,
+                                 access_http.mesh_caller(request))
     return json_response(job) if job is not None else web.Response(status=204)
 
 
 async def post_results(request: web.Request) -> web.Response:
     body = await read_json(request)
     service = service_of(request)
+    caller = access_http.mesh_caller(request)
     if isinstance(body, list):
         rows = _checked_rows(body)
-        replies = await service.transact(results.post_rows, rows, now())
+        replies = await service.transact(results.post_rows, rows, now(), caller=caller)
         return json_response({"ok": True, "results": replies})
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object (a result row or a beacon) "
                          "or an array of result rows")
     _refuse_invalid(validate.validate_post_results(body))
     if body["kind"] == "beacon":
-        return json_response(await service.transact(results.post_beacon, body, now()))
-    return json_response(await service.transact(results.post_result, body, now()))
+        return json_response(await service.transact(results.post_beacon, body, now(),
+                                                    caller=caller))
+    return json_response(await service.transact(results.post_result, body, now(),
+                                                caller=caller))
 
 
 def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
@@ -132,7 +137,8 @@ async def release(request: web.Request) -> web.Response:
     if not isinstance(device_id, str) or not device_id:
         raise BadRequest("device_id is required: the claimant handing the job back")
     reply = await service_of(request).transact(queue.release, request.match_info["job_id"],
-                                               device_id, now())
+                                               device_id, now(),
+                                               caller=access_http.mesh_caller(request))
     return json_response(reply)
 
 
@@ -151,11 +157,13 @@ async def post_jobs(request: web.Request) -> web.Response:
         for index, spec in enumerate(body):
             try:
                 specs.append(check_job_spec(spec))
+                access_http.check_ci_target(request, spec)
             except BadRequest as exc:
                 raise BadRequest(f"job {index}: {exc.message}") from None
         enqueued = await service.transact(queue.enqueue, specs, now())
         return json_response({"ok": True, "jobs": enqueued.replies}, status=201)
     spec = check_job_spec(body)
+    access_http.check_ci_target(request, spec)
     enqueued = await service.transact(queue.enqueue, [spec], now())
     return json_response({"ok": True, **enqueued.replies[0]}, status=201)
 

@@ -18,11 +18,11 @@ from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
-from fleet_min.collector import alerts, schedules
+from fleet_min.collector import alerts, ci_status, schedules
 from fleet_min.collector.service import Service
 from fleet_min.collector.webhook import WebhookConfig, WebhookSender
 from fleet_min.config import Config
-from fleet_min.errors import NotFound
+from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import json_response, query_int, read_json_object
 from fleet_min.timeutil import now
 
@@ -138,12 +138,24 @@ def _alert_id(request: web.Request) -> int:
     return int(raw)
 
 
+def _check_ci_target(ci: ci_status.CiSettings, body: dict[str, Any]) -> None:
+    """A template's report_to.ci_status must be allowed as POST /jobs would require."""
+    template = body.get("template")
+    if isinstance(template, dict) and isinstance(template.get("report_to"), dict):
+        try:
+            ci_status.check_spec(ci, template)
+        except BadRequest as exc:
+            raise BadRequest(f"template: {exc.message}") from None
+
+
 def _routes(automation: Automation) -> list[web.RouteDef]:
     service = automation.service
     tz = automation.settings.tz
+    ci = ci_status.settings(service.config)
 
     async def create(request: web.Request) -> web.Response:
         body = await read_json_object(request)
+        _check_ci_target(ci, body)
         return json_response(await service.transact(schedules.create, body, now()), status=201)
 
     async def listing(request: web.Request) -> web.Response:
@@ -154,6 +166,7 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
 
     async def patch(request: web.Request) -> web.Response:
         body = await read_json_object(request)
+        _check_ci_target(ci, body)
         return json_response(await service.transact(
             schedules.update, request.match_info["id"], body, now(), tz=tz))
 

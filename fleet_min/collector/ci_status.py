@@ -6,6 +6,13 @@ recorded as a dry run. Every attempt (dry runs included) is a row in ci_statuses
 or a network failure is retried with backoff; anything else is final. The token is sent in the
 Authorization header and nowhere else: never logged, never stored, never in an error text.
 
+Statuses go only to the repositories of FLEET_CI_STATUS_REPOS (DESIGN rule 5a: anyone who can
+reach POST /jobs could otherwise make the collector post with its token to any repository the
+token reaches). With the list set, POST /jobs refuses other targets (check_spec) and the reporter
+checks again before posting; with a token and no list nothing is posted, and each status is
+recorded with the reason instead. Without a token and without a list, dry runs are recorded as
+before.
+
 Only host jobs report (the spec names them; fan-out is for device jobs only, so a reporting job
 never has fan-out children).
 """
@@ -25,7 +32,7 @@ import aiohttp
 
 from fleet_min.config import Config
 from fleet_min.db import Database
-from fleet_min.errors import NotFound
+from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger("fleet_min.collector.ci_status")
@@ -38,21 +45,65 @@ MAX_DESCRIPTION = 140  # GitHub's limit
 Spawn = Callable[[Coroutine[Any, Any, None], str], "asyncio.Task[None]"]
 
 
+REPOS_SETTING = "FLEET_CI_STATUS_REPOS"
+NO_LIST = (f"{REPOS_SETTING} is not set, so no commit status is posted with this collector's "
+           "token; list the repositories (owner/repo) or owners (owner/*) statuses may go to")
+
+
 @dataclass(frozen=True)
 class CiSettings:
     api: str
     token: str | None
+    repos: tuple[str, ...] | None = None  # FLEET_CI_STATUS_REPOS; None: unset
 
     @property
     def armed(self) -> bool:
         return self.token is not None
 
+    @property
+    def problem(self) -> str | None:
+        """Why nothing is posted although a token is set (None: nothing stands in the way)."""
+        return NO_LIST if self.armed and self.repos is None else None
+
+    def allows(self, target: str) -> bool:
+        """Is "owner/repo@sha" inside the list (case-insensitively, as GitHub names compare)?
+        Always False without a list, and for the path segments `.` and `..`."""
+        owner, repo, _sha = parse_target(target.lower())
+        if self.repos is None or {owner, repo} & {"", ".", ".."}:
+            return False
+        return f"{owner}/{repo}" in self.repos or f"{owner}/*" in self.repos
+
+    def refusal(self, target: str) -> str | None:
+        """Why a status for this target is not posted (None: it is posted, or recorded as a dry
+        run without a token)."""
+        if self.repos is not None and not self.allows(target):
+            return f"not sent: {_repo(target)} is not in {REPOS_SETTING}"
+        return f"not sent: {NO_LIST}" if self.problem else None
+
+    def describe(self) -> dict[str, Any]:
+        """The `ci_status` block of GET /api/system."""
+        return {"armed": self.armed, "repos": list(self.repos) if self.repos is not None else None,
+                "posting": self.armed and self.repos is not None, "problem": self.problem}
+
 
 def settings(config: Config) -> CiSettings:
-    """FLEET_GITHUB_API and FLEET_CI_STATUS_TOKEN, falling back to GITHUB_TOKEN."""
+    """FLEET_GITHUB_API, FLEET_CI_STATUS_TOKEN (falling back to GITHUB_TOKEN) and
+    FLEET_CI_STATUS_REPOS (already checked and lower-cased by config.py)."""
     api = str(config.github_api or "https://api.github.com")
     token = str(config.ci_status_token).strip() or str(config.github_token).strip()
-    return CiSettings(api.rstrip("/"), token or None)
+    repos = tuple(config.ci_status_repos) or None
+    return CiSettings(api.rstrip("/"), token or None, repos)
+
+
+def check_spec(settings: CiSettings, spec: dict[str, Any]) -> None:
+    """Refuse (400) a job whose report_to.ci_status names a repository outside the list, when a
+    list is set: a status only to an allowed repository (DESIGN rule 5a)."""
+    target = (spec.get("report_to") or {}).get("ci_status")
+    if settings.repos is None or not isinstance(target, str) or settings.allows(target):
+        return
+    raise BadRequest(f"report_to.ci_status names {_repo(target)}, which is not in this "
+                     f"collector's {REPOS_SETTING}; add it there (owner/repo or owner/*) or "
+                     "leave report_to out")
 
 
 def parse_target(target: str) -> tuple[str, str, str]:
@@ -62,8 +113,15 @@ def parse_target(target: str) -> tuple[str, str, str]:
     return owner, repo, sha
 
 
+def _repo(target: str) -> str:
+    owner, repo, _sha = parse_target(target)
+    return f"{owner}/{repo}"
+
+
 def statuses_url(api: str, target: str) -> str:
     owner, repo, sha = parse_target(target)
+    if {owner, repo} & {"", ".", ".."}:
+        raise ValueError(f"{target!r} names no repository")  # allows() keeps these out
     repo_path = f"{quote(owner, safe='')}/{quote(repo, safe='')}"
     return f"{api.rstrip('/')}/repos/{repo_path}/statuses/{quote(sha, safe='')}"
 
@@ -111,6 +169,11 @@ class CiReporter:
 
     def health(self) -> dict[str, Any]:
         return {"ci_status_armed": self.settings.armed}
+
+    def announce(self) -> None:
+        """One line at start when a token is set but statuses cannot be posted."""
+        if self.settings.problem:
+            log.warning("commit statuses: %s", self.settings.problem)
 
     async def close(self) -> None:
         tasks = [*self._chains.values(), *([self._worker] if self._worker else [])]
@@ -179,6 +242,13 @@ class CiReporter:
     async def _deliver(self, report: Report, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await asyncio.wait({previous})  # keep one job's statuses in the order they happened
+        refusal = self.settings.refusal(report.target)
+        if refusal is not None:  # checked here too: jobs enqueued before the list was set
+            if self.settings.repos is not None:  # an unset list was said once, at start
+                log.warning("CI status %s for %s %s", report.state, report.job_id, refusal)
+            await self.db.write(_record, report.job_id, report.target, report.state,
+                                report.description, not self.settings.armed, None, refusal)
+            return
         if not self.settings.armed:
             log.info("CI status (dry run, no token): %s %s for %s", report.target, report.state,
                      report.job_id)

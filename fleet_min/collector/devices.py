@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector import rules
+from fleet_min.collector import authority, rules
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso
 
@@ -26,7 +26,7 @@ class Device:
 
     __slots__ = ("_beacon", "_beacon_text", "_descriptor", "_descriptor_text", "busy_at",
                  "busy_job_id", "capabilities", "device_id", "last_beacon_at", "last_seen",
-                 "lock_holder", "pools")
+                 "lock_holder", "mesh_node", "pools")
 
     def __init__(self, row: sqlite3.Row, lock_holder: object) -> None:
         override = _loads(row["pools_override"], None)
@@ -38,6 +38,7 @@ class Device:
         self.last_beacon_at: float | None = row["last_beacon_at"]
         self.busy_job_id: str | None = row["busy_job_id"]
         self.busy_at: float | None = row["busy_at"]
+        self.mesh_node: str | None = row["mesh_node"]  # the mesh node that registered it
         # The job holding the device's lock (None: unlocked), when it was read with the row;
         # NOT_READ when it was not.
         self.lock_holder = lock_holder
@@ -82,7 +83,8 @@ def device_from_row(row: sqlite3.Row) -> Device:
 # naming them rather than SELECT * skips building the strings of the others (6 against 10 us a
 # load, measured), and the lock comes along so the claim rules need not ask for it again.
 _DEVICE_COLUMNS = ("d.device_id, d.descriptor, d.pools, d.pools_override, d.capabilities, "
-                   "d.last_seen, d.last_beacon, d.last_beacon_at, d.busy_job_id, d.busy_at")
+                   "d.last_seen, d.last_beacon, d.last_beacon_at, d.busy_job_id, d.busy_at, "
+                   "d.mesh_node")
 
 
 def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
@@ -93,12 +95,19 @@ def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
 
 
 def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
-             address: str | None) -> dict[str, Any]:
-    """Upsert a device from a validated registration body; returns the reply of decisions.md."""
+             address: str | None, caller: str | None = None) -> dict[str, Any]:
+    """Upsert a device from a validated registration body; returns the reply of decisions.md.
+
+    `caller` is the mesh node the registration came from (None off the mesh or without
+    FLEET_MESH_ALLOW): a device first registered from the mesh remembers that node, and another
+    mesh node may not register it again (fleet_min.collector.authority).
+    """
     device_id = body["device_id"]
     existing = conn.execute(
-        "SELECT capabilities, pools_override FROM devices WHERE device_id = ?", (device_id,)
-    ).fetchone()
+        "SELECT capabilities, pools_override, mesh_node FROM devices WHERE device_id = ?",
+        (device_id,)).fetchone()
+    if caller is not None and existing is not None:
+        authority.check_device_node(device_id, existing["mesh_node"], caller)
     descriptor: dict[str, Any] = dict(body.get("descriptor") or {})
     if not descriptor.get("platform"):
         descriptor["platform"] = rules.infer_platform(descriptor.get("os"))
@@ -112,16 +121,17 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     conn.execute(
         """
         INSERT INTO devices (device_id, descriptor, platform, kind, pools, capabilities, ttl_s,
-                             first_seen, last_seen, registered_at, address)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                             first_seen, last_seen, registered_at, address, mesh_node)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
         ON CONFLICT (device_id) DO UPDATE SET
             descriptor = excluded.descriptor, platform = excluded.platform,
             kind = excluded.kind, pools = excluded.pools, capabilities = excluded.capabilities,
             ttl_s = excluded.ttl_s, last_seen = excluded.last_seen,
-            registered_at = excluded.registered_at, address = excluded.address
+            registered_at = excluded.registered_at, address = excluded.address,
+            mesh_node = COALESCE(devices.mesh_node, excluded.mesh_node)
         """,
         (device_id, json.dumps(descriptor), descriptor.get("platform"), descriptor.get("kind"),
-         pools, capabilities, body.get("ttl_s"), now, now, now, address),
+         pools, capabilities, body.get("ttl_s"), now, now, now, address, caller),
     )
     device = load_device(conn, device_id)
     assert device is not None

@@ -78,9 +78,9 @@ GUARDED: tuple[RouteRule, ...] = (
 # POST /jobs open. A tick only does early what the service's own loop would do anyway.
 OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
     rule("POST", "/jobs", "enqueue (always open, by the spec)"),
-    rule("*", "/jobs/*", "agent release and the lease sweep"),
+    rule("*", "/jobs/*", "agent release (the mesh allowlist applies) and the lease sweep"),
     rule("POST", "/devices/register", "agent registration (the mesh allowlist applies)"),
-    rule("POST", "/results", "agent results and beacons"),
+    rule("POST", "/results", "agent results and beacons (the mesh allowlist applies)"),
     rule("*", "/artifacts*", "artifact upload by agents and CI"),
     rule("POST", "/schedules/tick", "scheduler tick, like POST /jobs/sweep"),
     rule("POST", "/api/alerts/tick", "alert evaluation on demand"),

@@ -24,13 +24,12 @@ from fleet_min.timeutil import now
 
 def insight_settings(config: Config) -> system.Settings:
     """This feature's settings, taken from the collector's resolved configuration."""
-    armed = ci_status.settings(config).armed
     return system.Settings(
         retain_beacons_days=config.retain_beacons_days,
         retain_events_days=config.retain_events_days,
         retain_alerts_days=config.retain_alerts_days,
         retention_auto=config.retention_auto, log_file=config.log_file or None,
-        ci_status_armed=armed)
+        ci_status=ci_status.settings(config).describe())
 
 
 class Handlers:

@@ -1,11 +1,12 @@
-"""The mesh allowlist: a device registering from the mesh network must be a node the operator
-listed by name.
+"""The mesh allowlist: an agent request from the mesh network must come from a node the operator
+listed by name, and names that node so the request may act only for what that node may act for.
 
 A peer's address is classified first. Only addresses in the mesh ranges (100.64.0.0/10 and
 fd7a:115c:a1e0::/48) are looked up; loopback, LAN and every other address is admitted, because
 for those the network itself (FLEET_BIND) is the access control. A mesh address is resolved with
 the mesh's identity lookup, `tailscale whois --json <ip>` (an argv list, never a shell), and
-admitted only when the node's name is in FLEET_MESH_ALLOW.
+admitted only when the node's name is in FLEET_MESH_ALLOW. Which device or executor name an
+admitted node may act for is decided by fleet_min.collector.authority.
 
 Which name counts: `Node.Name` (the MagicDNS name the coordination server assigns, e.g.
 `pi5.example.ts.net.`, compared without the trailing dot) and `Node.ComputedName` (its short
@@ -13,6 +14,10 @@ form, e.g. `pi5`; for a node shared in from another tailnet it is the full name,
 cannot be borrowed across tailnets). `Node.ComputedName` is only trusted when `Node.Name` is set,
 because without a MagicDNS name it falls back to the host name the node reports about itself.
 `Node.Hostinfo.Hostname` is never used for the same reason: any node can claim any host name.
+The node a request comes from is named by its `Node.Name`, unique within the mesh.
+
+Answers are cached per address for CACHE_S; an answer still in use near the end of that time is
+looked up again in the background, so a busy agent never waits for the lookup on its hot path.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ MESH_V4 = ipaddress.ip_network("100.64.0.0/10")
 MESH_V6 = ipaddress.ip_network("fd7a:115c:a1e0::/48")
 LOOKUP_TIMEOUT_S = 3.0
 CACHE_S = 60.0
+REFRESH_AHEAD_S = 15.0  # a cached answer used this close to its end is looked up again
 CACHE_MAX = 4096
 MAX_OUTPUT = 1 << 20
 PARALLEL_LOOKUPS = 4
@@ -44,18 +50,22 @@ PARALLEL_LOOKUPS = 4
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
 @dataclass(frozen=True)
 class MeshSettings:
     allow: frozenset[str] | None  # None: everyone admitted
     whois: str
-    trust_proxy: bool
+    trusted_proxies: tuple[IpNetwork, ...] = ()  # whose X-Forwarded-For is believed
 
 
 def settings(config: Config) -> MeshSettings:
-    """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY."""
+    """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY (already checked by config.py)."""
     allow = frozenset(normalise_name(n) for n in config.mesh_allow if n.strip()) or None
     whois = str(config.mesh_whois).strip() or "tailscale"
-    return MeshSettings(allow, whois, bool(config.trust_proxy))
+    proxies = tuple(ipaddress.ip_network(n, strict=False) for n in config.trust_proxy)
+    return MeshSettings(allow, whois, proxies)
 
 
 def normalise_name(name: str) -> str:
@@ -88,14 +98,25 @@ def classify(address: IpAddress | None) -> str:
     return "other"
 
 
-def peer_address(remote: str | None, forwarded_for: str | None, trust_proxy: bool
-                 ) -> IpAddress | None:
-    """The registering peer's address: the socket's, or with FLEET_TRUST_PROXY=1 the address
-    the proxy in front of us saw (the last X-Forwarded-For entry, the one that proxy added)."""
-    if trust_proxy and forwarded_for is not None:
-        last = forwarded_for.split(",")[-1]
-        return parse_address(last)
-    return parse_address(remote)
+def peer_address(remote: str | None, forwarded_for: str | None,
+                 trusted: tuple[IpNetwork, ...]) -> IpAddress | None:
+    """The requesting peer's address: the socket's, unless that is a proxy named in
+    FLEET_TRUST_PROXY; then the address that proxy saw, the last X-Forwarded-For entry (the one
+    it added). Walking right to left past every trusted proxy finds the first hop no trusted
+    proxy vouches for; entries left of it are the client's own say-so and never read. An entry
+    that is not an address gives None (unknown), which the allowlist refuses."""
+    address = parse_address(remote)
+    if not trusted or not forwarded_for:
+        return address
+    hops = forwarded_for.split(",")
+    while address is not None and hops and _trusted(address, trusted):
+        address = parse_address(hops.pop())
+    return address
+
+
+def _trusted(address: IpAddress, trusted: tuple[IpNetwork, ...]) -> bool:
+    # An address never belongs to a network of the other IP version (the test is just False).
+    return any(address in network for network in trusted)
 
 
 def node_names(whois: Any) -> set[str]:
@@ -113,14 +134,25 @@ def node_names(whois: Any) -> set[str]:
     return names
 
 
+def node_name(whois: Any) -> str | None:
+    """The node's own name, `Node.Name` normalised: what binds a device or an executor name."""
+    node = whois.get("Node") if isinstance(whois, dict) else None
+    name = node.get("Name") if isinstance(node, dict) else None
+    if not isinstance(name, str):
+        return None
+    return normalise_name(name) or None
+
+
 @dataclass(frozen=True)
 class Lookup:
     names: frozenset[str]
     problem: str | None  # why the peer could not be identified
+    node: str | None = None  # Node.Name, when identified
 
 
 class MeshGate:
-    """Admits or refuses registering peers; caches identity lookups for CACHE_S seconds."""
+    """Admits or refuses agent requests by the mesh node they come from; caches identity
+    lookups for CACHE_S seconds and refreshes a cached answer in use before it runs out."""
 
     def __init__(self, settings: MeshSettings, clock: Callable[[], float] = time.monotonic
                  ) -> None:
@@ -129,42 +161,71 @@ class MeshGate:
         self._cache: OrderedDict[str, tuple[float, Lookup]] = OrderedDict()
         self._inflight: dict[str, asyncio.Future[Lookup]] = {}
         self._parallel = asyncio.Semaphore(PARALLEL_LOOKUPS)
+        self._refreshing: set[asyncio.Task[Lookup]] = set()
         self.lookups = 0  # processes started, for tests and /api/health curiosity
 
     @property
     def enabled(self) -> bool:
         return self.settings.allow is not None
 
-    async def admit(self, remote: str | None, forwarded_for: str | None) -> None:
-        """Return when the peer may register; raise Forbidden (403) when it may not."""
+    async def identify(self, remote: str | None, forwarded_for: str | None) -> str | None:
+        """The mesh node an agent request comes from (its Node.Name), or None for a peer outside
+        the mesh ranges or while no allowlist is set; Forbidden (403) for a mesh peer that is
+        unidentified or not listed, and for a peer whose address cannot be told."""
         allow = self.settings.allow
         if allow is None:
-            return
-        address = peer_address(remote, forwarded_for, self.settings.trust_proxy)
+            return None
+        address = peer_address(remote, forwarded_for, self.settings.trusted_proxies)
         kind = classify(address)
         if kind == "unknown":
-            raise Forbidden("this collector could not tell the registering peer's address, "
+            raise Forbidden("this collector could not tell the requesting peer's address, "
                             "so the mesh allowlist refuses it")
         if kind != "mesh":
-            return
+            return None
         found = await self.lookup(str(address))
-        if found.problem is not None:
+        if found.problem is not None or found.node is None:
             log.warning("mesh peer %s refused: %s", address, found.problem)
             raise Forbidden(f"the mesh peer {address} could not be identified ({found.problem}); "
-                            "unidentified mesh peers may not register here")
+                            "unidentified mesh peers may not register or act for a device here")
         if not found.names & allow:
             shown = min(found.names, key=len)
             log.warning("mesh peer %s (%s) refused: not in FLEET_MESH_ALLOW", address, shown)
             raise Forbidden(f"mesh node {shown} is not in this collector's FLEET_MESH_ALLOW "
                             "list; ask its operator to add the node name")
+        return found.node
 
     async def lookup(self, ip: str) -> Lookup:
         cached = self._cache.get(ip)
-        if cached is not None and cached[0] > self._clock():
-            return cached[1]
+        if cached is not None:
+            expires, found = cached
+            left = expires - self._clock()
+            if left > 0:
+                if left < REFRESH_AHEAD_S and ip not in self._inflight:
+                    self._refresh(ip)
+                return found
         pending = self._inflight.get(ip)
         if pending is not None:  # one process per address however many polls ask at once
             return await asyncio.shield(pending)
+        return await self._fetch(ip)
+
+    def _refresh(self, ip: str) -> None:
+        """Look a cached answer up again in the background while it is still served."""
+        task = asyncio.get_running_loop().create_task(self._fetch(ip), name=f"whois-{ip}")
+        self._refreshing.add(task)
+        task.add_done_callback(self._refreshed)
+
+    def _refreshed(self, task: asyncio.Task[Lookup]) -> None:
+        self._refreshing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("refreshing a mesh identity failed: %s", task.exception())
+
+    async def close(self) -> None:
+        tasks = list(self._refreshing)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _fetch(self, ip: str) -> Lookup:
         future: asyncio.Future[Lookup] = asyncio.get_running_loop().create_future()
         self._inflight[ip] = future
         try:
@@ -220,9 +281,10 @@ def _parse_whois(out: bytes) -> Lookup:
     if len(out) > MAX_OUTPUT:
         return Lookup(frozenset(), "the identity lookup answered too much")
     try:
-        names = node_names(json.loads(out))
+        answer = json.loads(out)
     except ValueError:
         return Lookup(frozenset(), "the identity lookup did not answer JSON")
+    names = node_names(answer)
     if not names:
         return Lookup(frozenset(), "the identity lookup named no node")
-    return Lookup(frozenset(names), None)
+    return Lookup(frozenset(names), None, node_name(answer))

@@ -21,7 +21,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector import rules, templates
+from fleet_min.collector import authority, rules, templates
 from fleet_min.collector.devices import (
     NOT_READ,
     Device,
@@ -60,7 +60,7 @@ def claimant_key(executor: str, claimant_id: str) -> str:
 # rows
 
 
-def _job_row(conn: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
+def job_row(conn: sqlite3.Connection, job_id: str) -> sqlite3.Row | None:
     return conn.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
 
 
@@ -560,18 +560,23 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
 
 
 @replayable
-def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effects: Effects
-                ) -> tuple[list[str] | None, dict[str, Any] | None]:
+def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effects: Effects,
+                caller: str | None = None) -> tuple[list[str] | None, dict[str, Any] | None]:
     """A poll's first look: its device's declared capabilities and a claim, in one hop.
 
-    Raises NotFound for a device that never registered.
+    Raises NotFound for a device that never registered, and Forbidden when `caller` (the mesh
+    node the poll came from; None off the mesh) may not act for the claimant.
     """
     if claimant.executor != "device":
+        if caller is not None:
+            authority.bind_executor(conn, claimant.id, caller, now)
         return None, claim(conn, claimant, now, effects)
     device = load_device(conn, claimant.id)
     if device is None:
         raise NotFound(f"device {claimant.id!r} is not registered; register first "
                        "(POST /devices/register)")
+    if caller is not None:
+        authority.check_device_node(claimant.id, device.mesh_node, caller)
     return device.capabilities, claim(conn, claimant, now, effects, device)
 
 
@@ -586,7 +591,7 @@ def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
 def hand_back_undelivered(conn: sqlite3.Connection, job_id: str, claimant_id: str, now: float,
                           effects: Effects) -> None:
     """A claim whose long poll went away before delivery is returned, its attempt not burned."""
-    row = _job_row(conn, job_id)
+    row = job_row(conn, job_id)
     if row is None or row["status"] != "claimed" or row["claimed_by"] != claimant_id:
         return
     _requeue(conn, row, now, effects, outcome="undelivered", error=None, attempt_back=True,
@@ -613,15 +618,10 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
 # leases
 
 
-def renew(conn: sqlite3.Connection, job_id: str, claimant_id: str, now: float
-          ) -> sqlite3.Row | None:
-    """Push out the lease of a job the claimant holds; the row when renewed, else None."""
-    row = _job_row(conn, job_id)
-    if row is None or row["status"] != "claimed" or row["claimed_by"] != claimant_id:
-        return None
-    conn.execute("UPDATE jobs SET lease_deadline = ?, updated_at = ? WHERE job_id = ?",
-                 (now + row["ttl_s"], now, job_id))
-    return row
+def extend_lease(conn: sqlite3.Connection, row: sqlite3.Row, now: float) -> None:
+    """Push out the lease of a claimed job (the caller checked who holds it)."""
+    conn.execute("UPDATE jobs SET lease_deadline = ?, updated_at = ? WHERE seq = ?",
+                 (now + row["ttl_s"], now, row["seq"]))
 
 
 def should_preempt(conn: sqlite3.Connection, row: sqlite3.Row, now: float) -> bool:
@@ -749,7 +749,7 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
                      "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
         effects.job(waiter["job_id"], "queued", waiter["workload"], waiter["executor"])
-        fresh = _job_row(conn, waiter["job_id"])
+        fresh = job_row(conn, waiter["job_id"])
         assert fresh is not None
         effects.claimable.append(route_of(fresh))
     return unresolvable
@@ -805,7 +805,7 @@ def _settle_group(conn: sqlite3.Connection, parent_id: str
     if conn.execute("SELECT 1 FROM jobs WHERE parent_job_id = ? AND status IN "
                     "('queued', 'waiting', 'claimed') LIMIT 1", (parent_id,)).fetchone():
         return None  # the usual answer, found without reading every child
-    parent = _job_row(conn, parent_id)
+    parent = job_row(conn, parent_id)
     if parent is None or parent["status"] in CLOSED:
         return None
     children = conn.execute("SELECT job_id, status, last_error FROM jobs "
@@ -850,10 +850,19 @@ def _template_value(conn: sqlite3.Connection, job_id: str, kind: str, key: str |
 
 
 def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
-            effects: Effects) -> dict[str, Any]:
-    row = _job_row(conn, job_id)
+            effects: Effects, caller: str | None = None) -> dict[str, Any]:
+    """Hand a claimed job back. `device_id` is the claimant: a device's id, or for a host job
+    the executor's name; `caller` is the mesh node the request came from (None off the mesh)."""
+    row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
+    if caller is not None:
+        node = None
+        if row["executor"] == "device":
+            found = conn.execute("SELECT mesh_node FROM devices WHERE device_id = ?",
+                                 (device_id,)).fetchone()
+            node = found["mesh_node"] if found else None
+        authority.check_speaker(conn, row["executor"], device_id, node, caller, now)
     if row["status"] != "claimed" or row["claimed_by"] != device_id:
         raise Conflict(f"{device_id} does not hold a claim on job {job_id} "
                        f"(it is {row['status']}"
@@ -867,7 +876,7 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
 
 
 def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
-    row = _job_row(conn, job_id)
+    row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
     if row["status"] in CLOSED:
@@ -880,7 +889,7 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
             _end_attempt(conn, child, "cancelled", "cancelled by an operator", now)
             cascaded.append(child["job_id"])
             cascaded += _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
-        row = _job_row(conn, job_id)
+        row = job_row(conn, job_id)
         assert row is not None
     if row["status"] not in CLOSED:
         _end_attempt(conn, row, "cancelled", "cancelled by an operator", now)
@@ -890,7 +899,7 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
 
 
 def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
-    row = _job_row(conn, job_id)
+    row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
     if row["status"] not in ("failed", "cancelled"):
@@ -931,7 +940,7 @@ def refuse_lone_surrogates(spec: dict[str, Any], whose: str,
 
 def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,
                  effects: Effects) -> sqlite3.Row:
-    row = _job_row(conn, job_id)
+    row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
     if row["status"] in CLOSED:
@@ -941,7 +950,7 @@ def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: floa
     conn.execute("UPDATE jobs SET priority = ?, spec = ?, updated_at = ? WHERE job_id = ?",
                  (priority, json.dumps(spec), now, job_id))
     effects.job(job_id, row["status"], row["workload"], row["executor"], priority=priority)
-    fresh = _job_row(conn, job_id)
+    fresh = job_row(conn, job_id)
     assert fresh is not None
     if fresh["status"] == "queued":
         effects.claimable.append(route_of(fresh))

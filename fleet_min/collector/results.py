@@ -11,11 +11,11 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector import queue
+from fleet_min.collector import authority, queue
 from fleet_min.collector.devices import touch, touch_due
 from fleet_min.collector.effects import Effects
 from fleet_min.db import replayable
-from fleet_min.errors import NotFound, Refused
+from fleet_min.errors import Conflict, NotFound, Refused
 from fleet_min.timeutil import iso
 
 _ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "metrics", "final",
@@ -24,18 +24,27 @@ _ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "metri
 
 @replayable
 def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
-                effects: Effects) -> dict[str, Any]:
+                effects: Effects, caller: str | None = None) -> dict[str, Any]:
+    """Store one row for the claimant of its job (see fleet_min.collector.authority for who
+    that is); `caller` is the mesh node the request came from, None off the mesh."""
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
-    # The device's last_seen comes along, so an agent seen within the second costs no UPDATE.
-    job = conn.execute("SELECT j.*, d.last_seen AS device_last_seen FROM jobs j "
-                       "LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?",
+    # The device's last_seen and mesh node come along, so an agent seen within the second
+    # costs no UPDATE and a mesh check no query.
+    job = conn.execute("SELECT j.*, d.last_seen AS device_last_seen, d.mesh_node AS device_node "
+                       "FROM jobs j LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?",
                        (device_id, job_id)).fetchone()
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
+    speaker = authority.row_speaker(job, body)
+    if caller is not None:
+        authority.check_speaker(conn, job["executor"], speaker, job["device_node"], caller, now)
     extra = ({} if _ROW_FIELDS.issuperset(body)  # the usual row: nothing else to keep
              else {k: v for k, v in body.items() if k not in _ROW_FIELDS})
     fields = _row_fields(body)
-    final, preempted = bool(body.get("final")), bool(body.get("preempted"))
+    held = authority.holds(job, speaker)
+    if not held and _repeat_or_refuse(conn, job, body, speaker, fields, extra):
+        return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
+    final = bool(body.get("final"))
     cursor = conn.execute(
         """
         INSERT OR IGNORE INTO results (job_id, device_id, iter, workload, ok, final, preempted,
@@ -49,26 +58,65 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if cursor.rowcount == 0 and not _supersede(conn, job, body, fields, now):
         return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
     effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
-    status = job["status"]
-    if final and _closes(job, device_id):
-        if preempted:
-            queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
-            status = "queued"
-        else:
-            status = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"),
-                                             now, effects)
+    # Only the claimant's final row closes the job or hands it back.
+    status = _settle(conn, job, body, now, effects) if final and held else job["status"]
     return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+
+
+def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], now: float,
+            effects: Effects) -> str:
+    """The claimant's final row: the job's new status."""
+    if body.get("preempted"):
+        queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
+        return "queued"
+    return queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"), now,
+                                   effects)
+
+
+def _repeat_or_refuse(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
+                      speaker: str, fields: tuple[Any, ...], extra: dict[str, Any]) -> bool:
+    """A row from someone who does not hold the job: True for an exact repeat of a stored row
+    (answered as a duplicate, nothing changes), False for a late row from the holder of a closed
+    job's last attempt (stored, changes no status); anything else is refused with 409.
+
+    Off the hot path: the claimant's own rows never come here.
+    """
+    stored = conn.execute(
+        "SELECT ok, final, preempted, error, metrics, artifacts, device, extra FROM results "
+        "WHERE job_id = ? AND device_id = ? AND iter = ?",
+        (body["job_id"], body["device_id"], int(body["iter"]))).fetchone()
+    if stored is not None and _same_row(stored, fields, extra):
+        return True
+    if job["status"] in queue.CLOSED and authority.last_holder(conn, job) == speaker:
+        return False
+    raise authority.row_refusal(job, speaker, body)
+
+
+def _same_row(stored: sqlite3.Row, fields: tuple[Any, ...], extra: dict[str, Any]) -> bool:
+    """Is a posted row (its encoded columns and extra fields) the row already stored? JSON
+    columns compare decoded, so a re-post with its keys in another order is still the same."""
+    ok, final, preempted, error, metrics, artifacts, device = fields
+    return ((stored["ok"], stored["final"], stored["preempted"], stored["error"])
+            == (ok, final, preempted, error)
+            and _decoded(stored["metrics"]) == _decoded(metrics)
+            and _decoded(stored["artifacts"]) == _decoded(artifacts)
+            and _decoded(stored["device"]) == _decoded(device)
+            and (_decoded(stored["extra"]) or {}) == extra)
+
+
+def _decoded(text: str | None) -> Any:
+    return json.loads(text) if text else None
 
 
 @replayable
 def post_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float,
-              effects: Effects) -> list[dict[str, Any]]:
+              effects: Effects, caller: str | None = None) -> list[dict[str, Any]]:
     """Several validated result rows in one transaction, applied in order exactly as if they
     were posted one by one; all or none: a refused row (an unknown job) stores nothing."""
     replies = []
     for index, row in enumerate(rows):
         try:
-            replies.append(post_result(conn, row, now, effects))
+            replies.append(post_result(conn, row, now, effects, caller))
         except Refused as exc:
             raise type(exc)(f"row {index}: {exc.message}") from None
     return replies
@@ -108,48 +156,63 @@ def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
     return cursor.rowcount > 0
 
 
-def _closes(job: sqlite3.Row, device_id: str) -> bool:
-    """Does a final row from this device close the job? Only the claimant's, while claimed.
-
-    A host executor reports rows under the id of the attached device it drove, which the
-    collector may never have seen, so any final row closes a claimed host job.
-    """
-    if job["status"] != "claimed":
-        return False
-    if job["executor"] == "host":
-        return True
-    return bool(job["claimed_by"] == device_id)
-
-
 @replayable
 def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
-                effects: Effects) -> dict[str, Any]:
+                effects: Effects, caller: str | None = None) -> dict[str, Any]:
+    """Record a registered device's beacon, renewing the lease of the job it names when it
+    holds that job. A host executor is no device: it may beacon under its own name only for the
+    job it holds. A beacon naming a job its sender does not hold renews nothing and is kept
+    without that job (the sender learns lease_renewed false and stops)."""
     device_id = body["device_id"]
-    known = conn.execute("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+    device = conn.execute("SELECT mesh_node FROM devices WHERE device_id = ?",
+                          (device_id,)).fetchone()
+    job_id = body.get("job_id") or None
+    job = queue.job_row(conn, job_id) if job_id else None
+    held = job is not None and authority.holds(job, device_id)
+    if device is None and not held:
+        return _stranger_beacon(conn, device_id, job)
+    if caller is not None:
+        kind = job["executor"] if held and job is not None else "device"
+        authority.check_speaker(conn, kind, device_id, device["mesh_node"] if device else None,
+                                caller, now)
     beacon = dict(body.get("beacon") or {})
-    job_id = body.get("job_id")
-    if known is None and not job_id:
-        raise NotFound(f"device {device_id!r} is not registered; register first")
+    attached = job_id if held else None
     stored = jsonio.dumps_stored(beacon)  # the beacons row and the device's last_beacon
     conn.execute("INSERT INTO beacons (device_id, job_id, at, body) VALUES (?, ?, ?, ?)",
-                 (device_id, job_id, now, stored))
-    busy = beacon.get("busy") if isinstance(beacon.get("busy"), dict) else None
-    conn.execute(
-        "UPDATE devices SET last_seen = ?, last_beacon = ?, last_beacon_at = ?, "
-        "busy_job_id = ?, busy_collector = ?, busy_at = ? WHERE device_id = ?",
-        (now, stored, now, busy.get("job_id") if busy else None,
-         busy.get("collector") if busy else None, now if busy else None, device_id))
+                 (device_id, attached, now, stored))
+    if device is not None:
+        busy = beacon.get("busy") if isinstance(beacon.get("busy"), dict) else None
+        conn.execute(
+            "UPDATE devices SET last_seen = ?, last_beacon = ?, last_beacon_at = ?, "
+            "busy_job_id = ?, busy_collector = ?, busy_at = ? WHERE device_id = ?",
+            (now, stored, now, busy.get("job_id") if busy else None,
+             busy.get("collector") if busy else None, now if busy else None, device_id))
+        # A new beacon can satisfy a collector-enforced constraint; a cleared busy flag frees it.
+        effects.claimants.append(f"device:{device_id}")
     renewed, preempt = False, False
-    if job_id:
-        row = queue.renew(conn, job_id, device_id, now)
-        if row is not None:
-            renewed = True
-            preempt = queue.should_preempt(conn, row, now)
-    # A new beacon can satisfy a collector-enforced constraint, and a cleared busy flag frees it.
-    effects.claimants.append(f"device:{device_id}")
-    effects.emit("beacon", device_id=device_id, job_id=job_id, lease_renewed=renewed,
+    if held and job is not None:
+        queue.extend_lease(conn, job, now)
+        renewed, preempt = True, queue.should_preempt(conn, job, now)
+    effects.emit("beacon", device_id=device_id, job_id=attached, lease_renewed=renewed,
                  preempt=preempt)
     return {"lease_renewed": renewed, "preempt": preempt}
+
+
+def _stranger_beacon(conn: sqlite3.Connection, device_id: str, job: sqlite3.Row | None
+                     ) -> dict[str, Any]:
+    """A beacon from an id that is no registered device and holds the job it names (if any).
+
+    Stored nowhere. A host executor beaconing for a host job it held before (its lease lapsed
+    and the job moved on) learns lease_renewed false, as a device would, so it stops rather than
+    retrying an error; anyone else is refused.
+    """
+    if job is None or job["executor"] != "host":
+        raise NotFound(f"device {device_id!r} is not registered; register first")
+    if authority.held_before(conn, job, device_id):
+        return {"lease_renewed": False, "preempt": False}
+    raise Conflict(f"job {job['job_id']} is not held by {device_id!r}: a beacon from an "
+                   "unregistered id is taken only from the host executor holding the job it "
+                   "names")
 
 
 def result_record(row: sqlite3.Row) -> dict[str, Any]:

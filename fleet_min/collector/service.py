@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import platform
@@ -81,6 +82,7 @@ def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> Non
     conn.execute("UPDATE devices SET last_seen = last_seen + ?, "
                  "last_beacon_at = last_beacon_at + ?, busy_at = busy_at + ?",
                  (jump, jump, jump))
+    conn.execute("UPDATE executor_nodes SET seen_at = seen_at + ?", (jump,))
     effects.emit("clock", jump_s=round(jump, 3))
 
 
@@ -281,8 +283,10 @@ class Service:
                                                                   now())
         return result
 
-    async def _first_claim(self, waiter: Waiter) -> dict[str, Any] | None:
-        capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now())
+    async def _first_claim(self, waiter: Waiter, caller: str | None = None
+                           ) -> dict[str, Any] | None:
+        capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now(),
+                                                caller=caller)
         waiter.capabilities = capabilities
         return job
 
@@ -293,17 +297,22 @@ class Service:
 
     # -- long polls -------------------------------------------------------------------------
 
-    async def next_job(self, claimant: Claimant, hold_s: float) -> dict[str, Any] | None:
+    async def next_job(self, claimant: Claimant, hold_s: float, caller: str | None = None
+                       ) -> dict[str, Any] | None:
         """Hold a poll until a job is claimed for it or hold_s passes (then None).
 
-        Raises NotFound when a device polls before registering.
+        Raises NotFound when a device polls before registering, Forbidden when `caller` (the
+        mesh node the poll came from) may not act for the claimant: checked by the first look,
+        before anything is claimed for the poll.
         """
         waiter = Waiter(claimant)
         self.dispatcher.add(waiter)
+        first = (self._first_claim if caller is None
+                 else functools.partial(self._first_claim, caller=caller))
         try:
             if waiter.future.done():  # shutting down
                 return None
-            job = await self.dispatcher.claim_now(waiter, self._first_claim)
+            job = await self.dispatcher.claim_now(waiter, first)
             if job is not None:
                 return job
             try:

@@ -38,7 +38,7 @@ class Settings:
     retain_alerts_days: float = 90.0
     retention_auto: bool = False
     log_file: str | None = None
-    ci_status_armed: bool = False
+    ci_status: dict[str, Any] | None = None  # ci_status.CiSettings.describe(); None: not armed
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,8 @@ async def system_info(db: Database, data_dir: Path, started_at: float, now: floa
         "tables": await row_counts(db),
         "artifacts": {"path": str(artifacts_dir), **store},
         "log": log_figures(settings.log_file),
-        "ci_status": {"armed": settings.ci_status_armed},
+        "ci_status": settings.ci_status or {"armed": False, "repos": None, "posting": False,
+                                            "problem": None},
         "retention": {**policy(settings), "last_run": retention.last_run,
                       "next_run": iso(retention.next_run)},
     }

@@ -58,6 +58,8 @@ NO_JOB = "no job with that id"
 NO_DEVICE = "no device with that id"
 GUARD_401 = "FLEET_DASH_TOKEN is set and X-Fleet-Token is missing"
 GUARD_403 = "X-Fleet-Token is wrong, or the request comes from another site's page"
+MESH_403 = ("FLEET_MESH_ALLOW is set and the mesh peer is unidentified or not listed, or is "
+            "not the mesh node the device registered from (or its executor name is bound to)")
 JSON_ERRORS = {400: BAD_JSON, 413: TOO_LARGE, 503: STORAGE}
 
 PATH_PARAMS = {
@@ -203,12 +205,14 @@ def _agents() -> list[Route]:
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
             "pools": arr(STR)}), "the effective capabilities and pools")},
-            {**JSON_ERRORS, 403: "the mesh allowlist (FLEET_MESH_ALLOW) refuses the peer"},
+            {**JSON_ERRORS, 403: MESH_403},
             body=Body(ref("Registration"), "the registration body"), tag=tag),
         Route("GET", "/devices/{device_id}/next-job", "Long-poll for a device job", next_job,
-              {404: "the device is not registered; register first", 503: STORAGE}, tag=tag),
+              {403: MESH_403, 404: "the device is not registered; register first",
+               503: STORAGE}, tag=tag),
         Route("GET", "/executor/next-job", "Long-poll for a host job", next_job,
-              {400: "name is missing or longer than 200 characters", 503: STORAGE},
+              {400: "name is missing or longer than 200 characters", 403: MESH_403,
+               503: STORAGE},
               params=(query("name", string(minLength=1, maxLength=200),
                             "the executor's label", required=True),), tag=tag),
         Route("POST", "/results", "Post a result row, an array of result rows, or a beacon",
@@ -217,9 +221,14 @@ def _agents() -> list[Route]:
                   obj({"ok": OK_TRUE, "results": arr(stored_row)})]},
                   "beacon: {lease_renewed, preempt}; result: the row was stored (or was a "
                   "repeat); array: one such reply per row, in order")},
-              {**JSON_ERRORS, 404: "the job is unknown (result; in an array the sentence names "
-                                   "the row and nothing is stored), or the device is not "
-                                   "registered and names no job (beacon)"},
+              {**JSON_ERRORS, 403: MESH_403,
+               404: "the job is unknown (result; in an array the sentence names the row and "
+                    "nothing is stored), or the device is not registered (beacon; a host "
+                    "executor may beacon under its name for the job it holds)",
+               409: "the row's job is held by another claimant, is queued or waiting, or is "
+                    "closed and the poster did not hold its last attempt (an exact repeat of a "
+                    "stored row is still a duplicate); a beacon from an unregistered id names a "
+                    "host job it never held"},
               body=Body({"oneOf": [ref("ResultRow"), ref("Beacon"),
                                    {"type": "array", "items": ref("ResultRow"), "minItems": 1,
                                     "maxItems": 1000}]},
@@ -228,7 +237,7 @@ def _agents() -> list[Route]:
               tag=tag),
         Route("POST", "/jobs/{job_id}/release", "Hand a claimed job back", {200: json_reply(obj({
             "ok": OK_TRUE, "job_id": STR, "status": enum("queued")}))},
-            {**JSON_ERRORS, 404: NO_JOB,
+            {**JSON_ERRORS, 403: MESH_403, 404: NO_JOB,
              409: "the caller is not the claimant, or a result row exists"},
             body=Body(obj({"device_id": string(minLength=1)}), "the claimant"), tag=tag),
     ]
@@ -360,7 +369,9 @@ def _reads() -> list[Route]:
         Route("GET", "/api/system", "What the collector holds on disk", {200: json_reply(obj({
             "uptime_s": NUM, "started_at": TIME, "now": TIME, "data_dir": STR,
             "database": obj(), "tables": map_of(integer(0)), "artifacts": obj(),
-            "log": null(obj()), "ci_status": obj({"armed": BOOL}), "retention": obj()}))},
+            "log": null(obj()), "ci_status": obj({"armed": BOOL, "repos": null(arr(STR)),
+                                                  "posting": BOOL, "problem": null(STR)}),
+            "retention": obj()}))},
               tag=tag),
         guarded("POST", "/api/system/retention", "Prune old beacons, topic events, alerts",
                 {200: json_reply(ref("Retention"), "a dry run, or what was deleted")},

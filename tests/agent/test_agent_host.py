@@ -100,6 +100,8 @@ def test_host_executor_drives_attached_devices(procs, fakes):
     assert all(path.endswith(".apk") for _, _, path in installed)
     rows = collector.results("inst")
     assert {r["device_id"] for r in rows if r["iter"] > 0} == {"R5CT1234ABC", "emulator-5554"}
+    # filed under the attached devices' ids, each row names the executor that holds the job
+    assert {r["executor"] for r in rows} == {"bench-host"}
 
     # cold-start: p50/p95 per launch state from `am start -W` TotalTime
     assert final["cold"]["status"] == "done", final["cold"]

@@ -342,6 +342,7 @@ def test_a_refused_row_in_a_batch_is_set_aside_and_the_rest_delivered(fa, tmp_pa
     collector.enqueue({"schema": 1, "job_id": "kept", "workload": "benchmark",
                        "executor": "device", "backend": "synthetic",
                        "targets": {"device_id": "d"}})
+    assert collector.get("/devices/d/next-job")[1]["job_id"] == "kept"  # rows need the claim
     outbox = fa.Outbox(str(tmp_path / "spool"))
     for job_id, number in (("kept", 1), ("forgotten", 1), ("kept", 2)):
         outbox.put(collector.url, {"schema": 1, "kind": "result", "job_id": job_id,

@@ -6,63 +6,32 @@ import asyncio
 import logging
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from fleet_min.collector import ci_status
 from tests.support.collector import job, registration, result_row
+from tests.support.fake_statuses import WAIT_S, running_fake_statuses
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 TARGET = f"octo-org/my.app@{SHA}"
 TOKEN = "ghp_fake_status_token_1234567890"
-WAIT_S = 20  # upper bound for an event to arrive, never a measured duration
-
-
-class FakeStatusesApi:
-    """POST /repos/{owner}/{repo}/statuses/{sha}: records each call; answers from a script."""
-
-    def __init__(self):
-        self.calls = []
-        self.script = []  # statuses to answer before falling back to 201
-        self.arrived = asyncio.Event()
-        app = web.Application()
-        app.router.add_post("/repos/{owner}/{repo}/statuses/{sha}", self.post)
-        self.server = TestServer(app, host="127.0.0.1")
-
-    async def post(self, request):
-        body = await request.json()
-        self.calls.append({"path": request.path, "auth": request.headers.get("Authorization"),
-                           "accept": request.headers.get("Accept"), **body})
-        self.arrived.set()
-        status = self.script.pop(0) if self.script else 201
-        if status >= 400:
-            return web.json_response({"message": f"scripted {status}"}, status=status)
-        return web.json_response({"id": len(self.calls), "state": body["state"]}, status=201)
-
-    async def wait_for(self, count):
-        async with asyncio.timeout(WAIT_S):
-            while len(self.calls) < count:
-                self.arrived.clear()
-                await self.arrived.wait()
-        return self.calls
 
 
 @pytest.fixture
 async def github():
-    fake = FakeStatusesApi()
-    await fake.server.start_server()
-    yield fake
-    await fake.server.close()
+    async with running_fake_statuses() as fake:
+        yield fake
 
 
-async def start(collector_factory, monkeypatch, api, token=TOKEN):
+async def start(collector_factory, monkeypatch, api, token=TOKEN, repos=("octo-org/my.app",)):
     monkeypatch.setenv("FLEET_GITHUB_API", api)
     monkeypatch.delenv("GITHUB_TOKEN", raising=False)
+    monkeypatch.setenv("FLEET_CI_STATUS_REPOS", ",".join(repos))
     if token:
         monkeypatch.setenv("FLEET_CI_STATUS_TOKEN", token)
     else:
         monkeypatch.delenv("FLEET_CI_STATUS_TOKEN", raising=False)
-    return await collector_factory(github_api=api, ci_status_token=token or "")
+    return await collector_factory(github_api=api, ci_status_token=token or "",
+                                   ci_status_repos=tuple(repos))
 
 
 def host_job(job_id="ui-1", **fields):
@@ -96,7 +65,8 @@ async def test_pending_at_claim_and_success_at_the_end(collector_factory, monkey
         "accept": "application/vnd.github+json", "state": "pending",
         "context": "fleet-min/install",
         "description": "install is running on the device fleet."}
-    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True,
+                                                  executor="mac-mini"))
     calls = await github.wait_for(2)
     assert [c["state"] for c in calls] == ["pending", "success"]
     body = await recorded(client, "ui-1", 2)
@@ -113,7 +83,8 @@ async def test_failure_carries_the_error_sentence(collector_factory, monkeypatch
     await client.post("/jobs", json=host_job())
     await claim_host(client)
     await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=False,
-                                                  error="no Android device is attached"))
+                                                  error="no Android device is attached",
+                                                  executor="mac-mini"))
     calls = await github.wait_for(2)
     assert calls[1]["state"] == "failure"
     assert calls[1]["description"] == "install failed: no Android device is attached"
@@ -136,7 +107,8 @@ async def test_server_errors_are_retried_client_errors_are_not(collector_factory
     await client.post("/jobs", json=host_job())
     await claim_host(client)
     await github.wait_for(2)  # 502 then the retry's 201
-    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True,
+                                                  executor="mac-mini"))
     body = await recorded(client, "ui-1", 3)
     assert [(s["state"], s["http_status"]) for s in body["statuses"]] == [
         ("pending", 502), ("pending", 201), ("success", 422)]
@@ -151,7 +123,8 @@ async def test_without_a_token_it_is_a_dry_run(collector_factory, monkeypatch, g
                          token=None)
     await client.post("/jobs", json=host_job())
     await claim_host(client)
-    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True))
+    await client.post("/results", json=result_row("ui-1", "pixel-7", final=True, ok=True,
+                                                  executor="mac-mini"))
     body = await recorded(client, "ui-1", 2)
     assert body["armed"] is False
     assert [(s["state"], s["dry_run"], s["http_status"]) for s in body["statuses"]] == [
@@ -177,7 +150,7 @@ async def test_device_jobs_and_jobs_without_a_target_report_nothing(
     await client.post("/devices/register", json=registration("d"))
     await client.post("/jobs", json=job("plain-host", workload="install", executor="host"))
     await claim_host(client)
-    await client.post("/results", json=result_row("plain-host", "x", final=True, ok=True))
+    await client.post("/results", json=result_row("plain-host", "mac-mini", final=True, ok=True))
     await client.post("/jobs", json=host_job())  # the marker: reported after the others
     await claim_host(client)
     [call] = await github.wait_for(1)

@@ -1,48 +1,20 @@
 """FLEET_MESH_ALLOW: mesh registrations must resolve to a listed node name.
 
 A registration cannot come from a 100.64.x.y socket address on this machine, so the HTTP tests
-run with FLEET_TRUST_PROXY=1 and name the peer in X-Forwarded-For, as a reverse proxy would.
+run with FLEET_TRUST_PROXY=127.0.0.1 and name the peer in X-Forwarded-For, as a reverse proxy on
+the same host would.
 The identity lookup is a real executable named `tailscale` written onto PATH.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
-import stat
-import sys
-import textwrap
 
 import pytest
 
 from fleet_min.collector import mesh
 from tests.support.collector import registration
-
-FAKE = textwrap.dedent("""\
-    #!{python}
-    import json, os, sys, time
-    with open(os.environ["FAKE_WHOIS_LOG"], "a") as log:
-        log.write(" ".join(sys.argv[1:]) + "\\n")
-    if sys.argv[1:3] != ["whois", "--json"] or len(sys.argv) != 4:
-        sys.exit("usage: tailscale whois --json <ip>")
-    answers = json.load(open(os.environ["FAKE_WHOIS_MAP"]))
-    answer = answers.get(sys.argv[3])
-    if answer == "hang":
-        time.sleep(30)
-    if answer is None:
-        sys.exit("no match for IP:port " + sys.argv[3])
-    print(answer if isinstance(answer, str) else json.dumps(answer))
-""")
-
-
-def whois(name, computed=None, hostname=None):
-    node = {"ID": 1, "StableID": "n1", "Name": name,
-            "Hostinfo": {"Hostname": hostname or "whatever", "OS": "linux"}}
-    if computed is not None:
-        node["ComputedName"] = computed
-    return {"Node": node, "UserProfile": {"LoginName": "someone@example.com"}}
-
+from tests.support.fake_tailscale import install, whois
 
 ANSWERS = {
     "100.64.0.5": whois("pi5.example.ts.net.", "pi5"),
@@ -58,25 +30,17 @@ ANSWERS = {
 
 @pytest.fixture
 def fake_tailscale(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    exe = bin_dir / "tailscale"
-    exe.write_text(FAKE.format(python=sys.executable))
-    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
-    (tmp_path / "whois.json").write_text(json.dumps(ANSWERS))
-    log = tmp_path / "whois.log"
-    log.touch()
-    monkeypatch.setenv("FAKE_WHOIS_MAP", str(tmp_path / "whois.json"))
-    monkeypatch.setenv("FAKE_WHOIS_LOG", str(log))
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}")
+    for name, value in install(tmp_path, ANSWERS).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.delenv("FLEET_MESH_WHOIS", raising=False)
-    return log
+    return tmp_path / "whois.log"
 
 
 async def start(collector_factory, monkeypatch, allow, trust_proxy=True, whois=None):
     """A collector with these settings, given both as environment and as typed overrides (so
     the test keeps working when the settings move into fleet_min.config)."""
-    values = {"FLEET_MESH_ALLOW": allow, "FLEET_TRUST_PROXY": "1" if trust_proxy else "0",
+    values = {"FLEET_MESH_ALLOW": allow,
+              "FLEET_TRUST_PROXY": "127.0.0.1" if trust_proxy else "0",
               "FLEET_MESH_WHOIS": whois}
     for name, value in values.items():
         if value is None:
@@ -84,7 +48,8 @@ async def start(collector_factory, monkeypatch, allow, trust_proxy=True, whois=N
         else:
             monkeypatch.setenv(name, value)
     names = tuple(n.strip() for n in (allow or "").split(",") if n.strip())
-    return await collector_factory(mesh_allow=names, trust_proxy=trust_proxy,
+    return await collector_factory(mesh_allow=names,
+                                   trust_proxy=("127.0.0.1/32",) if trust_proxy else (),
                                    mesh_whois=whois or "tailscale")
 
 
@@ -108,14 +73,18 @@ def test_address_classification(text, kind):
     assert mesh.classify(mesh.parse_address(text)) == kind
 
 
+LOOPBACK = (ipaddress.ip_network("127.0.0.1/32"),)
+
+
 def test_forwarded_for_is_only_read_behind_a_trusted_proxy():
-    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", False)) == "127.0.0.1"
-    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", True)) == "100.64.0.5"
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", ())) == "127.0.0.1"
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5", LOOPBACK)) == "100.64.0.5"
     # the entry the proxy itself added is the last one; earlier ones are the client's say-so
-    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5, 192.168.1.9", True)) == "192.168.1.9"
-    assert mesh.peer_address("127.0.0.1", "junk", True) is None
-    assert str(mesh.peer_address("127.0.0.1", None, True)) == "127.0.0.1"
-    assert mesh.peer_address(None, None, False) is None
+    assert str(mesh.peer_address("127.0.0.1", "100.64.0.5, 192.168.1.9", LOOPBACK)
+               ) == "192.168.1.9"
+    assert mesh.peer_address("127.0.0.1", "junk", LOOPBACK) is None
+    assert str(mesh.peer_address("127.0.0.1", None, LOOPBACK)) == "127.0.0.1"
+    assert mesh.peer_address(None, None, ()) is None
 
 
 def test_node_names_come_from_the_coordination_server_not_the_node():
@@ -201,7 +170,7 @@ async def test_lookups_are_cached(collector_factory, monkeypatch, fake_tailscale
         "whois --json 100.64.0.5", "whois --json 100.64.0.6"]
 
 
-async def test_only_registration_is_checked(collector_factory, monkeypatch, fake_tailscale):
+async def test_enqueue_and_reads_are_not_checked(collector_factory, monkeypatch, fake_tailscale):
     client = await start(collector_factory, monkeypatch, "pi5")
     resp = await client.get("/api/health", headers={"X-Forwarded-For": "100.64.0.6"})
     assert resp.status == 200
@@ -236,3 +205,26 @@ async def test_a_hanging_lookup_is_cut_off_and_refused(collector_factory, monkey
     assert resp.status == 403 and "took over 3 s" in (await resp.json())["error"]
     # the collector kept answering meanwhile and afterwards
     assert (await client.get("/api/health")).status == 200
+
+
+async def test_a_cached_answer_in_use_is_refreshed_before_it_runs_out(fake_tailscale):
+    """Agent routes ask on every request: near the end of its life a cached answer is still
+    served at once while a lookup in the background renews it, so no request waits for one."""
+    clock = [1000.0]
+    gate = mesh.MeshGate(mesh.MeshSettings(frozenset({"pi5"}), "tailscale"),
+                         clock=lambda: clock[0])
+    assert (await gate.lookup("100.64.0.5")).node == "pi5.example.ts.net"
+    clock[0] += mesh.CACHE_S - mesh.REFRESH_AHEAD_S - 1  # not yet near the end: no lookup
+    await gate.lookup("100.64.0.5")
+    assert not gate._refreshing and gate.lookups == 1
+    clock[0] += 2  # near the end: answered from the cache, renewed in the background
+    assert (await gate.lookup("100.64.0.5")).node == "pi5.example.ts.net"
+    refreshing = list(gate._refreshing)
+    assert len(refreshing) == 1
+    await refreshing[0]
+    assert gate.lookups == 2
+    clock[0] += mesh.CACHE_S - mesh.REFRESH_AHEAD_S - 1  # the renewed answer is still fresh
+    await gate.lookup("100.64.0.5")
+    assert gate.lookups == 2 and not gate._refreshing
+    await gate.close()
+    assert fake_tailscale.read_text().splitlines() == ["whois --json 100.64.0.5"] * 2

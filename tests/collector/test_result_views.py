@@ -22,15 +22,17 @@ async def device_run(client, job_id, device, iterations, summary=None, ok=True, 
 
 
 async def host_run(client, job_id, workload, rows, ok=True, **spec):
-    """A host job claimed by executor `mac`; rows are (device, fields) posted in order."""
+    """A host job claimed by executor `mac`; rows are (device, fields) posted in order, each
+    naming the executor that files it under an attached device's id."""
     resp = await client.post("/jobs", json=job(job_id, workload, "host", **spec))
     assert resp.status == 201, await resp.text()
     claimed = await client.get("/executor/next-job?name=mac")
     assert (await claimed.json())["job_id"] == job_id
     for number, (device, fields) in enumerate(rows, 1):
-        await client.post("/results", json=result_row(job_id, device, number, **fields))
+        await client.post("/results", json=result_row(job_id, device, number, executor="mac",
+                                                      **fields))
     await client.post("/results", json=result_row(job_id, rows[0][0] if rows else "x", 0,
-                                                  final=True, ok=ok))
+                                                  final=True, ok=ok, executor="mac"))
 
 
 async def get(client, path):

@@ -54,7 +54,8 @@ async def test_system_figures(client, db_path):
     assert tables["devices"] == 1 and tables["beacons"] == 1 and tables["topic_events"] == 1
     assert tables["jobs"] == 0 and "sqlite_sequence" not in tables
     assert body["artifacts"]["count"] == 0 and body["artifacts"]["size_bytes"] == 0
-    assert body["ci_status"] == {"armed": False}
+    assert body["ci_status"] == {"armed": False, "repos": None, "posting": False,
+                                 "problem": None}
     policy = body["retention"]
     assert (policy["beacons_days"], policy["events_days"], policy["alerts_days"]) == (30, 30, 90)
     assert policy["auto"] is False and policy["next_run"] is None and policy["last_run"] is None
@@ -82,7 +83,9 @@ async def test_configured_log_file_and_armed_ci_status(collector_factory, tmp_pa
     client = await collector_factory()
     body = await system(client)
     assert body["log"] == {"path": str(log_file), "size_bytes": 7}
-    assert body["ci_status"] == {"armed": True}
+    ci = body["ci_status"]
+    assert ci["armed"] is True and ci["posting"] is False and ci["repos"] is None
+    assert "FLEET_CI_STATUS_REPOS is not set" in ci["problem"]
     assert "ghp_not_a_real_token" not in await (await client.get("/api/system")).text()
 
 

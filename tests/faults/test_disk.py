@@ -166,6 +166,8 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
     try:
         assert client.post("/devices/register", registration("d0"))[0] == 200
         assert client.post("/jobs", job("a"))[0] == 201
+        # claimed first: rows are taken only from a job's claimant
+        assert client.get("/devices/d0/next-job")[1]["job_id"] == "a"
         _chattr("+i", *frozen)  # immutable: even root's open descriptors cannot write
         try:
             refused = []
@@ -176,7 +178,7 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
             status, reply = client.post("/results", result_row("a", "d0", 1, ok=True))
             assert status == 503, (status, reply)
             assert client.get("/api/jobs")[0] == 200
-            assert client.get("/jobs/a")[1]["status"] == "queued"
+            assert client.get("/jobs/a")[1]["status"] == "claimed"
         finally:
             _chattr("-i", *frozen)
         status, _ = client.post("/jobs", job("b"))

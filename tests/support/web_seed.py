@@ -118,12 +118,13 @@ def ui_test(c: HttpClient, s: Seeded) -> None:
     status, spec = c.get("/executor/next-job?name=mac-mini", timeout=10)
     assert status == 200, (status, spec)
     for i, (flow, passed) in enumerate((("login", True), ("checkout", False)), start=1):
-        row = result_row("ui-login", "pixel-7", i, ok=passed, final=False, flow=flow)
+        row = result_row("ui-login", "pixel-7", i, ok=passed, final=False, flow=flow,
+                         executor="mac-mini")
         if not passed:
             row["error"] = "checkout button was not visible after 10 s"
         ok(c.post("/results", row))
     ok(c.post("/results", result_row("ui-login", "pixel-7", 0, ok=False, final=True,
-                                     error="1 of 2 flows failed")))
+                                     error="1 of 2 flows failed", executor="mac-mini")))
     s.jobs["ui"] = "ui-login"
 
 

@@ -1,0 +1,123 @@
+"""Who a request may act for (DESIGN rule 5a: a request acts only for what it proves).
+
+The collector has no credentials by design, so a request proves what it can show:
+
+- **Speakers.** A result row or a beacon speaks for one claimant. A device job's rows speak for
+  their `device_id`. A host job's rows speak for a host executor: the row's `executor` field when
+  it has one (an executor that files rows under the id of a device attached to it says there
+  which executor it is), else its `device_id` (the agent in host mode reports under its own
+  executor name). A row is taken only from the claimant of a claimed job, from the holder of the
+  last attempt of a closed job (late iterations, no status change), or as an exact repeat of a
+  row already stored (agents re-post their spool).
+- **Mesh nodes.** With FLEET_MESH_ALLOW set, an agent request from the mesh network names the
+  node it came from (fleet_min.collector.mesh). A device remembers the node that registered it
+  and only that node may speak for it from the mesh; an executor name is bound to the first node
+  that used it, until that node has been silent for REBIND_AFTER_S. Loopback and LAN peers carry
+  no node (None) and are not checked here: for them the network is the access control.
+
+Domain code: plain functions over the writer's connection, raising fleet_min.errors refusals.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from fleet_min.errors import Conflict, Forbidden
+
+CLOSED = ("done", "failed", "cancelled")
+CLAIMANT = {"device": "the device that claimed it", "host": "the host executor that claimed it"}
+# An executor name whose node has been silent this long may be taken by another listed node:
+# a moved or renamed executor is not locked out for ever, and a live one (it polls or beacons
+# well inside a minute, even through a long job) never lapses.
+REBIND_AFTER_S = 900.0
+SEEN_EVERY_S = 60.0  # an executor binding's seen_at is rewritten at most this often
+
+
+def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
+    """Who a result row speaks for (see the module docstring)."""
+    if job["executor"] == "host":
+        executor = body.get("executor")
+        if isinstance(executor, str) and executor:
+            return executor
+    return str(body["device_id"])
+
+
+def holds(job: sqlite3.Row, speaker: str) -> bool:
+    """Does `speaker` hold the job's current claim?"""
+    return job["status"] == "claimed" and job["claimed_by"] == speaker
+
+
+def last_holder(conn: sqlite3.Connection, job: sqlite3.Row) -> str | None:
+    """Who held the job's most recent attempt (None: never claimed)."""
+    row = conn.execute("SELECT claimed_by FROM job_attempts WHERE job_seq = ? "
+                       "ORDER BY id DESC LIMIT 1", (job["seq"],)).fetchone()
+    return row[0] if row else None
+
+
+def held_before(conn: sqlite3.Connection, job: sqlite3.Row, claimant_id: str) -> bool:
+    """Did `claimant_id` hold any attempt of the job (the current one included)?"""
+    return conn.execute("SELECT 1 FROM job_attempts WHERE job_seq = ? AND claimed_by = ? "
+                        "LIMIT 1", (job["seq"], claimant_id)).fetchone() is not None
+
+
+def row_refusal(job: sqlite3.Row, speaker: str, body: dict[str, Any]) -> Conflict:
+    """The 409 for a row that is neither the claimant's, nor late from the last holder, nor a
+    repeat. It names the claimant's kind, not its id."""
+    job_id, status = job["job_id"], job["status"]
+    if status == "claimed":
+        hint = ""
+        if job["executor"] == "host" and "executor" not in body:
+            hint = ("; an executor that files rows under an attached device's id names itself "
+                    "in the row's executor field")
+        return Conflict(f"job {job_id} is held by {CLAIMANT[job['executor']]}, not by "
+                        f"{speaker!r}; only the claimant's rows are accepted{hint}")
+    if status in CLOSED:
+        return Conflict(f"job {job_id} is {status}; after a job closes only the holder of its "
+                        f"last attempt may add rows, and {speaker!r} is not")
+    return Conflict(f"job {job_id} is {status}: nobody holds it, so it takes no rows; rows are "
+                    "posted for a job the poster claimed")
+
+
+# -- mesh nodes ----------------------------------------------------------------------------------
+
+
+def check_device_node(device_id: str, bound: str | None, caller: str) -> None:
+    """Refuse a mesh caller speaking for a device another mesh node registered."""
+    if bound is not None and bound != caller:
+        raise Forbidden(f"device {device_id!r} registered from another mesh node, so mesh node "
+                        f"{caller} may not act for it; to move it, forget the device "
+                        "(DELETE /api/devices/{id}) and register it from the new node")
+
+
+def bind_executor(conn: sqlite3.Connection, name: str, caller: str, now: float) -> None:
+    """Admit a mesh caller speaking for an executor name: bind the name to the caller's node
+    when it is free (never bound, or its node silent for REBIND_AFTER_S), else it must be the
+    bound node. Raises Forbidden before writing anything."""
+    row = conn.execute("SELECT mesh_node, seen_at FROM executor_nodes WHERE name = ?",
+                       (name,)).fetchone()
+    if row is None:
+        conn.execute("INSERT INTO executor_nodes (name, mesh_node, bound_at, seen_at) "
+                     "VALUES (?, ?, ?, ?)", (name, caller, now, now))
+        return
+    if row["mesh_node"] == caller:
+        if now - row["seen_at"] >= SEEN_EVERY_S:
+            conn.execute("UPDATE executor_nodes SET seen_at = ? WHERE name = ?", (now, name))
+        return
+    if now - row["seen_at"] < REBIND_AFTER_S:
+        raise Forbidden(f"the executor name {name!r} is in use by another mesh node, so mesh "
+                        f"node {caller} may not act for it; pick another --name, or wait until "
+                        f"the other node has been silent for {REBIND_AFTER_S / 60:g} minutes")
+    conn.execute("UPDATE executor_nodes SET mesh_node = ?, bound_at = ?, seen_at = ? "
+                 "WHERE name = ?", (caller, now, now, name))
+
+
+def check_speaker(conn: sqlite3.Connection, executor: str, speaker: str,
+                  device_node: str | None, caller: str, now: float) -> None:
+    """A mesh caller acting for `speaker` of a job of this executor kind: a host executor's
+    name binding, or the node the device registered from (`device_node`, read by the caller
+    along with the rows it needed anyway)."""
+    if executor == "host":
+        bind_executor(conn, speaker, caller, now)
+    else:
+        check_device_node(speaker, device_node, caller)
