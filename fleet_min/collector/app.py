@@ -330,8 +330,11 @@ def add_routes(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
     # every JSON handler reads through fleet_min.http.read_json with its own limit.
-    app = web.Application(middlewares=[base_middleware_with(access_http.request_check(config))],
-                          client_max_size=1 << 62)
+    gate = access_http.host_gate(config)
+    app = web.Application(
+        middlewares=[base_middleware_with(access_http.request_check(config, gate))],
+        client_max_size=1 << 62)
+    app[access_http.HOST_GATE] = gate
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)
     app[SERVICE] = service

@@ -80,7 +80,7 @@ def peek_status(base: str, path: str) -> int | None:
     parts = urlsplit(base)
     with socket.create_connection((parts.hostname or "", parts.port or 80),
                                   timeout=TIMEOUT_S) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         head = b""
         while b"\r\n" not in head and (chunk := sock.recv(4096)):
             head += chunk
