@@ -68,7 +68,8 @@ def split_host(value: str) -> tuple[str, int | None] | None:
         if ":" in port:
             return None  # an IPv6 address needs its brackets
     name = name.lower().rstrip(".")
-    if not name or not _PORT.fullmatch(port) or (port and int(port) > 65535):
+    if (not _PORT.fullmatch(port) or (port and int(port) > 65535)
+            or not (_is_name(name) or is_ip_literal(name))):
         return None
     return name, int(port) if port else None
 
@@ -81,7 +82,7 @@ def _is_ipv6(name: str) -> bool:
 
 
 def _is_name(name: str) -> bool:
-    return len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
+    return 0 < len(name) <= 253 and all(_LABEL.fullmatch(label) for label in name.split("."))
 
 
 def host_patterns(text: str) -> tuple[str, ...]:
@@ -202,15 +203,11 @@ def check_body_type(headers: Mapping[str, str], service: str, wanted: str = JSON
     """Refuse a body of a type any page can send without a preflight, or of no type at all."""
     raw = headers.get("Content-Type")
     essence = (raw or "").split(";", 1)[0].strip().lower()
-    if not essence:
-        if has_body(headers):
-            raise UnsupportedMediaType(f"the request body has no Content-Type; send it as "
-                                       f"{wanted} (curl: -H 'Content-Type: {wanted}')")
-        return
-    if essence in SIMPLE_BODY_TYPES:
+    if essence in SIMPLE_BODY_TYPES or (not essence and has_body(headers)):
+        refused = essence or "a body without a Content-Type"
         raise UnsupportedMediaType(
             f"send the body as {wanted} (curl: -H 'Content-Type: {wanted}'): this {service} "
-            f"refuses {essence}, which a page on any web site can send it")
+            f"refuses {refused}, which a page on any web site can send it")
 
 
 def check_request(method: str, headers: Mapping[str, str], service: str, cross_site: str,
