@@ -12,7 +12,6 @@ another site posting to the collector, and a page whose own name is rebound to 1
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.support import raw_http
 from tests.support.browser import chromium, page_server
 from tests.support.collector import CollectorProcess, job, registration
 
@@ -38,25 +38,7 @@ SETTING = "add it to FLEET_ALLOWED_HOSTS"
 
 def ask(port: int, method: str, path: str, headers: dict[str, str] | None = None,
         body: bytes | None = None, host: str | None = None) -> tuple[int, Any]:
-    """One request with exactly these headers; `host` is the Host header (None: the usual
-    127.0.0.1:port). The reply as (status, JSON or None)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    try:
-        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-        conn.putheader("Host", host if host is not None else f"127.0.0.1:{port}")
-        if body is not None:
-            conn.putheader("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
-            conn.putheader(name, value)
-        conn.endheaders(body)
-        reply = conn.getresponse()
-        raw = reply.read()
-        try:
-            return reply.status, json.loads(raw) if raw else None
-        except ValueError:
-            return reply.status, raw
-    finally:
-        conn.close()
+    return raw_http.ask(f"http://127.0.0.1:{port}", method, path, headers, body, host)
 
 
 JSON = {"Content-Type": "application/json"}
