@@ -156,6 +156,27 @@ def test_artifact_uploads_keep_their_binary_type(collector: CollectorProcess) ->
         assert status == 415 and "application/octet-stream" in reply["error"], reply
 
 
+def first_line_of_upload(port: int, host: str, content_type: str) -> bytes:
+    """A 10 GiB upload that asks before sending its body (Expect: 100-continue, as curl does
+    for large files): the first line the collector answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(f"POST /artifacts HTTP/1.1\r\nHost: {host}\r\nContent-Type: {content_type}"
+                     f"\r\nContent-Length: {10 << 30}\r\nExpect: 100-continue\r\n\r\n".encode())
+        return sock.makefile("rb").readline()
+
+
+def test_a_refused_upload_is_refused_before_its_body_is_invited(
+        collector: CollectorProcess) -> None:
+    port = collector.port
+    assert first_line_of_upload(port, "evil.example", "application/octet-stream").startswith(
+        b"HTTP/1.1 421")
+    assert first_line_of_upload(port, f"127.0.0.1:{port}", "text/plain").startswith(
+        b"HTTP/1.1 415")
+    # the limit still answers first for a name it answers to (10 GiB is past the 4 GiB default)
+    assert first_line_of_upload(port, f"127.0.0.1:{port}", "application/octet-stream"
+                                ).startswith(b"HTTP/1.1 413")
+
+
 # -- Origin ------------------------------------------------------------------------------------
 
 
