@@ -188,6 +188,7 @@ async def test_expect_continue_is_refused_before_the_body(collector_factory, mon
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.putrequest("POST", "/artifacts")
         conn.putheader("Content-Length", str(10 * MiB))
+        conn.putheader("Content-Type", "application/octet-stream")
         conn.putheader("Expect", "100-continue")
         conn.endheaders()  # no body is ever sent
         reply = conn.getresponse()
