@@ -662,8 +662,30 @@ class HttpError(Exception):
         self.message = message
 
 
+class Misdirected(Unreachable):
+    """421: the collector does not answer to the name in this agent's URL for it (a guard
+    against DNS rebinding; its FLEET_ALLOWED_HOSTS admits more names). Nothing the agent sends
+    changes that, so it keeps its rows spooled and retries with backoff, like an outage."""
+
+
 # Collectors live on the LAN or a mesh network: talk to them directly, ignoring proxy variables.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+_MISDIRECTED = 421
+_told_misdirected: set[str] = set()
+_told_lock = threading.Lock()
+
+
+def _misdirected(method: str, url: str, data: bytes) -> Misdirected:
+    """The refusal, its sentence logged once per collector (each retry would repeat it)."""
+    message = _error_message(data)
+    parts = urllib.parse.urlsplit(url)
+    base = f"{parts.scheme}://{parts.netloc}"
+    with _told_lock:
+        first = base not in _told_misdirected
+        _told_misdirected.add(base)
+    if first:
+        log.error("collector %s refuses the name this agent reaches it by: %s", base, message)
+    return Misdirected(f"{method} {url} answered {_MISDIRECTED}: {message}")
 
 
 def http_call(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
@@ -680,6 +702,8 @@ def http_call(method: str, url: str, body: bytes | None = None, headers: dict | 
         data = exc.read() if exc.fp is not None else b""
         if exc.code >= 500:
             raise Unreachable(f"{method} {url} answered {exc.code}") from exc
+        if exc.code == _MISDIRECTED:
+            raise _misdirected(method, url, data) from exc
         return exc.code, data
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
@@ -2058,7 +2082,9 @@ class Link(threading.Thread):
                 if isinstance(exc, HttpError) and exc.status == 404:
                     self.registered = self.rt.mode == "host"  # unknown device: register again
                 delay = backoff.next_delay()
-                log.warning("%s: %s; retrying in %.1f s", self.collector.url, exc, delay)
+                # A refused name was logged once, with its remedy; each retry says it quietly.
+                level = logging.DEBUG if isinstance(exc, Misdirected) else logging.WARNING
+                log.log(level, "%s: %s; retrying in %.1f s", self.collector.url, exc, delay)
                 self.rt.stopping.wait(delay)
 
     def step(self) -> None:

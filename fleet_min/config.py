@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_min.origin import ALLOWED_HOSTS_ENV, host_patterns
+
 
 @dataclass(frozen=True)
 class Setting:
@@ -220,6 +222,10 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, positive_float,
             "Interval of keep-alive comments on /api/stream."),
     # access, peers, discovery, CI status
+    Setting("allowed_hosts", ALLOWED_HOSTS_ENV, (), host_patterns,
+            "Host names (comma-separated; `*.example.lan` patterns allowed) this collector "
+            "answers to besides IP addresses, localhost and its own host names; any other Host "
+            "gets 421 (a guard against DNS rebinding). `*` admits every name."),
     Setting("dash_token", "FLEET_DASH_TOKEN", "", str,
             "When set, dashboard changes need this value in the X-Fleet-Token header; unset "
             "leaves them open. POST /jobs and agent routes stay open either way."),

@@ -29,6 +29,8 @@ from typing import Any, NamedTuple, TypeGuard, TypeVar
 
 import aiosqlite
 
+from fleet_min import filemodes
+
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -420,9 +422,10 @@ class Database:
     """The one way to the database: `await db.write(fn, ...)` and `await db.read(sql, ...)`."""
 
     def __init__(self, path: Path | str, migrations: Sequence[str],
-                 synchronous: str = "FULL") -> None:
+                 synchronous: str = "FULL", file_mode: int | None = None) -> None:
         self.path = Path(path)
         self.migrations = migrations
+        self.file_mode = file_mode  # the most the database and its -wal and -shm may allow
         self.synchronous = synchronous.upper()
         if self.synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}")
@@ -433,6 +436,7 @@ class Database:
         """Open (creating if needed) and migrate; StorageError with a sentence when it cannot."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self._keep_modes)
             conn = await asyncio.to_thread(_connect, self.path, self.synchronous)
             await asyncio.to_thread(migrate, conn, self.migrations)
             await asyncio.to_thread(_probe_writable, conn)
@@ -444,10 +448,21 @@ class Database:
                                ) from None
         self._writer = _Writer(conn)
         self._writer.start()
+        await asyncio.to_thread(self._keep_modes)  # the -wal and -shm SQLite made just now
         self._reader = await aiosqlite.connect(self.path, isolation_level=None)
         self._reader.row_factory = sqlite3.Row
         await self._reader.execute("PRAGMA query_only = ON")
         await self._reader.execute("PRAGMA busy_timeout = 30000")
+
+    def _keep_modes(self) -> None:
+        """Create the database file with file_mode before SQLite does (SQLite then gives -wal
+        and -shm the same mode), and take looser bits away from files that exist."""
+        if self.file_mode is None:
+            return
+        with contextlib.suppress(OSError):  # SQLite's own attempt then words the problem
+            filemodes.create_file(self.path, self.file_mode)
+        for path in filemodes.database_files(self.path):
+            filemodes.tighten(path, self.file_mode)
 
     async def close(self) -> None:
         """Answer and commit every write already accepted, then close both connections."""

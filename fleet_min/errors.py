@@ -42,6 +42,16 @@ class TooLarge(Refused):
     status = 413
 
 
+class UnsupportedMediaType(Refused):
+    status = 415
+
+
+class Misdirected(Refused):
+    """421: the request named a host this service does not answer to (DNS rebinding)."""
+
+    status = 421
+
+
 class Unprocessable(Refused):
     status = 422
 

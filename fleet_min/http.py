@@ -149,6 +149,21 @@ def query_int(request: web.Request, name: str, default: int, low: int, high: int
 
 
 RequestCheck = Callable[[web.Request], None]
+CHECK_KEY: web.AppKey[RequestCheck] = web.AppKey("request_check")  # base_middleware_with's
+
+
+def early_refusal(request: web.Request) -> web.Response | None:
+    """The app's access check, for an `Expect: 100-continue` handler: aiohttp runs that before
+    any middleware, so without this an upload the check refuses would first be invited to send
+    its body. The refusal as a response (it carries the security headers), or None."""
+    check = request.app.get(CHECK_KEY)
+    if check is None:
+        return None
+    try:
+        check(request)
+    except Refused as exc:
+        return error_response(exc.status, exc.message)
+    return None
 
 
 def base_middleware_with(check: RequestCheck) -> Middleware:

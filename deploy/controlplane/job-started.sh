@@ -59,6 +59,7 @@ overloaded() {
 esc() { printf '%s' "$1" | tr -d '\000-\037' | sed 's/\\/\\\\/g; s/"/\\"/g'; }
 
 record() {  # decision wait_s reason
+  umask 077  # the log sits in the daemon's state directory: the owner's alone, like the rest
   mkdir -p "$(dirname "$LOG")"
   # One printf of one short line: an O_APPEND write the daemon never sees half of for long.
   printf '{"at":"%s","decision":"%s","wait_s":%s,"reason":"%s","load":%s,"runner":"%s","repo":"%s","run_id":"%s","job":"%s","workflow":"%s"}\n' \

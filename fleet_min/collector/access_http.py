@@ -8,6 +8,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from fleet_min import origin
 from fleet_min.collector import ci_status, guard, mdns, mesh, peers
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
@@ -24,6 +25,9 @@ AGENT_ROUTES = frozenset({
     ("POST", "/devices/register"), ("GET", "/devices/{device_id}/next-job"),
     ("GET", "/executor/next-job"), ("POST", "/results"), ("POST", "/jobs/{job_id}/release")})
 MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
+HOST_GATE = web.AppKey("host_gate", origin.HostGate)
+REGISTER_TEMPLATE = "/devices/register"
+UPLOAD_TEMPLATE = "/artifacts"  # the one route whose body is bytes, not JSON
 
 
 def _template(request: web.Request) -> str | None:
@@ -33,16 +37,27 @@ def _template(request: web.Request) -> str | None:
     return resource.canonical if resource is not None else None
 
 
-def request_check(config: Config) -> RequestCheck:
-    """The dashboard guard, run by the collector's one middleware before every handler."""
+def host_gate(config: Config) -> origin.HostGate:
+    """The names this collector answers to (the mDNS name joins once the id is known)."""
+    return origin.HostGate("collector", config.allowed_hosts, origin.own_names())
+
+
+def request_check(config: Config, gate: origin.HostGate) -> RequestCheck:
+    """The boundary (Host; for a change also Origin and body type) and the dashboard guard,
+    run by the collector's one middleware before every handler."""
     token = guard.dash_token(config)
 
-    def dashboard_guard(request: web.Request) -> None:
-        if request.method.upper() in guard.MUTATING:  # reads never need the route template
-            guard.check(request.method, _template(request), request.path, request.headers,
-                        token)
+    def boundary_and_guard(request: web.Request) -> None:
+        headers = request.headers
+        gate.check(headers.get("Host"))
+        method = request.method.upper()
+        if method in guard.MUTATING:  # reads never need the route template
+            template = _template(request)
+            wanted = origin.BINARY_TYPE if template == UPLOAD_TEMPLATE else origin.JSON_TYPE
+            origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
+            guard.check(method, template, request.path, headers, token)
 
-    return dashboard_guard
+    return boundary_and_guard
 
 
 def mesh_middleware(gate: mesh.MeshGate) -> Middleware:
@@ -133,6 +148,7 @@ def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
             refresher.append(service.spawn(known.loop(), "peers"))
         if advertiser is not None:
             advertiser.advert = advertiser.advert.with_id(service.collector_id)
+            app[HOST_GATE].admit(advertiser.advert.host)  # peers may use the advertised name
             await advertiser.start()
 
     async def stop(_app: web.Application) -> None:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from fleet_min import filemodes
 from fleet_min.collector import queue
 from fleet_min.collector.effects import Effects
 from fleet_min.db import Database, like_escape
@@ -333,7 +334,10 @@ class ArtifactStore:
         return adopted
 
     def _prepare(self) -> list[tuple[str, int, float]]:
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        """Also takes 'other' bits away from the store's directories and files (see
+        fleet_min.filemodes), from the stat this scan makes anyway."""
+        filemodes.private_dir(self.root, filemodes.COLLECTOR_DIR)
+        filemodes.private_dir(self.tmp, filemodes.COLLECTOR_DIR)
         for leftover in self.tmp.iterdir():
             with contextlib.suppress(OSError):
                 leftover.unlink()
@@ -341,9 +345,11 @@ class ArtifactStore:
         for shard in self.root.iterdir():
             if len(shard.name) != 2 or not shard.is_dir():
                 continue
+            filemodes.tighten(shard, filemodes.COLLECTOR_DIR)
             for entry in shard.iterdir():
                 if _HEX64.fullmatch(entry.name) and entry.name[:2] == shard.name:
                     stat = entry.stat()
+                    filemodes.tighten(entry, filemodes.COLLECTOR_FILE, stat.st_mode)
                     found.append((entry.name, stat.st_size, stat.st_mtime))
         return found
 
@@ -393,17 +399,17 @@ class ArtifactStore:
         path = self.tmp / f"{secrets.token_hex(12)}.part"
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
         try:
-            fd = os.open(path, flags, 0o640)
+            fd = os.open(path, flags, filemodes.COLLECTOR_FILE)
         except FileNotFoundError:  # the store was removed under us: make it again
-            self.tmp.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, flags, 0o640)
+            self.tmp.mkdir(mode=filemodes.COLLECTOR_DIR, parents=True, exist_ok=True)
+            fd = os.open(path, flags, filemodes.COLLECTOR_FILE)
         return _TempFile(path, fd)
 
     def _install(self, temp_path: Path, sha256: str) -> bool:
         """Move the sealed file to its hash; True when the hash was already stored."""
         final = self.path(sha256)
         if not final.parent.is_dir():
-            final.parent.mkdir(exist_ok=True)
+            final.parent.mkdir(mode=filemodes.COLLECTOR_DIR, exist_ok=True)
             _fsync_dir(self.root)
         if final.exists():
             return True  # keep the stored copy; the temporary file is dropped by the caller

@@ -17,7 +17,7 @@ from fleet_min.collector import artifacts
 from fleet_min.collector.artifacts import ArtifactStore, Opened, RangeNotSatisfiable
 from fleet_min.collector.service import Service
 from fleet_min.errors import BadRequest, TimedOut, TooLarge
-from fleet_min.http import error_response, json_response, read_json_object
+from fleet_min.http import early_refusal, error_response, json_response, read_json_object
 from fleet_min.timeutil import now
 
 STORE = web.AppKey("artifact_store", ArtifactStore)
@@ -38,7 +38,11 @@ def _sha(request: web.Request) -> str:
 
 async def refuse_oversized_early(request: web.Request) -> web.StreamResponse | None:
     """Answer `Expect: 100-continue` with 413 when the declared length is past the limit, so a
-    client such as curl does not send gigabytes only to be refused; else let the body come."""
+    client such as curl does not send gigabytes only to be refused; else let the body come. The
+    same for an upload the access check refuses (a name, an origin, a body type)."""
+    refused = early_refusal(request)
+    if refused is not None:
+        return refused
     limit = store_of(request).max_bytes
     if request.content_length is not None and request.content_length > limit:
         return error_response(413, _too_large(limit))

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_min import jsonio
+from fleet_min import filemodes, jsonio
 from fleet_min.collector import queue
 from fleet_min.collector.dispatch import Dispatcher, Waiter
 from fleet_min.collector.effects import Effects
@@ -46,6 +46,8 @@ def stable_id(data_dir: Path) -> str:
         pass
     value = "col-" + secrets.token_hex(8)
     tmp = path.with_suffix(".tmp")
+    tmp.unlink(missing_ok=True)
+    filemodes.create_file(tmp, filemodes.COLLECTOR_FILE)
     tmp.write_text(value + "\n")
     os.replace(tmp, path)
     return value
@@ -100,7 +102,8 @@ class Service:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
-        self.db = Database(self.data_dir / "fleet.sqlite3", MIGRATIONS, config.synchronous)
+        self.db = Database(self.data_dir / "fleet.sqlite3", MIGRATIONS, config.synchronous,
+                           filemodes.COLLECTOR_FILE)
         self.hub = EventHub()
         self.dispatcher = Dispatcher(self._claim_batch, self._hand_back)
         self.collector_id = ""
@@ -121,7 +124,11 @@ class Service:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # Nothing in the data directory is for other users (the database holds job specs and
+        # results; artifacts may be unreleased builds): 0750 and 0640, tightened when looser.
+        filemodes.private_dir(self.data_dir, filemodes.COLLECTOR_DIR)
+        filemodes.tighten_children(self.data_dir, filemodes.COLLECTOR_DIR,
+                                   filemodes.COLLECTOR_FILE)
         self.collector_id = stable_id(self.data_dir)
         await self.db.open()
         self.dispatcher.start()

@@ -13,6 +13,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from fleet_min import origin
 from fleet_min.config import Config
 from fleet_min.controlplane import actions, auth, openapi, store
 from fleet_min.controlplane.analysis import check_repo
@@ -27,6 +28,7 @@ from fleet_min.http import (
     MAX_JSON_KEY,
     SECURITY_HEADERS,
     Handler,
+    RequestCheck,
     base_middleware_with,
     json_response,
     read_json_object,
@@ -271,9 +273,21 @@ ROUTES: list[tuple[str, str, Handler, Need]] = [
 NEEDS = {(method, path): need for method, path, _, need in ROUTES}
 
 
+def request_check(gate: origin.HostGate) -> RequestCheck:
+    """The boundary (Host; for a change also Origin and body type), then who is asking; run by
+    base_middleware_with before every handler (refusing raises)."""
+
+    def boundary_and_auth(request: web.Request) -> None:
+        gate.check(request.headers.get("Host"))
+        origin.check_request(request.method.upper(), request.headers, "control plane",
+                             auth.CROSS_ORIGIN)
+        authorize_request(request)
+
+    return boundary_and_auth
+
+
 def authorize_request(request: web.Request) -> None:
-    """Who is asking, checked against what the route needs; run by base_middleware_with before
-    every handler (refusing raises)."""
+    """Who is asking, checked against what the route needs."""
     route = request.match_info.route
     path = route.resource.canonical if route.resource is not None else ""
     need = NEEDS.get((request.method, path), Need.NONE)
@@ -284,7 +298,8 @@ def authorize_request(request: web.Request) -> None:
 
 def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Application:
     # client_max_size is a backstop above the JSON limit; read_json answers 413 itself.
-    app = web.Application(middlewares=[base_middleware_with(authorize_request)],
+    gate = origin.HostGate("control plane", cfg.allowed_hosts, origin.own_names())
+    app = web.Application(middlewares=[base_middleware_with(request_check(gate))],
                           client_max_size=cfg.max_json_bytes + 1024)
     app[MAX_JSON_KEY] = cfg.max_json_bytes
     cp = ControlPlane(cfg, environ)

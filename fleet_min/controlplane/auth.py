@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import Enum
-from urllib.parse import urlsplit
 
+from fleet_min import origin
 from fleet_min.controlplane import tokens
 from fleet_min.errors import Forbidden, Unauthorized
 
 READ_ONLY_MESSAGE = "this daemon is running read-only"
+CROSS_ORIGIN = "cross-origin requests are refused; use the daemon's own page"
 
 
 class Need(Enum):
@@ -38,15 +39,7 @@ def check_same_origin(headers: Mapping[str, str]) -> None:
     TLS proxy that keeps Host, the page and the API share it, while a page on another site
     sends its own origin. A request without Origin (curl, the agent) is not a browser's.
     """
-    if headers.get("Sec-Fetch-Site", "").lower() == "cross-site":
-        raise Forbidden("cross-origin requests are refused; use the daemon's own page")
-    origin = headers.get("Origin")
-    if origin is None:
-        return
-    host = headers.get("Host", "")
-    parts = urlsplit(origin)
-    if origin == "null" or parts.scheme not in ("http", "https") or parts.netloc != host:
-        raise Forbidden("cross-origin requests are refused; use the daemon's own page")
+    origin.check_same_origin(headers, CROSS_ORIGIN)
 
 
 def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,

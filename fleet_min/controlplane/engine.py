@@ -20,6 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fleet_min import filemodes
 from fleet_min.config import Config
 from fleet_min.controlplane import diag, store, tokens
 from fleet_min.controlplane.agent_link import (
@@ -69,7 +70,8 @@ class ControlPlane:
         self.environ = dict(os.environ if environ is None else environ)
         self.root = Path(cfg.root).expanduser()
         self.state_dir = Path(cfg.state_dir).expanduser()
-        self.db = Database(self.state_dir / "controlplane.db", store.MIGRATIONS, cfg.synchronous)
+        self.db = Database(self.state_dir / "controlplane.db", store.MIGRATIONS, cfg.synchronous,
+                           filemodes.CONTROLPLANE_FILE)
         self.supervisor = choose(cfg.supervisor, cfg.systemd_scope, cfg.command_timeout_s)
         self.github = GitHub(cfg.github_api, None)
         self.hub = SnapshotHub()
@@ -102,7 +104,11 @@ class ControlPlane:
     # --- life cycle ------------------------------------------------------------------------
 
     async def open(self) -> None:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # Tokens and the audit log live here: the owner's alone (0700, files 0600), tightened
+        # at every start whatever an older version, a restore or a copy left behind.
+        filemodes.private_dir(self.state_dir, filemodes.CONTROLPLANE_DIR)
+        await asyncio.to_thread(filemodes.tighten_tree, self.state_dir,
+                                filemodes.CONTROLPLANE_DIR, filemodes.CONTROLPLANE_FILE)
         await self.db.open()
         self.live = LiveValues(await store.stored_settings(self.db), self.environ)
         if not self.cfg.read_only:

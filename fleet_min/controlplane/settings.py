@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from fleet_min.config import Setting, flag, port_number, positive_float, positive_int
 from fleet_min.errors import BadRequest
+from fleet_min.origin import ALLOWED_HOSTS_ENV, host_patterns
 
 
 def _choice(*allowed: str) -> Callable[[str], str]:
@@ -63,6 +64,10 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
             "Address to listen on. Loopback by default; reach it through an SSH tunnel.",
             "--host"),
     Setting("port", "FLEET_CONTROL_PORT", 7878, port_number, "TCP port.", "--port"),
+    Setting("allowed_hosts", ALLOWED_HOSTS_ENV, (), host_patterns,
+            "Host names (comma-separated; `*.example.lan` patterns allowed) the daemon answers "
+            "to besides IP addresses, localhost and its own host names: the name in "
+            "FLEET_COORDINATOR URLs of agents, a proxy's name. Any other Host gets 421."),
     Setting("root", "FLEET_ROOT", "~/actions-runners", str,
             "Directory holding the runner installations (one directory per runner).", "--root"),
     Setting("state_dir", "FLEET_STATE_DIR", "~/.config/fleet-min", str,

@@ -12,6 +12,8 @@ import re
 import secrets
 from pathlib import Path
 
+from fleet_min import filemodes
+
 CONTROL_FILE = "control-token"
 AGENT_FILE = "agent-token"
 _TOKEN = re.compile(r"[0-9a-f]{64}")
@@ -27,7 +29,7 @@ def _read_valid(path: Path) -> str | None:
 
 def _write_new(path: Path) -> str:
     token = secrets.token_bytes(32).hex()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    filemodes.private_dir(path.parent, filemodes.CONTROLPLANE_DIR)
     tmp = path.with_name(path.name + ".new")
     # O_EXCL on a fresh name plus mode 0600 at creation: the token is never readable by others,
     # not even for the moment between create and chmod.

@@ -664,8 +664,10 @@ def service() -> Service:
             "a shelf of devices. No authentication by design: the network is the access "
             "control; FLEET_DASH_TOKEN (header X-Fleet-Token), when set, guards dashboard "
             "changes. Errors are {\"error\": \"<sentence>\"}. Times are UTC ISO-8601 with Z. "
-            "JSON bodies are limited to FLEET_MAX_JSON_BYTES (1 MiB): 413 above it. Spec: "
-            "shared/spec/collector-api.md; choices: docs/collector*.md."),
+            "JSON bodies are limited to FLEET_MAX_JSON_BYTES (1 MiB): 413 above it. Only names "
+            "it knows are answered (421 otherwise; FLEET_ALLOWED_HOSTS); changes from another "
+            "site's page are 403 and text/plain, form or untyped bodies 415 (docs/security.md). "
+            "Spec: shared/spec/collector-api.md; choices: docs/collector*.md."),
         path_params=PATH_PARAMS,
         schemas=_components(),
         security_schemes={"dashToken": {

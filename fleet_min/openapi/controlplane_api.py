@@ -268,8 +268,9 @@ def service() -> Service:
         description=(
             "Supervises the self-hosted CI runners of one host and federates hosts. Reads are "
             "open; actions, settings and the bundle need Authorization: Bearer <control token>; "
-            "agent routes accept the agent token too. Cross-origin requests to those routes "
-            "are refused (403). Errors are {\"error\": \"<sentence>\"}. Spec: "
+            "agent routes accept the agent token too. Cross-origin changes are refused (403), "
+            "text/plain, form or untyped bodies too (415), and names the daemon does not know "
+            "(421; FLEET_ALLOWED_HOSTS). Errors are {\"error\": \"<sentence>\"}. Spec: "
             "shared/spec/control-plane-api.md; choices: docs/controlplane.md."),
         path_params=PATH_PARAMS,
         schemas=_components(),

@@ -208,6 +208,29 @@ class Service:
 
 PATH_VARIABLE = re.compile(r"\{([^{}]+)\}")
 
+# What both services answer before any route runs (fleet_min.origin): every request, to a Host
+# they do not answer to; every change, from a page of another origin or with a body type any
+# page can send.
+MISDIRECTED = ("the Host is not an IP address, localhost, this machine's name or a name in "
+               "FLEET_ALLOWED_HOSTS (a guard against DNS rebinding)")
+FOREIGN_PAGE = "a page of another origin sent it (Origin, Sec-Fetch-Site: cross-site)"
+SIMPLE_BODY = ("the body is text/plain, a form (urlencoded or multipart) or has no "
+               "Content-Type: send JSON (artifact uploads: application/octet-stream)")
+CHANGES = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
+def boundary_errors(route: Route) -> dict[int, str]:
+    """The route's errors with the boundary's answers added."""
+    errors = {**route.errors, 421: MISDIRECTED}
+    if route.method in CHANGES:
+        errors[415] = SIMPLE_BODY
+        own = errors.get(403)
+        if own is None:
+            errors[403] = FOREIGN_PAGE
+        elif "origin" not in own.lower() and "another site" not in own.lower():
+            errors[403] = f"{own}; or {FOREIGN_PAGE}"
+    return errors
+
 
 def _operation(service: Service, route: Route) -> dict[str, Any]:
     names = PATH_VARIABLE.findall(route.path)
@@ -215,7 +238,7 @@ def _operation(service: Service, route: Route) -> dict[str, Any]:
     params += [p.render() for p in route.params]
     responses: dict[str, Any] = {str(status): reply.render()
                                  for status, reply in sorted(route.replies.items())}
-    for status, when in sorted(route.errors.items()):
+    for status, when in sorted(boundary_errors(route).items()):
         responses[str(status)] = json_reply(ERROR, when).render()
     op: dict[str, Any] = {"operationId": _operation_id(route), "summary": route.summary}
     if route.description:

@@ -135,7 +135,8 @@ async def test_concurrent_uploads_of_the_same_bytes_store_one_copy(client, tmp_p
 
 async def test_an_upload_cut_off_midway_leaves_nothing(client, tmp_path):
     _reader, writer = await asyncio.open_connection("127.0.0.1", client.server.port)
-    writer.write(b"POST /artifacts HTTP/1.1\r\nHost: x\r\nContent-Length: 10485760\r\n\r\n")
+    writer.write(b"POST /artifacts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 10485760\r\n"
+                 b"Content-Type: application/octet-stream\r\n\r\n")
     writer.write(b"z" * MiB)
     await writer.drain()
     tmp = tmp_path / "data" / "artifacts" / "tmp"
@@ -187,6 +188,7 @@ async def test_expect_continue_is_refused_before_the_body(collector_factory, mon
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.putrequest("POST", "/artifacts")
         conn.putheader("Content-Length", str(10 * MiB))
+        conn.putheader("Content-Type", "application/octet-stream")
         conn.putheader("Expect", "100-continue")
         conn.endheaders()  # no body is ever sent
         reply = conn.getresponse()
@@ -553,6 +555,7 @@ def stream_upload(port: int, total: int, block: bytes) -> tuple[int, dict, str]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     conn.putrequest("POST", "/artifacts")
     conn.putheader("Content-Length", str(total))
+    conn.putheader("Content-Type", "application/octet-stream")
     conn.putheader("x-artifact-app", "big")
     conn.endheaders()
     sent = 0

@@ -183,11 +183,13 @@ async def test_cross_site_browser_requests_are_refused_even_without_a_token(
     resp = await client.post("/api/jobs/j/cancel", headers={"Sec-Fetch-Site": "cross-site"})
     assert resp.status == 403 and "another site" in (await resp.json())["error"]
     assert (await (await client.get("/jobs/j")).json())["status"] == "queued"
-    # the collector's own dashboard is same-origin; reads and POST /jobs are never refused
+    # the collector's own dashboard is same-origin; a page elsewhere cannot enqueue either
+    # (every change is refused to it, open routes too), but reads are never refused
     resp = await client.post("/api/jobs/j/cancel", headers={"Sec-Fetch-Site": "same-origin"})
     assert resp.status == 200
     resp = await client.post("/jobs", json=job("k"), headers={"Sec-Fetch-Site": "cross-site"})
-    assert resp.status == 201
+    assert resp.status == 403
+    assert (await client.get("/jobs/k")).status == 404
     resp = await client.get("/api/jobs", headers={"Sec-Fetch-Site": "cross-site"})
     assert resp.status == 200
 

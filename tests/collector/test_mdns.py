@@ -238,3 +238,22 @@ async def test_collector_on_loopback_only_says_mdns_is_unavailable(collector_fac
     client = await collector_factory(mdns=True)  # the test collector binds 127.0.0.1 only
     health = await (await client.get("/api/health")).json()
     assert health["mdns"].startswith("unavailable") and health["ok"] is True
+
+
+async def test_the_advertised_name_is_a_name_the_collector_answers_to(collector_factory,
+                                                                      monkeypatch):
+    monkeypatch.setenv("FLEET_MDNS", "1")
+    client = await collector_factory(mdns=True)
+    collector = (await (await client.get("/api/health")).json())["collector"]
+    resp = await client.get("/api/health", headers={"Host": f"fleet-{collector}.local:8788"})
+    assert resp.status == 200
+    resp = await client.get("/api/health", headers={"Host": "fleet-col-0000000000000000.local"})
+    assert resp.status == 421  # another collector's name is not this one's
+
+
+async def test_without_mdns_the_advertised_name_is_not_answered(collector_factory, monkeypatch):
+    monkeypatch.delenv("FLEET_MDNS", raising=False)
+    client = await collector_factory()
+    collector = (await (await client.get("/api/health")).json())["collector"]
+    resp = await client.get("/api/health", headers={"Host": f"fleet-{collector}.local"})
+    assert resp.status == 421

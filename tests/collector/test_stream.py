@@ -281,7 +281,8 @@ def _stuck_client(port: int) -> socket.socket:
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect(("127.0.0.1", port))
-    sock.sendall(b"GET /api/stream HTTP/1.1\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+    sock.sendall(b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                 b"Accept: text/event-stream\r\n\r\n")
     return sock
 
 
@@ -424,7 +425,8 @@ async def _raw_request(port: int, head: bytes) -> tuple[asyncio.StreamReader, as
 
 async def test_an_http_1_0_client_gets_bare_frames(client):
     reader, writer = await _raw_request(
-        client.port, b"GET /api/stream HTTP/1.0\r\nHost: x\r\nAccept: text/event-stream\r\n\r\n")
+        client.port,
+        b"GET /api/stream HTTP/1.0\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n\r\n")
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
         assert head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0]

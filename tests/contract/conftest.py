@@ -36,10 +36,10 @@ def controlplane_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live
 @pytest.fixture(scope="session")
 def slow_probes(collector_live: LiveCollector,
                 controlplane_live: LiveControlPlane) -> SlowProbes:
-    head = b"GET /api/health HTTP/1.1\r\nHost: x\r\nX-Slow: "
-    body = (b"POST /api/jobs/preview-targets HTTP/1.1\r\nHost: x\r\n"
+    head = b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: "
+    body = (b"POST /api/jobs/preview-targets HTTP/1.1\r\nHost: 127.0.0.1\r\n"
             b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
-    upload = (b"POST /artifacts HTTP/1.1\r\nHost: x\r\n"
+    upload = (b"POST /artifacts HTTP/1.1\r\nHost: 127.0.0.1\r\n"
               b"Content-Type: application/octet-stream\r\nContent-Length: 100000\r\n\r\n")
     clients = {
         "collector header": SlowClient("collector header", collector_live.url, head, b"a"),
@@ -53,7 +53,7 @@ def slow_probes(collector_live: LiveCollector,
         "controlplane json body": SlowClient(
             "controlplane json body", controlplane_live.url,
             body.replace(b"/api/jobs/preview-targets", b"/api/host/heartbeat").replace(
-                b"Host: x\r\n", b"Host: x\r\nAuthorization: Bearer "
+                b"Host: 127.0.0.1\r\n", b"Host: 127.0.0.1\r\nAuthorization: Bearer "
                 + controlplane_live.token.encode() + b"\r\n"), b" "),
     }
     return SlowProbes(clients, [client.start() for client in clients.values()])

@@ -654,8 +654,9 @@ def test_artifact_uploads_over_the_limit_are_refused(collector: LiveCollector,
     reply = send(collector.url, "POST", "/artifacts", chunked,
                  {**octets, "Transfer-Encoding": "chunked"})
     assert_refused(reply, "chunked without a length", (413,))
-    head = (f"POST /artifacts HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
-            f"Content-Length: {50 << 30}\r\nExpect: 100-continue\r\n\r\n").encode()
+    head = (f"POST /artifacts HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/octet-stream\r\nContent-Length: {50 << 30}\r\n"
+            f"Expect: 100-continue\r\n\r\n").encode()
     answer = raw_exchange(collector.url, head)
     assert status_of(answer) == 413, answer[:300]
     assert_refused(send(collector.url, "POST", "/artifacts", b"x",
@@ -671,13 +672,14 @@ def test_artifact_uploads_over_the_limit_are_refused(collector: LiveCollector,
 @pytest.mark.parametrize("service", ["collector", "controlplane"])
 def test_oversized_request_lines_and_headers_are_closed(service: str, request: Any) -> None:
     live = request.getfixturevalue(service)
-    for raw in (b"GET /api/health?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",
-                b"GET /api/health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
-                b"GET /api/health HTTP/1.1\r\nHost: x\r\n"
+    for raw in (b"GET /api/health?" + b"a" * 20_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+                b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20_000
+                + b"\r\n\r\n",
+                b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                 + b"".join(b"X-%d: a\r\n" % i for i in range(300)) + b"\r\n",
                 b"GARBAGE\r\n\r\n", b"GET /api/health HTTP/9.9\r\n\r\n",
                 b"GET /api/health HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-                b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+                b"POST /jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n"):
         answer = raw_exchange(live.url, raw + b"\r\n")
         status = status_of(answer)

@@ -54,7 +54,7 @@ def test_many_slow_clients_do_not_stall_the_service(collector_live: LiveCollecto
     try:
         for i in range(100):
             sock = socket.create_connection((parts.hostname or "", parts.port or 80), timeout=10)
-            sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: x\r\nX-Slow-%d: " % i)
+            sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow-%d: " % i)
             sockets.append(sock)
         for _ in range(3):
             for sock in sockets:
@@ -73,7 +73,7 @@ def test_a_body_sent_in_pieces_is_read_whole(collector_live: LiveCollector) -> N
                        "targets": {"match": "ram_mb >= 1"}}).encode()
     parts = urlsplit(collector_live.url)
     with socket.create_connection((parts.hostname or "", parts.port or 80), timeout=30) as sock:
-        sock.sendall(b"POST /api/jobs/preview-targets HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST /api/jobs/preview-targets HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nConnection: close\r\n"
                      b"Content-Length: %d\r\n\r\n" % len(body))
         for piece in (body[:10], body[10:30], body[30:]):

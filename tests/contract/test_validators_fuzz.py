@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fleet_min import query, timeutil, validate
+from fleet_min import origin, query, timeutil, validate
 from fleet_min.collector import alerts, artifacts, cron, guard, schedules, topics
 from fleet_min.controlplane import analysis, auth, federation, runners
 from fleet_min.controlplane import settings as live
@@ -169,14 +169,18 @@ def test_heartbeat_reports_are_typed_or_refused(body: dict[str, Any],
             assert kept["labels"] is None or all(isinstance(x, str) for x in kept["labels"])
 
 
+GATE = origin.HostGate("collector", ("collector.lan", "*.fleet.test"), {"pi"})
 HEADER_VALUES = st.one_of(TEXT, st.sampled_from(["Bearer ", "bearer x", "Basic x", "Bearer  x ",
                                                  "cross-site", "same-origin", "null",
-                                                 "http://127.0.0.1:7878", "file://", "http://"]))
+                                                 "http://127.0.0.1:7878", "file://", "http://",
+                                                 "127.0.0.1:7878", "[::1]", "[x]:1", "a.fleet.test",
+                                                 "text/plain", "0", "12"]))
 
 
 @FUZZ
 @given(headers=st.dictionaries(st.sampled_from(["Authorization", "Origin", "Host",
-                                                "Sec-Fetch-Site", "X-Fleet-Token"]),
+                                                "Sec-Fetch-Site", "X-Fleet-Token",
+                                                "Content-Type", "Content-Length"]),
                                HEADER_VALUES, max_size=5),
        method=st.sampled_from(["GET", "POST", "PATCH", "DELETE", "PUT", "HEAD", "get", ""]),
        path=TEXT, need=st.sampled_from(list(auth.Need)), read_only=st.booleans())
@@ -187,6 +191,8 @@ def test_tokens_and_origins_are_checked(headers: dict[str, str], method: str, pa
     assert who is None or isinstance(who, str)
     refuses_or_returns(lambda: guard.check(method, path, path, headers, "token"))
     refuses_or_returns(lambda: guard.check(method, None, path, headers, None))
+    refuses_or_returns(lambda: origin.check_request(method, headers, "collector", "no"))
+    refuses_or_returns(lambda: GATE.check(headers.get("Host")))
 
 
 @FUZZ

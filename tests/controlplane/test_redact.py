@@ -54,6 +54,120 @@ SECRETS = [
     ("registration --token AAOEXAMPLEQWERTY1234567ABCDEFGH", "AAOEXAMPLEQWERTY1234567ABCDEFGH"),
 ]
 
+PGP = """-----BEGIN PGP PRIVATE KEY BLOCK-----
+
+lQOYBGXk3nABCADq7f4wzr9lYh0Ew2m4qPvD1XnR8sT6uV0bG3kJ5mL7oN9pQ2rS
+=Ab3d
+-----END PGP PRIVATE KEY BLOCK-----"""
+
+# Shapes and names the redactor once missed (issue 17), and the rest of the common kinds.
+MORE_SECRETS = [
+    # by name, every form
+    ("DB_PASS=s3cr3t-Pa55", "s3cr3t-Pa55"),
+    ("REDIS_AUTH=fooBarBaz123", "fooBarBaz123"),
+    ("mysqladmin -u root password correcthorse", "correcthorse"),
+    ("--password hunter2hunter2", "hunter2hunter2"),
+    ("--password=hunter2hunter2", "hunter2hunter2"),
+    ("run --db-pass 'pa55 word'", "pa55 word"),
+    ("--api-key=abc123def456", "abc123def456"),
+    ("PGPASSWORD=abc123xyz psql", "abc123xyz"),
+    ("MYSQL_PWD=abc123 mysql", "abc123"),
+    ('clientSecret: "cl13nt-s3cret"', "cl13nt-s3cret"),
+    ("'password' => 'php-s3cret'", "php-s3cret"),
+    ('password := "go-s3cret"', "go-s3cret"),
+    ("token: abcdef123456", "abcdef123456"),
+    ('{"auth": "dXNlcjpwYXNzd29yZA"}', "dXNlcjpwYXNzd29yZA"),
+    ("x-api-key: abcdef0123456789", "abcdef0123456789"),
+    ("Cookie: session=abc123def456", "abc123def456"),
+    ("TWILIO_AUTH_TOKEN=0123456789abcdef0123456789abcdef", "0123456789abcdef0123456789abcdef"),
+    ("HEROKU_API_KEY=01234567-89ab-cdef-0123-456789abcdef", "01234567-89ab-cdef-0123"),
+    ("SECRET_KEY_BASE=9f8e7d6c5b4a", "9f8e7d6c5b4a"),
+    ("https://example.com/api?user=me&access_token=q1w2e3r4t5", "q1w2e3r4t5"),
+    ("DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=Zm9vYmFyYmF6cXV4MTIz==;"
+     "EndpointSuffix=core.windows.net", "Zm9vYmFyYmF6cXV4MTIz"),
+    ("https://acct.blob.core.windows.net/c/b?sv=2020-08-04&sig=abcDEF123%2Bxyz&se=2030",
+     "abcDEF123%2Bxyz"),
+    # by shape
+    ("charge with sk_live_4eC39HqLyjWDarjtT1zdp7dc", "sk_live_4eC39HqLyjWDarjtT1zdp7dc"),
+    ("sk_test_51H8abcdefghijklmnop in tests", "sk_test_51H8abcdefghijklmnop"),
+    ("restricted rk_live_51H8abcdefghijklmnopqr", "rk_live_51H8abcdefghijklmnopqr"),
+    ("webhook whsec_abcdefghijklmnopqrstuvwxyz012345", "whsec_abcdefghijklmnopqrstuvwxyz012345"),
+    ("notify https://hooks.slack.com/services/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",
+     "q1W2e3R4t5Y6u7I8o9P0a1S2"),
+    ("post to https://discord.com/api/webhooks/123456789012345678/AbCdEf-GhIjKl_MnOpQr",
+     "AbCdEf-GhIjKl_MnOpQr"),
+    ("maps AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe", "AIzaSyDaGmWKa4JsXZ-HjGw7ISLn_3namBGewQe"),
+    ("temporary ASIAY34FZKBOKMUTVV7A id", "ASIAY34FZKBOKMUTVV7A"),
+    ("xoxp-123456789012-123456789012-abcdef", "xoxp-123456789012"),
+    ("xoxa-2-123456789012-abcdef0123", "xoxa-2-123456789012"),
+    ("xoxr-123456789012-abcdefghijkl", "xoxr-123456789012"),
+    ("//registry.npmjs.org/:_authToken=npm_abcdefghijklmnopqrstuvwxyz0123456789",
+     "npm_abcdefghijklmnopqrstuvwxyz0123456789"),
+    ("gitlab glpat-abcdefghij0123456789 used", "glpat-abcdefghij0123456789"),
+    ("runner glrt-abcdefghij0123456789xy", "glrt-abcdefghij0123456789xy"),
+    ("twilio SK0123456789abcdef0123456789abcdef", "SK0123456789abcdef0123456789abcdef"),
+    ("SG.abcdefghijklmnopqrstuv.abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ sent",
+     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQ"),
+    ("heroku HRKU-abcdefghijklmnopqrstuvwxyz0123456789", "HRKU-abcdefghijklmnopqrstuvwxyz"),
+    ("docker dckr_pat_abcdefghijklmnopqrstuvwx", "dckr_pat_abcdefghijklmnopqrstuvwx"),
+    ("pypi-AgEIcHlwaS5vcmcCJGFiY2RlZmdoLWlqa2wtbW5vcC1xcnN0LXV2d3h5ejAxMjM0NQ upload",
+     "pypi-AgEIcHlwaS5vcmcCJGFiY2RlZmdo"),
+    ("vault hvs.CAESIJabcdefghijklmnopqrstuvwxyz0123", "hvs.CAESIJabcdefghijklmnopqrstuvwxyz"),
+    ("do dop_v1_" + "0123456789abcdef" * 4, "0123456789abcdef" * 4),
+    ("shopify shpat_0123456789abcdef0123456789abcdef", "shpat_0123456789abcdef0123456789abcdef"),
+    ("openai sk-proj-abcdefghijklmnopqrstuvwxyz0123", "sk-proj-abcdefghijklmnopqrstuvwxyz"),
+    ("Proxy-Authorization: Basic dXNlcjpwYXNzd29yZA==", "dXNlcjpwYXNzd29yZA=="),
+    ("REDIS_URL=redis://:hunter2hunter2@cache:6379/0", "hunter2hunter2"),
+    ("postgres://app:s3cretpw@db.internal/app", "s3cretpw"),
+    ("ghs_abcdefghijABCDEFGHIJ0123456789klmn install token",
+     "ghs_abcdefghijABCDEFGHIJ0123456789klmn"),
+]
+
+KEY_BLOCKS = [
+    PGP,
+    "-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
+    "-----END OPENSSH PRIVATE KEY-----",
+    "-----BEGIN EC PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n-----END EC PRIVATE KEY-----",
+    "-----BEGIN PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n-----END PRIVATE KEY-----",
+    "-----BEGIN ENCRYPTED PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
+    "-----END ENCRYPTED PRIVATE KEY-----",
+    "-----BEGIN DSA PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
+    "-----END DSA PRIVATE KEY-----",
+    "---- BEGIN SSH2 ENCRYPTED PRIVATE KEY ----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\n"
+    "---- END SSH2 ENCRYPTED PRIVATE KEY ----",
+    '{"private_key": "-----BEGIN PRIVATE KEY-----\\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmU\\n'
+    '-----END PRIVATE KEY-----\\n"}',
+]
+
+# Lines that name a secret word but carry no secret: they must come out unchanged.
+MORE_HARMLESS = [
+    "passed 3 tests",
+    "token count: 512",
+    "keyboard layout: us",
+    "keyboard=us",
+    "PWD=/home/runner/work/app/app",
+    "OLDPWD=/home/runner",
+    "Cache restored from key: npm-Linux-x64-1f2e3d4c",
+    "max_tokens=512",
+    "prompt_tokens: 512, completion_tokens: 128",
+    "the token expired, requesting a new one",
+    "Author: Jane Doe",
+    "tokenizer: bpe",
+    "pass: 12 fail: 0",
+    "TOKEN_FILE=/etc/fleet/token",
+    "FLEET_COORDINATOR_TOKEN_FILE=/var/lib/fleet/coordinator-token",
+    "auth_type: oauth",
+    "Password for 'https://github.com':",
+    "Secret scanning: enabled",
+    "monkey=banana",
+    "key_count=3",
+    "tokens used: 4096",
+    "password: ${{ secrets.DB_PASSWORD }}",
+    "token: ******",
+    "authorized_keys updated",
+    "bypass=true",
+]
+
 HARMLESS = [
     "[2024-05-01 10:00:00Z INFO Runner] Listening for Jobs",
     "[2024-05-01 10:00:02Z INFO JobDispatcher] Job build completed with result: Succeeded",
@@ -78,9 +192,33 @@ def test_no_secret_survives(line: str, secret: str) -> None:
     assert MARK in out
 
 
-@pytest.mark.parametrize("line", HARMLESS)
+@pytest.mark.parametrize("line, secret", MORE_SECRETS)
+def test_more_secret_shapes_and_names_do_not_survive(line: str, secret: str) -> None:
+    out = redact(line)
+    assert secret not in out, out
+    assert MARK in out
+
+
+@pytest.mark.parametrize("block", KEY_BLOCKS)
+def test_private_key_blocks_of_every_kind_are_removed(block: str) -> None:
+    out = redact(f"before\n{block}\nafter")
+    assert "b3BlbnNzaC1rZXktdjEAAAAABG5vbmU" not in out and "lQOYBGXk3n" not in out, out
+    assert out.startswith("before\n") and out.endswith("\nafter")
+
+
+def test_a_bare_password_argument_is_redacted() -> None:
+    assert redact("password x") == f"password {MARK}"
+    assert redact("--password x") == f"--password {MARK}"
+    assert redact("--password=x") == f"--password={MARK}"
+
+
+@pytest.mark.parametrize("line", HARMLESS + MORE_HARMLESS)
 def test_harmless_lines_are_untouched(line: str) -> None:
     assert redact(line) == line
+
+
+def test_a_value_after_a_harmless_key_is_still_searched() -> None:
+    assert redact("url=https://x.example/cb?token=abc123def") == f"url=https://x.example/cb?token={MARK}"
 
 
 def test_pem_private_key_block_is_removed_whole() -> None:

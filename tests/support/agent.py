@@ -143,6 +143,33 @@ def http_stub():
 # --- real processes for the end-to-end tests ---
 
 
+def resolving_to_loopback(folder: Path, name: str) -> dict[str, str]:
+    """The environment for a Python process in which `name` resolves to 127.0.0.1.
+
+    This machine has no DNS server of ours and /etc/hosts is not ours to change, so a name for a
+    collector (other than localhost and this host's own names, which every collector answers to)
+    comes from a sitecustomize module that answers that one name in socket.getaddrinfo, the
+    call every connection makes. Only the name lookup is replaced: the process, its HTTP and the
+    Host header it sends are real.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sitecustomize.py").write_text(textwrap.dedent(f"""\
+        import socket
+
+        _lookup = socket.getaddrinfo
+
+
+        def _getaddrinfo(host, *args, **kwargs):
+            if isinstance(host, str) and host.lower() == {name.lower()!r}:
+                host = "127.0.0.1"
+            return _lookup(host, *args, **kwargs)
+
+
+        socket.getaddrinfo = _getaddrinfo
+        """))
+    return {"PYTHONPATH": str(folder)}
+
+
 def http_json(method: str, url: str, body: object = None, timeout: float = 10.0):
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method,

@@ -3,10 +3,16 @@ downloaded browser), a watch on a page's console errors, screenshots, and a seed
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.support.collector import ROOT, CollectorProcess
 from tests.support.web_seed import Seeded
@@ -57,3 +63,56 @@ class SeededCollector:
     @property
     def url(self) -> str:
         return self.proc.url
+
+
+@contextlib.contextmanager
+def chromium(extra_args: Sequence[str] = ()) -> Iterator[Any]:
+    """One headless Chromium (skipped when /usr/bin/chromium is missing). Used for a module at
+    most: Playwright's sync API holds an event loop on the main thread while it runs.
+
+    `extra_args` are Chromium switches, e.g. `--host-resolver-rules=MAP evil.test 127.0.0.1`
+    to give a test a name of its own that resolves to this machine (Chromium's own resolver
+    takes it; nothing on the system changes)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM),
+                                     args=[*CHROMIUM_ARGS, *extra_args])
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+@contextlib.contextmanager
+def page_server(pages: dict[str, str]) -> Iterator[int]:
+    """A web site elsewhere: a plain HTTP server on a free loopback port answering each path
+    in `pages` with that HTML (404 otherwise); yields the port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            body = pages.get(self.path.split("?")[0])
+            if body is None:
+                self.send_error(404)
+                return
+            data = body.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()

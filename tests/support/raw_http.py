@@ -54,6 +54,30 @@ def send(base: str, method: str, path: str, body: bytes | None = None,
         conn.close()
 
 
+def ask(base: str, method: str, path: str, headers: dict[str, str] | None = None,
+        body: bytes | None = None, host: str | None = None) -> tuple[int, Any]:
+    """One request with exactly these headers and `host` as its Host header (None: the host and
+    port of `base`); the answer as (status, JSON, or the raw bytes when it is not JSON)."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=TIMEOUT_S)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        conn.putheader("Host", host if host is not None else parts.netloc)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        conn.endheaders(body)
+        response = conn.getresponse()
+        raw = response.read()
+        try:
+            return response.status, json.loads(raw) if raw else None
+        except ValueError:
+            return response.status, raw
+    finally:
+        conn.close()
+
+
 def send_json(base: str, method: str, path: str, value: Any,
               headers: dict[str, str] | None = None) -> Reply:
     return send(base, method, path, json.dumps(value).encode(),
@@ -80,7 +104,7 @@ def peek_status(base: str, path: str) -> int | None:
     parts = urlsplit(base)
     with socket.create_connection((parts.hostname or "", parts.port or 80),
                                   timeout=TIMEOUT_S) as sock:
-        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode())
         head = b""
         while b"\r\n" not in head and (chunk := sock.recv(4096)):
             head += chunk

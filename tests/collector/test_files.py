@@ -1,0 +1,95 @@
+"""Nothing in the collector's data directory is for other users: a real collector process makes
+the directory 0750 and its files 0640 (database, -wal, -shm, collector id, artifacts), takes the
+'other' bits away from what an older version left, and keeps it so after writes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import stat
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.support.collector import CollectorProcess, job
+
+pytestmark = pytest.mark.slow
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.lstat().st_mode)
+
+
+def loose_entries(data: Path) -> dict[str, str]:
+    """Every directory or file under the data directory with a bit beyond 0750/0640."""
+    found = {".": mode(data)} if mode(data) & ~0o750 else {}
+    for folder, dirs, files in os.walk(data):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if mode(path) & ~(0o750 if path.is_dir() else 0o640):
+                found[str(path.relative_to(data))] = mode(path)
+    return {name: oct(bits) for name, bits in found.items()}
+
+
+def upload(proc: CollectorProcess, data: bytes) -> str:
+    request = urllib.request.Request(proc.url + "/artifacts", data=data, method="POST",
+                                     headers={"Content-Type": "application/octet-stream"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        assert reply.status == 200
+    return hashlib.sha256(data).hexdigest()
+
+
+def test_a_new_data_directory_has_nothing_for_others(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    old = os.umask(0o022)  # the usual umask: what 0755 directories and 0644 files came from
+    try:
+        proc = CollectorProcess(data).start()
+    finally:
+        os.umask(old)
+    try:
+        for name in ("fleet.sqlite3", "fleet.sqlite3-wal", "fleet.sqlite3-shm", "collector-id"):
+            assert (data / name).exists(), name
+        assert mode(data) == 0o750 and mode(data / "fleet.sqlite3") == 0o640
+        assert loose_entries(data) == {}
+        assert proc.client.post("/jobs", job("j1"))[0] == 201
+        sha = upload(proc, b"an unreleased build")
+        assert (data / "artifacts" / sha[:2] / sha).exists()
+        assert loose_entries(data) == {}
+    finally:
+        proc.stop()
+
+
+def test_a_looser_data_directory_is_tightened_at_start(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir(mode=0o755)
+    data.chmod(0o777)
+    conn = sqlite3.connect(data / "fleet.sqlite3")
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.close()
+    (data / "collector-id").write_text("col-0123456789abcdef\n")
+    sha = hashlib.sha256(b"old build").hexdigest()
+    shard = data / "artifacts" / sha[:2]
+    shard.mkdir(parents=True)
+    (shard / sha).write_bytes(b"old build")
+    for path, bits in ((data / "fleet.sqlite3", 0o666), (data / "collector-id", 0o644),
+                       (data / "artifacts", 0o755), (shard, 0o757), (shard / sha, 0o644)):
+        path.chmod(bits)
+    proc = CollectorProcess(data).start()
+    try:
+        assert loose_entries(data) == {}
+        assert proc.client.get("/api/health")[1]["collector"] == "col-0123456789abcdef"
+        for _ in range(200):  # the store adopts the row-less file soon after start
+            if proc.client.get(f"/api/artifacts/{sha}")[0] == 200:
+                break
+            time.sleep(0.05)
+        with urllib.request.urlopen(f"{proc.url}/artifacts/{sha}", timeout=30) as reply:
+            assert reply.read() == b"old build"  # still served after the change
+        assert proc.client.post("/jobs", job("j1"))[0] == 201
+        assert loose_entries(data) == {}
+    finally:
+        proc.stop()
+    changed = [line for line in proc.log().splitlines() if "tightened the mode of" in line]
+    assert len(changed) == 6, changed  # the directory, the database, the id and the store's 3
