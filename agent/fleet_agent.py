@@ -2811,11 +2811,12 @@ def wl_model_convert(runtime: Runtime, ctx: JobContext) -> dict:
             path, wall_ms = quantize(runtime, ctx, base, quant)
         except ItemError as exc:
             return {"ok": False, "metrics": {}, "fields": {"quant": quant, "error": str(exc)}}
-        size_mb = round(os.path.getsize(path) / 2**20, 3)
+        size = os.path.getsize(path)
         sha = upload_file(ctx, path, f"{stem}-{quant.upper()}.gguf")
         if path != base:
             os.unlink(path)
-        return {"ok": True, "metrics": {"duration_ms": round(wall_ms, 1), "size_mb": size_mb},
+        return {"ok": True, "metrics": {"duration_ms": round(wall_ms, 1), "bytes": size,
+                                        "size_mb": round(size / 2**20, 3)},
                 "fields": {"format": "gguf", "quant": quant, "sha256": sha, "artifacts": [sha]}}
 
     records, handback = run_items(ctx, plan, plan["outputs"], work)
@@ -2866,8 +2867,9 @@ class ServeCounter:
         self.tokens = 0
 
     def add(self, ok: bool, tokens: int = 0) -> None:
+        """A request answered (ok) or refused; served counts only the answered ones."""
         with self.lock:
-            self.requests += 1
+            self.requests += 1 if ok else 0
             self.errors += 0 if ok else 1
             self.tokens += tokens
 
