@@ -2430,31 +2430,47 @@ def address_allowed(address: str, allow_private: bool) -> bool:
 
 
 def connect_timed(url: str, timeout: float, allow_private: bool) -> tuple[object, dict]:
-    """(connected socket, TLS-wrapped for https; phase times in ms from the start)."""
+    """(connected socket, TLS-wrapped for https; phase times in ms from the start).
+
+    Each address the name resolves to is tried in turn, as a browser would (a host with an
+    IPv6 address this network cannot route still answers on IPv4); refused ones are skipped.
+    """
     parts = urllib.parse.urlsplit(url)
     https = parts.scheme == "https"
-    port = parts.port or (443 if https else 80)
     started = time.perf_counter()
-    infos = socket.getaddrinfo(parts.hostname, port, type=socket.SOCK_STREAM)
-    phases = {"dns_ms": (time.perf_counter() - started) * 1000}
-    family, kind, proto, _, address = infos[0]
-    if not address_allowed(str(address[0]), allow_private):
-        raise PermissionError(f"{parts.hostname} resolves to {address[0]}, a private or local "
-                              "address; the agent's owner can allow those with "
+    infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if https else 80),
+                               type=socket.SOCK_STREAM)
+    phases = {"dns_ms": (time.perf_counter() - started) * 1000, "started": started}
+    allowed = [info for info in infos if address_allowed(str(info[4][0]), allow_private)]
+    if not allowed:
+        raise PermissionError(f"{parts.hostname} resolves to {infos[0][4][0]}, a private or "
+                              "local address; the agent's owner can allow those with "
                               "--allow-private-urls")
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.settimeout(timeout)
-        sock.connect(address)
-        phases["connect_ms"] = (time.perf_counter() - started) * 1000
-        if https:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
-            phases["tls_ms"] = (time.perf_counter() - started) * 1000
-    except BaseException:
-        sock.close()
-        raise
-    phases["started"] = started
+    sock = connect_first(allowed, timeout)
+    phases["connect_ms"] = (time.perf_counter() - started) * 1000
+    if https:
+        try:
+            sock = ssl.create_default_context().wrap_socket(sock,
+                                                            server_hostname=parts.hostname)
+        except BaseException:
+            sock.close()
+            raise
+        phases["tls_ms"] = (time.perf_counter() - started) * 1000
     return sock, phases
+
+
+def connect_first(infos: list, timeout: float) -> socket.socket:
+    problem: OSError = OSError("no address to connect to")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            problem = exc
+    raise problem
 
 
 def open_timed(url: str, timeout: float, allow_private: bool):
@@ -2727,6 +2743,9 @@ MODEL_NAME = re.compile(r"[^A-Za-z0-9._-]+")
 
 def convert_plan(ctx: JobContext) -> dict:
     params = ctx.params
+    if ctx.spec.get("backend") not in (None, "llama.cpp"):
+        raise Refusal("refused: this agent converts models with llama.cpp's tools, not with "
+                      f"the backend {shown(ctx.spec.get('backend'))}")
     formats = strings_param(params, "formats", 1, 10, "output formats") \
         if "formats" in params else ["gguf"]
     unknown = [f for f in formats if f.lower() != "gguf"]
@@ -2898,6 +2917,26 @@ def synthetic_reply(path: str, body: object, max_tokens: int, check) -> tuple[di
                       "total_tokens": metrics["prompt_tokens"] + wanted}}, wanted
 
 
+def synthetic_post(path: str, length_header: str | None, read, max_tokens: int,
+                   counter: ServeCounter, check) -> tuple[int, dict]:
+    """(status, JSON body) answering one POST to the synthetic server."""
+    if path not in ("/completion", "/v1/completions"):
+        return 404, {"error": "unknown path"}
+    length = _int_or_none(length_header) or 0
+    if not 0 < length <= SERVE_BODY_LIMIT:
+        counter.add(False)
+        return (413 if length else 411), {"error": "send a JSON body up to 1 MiB"}
+    try:
+        reply, tokens = synthetic_reply(path, json.loads(read(length)), max_tokens, check)
+    except (ValueError, RecursionError) as exc:
+        counter.add(False)
+        return 400, {"error": str(exc)}
+    except Stopped:
+        return 503, {"error": "the server is stopping"}
+    counter.add(True, tokens)
+    return 200, reply
+
+
 def synthetic_server(bind: str, port: int, max_tokens: int, counter: ServeCounter, check):
     """A stdlib HTTP server answering completions with the synthetic loop."""
     import http.server
@@ -2917,31 +2956,13 @@ def synthetic_server(bind: str, port: int, max_tokens: int, counter: ServeCounte
             self.wfile.write(data)
 
         def do_GET(self) -> None:
-            path = self.path.split("?", 1)[0]
-            self.answer(*((200, {"status": "ok"}) if path == "/health" else
-                          (404, {"error": "unknown path"})))
+            healthy = self.path.split("?", 1)[0] == "/health"
+            self.answer(*((200, {"status": "ok"}) if healthy else (404, {"error": "unknown path"})))
 
         def do_POST(self) -> None:
-            path = self.path.split("?", 1)[0]
-            if path not in ("/completion", "/v1/completions"):
-                self.answer(404, {"error": "unknown path"})
-                return
-            length = _int_or_none(self.headers.get("content-length")) or 0
-            if not 0 < length <= SERVE_BODY_LIMIT:
-                counter.add(False)
-                self.answer(413 if length else 411, {"error": "send a JSON body up to 1 MiB"})
-                return
-            try:
-                reply, tokens = synthetic_reply(path, json.loads(self.rfile.read(length)),
-                                                max_tokens, check)
-            except (ValueError, RecursionError) as exc:
-                counter.add(False)
-                self.answer(400, {"error": str(exc)})
-            except Stopped:
-                self.answer(503, {"error": "the server is stopping"})
-            else:
-                counter.add(True, tokens)
-                self.answer(200, reply)
+            self.answer(*synthetic_post(self.path.split("?", 1)[0],
+                                        self.headers.get("content-length"), self.rfile.read,
+                                        max_tokens, counter, check))
 
     class Server(http.server.ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
@@ -3955,9 +3976,9 @@ def find_tools(explicit: dict, probe: Probe) -> dict:
     for key, names in TOOL_NAMES.items():
         for candidate in ([explicit[key]] if explicit.get(key) else []) + list(names):
             path = candidate if os.path.isabs(candidate) else probe.which(candidate)
-            runnable = os.access(path, os.X_OK) or (key in SCRIPT_TOOLS and path.endswith(".py")) \
-                if path else False
-            if path and os.path.isfile(path) and runnable:
+            # A .py script (llama.cpp's converter) need not be executable: Python runs it.
+            if path and os.path.isfile(path) and (os.access(path, os.X_OK) or (
+                    key in SCRIPT_TOOLS and path.endswith(".py"))):
                 found[key] = path
                 break
     return found

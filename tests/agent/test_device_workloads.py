@@ -169,6 +169,15 @@ BAD_PARAMS = [
 ]
 
 
+def test_model_convert_refuses_another_backend(fa, tmp_path, http_stub, llama_runtime):
+    _, result = run_job(fa, llama_runtime, http_stub.url, {
+        "job_id": "mlx", "workload": "model-convert", "backend": "mlx",
+        "params": {"input_sha256": blob(http_stub, GGUF_MODEL)}})
+    assert result["error"] == ("refused: this agent converts models with llama.cpp's tools, "
+                               "not with the backend 'mlx'")
+    assert rows(http_stub) == []
+
+
 @pytest.mark.parametrize(("workload", "params", "sentence"), BAD_PARAMS)
 def test_a_bad_parameter_fails_the_job_with_a_sentence_and_no_work(fa, tmp_path, http_stub,
                                                                    workload, params, sentence):
