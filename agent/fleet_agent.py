@@ -2015,7 +2015,10 @@ def topic_path(topic: str, suffix: str = "") -> str:
 
 def topic_end(collector: Collector, topic: str) -> int:
     """The topic's newest seq: a new subscription starts after it, with what arrives next."""
-    _, reply = collector.call_json("GET", topic_path(topic, "?limit=1"))
+    try:
+        _, reply = collector.call_json("GET", topic_path(topic, "?limit=1"))
+    except (Unreachable, HttpError) as exc:
+        raise Refusal(f"could not read topic {topic} from the collector: {exc}") from None
     last = reply.get("last_seq") if isinstance(reply, dict) else None
     return int(last) if isinstance(last, int) else 0
 
@@ -3095,8 +3098,11 @@ def serve_llama(runtime: Runtime, ctx: JobContext, bind: str, port: int,
         argv += ["-c", str(int_param(ctx.params, "ctx_size", 4096, 128, 1 << 20))]
     started = time.monotonic()
     with open(log_path, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise Refusal(f"could not start llama-server: {exc}") from None
     requests = LlamaServerLog(log_path)
     try:
         wait_ready(ctx, f"http://{probe_host(bind)}:{port}/health", proc, options["startup_s"],
