@@ -885,3 +885,20 @@ def test_check_repo_accepts_the_usual_forms(fa):
                                                                    "--bin", "app"]
     assert fa.build_task("xcodebuild", "-scheme 'My App' build") == ["-scheme", "My App",
                                                                     "build"]
+
+
+def test_vantage_falls_back_to_the_next_address(fa, website):
+    import socket
+
+    site = website({"/": (200, b"ok", {})})
+    closed = ("127.0.0.1", free_port())
+    open_ = ("127.0.0.1", int(site.url.rsplit(":", 1)[1]))
+    infos = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", closed),
+             (socket.AF_INET, socket.SOCK_STREAM, 6, "", open_)]
+    sock = fa.connect_first(infos, 5)
+    try:
+        assert sock.getpeername() == open_
+    finally:
+        sock.close()
+    with pytest.raises(ConnectionRefusedError):
+        fa.connect_first(infos[:1], 5)
