@@ -16,17 +16,23 @@ iOS simulators (xcrun simctl) and a local Chromium from outside. See docs/agent.
 from __future__ import annotations
 
 import argparse
+import array
 import contextlib
+import glob
 import hashlib
+import http.client
+import ipaddress
 import json
 import logging
 import os
 import platform
 import random
 import re
+import shlex
 import shutil
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -1429,7 +1435,2077 @@ def wl_shell(runtime: Runtime, ctx: JobContext) -> dict:
     return final(code == 0, error, metrics, artifacts)
 
 
-DEVICE_WORKLOADS = {"self-check": wl_self_check, "benchmark": wl_benchmark, "shell": wl_shell}
+# --------------------------------------------------------------------------------------------
+# Device workloads of the spec's table beyond benchmark, self-check and shell
+# --------------------------------------------------------------------------------------------
+#
+# Each workload validates its params before any work (a bad one is a Refusal: a failed final
+# row with the sentence), posts a row per unit of work (an item, an iteration, an event, a
+# report period), checks ctx.stop between units (cancel, preemption, shutdown) and, where a unit
+# boundary is a resumable point, hands the job back with the finished units (hand_back and
+# load_progress, as the synthetic benchmark does). Downloads go through the verifying cache.
+
+# The backends each workload runs on and the tools (keys of TOOL_NAMES) each needs. A pairing is
+# declared only when its tools are found, so the queue keeps a job for an agent that has them.
+WORKLOAD_BACKENDS = {
+    "thermal": {"synthetic": (), "llama.cpp": ("llama-bench",)},
+    "batch": {"synthetic": (), "llama.cpp": ("llama-cli",)},
+    "pipeline": {"synthetic": (), "llama.cpp": ("llama-cli",)},
+    "llm-eval": {"synthetic": (), "llama.cpp": ("llama-cli",)},
+    "vision-eval": {"synthetic": (), "llama.cpp": ("llama-mtmd-cli",)},
+    "speech-eval": {"synthetic": (), "whisper.cpp": ("whisper-cli",)},
+    "embed-eval": {"synthetic": (), "llama.cpp": ("llama-embedding",)},
+    "serve": {"synthetic": (), "llama.cpp": ("llama-server",)},
+}
+STDLIB_WORKLOADS = ("vantage", "dataset-prep")  # need nothing but Python: every agent has them
+CONVERT_TOOLS = ("llama-quantize", "llama-convert")
+# Tools with a --flag and a FLEET_* variable; llama-convert may be a plain .py script.
+DEVICE_TOOL_KEYS = ("llama-cli", "llama-embedding", "llama-server", "llama-quantize",
+                    "llama-convert", "llama-mtmd-cli", "whisper-cli")
+SCRIPT_TOOLS = ("llama-convert",)
+MAX_ITEM_BYTES = 1 << 20  # one JSON Lines record
+ROW_TEXT_CHARS = 500  # generated text carried in a row; the whole of it goes to an artifact
+TOOL_TIMEOUT_S = 900.0  # one generation, transcription or embedding
+SYNTHETIC_MAX_PROMPT_TOKENS = 4096
+MAX_ROWS = 900_000  # iter numbers stay below the hand-back range
+
+
+class ItemError(Exception):
+    """One item of a job failed (its row says why); the job goes on with the next item."""
+
+
+def shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def clip(text: str, limit: int = ROW_TEXT_CHARS) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def number_param(params: dict, name: str, default: float, low: float, high: float) -> float:
+    value = params.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise Refusal(f"params.{name} must be a number from {low:g} to {high:g}; the job gave "
+                      f"{shown(value)}")
+    return float(value)
+
+
+def sha_param(params: dict, name: str) -> str:
+    value = params.get(name)
+    if not isinstance(value, str) or not HEX64.match(value.lower()):
+        raise Refusal(f"params.{name} must be the SHA-256 of an artifact (64 hex digits); the "
+                      f"job gave {shown(value)}")
+    return value.lower()
+
+
+def text_param(params: dict, name: str, default: str | None, pattern: re.Pattern,
+               what: str) -> str:
+    value = params.get(name, default)
+    if not isinstance(value, str) or not pattern.match(value):
+        raise Refusal(f"params.{name} must be {what}; the job gave {shown(value)}")
+    return value
+
+
+def strings_param(params: dict, name: str, low: int, high: int, what: str) -> list[str]:
+    value = params.get(name)
+    if (not isinstance(value, list) or not low <= len(value) <= high
+            or not all(isinstance(v, str) and v for v in value)):
+        raise Refusal(f"params.{name} must be a list of {low} to {high} {what}; the job gave "
+                      f"{shown(value)}")
+    return list(value)
+
+
+def job_backend(runtime: Runtime, ctx: JobContext) -> str:
+    """The job's backend (synthetic when it names none), refused unless declared here."""
+    workload = str(ctx.spec.get("workload"))
+    backend = ctx.spec.get("backend") or "synthetic"
+    declared = runtime.capabilities()
+    if not isinstance(backend, str) or f"{workload}:{backend}" not in declared:
+        offered = [c.split(":", 1)[1] for c in declared if c.startswith(workload + ":")]
+        raise Refusal("refused: this agent does not implement the {} backend {} (it implements: "
+                      "{}), so it will not report another backend's numbers".format(
+                          workload, shown(backend), ", ".join(offered) or "none"))
+    return backend
+
+
+def model_file(ctx: JobContext, what: str) -> str:
+    model = ctx.spec.get("model") if isinstance(ctx.spec.get("model"), dict) else {}
+    sha = model.get("sha256")
+    if not isinstance(sha, str) or not HEX64.match(sha.lower()):
+        raise Refusal(f"{what} needs model.sha256 naming the model artifact (a GGUF file)")
+    return ctx.fetch(sha.lower(), ".gguf")
+
+
+def read_jsonl(path: str, limit: int, what: str, require: tuple[str, ...] = ()) -> list[dict]:
+    """Up to `limit` records of a JSON Lines file; each must be an object with `require` keys.
+
+    A line that is a bare JSON string stands for {"<first required key>": string}, so a file of
+    quoted prompts is a batch input too. A bad line refuses the job before any work.
+    """
+    items: list[dict] = []
+    with open(path, "rb") as fh:
+        number = 0
+        while len(items) < limit:
+            raw = fh.readline(MAX_ITEM_BYTES + 1)
+            number += 1
+            if not raw:
+                break
+            if len(raw) > MAX_ITEM_BYTES:
+                raise Refusal(f"{what} line {number} is longer than {MAX_ITEM_BYTES} bytes")
+            if not raw.strip():
+                continue
+            try:
+                item = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):
+                raise Refusal(f"{what} line {number} is not valid JSON") from None
+            if isinstance(item, str) and require:
+                item = {require[0]: item}
+            missing = [k for k in require if not isinstance(item, dict) or item.get(k) in
+                       (None, "")]
+            if missing:
+                raise Refusal(f"{what} line {number} must be a JSON object with "
+                              f"{', '.join(require)}; it lacks {', '.join(missing)}")
+            items.append(item)
+    if not items:
+        raise Refusal(f"{what} holds no records")
+    return items
+
+
+def item_id(item: dict, number: int) -> object:
+    value = item.get("id")
+    return value if isinstance(value, (str, int)) and not isinstance(value, bool) else number
+
+
+def run_items(ctx: JobContext, plan: dict, items: list, work) -> tuple[list[dict], dict | None]:
+    """`work(number, item)` for each item, a row each; resumable between items.
+
+    work returns a record {"ok", "metrics", "fields"} (plus keys kept for the summary); an
+    ItemError fails that item's row only. Returns (records, hand-back result or None).
+    """
+    records = load_progress(ctx, plan)
+    for number in range(len(records) + 1, len(items) + 1):
+        started = time.monotonic()
+        try:
+            record = work(number, items[number - 1])
+        except Stopped:
+            return records, handback_or_raise(ctx, plan, records)
+        except ItemError as exc:
+            record = {"ok": False, "metrics": {}, "fields": {"error": str(exc)}}
+        record["metrics"].setdefault("duration_ms", round((time.monotonic() - started) * 1000, 1))
+        record["fields"].setdefault("item", item_id(items[number - 1], number)
+                                    if isinstance(items[number - 1], dict) else number)
+        ctx.post(ctx.row(number, record["ok"], record["metrics"], **record["fields"]))
+        records.append(record)
+    return records, None
+
+
+def median_of(records: list[dict], key: str) -> float | None:
+    values = [r["metrics"][key] for r in records
+              if isinstance(r.get("metrics", {}).get(key), (int, float))]
+    return round(statistics.median(values), 3) if values else None
+
+
+def items_summary(records: list[dict]) -> dict:
+    """Counts, latency percentiles (nearest rank) and median rates of a job's item records."""
+    durations = [r["metrics"]["duration_ms"] for r in records
+                 if r["ok"] and isinstance(r["metrics"].get("duration_ms"), (int, float))]
+    metrics: dict = {"items": len(records), "items_ok": sum(1 for r in records if r["ok"])}
+    if durations:
+        metrics.update(p50_ms=percentile(durations, 50), p95_ms=percentile(durations, 95),
+                       items_per_s=round(len(durations) * 1000 / max(sum(durations), 1e-3), 3))
+    for key in ("prefill_tok_s", "decode_tok_s", "ttft_ms"):
+        value = median_of([r for r in records if r["ok"]], key)
+        if value is not None:
+            metrics[key] = value
+    return metrics
+
+
+def items_final(records: list[dict], metrics: dict, artifacts: list[str], noun: str = "items",
+                **extra: object) -> dict:
+    failed = [r for r in records if not r["ok"]]
+    if failed:
+        first = failed[0]["fields"]
+        return final(False, "{} of {} {} failed; item {}: {}".format(
+            len(failed), len(records), noun, first.get("item"), first.get("error")),
+            metrics, artifacts, **extra)
+    return final(True, None, metrics, artifacts, **extra)
+
+
+def run_tool(argv: list[str], ctx: JobContext, timeout: float, out_path: str, err_path: str,
+             cwd: str | None = None) -> tuple[int | None, float]:
+    """Like run_watched, with stdout and stderr kept apart (llama.cpp prints its answer on one
+    and its timings on the other); (exit code or None when stopped or late, wall ms)."""
+    started = time.monotonic()
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    cwd=cwd, start_new_session=True)
+        except OSError as exc:
+            raise ItemError(f"could not start {os.path.basename(argv[0])}: {exc}") from exc
+    killed_at = None
+    while proc.poll() is None:
+        late = time.monotonic() - started > timeout
+        if (ctx.stop.is_set() or late) and killed_at is None:
+            killed_at = time.monotonic()
+            _signal_group(proc.pid, signal.SIGTERM)
+        elif killed_at is not None and time.monotonic() - killed_at > 5:
+            _signal_group(proc.pid, signal.SIGKILL)
+        time.sleep(0.02)
+    return (None if killed_at else proc.returncode), (time.monotonic() - started) * 1000
+
+
+def tool_output(ctx: JobContext, argv: list[str], name: str,
+                timeout: float = TOOL_TIMEOUT_S) -> tuple[str, str, float]:
+    """(stdout, stderr tail, wall ms) of one tool run for one item; an ItemError unless it
+    exits 0. Its files are removed, so a long job does not fill the disk."""
+    base = os.path.join(ctx.workdir, name)
+    try:
+        code, wall_ms = run_tool(argv, ctx, timeout, base + ".out", base + ".err")
+        ctx.check()
+        err = read_tail(base + ".err", 64 << 10).decode("utf-8", "replace")
+        with open(base + ".out", "rb") as fh:
+            out = fh.read(4 << 20).decode("utf-8", "replace")
+    finally:
+        for suffix in (".out", ".err"):
+            with contextlib.suppress(OSError):
+                os.unlink(base + suffix)
+    tool = os.path.basename(argv[0])
+    if code is None:
+        raise ItemError(f"{tool} was stopped after the {timeout:g} s timeout")
+    if code != 0:
+        raise ItemError(f"{tool} exited with status {code}: {tail(err, 200) or 'no message'}")
+    return out, err, wall_ms
+
+
+def upload_file(ctx: JobContext, path: str, name: str, headers: dict | None = None) -> str:
+    """Stream a file to the job's collector (models and builds can be larger than memory).
+
+    The collector checks x-artifact-sha256 against the bytes; a reply naming another hash is
+    refused. Three tries, since the artifact is the point of the job.
+    """
+    sha = sha256_file(path)
+    fields = {"content-type": "application/octet-stream",
+              "content-length": str(os.path.getsize(path)), "x-artifact-name": clip(name, 200),
+              "x-artifact-sha256": sha, **(headers or {})}
+    problem = ""
+    for attempt in range(3):
+        try:
+            with open(path, "rb") as body:
+                status, reply = http_call("POST", ctx.collector.url + "/artifacts",
+                                          body, fields, 600)
+        except Unreachable as exc:
+            problem = str(exc)
+            ctx.stop.wait(1 + attempt)
+            continue
+        if status >= 400:
+            raise Refusal(f"the collector refused the upload of {name}: "
+                          f"{_error_message(reply)}")
+        try:
+            stored = json.loads(reply.decode("utf-8")).get("sha256")
+        except (ValueError, AttributeError):
+            stored = None
+        if stored != sha:
+            raise Refusal(f"the collector stored {name} under {shown(stored)}, not its SHA-256")
+        return sha
+    raise Refusal(f"{name} could not be uploaded: {problem}")
+
+
+def upload_bytes(ctx: JobContext, data: bytes, name: str, headers: dict | None = None) -> str:
+    path = os.path.join(ctx.workdir, "upload-" + hashlib.sha256(data).hexdigest()[:16])
+    atomic_write(path, data)
+    try:
+        return upload_file(ctx, path, name, headers)
+    finally:
+        os.unlink(path)
+
+
+# --- text generation: the synthetic reference loop, or llama.cpp's completion tool ---
+
+
+def approx_tokens(text: str) -> int:
+    """About four UTF-8 bytes a token, the usual rule of thumb for English text."""
+    return max(1, (len(text.encode("utf-8")) + 3) // 4)
+
+
+def synthetic_generate(prompt: str, max_tokens: int, check) -> dict:
+    """The synthetic loop sized by the prompt: its digest is the 'text', its rates the figures.
+
+    The digest depends only on the token counts, so every device answers the same; an eval set
+    whose expected answers are those digests checks that a device computes the reference.
+    """
+    tokens = min(SYNTHETIC_MAX_PROMPT_TOKENS, approx_tokens(prompt))
+    started = time.perf_counter()
+    metrics = synthetic_iteration(tokens, max_tokens, check)
+    metrics.update(prompt_tokens=tokens, gen_tokens=max_tokens,
+                   duration_ms=round((time.perf_counter() - started) * 1000, 1))
+    return {"text": metrics["synthetic_digest"], "metrics": metrics}
+
+
+LLAMA_PERF = re.compile(r"(?m)^\S*(?:perf_context_print|print_timings):\s+"
+                        r"(prompt eval|eval|load) time\s*=\s*([\d.]+) ms"
+                        r"(?:\s*/\s*(\d+) (?:tokens|runs))?")
+
+
+def llama_perf(text: str) -> dict:
+    """Load time and rates from the timings llama.cpp's tools print on stderr."""
+    found = {m.group(1): (float(m.group(2)), int(m.group(3)) if m.group(3) else 0)
+             for m in LLAMA_PERF.finditer(text)}
+    metrics: dict = {}
+    if "load" in found:
+        metrics["load_ms"] = found["load"][0]
+    prompt_ms, prompt_n = found.get("prompt eval", (0.0, 0))
+    eval_ms, eval_n = found.get("eval", (0.0, 0))
+    if prompt_n:
+        metrics.update(prompt_tokens=prompt_n,
+                       prefill_tok_s=round(prompt_n * 1000 / max(prompt_ms, 1e-3), 3))
+    if eval_n:
+        metrics.update(gen_tokens=eval_n,
+                       decode_tok_s=round(eval_n * 1000 / max(eval_ms, 1e-3), 3))
+        if prompt_n:
+            metrics["ttft_ms"] = round(prompt_ms + eval_ms / eval_n, 3)
+    return metrics
+
+
+def llama_generate(tool: str, ctx: JobContext, model: str, prompt: str, max_tokens: int,
+                   number: int) -> dict:
+    prompt_path = os.path.join(ctx.workdir, f"prompt-{number}.txt")
+    with open(prompt_path, "w", encoding="utf-8") as fh:
+        fh.write(prompt)  # a file, not argv: prompts can be longer than an argument may be
+    argv = [tool, "-m", model, "-f", prompt_path, "-n", str(max_tokens), "--temp", "0",
+            "--seed", "1", "--no-display-prompt", "-no-cnv"]
+    try:
+        out, err, wall_ms = tool_output(ctx, argv, f"gen-{number}")
+    finally:
+        os.unlink(prompt_path)
+    metrics = llama_perf(err)
+    metrics["duration_ms"] = round(wall_ms, 1)
+    return {"text": out.strip(), "metrics": metrics}
+
+
+def text_generator(runtime: Runtime, ctx: JobContext, backend: str):
+    """generate(prompt, max_tokens, number) -> {"text", "metrics"} for the job's backend."""
+    if backend == "synthetic":
+        return lambda prompt, max_tokens, number: synthetic_generate(prompt, max_tokens,
+                                                                     ctx.check)
+    model = model_file(ctx, "the llama.cpp backend")
+    tool = runtime.tools["llama-cli"]
+    return lambda prompt, max_tokens, number: llama_generate(tool, ctx, model, prompt,
+                                                             max_tokens, number)
+
+
+# --- thermal: the benchmark again and again, with the machine's temperatures beside it ---
+
+CPU_ZONE = re.compile(r"cpu|soc|pkg|core|tsens|apc|cluster|k10temp|coretemp|x86")
+THERMAL_ROWS_IN_SUMMARY = 500
+
+
+def cpu_zone_c(probe: Probe) -> float | None:
+    """The hottest thermal zone whose type names a CPU (phones and PCs name theirs so)."""
+    hottest = None
+    for zone in probe.listdir("/sys/class/thermal"):
+        kind = (_clean(probe.read(f"/sys/class/thermal/{zone}/type")) or "").lower()
+        if not zone.startswith("thermal_zone") or not CPU_ZONE.search(kind):
+            continue
+        milli = _int_or_none(probe.read(f"/sys/class/thermal/{zone}/temp"))
+        if milli is not None and -40000 < milli < 150000:
+            hottest = max(hottest if hottest is not None else -1e9, milli / 1000.0)
+    return hottest
+
+
+def pmset_therm(probe: Probe) -> dict:
+    """macOS gives no temperature without root, but `pmset -g therm` says how far it throttles."""
+    out = probe.run(["pmset", "-g", "therm"]) or ""
+    found: dict = {}
+    limit = re.search(r"CPU_Speed_Limit\s*=\s*(\d+)", out)
+    if limit:
+        found["cpu_speed_limit_pct"] = int(limit.group(1))
+    level = re.search(r"[Tt]hermal [Ww]arning [Ll]evel\s*=\s*(\d+)", out)
+    if level:
+        found["thermal_warning_level"] = int(level.group(1))
+    return found
+
+
+def speed_limit_state(limit_pct: int | None) -> str | None:
+    if limit_pct is None:
+        return None
+    for floor, name in ((100, "nominal"), (80, "fair"), (50, "serious")):
+        if limit_pct >= floor:
+            return name
+    return "critical"
+
+
+def thermal_reading(probe: Probe) -> dict:
+    """What one thermal row carries: state, CPU and battery temperature, battery level."""
+    power = read_power(probe)
+    hottest = hottest_zone_c(probe)
+    cpu = cpu_zone_c(probe)
+    reading: dict = {"cpu_temp_c": cpu if cpu is not None else hottest,
+                     "battery_temp_c": power.get("battery_temp_c"),
+                     "battery_pct": power.get("battery_pct"), "charging": power.get("charging")}
+    if probe.system == "Darwin":
+        reading.update(pmset_therm(probe))
+    hot = hottest if hottest is not None else reading["battery_temp_c"]
+    reading["thermal_state"] = thermal_state(hot) or speed_limit_state(
+        reading.get("cpu_speed_limit_pct"))
+    return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in reading.items()
+            if v is not None}
+
+
+def thermal_plan(ctx: JobContext, backend: str) -> dict:
+    params = ctx.params
+    return {"backend": backend,
+            "prompt_tokens": int_param(params, "prompt_tokens", 128, 1, 100_000),
+            "gen_tokens": int_param(params, "gen_tokens", 32, 1, 100_000),
+            "duration_s": number_param(params, "duration_s", 300, 0, 7 * 86400),
+            "max_iters": int_param(params, "max_iters", 10_000, 1, MAX_ROWS)}
+
+
+def llama_bench_once(runtime: Runtime, ctx: JobContext, model: str, plan: dict) -> dict:
+    argv = [str(runtime.tools["llama-bench"]), "-m", model, "-p", str(plan["prompt_tokens"]),
+            "-n", str(plan["gen_tokens"]), "-r", "1", "-o", "json"]
+    try:
+        out, _, _ = tool_output(ctx, argv, "llama-bench")
+    except ItemError as exc:
+        raise Refusal(str(exc)) from None
+    prefill, decode = llama_records(out)
+    pp, tg = prefill.get("avg_ts"), decode.get("avg_ts")
+    metrics = {"prefill_tok_s": pp, "decode_tok_s": tg,
+               "ttft_ms": llama_ttft_ms(plan["prompt_tokens"], pp, tg)}
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+def thermal_iteration(runtime: Runtime, ctx: JobContext, plan: dict):
+    if plan["backend"] == "synthetic":
+        return lambda: synthetic_iteration(plan["prompt_tokens"], plan["gen_tokens"], ctx.check)
+    model = model_file(ctx, "a llama.cpp thermal run")
+    return lambda: llama_bench_once(runtime, ctx, model, plan)
+
+
+def wl_thermal(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = thermal_plan(ctx, backend)
+    iteration = thermal_iteration(runtime, ctx, plan)
+    done = load_progress(ctx, plan)
+    before_s = float(done[-1].get("elapsed_s", 0)) if done else 0.0
+    started, start_reading = time.monotonic(), thermal_reading(runtime.probe)
+    while len(done) < plan["max_iters"]:
+        if done and before_s + time.monotonic() - started >= plan["duration_s"]:
+            break  # at least one iteration, then until the duration is spent
+        try:
+            metrics = iteration()
+        except Stopped:
+            return handback_or_raise(ctx, plan, done)
+        metrics.update(thermal_reading(runtime.probe),
+                       elapsed_s=round(before_s + time.monotonic() - started, 3))
+        metrics.pop("charging", None)
+        done.append(metrics)
+        ctx.post(ctx.row(len(done), True, metrics))
+    return thermal_summary(ctx, plan, done, start_reading, thermal_reading(runtime.probe))
+
+
+def thermal_summary(ctx: JobContext, plan: dict, done: list[dict], start: dict,
+                    end: dict) -> dict:
+    rates = [m["decode_tok_s"] for m in done if isinstance(m.get("decode_tok_s"), (int, float))]
+    states = [m.get("thermal_state") for m in done if m.get("thermal_state")]
+    step = -(-len(states) // THERMAL_ROWS_IN_SUMMARY) or 1
+    temps = [m["cpu_temp_c"] for m in done if isinstance(m.get("cpu_temp_c"), (int, float))]
+    metrics: dict = {"iterations": len(done), "elapsed_s": done[-1]["elapsed_s"],
+                     "thermal": states[::step], "prefill_tok_s": median_of_metrics(done,
+                                                                                  "prefill_tok_s")}
+    if rates:
+        first, last = statistics.median(rates[:3]), statistics.median(rates[-3:])
+        metrics.update(decode_tok_s=round(statistics.median(rates), 3),
+                       decode_first_tok_s=round(first, 3), decode_last_tok_s=round(last, 3),
+                       throttle_pct=round(max(0.0, 1 - last / first) * 100, 1) if first else 0.0)
+    if temps:
+        metrics["max_cpu_temp_c"] = max(temps)
+    for key, reading in (("battery_start_pct", start), ("battery_end_pct", end)):
+        if reading.get("battery_pct") is not None:
+            metrics[key] = reading["battery_pct"]
+    if ctx.params.get("resume_from"):
+        metrics["resumed_after_iter"] = len(load_progress(ctx, plan))
+    if plan["backend"] == "synthetic":
+        digests = {m.get("synthetic_digest") for m in done}
+        metrics.update(synthetic_digest=done[-1]["synthetic_digest"],
+                       synthetic_rounds=done[-1]["synthetic_rounds"])
+        if len(digests) != 1:
+            return final(False, "the synthetic digest differed between iterations, so this "
+                         "device computes SHA-256 inconsistently", drop_none(metrics))
+    return final(True, None, drop_none(metrics))
+
+
+def median_of_metrics(rows: list[dict], key: str) -> float | None:
+    values = [m[key] for m in rows if isinstance(m.get(key), (int, float))]
+    return round(statistics.median(values), 3) if values else None
+
+
+def drop_none(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if v is not None}
+
+
+# --- batch and llm-eval: a JSON Lines artifact through the backend, a row per item ---
+
+
+def wl_batch(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = {"backend": backend, "input_sha256": sha_param(ctx.params, "input_sha256"),
+            "max_items": int_param(ctx.params, "max_items", 1000, 1, MAX_ROWS),
+            "max_tokens": int_param(ctx.params, "max_tokens", 128, 1, 8192)}
+    generate = text_generator(runtime, ctx, backend)
+    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"],
+                       "the batch input", ("prompt",))
+
+    def work(number: int, item: dict) -> dict:
+        result = generate(str(item["prompt"]), plan["max_tokens"], number)
+        return {"ok": True, "metrics": result["metrics"], "output": result["text"],
+                "fields": {"output": clip(result["text"])}}
+
+    records, handback = run_items(ctx, plan, items, work)
+    if handback is not None:
+        return handback
+    lines = [json.dumps({"item": r["fields"].get("item"), "ok": r["ok"],
+                         "output": r.get("output"), "error": r["fields"].get("error")},
+                        ensure_ascii=False) for r in records]
+    outputs = upload_bytes(ctx, ("\n".join(lines) + "\n").encode("utf-8"),
+                           f"batch-{ctx.job_id}.jsonl")
+    metrics = items_summary(records)
+    metrics["gen_tokens"] = sum(int(r["metrics"].get("gen_tokens") or 0) for r in records)
+    return items_final(records, metrics, [outputs], outputs_sha256=outputs)
+
+
+def normalised(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def answer_matches(output: str, expected: str, scoring: str) -> bool:
+    """exact: the whole answer; contains: the expected words appear as words in the answer."""
+    got, wanted = normalised(output), normalised(expected)
+    if scoring == "exact" or not wanted:
+        return got == wanted
+    return re.search(r"(?<!\w)" + re.escape(wanted) + r"(?!\w)", got) is not None
+
+
+def score_final(records: list[dict], metrics: dict, score_key: str, minimum: float | None,
+                artifacts: list[str] | None = None) -> dict:
+    """An eval passes when every item ran and, if the job set one, the score reached its floor."""
+    score = metrics.get(score_key)
+    if minimum is not None and isinstance(score, (int, float)) and score < minimum \
+            and all(r["ok"] for r in records):
+        return final(False, f"the {score_key} of {score:g} is below the job's floor of "
+                     f"{minimum:g}", metrics, artifacts or [])
+    return items_final(records, metrics, artifacts or [])
+
+
+def optional_floor(params: dict, name: str) -> float | None:
+    return number_param(params, name, 0, 0, 100) if name in params else None
+
+
+def wl_llm_eval(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = {"backend": backend, "input_sha256": sha_param(ctx.params, "input_sha256"),
+            "max_items": int_param(ctx.params, "max_items", 1000, 1, MAX_ROWS),
+            "max_tokens": int_param(ctx.params, "max_tokens", 64, 1, 8192),
+            "scoring": text_param(ctx.params, "scoring", "contains",
+                                  re.compile(r"^(exact|contains)$"), "exact or contains")}
+    floor = optional_floor(ctx.params, "min_score_pct")
+    generate = text_generator(runtime, ctx, backend)
+    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"],
+                       "the evaluation set", ("prompt", "expected"))
+
+    def work(number: int, item: dict) -> dict:
+        result = generate(str(item["prompt"]), plan["max_tokens"], number)
+        correct = answer_matches(result["text"], str(item["expected"]), plan["scoring"])
+        return {"ok": True, "metrics": dict(result["metrics"], correct=int(correct)),
+                "fields": {"output": clip(result["text"]),
+                           "expected": clip(str(item["expected"])), "correct": correct}}
+
+    records, handback = run_items(ctx, plan, items, work)
+    if handback is not None:
+        return handback
+    metrics = items_summary(records)
+    ran = [r for r in records if r["ok"]]
+    metrics["correct"] = sum(r["metrics"].get("correct", 0) for r in ran)
+    metrics["score_pct"] = round(100.0 * metrics["correct"] / max(len(records), 1), 2)
+    return score_final(records, metrics, "score_pct", floor)
+
+
+# --- pipeline: a collector topic's events through the backend as they arrive ---
+
+TOPIC = re.compile(r"^[A-Za-z0-9._:-]{1,100}$")
+TOPIC_WHAT = "a topic name: 1 to 100 characters from A-Z a-z 0-9 . _ : -"
+PIPELINE_POLL_S = 5.0  # the collector answers the moment an event arrives; this bounds a stop
+
+
+def topic_path(topic: str, suffix: str = "") -> str:
+    return "/api/events/" + urllib.parse.quote(topic, safe="") + suffix
+
+
+def topic_end(collector: Collector, topic: str) -> int:
+    """The topic's newest seq: a new subscription starts after it, with what arrives next."""
+    try:
+        _, reply = collector.call_json("GET", topic_path(topic, "?limit=1"))
+    except (Unreachable, HttpError) as exc:
+        raise Refusal(f"could not read topic {topic} from the collector: {exc}") from None
+    last = reply.get("last_seq") if isinstance(reply, dict) else None
+    return int(last) if isinstance(last, int) else 0
+
+
+def topic_next(ctx: JobContext, topic: str, cursor: int, wait_s: float) -> list[dict]:
+    query = urllib.parse.urlencode({"after": cursor, "wait_s": round(wait_s, 1), "limit": 50})
+    try:
+        status, reply = ctx.collector.call_json("GET", topic_path(topic, "/next?" + query),
+                                                timeout=wait_s + 15)
+    except Unreachable as exc:
+        log.warning("topic %s: %s; trying again", topic, exc)
+        ctx.stop.wait(1.0)
+        return []
+    except HttpError as exc:
+        raise Refusal(f"the collector refused to read topic {topic}: {exc.message}") from None
+    events = reply.get("events") if status == 200 and isinstance(reply, dict) else None
+    return [e for e in events or [] if isinstance(e, dict) and isinstance(e.get("seq"), int)]
+
+
+def event_prompt(payload: object) -> str:
+    """A string payload is the prompt; an object's "prompt" field, else the object as JSON."""
+    if isinstance(payload, str):
+        return payload
+    if isinstance(payload, dict) and isinstance(payload.get("prompt"), str):
+        return payload["prompt"]
+    return json.dumps(payload, sort_keys=True)
+
+
+def pipeline_plan(ctx: JobContext, backend: str) -> dict:
+    params = ctx.params
+    plan = {"backend": backend, "topic": text_param(params, "topic", None, TOPIC, TOPIC_WHAT),
+            "max_tokens": int_param(params, "max_tokens", 128, 1, 8192)}
+    if "output_topic" in params:
+        plan["output_topic"] = text_param(params, "output_topic", None, TOPIC, TOPIC_WHAT)
+    return plan
+
+
+def publish_output(ctx: JobContext, plan: dict, event: dict, text: str) -> None:
+    if "output_topic" not in plan:
+        return
+    path = topic_path(plan["output_topic"]).replace("/api/events/", "/events/", 1)
+    path += "?" + urllib.parse.urlencode({"source": ctx.job_id[:200]})
+    try:
+        ctx.collector.call_json("POST", path, {"job_id": ctx.job_id, "topic": plan["topic"],
+                                               "seq": event["seq"], "output": text})
+    except (Unreachable, HttpError) as exc:
+        log.warning("could not publish to %s: %s", plan["output_topic"], exc)
+
+
+def wl_pipeline(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = pipeline_plan(ctx, backend)
+    duration = number_param(ctx.params, "duration_s", ctx.lease_ttl(), 1, 30 * 86400)
+    max_events = int_param(ctx.params, "max_events", 100_000, 1, MAX_ROWS)
+    start_after = int_param(ctx.params, "after", 0, 0, 1 << 62) if "after" in ctx.params \
+        else None
+    generate = text_generator(runtime, ctx, backend)
+    done = load_progress(ctx, plan)
+    cursor = int(done[-1]["seq"]) if done else (
+        start_after if start_after is not None else topic_end(ctx.collector, plan["topic"]))
+    deadline = time.monotonic() + duration
+    try:
+        while len(done) < max_events and time.monotonic() < deadline:
+            ctx.check()
+            wait = min(PIPELINE_POLL_S, max(0.0, deadline - time.monotonic()))
+            for event in topic_next(ctx, plan["topic"], cursor, wait)[:max_events - len(done)]:
+                done.append(pipeline_event(ctx, plan, generate, event, len(done) + 1))
+                cursor = event["seq"]
+    except Stopped:
+        if ctx.handback:
+            return hand_back(ctx, {"plan": plan, "completed": done})
+        ended = ctx.reason
+    else:
+        ended = "max_events reached" if len(done) >= max_events else "duration_s reached"
+    return pipeline_summary(plan, done, cursor, ended)
+
+
+def pipeline_event(ctx: JobContext, plan: dict, generate, event: dict, number: int) -> dict:
+    started = time.monotonic()
+    try:
+        result = generate(event_prompt(event.get("payload")), plan["max_tokens"], number)
+        ok, metrics, error = True, result["metrics"], None
+    except ItemError as exc:
+        result, ok, metrics, error = {"text": ""}, False, {}, str(exc)
+    metrics.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 1))
+    ctx.post(ctx.row(number, ok, metrics, error=error, seq=event["seq"],
+                     source=event.get("source"), output=clip(result["text"]) if ok else None))
+    if ok:
+        publish_output(ctx, plan, event, result["text"])
+    return {"seq": event["seq"], "ok": ok, "metrics": {"duration_ms": metrics["duration_ms"]}}
+
+
+def pipeline_summary(plan: dict, done: list[dict], cursor: int, ended: str) -> dict:
+    metrics = items_summary(done)
+    metrics["events"] = metrics.pop("items")
+    metrics["events_ok"] = metrics.pop("items_ok")
+    failed = metrics["events"] - metrics["events_ok"]
+    error = f"{failed} of {metrics['events']} events failed" if failed else None
+    # Ending on a cancel is how a person stops a pipeline: the summary is still the outcome.
+    return final(not failed, error, metrics, topic=plan["topic"], cursor=cursor, ended=ended)
+
+
+# --- vision-eval, speech-eval, embed-eval: a dataset artifact through the matching backend ---
+#
+# The synthetic backend runs the reference loop sized by each input, so latency and throughput
+# are real figures; its answers are a fixed function of the data (the same on every device),
+# which checks the plumbing and compares speed, not a model. embed-eval's synthetic embedding
+# (hashed bag of words) is a real, if simple, lexical model.
+
+MAX_PROMPT_CHARS = 4000  # prompts that go on a command line
+WER_MAX_WORDS = 2000  # word error rate is quadratic in the words compared
+
+
+def eval_plan(ctx: JobContext, backend: str) -> dict:
+    return {"backend": backend, "input_sha256": sha_param(ctx.params, "input_sha256"),
+            "max_items": int_param(ctx.params, "max_items", 1000, 1, MAX_ROWS)}
+
+
+def eval_items(ctx: JobContext, plan: dict, what: str, require: tuple[str, ...],
+               sha_key: str | None = None) -> list[dict]:
+    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"], what,
+                       require)
+    for number, item in enumerate(items, 1):
+        if sha_key and not HEX64.match(str(item[sha_key]).lower()):
+            raise Refusal(f"{what} record {number}: {sha_key} must be the SHA-256 of an "
+                          "artifact")
+    return items
+
+
+def synthetic_sized(path: str, check) -> tuple[str, dict]:
+    """(hex digest of the file, synthetic figures): one token per 4 KiB, at most 1,024."""
+    metrics = synthetic_iteration(min(1024, 1 + os.path.getsize(path) // 4096), 1, check)
+    return sha256_file(path), {"ttft_ms": metrics["ttft_ms"]}
+
+
+def item_choices(item: dict) -> list[str]:
+    choices = item.get("choices")
+    if isinstance(choices, list) and choices and all(isinstance(c, str) for c in choices):
+        return choices[:100]
+    return []
+
+
+def vision_prompt(ctx: JobContext, item: dict, choices: list[str]) -> str:
+    prompt = item.get("prompt") or ctx.params.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        prompt = "What is in this image? Answer with one word."
+        if choices:
+            prompt = "What is in this image? Answer with one of: {}.".format(", ".join(choices))
+    return prompt[:MAX_PROMPT_CHARS]
+
+
+def vision_predictor(runtime: Runtime, ctx: JobContext, backend: str):
+    """predict(image path, prompt, choices, number) -> (answer, metrics)."""
+    if backend == "synthetic":
+        def synthetic(image: str, prompt: str, choices: list[str], number: int):
+            digest, metrics = synthetic_sized(image, ctx.check)
+            return (choices[int(digest, 16) % len(choices)] if choices else digest), metrics
+        return synthetic
+    mmproj_sha = sha_param(ctx.params, "mmproj_sha256")
+    max_tokens = int_param(ctx.params, "max_tokens", 16, 1, 512)
+    model = model_file(ctx, "the llama.cpp vision backend")
+    mmproj = ctx.fetch(mmproj_sha, ".gguf")
+    tool = runtime.tools["llama-mtmd-cli"]
+
+    def llama(image: str, prompt: str, choices: list[str], number: int):
+        argv = [tool, "-m", model, "--mmproj", mmproj, "--image", image, "-p", prompt,
+                "-n", str(max_tokens), "--temp", "0"]
+        out, err, _ = tool_output(ctx, argv, f"vision-{number}")
+        return out.strip(), llama_perf(err)
+    return llama
+
+
+def wl_vision_eval(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = eval_plan(ctx, backend)
+    floor = optional_floor(ctx.params, "min_score_pct")
+    predict = vision_predictor(runtime, ctx, backend)
+    items = eval_items(ctx, plan, "the vision dataset", ("image_sha256", "label"),
+                       "image_sha256")
+
+    def work(number: int, item: dict) -> dict:
+        image = ctx.fetch(str(item["image_sha256"]).lower())
+        choices = item_choices(item)
+        answer, metrics = predict(image, vision_prompt(ctx, item, choices), choices, number)
+        correct = answer_matches(answer, str(item["label"]), "contains")
+        return {"ok": True, "metrics": dict(metrics, correct=int(correct)),
+                "fields": {"label": clip(str(item["label"])), "output": clip(answer),
+                           "correct": correct}}
+
+    records, handback = run_items(ctx, plan, items, work)
+    if handback is not None:
+        return handback
+    metrics = items_summary(records)
+    metrics["images_per_s"] = metrics.pop("items_per_s", 0.0)
+    metrics["top1_pct"] = round(100.0 * sum(r["metrics"].get("correct", 0) for r in records)
+                                / len(records), 2)
+    return score_final(records, metrics, "top1_pct", floor)
+
+
+def word_errors(reference: list[str], hypothesis: list[str]) -> int:
+    """Word-level edit distance (substitutions, deletions, insertions), two rows at a time."""
+    previous = list(range(len(hypothesis) + 1))
+    for i, word in enumerate(reference, 1):
+        current = [i]
+        for j, other in enumerate(hypothesis, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1,
+                               previous[j - 1] + (word != other)))
+        previous = current
+    return previous[-1]
+
+
+def words_of(text: str) -> list[str]:
+    return re.findall(r"[\w']+", text.lower())[:WER_MAX_WORDS]
+
+
+def audio_seconds(path: str) -> float | None:
+    import wave
+
+    try:
+        with wave.open(path, "rb") as audio:
+            return audio.getnframes() / float(audio.getframerate())
+    except (wave.Error, EOFError, OSError, ZeroDivisionError):
+        return None  # not a WAV file; whisper.cpp may still read it
+
+
+def speech_transcriber(runtime: Runtime, ctx: JobContext, backend: str):
+    if backend == "synthetic":
+        def synthetic(audio: str, number: int):
+            return synthetic_sized(audio, ctx.check)
+        return synthetic
+    language = text_param(ctx.params, "language", "auto", re.compile(r"^(auto|[a-z]{2,3})$"),
+                          "auto or a language code such as en")
+    model = model_file(ctx, "the whisper.cpp backend")
+    tool = runtime.tools["whisper-cli"]
+
+    def whisper(audio: str, number: int):
+        argv = [tool, "-m", model, "-f", audio, "-l", language, "-nt", "-np"]
+        out, _, _ = tool_output(ctx, argv, f"speech-{number}")
+        return " ".join(line.strip() for line in out.splitlines() if line.strip()), {}
+    return whisper
+
+
+def wl_speech_eval(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = eval_plan(ctx, backend)
+    floor = optional_floor(ctx.params, "max_wer_pct")
+    transcribe = speech_transcriber(runtime, ctx, backend)
+    items = eval_items(ctx, plan, "the speech dataset", ("audio_sha256", "text"),
+                       "audio_sha256")
+
+    def work(number: int, item: dict) -> dict:
+        audio = ctx.fetch(str(item["audio_sha256"]).lower())
+        started = time.monotonic()
+        heard, metrics = transcribe(audio, number)
+        reference, hypothesis = words_of(str(item["text"])), words_of(heard)
+        errors = word_errors(reference, hypothesis)
+        metrics.update(words=len(reference), word_errors=errors,
+                       wer_pct=round(100.0 * errors / max(len(reference), 1), 2))
+        seconds = audio_seconds(audio)
+        if seconds:
+            metrics.update(audio_s=round(seconds, 3),
+                           rtf=round((time.monotonic() - started) / seconds, 4))
+        return {"ok": True, "metrics": metrics,
+                "fields": {"text": clip(str(item["text"])), "output": clip(heard)}}
+
+    records, handback = run_items(ctx, plan, items, work)
+    if handback is not None:
+        return handback
+    return speech_final(records, floor)
+
+
+def speech_final(records: list[dict], ceiling: float | None) -> dict:
+    metrics = items_summary(records)
+    ran = [r["metrics"] for r in records if r["ok"]]
+    words = sum(m.get("words", 0) for m in ran)
+    metrics["wer_pct"] = round(100.0 * sum(m.get("word_errors", 0) for m in ran)
+                               / max(words, 1), 2)
+    rtf = [m["rtf"] for m in ran if isinstance(m.get("rtf"), (int, float))]
+    if rtf:
+        metrics["rtf"] = round(statistics.median(rtf), 4)
+    if ceiling is not None and metrics["wer_pct"] > ceiling and all(r["ok"] for r in records):
+        return final(False, f"the wer_pct of {metrics['wer_pct']:g} is above the job's ceiling "
+                     f"of {ceiling:g}", metrics)
+    return items_final(records, metrics, [])
+
+
+EMBED_DIMS = 256
+
+
+def hashed_embedding(text: str) -> list[float]:
+    """Feature hashing of lower-cased words, signed, L2-normalised: a lexical embedding."""
+    vector = [0.0] * EMBED_DIMS
+    for word in re.findall(r"\w+", text.lower()):
+        code = int.from_bytes(hashlib.sha256(word.encode("utf-8")).digest()[:4], "big")
+        vector[code % EMBED_DIMS] += 1.0 if code & (1 << 31) else -1.0
+    norm = sum(v * v for v in vector) ** 0.5
+    return [v / norm for v in vector] if norm else vector
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))  # noqa: B905 - zip(strict=) needs Python 3.10
+    norm = (sum(x * x for x in a) ** 0.5) * (sum(y * y for y in b) ** 0.5)
+    return dot / norm if norm else 0.0
+
+
+def llama_embeddings(tool: str, ctx: JobContext, model: str, texts: list[str],
+                     number: int) -> list[list[float]]:
+    path = os.path.join(ctx.workdir, f"embed-{number}.txt")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(" ".join(t.split()) or "." for t in texts))  # one text a line
+    try:
+        out, _, _ = tool_output(ctx, [tool, "-m", model, "-f", path, "--embd-output-format",
+                                      "json"], f"embed-{number}")
+    finally:
+        os.unlink(path)
+    try:
+        data = json.loads(out[out.index("{"):])["data"]
+        vectors = [d["embedding"] for d in sorted(data, key=lambda d: d["index"])]
+    except (ValueError, KeyError, TypeError, RecursionError):
+        raise ItemError("llama-embedding did not print the JSON embeddings asked for") from None
+    if len(vectors) != len(texts):
+        raise ItemError(f"llama-embedding returned {len(vectors)} embeddings for "
+                        f"{len(texts)} texts")
+    return vectors
+
+
+def embedder(runtime: Runtime, ctx: JobContext, backend: str):
+    """embed(texts, number) -> vectors."""
+    if backend == "synthetic":
+        def synthetic(texts: list[str], number: int) -> list[list[float]]:
+            tokens = min(SYNTHETIC_MAX_PROMPT_TOKENS, sum(approx_tokens(t) for t in texts))
+            synthetic_iteration(tokens, 0, ctx.check)
+            return [hashed_embedding(t) for t in texts]
+        return synthetic
+    model = model_file(ctx, "the llama.cpp embedding backend")
+    tool = runtime.tools["llama-embedding"]
+    return lambda texts, number: llama_embeddings(tool, ctx, model, texts, number)
+
+
+def check_embed_items(items: list[dict]) -> None:
+    for number, item in enumerate(items, 1):
+        candidates, expected = item["candidates"], item["expected"]
+        if not isinstance(candidates, list) or not 1 <= len(candidates) <= 100 or not all(
+                isinstance(c, str) for c in candidates):
+            raise Refusal(f"the embedding dataset record {number}: candidates must be a list "
+                          "of 1 to 100 strings")
+        if isinstance(expected, bool) or not isinstance(expected, int) or not (
+                0 <= expected < len(candidates)):
+            raise Refusal(f"the embedding dataset record {number}: expected must be the index "
+                          "of the matching candidate")
+
+
+def wl_embed_eval(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    plan = eval_plan(ctx, backend)
+    floor = optional_floor(ctx.params, "min_score_pct")
+    embed = embedder(runtime, ctx, backend)
+    items = eval_items(ctx, plan, "the embedding dataset", ("query", "candidates"))
+    for item in items:
+        item.setdefault("expected", 0)
+    check_embed_items(items)
+
+    def work(number: int, item: dict) -> dict:
+        vectors = embed([str(item["query"]), *item["candidates"]], number)
+        scores = [cosine(vectors[0], v) for v in vectors[1:]]
+        order = sorted(range(len(scores)), key=lambda i: -scores[i])
+        rank = order.index(item["expected"]) + 1
+        return {"ok": True, "metrics": {"rank": rank, "similarity": round(
+            scores[item["expected"]], 4)}, "fields": {"query": clip(str(item["query"]))}}
+
+    records, handback = run_items(ctx, plan, items, work)
+    if handback is not None:
+        return handback
+    metrics = items_summary(records)
+    ranks = [r["metrics"]["rank"] for r in records if r["ok"]]
+    for name, cut in (("top1_pct", 1), ("top5_pct", 5)):
+        metrics[name] = round(100.0 * sum(1 for k in ranks if k <= cut) / len(records), 2)
+    metrics["mrr"] = round(sum(1.0 / k for k in ranks) / len(records), 4)
+    return score_final(records, metrics, "top1_pct", floor)
+
+
+# --- vantage and dataset-prep: the web as this device reaches it, standard library only ---
+#
+# Jobs come from anyone who can reach the collector, so a URL that resolves to a private,
+# loopback or link-local address (this device's LAN, its own services) is refused unless the
+# owner started the agent with --allow-private-urls. The check is made on the address actually
+# connected to, after resolution, so a name cannot point somewhere else in between.
+
+URL_CHARS = re.compile(r"^https?://[^\s\x00-\x1f\x7f]{1,2000}$")
+MAX_REDIRECTS = 5
+
+
+def check_url(url: object, name: str) -> str:
+    if not isinstance(url, str) or not URL_CHARS.match(url):
+        raise Refusal(f"{name} must be http:// or https:// URLs without spaces; the job gave "
+                      f"{shown(url)}")
+    parts = urllib.parse.urlsplit(url)
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        raise Refusal(f"{name}: {shown(url)} must name a host and carry no user or password")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port out of range
+    except ValueError:
+        raise Refusal(f"{name}: {shown(url)} has an invalid port") from None
+    return url
+
+
+def address_allowed(address: str, allow_private: bool) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    mapped = getattr(ip, "ipv4_mapped", None)
+    ip = mapped or ip
+    return allow_private or (ip.is_global and not ip.is_multicast)
+
+
+def connect_timed(url: str, timeout: float, allow_private: bool) -> tuple[object, dict]:
+    """(connected socket, TLS-wrapped for https; phase times in ms from the start).
+
+    Each address the name resolves to is tried in turn, as a browser would (a host with an
+    IPv6 address this network cannot route still answers on IPv4); refused ones are skipped.
+    """
+    parts = urllib.parse.urlsplit(url)
+    https = parts.scheme == "https"
+    started = time.perf_counter()
+    infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if https else 80),
+                               type=socket.SOCK_STREAM)
+    phases = {"dns_ms": (time.perf_counter() - started) * 1000, "started": started}
+    allowed = [info for info in infos if address_allowed(str(info[4][0]), allow_private)]
+    if not allowed:
+        raise PermissionError(f"{parts.hostname} resolves to {infos[0][4][0]}, a private or "
+                              "local address; the agent's owner can allow those with "
+                              "--allow-private-urls")
+    sock = connect_first(allowed, timeout)
+    phases["connect_ms"] = (time.perf_counter() - started) * 1000
+    if https:
+        try:
+            sock = ssl.create_default_context().wrap_socket(sock,
+                                                            server_hostname=parts.hostname)
+        except BaseException:
+            sock.close()
+            raise
+        phases["tls_ms"] = (time.perf_counter() - started) * 1000
+    return sock, phases
+
+
+def connect_first(infos: list, timeout: float) -> socket.socket:
+    problem: OSError = OSError("no address to connect to")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(address)
+            return sock
+        except OSError as exc:
+            sock.close()
+            problem = exc
+    raise problem
+
+
+def open_timed(url: str, timeout: float, allow_private: bool):
+    """GET `url` over a connection made by connect_timed; (connection, response, phases)."""
+    parts = urllib.parse.urlsplit(url)
+    sock, phases = connect_timed(url, timeout, allow_private)
+    conn = http.client.HTTPConnection(parts.hostname or "", timeout=timeout)
+    conn.sock = sock
+    target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    try:
+        conn.request("GET", target, headers={
+            "Host": parts.netloc, "User-Agent": "fleet_agent/" + AGENT_VERSION,
+            "Accept": "*/*", "Accept-Encoding": "identity", "Connection": "close"})
+        response = conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
+    phases["ttfb_ms"] = (time.perf_counter() - phases["started"]) * 1000
+    return conn, response, phases
+
+
+def network_error(exc: BaseException) -> str:
+    if isinstance(exc, socket.gaierror):
+        return f"the name does not resolve ({exc.strerror or exc})"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS failed ({getattr(exc, 'reason', None) or exc})"
+    if isinstance(exc, (socket.timeout, TimeoutError)):
+        return "timed out"
+    if isinstance(exc, PermissionError) and exc.args:
+        return str(exc.args[0])
+    return f"{type(exc).__name__}: {exc}"
+
+
+def measure_url(url: str, timeout: float, allow_private: bool, max_bytes: int) -> dict:
+    """One measurement: DNS, connect, TLS, first byte (status line and headers), total."""
+    sample: dict = {}
+    try:
+        conn, response, phases = open_timed(url, timeout, allow_private)
+        try:
+            size = 0
+            while size < max_bytes:
+                chunk = response.read(min(DOWNLOAD_CHUNK, max_bytes - size))
+                if not chunk:
+                    break
+                size += len(chunk)
+        finally:
+            conn.close()
+        started = phases.pop("started")
+        phases["total_ms"] = (time.perf_counter() - started) * 1000
+        sample = {k: round(v, 2) for k, v in phases.items()}
+        sample.update(status=response.status, bytes=size)
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+        sample["error"] = network_error(exc)
+    return sample
+
+
+VANTAGE_PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "total_ms")
+
+
+def vantage_record(url: str, samples: list[dict]) -> dict:
+    answered = [s for s in samples if "status" in s]
+    metrics: dict = {"repeats": len(samples), "failures": len(samples) - len(answered)}
+    for phase in VANTAGE_PHASES:
+        values = [s[phase] for s in answered if phase in s]
+        if values:
+            metrics[phase] = round(statistics.median(values), 2)
+    if answered:
+        metrics["p95_ms"] = percentile([s["total_ms"] for s in answered], 95)
+        metrics["status"] = answered[-1]["status"]
+        metrics["bytes"] = answered[-1]["bytes"]
+    errors = [s["error"] for s in samples if "error" in s]
+    error = f"{url}: {errors[0]}" if errors else None
+    return {"ok": not errors, "metrics": metrics,
+            "fields": {"url": url, "samples": samples, "error": error}}
+
+
+def wl_vantage(runtime: Runtime, ctx: JobContext) -> dict:
+    urls = [check_url(u, "params.urls") for u in strings_param(ctx.params, "urls", 1, 50,
+                                                                  "URLs")]
+    plan = {"urls": urls, "repeats": int_param(ctx.params, "repeats", 3, 1, 100),
+            "timeout_s": number_param(ctx.params, "timeout_s", 10, 0.1, 120),
+            "max_bytes": int_param(ctx.params, "max_bytes", 10 << 20, 0, 1 << 30)}
+    allow_private = bool(getattr(runtime.cfg, "allow_private_urls", False))
+
+    def work(number: int, url: str) -> dict:
+        samples = []
+        for _ in range(plan["repeats"]):
+            ctx.check()
+            samples.append(measure_url(url, plan["timeout_s"], allow_private,
+                                       plan["max_bytes"]))
+        return vantage_record(url, samples)
+
+    records, handback = run_items(ctx, plan, urls, work)
+    if handback is not None:
+        return handback
+    answered = [r for r in records if r["ok"]]
+    metrics = {"urls": len(records), "urls_ok": len(answered)}
+    total = [r["metrics"]["total_ms"] for r in answered if "total_ms" in r["metrics"]]
+    if total:
+        metrics["total_ms"] = round(statistics.median(total), 2)
+    return items_final(records, metrics, [], noun="URLs")
+
+
+# dataset-prep
+
+
+SPLIT_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+def parse_split(value: object) -> list[tuple[str, float]]:
+    """'train:80,val:10,test:10' -> [(name, weight), ...]; names are safe artifact names."""
+    what = ("params.split must look like train:80,test:20 (names of lower-case letters, "
+            f"digits, _ and -; positive weights); the job gave {shown(value)}")
+    if not isinstance(value, str):
+        raise Refusal(what)
+    splits = []
+    for part in value.split(","):
+        name, _, weight = part.strip().partition(":")
+        try:
+            number = float(weight)
+        except ValueError:
+            raise Refusal(what) from None
+        if not SPLIT_NAME.match(name) or not 0 < number < 1e9 or name in dict(splits):
+            raise Refusal(what)
+        splits.append((name, number))
+    if not 1 <= len(splits) <= 10:
+        raise Refusal(what)
+    return splits
+
+
+def split_counts(total: int, weights: list[float]) -> list[int]:
+    """Whole counts in proportion to the weights, summing to total (largest remainder)."""
+    exact = [total * w / sum(weights) for w in weights]
+    counts = [int(x) for x in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: -(exact[i] - counts[i]))
+    for index in by_remainder[:total - sum(counts)]:
+        counts[index] += 1
+    return counts
+
+
+def fetch_url(ctx: JobContext, url: str, dest: str, max_bytes: int, allow_private: bool) -> str:
+    """Download `url` (following up to 5 redirects, each checked again) to dest; its SHA-256."""
+    for _ in range(MAX_REDIRECTS + 1):
+        try:
+            conn, response, _ = open_timed(url, 60.0, allow_private)
+        except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+            raise Refusal(f"params.source {url} could not be fetched: {network_error(exc)}") \
+                from None
+        try:
+            location = response.getheader("location")
+            if response.status in (301, 302, 303, 307, 308) and location:
+                url = check_url(urllib.parse.urljoin(url, location), "a redirect")
+                continue
+            if response.status != 200:
+                raise Refusal(f"params.source {url} answered HTTP {response.status}")
+            return stream_to_file(ctx, response, dest, max_bytes, url)
+        finally:
+            conn.close()
+    raise Refusal(f"params.source {url} redirects more than {MAX_REDIRECTS} times")
+
+
+def stream_to_file(ctx: JobContext, response, dest: str, max_bytes: int, url: str) -> str:
+    digest, size = hashlib.sha256(), 0
+    with open(dest, "wb") as out:
+        for chunk in iter(lambda: response.read(DOWNLOAD_CHUNK), b""):
+            ctx.check()
+            size += len(chunk)
+            if size > max_bytes:
+                raise Refusal(f"params.source {url} is larger than params.max_bytes "
+                              f"({max_bytes} bytes)")
+            digest.update(chunk)
+            out.write(chunk)
+    return digest.hexdigest()
+
+
+def index_lines(path: str, limit: int, fmt: str) -> tuple[array.array, array.array]:
+    """Offsets and lengths of the first `limit` non-blank lines (checked as JSON for jsonl).
+
+    Two arrays of integers rather than the lines, so a million-record dataset costs 16 MB.
+    """
+    offsets, lengths = array.array("q"), array.array("q")
+    with open(path, "rb") as fh:
+        position, number = 0, 0
+        while len(offsets) < limit:
+            raw = fh.readline(MAX_ITEM_BYTES + 1)
+            number += 1
+            if not raw:
+                break
+            if len(raw) > MAX_ITEM_BYTES:
+                raise Refusal(f"the source's line {number} is longer than {MAX_ITEM_BYTES} bytes")
+            line = raw.rstrip(b"\r\n")
+            if line.strip():
+                if fmt == "jsonl":
+                    try:
+                        json.loads(line.decode("utf-8"))
+                    except (ValueError, RecursionError):
+                        raise Refusal(f"the source's line {number} is not valid JSON (use "
+                                      "params.format lines for plain text)") from None
+                offsets.append(position)
+                lengths.append(len(line))
+            position += len(raw)
+    if not offsets:
+        raise Refusal("the source holds no records")
+    return offsets, lengths
+
+
+def write_split(source: str, dest: str, order: list[int], offsets: array.array,
+                lengths: array.array) -> int:
+    size = 0
+    with open(source, "rb") as src, open(dest, "wb") as out:
+        for index in order:
+            src.seek(offsets[index])
+            out.write(src.read(lengths[index]) + b"\n")
+            size += lengths[index] + 1
+    return size
+
+
+def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: int
+                   ) -> tuple[str, str]:
+    """(local path, SHA-256) of params.source: an artifact by hash, or an http(s) URL."""
+    if HEX64.match(source.lower()):
+        path = ctx.fetch(source.lower())
+        return path, source.lower()
+    check_url(source, "params.source")
+    path = os.path.join(ctx.workdir, "source")
+    allow = bool(getattr(runtime.cfg, "allow_private_urls", False))
+    return path, fetch_url(ctx, source, path, max_bytes, allow)
+
+
+def wl_dataset_prep(runtime: Runtime, ctx: JobContext) -> dict:
+    params = ctx.params
+    source = params.get("source")
+    if not isinstance(source, str) or not (HEX64.match(source.lower()) or URL_CHARS.match(
+            source)):
+        raise Refusal("params.source must be an artifact's SHA-256 or an http(s) URL; the job "
+                      f"gave {shown(source)}")
+    splits = parse_split(params.get("split", "train:90,test:10"))
+    max_items = int_param(params, "max_items", 100_000, 1, 1_000_000)
+    fmt = text_param(params, "format", "jsonl", re.compile(r"^(jsonl|lines)$"), "jsonl or lines")
+    seed = int_param(params, "seed", 0, 0, 2**31)
+    max_bytes = int_param(params, "max_bytes", 1 << 30, 1, 64 << 30)
+    path, source_sha = dataset_source(ctx, runtime, source, max_bytes)
+    offsets, lengths = index_lines(path, max_items, fmt)
+    order = list(range(len(offsets)))
+    random.Random(seed).shuffle(order)  # noqa: S311 - a reproducible split, not a secret
+    counts = split_counts(len(order), [w for _, w in splits])
+    artifacts, summary, start = [], {}, 0
+    for number, ((name, _), count) in enumerate(zip(splits, counts), 1):  # noqa: B905
+        ctx.check()
+        part = sorted(order[start:start + count])  # keep the source's order inside a split
+        start += count
+        dest = os.path.join(ctx.workdir, f"split-{number}")
+        size = write_split(path, dest, part, offsets, lengths)
+        sha = upload_file(ctx, dest, f"{name}.{fmt}")
+        artifacts.append(sha)
+        summary[name] = {"items": count, "sha256": sha, "bytes": size}
+        ctx.post(ctx.row(number, True, {"items": count, "size_mb": round(size / 2**20, 3)},
+                         split=name, sha256=sha, artifacts=[sha]))
+    metrics = {"items": len(order), "splits": len(splits)}
+    return final(True, None, metrics, artifacts, splits=summary, source_sha256=source_sha)
+
+
+# --- model-convert: llama.cpp's converter and quantizer, each result an artifact ---
+
+QUANT_NAME = re.compile(r"^[A-Za-z0-9_]{1,24}$")
+CONVERT_OUTTYPES = ("f32", "f16", "bf16", "q8_0")  # what convert_hf_to_gguf.py writes itself
+GGUF_MAGIC = b"GGUF"
+MODEL_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def convert_plan(ctx: JobContext) -> dict:
+    params = ctx.params
+    if ctx.spec.get("backend") not in (None, "llama.cpp"):
+        raise Refusal("refused: this agent converts models with llama.cpp's tools, not with "
+                      f"the backend {shown(ctx.spec.get('backend'))}")
+    formats = strings_param(params, "formats", 1, 10, "output formats") \
+        if "formats" in params else ["gguf"]
+    unknown = [f for f in formats if f.lower() != "gguf"]
+    if unknown:
+        raise Refusal("this agent converts to gguf only (with llama.cpp's tools); the job asks "
+                      "for {}".format(", ".join(shown(f) for f in unknown)))
+    quant = text_param(params, "quant", "f16", re.compile(r"^[A-Za-z0-9_, ]{1,200}$"),
+                       "a quantization type such as Q4_K_M, or several separated by commas")
+    types = [q.strip() for q in quant.split(",") if q.strip()]
+    if not types or not all(QUANT_NAME.match(q) for q in types):
+        raise Refusal(f"params.quant must name quantization types such as Q4_K_M; the job gave "
+                      f"{shown(quant)}")
+    return {"input_sha256": sha_param(params, "input_sha256"),
+            "outputs": [f"gguf:{q}" for q in dict.fromkeys(types)]}
+
+
+def hf_directory(ctx: JobContext, archive: str) -> str:
+    """Unpack a Hugging Face checkpoint (a zip of its folder) and find the config.json."""
+    unpacked = os.path.join(ctx.workdir, "hf")
+    os.makedirs(unpacked)
+    if not zipfile.is_zipfile(archive):
+        raise Refusal("params.input_sha256 must name a GGUF file or a zip of a Hugging Face "
+                      "model folder")
+    safe_unzip(archive, unpacked)
+    for current, dirs, files in os.walk(unpacked):
+        dirs.sort()
+        if "config.json" in files:
+            return current
+    raise Refusal("the model archive holds no config.json, so it is not a Hugging Face model")
+
+
+def convert_argv(runtime: Runtime, source: str, outfile: str, outtype: str) -> list[str]:
+    script = runtime.tools.get("llama-convert")
+    if not script:
+        raise Refusal("the input is a Hugging Face model and this agent has no "
+                      "convert_hf_to_gguf.py (--llama-convert or FLEET_LLAMA_CONVERT)")
+    head = [script] if os.access(script, os.X_OK) else [sys.executable, script]
+    return [*head, source, "--outfile", outfile, "--outtype", outtype]
+
+
+def base_gguf(runtime: Runtime, ctx: JobContext, plan: dict) -> tuple[str, dict | None]:
+    """The GGUF to quantize from: the input itself, or the input converted (and its row)."""
+    model = ctx.fetch(plan["input_sha256"])
+    with open(model, "rb") as fh:
+        if fh.read(4) == GGUF_MAGIC:
+            return model, None
+    outfile = os.path.join(ctx.workdir, "base-f16.gguf")
+    argv = convert_argv(runtime, hf_directory(ctx, model), outfile, "f16")
+    try:
+        _, _, wall_ms = tool_output(ctx, argv, "convert", timeout=6 * 3600)
+    except ItemError as exc:
+        raise Refusal(f"the conversion to GGUF failed: {exc}") from None
+    return outfile, {"duration_ms": round(wall_ms, 1),
+                     "size_mb": round(os.path.getsize(outfile) / 2**20, 3)}
+
+
+def quantize(runtime: Runtime, ctx: JobContext, base: str, quant: str) -> tuple[str, float]:
+    """The model in `quant` (a path) and the ms it took; f16 from the converter is kept."""
+    if quant.lower() == "f16" and base.endswith("base-f16.gguf"):
+        return base, 0.0
+    tool = runtime.tools.get("llama-quantize")
+    if not tool:
+        raise ItemError("this agent has no llama-quantize (--llama-quantize or "
+                        "FLEET_LLAMA_QUANTIZE)")
+    out = os.path.join(ctx.workdir, "out-" + quant.upper() + ".gguf")
+    _, _, wall_ms = tool_output(ctx, [tool, base, out, quant.upper()], "quantize-" + quant,
+                                timeout=6 * 3600)
+    if not os.path.isfile(out):
+        raise ItemError(f"llama-quantize wrote no {quant} file")
+    return out, wall_ms
+
+
+def wl_model_convert(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = convert_plan(ctx)
+    model = ctx.spec.get("model") if isinstance(ctx.spec.get("model"), dict) else {}
+    stem = MODEL_NAME.sub("-", str(model.get("name") or "model"))[:80].strip("-.") or "model"
+    base, converted = base_gguf(runtime, ctx, plan)
+
+    def work(number: int, output: str) -> dict:
+        quant = output.split(":", 1)[1]
+        try:
+            path, wall_ms = quantize(runtime, ctx, base, quant)
+        except ItemError as exc:
+            return {"ok": False, "metrics": {}, "fields": {"quant": quant, "error": str(exc)}}
+        size = os.path.getsize(path)
+        sha = upload_file(ctx, path, f"{stem}-{quant.upper()}.gguf")
+        if path != base:
+            os.unlink(path)
+        return {"ok": True, "metrics": {"duration_ms": round(wall_ms, 1), "bytes": size,
+                                        "size_mb": round(size / 2**20, 3)},
+                "fields": {"format": "gguf", "quant": quant, "sha256": sha, "artifacts": [sha]}}
+
+    records, handback = run_items(ctx, plan, plan["outputs"], work)
+    if handback is not None:
+        return handback
+    artifacts = [r["fields"]["sha256"] for r in records if r["ok"]]
+    metrics = {"outputs": len(artifacts)}
+    if converted:
+        metrics.update(convert_ms=converted["duration_ms"], converted_mb=converted["size_mb"])
+    outputs = {r["fields"]["quant"]: r["fields"]["sha256"] for r in records if r["ok"]}
+    return items_final(records, metrics, artifacts, noun="outputs", outputs=outputs)
+
+
+# --- serve: the backend's HTTP server on bind:port for as long as the lease is renewed ---
+
+LLAMA_REQUEST = re.compile(rb"request:\s+(GET|POST|PUT|DELETE|OPTIONS|HEAD)\s+(\S+)\s+\S+\s+"
+                           rb"(\d{3})")
+QUIET_PATHS = (b"/health", b"/metrics", b"/slots", b"/props")  # probes, not requests served
+SERVE_BODY_LIMIT = 1 << 20
+
+
+def serve_address(ctx: JobContext) -> tuple[str, int]:
+    bind = ctx.params.get("bind", "127.0.0.1")
+    if bind == "localhost":
+        bind = "127.0.0.1"
+    try:
+        ipaddress.ip_address(bind)
+    except ValueError:
+        raise Refusal(f"params.bind must be an IP address such as 127.0.0.1 or 0.0.0.0; the job "
+                      f"gave {shown(bind)}") from None
+    return str(bind), int_param(ctx.params, "port", 8080, 1, 65535)
+
+
+def probe_host(bind: str) -> str:
+    """Where this machine reaches a server bound to `bind` (every interface: the loopback)."""
+    if bind == "0.0.0.0":
+        return "127.0.0.1"
+    if bind == "::":
+        return "[::1]"
+    return f"[{bind}]" if ":" in bind else bind
+
+
+class ServeCounter:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests = 0
+        self.errors = 0
+        self.tokens = 0
+
+    def add(self, ok: bool, tokens: int = 0) -> None:
+        """A request answered (ok) or refused; served counts only the answered ones."""
+        with self.lock:
+            self.requests += 1 if ok else 0
+            self.errors += 0 if ok else 1
+            self.tokens += tokens
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            return {"requests_served": self.requests, "request_errors": self.errors,
+                    "tokens_generated": self.tokens}
+
+
+def synthetic_reply(path: str, body: object, max_tokens: int, check) -> tuple[dict, int]:
+    """A llama.cpp-style /completion or an OpenAI-style /v1/completions answer, synthetic."""
+    if not isinstance(body, dict) or not isinstance(body.get("prompt"), str):
+        raise ValueError("the body must be a JSON object with a prompt string")
+    wanted = body.get("n_predict", body.get("max_tokens", 16))
+    if isinstance(wanted, bool) or not isinstance(wanted, int) or not 1 <= wanted <= max_tokens:
+        raise ValueError(f"n_predict or max_tokens must be 1 to {max_tokens}")
+    result = synthetic_generate(body["prompt"], wanted, check)
+    metrics = result["metrics"]
+    if path == "/completion":
+        return {"content": result["text"], "tokens_predicted": wanted,
+                "timings": {"prompt_per_second": metrics.get("prefill_tok_s"),
+                            "predicted_per_second": metrics.get("decode_tok_s")}}, wanted
+    return {"object": "text_completion", "model": "synthetic",
+            "choices": [{"index": 0, "text": result["text"], "finish_reason": "length"}],
+            "usage": {"prompt_tokens": metrics["prompt_tokens"], "completion_tokens": wanted,
+                      "total_tokens": metrics["prompt_tokens"] + wanted}}, wanted
+
+
+def synthetic_post(path: str, length_header: str | None, read, max_tokens: int,
+                   counter: ServeCounter, check) -> tuple[int, dict]:
+    """(status, JSON body) answering one POST to the synthetic server."""
+    if path not in ("/completion", "/v1/completions"):
+        return 404, {"error": "unknown path"}
+    length = _int_or_none(length_header) or 0
+    if not 0 < length <= SERVE_BODY_LIMIT:
+        counter.add(False)
+        return (413 if length else 411), {"error": "send a JSON body up to 1 MiB"}
+    try:
+        reply, tokens = synthetic_reply(path, json.loads(read(length)), max_tokens, check)
+    except (ValueError, RecursionError) as exc:
+        counter.add(False)
+        return 400, {"error": str(exc)}
+    except Stopped:
+        return 503, {"error": "the server is stopping"}
+    counter.add(True, tokens)
+    return 200, reply
+
+
+def synthetic_server(bind: str, port: int, max_tokens: int, counter: ServeCounter, check):
+    """A stdlib HTTP server answering completions with the synthetic loop."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        server_version = "fleet-agent-synthetic/" + AGENT_VERSION
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def answer(self, status: int, value: object) -> None:
+            data = json.dumps(value).encode("utf-8")
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            healthy = self.path.split("?", 1)[0] == "/health"
+            self.answer(*((200, {"status": "ok"}) if healthy else (404, {"error": "unknown path"})))
+
+        def do_POST(self) -> None:
+            self.answer(*synthetic_post(self.path.split("?", 1)[0],
+                                        self.headers.get("content-length"), self.rfile.read,
+                                        max_tokens, counter, check))
+
+    class Server(http.server.ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        daemon_threads = True
+
+    return Server((bind, port), Handler)
+
+
+def wait_ready(ctx: JobContext, url: str, proc: subprocess.Popen | None, startup_s: float,
+               log_path: str | None) -> None:
+    """Until GET url answers 200; a server process that exits first fails the job."""
+    deadline = time.monotonic() + startup_s
+    while time.monotonic() < deadline:
+        ctx.check()
+        if proc is not None and proc.poll() is not None:
+            said = read_tail(log_path, 2000).decode("utf-8", "replace") if log_path else ""
+            raise Refusal(f"the server exited with status {proc.returncode} before it was "
+                          f"ready: {tail(said, 200)}")
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError), \
+                _OPENER.open(url, timeout=2) as response:
+            if response.status == 200:
+                return
+        ctx.stop.wait(0.2)
+    raise Refusal(f"the server did not answer {url} within {startup_s:g} s")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+
+
+class LlamaServerLog:
+    """Requests served, counted from the `request: POST /completion ... 200` lines it logs."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.offset = 0
+        self.counter = ServeCounter()
+
+    def snapshot(self) -> dict:
+        with open(self.path, "rb") as fh:
+            fh.seek(self.offset)
+            data = fh.read()
+        complete = data.rfind(b"\n") + 1  # a half-written line waits for the next look
+        self.offset += complete
+        for match in LLAMA_REQUEST.finditer(data[:complete]):
+            if match.group(2).split(b"?")[0] not in QUIET_PATHS:
+                self.counter.add(int(match.group(3)) < 400)
+        return self.counter.snapshot()
+
+
+def serve_loop(ctx: JobContext, snapshot, alive, report_s: float, duration: float | None,
+               started: float) -> str:
+    """Report rows every report_s until the duration ends, the server dies or the job stops."""
+    number = 1
+    next_report = started + report_s
+    while not ctx.stop.wait(0.25):
+        problem = alive()
+        if problem:
+            raise Refusal(problem)
+        now = time.monotonic()
+        if duration is not None and now - started >= duration:
+            return "duration_s reached"
+        if now >= next_report and number < MAX_ROWS:
+            number += 1
+            next_report += report_s
+            ctx.post(ctx.row(number, True, dict(snapshot(), uptime_s=round(now - started, 1))))
+    raise Stopped(ctx.reason)
+
+
+def serve_options(ctx: JobContext) -> dict:
+    params = ctx.params
+    return {"report_s": number_param(params, "report_s", 60, 1, 3600),
+            "startup_s": number_param(params, "startup_s", 300, 1, 3600),
+            "duration_s": number_param(params, "duration_s", 0, 1, 30 * 86400)
+            if "duration_s" in params else None,
+            "max_tokens": int_param(params, "max_tokens", 512, 1, 8192)}
+
+
+def wl_serve(runtime: Runtime, ctx: JobContext) -> dict:
+    backend = job_backend(runtime, ctx)
+    bind, port = serve_address(ctx)
+    options = serve_options(ctx)
+    if backend == "synthetic":
+        return serve_synthetic(ctx, bind, port, options)
+    return serve_llama(runtime, ctx, bind, port, options)
+
+
+def served(ctx: JobContext, bind: str, port: int, started: float, figures: dict,
+           ended: str) -> dict:
+    metrics = dict(figures, uptime_s=round(time.monotonic() - started, 1))
+    # Cancelling is how a person ends a server: what it served is still the outcome.
+    return final(True, None, metrics, ended=ended, address=f"{bind}:{port}")
+
+
+def serve_synthetic(ctx: JobContext, bind: str, port: int, options: dict) -> dict:
+    counter = ServeCounter()
+    try:
+        server = synthetic_server(bind, port, options["max_tokens"], counter, ctx.check)
+    except OSError as exc:
+        raise Refusal(f"could not listen on {bind}:{port}: {exc.strerror or exc}") from None
+    thread = threading.Thread(target=server.serve_forever, name="serve-" + ctx.job_id,
+                              daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        ctx.post(ctx.row(1, True, {"load_ms": 0.0}, address=f"{bind}:{port}", phase="ready"))
+        ended = serve_loop(ctx, counter.snapshot, lambda: None, options["report_s"],
+                           options["duration_s"], started)
+    except Stopped:
+        if ctx.handback:
+            raise
+        ended = ctx.reason
+    finally:
+        server.shutdown()
+        server.server_close()
+    return served(ctx, bind, port, started, counter.snapshot(), ended)
+
+
+def serve_llama(runtime: Runtime, ctx: JobContext, bind: str, port: int,
+                options: dict) -> dict:
+    model = model_file(ctx, "the llama.cpp server")
+    log_path = os.path.join(ctx.workdir, "llama-server.log")
+    argv = [runtime.tools["llama-server"], "-m", model, "--host", bind, "--port", str(port)]
+    if "ctx_size" in ctx.params:
+        argv += ["-c", str(int_param(ctx.params, "ctx_size", 4096, 128, 1 << 20))]
+    started = time.monotonic()
+    with open(log_path, "wb") as out:
+        try:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            raise Refusal(f"could not start llama-server: {exc}") from None
+    requests = LlamaServerLog(log_path)
+    try:
+        wait_ready(ctx, f"http://{probe_host(bind)}:{port}/health", proc, options["startup_s"],
+                   log_path)
+        ctx.post(ctx.row(1, True, {"load_ms": round((time.monotonic() - started) * 1000, 1)},
+                         address=f"{bind}:{port}", phase="ready"))
+
+        def alive() -> str | None:
+            code = proc.poll()
+            return None if code is None else f"llama-server exited with status {code}: " + tail(
+                read_tail(log_path, 2000).decode("utf-8", "replace"), 200)
+        ended = serve_loop(ctx, requests.snapshot, alive, options["report_s"],
+                           options["duration_s"], started)
+    except Stopped:
+        if ctx.handback:
+            raise
+        ended = ctx.reason
+    finally:
+        stop_process(proc)
+    return served(ctx, bind, port, started, requests.snapshot(), ended)
+
+
+# --- build: clone a repository at a ref, run a toolchain's task, publish the built app ---
+#
+# A build runs the repository's own code (a Makefile, a build.gradle), so, like a shell script,
+# it needs its owner's consent: the agent builds only repositories listed in --build-repos
+# (default STATE/build-repos; exact URLs, or prefixes ending in "/"). With none listed, or no
+# git, no build capability is declared. The job's task is plain words (targets, subcommands)
+# plus a few known flags per toolchain, so it cannot pass an option that runs a command.
+
+BUILD_TOOLCHAINS = {  # kind -> (tool key, default task, flags a task may use)
+    "make": ("make", "", ()),
+    "cmake": ("cmake", "", ("--target", "--config")),
+    "gradle": ("gradle", "assemble", ("--offline", "--stacktrace", "--no-daemon")),
+    "xcodebuild": ("xcodebuild", "build", ("-scheme", "-configuration", "-sdk", "-destination",
+                                           "-project", "-workspace", "-target", "-arch")),
+    "npm": ("npm", "build", ()),
+    "cargo": ("cargo", "build --release", ("--release", "--locked", "--offline", "--workspace",
+                                          "--all-features", "--features", "--bin", "--package",
+                                          "--target", "--example", "-p")),
+    "go": ("go", "build ./...", ("-trimpath", "-v", "-o", "-tags")),
+}
+TASK_WORD = re.compile(r"^[A-Za-z0-9_@][A-Za-z0-9_.:/+@,-]*$")
+FLAG_VALUE = re.compile(r"^[A-Za-z0-9_@][A-Za-z0-9_.:/+@,= -]*$")
+GIT_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,199}$")
+APP_PATH = re.compile(r"^[A-Za-z0-9_*?][A-Za-z0-9_.*?/+@ -]{0,299}$")
+SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_~][^:\s]*$")
+BUILD_LOG_TAIL = 2000
+
+
+def check_repo(value: object) -> str:
+    """https://, ssh://, git@host:path, file:// or an absolute path; never an option or a
+    transport helper (ext::, fd::), never a '..' that could climb out of an allowed prefix."""
+    if not isinstance(value, str) or not value or len(value) > 1000 or value.startswith("-") \
+            or any(c.isspace() or ord(c) < 32 for c in value):
+        raise Refusal(f"params.repo must be a repository URL or path; the job gave "
+                      f"{shown(value)}")
+    lowered = value.lower()
+    if "::" in value or ".." in value or "%2e" in lowered:
+        raise Refusal(f"params.repo {shown(value)} may not use a transport helper (::) or '..'")
+    if not (lowered.startswith(("https://", "ssh://", "file:///")) or SCP_LIKE.match(value)
+            or value.startswith("/")):
+        raise Refusal(f"params.repo must be an https://, ssh://, git@host:path or file:// URL, "
+                      f"or an absolute local path; the job gave {shown(value)}")
+    return value
+
+
+def build_repos_path(cfg: argparse.Namespace, state_dir: str) -> str:
+    return getattr(cfg, "build_repos", None) or os.path.join(state_dir, "build-repos")
+
+
+def load_build_repos(path: str) -> list[str]:
+    """Repositories this machine's owner lets jobs build: one per line, # comments."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return []
+    allowed = []
+    for number, line in enumerate(lines, 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            allowed.append(check_repo(entry))
+        except Refusal:
+            log.warning("%s line %d is not a repository URL or path; ignored", path, number)
+    return allowed
+
+
+def repo_allowed(repo: str, allowed: list[str]) -> bool:
+    return any(repo == entry or (entry.endswith("/") and repo.startswith(entry))
+               for entry in allowed)
+
+
+def build_task(kind: str, task: object) -> list[str]:
+    _, default, flags = BUILD_TOOLCHAINS[kind]
+    if task is None:
+        task = default
+    if not isinstance(task, str):
+        raise Refusal(f"params.task must be a string such as {default or 'all'}")
+    try:
+        words = shlex.split(task)
+    except ValueError:
+        raise Refusal(f"params.task {shown(task)} has an unbalanced quote") from None
+    for index, word in enumerate(words):
+        after_flag = index > 0 and words[index - 1] in flags and not word.startswith("-")
+        if word in flags or (after_flag and FLAG_VALUE.match(word)) or (
+                TASK_WORD.match(word) and ".." not in word):
+            continue
+        raise Refusal(f"params.task may hold targets and the {kind} flags "
+                      f"{', '.join(flags) or '(none)'}; {shown(word)} is neither")
+    return words
+
+
+def build_commands(kind: str, tool: str, task: list[str], checkout: str) -> list[list[str]]:
+    if kind == "cmake":
+        return [[tool, "-S", ".", "-B", "build"], [tool, "--build", "build", *task]]
+    if kind == "npm":
+        install = "ci" if os.path.exists(os.path.join(checkout, "package-lock.json")) \
+            else "install"
+        return [[tool, install], [tool, "run", *task]]
+    if kind == "gradle" and os.access(os.path.join(checkout, "gradlew"), os.X_OK):
+        return [[os.path.join(checkout, "gradlew"), *task]]  # the project's pinned Gradle
+    return [[tool, *task]]
+
+
+def build_kind(runtime: Runtime, ctx: JobContext) -> str:
+    """The toolchain: the job's backend (how the queue matched it) and params.kind agree."""
+    backend, kind = ctx.spec.get("backend"), ctx.params.get("kind")
+    kind = kind if kind is not None else backend
+    if backend is not None and kind != backend:
+        raise Refusal(f"params.kind {shown(kind)} and backend {shown(backend)} name different "
+                      "toolchains")
+    if kind not in BUILD_TOOLCHAINS:
+        raise Refusal("params.kind must be one of {}; the job gave {}".format(
+            ", ".join(BUILD_TOOLCHAINS), shown(kind)))
+    if f"build:{kind}" not in runtime.capabilities():
+        raise Refusal(f"refused: this agent does not declare build:{kind} (no {kind} on PATH, "
+                      "no git, or no repository in its --build-repos list)")
+    return str(kind)
+
+
+def check_app_path(value: object) -> str:
+    if not isinstance(value, str) or not APP_PATH.match(value) or ".." in value.split("/"):
+        raise Refusal("params.app must be the path (a glob allowed) of the built app inside "
+                      f"the repository, e.g. build/outputs/app.apk; the job gave {shown(value)}")
+    return value
+
+
+def publish_headers(runtime: Runtime, ctx: JobContext, commit: str) -> dict:
+    """x-artifact-* headers from the job's app object; without app.name, no publish."""
+    app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
+    if not app.get("name"):
+        return {}
+    values = {"x-artifact-app": app.get("name"), "x-artifact-build": app.get("build") or
+              commit[:12], "x-artifact-platform": app.get("platform") or
+              runtime.descriptor.get("platform")}
+    headers = {}
+    for header, value in values.items():
+        if value is None:
+            continue
+        if not isinstance(value, str) or not (value.isascii() and value.isprintable()) \
+                or len(value) > 200:
+            raise Refusal(f"app fields must be printable ASCII of at most 200 characters for "
+                          f"{header}; the job gave {shown(value)}")
+        headers[header] = value
+    return headers
+
+
+def git_env() -> dict:
+    # No prompts (a job must not hang on a password), and only these transports, submodules too.
+    return dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_ALLOW_PROTOCOL="https:ssh:file",
+                GCM_INTERACTIVE="never")
+
+
+def git(runtime: Runtime, ctx: JobContext, args: list[str], timeout: float) -> str:
+    argv = [runtime.tools["git"], *args]
+    result = run_cmd(argv, timeout=timeout, env=git_env(), cwd=ctx.workdir)
+    ctx.check()
+    if not result.ok:
+        raise Refusal("git {} failed: {}".format(args[0] if args[0] != "-C" else args[2],
+                                                 tail(result.err or result.out, 300)))
+    return result.out.strip()
+
+
+def checkout_ref(runtime: Runtime, ctx: JobContext, repo: str, ref: str, dest: str,
+                 timeout: float) -> str:
+    """Clone `repo` into dest and check out `ref` (branch, tag or commit); its commit hash."""
+    git(runtime, ctx, ["clone", "--quiet", "--no-checkout", "--", repo, dest], timeout)
+    for candidate in (ref, "origin/" + ref):
+        result = run_cmd([runtime.tools["git"], "-C", dest, "rev-parse", "--verify", "--quiet",
+                          candidate + "^{commit}"], timeout=60, env=git_env())
+        if result.ok and re.match(r"^[0-9a-f]{40,64}$", result.out.strip()):
+            commit = result.out.strip()
+            git(runtime, ctx, ["-C", dest, "checkout", "--quiet", "--detach", commit], timeout)
+            return commit
+    raise Refusal(f"params.ref {shown(ref)} is not a branch, tag or commit of {repo}")
+
+
+def find_build_output(ctx: JobContext, checkout: str, pattern: str) -> str:
+    """The one file (or folder, zipped) params.app names inside the checkout."""
+    root = os.path.realpath(checkout)
+    matches = [m for m in sorted(glob.glob(os.path.join(root, pattern)))
+               if os.path.realpath(m).startswith(root + os.sep)]
+    if not matches:
+        raise Refusal(f"the build produced nothing at params.app {shown(pattern)}")
+    if len(matches) > 1:
+        names = ", ".join(os.path.relpath(m, root) for m in matches[:5])
+        raise Refusal(f"params.app {shown(pattern)} matches {len(matches)} paths ({names}); "
+                      "name one")
+    found = matches[0]
+    if not os.path.isdir(found):
+        return found
+    archive = os.path.join(ctx.workdir, os.path.basename(found) + ".zip")
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for current, dirs, files in os.walk(found):  # symlinks are left out: they could
+            dirs.sort()                              # point at this machine's own files
+            for name in sorted(files):
+                path = os.path.join(current, name)
+                if not os.path.islink(path):
+                    bundle.write(path, os.path.relpath(path, os.path.dirname(found)))
+    return archive
+
+
+def run_build(ctx: JobContext, commands: list[list[str]], checkout: str, timeout: float
+              ) -> tuple[int | None, float, str]:
+    """Each command in turn, output into one log; (exit code of the last, wall ms, log path)."""
+    log_path = os.path.join(ctx.workdir, "build.log")
+    started, code = time.monotonic(), 0
+    for argv in commands:
+        part = log_path + ".part"
+        left = timeout - (time.monotonic() - started)
+        code, _, _ = run_watched(argv, ctx, max(left, 1.0), part, cwd=checkout)
+        with open(log_path, "ab") as out, open(part, "rb") as src:
+            out.write(("$ " + " ".join(shlex.quote(a) for a in argv) + "\n").encode())
+            shutil.copyfileobj(src, out)
+        ctx.check()
+        if code != 0:
+            break
+    return code, (time.monotonic() - started) * 1000, log_path
+
+
+def build_plan(runtime: Runtime, ctx: JobContext) -> dict:
+    kind = build_kind(runtime, ctx)
+    repo = check_repo(ctx.params.get("repo"))
+    if not repo_allowed(repo, load_build_repos(build_repos_path(runtime.cfg, runtime.state_dir))):
+        raise Refusal(f"refused: {repo} is not in this machine's --build-repos list; its owner "
+                      "must add it there first")
+    ref = ctx.params.get("ref", "HEAD")
+    if not isinstance(ref, str) or not GIT_REF.match(ref) or ".." in ref:
+        raise Refusal(f"params.ref must be a branch, tag or commit name; the job gave "
+                      f"{shown(ref)}")
+    return {"kind": kind, "repo": repo, "ref": ref,
+            "task": build_task(kind, ctx.params.get("task")),
+            "app": check_app_path(ctx.params.get("app")),
+            "timeout_s": int_param(ctx.params, "timeout_s", 3600, 1, 86400)}
+
+
+def wl_build(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = build_plan(runtime, ctx)
+    checkout = os.path.join(ctx.workdir, "src")
+    started = time.monotonic()
+    commit = checkout_ref(runtime, ctx, plan["repo"], plan["ref"], checkout, plan["timeout_s"])
+    clone_ms = round((time.monotonic() - started) * 1000, 1)
+    headers = publish_headers(runtime, ctx, commit)
+    ctx.post(ctx.row(1, True, {"duration_ms": clone_ms}, phase="clone", commit=commit))
+    tool = runtime.tools[BUILD_TOOLCHAINS[plan["kind"]][0]]
+    commands = build_commands(plan["kind"], tool, plan["task"], checkout)
+    code, build_ms, log_path = run_build(ctx, commands, checkout, plan["timeout_s"])
+    log_tail = tail(read_tail(log_path, 64 << 10).decode("utf-8", "replace"), BUILD_LOG_TAIL)
+    log_sha = upload_file(ctx, log_path, f"build-{ctx.job_id}.log")
+    error = None if code == 0 else (f"the {plan['kind']} build exited with status {code}"
+                                    if code is not None else "the build was stopped after the "
+                                    f"{plan['timeout_s']} s timeout")
+    metrics = {"clone_ms": clone_ms, "build_ms": round(build_ms, 1)}
+    ctx.post(ctx.row(2, code == 0, {"duration_ms": metrics["build_ms"]}, phase="build",
+                     error=error, log_tail=log_tail, artifacts=[log_sha]))
+    if error:
+        return final(False, error, metrics, [log_sha], commit=commit, log_tail=log_tail)
+    output = find_build_output(ctx, checkout, plan["app"])
+    metrics["size_mb"] = round(os.path.getsize(output) / 2**20, 3)
+    app_sha = upload_file(ctx, output, os.path.basename(output), headers)
+    ctx.post(ctx.row(3, True, {"size_mb": metrics["size_mb"]}, phase="artifact",
+                     sha256=app_sha, artifacts=[app_sha]))
+    app = {"sha256": app_sha, **{k.split("-")[-1]: v for k, v in headers.items()}}
+    return final(True, None, metrics, [app_sha, log_sha], commit=commit, app=app,
+                 log_tail=log_tail)
+
+
+# --- what this machine declares, and why ---
+
+
+def workload_capabilities(tools: dict, build_repos: list[str]) -> list[tuple[str, str]]:
+    """(capability, what makes it possible) for the workloads of this section."""
+    found = []
+    for workload, backends in WORKLOAD_BACKENDS.items():
+        for backend, needs in backends.items():
+            if all(tools.get(t) for t in needs):
+                found.append((f"{workload}:{backend}",
+                              ", ".join(tools[t] for t in needs) or "built in"))
+    found += [(workload, "standard library") for workload in STDLIB_WORKLOADS]
+    converters = [tools[t] for t in CONVERT_TOOLS if tools.get(t)]
+    if converters:
+        found.append(("model-convert", ", ".join(converters)))
+    if tools.get("git") and build_repos:
+        for kind, (key, _, _) in BUILD_TOOLCHAINS.items():
+            if tools.get(key):
+                found.append((f"build:{kind}", "{}, {}; {} allowed repositories".format(
+                    tools["git"], tools[key], len(build_repos))))
+    return found
+
+
+def missing_capabilities(tools: dict, build_repos: list[str]) -> list[tuple[str, str]]:
+    """(capability, what it would need) for what this machine does not declare."""
+    missing = []
+    for workload, backends in WORKLOAD_BACKENDS.items():
+        for backend, needs in backends.items():
+            absent = [t for t in needs if not tools.get(t)]
+            if absent:
+                missing.append((f"{workload}:{backend}", "needs " + ", ".join(
+                    f"{t} (--{t})" for t in absent)))
+    if not any(tools.get(t) for t in CONVERT_TOOLS):
+        missing.append(("model-convert", "needs llama-quantize or convert_hf_to_gguf.py"))
+    for kind, (key, _, _) in BUILD_TOOLCHAINS.items():
+        absent = [t for t in ("git", key) if not tools.get(t)]
+        if absent or not build_repos:
+            missing.append((f"build:{kind}", "needs " + ", ".join(
+                absent + ([] if build_repos else ["a repository in --build-repos"]))))
+    return missing
+
+
+def explicit_device_tools(cfg: argparse.Namespace) -> dict:
+    """--llama-cli and friends, else FLEET_LLAMA_CLI and friends."""
+    return {key: getattr(cfg, key.replace("-", "_"), None)
+            or os.environ.get("FLEET_" + key.upper().replace("-", "_"))
+            for key in DEVICE_TOOL_KEYS}
+
+
+def capability_reasons(runtime: Runtime) -> list[tuple[str, str]]:
+    """Runtime.capabilities(), each with what makes it possible on this machine."""
+    why = {"self-check": "built in", "benchmark:synthetic": "built in",
+           "benchmark:llama.cpp": str(runtime.tools.get("llama-bench")),
+           "shell": f"scripts pinned in {runtime.allowlist_path}"}
+    why.update(workload_capabilities(runtime.tools, load_build_repos(
+        build_repos_path(runtime.cfg, runtime.state_dir))))
+    return [(cap, why.get(cap, "")) for cap in runtime.capabilities()]
+
+
+def describe(runtime: Runtime) -> str:
+    """What `--describe` prints: the descriptor and the capabilities, each with its reason."""
+    lines = [f"fleet_agent {AGENT_VERSION}, {runtime.mode} mode, id {runtime.reporter_id}", "",
+             "descriptor:"]
+    lines += [f"  {key:<10} {'(unknown)' if value is None else value}"
+              for key, value in sorted(runtime.descriptor.items())]
+    lines += ["", "capabilities it declares:"]
+    lines += [f"  {cap:<28} {reason}" for cap, reason in capability_reasons(runtime)]
+    if runtime.mode == "device":
+        missing = missing_capabilities(runtime.tools, load_build_repos(
+            build_repos_path(runtime.cfg, runtime.state_dir)))
+        if not runtime.tools.get("llama-bench"):
+            missing.insert(0, ("benchmark:llama.cpp", "needs llama-bench (--llama-bench)"))
+        if "shell" not in runtime.capabilities():
+            missing.insert(1, ("shell", f"needs a SHA-256 pinned in {runtime.allowlist_path}"))
+        lines += ["", "not declared on this machine:"]
+        lines += [f"  {cap:<28} {reason}" for cap, reason in missing]
+    return "\n".join(lines)
+
+
+DEVICE_WORKLOADS = {"self-check": wl_self_check, "benchmark": wl_benchmark, "shell": wl_shell,
+                    "thermal": wl_thermal, "batch": wl_batch, "pipeline": wl_pipeline,
+                    "vision-eval": wl_vision_eval, "speech-eval": wl_speech_eval,
+                    "embed-eval": wl_embed_eval, "vantage": wl_vantage,
+                    "model-convert": wl_model_convert, "dataset-prep": wl_dataset_prep,
+                    "serve": wl_serve, "build": wl_build, "llm-eval": wl_llm_eval}
 
 
 # --------------------------------------------------------------------------------------------
@@ -1915,6 +3991,16 @@ TOOL_NAMES = {
                  *MAC_BROWSERS),
     "flow_runner": ("fleet-flow-runner",),
     "native_bundle": ("fleet-native-bundle",),
+    # llama.cpp renamed its completion tool llama-completion when llama-cli became a chat UI.
+    "llama-cli": ("llama-completion", "llama-cli"),
+    "llama-embedding": ("llama-embedding",),
+    "llama-server": ("llama-server",),
+    "llama-quantize": ("llama-quantize",),
+    "llama-convert": ("convert_hf_to_gguf.py",),
+    "llama-mtmd-cli": ("llama-mtmd-cli",),
+    "whisper-cli": ("whisper-cli",),
+    "git": ("git",),
+    **{key: (key,) for key, _, _ in BUILD_TOOLCHAINS.values()},
 }
 
 
@@ -1924,7 +4010,9 @@ def find_tools(explicit: dict, probe: Probe) -> dict:
     for key, names in TOOL_NAMES.items():
         for candidate in ([explicit[key]] if explicit.get(key) else []) + list(names):
             path = candidate if os.path.isabs(candidate) else probe.which(candidate)
-            if path and os.path.isfile(path) and os.access(path, os.X_OK):
+            # A .py script (llama.cpp's converter) need not be executable: Python runs it.
+            if path and os.path.isfile(path) and (os.access(path, os.X_OK) or (
+                    key in SCRIPT_TOOLS and path.endswith(".py"))):
                 found[key] = path
                 break
     return found
@@ -1961,7 +4049,8 @@ class Runtime:
         return {"llama-bench": cfg.llama_bench, "adb": cfg.adb, "xcrun": cfg.xcrun,
                 "chromium": cfg.chromium,
                 "flow_runner": cfg.flow_runner or os.environ.get("FLEET_FLOW_RUNNER"),
-                "native_bundle": cfg.native_bundle or os.environ.get("FLEET_NATIVE_BUNDLE")}
+                "native_bundle": cfg.native_bundle or os.environ.get("FLEET_NATIVE_BUNDLE"),
+                **explicit_device_tools(cfg)}
 
     def benchmark_backends(self) -> list[str]:
         return ["synthetic"] + (["llama.cpp"] if self.tools.get("llama-bench") else [])
@@ -1973,7 +4062,8 @@ class Runtime:
         caps = ["self-check"] + ["benchmark:" + b for b in self.benchmark_backends()]
         if load_allowlist(self.allowlist_path):
             caps.append("shell")
-        return caps
+        build_repos = load_build_repos(build_repos_path(self.cfg, self.state_dir))
+        return caps + [cap for cap, _ in workload_capabilities(self.tools, build_repos)]
 
     def host_capabilities(self) -> list[str]:
         tools = self.tools
@@ -2193,6 +4283,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         add("--" + tool, help=f"path of {tool} (default: found on PATH)")
     add("--print-descriptor", action="store_true",
         help="print the descriptor, capabilities and vitals as JSON and exit")
+    for tool in DEVICE_TOOL_KEYS:
+        add("--" + tool, help=f"path of {tool} (default: FLEET_{tool.upper().replace('-', '_')}"
+            ", else found on PATH)")
+    add("--build-repos", metavar="FILE",
+        help="repositories build jobs may clone, one a line (default STATE/build-repos)")
+    add("--allow-private-urls", action="store_true",
+        help="let vantage and dataset-prep reach private, loopback and link-local addresses")
+    add("--describe", action="store_true",
+        help="print the descriptor and the capabilities this machine would declare, and exit")
     add("--log-level", default="INFO")
     add("--version", action="version", version="fleet_agent " + AGENT_VERSION)
     cfg = parser.parse_args(argv)
@@ -2201,7 +4300,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     cfg.descriptor_overrides = parse_overrides(parser, cfg.set)
     if cfg.executor == "host" and not cfg.name:
         parser.error("--executor host needs --name")
-    if not cfg.collectors and not cfg.print_descriptor:
+    if not cfg.collectors and not cfg.print_descriptor and not cfg.describe:
         parser.error("give at least one --collector URL")
     for url in cfg.collectors:
         if not url.startswith(("http://", "https://")):
@@ -2247,6 +4346,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
                         format="%(asctime)s %(levelname)s %(message)s")
     probe = Probe(root=cfg.sysroot)
+    if cfg.describe:
+        print(describe(Runtime(cfg, probe)))
+        return 0
     if cfg.print_descriptor:
         cfg.collectors = cfg.collectors or []
         runtime = Runtime(cfg, probe)

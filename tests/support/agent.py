@@ -460,3 +460,105 @@ elif "--dump-dom" in sys.argv:
 else:
     sys.exit(2)
 '''
+
+
+# --- running one device job in-process, rows going to a stub collector (device workloads) ---
+
+
+def device_runtime(fa, tmp_path: Path, *flags: str, root: Path | None = None,
+                   path: str | None = None):
+    """A device-mode Runtime whose tools are looked up on `path` (default tmp_path/bin only)."""
+    cfg = fa.parse_args(["--collector", "http://127.0.0.1:9", "--state-dir",
+                         str(tmp_path / "state"), "--device-id", "unit-1", *flags])
+    here = fa.Probe(root=str(root or tmp_path / "empty-root"),
+                    env={"PATH": path or str(tmp_path / "bin")}, system="Linux",
+                    machine="aarch64")
+    return fa.Runtime(cfg, here)
+
+
+def run_job(fa, runtime, url: str, spec: dict):
+    """(context, final result) of one job run through Runtime.execute."""
+    ctx = fa.JobContext(runtime, fa.Collector(url), {"schema": 1, "executor": "device", **spec},
+                        "unit-1")
+    return ctx, runtime.execute(ctx)
+
+
+class JobThread(threading.Thread):
+    """A job running in the background, for workloads that run until they are stopped."""
+
+    def __init__(self, fa, runtime, url: str, spec: dict) -> None:
+        super().__init__(daemon=True)
+        self.ctx = fa.JobContext(runtime, fa.Collector(url),
+                                 {"schema": 1, "executor": "device", **spec}, "unit-1")
+        self.runtime = runtime
+        self.result: dict | None = None
+
+    def run(self) -> None:
+        self.result = self.runtime.execute(self.ctx)
+
+    def finish(self, timeout: float = 20) -> dict:
+        self.join(timeout)
+        assert not self.is_alive(), "the job did not stop"
+        assert self.result is not None
+        return self.result
+
+
+class WebSite:
+    """A local web server with fixed pages: path -> (status, body, headers); it counts hits."""
+
+    def __init__(self, pages: dict, tls_context=None) -> None:
+        self.pages = pages
+        self.hits: list[str] = []
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                site.hits.append(self.path)
+                status, body, headers = site.pages.get(self.path, (404, b"not here", {}))
+                self.send_response(status)
+                for name, value in {"content-length": str(len(body)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        scheme = "http"
+        if tls_context is not None:
+            self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def website():
+    """website(pages) starts a WebSite; every one started is closed after the test."""
+    started: list[WebSite] = []
+
+    def start(pages: dict, tls_context=None) -> WebSite:
+        site = WebSite(pages, tls_context)
+        started.append(site)
+        return site
+
+    yield start
+    for site in started:
+        site.close()
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path] | None:
+    """(certificate, key) for 127.0.0.1 made with the openssl tool, or None without it."""
+    if not shutil.which("openssl"):
+        return None
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    result = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)], capture_output=True, timeout=60)
+    return (cert, key) if result.returncode == 0 else None
