@@ -19,9 +19,11 @@ from tests.support.collector import (
     CollectorProcess,
     age_rows,
     beacon,
+    edit_rows,
     job,
     registration,
     result_row,
+    wait_for_polls,
 )
 from tests.support.metrics import Scrape, check_reply, parse
 from tests.support.stream import StreamReader
@@ -185,6 +187,26 @@ async def test_a_scrape_storm_reads_the_database_once_until_the_figures_are_stal
     fresh = parse(await (await client.get("/metrics")).text())
     assert fresh.value("fleet_collector_jobs", status="queued", workload="benchmark") == 2
     assert cache.reads == 2
+
+
+async def test_a_claim_rolled_back_is_not_counted(client, db_path):
+    """A claim made inside the enqueue's transaction for a waiting poll, which fails and is
+    rolled back to its savepoint (here: a stored spec that is not JSON), leaves no claim wait
+    behind: only committed claims are observed."""
+    await client.post("/devices/register", json=registration("d"))
+    poll = asyncio.ensure_future(client.get("/devices/d/next-job"))
+    await wait_for_polls(client, 1)
+    edit_rows(db_path, "INSERT INTO jobs (job_id, workload, executor, status, priority, pin, "
+                       "max_attempts, ttl_s, spec, created_at, updated_at) VALUES ('bad', "
+                       "'benchmark', 'device', 'queued', 10, 'd', 3, 600, '{not json', 0, 0)")
+    assert (await client.post("/jobs", json=job("good", targets={"device_id": "d"}))).status \
+        == 201
+    # Every claim for d trips over the bad row (the dispatcher's own pass too), so the poll
+    # never gets a job; it is left waiting and dropped below.
+    scrape = parse(await (await client.get("/metrics")).text())
+    poll.cancel()
+    assert scrape.value("fleet_collector_claim_wait_seconds_count") == 0
+    assert scrape.value("fleet_collector_jobs", status="queued", workload="benchmark") == 2
 
 
 async def test_the_jobs_count_reads_only_its_covering_index(client, db_path):
