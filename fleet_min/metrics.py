@@ -284,8 +284,14 @@ class Registry:
         return family
 
     @property
-    def names(self) -> list[str]:
-        return list(self._families)
+    def families(self) -> list[Family]:
+        return list(self._families.values())
+
+    @property
+    def sample_names(self) -> set[str]:
+        """The names a query can select: a histogram's _bucket, _sum and _count, the name of
+        any other family."""
+        return {name for family in self._families.values() for name in _sample_names(family)}
 
     def render(self) -> str:
         out: list[str] = []

@@ -3,9 +3,20 @@ text format, so what passes here is what a Prometheus server takes."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from fleet_min import metrics
+from fleet_min.collector.telemetry import CollectorMetrics
+from fleet_min.controlplane.federation import Hosts
+from fleet_min.controlplane.github import GitHub
+from fleet_min.controlplane.stream import SnapshotHub
+from fleet_min.controlplane.telemetry import ControlPlaneMetrics
+from fleet_min.db import Database
+from fleet_min.sse import EventHub
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -49,3 +60,14 @@ def check_reply(status: int, headers: Any, text: str) -> Scrape:
     assert headers["Content-Type"] == CONTENT_TYPE
     assert "NaN" not in text
     return Scrape(text)
+
+
+def registries(tmp: Path) -> dict[str, metrics.Registry]:
+    """The registries of both services, built on real (unopened) parts: what each one's
+    GET /metrics renders, family by family."""
+    collector = CollectorMetrics(Database(tmp / "collector.sqlite3", []), EventHub(),
+                                 lambda: 0, time.time())
+    hosts = Hosts(Database(tmp / "controlplane.db", []), time.time)
+    controlplane = ControlPlaneMetrics(dict, GitHub("http://127.0.0.1:9", None), hosts,
+                                       SnapshotHub(), lambda: 60.0, time.time, time.time())
+    return {"collector": collector.registry, "controlplane": controlplane.registry}
