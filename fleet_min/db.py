@@ -503,6 +503,15 @@ class Database:
         return rows[0] if rows else None
 
     @property
+    def queue_depth(self) -> tuple[int, int]:
+        """Transactions waiting for the writer to run them, and those run inside the open SQLite
+        transaction that no COMMIT has taken yet. Two lengths: cheap enough to read per scrape."""
+        writer = self._writer
+        if writer is None:
+            return 0, 0
+        return len(writer.pending), len(writer.open.outcomes)
+
+    @property
     def stats(self) -> dict[str, float]:
         """Group-commit figures since start: batches (COMMITs), transactions committed, open
         transactions replayed in savepoints after a failed write, seconds running transaction

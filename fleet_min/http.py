@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from fleet_min import jsonio
+from fleet_min import jsonio, metrics
 from fleet_min.db import StorageError
 from fleet_min.errors import BadRequest, Refused, TimedOut, TooLarge
 
@@ -215,6 +215,12 @@ def _http_error(request: web.Request, exc: web.HTTPException) -> web.Response:
     if exc.status == 413:
         return error_response(413, "the request body is larger than the limit")
     return error_response(exc.status, exc.reason)
+
+
+def metrics_response(text: str) -> web.Response:
+    """A GET /metrics answer: the Prometheus text format, never cached."""
+    return web.Response(body=text.encode(), headers={"Content-Type": metrics.CONTENT_TYPE,
+                                                     "Cache-Control": "no-store"})
 
 
 def static_file(package: str, relative: str, cache_s: int = 300) -> web.Response:

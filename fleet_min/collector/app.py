@@ -15,6 +15,7 @@ from fleet_min.collector import (
     ci_status,
     devices,
     insight_http,
+    metrics_http,
     openapi_http,
     pages_http,
     queue,
@@ -41,7 +42,8 @@ SERVICE = web.AppKey("service", Service)
 
 # Each feature module registers its own routes, middlewares, listeners and loops in
 # setup(app, service). Access control comes first: it may add a middleware.
-FEATURES = (access_http, artifacts_http, automation_http, insight_http, pages_http, openapi_http)
+FEATURES = (access_http, artifacts_http, automation_http, insight_http, metrics_http, pages_http,
+            openapi_http)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 

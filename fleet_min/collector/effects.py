@@ -31,6 +31,10 @@ class Effects:
     unstreamed: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)
     claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
+    # For the metrics (fleet_min.collector.telemetry): how long each job claimed here had been
+    # claimable, in seconds, and the outcome ("requeued", "failed") of each lapsed lease swept.
+    claim_waits: list[float] = field(default_factory=list)
+    lease_expiries: list[str] = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget everything recorded (the transaction is about to run again)."""
@@ -38,6 +42,8 @@ class Effects:
         self.unstreamed.clear()
         self.claimable.clear()
         self.claimants.clear()
+        self.claim_waits.clear()
+        self.lease_expiries.clear()
 
     def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
         self.events.append({"type": "job", "job_id": job_id, "status": status,

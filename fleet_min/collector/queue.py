@@ -551,6 +551,9 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
     effects.job(row["job_id"], "claimed", row["workload"], row["executor"],
                 claimed_by=claimant.id)
+    # A queued job's updated_at is when it last became claimable: stored, requeued or promoted
+    # (or its priority changed): the claim-wait histogram measures from there.
+    effects.claim_waits.append(max(0.0, now - row["updated_at"]))
     spec = jsonio.loads_stored(row["spec"])
     spec["lease"] = {**(spec.get("lease") or {}), "ttl_s": row["ttl_s"],
                      "max_attempts": row["max_attempts"]}
@@ -654,12 +657,14 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
                      f"{row['attempts']} of {row['max_attempts']}; requeued")
             _requeue(conn, row, now, effects, outcome="expired", error=error, attempt_back=False)
             swept.requeued.append(row["job_id"])
+            effects.lease_expiries.append("requeued")
         else:
             error = (f"lease expired {where} on the final attempt ({row['attempts']} of "
                      f"{row['max_attempts']}); the job failed")
             _end_attempt(conn, row, "expired", error, now)
             _close(conn, row, "failed", error, now, effects)
             swept.failed.append(row["job_id"])
+            effects.lease_expiries.append("failed")
     return swept
 
 

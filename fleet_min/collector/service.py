@@ -120,6 +120,9 @@ class Service:
         self.health_extras: list[Callable[[], dict[str, Any]]] = []
         # Coroutine functions run once the database is open (features start their loops here).
         self.on_started: list[Callable[[], Awaitable[None]]] = []
+        # Called with the effects of every committed transaction (the metrics read the claim
+        # waits and lease expiries there). Runs on the loop's thread; must be quick.
+        self.on_applied: list[Callable[[Effects], None]] = []
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -256,18 +259,25 @@ class Service:
         if not waiters:
             return [], everyone
         current = now()
+        waits = len(effects.claim_waits)
         conn.execute("SAVEPOINT inline_claim")
         try:
             handouts = [(w, queue.claim(conn, w.claimant, current, effects)) for w in waiters]
         except Exception:  # the enqueue stands; the dispatcher's own pass claims instead
             conn.execute("ROLLBACK TO inline_claim")
             conn.execute("RELEASE inline_claim")
+            del effects.claim_waits[waits:]  # those claims were rolled back
             log.exception("claiming for waiting polls inside the transaction failed")
             return [(w, None) for w in waiters], False
         conn.execute("RELEASE inline_claim")
         return handouts, everyone
 
     def apply(self, effects: Effects) -> None:
+        for hook in self.on_applied:
+            try:
+                hook(effects)
+            except Exception:  # a figure missed must not keep events from being published
+                log.exception("an effects hook failed")
         for event in effects.events:
             self.hub.publish(event)
             self._notify(event)

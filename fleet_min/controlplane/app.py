@@ -23,6 +23,7 @@ from fleet_min.controlplane.engine import ControlPlane
 from fleet_min.controlplane.federation import check_host, clean_report, wait_of
 from fleet_min.controlplane.runners import valid_name
 from fleet_min.controlplane.stream import KEEP_ALIVE, sse_event
+from fleet_min.controlplane.telemetry import ControlPlaneMetrics
 from fleet_min.errors import BadRequest, Conflict, Refused
 from fleet_min.http import (
     MAX_JSON_KEY,
@@ -31,12 +32,14 @@ from fleet_min.http import (
     RequestCheck,
     base_middleware_with,
     json_response,
+    metrics_response,
     read_json_object,
     static_file,
 )
 from fleet_min.timeutil import iso, now
 
 ENGINE = web.AppKey("controlplane", ControlPlane)
+METRICS = web.AppKey("metrics", ControlPlaneMetrics)
 KEEP_ALIVE_S = 15.0
 WEB_PACKAGE = "fleet_min"
 WEB_FOLDER = "web/controlplane/"
@@ -103,6 +106,10 @@ async def stream(request: web.Request) -> web.StreamResponse:
     finally:
         hub.clients -= 1
     return response
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    return metrics_response(request.app[METRICS].render())
 
 
 async def runner_detail(request: web.Request) -> web.Response:
@@ -251,6 +258,7 @@ ROUTES: list[tuple[str, str, Handler, Need]] = [
     ("GET", "/openapi.json", openapi.document, Need.NONE),
     ("GET", "/api/state", state, Need.NONE),
     ("GET", "/api/stream", stream, Need.NONE),
+    ("GET", "/metrics", get_metrics, Need.NONE),
     ("GET", "/api/runner", runner_detail, Need.NONE),
     ("GET", "/api/queue-causes", queue_causes, Need.NONE),
     ("GET", "/api/actions", action_catalogue, Need.NONE),
@@ -304,6 +312,8 @@ def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Applic
     app[MAX_JSON_KEY] = cfg.max_json_bytes
     cp = ControlPlane(cfg, environ)
     app[ENGINE] = cp
+    app[METRICS] = ControlPlaneMetrics(lambda: cp.snapshot, cp.github, cp.hosts, cp.hub,
+                                       lambda: cp.setting("stale_after_s"), cp.clock, now())
     for method, path, handler, _ in ROUTES:
         app.router.add_route(method, path, handler)
 

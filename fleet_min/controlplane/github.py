@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import subprocess
+from collections import Counter
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -67,6 +68,9 @@ class GitHub:
         self.rate: dict[str, Any] = {}
         self.requests = 0
         self.not_modified = 0
+        # Answers by status class ("2xx" ... "5xx"), and "unreachable" for an attempt that got
+        # none (a connection error, a timeout): GET /metrics reads them.
+        self.answers: Counter[str] = Counter()
         self._etags: dict[str, tuple[str, Any, str | None]] = {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -107,9 +111,12 @@ class GitHub:
             cached = self._etags.get(url) if conditional else None
             if cached:
                 headers["If-None-Match"] = cached[0]
+            answered = False
             try:
                 async with self._session.request(method, url, headers=headers) as resp:
+                    answered = True
                     self.requests += 1
+                    self.answers[f"{resp.status // 100}xx"] += 1
                     self._note_rate(resp.headers)
                     if resp.status == 304 and cached:
                         self.not_modified += 1
@@ -127,6 +134,8 @@ class GitHub:
                     return body, nxt
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 last_error = f"GitHub could not be reached ({type(exc).__name__})"
+                if not answered:
+                    self.answers["unreachable"] += 1
         raise GitHubError(f"{last_error} after {RETRIES} attempts")
 
     def _refusal(self, status: int, body: Any) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fleet_min import metrics
 from fleet_min.openapi.dsl import (
     ANY,
     BOOL,
@@ -359,6 +360,10 @@ def _reads() -> list[Route]:
                                    "alert", "schedule", "artifact"))},
               params=(query("last_event_id", STR, "resume after this event id"),
                       header("Last-Event-ID", STR, "resume after this event id")), tag=tag),
+        Route("GET", "/metrics", "Metrics in the Prometheus text format (version 0.0.4)",
+              {200: text_reply("jobs, claim waits, lease expiries, devices, beacon ages, "
+                               "ingestion, artifacts, database and process figures "
+                               "(docs/metrics.md)", metrics.CONTENT_TYPE)}, tag=tag),
         Route("GET", "/api/results", "Result rows, newest first, 50 a page",
               {200: json_reply(paged("results", ref("ResultRecord")))}, {400: BAD_QUERY},
               params=(query("job", STR, "job id"), query("device", STR, "device id"),

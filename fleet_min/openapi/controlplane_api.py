@@ -8,6 +8,7 @@ tests/contract/test_routes_documented.py fails when this table and the router di
 
 from __future__ import annotations
 
+from fleet_min import metrics
 from fleet_min.openapi.dsl import (
     ANY,
     BOOL,
@@ -114,6 +115,11 @@ def _reads() -> list[Route]:
         Route("GET", "/api/stream", "The snapshot as server-sent events, one per tick",
               {200: sse_reply("data: <snapshot> events, no event names; : keep-alive "
                               "comments between them", ref("Snapshot"))}, tag=tag),
+        Route("GET", "/metrics", "Metrics in the Prometheus text format (version 0.0.4)",
+              {200: text_reply("runners by state, queued jobs and their wait by label set, "
+                               "GitHub requests and rate limit, agent hosts' heartbeat age, "
+                               "process figures (docs/metrics.md)", metrics.CONTENT_TYPE)},
+              tag=tag),
         Route("GET", "/api/runner", "Runner detail: events, jobs, utilization, redacted log tail",
               {200: json_reply(obj({"runner": ref("Runner"), "events": arr(obj()),
                                     "jobs": arr(obj()),

@@ -14,4 +14,5 @@ Modules:
 - stream: a live-stream (SSE) reader
 - raw_http: requests written byte by byte on a socket
 - web_seed: a collector filled with realistic data
+- metrics: GET /metrics read with prometheus_client's parser of the text format
 """
