@@ -82,15 +82,65 @@ def _runner_name(args: dict[str, Any]) -> str:
     return name
 
 
-async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict[str, Any]:
+def parse_request(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The {id, args} of a POST /api/action body, or BadRequest naming the field at fault."""
+    missing = [field for field in ("id", "args") if field not in body]
+    if missing:
+        raise BadRequest(f"the body has no {' and no '.join(missing)}; send "
+                         '{"id": "<action id>", "args": {...}} ({} when the action takes none)')
+    check_id(body["id"])
+    check_args(body["args"])
+    return body["id"], body["args"]
+
+
+def check_id(action: Any) -> str:
     if not isinstance(action, str) or action not in ACTION_IDS:
         raise BadRequest(f"id must be one of {', '.join(sorted(ACTION_IDS))}")
+    return action
+
+
+def check_args(args: Any) -> dict[str, Any]:
     if not isinstance(args, dict):
-        raise BadRequest("args must be a JSON object")
+        raise BadRequest("args must be a JSON object ({} when the action takes none)")
+    return args
+
+
+def audit_args(args: Any) -> dict[str, Any]:
+    """The arguments worth keeping in the audit row, as short scalars: a client shaped them, so
+    nothing nested or long is stored (or walked)."""
+    if not isinstance(args, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key in ("name", "new_name", "delete_dir", "host"):
+        if key not in args:
+            continue
+        value = args[key]
+        if isinstance(value, str):
+            value = value[:200]
+        elif not (value is None or isinstance(value, bool | int | float)):
+            value = f"<{type(value).__name__}>"
+        kept[key] = value
+    return kept
+
+
+def _audit_name(action: Any) -> str:
+    return action if isinstance(action, str) and action in ACTION_IDS else "action.invalid"
+
+
+async def audit_refusal(cp: ControlPlane, who: str, body: Any, reason: str) -> None:
+    """A request refused before any action began (a bad body) still lands in the audit log."""
+    action = body.get("id") if isinstance(body, dict) else None
+    args = body.get("args") if isinstance(body, dict) else None
+    await cp.db.write(store.add_audit, who, _audit_name(action), audit_args(args), False, None,
+                      0, reason)
+
+
+async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict[str, Any]:
     started = time.monotonic()
     reply: dict[str, Any] | None = None
     error: str | None = None
     try:
+        action, args = check_id(action), check_args(args)
         async with cp.action_lock:
             await cp.rebuild()  # validate against what is on the host now, not a tick ago
             host = _remote_host(cp, action, args)
@@ -106,10 +156,9 @@ async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict
         raise
     finally:
         duration = int((time.monotonic() - started) * 1000)
-        audit_args = {k: v for k, v in args.items()
-                      if k in ("name", "new_name", "delete_dir", "host")}
-        await cp.db.write(store.add_audit, who, action, audit_args,
-                          bool(reply and reply["ok"]), reply["code"] if reply else None,
+        await cp.db.write(store.add_audit, who, _audit_name(action), audit_args(args),
+                          bool(reply and reply["ok"]),
+                          reply["code"] if reply else None,
                           reply["durationMs"] if reply else duration,
                           error or (reply or {}).get("error"))
         cp.wake(github=True)

@@ -174,12 +174,16 @@ async def billing(request: web.Request) -> web.Response:
 # --- mutating routes -----------------------------------------------------------------------
 
 async def action(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    if "id" not in body:
-        raise BadRequest("the body needs id (an action id) and args (an object)")
+    cp, who = engine(request), _who(request)
+    body: object = None
     try:
-        reply = await actions.run_action(engine(request), body.get("id"), body.get("args", {}),
-                                         _who(request))
+        body = await read_json_object(request)
+        action_id, args = actions.parse_request(body)
+    except Refused as exc:
+        await actions.audit_refusal(cp, who, body, exc.message)
+        return json_response({"ok": False, "error": exc.message}, status=exc.status)
+    try:
+        reply = await actions.run_action(cp, action_id, args, who)
     except Refused as exc:
         return json_response({"ok": False, "error": exc.message}, status=exc.status)
     return json_response(reply)

@@ -200,12 +200,14 @@ def _control() -> list[Route]:
                                      "health check)",
               {200: json_reply(ref("ActionReply"), "ran; ok says whether its commands "
                                                    "succeeded")},
-              {400: BAD_JSON, **AUTH_ERRORS, 404: NO_RUNNER,
+              {400: "id or args is missing or of the wrong type (the sentence names it), "
+                    "or the body is not valid JSON", **AUTH_ERRORS, 404: NO_RUNNER,
                409: "refused: capacity, the per-repo limit, or a busy runner",
                413: TOO_LARGE, 503: "GitHub will not give a registration token"},
               body=Body(obj({"id": enum("runner.duplicate", "runner.drain", "runner.resume",
                                         "runner.deregister", "health.check"),
-                             "args?": obj()}), "{id, args}"),
+                             "args": obj()}), "{id, args}; args is {} for an action that "
+                                              "takes none"),
               tag=tag, security=bearer),
         Route("POST", "/api/settings", "Change (or reset) a live setting",
               {200: json_reply(obj({"ok": enum(True), "key": STR, "value": ANY,

@@ -298,6 +298,45 @@ async def test_action_validation(host: Host, client: Any) -> None:
         assert isinstance(reply["error"], str)
 
 
+async def test_action_body_needs_id_and_args_and_every_refusal_is_audited(
+        host: Host, client: Any) -> None:
+    """The spec's body is {id, args}: a missing or mistyped field is a 400 that names it, and
+    every refused request lands in the audit log with its reason, bad bodies included."""
+    host.add_runner("r1")
+    headers = auth(cp_of(client))
+    cases = [({"id": "health.check"}, "args"),
+             ({"id": "runner.drain"}, "args"),
+             ({"args": {}}, "id"),
+             ({}, "no id and no args"),
+             ({"id": 5, "args": {}}, "id must be"),
+             ({"id": ["runner.drain"], "args": {}}, "id must be"),
+             ({"id": "runner.drain", "args": "r1"}, "args must be"),
+             ({"id": "runner.drain", "args": None}, "args must be"),
+             ({"id": "runner.drain", "args": {"name": {"deep": [1]}}}, "args.name"),
+             ({"id": "runner.drain", "args": {"name": "ghost"}}, "no runner named")]
+    said = []
+    for body, named in cases:
+        resp = await client.post("/api/action", json=body, headers=headers)
+        reply = await resp.json()
+        assert resp.status in (400, 404), (body, reply)
+        assert reply["ok"] is False and named in reply["error"], (body, reply)
+        said.append(reply["error"])
+    resp = await client.post("/api/action", data=b'{"id": "health.check", ', headers={
+        **headers, "Content-Type": "application/json"})
+    assert resp.status == 400 and "not valid JSON" in (await resp.json())["error"]
+    resp = await client.post("/api/action", json=["health.check"], headers=headers)
+    assert resp.status == 400
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        rows = conn.execute("SELECT action, args, ok, error FROM audit ORDER BY id").fetchall()
+    assert len(rows) == len(cases) + 2, rows
+    assert all(ok == 0 and error for _, _, ok, error in rows), rows
+    assert [r[3] for r in rows[:len(cases)]] == said  # each with the reason it was given
+    assert rows[0][0] == "health.check" and rows[2][0] == "action.invalid"
+    assert json.loads(rows[8][1]) == {"name": "<dict>"}  # nothing a client nested is stored
+    assert "not valid JSON" in rows[-2][3] and "JSON object" in rows[-1][3]
+    assert (host.root / "r1" / ".fleet-drain").exists() is False
+
+
 # --- settings ----------------------------------------------------------------------------------
 
 async def test_settings_list_change_reset(client: Any) -> None:
