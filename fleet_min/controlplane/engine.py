@@ -292,7 +292,7 @@ class ControlPlane:
             "groups": self._groups(every),
             "vitals": vitals,
             "capacity": cap,
-            "drift": drift_alerts(views, runs, at, self.setting("stuck_queue_s")),
+            "drift": drift_alerts(views, runs, jobs, every, at, self.setting("stuck_queue_s")),
             "queue_causes": queue_causes(runs, jobs, ctx, at),
             "alerts": self._alerts(cap),
             "github": {**self.github.status(),

@@ -122,6 +122,25 @@ async def test_busy_runner_is_working_and_queue_causes_explain_waiting_runs(host
     assert snap["active_runs"][0]["jobs"][0]["labels"] == ["self-hosted", "gpu"]
 
 
+async def test_a_run_for_github_hosted_runners_is_never_stuck_here(host: Host,
+                                                                   client: Any) -> None:
+    host.add_runner("r1", labels=["linux"])
+    hosted = host.github.add_run("octo/app", "queued", "2026-01-01T00:00:00Z", ["ubuntu-latest"])
+    ours = host.github.add_run("octo/app", "queued", "2026-01-01T00:00:00Z",
+                               ["self-hosted", "linux"])
+    cp_of(client).wake(github=True)
+    causes = await until(lambda: _causes_for(client, {hosted, ours}))
+    assert causes[hosted] == "github-hosted"
+    snap = await state(client)
+    stuck = {d["run_id"] for d in snap["drift"] if d["kind"] == "queue-stuck"}
+    assert stuck == {ours}
+
+
+async def _causes_for(client: Any, runs: set[int]) -> dict[int, str] | None:
+    causes = {c["run_id"]: c["cause"] for c in await _queue_causes(client)}
+    return causes if runs <= set(causes) else None
+
+
 async def _queue_causes(client: Any) -> list[dict[str, Any]]:
     return (await (await client.get("/api/queue-causes")).json())["queue_causes"]
 

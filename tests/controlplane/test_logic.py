@@ -206,7 +206,8 @@ def test_drift_kinds() -> None:
     ]
     runs = [{"id": 9, "repo": "octo/app", "name": "CI", "status": "queued",
              "created_at": "2026-01-01T00:00:00Z"}]
-    alerts = drift_alerts(views, runs, now=1767225600 + 3600, stuck_s=900)
+    jobs = [{"run_id": 9, "labels": ["self-hosted", "linux"]}]
+    alerts = drift_alerts(views, runs, jobs, views, now=1767225600 + 3600, stuck_s=900)
     kinds = {(a["kind"], a.get("runner")) for a in alerts}
     assert ("service-missing", "missing") in kinds and ("service-dead", "dead") in kinds
     assert ("no-listener", "nolistener") in kinds and ("unregistered", "unreg") in kinds
@@ -214,6 +215,23 @@ def test_drift_kinds() -> None:
     assert not any(a.get("runner") == "drained" for a in alerts)
     assert any(a["kind"] == "label-mismatch" for a in alerts)
     assert any(a["kind"] == "queue-stuck" and a["run_id"] == 9 for a in alerts)
+
+
+def test_only_runs_for_self_hosted_runners_can_be_stuck() -> None:
+    """A job on a GitHub image waits on GitHub's runners, not ours: no queue-stuck for it. A
+    job asking for self-hosted, or only for labels one of our runners carries, is ours."""
+    views = [_view("r1", labels=["self-hosted", "Linux", "gpu"])]
+    labels = {1: ["ubuntu-latest"], 2: ["self-hosted", "arm64"], 3: ["gpu", "linux"],
+              4: ["windows-2022", "large"], 5: []}
+    runs = [{"id": n, "repo": "octo/app", "name": "CI", "status": "queued",
+             "created_at": "2026-01-01T00:00:00Z"} for n in [*labels, 6]]
+    jobs = [{"run_id": n, "labels": wanted} for n, wanted in labels.items()]
+    alerts = drift_alerts(views, runs, jobs, views, now=1767225600 + 3600, stuck_s=900)
+    assert sorted(a["run_id"] for a in alerts if a["kind"] == "queue-stuck") == [2, 3]
+    # the same labels in another repository: no runner of ours there carries them
+    other = [{**run, "repo": "octo/web"} for run in runs]
+    alerts = drift_alerts(views, other, jobs, views, now=1767225600 + 3600, stuck_s=900)
+    assert sorted(a["run_id"] for a in alerts if a["kind"] == "queue-stuck") == [2]
 
 
 # --- parsers -----------------------------------------------------------------------------------
