@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from typing import Any
 
@@ -416,6 +417,43 @@ async def test_bundle_is_redacted_allow_listed_and_names_exclusions(host: Host,
     assert "===== _diag tail =====" in text and "<redacted>" in text
     assert (await client.get("/api/runner/bundle?name=ghost", headers=auth(cp))).status == 404
     assert (await client.get("/api/runner/bundle", headers=auth(cp))).status == 400
+
+
+RAW = re.compile(r"\bNone\b|\bnull\b|\bTrue\b|\bFalse\b|^\s*[\[\]{}]|[\[{]['\"]|['\"]:\s")
+
+
+async def test_bundle_is_written_for_a_person(host: Host, client: Any) -> None:
+    """A runner with a job still running (no conclusion, no duration) and a busy service: every
+    line of the bundle outside the quoted files and log tail reads as text, with no Python None,
+    JSON null, True/False or a dumped dict or list."""
+    path = host.add_runner("r1", labels=["linux"])
+    host.start_unit("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").write_text("[2026-01-01 00:00:00Z INFO Runner] up\n")
+    host.github.add_run("octo/app", "in_progress", "2026-01-01T00:00:00Z",
+                        ["self-hosted", "linux"], runner="r1")
+    cp = cp_of(client)
+    cp.wake(github=True)
+    await until(lambda: _recorded_jobs(client, "r1"))
+    resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp))
+    assert resp.status == 200
+    section, scanned = "", 0
+    for line in (await resp.text()).splitlines():
+        if line.startswith("===== "):
+            section = line.strip("= ")
+        elif section not in ("files", "_diag tail"):
+            assert not RAW.search(line), f"{section}: {line!r}"
+            scanned += 1
+    assert scanned > 40
+    text = await resp.text()
+    assert "in progress, no conclusion yet" in text and "Nones" not in text
+    assert "labels: self-hosted, Linux, X64, linux" in text
+    assert "draining: no" in text and "  active: active" in text
+
+
+async def _recorded_jobs(client: Any, name: str) -> list[Any]:
+    detail = await (await client.get(f"/api/runner?name={name}")).json()
+    return list(detail.get("jobs") or [])
 
 
 # --- agent routes, hosts -----------------------------------------------------------------------
