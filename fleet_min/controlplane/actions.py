@@ -192,14 +192,27 @@ def _remote_host(cp: ControlPlane, action: str, args: dict[str, Any]) -> str | N
 
 async def _queue_remote(cp: ControlPlane, host: str, action: str, args: dict[str, Any],
                         who: str) -> dict[str, Any]:
+    """Forward an action to the agent that has the runner: queued in order, run there through
+    the agent's own action path; its result comes back in GET /api/hosts (`commands`)."""
     if action not in AGENT_ACTIONS:
         raise Conflict(f"{action} is not sent to agent hosts; only "
                        f"{', '.join(AGENT_ACTIONS)} are")
-    command_id = await cp.hosts.queue(host, action, args, who)
+    _check_forwarded(args)
+    command_id, seq = await cp.hosts.queue(host, action, args, who)
     return {"ok": True, "action": action, "queued": True, "host": host,
-            "command_id": command_id, "code": None, "durationMs": 0, "command": None,
-            "runner": args.get("name"),
-            "output": f"queued for {host}; it runs when the agent next calls in"}
+            "command_id": command_id, "seq": seq, "code": None, "durationMs": 0,
+            "command": None, "runner": args.get("name"),
+            "output": f"sent to {host}; its result follows (GET /api/hosts lists {command_id})"}
+
+
+def _check_forwarded(args: dict[str, Any]) -> None:
+    """What can be checked here before an agent is asked: the agent checks the rest (capacity,
+    busy runners) and answers with its refusal."""
+    if "delete_dir" in args and not isinstance(args["delete_dir"], bool):
+        raise BadRequest("args.delete_dir must be true or false")
+    new_name = args.get("new_name")
+    if new_name is not None and (not isinstance(new_name, str) or not valid_name(new_name)):
+        raise BadRequest("args.new_name must be letters, digits, '.', '_' or '-' (at most 100)")
 
 
 async def _note_duplicates(cp: ControlPlane, action: str, reply: dict[str, Any],

@@ -19,7 +19,7 @@ from fleet_min.controlplane.analysis import check_repo
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.bundle import build_bundle
 from fleet_min.controlplane.engine import ControlPlane
-from fleet_min.controlplane.federation import check_host, clean_report, wait_of
+from fleet_min.controlplane.federation import applied_of, check_host, clean_report, wait_of
 from fleet_min.controlplane.runners import valid_name
 from fleet_min.controlplane.stream import KEEP_ALIVE, sse_event
 from fleet_min.errors import BadRequest, Conflict, Refused
@@ -226,8 +226,9 @@ async def heartbeat(request: web.Request) -> web.Response:
     if host == cp.host_name:
         raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
                        "(FLEET_HOST_NAME)")
-    commands = await cp.hosts.heartbeat(host, clean_report(body), wait_of(body))
-    return json_response({"ok": True, "commands": commands})
+    queue, commands = await cp.hosts.heartbeat(host, clean_report(body), wait_of(body),
+                                               applied_of(body))
+    return json_response({"ok": True, "queue": queue, "commands": commands})
 
 
 async def host_results(request: web.Request) -> web.Response:

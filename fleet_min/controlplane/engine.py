@@ -112,6 +112,7 @@ class ControlPlane:
         if self.cfg.coordinator:
             token = coordinator_token(coordinator_token_file(self.cfg))
             self.link = CoordinatorLink(self, self.cfg.coordinator, token)
+            await self.link.load()
         await self.rebuild()
         self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
                        asyncio.create_task(self._github_loop(), name="controlplane-github"),

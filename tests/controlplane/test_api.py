@@ -466,7 +466,8 @@ async def test_agent_routes_accept_the_agent_token(host: Host, apply_env: Host,
     headers = {"Authorization": f"Bearer {agent}"}
     resp = await client.post("/api/host/heartbeat", json={"host": "pi-2", "runners": []},
                              headers=headers)
-    assert await resp.json() == {"ok": True, "commands": []}
+    reply = await resp.json()
+    assert reply["ok"] is True and reply["commands"] == [] and len(reply["queue"]) == 16
     resp = await client.post("/api/host/results", headers=headers, json={
         "host": "pi-2", "results": [{"id": "c1", "ok": False, "error": "boom", "output": ""}]})
     assert (await resp.json())["received"] == 1
