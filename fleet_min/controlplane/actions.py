@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 CATALOGUE: list[dict[str, Any]] = [
     {"id": "runner.duplicate", "label": "Duplicate", "runner": True,
      "description": "Register another runner for the same repository with the same labels.",
-     "args": {"name": "runner name", "new_name": "optional name of the new runner"}},
+     "args": {"name": "runner name",
+              "new_name": "optional name of the new runner (default: <name>-2, or the lowest "
+                          "free number, a trailing -<number> of the name left out)",
+              "host": "optional agent host (when several agents report the name)"}},
     {"id": "runner.drain", "label": "Drain", "runner": True,
      "description": "Stop taking jobs: stop now when idle, else when the current job ends.",
      "args": {"name": "runner name",
@@ -44,7 +47,8 @@ CATALOGUE: list[dict[str, Any]] = [
               "host": "optional agent host (when several agents report the name)"}},
     {"id": "runner.deregister", "label": "Deregister", "runner": True,
      "description": "Stop the service and remove the registration (refused while busy).",
-     "args": {"name": "runner name", "delete_dir": "optional boolean; default false"}},
+     "args": {"name": "runner name", "delete_dir": "optional boolean; default false",
+              "host": "optional agent host (when several agents report the name)"}},
     {"id": "health.check", "label": "Health check", "runner": False,
      "description": "Run the host health script and show its output.",
      "args": {"host": "optional agent host to run it on (queued to that agent)"}},
@@ -337,12 +341,19 @@ def _new_name(cp: ControlPlane, runner: Runner, args: dict[str, Any]) -> str:
         if wanted in taken or (cp.root / wanted).exists():
             raise Conflict(f"a runner or directory named {wanted!r} already exists")
         return wanted
-    base = re.sub(r"-\d+$", "", runner.name)
-    for n in range(2, 1000):
-        candidate = f"{base}-{n}"
-        if candidate not in taken and not (cp.root / candidate).exists():
-            return candidate
-    raise Conflict(f"no free name left for a copy of {runner.name}")
+    taken |= {entry.name for entry in cp.root.iterdir()} if cp.root.is_dir() else set()
+    name = copy_name(runner.name, taken)
+    if name is None:
+        raise Conflict(f"no free name left for a copy of {runner.name}")
+    return name
+
+
+def copy_name(name: str, taken: set[str]) -> str | None:
+    """The default name of a copy: the name without a trailing `-<number>`, then `-2`, or the
+    lowest free number above it (app -> app-2; app-1 -> app-2, app-3 when app-2 is taken;
+    app-2 -> app-3). A family of copies stays one series rather than growing app-1-2-2."""
+    base = re.sub(r"-\d+$", "", name)
+    return next((f"{base}-{n}" for n in range(2, 1000) if f"{base}-{n}" not in taken), None)
 
 
 def copy_install(src: Path, dst: Path) -> None:

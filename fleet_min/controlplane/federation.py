@@ -42,7 +42,7 @@ FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts li
 MAX_WAIT_S = 30.0
 MAX_RUNNERS = 500
 RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
-                  "registration")
+                  "registration", "registered")
 
 
 def check_host(name: Any) -> str:
@@ -87,7 +87,19 @@ def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
         if isinstance(labels, list) else []
     for key in ("busy", "draining"):
         out[key] = runner.get(key) is True
+    out["registered"] = _registered(runner.get("registered"))
     return out
+
+
+def _registered(value: Any) -> dict[str, Any] | None:
+    """GitHub's registration of an agent's runner ({id, status, busy}), or null."""
+    if not isinstance(value, dict):
+        return None
+    runner_id, status = value.get("id"), value.get("status")
+    return {"id": runner_id if isinstance(runner_id, int) and not isinstance(runner_id, bool)
+            and 0 <= runner_id < MAX_SEQ else None,
+            "status": status[:20] if isinstance(status, str) else None,
+            "busy": value.get("busy") is True}
 
 
 def wait_of(body: dict[str, Any]) -> float:

@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import cp_fakes as fakes
 from tests.support.collector import free_port
-from tests.support.controlplane import REPO_ROOT, Daemon, Host, until
+from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
 
 pytestmark = pytest.mark.slow
@@ -57,15 +57,7 @@ async def test_coordinator_and_agent(tmp_path: Any, github: FakeGitHub,
     coord_host.add_runner("a-1", repo="octo/app", labels=["linux"])
     edge_host.add_runner("b-1", repo="octo/lib", labels=["linux"])
     pid = edge_host.start_unit("b-1", "octo/lib")
-    env = {**coord_host.full_env(), "PYTHONPATH": str(REPO_ROOT)}
-    agent_token = subprocess.run(
-        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
-         str(coord_host.state)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-        check=True).stdout.strip()
-    token_file = edge_host.state / "coordinator-token"
-    edge_host.state.mkdir(parents=True, exist_ok=True)
-    token_file.write_text(agent_token + "\n")
-    token_file.chmod(0o600)
+    agent_token(coord_host, edge_host)
     coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "3"})
     edge = None
     try:
@@ -198,18 +190,6 @@ def test_agent_mode_refuses_a_missing_token_file(tmp_path: Any, github: FakeGitH
     assert done.returncode == 2 and "http(s) URL" in done.stderr
 
 
-def _agent_token(coord_host: Host, edge_host: Host) -> None:
-    """A separate agent token on the coordinator, copied to the agent's token file."""
-    env = {**coord_host.full_env(), "PYTHONPATH": str(REPO_ROOT)}
-    token = subprocess.run(
-        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
-         str(coord_host.state)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-        check=True).stdout.strip()
-    edge_host.state.mkdir(parents=True, exist_ok=True)
-    (edge_host.state / "coordinator-token").write_text(token + "\n")
-    (edge_host.state / "coordinator-token").chmod(0o600)
-
-
 class Order:
     """A coordinator on a fixed port and its agent, with the commands sent so far."""
 
@@ -265,7 +245,7 @@ async def test_commands_reach_the_agent_in_order_exactly_once(
     coord_host, edge_host = Host(tmp_path / "coord", github), Host(tmp_path / "edge", github)
     edge_host.add_runner("b-1", repo="octo/lib", labels=["linux"])
     edge_host.start_unit("b-1", "octo/lib")
-    _agent_token(coord_host, edge_host)
+    agent_token(coord_host, edge_host)
     # No kept-alive connection: the coordinator is killed and restarted on the same address.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
         await _order_scenario(coord_host, edge_host, http)
@@ -339,7 +319,7 @@ async def test_a_command_the_agent_died_in_is_not_run_again(
     script.write_text(f"#!/bin/sh\necho run >> '{runs}'\n"
                       f"while [ ! -e '{gate}' ]; do sleep 0.05; done\necho disk ok\n")
     script.chmod(0o755)
-    _agent_token(coord_host, edge_host)
+    agent_token(coord_host, edge_host)
     coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
     edge_env = {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1",
                 "FLEET_HEALTH_SCRIPT": str(script)}

@@ -143,3 +143,18 @@ class Daemon:
 
     def stop(self) -> int:
         return stop_process(self.proc)
+
+
+def agent_token(coord_host: Host, agent_host: Host) -> str:
+    """A separate agent token on the coordinator (`controlplane token --agent`), written to the
+    agent host's coordinator-token file (0600) as an operator would."""
+    env = {**coord_host.full_env(), "PYTHONPATH": str(REPO_ROOT)}
+    token = subprocess.run(
+        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
+         str(coord_host.state)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+        check=True, timeout=60).stdout.strip()
+    agent_host.state.mkdir(parents=True, exist_ok=True)
+    (agent_host.state / "coordinator-token").write_text(token + "\n")
+    (agent_host.state / "coordinator-token").chmod(0o600)
+    return token
+
