@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet_min.controlplane import auth, procs, tokens, vitals
+from fleet_min.controlplane.actions import copy_name
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.capacity import capacity, refusals_for_repo
 from fleet_min.controlplane.drift import drift_alerts
@@ -287,3 +288,16 @@ def test_runner_file_written_by_fakes_has_a_bom(tmp_path: Path) -> None:
     raw = (tmp_path / ".runner").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf")
     assert json.loads(raw.decode("utf-8-sig"))["agentName"] == "r"
+
+
+def test_copy_name_is_one_series() -> None:
+    """A copy's default name: the name without a trailing -N, then the lowest free number from
+    2 (the UI suggests the same; js/actions.js copyName)."""
+    assert copy_name("app", set()) == "app-2"
+    assert copy_name("app-1", {"app-1"}) == "app-2"
+    assert copy_name("app-1", {"app-1", "app-2"}) == "app-3"
+    assert copy_name("app-2", {"app-1", "app-2"}) == "app-3"
+    assert copy_name("app-1", {"app-1", "app-3"}) == "app-2"  # a gap is filled
+    assert copy_name("build-x64", set()) == "build-x64-2"
+    assert copy_name("a", {f"a-{n}" for n in range(2, 1000)}) is None
+
