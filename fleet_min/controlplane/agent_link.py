@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from fleet_min.controlplane.actions import run_action
-from fleet_min.controlplane.federation import AGENT_ACTIONS, RUNNER_FIELDS
+from fleet_min.controlplane.federation import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
 from fleet_min.controlplane.loops import wait_event
 from fleet_min.errors import Refused
 from fleet_min.timeutil import now
@@ -122,7 +122,8 @@ def _import_spool(conn: sqlite3.Connection, owed: list[Any], done: list[Any], at
 
 def _seq(command: dict[str, Any]) -> int | None:
     seq = command.get("seq")
-    return seq if isinstance(seq, int) and not isinstance(seq, bool) and seq > 0 else None
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 < seq < MAX_SEQ \
+        else None
 
 
 class CoordinatorLink:
