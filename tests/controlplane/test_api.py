@@ -435,6 +435,7 @@ async def test_bundle_is_written_for_a_person(host: Host, client: Any) -> None:
     cp = cp_of(client)
     cp.wake(github=True)
     await until(lambda: _recorded_jobs(client, "r1"))
+    await until(lambda: _with_registration(client, "r1"))
     resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp))
     assert resp.status == 200
     section, scanned = "", 0
@@ -449,6 +450,11 @@ async def test_bundle_is_written_for_a_person(host: Host, client: Any) -> None:
     assert "in progress, no conclusion yet" in text and "Nones" not in text
     assert "labels: self-hosted, Linux, X64, linux" in text
     assert "draining: no" in text and "  active: active" in text
+
+
+async def _with_registration(client: Any, name: str) -> bool:
+    view = await runner_view(client, name)
+    return bool(view and view["registration"] == "registered")
 
 
 async def _recorded_jobs(client: Any, name: str) -> list[Any]:
