@@ -33,7 +33,10 @@ if TYPE_CHECKING:
 CATALOGUE: list[dict[str, Any]] = [
     {"id": "runner.duplicate", "label": "Duplicate", "runner": True,
      "description": "Register another runner for the same repository with the same labels.",
-     "args": {"name": "runner name", "new_name": "optional name of the new runner"}},
+     "args": {"name": "runner name",
+              "new_name": "optional name of the new runner (default: <name>-2, or the lowest "
+                          "free number, a trailing -<number> of the name left out)",
+              "host": "optional agent host (when several agents report the name)"}},
     {"id": "runner.drain", "label": "Drain", "runner": True,
      "description": "Stop taking jobs: stop now when idle, else when the current job ends.",
      "args": {"name": "runner name",
@@ -44,7 +47,8 @@ CATALOGUE: list[dict[str, Any]] = [
               "host": "optional agent host (when several agents report the name)"}},
     {"id": "runner.deregister", "label": "Deregister", "runner": True,
      "description": "Stop the service and remove the registration (refused while busy).",
-     "args": {"name": "runner name", "delete_dir": "optional boolean; default false"}},
+     "args": {"name": "runner name", "delete_dir": "optional boolean; default false",
+              "host": "optional agent host (when several agents report the name)"}},
     {"id": "health.check", "label": "Health check", "runner": False,
      "description": "Run the host health script and show its output.",
      "args": {"host": "optional agent host to run it on (queued to that agent)"}},
@@ -82,15 +86,65 @@ def _runner_name(args: dict[str, Any]) -> str:
     return name
 
 
-async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict[str, Any]:
+def parse_request(body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The {id, args} of a POST /api/action body, or BadRequest naming the field at fault."""
+    missing = [field for field in ("id", "args") if field not in body]
+    if missing:
+        raise BadRequest(f"the body has no {' and no '.join(missing)}; send "
+                         '{"id": "<action id>", "args": {...}} ({} when the action takes none)')
+    check_id(body["id"])
+    check_args(body["args"])
+    return body["id"], body["args"]
+
+
+def check_id(action: Any) -> str:
     if not isinstance(action, str) or action not in ACTION_IDS:
         raise BadRequest(f"id must be one of {', '.join(sorted(ACTION_IDS))}")
+    return action
+
+
+def check_args(args: Any) -> dict[str, Any]:
     if not isinstance(args, dict):
-        raise BadRequest("args must be a JSON object")
+        raise BadRequest("args must be a JSON object ({} when the action takes none)")
+    return args
+
+
+def audit_args(args: Any) -> dict[str, Any]:
+    """The arguments worth keeping in the audit row, as short scalars: a client shaped them, so
+    nothing nested or long is stored (or walked)."""
+    if not isinstance(args, dict):
+        return {}
+    kept: dict[str, Any] = {}
+    for key in ("name", "new_name", "delete_dir", "host"):
+        if key not in args:
+            continue
+        value = args[key]
+        if isinstance(value, str):
+            value = value[:200]
+        elif not (value is None or isinstance(value, bool | int | float)):
+            value = f"<{type(value).__name__}>"
+        kept[key] = value
+    return kept
+
+
+def _audit_name(action: Any) -> str:
+    return action if isinstance(action, str) and action in ACTION_IDS else "action.invalid"
+
+
+async def audit_refusal(cp: ControlPlane, who: str, body: Any, reason: str) -> None:
+    """A request refused before any action began (a bad body) still lands in the audit log."""
+    action = body.get("id") if isinstance(body, dict) else None
+    args = body.get("args") if isinstance(body, dict) else None
+    await cp.db.write(store.add_audit, who, _audit_name(action), audit_args(args), False, None,
+                      0, reason)
+
+
+async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict[str, Any]:
     started = time.monotonic()
     reply: dict[str, Any] | None = None
     error: str | None = None
     try:
+        action, args = check_id(action), check_args(args)
         async with cp.action_lock:
             await cp.rebuild()  # validate against what is on the host now, not a tick ago
             host = _remote_host(cp, action, args)
@@ -106,10 +160,9 @@ async def run_action(cp: ControlPlane, action: Any, args: Any, who: str) -> dict
         raise
     finally:
         duration = int((time.monotonic() - started) * 1000)
-        audit_args = {k: v for k, v in args.items()
-                      if k in ("name", "new_name", "delete_dir", "host")}
-        await cp.db.write(store.add_audit, who, action, audit_args,
-                          bool(reply and reply["ok"]), reply["code"] if reply else None,
+        await cp.db.write(store.add_audit, who, _audit_name(action), audit_args(args),
+                          bool(reply and reply["ok"]),
+                          reply["code"] if reply else None,
                           reply["durationMs"] if reply else duration,
                           error or (reply or {}).get("error"))
         cp.wake(github=True)
@@ -143,14 +196,27 @@ def _remote_host(cp: ControlPlane, action: str, args: dict[str, Any]) -> str | N
 
 async def _queue_remote(cp: ControlPlane, host: str, action: str, args: dict[str, Any],
                         who: str) -> dict[str, Any]:
+    """Forward an action to the agent that has the runner: queued in order, run there through
+    the agent's own action path; its result comes back in GET /api/hosts (`commands`)."""
     if action not in AGENT_ACTIONS:
         raise Conflict(f"{action} is not sent to agent hosts; only "
                        f"{', '.join(AGENT_ACTIONS)} are")
-    command_id = await cp.hosts.queue(host, action, args, who)
+    _check_forwarded(args)
+    command_id, seq = await cp.hosts.queue(host, action, args, who)
     return {"ok": True, "action": action, "queued": True, "host": host,
-            "command_id": command_id, "code": None, "durationMs": 0, "command": None,
-            "runner": args.get("name"),
-            "output": f"queued for {host}; it runs when the agent next calls in"}
+            "command_id": command_id, "seq": seq, "code": None, "durationMs": 0,
+            "command": None, "runner": args.get("name"),
+            "output": f"sent to {host}; its result follows (GET /api/hosts lists {command_id})"}
+
+
+def _check_forwarded(args: dict[str, Any]) -> None:
+    """What can be checked here before an agent is asked: the agent checks the rest (capacity,
+    busy runners) and answers with its refusal."""
+    if "delete_dir" in args and not isinstance(args["delete_dir"], bool):
+        raise BadRequest("args.delete_dir must be true or false")
+    new_name = args.get("new_name")
+    if new_name is not None and (not isinstance(new_name, str) or not valid_name(new_name)):
+        raise BadRequest("args.new_name must be letters, digits, '.', '_' or '-' (at most 100)")
 
 
 async def _note_duplicates(cp: ControlPlane, action: str, reply: dict[str, Any],
@@ -275,12 +341,19 @@ def _new_name(cp: ControlPlane, runner: Runner, args: dict[str, Any]) -> str:
         if wanted in taken or (cp.root / wanted).exists():
             raise Conflict(f"a runner or directory named {wanted!r} already exists")
         return wanted
-    base = re.sub(r"-\d+$", "", runner.name)
-    for n in range(2, 1000):
-        candidate = f"{base}-{n}"
-        if candidate not in taken and not (cp.root / candidate).exists():
-            return candidate
-    raise Conflict(f"no free name left for a copy of {runner.name}")
+    taken |= {entry.name for entry in cp.root.iterdir()} if cp.root.is_dir() else set()
+    name = copy_name(runner.name, taken)
+    if name is None:
+        raise Conflict(f"no free name left for a copy of {runner.name}")
+    return name
+
+
+def copy_name(name: str, taken: set[str]) -> str | None:
+    """The default name of a copy: the name without a trailing `-<number>`, then `-2`, or the
+    lowest free number above it (app -> app-2; app-1 -> app-2, app-3 when app-2 is taken;
+    app-2 -> app-3). A family of copies stays one series rather than growing app-1-2-2."""
+    base = re.sub(r"-\d+$", "", name)
+    return next((f"{base}-{n}" for n in range(2, 1000) if f"{base}-{n}" not in taken), None)
 
 
 def copy_install(src: Path, dst: Path) -> None:

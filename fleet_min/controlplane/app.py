@@ -20,7 +20,7 @@ from fleet_min.controlplane.analysis import check_repo
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.bundle import build_bundle
 from fleet_min.controlplane.engine import ControlPlane
-from fleet_min.controlplane.federation import check_host, clean_report, wait_of
+from fleet_min.controlplane.federation import applied_of, check_host, clean_report, wait_of
 from fleet_min.controlplane.runners import valid_name
 from fleet_min.controlplane.stream import KEEP_ALIVE, sse_event
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics
@@ -183,12 +183,16 @@ async def billing(request: web.Request) -> web.Response:
 # --- mutating routes -----------------------------------------------------------------------
 
 async def action(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    if "id" not in body:
-        raise BadRequest("the body needs id (an action id) and args (an object)")
+    cp, who = engine(request), _who(request)
+    body: object = None
     try:
-        reply = await actions.run_action(engine(request), body.get("id"), body.get("args", {}),
-                                         _who(request))
+        body = await read_json_object(request)
+        action_id, args = actions.parse_request(body)
+    except Refused as exc:
+        await actions.audit_refusal(cp, who, body, exc.message)
+        return json_response({"ok": False, "error": exc.message}, status=exc.status)
+    try:
+        reply = await actions.run_action(cp, action_id, args, who)
     except Refused as exc:
         return json_response({"ok": False, "error": exc.message}, status=exc.status)
     return json_response(reply)
@@ -231,8 +235,9 @@ async def heartbeat(request: web.Request) -> web.Response:
     if host == cp.host_name:
         raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
                        "(FLEET_HOST_NAME)")
-    commands = await cp.hosts.heartbeat(host, clean_report(body), wait_of(body))
-    return json_response({"ok": True, "commands": commands})
+    queue, commands = await cp.hosts.heartbeat(host, clean_report(body), wait_of(body),
+                                               applied_of(body))
+    return json_response({"ok": True, "queue": queue, "commands": commands})
 
 
 async def host_results(request: web.Request) -> web.Response:

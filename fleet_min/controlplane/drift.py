@@ -56,10 +56,31 @@ def label_mismatches(runners: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def stuck_runs(runs: list[dict[str, Any]], now: float, stuck_s: float) -> list[dict[str, Any]]:
+def ours(job: dict[str, Any], runners: list[dict[str, Any]]) -> bool:
+    """Whether a job is for a self-hosted runner: it asks for `self-hosted`, or one of the known
+    runners of its repository carries every label it asks for (a job may name custom labels
+    only). `ubuntu-latest` and other GitHub images are GitHub's to run, never stuck here."""
+    wanted = {str(label).lower() for label in job.get("labels") or []}
+    if not wanted:
+        return False
+    if "self-hosted" in wanted:
+        return True
+    return any(r.get("repo") == job.get("repo") and
+               wanted <= {str(label).lower() for label in r.get("labels") or []}
+               for r in runners)
+
+
+def stuck_runs(runs: list[dict[str, Any]], jobs: list[dict[str, Any]],
+               runners: list[dict[str, Any]], now: float, stuck_s: float
+               ) -> list[dict[str, Any]]:
+    """Runs queued longer than stuck_s with a job a self-hosted runner should take; a run whose
+    jobs GitHub has not listed yet is left to the queue causes (its labels are unknown)."""
     out = []
     for run in runs:
         if run.get("status") != "queued" or not run.get("created_at"):
+            continue
+        if not any(job.get("run_id") == run["id"] and ours({**job, "repo": run["repo"]},
+                                                            runners) for job in jobs):
             continue
         waited = now - parse_iso(run["created_at"])
         if waited >= stuck_s:
@@ -70,7 +91,10 @@ def stuck_runs(runs: list[dict[str, Any]], now: float, stuck_s: float) -> list[d
     return out
 
 
-def drift_alerts(runners: list[dict[str, Any]], runs: list[dict[str, Any]], now: float,
+def drift_alerts(runners: list[dict[str, Any]], runs: list[dict[str, Any]],
+                 jobs: list[dict[str, Any]], every: list[dict[str, Any]], now: float,
                  stuck_s: float) -> list[dict[str, Any]]:
+    """`runners` are this host's (their drift is ours to report); `every` adds the agents'
+    runners, which decide whether a queued job is for a self-hosted runner at all."""
     out = [alert for r in runners for alert in runner_drift(r)]
-    return out + label_mismatches(runners) + stuck_runs(runs, now, stuck_s)
+    return out + label_mismatches(runners) + stuck_runs(runs, jobs, every, now, stuck_s)

@@ -34,7 +34,7 @@ from fleet_min.controlplane.drift import drift_alerts
 from fleet_min.controlplane.federation import RUNNER_FIELDS, Hosts
 from fleet_min.controlplane.github import GitHub, GitHubError, find_token
 from fleet_min.controlplane.history import job_row
-from fleet_min.controlplane.loops import stop_tasks, wait_event
+from fleet_min.controlplane.loops import Pacer, stop_tasks
 from fleet_min.controlplane.procs import process_table
 from fleet_min.controlplane.queue_causes import Context, queue_causes
 from fleet_min.controlplane.runners import Discovery, Runner
@@ -91,10 +91,9 @@ class ControlPlane:
         self.link: CoordinatorLink | None = None
         self.action_lock = asyncio.Lock()
         self._build_lock = asyncio.Lock()
-        self._wake = asyncio.Event()
-        self._rebuild_wanted = False  # a wake that asks for a rebuild (not only a new interval)
-        self._github_wake = asyncio.Event()
-        self._history_wake = asyncio.Event()
+        self._tick = Pacer(self._tick_interval)
+        self._github = Pacer(lambda: self.setting("github_s"))
+        self._history = Pacer(lambda: self.setting("history_s"))
         self._tasks: list[asyncio.Task[None]] = []
         self._previous: dict[str, dict[str, Any]] = {}
         self._drain_tried: dict[str, float] = {}
@@ -119,6 +118,7 @@ class ControlPlane:
         if self.cfg.coordinator:
             token = coordinator_token(coordinator_token_file(self.cfg))
             self.link = CoordinatorLink(self, self.cfg.coordinator, token)
+            await self.link.load()
         await self.rebuild()
         self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
                        asyncio.create_task(self._github_loop(), name="controlplane-github"),
@@ -136,25 +136,23 @@ class ControlPlane:
         await self.db.close()
 
     def wake(self, github: bool = False, history: bool = False) -> None:
-        self._rebuild_wanted = True
-        self._wake.set()
+        """Ask for a rebuild now (and a GitHub refresh, an analysis round)."""
+        self._tick.poke()
         if github:
-            self._github_wake.set()
+            self._github.poke()
         if history:
-            self._history_wake.set()
+            self._history.poke()
 
     def setting(self, key: str) -> Any:
         return self.live.get(key)
 
+    def _tick_interval(self) -> float:
+        busy = any(r["busy"] for r in self.snapshot.get("runners", []))
+        return float(self.setting("busy_tick_s" if busy else "tick_s"))
+
     async def _tick_loop(self) -> None:
         while True:
-            busy = any(r["busy"] for r in self.snapshot.get("runners", []))
-            interval = self.setting("busy_tick_s" if busy else "tick_s")
-            woken = await wait_event(self._wake, interval)
-            self._wake.clear()
-            if woken and not self._rebuild_wanted:
-                continue  # only the interval may have changed (a setting, already rebuilt)
-            self._rebuild_wanted = False
+            await self._tick.wait(time.monotonic())
             try:
                 await self.rebuild()
                 await self.analysis.admission_log.ingest(self.clock())
@@ -169,8 +167,7 @@ class ControlPlane:
                 await self.analysis.autoscale()
             except Exception:
                 log.exception("GitHub refresh failed; the next round tries again")
-            await wait_event(self._github_wake, self.setting("github_s"))
-            self._github_wake.clear()
+            await self._github.wait(time.monotonic())  # the pause is between rounds
 
     async def _history_loop(self) -> None:
         while True:
@@ -178,8 +175,7 @@ class ControlPlane:
                 await self.analysis.round()
             except Exception:
                 log.exception("analysis round failed; the next round tries again")
-            await wait_event(self._history_wake, self.setting("history_s"))
-            self._history_wake.clear()
+            await self._history.wait(time.monotonic())
 
     def watched_repos(self) -> list[str]:
         """This host's runners' repositories, the agents' and FLEET_WATCH_REPOS."""
@@ -303,7 +299,7 @@ class ControlPlane:
             "groups": self._groups(every),
             "vitals": vitals,
             "capacity": cap,
-            "drift": drift_alerts(views, runs, at, self.setting("stuck_queue_s")),
+            "drift": drift_alerts(views, runs, jobs, every, at, self.setting("stuck_queue_s")),
             "queue_causes": queue_causes(runs, jobs, ctx, at),
             "alerts": self._alerts(cap),
             "github": {**self.github.status(),
@@ -443,9 +439,11 @@ class ControlPlane:
             await self.db.write(store.put_setting, setting.key, checked)
             self.live.stored[setting.key] = checked
         await self.rebuild()
-        # The tick loop picks up a changed interval now, not after the old one; the rebuild
-        # above already shows the new value, so it does not rebuild again.
-        self._wake.set()
+        # Every loop measures its wait again with the new values now, not after the old
+        # interval ends (github_s 300 -> 5 must not wait out the 300 s); none runs a round
+        # early for it, and the rebuild above already shows the new value.
+        for pacer in (self._tick, self._github, self._history):
+            pacer.retime()
         return {"ok": True, "key": setting.key, "value": self.setting(setting.key),
                 "source": self.live.source(setting.key)}
 

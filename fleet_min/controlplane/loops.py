@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,39 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+class Pacer:
+    """When a background loop runs next: `interval()` seconds after its last round began, at
+    once when poked, and re-timed at once when the interval changes.
+
+    A live setting (tick_s, github_s, history_s) changed from 300 to 5 must not wait out the 300
+    s already begun, and one changed from 5 to 300 must not start a round now: `retime()` makes
+    the waiting loop measure again from its last round with the new value. `poke()` asks for a
+    round now (after an action, say) and is kept if it arrives while a round is running.
+    """
+
+    def __init__(self, interval: Callable[[], float]) -> None:
+        self.interval = interval
+        self._event = asyncio.Event()
+        self._now = False
+
+    def poke(self) -> None:
+        self._now = True
+        self._event.set()
+
+    def retime(self) -> None:
+        self._event.set()
+
+    async def wait(self, since: float) -> None:
+        """Return when the next round is due; `since` is time.monotonic() of the last one."""
+        while not self._now:
+            remaining = since + self.interval() - time.monotonic()
+            if remaining <= 0:
+                break
+            await wait_event(self._event, remaining)
+            self._event.clear()
+        self._now = False
 
 
 async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], grace_s: float = 2.0) -> None:

@@ -95,8 +95,8 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
             "This host's name in the federation (default: the system's host name)."),
     Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
-            "Run as an agent of this coordinator (its URL): send heartbeats, run the drain, "
-            "resume and health-check commands it queues.", "--coordinator"),
+            "Run as an agent of this coordinator (its URL): send heartbeats, run the runner "
+            "actions and health checks it forwards, in order.", "--coordinator"),
     Setting("coordinator_token_file", "FLEET_COORDINATOR_TOKEN_FILE", "", str,
             "File holding the coordinator's agent token (default: <state>/coordinator-token)."),
     Setting("watch_repos", "FLEET_WATCH_REPOS", (), _repos,

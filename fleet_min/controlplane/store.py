@@ -170,6 +170,37 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX host_commands_host ON host_commands (host, done_at);
     """,
+    # 3: ordered federation commands. The coordinator numbers each agent's commands in one
+    # queue (host_queues; a new queue id restarts the numbers) and the agent keeps the last
+    # number it applied and each command's result (link_state, link_results) across restarts.
+    """
+    ALTER TABLE host_commands ADD COLUMN seq INTEGER;
+    ALTER TABLE host_commands ADD COLUMN code INTEGER;
+    ALTER TABLE host_commands ADD COLUMN runner TEXT;
+    CREATE UNIQUE INDEX host_commands_seq ON host_commands (host, seq);
+    CREATE TABLE host_queues (
+        host TEXT PRIMARY KEY,
+        queue TEXT NOT NULL,
+        last_seq INTEGER NOT NULL DEFAULT 0,
+        applied INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE link_state (
+        queue TEXT PRIMARY KEY,
+        applied INTEGER NOT NULL DEFAULT 0,
+        running INTEGER,
+        running_id TEXT,
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE link_results (
+        id TEXT PRIMARY KEY,
+        queue TEXT,
+        seq INTEGER,
+        result TEXT NOT NULL,
+        reported INTEGER NOT NULL DEFAULT 0,
+        at REAL NOT NULL
+    );
+    CREATE INDEX link_results_owed ON link_results (reported, at);
+    """,
 ]
 
 KEEP_AUDIT = 20000

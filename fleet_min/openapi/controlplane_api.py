@@ -86,7 +86,10 @@ CAPACITY = obj({
 
 ACTION_REPLY = obj({"ok": BOOL, "action": STR, "code": null(INT), "output": STR,
                     "durationMs": integer(0), "command": null(STR), "error?": STR,
-                    "runner?": ANY})
+                    "runner?": ANY, "queued?": BOOL, "host?": STR, "command_id?": STR,
+                    "seq?": integer(1)},
+                   description="queued: true when forwarded to the agent host that has the "
+                               "runner; its result then follows in GET /api/hosts commands")
 
 SETTING = obj({"key": STR, "type": STR, "default": ANY, "env": STR, "help": STR, "value": ANY,
                "source": enum("stored", "env", "default"), "choices?": arr(STR),
@@ -206,12 +209,14 @@ def _control() -> list[Route]:
                                      "health check)",
               {200: json_reply(ref("ActionReply"), "ran; ok says whether its commands "
                                                    "succeeded")},
-              {400: BAD_JSON, **AUTH_ERRORS, 404: NO_RUNNER,
+              {400: "id or args is missing or of the wrong type (the sentence names it), "
+                    "or the body is not valid JSON", **AUTH_ERRORS, 404: NO_RUNNER,
                409: "refused: capacity, the per-repo limit, or a busy runner",
                413: TOO_LARGE, 503: "GitHub will not give a registration token"},
               body=Body(obj({"id": enum("runner.duplicate", "runner.drain", "runner.resume",
                                         "runner.deregister", "health.check"),
-                             "args?": obj()}), "{id, args}"),
+                             "args": obj()}), "{id, args}; args is {} for an action that "
+                                              "takes none"),
               tag=tag, security=bearer),
         Route("POST", "/api/settings", "Change (or reset) a live setting",
               {200: json_reply(obj({"ok": enum(True), "key": STR, "value": ANY,
@@ -233,15 +238,18 @@ def _agents() -> list[Route]:
     either = ("controlToken", "agentToken")
     return [
         Route("POST", "/api/host/heartbeat", "An agent host reports its state",
-              {200: json_reply(obj({"ok": enum(True), "commands": arr(obj({
-                  "id": STR, "action": STR, "args": obj()}))}),
-                  "stored; the commands queued for the host (held up to wait_s for one)")},
+              {200: json_reply(obj({"ok": enum(True), "queue": STR, "commands": arr(obj({
+                  "id": STR, "seq": integer(1), "action": STR, "args": obj()}))}),
+                  "stored; the host's queue id and its unfinished commands numbered after "
+                  "`applied`, in order (held up to wait_s for one)")},
               {400: BAD_JSON, **AUTH_ERRORS, 409: "the host is this coordinator's own name",
                413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "role?": ANY,
                              "wait_s?": {"type": "number", "minimum": 0, "maximum": 3600},
                              "runners?": arr(obj({"name": HOST_NAME}), maxItems=500),
-                             "capacity?": ANY, "vitals?": ANY, "load?": ANY}),
+                             "capacity?": ANY, "vitals?": ANY, "load?": ANY,
+                             "queue?": null(string(pattern="^[0-9a-f]{16,64}$")),
+                             "applied?": integer(0, 2**53 - 1)}),
                         "the agent's state"),
               tag=tag, security=either),
         Route("POST", "/api/host/results", "An agent host reports command results",
@@ -249,8 +257,9 @@ def _agents() -> list[Route]:
                                     "matched?": integer(0)}))},
               {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "results": arr(obj({
-                  "id": STR, "ok?": ANY, "error?": ANY, "output?": ANY}))}),
-                        "{host, results: [{id, ok, error, output}]}"),
+                  "id": STR, "seq?": ANY, "ok?": ANY, "error?": ANY, "output?": ANY,
+                  "code?": ANY, "runner?": ANY}))}),
+                        "{host, results: [{id, seq, ok, error, output, code, runner}]}"),
               tag=tag, security=either),
     ]
 

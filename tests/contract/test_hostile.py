@@ -427,7 +427,9 @@ CP_BODIES: dict[str, list[Any]] = {
         {}, {"host": 5}, {"host": "../x"}, {"host": "a" * 101}, {"host": "a\u0000b"},
         {"host": ""}, {"host": "-x"}, {"host": "h", "wait_s": -1}, {"host": "h", "wait_s": "1"},
         {"host": "h", "runners": "r1"}, {"host": "h", "runners": [{"name": "../r"}]},
-        {"host": "h", "runners": [{"name": "r"}] * 501}],
+        {"host": "h", "runners": [{"name": "r"}] * 501}, {"host": "h", "queue": "../x"},
+        {"host": "h", "queue": 5}, {"host": "h", "applied": -1}, {"host": "h", "applied": True},
+        {"host": "h", "applied": 1.5}, {"host": "h", "applied": 2**60}],
     "POST /api/simulate": [
         {}, {"repo": "octo/app"}, {"repo": "../x", "runnerCounts": [1], "sloSec": 60},
         {"repo": "a/b/c", "runnerCounts": [1], "sloSec": 60},

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 from typing import Any
 
@@ -120,6 +121,25 @@ async def test_busy_runner_is_working_and_queue_causes_explain_waiting_runs(host
     snap = await state(client)
     assert any(d["kind"] == "queue-stuck" for d in snap["drift"])
     assert snap["active_runs"][0]["jobs"][0]["labels"] == ["self-hosted", "gpu"]
+
+
+async def test_a_run_for_github_hosted_runners_is_never_stuck_here(host: Host,
+                                                                   client: Any) -> None:
+    host.add_runner("r1", labels=["linux"])
+    hosted = host.github.add_run("octo/app", "queued", "2026-01-01T00:00:00Z", ["ubuntu-latest"])
+    ours = host.github.add_run("octo/app", "queued", "2026-01-01T00:00:00Z",
+                               ["self-hosted", "linux"])
+    cp_of(client).wake(github=True)
+    causes = await until(lambda: _causes_for(client, {hosted, ours}))
+    assert causes[hosted] == "github-hosted"
+    snap = await state(client)
+    stuck = {d["run_id"] for d in snap["drift"] if d["kind"] == "queue-stuck"}
+    assert stuck == {ours}
+
+
+async def _causes_for(client: Any, runs: set[int]) -> dict[int, str] | None:
+    causes = {c["run_id"]: c["cause"] for c in await _queue_causes(client)}
+    return causes if runs <= set(causes) else None
 
 
 async def _queue_causes(client: Any) -> list[dict[str, Any]]:
@@ -298,6 +318,45 @@ async def test_action_validation(host: Host, client: Any) -> None:
         assert isinstance(reply["error"], str)
 
 
+async def test_action_body_needs_id_and_args_and_every_refusal_is_audited(
+        host: Host, client: Any) -> None:
+    """The spec's body is {id, args}: a missing or mistyped field is a 400 that names it, and
+    every refused request lands in the audit log with its reason, bad bodies included."""
+    host.add_runner("r1")
+    headers = auth(cp_of(client))
+    cases = [({"id": "health.check"}, "args"),
+             ({"id": "runner.drain"}, "args"),
+             ({"args": {}}, "id"),
+             ({}, "no id and no args"),
+             ({"id": 5, "args": {}}, "id must be"),
+             ({"id": ["runner.drain"], "args": {}}, "id must be"),
+             ({"id": "runner.drain", "args": "r1"}, "args must be"),
+             ({"id": "runner.drain", "args": None}, "args must be"),
+             ({"id": "runner.drain", "args": {"name": {"deep": [1]}}}, "args.name"),
+             ({"id": "runner.drain", "args": {"name": "ghost"}}, "no runner named")]
+    said = []
+    for body, named in cases:
+        resp = await client.post("/api/action", json=body, headers=headers)
+        reply = await resp.json()
+        assert resp.status in (400, 404), (body, reply)
+        assert reply["ok"] is False and named in reply["error"], (body, reply)
+        said.append(reply["error"])
+    resp = await client.post("/api/action", data=b'{"id": "health.check", ', headers={
+        **headers, "Content-Type": "application/json"})
+    assert resp.status == 400 and "not valid JSON" in (await resp.json())["error"]
+    resp = await client.post("/api/action", json=["health.check"], headers=headers)
+    assert resp.status == 400
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        rows = conn.execute("SELECT action, args, ok, error FROM audit ORDER BY id").fetchall()
+    assert len(rows) == len(cases) + 2, rows
+    assert all(ok == 0 and error for _, _, ok, error in rows), rows
+    assert [r[3] for r in rows[:len(cases)]] == said  # each with the reason it was given
+    assert rows[0][0] == "health.check" and rows[2][0] == "action.invalid"
+    assert json.loads(rows[8][1]) == {"name": "<dict>"}  # nothing a client nested is stored
+    assert "not valid JSON" in rows[-2][3] and "JSON object" in rows[-1][3]
+    assert (host.root / "r1" / ".fleet-drain").exists() is False
+
+
 # --- settings ----------------------------------------------------------------------------------
 
 async def test_settings_list_change_reset(client: Any) -> None:
@@ -360,6 +419,49 @@ async def test_bundle_is_redacted_allow_listed_and_names_exclusions(host: Host,
     assert (await client.get("/api/runner/bundle", headers=auth(cp))).status == 400
 
 
+RAW = re.compile(r"\bNone\b|\bnull\b|\bTrue\b|\bFalse\b|^\s*[\[\]{}]|[\[{]['\"]|['\"]:\s")
+
+
+async def test_bundle_is_written_for_a_person(host: Host, client: Any) -> None:
+    """A runner with a job still running (no conclusion, no duration) and a busy service: every
+    line of the bundle outside the quoted files and log tail reads as text, with no Python None,
+    JSON null, True/False or a dumped dict or list."""
+    path = host.add_runner("r1", labels=["linux"])
+    host.start_unit("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").write_text("[2026-01-01 00:00:00Z INFO Runner] up\n")
+    host.github.add_run("octo/app", "in_progress", "2026-01-01T00:00:00Z",
+                        ["self-hosted", "linux"], runner="r1")
+    cp = cp_of(client)
+    cp.wake(github=True)
+    await until(lambda: _recorded_jobs(client, "r1"))
+    await until(lambda: _with_registration(client, "r1"))
+    resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp))
+    assert resp.status == 200
+    section, scanned = "", 0
+    for line in (await resp.text()).splitlines():
+        if line.startswith("===== "):
+            section = line.strip("= ")
+        elif section not in ("files", "_diag tail"):
+            assert not RAW.search(line), f"{section}: {line!r}"
+            scanned += 1
+    assert scanned > 40
+    text = await resp.text()
+    assert "in progress, no conclusion yet" in text and "Nones" not in text
+    assert "labels: self-hosted, Linux, X64, linux" in text
+    assert "draining: no" in text and "  active: active" in text
+
+
+async def _with_registration(client: Any, name: str) -> bool:
+    view = await runner_view(client, name)
+    return bool(view and view["registration"] == "registered")
+
+
+async def _recorded_jobs(client: Any, name: str) -> list[Any]:
+    detail = await (await client.get(f"/api/runner?name={name}")).json()
+    return list(detail.get("jobs") or [])
+
+
 # --- agent routes, hosts -----------------------------------------------------------------------
 
 async def test_agent_routes_accept_the_agent_token(host: Host, apply_env: Host,
@@ -370,7 +472,8 @@ async def test_agent_routes_accept_the_agent_token(host: Host, apply_env: Host,
     headers = {"Authorization": f"Bearer {agent}"}
     resp = await client.post("/api/host/heartbeat", json={"host": "pi-2", "runners": []},
                              headers=headers)
-    assert await resp.json() == {"ok": True, "commands": []}
+    reply = await resp.json()
+    assert reply["ok"] is True and reply["commands"] == [] and len(reply["queue"]) == 16
     resp = await client.post("/api/host/results", headers=headers, json={
         "host": "pi-2", "results": [{"id": "c1", "ok": False, "error": "boom", "output": ""}]})
     assert (await resp.json())["received"] == 1

@@ -1,12 +1,14 @@
 """Federation with two real daemons on loopback: a coordinator, and an agent started with
 `--coordinator URL` on a second fake host. The agent calls in; the coordinator never connects
-to it. Remote runners join the coordinator's snapshot; actions on them are queued to the agent,
-which runs only drain, resume and health check."""
+to it. Remote runners join the coordinator's snapshot; actions on them are forwarded to the
+agent through its numbered command queue, and reach it in order, each exactly once, whatever
+happens to either process in between (SIGKILL, SIGSTOP, restarts)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +19,8 @@ import aiohttp
 import pytest
 
 from tests.support import cp_fakes as fakes
-from tests.support.controlplane import REPO_ROOT, Daemon, Host, until
+from tests.support.collector import free_port
+from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
 
 pytestmark = pytest.mark.slow
@@ -54,15 +57,7 @@ async def test_coordinator_and_agent(tmp_path: Any, github: FakeGitHub,
     coord_host.add_runner("a-1", repo="octo/app", labels=["linux"])
     edge_host.add_runner("b-1", repo="octo/lib", labels=["linux"])
     pid = edge_host.start_unit("b-1", "octo/lib")
-    env = {**coord_host.full_env(), "PYTHONPATH": str(REPO_ROOT)}
-    agent_token = subprocess.run(
-        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
-         str(coord_host.state)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
-        check=True).stdout.strip()
-    token_file = edge_host.state / "coordinator-token"
-    edge_host.state.mkdir(parents=True, exist_ok=True)
-    token_file.write_text(agent_token + "\n")
-    token_file.chmod(0o600)
+    agent_token(coord_host, edge_host)
     coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "3"})
     edge = None
     try:
@@ -141,18 +136,33 @@ async def _scenario(http: aiohttp.ClientSession, coord: Daemon, edge: Daemon,
     done = await until(lambda: command(http, coord, reply["command_id"]), timeout=30)
     assert done["ok"] and "disk ok" in done["output"]
 
-    # Only allow-listed actions travel; the agent refuses anything else it is sent.
+    # Duplicate and deregister are forwarded too: the agent runs them and the result (with the
+    # new runner's name) comes back.
     status, reply = await act(http, coord, "runner.duplicate", name="b-1")
-    assert status == 409 and "only runner.drain" in reply["error"]
+    assert status == 200 and reply["queued"] and reply["host"] == "edge", reply
+    done = await until(lambda: command(http, coord, reply["command_id"]), timeout=60)
+    assert done["ok"] and done["runner"] == "b-2" and done["code"] == 0, done
+    edge_host.wait_listener("b-2", timeout=20)
+    await until(lambda: remote(http, coord, "b-2"), timeout=30)
+    status, reply = await act(http, coord, "runner.deregister", name="b-2", delete_dir=True)
+    assert status == 200 and reply["queued"], reply
+    done = await until(lambda: command(http, coord, reply["command_id"]), timeout=60)
+    assert done["ok"] and done["runner"] == "b-2", done
+    assert not (edge_host.root / "b-2").exists()
+    status, reply = await act(http, coord, "runner.deregister", name="b-1", delete_dir="yes")
+    assert status == 400 and "delete_dir" in reply["error"]  # checked before it is sent
     status, reply = await act(http, coord, "health.check", host="nowhere")
     assert status == 404
+    # Only allow-listed actions run there: a row written straight into the queue (by an older
+    # version: no number yet) is numbered in turn, sent, and refused by the agent.
     with sqlite3.connect(coord.host.state / "controlplane.db", timeout=30) as conn:
         conn.execute("INSERT INTO host_commands (id, host, action, args, who, queued_at) VALUES "
-                     "('cmd-forged', 'edge', 'runner.deregister', '{\"name\": \"b-1\"}', 'test', "
+                     "('cmd-forged', 'edge', 'runner.explode', '{\"name\": \"b-1\"}', 'test', "
                      "?)", (time.time(),))
-    # It is picked up at the agent's next call (within one heartbeat interval).
+    status, reply = await act(http, coord, "health.check", host="edge")  # rings the agent
     refused = await until(lambda: command(http, coord, "cmd-forged"), timeout=30)
     assert refused["ok"] is False and "not allowed on agent hosts" in refused["error"]
+    assert refused["seq"] < reply["seq"]
     assert (edge_host.root / "b-1" / ".runner").exists()
 
     # The agent's own audit log names the coordinator as the one who asked.
@@ -178,3 +188,164 @@ def test_agent_mode_refuses_a_missing_token_file(tmp_path: Any, github: FakeGitH
                            "--coordinator", "ftp://x"], env=env, cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "http(s) URL" in done.stderr
+
+
+class Order:
+    """A coordinator on a fixed port and its agent, with the commands sent so far."""
+
+    COORD_ENV = {"FLEET_HOST_NAME": "coord"}
+    # A long heartbeat: the coordinator holds each poll up to 20 s, so one is always held
+    # when a test needs a command to meet a poll whose agent has just died.
+    EDGE_ENV = {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "20"}
+
+    def __init__(self, coord_host: Host, edge_host: Host, http: aiohttp.ClientSession) -> None:
+        self.coord_host, self.edge_host, self.http = coord_host, edge_host, http
+        self.port = free_port()
+        self.coord = Daemon(coord_host, self.COORD_ENV, port=self.port)
+        self.edge = self.start_edge()
+        self.sent: list[tuple[str, str]] = []  # (command id, action)
+
+    def start_edge(self) -> Daemon:
+        return Daemon(self.edge_host, self.EDGE_ENV, args=("--coordinator", self.coord.url))
+
+    async def send(self, action: str) -> str:
+        status, reply = await act(self.http, self.coord, action, name="b-1")
+        assert status == 200 and reply["queued"] and reply["host"] == "edge", reply
+        self.sent.append((reply["command_id"], action))
+        return str(reply["command_id"])
+
+    async def done(self, command_id: str) -> dict[str, Any]:
+        return await until(lambda: command(self.http, self.coord, command_id), timeout=90)
+
+    async def poll_held(self, after: str) -> None:
+        """Wait until the agent has called in after `after` (a time): as nothing is queued,
+        that call is now held by the coordinator."""
+        async def called() -> bool:
+            hosts = await get(self.http, f"{self.coord.url}/api/hosts")
+            edge = next((h for h in hosts["hosts"] if h["host"] == "edge"), None)
+            return bool(edge and edge["last_heartbeat_at"] > after)
+        await until(called, timeout=30)
+
+    async def sent_out(self, command_id: str) -> None:
+        """Wait until the coordinator has handed the command to a poll (dead or alive)."""
+        async def handed() -> bool:
+            body = await get(self.http, f"{self.coord.url}/api/hosts")
+            return any(c["id"] == command_id and c["sent_at"] for c in body["commands"])
+        await until(handed, timeout=30)
+
+    def applied(self) -> list[str]:
+        """The actions the agent ran for the coordinator, in the order its audit log has them."""
+        with sqlite3.connect(self.edge_host.state / "controlplane.db", timeout=30) as conn:
+            return [row[0] for row in conn.execute(
+                "SELECT action FROM audit WHERE who LIKE 'coordinator %' ORDER BY id")]
+
+
+async def test_commands_reach_the_agent_in_order_exactly_once(
+        tmp_path: Any, github: FakeGitHub) -> None:
+    coord_host, edge_host = Host(tmp_path / "coord", github), Host(tmp_path / "edge", github)
+    edge_host.add_runner("b-1", repo="octo/lib", labels=["linux"])
+    edge_host.start_unit("b-1", "octo/lib")
+    agent_token(coord_host, edge_host)
+    # No kept-alive connection: the coordinator is killed and restarted on the same address.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+        await _order_scenario(coord_host, edge_host, http)
+
+
+async def _order_scenario(coord_host: Host, edge_host: Host,
+                          http: aiohttp.ClientSession) -> None:
+    o = Order(coord_host, edge_host, http)
+    try:
+        await until(lambda: remote(http, o.coord, "b-1"), timeout=30)
+        first = await o.done(await o.send("runner.drain"))
+
+        # SIGKILL the agent while the coordinator holds its poll: the next command is handed
+        # to that dead poll. The restarted agent must get it before the one queued after it.
+        await o.poll_held(first["done_at"])
+        o.edge.proc.kill()
+        o.edge.proc.wait()
+        lost = await o.send("runner.resume")
+        await o.sent_out(lost)
+        o.edge = o.start_edge()
+        last = await o.done(await o.send("runner.drain"))
+        await o.done(lost)
+
+        # SIGSTOP the agent while its poll is held; two commands are queued; SIGCONT.
+        await o.poll_held(last["done_at"])
+        o.edge.proc.send_signal(signal.SIGSTOP)
+        try:
+            await o.send("runner.resume")
+            stopped = await o.send("runner.drain")
+        finally:
+            o.edge.proc.send_signal(signal.SIGCONT)
+        last = await o.done(stopped)
+
+        # SIGKILL the coordinator right after it acknowledged a command, restart it on the
+        # same address with the same database, and send one more.
+        await o.poll_held(last["done_at"])
+        unsure = await o.send("runner.resume")
+        o.coord.proc.kill()
+        o.coord.proc.wait()
+        o.coord = Daemon(coord_host, Order.COORD_ENV, port=o.port)
+        final = await o.send("runner.drain")
+        await o.done(unsure)
+        await o.done(final)
+
+        expected = [action for _, action in o.sent]
+        assert o.applied() == expected  # in the order sent, none twice, none lost
+        # The service went down and up in that order too (a drain's stop may be issued twice,
+        # by the action and by the drain enforcement racing it; that changes no state).
+        verbs = [c["argv"][1] for c in edge_host.calls("systemctl")
+                 if c["argv"][1:2] in (["start"], ["stop"])
+                 and c["argv"][2] == edge_host.unit("b-1", "octo/lib")]
+        states = [v for i, v in enumerate(verbs) if i == 0 or verbs[i - 1] != v]
+        assert states == ["start"] + ["stop" if a == "runner.drain" else "start"
+                                      for a in expected], verbs
+        hosts = await get(http, f"{o.coord.url}/api/hosts")
+        seqs = {c["id"]: c["seq"] for c in hosts["commands"]}
+        assert [seqs[c] for c, _ in o.sent] == list(range(1, len(o.sent) + 1))
+    finally:
+        o.edge.stop()
+        o.coord.stop()
+        fakes.kill_all_listeners(edge_host.root)
+
+
+async def test_a_command_the_agent_died_in_is_not_run_again(
+        tmp_path: Any, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """SIGKILL while a forwarded health check runs: after the restart that command is settled
+    as interrupted (not run a second time) and the queue goes on with the next one."""
+    coord_host, edge_host = Host(tmp_path / "coord", github), Host(tmp_path / "edge", github)
+    runs, gate = tmp_path / "runs", tmp_path / "gate"
+    script = tmp_path / "health.sh"
+    script.write_text(f"#!/bin/sh\necho run >> '{runs}'\n"
+                      f"while [ ! -e '{gate}' ]; do sleep 0.05; done\necho disk ok\n")
+    script.chmod(0o755)
+    agent_token(coord_host, edge_host)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    edge_env = {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1",
+                "FLEET_HEALTH_SCRIPT": str(script)}
+    edge = Daemon(edge_host, edge_env, args=("--coordinator", coord.url))
+    try:
+        await until(lambda: _host_listed(http, coord), timeout=30)
+        status, reply = await act(http, coord, "health.check", host="edge")
+        assert status == 200, reply
+        await until(lambda: runs.exists(), timeout=30)
+        edge.proc.kill()
+        edge.proc.wait()
+        fakes.kill_all_listeners(edge_host.root)
+        gate.touch()
+        edge = Daemon(edge_host, edge_env, args=("--coordinator", coord.url))
+        done = await until(lambda: command(http, coord, reply["command_id"]), timeout=30)
+        assert done["ok"] is False and "not run again" in done["error"], done
+        status, second = await act(http, coord, "health.check", host="edge")
+        done = await until(lambda: command(http, coord, second["command_id"]), timeout=30)
+        assert done["ok"] and second["seq"] == reply["seq"] + 1
+        assert runs.read_text().count("run") == 2  # the first once, the second once
+    finally:
+        edge.stop()
+        coord.stop()
+
+
+async def _host_listed(http: aiohttp.ClientSession, coord: Daemon) -> bool:
+    hosts = await get(http, f"{coord.url}/api/hosts")
+    return any(h["host"] == "edge" for h in hosts["hosts"])
+

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from fleet_min.controlplane import auth, procs, tokens, vitals
+from fleet_min.controlplane.actions import copy_name
 from fleet_min.controlplane.auth import Need
 from fleet_min.controlplane.capacity import capacity, refusals_for_repo
 from fleet_min.controlplane.drift import drift_alerts
@@ -206,7 +207,8 @@ def test_drift_kinds() -> None:
     ]
     runs = [{"id": 9, "repo": "octo/app", "name": "CI", "status": "queued",
              "created_at": "2026-01-01T00:00:00Z"}]
-    alerts = drift_alerts(views, runs, now=1767225600 + 3600, stuck_s=900)
+    jobs = [{"run_id": 9, "labels": ["self-hosted", "linux"]}]
+    alerts = drift_alerts(views, runs, jobs, views, now=1767225600 + 3600, stuck_s=900)
     kinds = {(a["kind"], a.get("runner")) for a in alerts}
     assert ("service-missing", "missing") in kinds and ("service-dead", "dead") in kinds
     assert ("no-listener", "nolistener") in kinds and ("unregistered", "unreg") in kinds
@@ -214,6 +216,23 @@ def test_drift_kinds() -> None:
     assert not any(a.get("runner") == "drained" for a in alerts)
     assert any(a["kind"] == "label-mismatch" for a in alerts)
     assert any(a["kind"] == "queue-stuck" and a["run_id"] == 9 for a in alerts)
+
+
+def test_only_runs_for_self_hosted_runners_can_be_stuck() -> None:
+    """A job on a GitHub image waits on GitHub's runners, not ours: no queue-stuck for it. A
+    job asking for self-hosted, or only for labels one of our runners carries, is ours."""
+    views = [_view("r1", labels=["self-hosted", "Linux", "gpu"])]
+    labels = {1: ["ubuntu-latest"], 2: ["self-hosted", "arm64"], 3: ["gpu", "linux"],
+              4: ["windows-2022", "large"], 5: []}
+    runs = [{"id": n, "repo": "octo/app", "name": "CI", "status": "queued",
+             "created_at": "2026-01-01T00:00:00Z"} for n in [*labels, 6]]
+    jobs = [{"run_id": n, "labels": wanted} for n, wanted in labels.items()]
+    alerts = drift_alerts(views, runs, jobs, views, now=1767225600 + 3600, stuck_s=900)
+    assert sorted(a["run_id"] for a in alerts if a["kind"] == "queue-stuck") == [2, 3]
+    # the same labels in another repository: no runner of ours there carries them
+    other = [{**run, "repo": "octo/web"} for run in runs]
+    alerts = drift_alerts(views, other, jobs, views, now=1767225600 + 3600, stuck_s=900)
+    assert sorted(a["run_id"] for a in alerts if a["kind"] == "queue-stuck") == [2]
 
 
 # --- parsers -----------------------------------------------------------------------------------
@@ -269,3 +288,16 @@ def test_runner_file_written_by_fakes_has_a_bom(tmp_path: Path) -> None:
     raw = (tmp_path / ".runner").read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf")
     assert json.loads(raw.decode("utf-8-sig"))["agentName"] == "r"
+
+
+def test_copy_name_is_one_series() -> None:
+    """A copy's default name: the name without a trailing -N, then the lowest free number from
+    2 (the UI suggests the same; js/actions.js copyName)."""
+    assert copy_name("app", set()) == "app-2"
+    assert copy_name("app-1", {"app-1"}) == "app-2"
+    assert copy_name("app-1", {"app-1", "app-2"}) == "app-3"
+    assert copy_name("app-2", {"app-1", "app-2"}) == "app-3"
+    assert copy_name("app-1", {"app-1", "app-3"}) == "app-2"  # a gap is filled
+    assert copy_name("build-x64", set()) == "build-x64-2"
+    assert copy_name("a", {f"a-{n}" for n in range(2, 1000)}) is None
+

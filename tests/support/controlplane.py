@@ -118,12 +118,13 @@ class Daemon:
     """`python -m fleet_min controlplane` as a real process on a free port."""
 
     def __init__(self, host: Host, extra_env: dict[str, str] | None = None,
-                 args: tuple[str, ...] = ()) -> None:
+                 args: tuple[str, ...] = (), port: int = 0) -> None:
+        """port 0: any free port; a fixed one lets a restarted daemon keep its address."""
         self.host = host
         env = {**host.full_env(), **(extra_env or {}), "PYTHONPATH": str(REPO_ROOT)}
         with open(host.tmp / "daemon.log", "ab") as log:  # the child keeps its own copy
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0",
+                [sys.executable, "-m", "fleet_min", "controlplane", "--port", str(port),
                  "--root", str(host.root), "--state", str(host.state), *args],
                 env=env, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO_ROOT)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
@@ -142,3 +143,18 @@ class Daemon:
 
     def stop(self) -> int:
         return stop_process(self.proc)
+
+
+def agent_token(coord_host: Host, agent_host: Host) -> str:
+    """A separate agent token on the coordinator (`controlplane token --agent`), written to the
+    agent host's coordinator-token file (0600) as an operator would."""
+    env = {**coord_host.full_env(), "PYTHONPATH": str(REPO_ROOT)}
+    token = subprocess.run(
+        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
+         str(coord_host.state)], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
+        check=True, timeout=60).stdout.strip()
+    agent_host.state.mkdir(parents=True, exist_ok=True)
+    (agent_host.state / "coordinator-token").write_text(token + "\n")
+    (agent_host.state / "coordinator-token").chmod(0o600)
+    return token
+

@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 import pytest
 
 from tests.support import cp_fakes as fakes
-from tests.support.controlplane import REPO_ROOT
+from tests.support.controlplane import REPO_ROOT, Daemon, agent_token
 from tests.support.fake_github import FakeGitHub
 from tests.support.cp_fixtures import (
     BUSY_RUNNER,
@@ -86,10 +86,11 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"controlplane-{name}.png"), full_page=True)
 
 
-def heartbeat(daemon: UiDaemon, host: str) -> None:
+def heartbeat(daemon: UiDaemon, host: str, runners: list[str] | None = None) -> None:
     """A remote agent reports, so the Hosts screen has more than this host."""
-    body = json.dumps({"host": host, "runners": [{"name": "pi-runner-1"}], "load": [0.4, 0.3, 0.2],
-                       "capacity": {"ceiling": 2, "busy": 1}}).encode()
+    body = json.dumps({"host": host, "runners": [{"name": name, "repo": "octo/shelf"}
+                                                 for name in runners or ["pi-runner-1"]],
+                       "load": [0.4, 0.3, 0.2], "capacity": {"ceiling": 2, "busy": 1}}).encode()
     request = urllib.request.Request(f"{daemon.url}/api/host/heartbeat", data=body, headers={
         "Content-Type": "application/json", "Authorization": f"Bearer {daemon.token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
@@ -134,6 +135,12 @@ def open_page(browser: Browser, url: str, **context: Any) -> tuple[Page, Console
 
 def runner_row(page: Page, name: str) -> Any:
     return page.locator(f'tr[data-runner="{name}"]')
+
+
+def use_token(page: Page, token: str) -> None:
+    page.locator("#token").fill(token)
+    page.get_by_role("button", name="Use token").click()
+    expect(page.locator(".token-set")).to_contain_text("token set")
 
 
 def visit(page: Page, console: Console, screen: str) -> None:
@@ -239,6 +246,120 @@ def test_ui_shows_the_host_and_drains_a_runner_with_the_token(live: UiDaemon,
     expect(row).to_contain_text("stored")
     assert console.errors == []
     page.context.close()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_duplicate_offers_the_name_the_daemon_will_use(live: UiDaemon, browser: Browser) -> None:
+    """The dialog's suggested name is the daemon's default: app-build-1 with app-build-2 taken
+    is copied as app-build-3 (a trailing -N left out, the lowest free number), not
+    app-build-1-2."""
+    page, console = open_page(browser, live.url)
+    use_token(page, live.token)
+    page.locator(f'button[data-action="runner.duplicate"][data-runner="{BUSY_RUNNER}"]').click()
+    dialog = page.locator("dialog.confirm")
+    expect(dialog.locator('input[name="new_name"]')).to_have_attribute("placeholder",
+                                                                      "app-build-3")
+    page.keyboard.press("Escape")
+    expect(dialog).to_be_hidden()
+    assert console.errors == []
+    page.context.close()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_a_remote_runner_offers_working_actions_and_shows_the_forwarded_outcome(
+        tmp_path: Path, github: FakeGitHub, browser: Browser) -> None:
+    """A coordinator and a real agent daemon: at 1280 px the agent's runner is marked with its
+    host, its row offers the actions that the agent really runs (forwarded in order), and a
+    forwarded Duplicate's notice shows the agent's result with the new runner's name."""
+    coord_host, edge_host = make_host(tmp_path / "coord", github), make_host(tmp_path / "edge",
+                                                                            github)
+    edge_host.add_runner("edge-1", "octo/edge", labels=["linux"])
+    edge_host.start_unit("edge-1", "octo/edge")
+    agent_token(coord_host, edge_host)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    edge = Daemon(edge_host, {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1"},
+                  args=("--coordinator", coord.url))
+    try:
+        page, console = open_page(browser, coord.url)
+        row = runner_row(page, "edge-1")
+        expect(row).to_have_attribute("data-host", "edge", timeout=WAIT_MS)
+        expect(row.locator(".badge.info")).to_have_text("edge")
+        use_token(page, coord.token)
+        buttons = row.locator("button[data-action]")
+        expect(buttons).to_have_count(3)
+        assert sorted(buttons.evaluate_all("all => all.map((b) => b.dataset.action)")) == [
+            "runner.deregister", "runner.drain", "runner.duplicate"]
+        for index in range(3):
+            expect(buttons.nth(index)).to_be_enabled()
+        row.locator('button[data-action="runner.duplicate"]').click()
+        dialog = page.locator("dialog.confirm")
+        expect(dialog.locator('input[name="new_name"]')).to_have_attribute("placeholder",
+                                                                          "edge-2")
+        dialog.locator("[data-confirm=yes]").click()
+        expect(page.locator(".toast").first).to_contain_text("Duplicate: edge-1 sent to edge")
+        expect(page.locator(".toast.ok")).to_contain_text("Duplicate: edge-1 on edge done: edge-2",
+                                                          timeout=60_000)
+        expect(runner_row(page, "edge-2")).to_have_attribute("data-host", "edge",
+                                                             timeout=WAIT_MS)
+        edge_host.wait_listener("edge-2", timeout=20)
+        shot(page, "remote-duplicated")
+        # Its page: what the agent reported, the forwarded actions, no bundle to download.
+        row.get_by_role("link", name="edge-1").click()
+        expect(page.locator("#runner-title")).to_contain_text("edge-1")
+        expect(page.locator("#remote")).to_contain_text("runs on the agent host edge")
+        expect(page.locator("#facts")).to_contain_text("registered")
+        expect(page.locator("main")).not_to_contain_text("undefined")
+        expect(page.get_by_role("button", name="Download bundle")).to_have_count(0)
+        expect(page.locator('main button[data-action="runner.drain"]')).to_be_enabled()
+        shot(page, "remote-runner")
+        assert console.errors == []
+        page.context.close()
+    finally:
+        edge.stop()
+        coord.stop()
+        fakes.kill_all_listeners(edge_host.root)
+        fakes.kill_all_listeners(coord_host.root)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_hosts_screen_fits_a_laptop_screen(tmp_path: Path, github: FakeGitHub,
+                                           browser: Browser) -> None:
+    """A dozen hosts (this one and eleven agents reporting over HTTP), 80 admission decisions
+    and autoscale on: the Hosts screen is one 1280x800 screen; the decision logs scroll inside
+    their panels."""
+    host = make_host(tmp_path, github)
+    host.add_runner("lap-1", "octo/app", labels=["linux"])
+    host.state.mkdir(parents=True, exist_ok=True)
+    with open(host.state / "admission.log", "w", encoding="utf-8") as log:
+        for n in range(80):
+            log.write(json.dumps({
+                "at": f"2026-01-01T00:{n % 60:02d}:00Z", "decision": ("admitted", "held",
+                                                                       "released")[n % 3],
+                "wait_s": n, "reason": "load per core 2.1 above 1.5", "load": 2.1,
+                "runner": "lap-1", "repo": "octo/app", "run_id": 5000 + n, "job": "build",
+                "workflow": "CI"}) + "\n")
+    daemon = UiDaemon(host, {"FLEET_AUTOSCALE": "on"}).start()
+    try:
+        for n in range(11):
+            heartbeat(daemon, f"pi-{n:02d}", [f"pi-{n:02d}-r{k}" for k in range(3)])
+        page, console = open_page(browser, daemon.url + "/#/hosts",
+                                  viewport={"width": 1280, "height": 800})
+        expect(page.locator("#hosts tbody tr")).to_have_count(12, timeout=WAIT_MS)
+        expect(page.locator("#admission")).to_contain_text("released", timeout=WAIT_MS)
+        expect(page.locator("#autoscale")).to_contain_text("enabled", timeout=WAIT_MS)
+        height = page.evaluate("document.documentElement.scrollHeight")
+        assert height <= 800, height
+        box = page.locator("#admission .capped")
+        assert box.evaluate("box => box.scrollHeight > box.clientHeight")  # it scrolls inside
+        shot(page, "hosts-dozen")
+        assert console.errors == []
+        page.context.close()
+    finally:
+        daemon.stop()
+        fakes.kill_all_listeners(host.root)
 
 
 SAMPLES: dict[str, Any] = {

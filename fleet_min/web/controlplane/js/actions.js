@@ -3,7 +3,7 @@
 // and goes only to this daemon, in the Authorization header of the calls that need it.
 import { html, useEffect, useRef, useState } from "./html.js";
 import { state, set, saveToken, readOnly, toast } from "./store.js";
-import { postJSON, isAuth } from "./api.js";
+import { getJSON, postJSON, isAuth } from "./api.js";
 
 // Actions that take a runner out of service ask first; the catalogue may also say so itself.
 const DESTRUCTIVE = new Set(["runner.drain", "runner.deregister"]);
@@ -15,13 +15,56 @@ function relevant(entry, runner) {
   return true;
 }
 
+// The daemon's default name for a copy (actions.py copy_name): the name without a trailing
+// "-<number>", then "-2", or the lowest free number above it among that host's runners.
+export function copyName(name, taken) {
+  const base = name.replace(/-\d+$/, "");
+  for (let n = 2; n < 1000; n += 1) {
+    if (!taken.has(`${base}-${n}`)) return `${base}-${n}`;
+  }
+  return "";
+}
+
+const FOLLOW_EVERY_MS = 1000;
+const FOLLOW_FOR_MS = 180000; // a forwarded duplicate runs config.sh on the agent: minutes at most
+
+const pause = (ms) => new Promise((resolve) => { setTimeout(resolve, ms); });
+
+// A forwarded action's real outcome: the agent's result, read from GET /api/hosts (commands).
+async function followForwarded(reply, title, subject) {
+  const until = Date.now() + FOLLOW_FOR_MS;
+  while (Date.now() < until) {
+    await pause(FOLLOW_EVERY_MS);
+    let hosts;
+    try {
+      hosts = await getJSON("/api/hosts");
+    } catch {
+      continue; // the daemon restarting: ask again
+    }
+    const done = (hosts.commands || []).find((c) => c.id === reply.command_id && c.done_at);
+    if (done) {
+      const made = done.runner && done.runner !== subject ? `: ${done.runner}` : "";
+      toast(done.ok ? "ok" : "bad", `${title} on ${reply.host} ${done.ok ? "done" : "failed"}${made}`,
+        { error: done.error, output: done.output, code: done.code }, done.ok ? 8000 : 0);
+      return;
+    }
+  }
+  toast("bad", `${title}: no answer from ${reply.host} yet`,
+    { error: `It runs when ${reply.host} next calls in; the Hosts screen and GET /api/hosts show its result.` });
+}
+
 export async function runAction(entry, args, subject) {
   const key = `${entry.id}:${subject || ""}`;
   const title = subject ? `${entry.label}: ${subject}` : entry.label;
   set({ pending: new Set([...state.pending, key]) });
   try {
     const reply = await postJSON("/api/action", { id: entry.id, args }, state.token);
-    toast(reply.ok ? "ok" : "bad", `${title} ${reply.ok ? "done" : "failed"}`, reply, reply.ok ? 8000 : 0);
+    if (reply.queued) {
+      toast("info", `${title} sent to ${reply.host}`, { output: "Waiting for its result…" }, 5000);
+      await followForwarded(reply, title, subject);
+    } else {
+      toast(reply.ok ? "ok" : "bad", `${title} ${reply.ok ? "done" : "failed"}`, reply, reply.ok ? 8000 : 0);
+    }
   } catch (err) {
     if (isAuth(err) && !readOnly()) set({ tokenRefused: true });
     toast("bad", `${title} refused`, { error: err.message });
@@ -32,11 +75,17 @@ export async function runAction(entry, args, subject) {
   }
 }
 
+function runnersOn(host) {
+  return new Set((state.snap?.runners || []).filter((r) => r.host === host).map((r) => r.name));
+}
+
 function ask(entry, runner) {
-  const args = runner ? { name: runner.name } : {};
+  // A runner another host reports is named with its host, so the coordinator forwards the
+  // action there even if another agent reports the same name.
+  const args = runner ? { name: runner.name, ...(runner.remote ? { host: runner.host } : {}) } : {};
   const fields = [];
   if (entry.id === "runner.deregister") fields.push({ name: "delete_dir", type: "checkbox", label: "Also delete the runner's directory" });
-  if (entry.id === "runner.duplicate") fields.push({ name: "new_name", type: "text", label: "Name of the new runner (optional)", placeholder: `${runner.name}-2` });
+  if (entry.id === "runner.duplicate") fields.push({ name: "new_name", type: "text", label: "Name of the new runner (optional)", placeholder: copyName(runner.name, runnersOn(runner.host)) });
   const go = (values) => runAction(entry, { ...args, ...values }, runner?.name);
   if (!isDestructive(entry) && !fields.length) return go({});
   set({

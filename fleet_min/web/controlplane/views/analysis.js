@@ -149,32 +149,47 @@ export function Forecast() {
 }
 
 function HostsTable({ hosts }) {
-  return html`<div class="table-wrap"><table>
-    <thead><tr><th scope="col">Host</th><th scope="col">Role</th><th scope="col">Runners</th><th scope="col">Busy / ceiling</th><th scope="col">Load</th><th scope="col">Heartbeat</th></tr></thead>
+  return html`<div class="table-wrap"><table class="compact">
+    <thead><tr><th scope="col">Host</th><th scope="col">Role</th><th scope="col">Runners</th><th scope="col">Busy / ceiling</th>
+      <th scope="col">Load</th><th scope="col">Heartbeat</th><th scope="col">Waiting commands</th></tr></thead>
     <tbody>${hosts.map((h) => {
       const runners = Array.isArray(h.runners) ? h.runners.length : h.runners;
       const cap = h.capacity || {};
-      const stale = h.heartbeat_age_s > 120;
+      const stale = h.stale ?? h.heartbeat_age_s > 120;
       return html`<tr data-host=${h.host}>
         <th scope="row">${h.host}</th><td><${Badge} kind=${h.role === "coordinator" ? "info" : ""}>${h.role || "agent"}<//></td>
         <td>${runners ?? DASH}</td><td class="nowrap">${cap.busy ?? DASH} / ${cap.ceiling ?? DASH}</td>
         <td class="nowrap">${Array.isArray(h.load) ? h.load.map((x) => num(x)).join(" / ") : any(h.load)}</td>
-        <td>${h.role === "coordinator" ? "this host" : html`<${Badge} kind=${stale ? "bad" : "ok"}>${dur(h.heartbeat_age_s)} ago<//>`}</td>
+        <td class="nowrap">${h.local ? "this host" : html`<${Badge} kind=${stale ? "bad" : "ok"}>${dur(h.heartbeat_age_s)} ago<//>`}</td>
+        <td>${h.pending_commands ? h.pending_commands : DASH}</td>
       </tr>`;
     })}</tbody></table></div>`;
 }
 
+// A panel whose content may grow without bound (decision logs): its body scrolls inside a
+// fixed height, so the screen stays one laptop screen tall however many decisions there are.
+function CappedPanel({ id, title, what, path }) {
+  const res = useFetch(path, `${path}-${Math.floor(Date.now() / 10000)}`);
+  return html`<${Panel} id=${id} title=${title}>
+    <div class="capped" tabindex="0" role="region" aria-label=${title}>
+      <${Loaded} res=${res} what=${what} path=${path.split("?")[0]}>${(d) => html`<${AutoView} data=${d} />`}<//>
+    </div>
+  <//>`;
+}
+
 export function Hosts() {
   const res = useFetch("/api/hosts", `hosts-${Math.floor(Date.now() / 10000)}`);
-  return html`<div class="grid">
-    <${Panel} id="hosts" wide title="Hosts">
+  const count = res.data ? rowsOf(res.data, ["hosts"], "host").length : null;
+  return html`<div class="hosts-layout">
+    <${Panel} id="hosts" title=${count ? `Hosts (${count})` : "Hosts"}>
       <${Loaded} res=${res} what="Hosts" path="/api/hosts">${(data) => {
         const hosts = rowsOf(data, ["hosts"], "host");
         return hosts.length ? html`<${HostsTable} hosts=${hosts} />` : html`<${Empty}>No host has reported.<//>`;
       }}<//>
     <//>
-    <${SimplePanel} id="autoscale" title="Autoscale decisions" what="Autoscale" path="/api/autoscale" />
-    <${SimplePanel} id="admission" title="Admission decisions" what="Admission" path="/api/admission?limit=60" />
+    <div class="stack">
+      <${CappedPanel} id="autoscale" title="Autoscale decisions" what="Autoscale" path="/api/autoscale" />
+      <${CappedPanel} id="admission" title="Admission decisions" what="Admission" path="/api/admission?limit=60" />
+    </div>
   </div>`;
 }
-

@@ -93,9 +93,12 @@ function Queue({ snap }) {
 function RunnerRow({ r, snap }) {
   const drift = driftOf(snap, r.name);
   const gh = r.registration === "registered" ? `${r.registered?.status || "?"}${r.registered?.busy ? ", busy" : ""}` : r.registration;
-  const procs = r.listener ? `listener ${kb(r.listener.rss_kb)}, up ${dur(r.listener.uptime_s)}` : "no listener";
-  return html`<tr data-runner=${r.name} data-state=${r.state}>
-    <th scope="row" data-label="Runner"><a href=${`#/runner/${encodeURIComponent(r.name)}`}>${r.name}</a></th>
+  // An agent's runner: its processes are that host's to know; say where it runs instead.
+  const procs = r.remote ? `on ${r.host}${r.stale ? " (no recent report)" : ""}`
+    : r.listener ? `listener ${kb(r.listener.rss_kb)}, up ${dur(r.listener.uptime_s)}` : "no listener";
+  return html`<tr data-runner=${r.name} data-state=${r.state} data-host=${r.host}>
+    <th scope="row" data-label="Runner"><a href=${`#/runner/${encodeURIComponent(r.name)}`}>${r.name}</a>${r.remote
+      ? html` <${Badge} kind=${r.stale ? "warn" : "info"} title=${`reported by agent host ${r.host}; actions are forwarded to it`}>${r.host}<//>` : null}</th>
     <td data-label="State"><span><${StateBadge} state=${r.state} />${r.draining && r.draining_since ? html` <span class="muted small">since ${ago(r.draining_since)}</span>` : null}</span></td>
     <td data-label="Service"><span>${r.service?.active || DASH}${r.service?.sub && r.service.sub !== r.service.active ? ` (${r.service.sub})` : ""}</span></td>
     <td data-label="GitHub"><span>${gh}</span></td>

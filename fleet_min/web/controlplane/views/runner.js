@@ -18,14 +18,22 @@ function BundleButton({ name }) {
     title=${state.token ? "A text file of the runner's state and files, every secret redacted" : "Enter the control token to download"}>Download bundle</button>`;
 }
 
+function registration(r) {
+  if (r.registration !== "registered") return r.registration || DASH;
+  const reg = r.registered || {};
+  const id = reg.id !== undefined && reg.id !== null ? ` as #${reg.id}` : "";
+  return `registered${id}${reg.status ? `, ${reg.status}` : ""}${reg.busy ? ", busy" : ""}`;
+}
+
 function Facts({ r }) {
   return html`<${Panel} id="facts" title="Runner">
     <${KV} rows=${[
       ["Repository", r.url ? html`<a href=${r.url} rel="noopener noreferrer" target="_blank">${r.repo || r.url}</a>` : r.repo],
-      ["Directory", html`<code>${r.dir}</code>`],
+      ["Directory", r.dir ? html`<code>${r.dir}</code>` : DASH],
       ["Version", `${r.version || DASH}${r.staged_versions?.length ? ` (staged: ${r.staged_versions.join(", ")})` : ""}`],
       ["Labels", html`<${Chips} items=${r.labels} />`],
-      ["GitHub", r.registration === "registered" ? `registered as #${r.registered?.id}, ${r.registered?.status}${r.registered?.busy ? ", busy" : ""}` : r.registration],
+      ["Host", r.remote ? `${r.host} (agent host${r.stale ? ", no recent report" : ""})` : r.host],
+      ["GitHub", registration(r)],
       ["Draining", r.draining ? `since ${when(r.draining_since)}` : "no"],
     ]} />
   <//>`;
@@ -94,12 +102,13 @@ export function RunnerView({ name }) {
   const r = snap?.runners?.find((x) => x.name === name);
   const key = r ? `${r.state}|${r.draining}|${r.registration}|${Math.floor(Date.now() / REFRESH_MS)}` : "gone";
   const path = `/api/runner?name=${encodeURIComponent(name)}`;
-  const res = useFetch(r ? path : null, key);
+  const res = useFetch(r && !r.remote ? path : null, key);
   if (!snap) return html`<p class="muted" aria-busy="true">Waiting for the first snapshot…</p>`;
   if (!r) {
     return html`<div class="page-head"><a href="#/">← All runners</a></div>
       <${Empty}>No runner named <strong>${name}</strong> on this host now (deregistered or moved).<//>`;
   }
+  if (r.remote) return html`<${RemoteRunner} r=${r} />`;
   const drift = driftOf(snap, name);
   return html`<div class="page-head">
       <a href="#/">← All runners</a>
@@ -117,3 +126,23 @@ export function RunnerView({ name }) {
         <${Jobs} jobs=${detail.jobs || []} />`}<//>
     </div>`;
 }
+
+// A runner an agent host reports: what its report says, and the actions (forwarded to that
+// host). Its service, processes, events, jobs, log and bundle are on the agent's own daemon.
+function RemoteRunner({ r }) {
+  return html`<div class="page-head">
+      <a href="#/">← All runners</a>
+      <h2 class="title" id="runner-title">${r.name} <${StateBadge} state=${r.state} /></h2>
+      <div class="tools"><${RunnerActions} runner=${r} /></div>
+    </div>
+    <div class="grid">
+      <${Facts} r=${r} />
+      <${Panel} id="remote" title=${`On ${r.host}`}>
+        <p>${r.name} runs on the agent host <strong>${r.host}</strong>. Actions taken here are sent to it
+          and run there, in the order they were sent; their outcome shows here when it reports back.</p>
+        <p class="muted">Its service, processes, events, jobs, diagnostic log and bundle are on ${r.host}'s own
+          control plane.</p>
+      <//>
+    </div>`;
+}
+
