@@ -118,6 +118,9 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+    Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
+            "On SIGTERM or SIGINT, how long requests in progress (an upload) get to finish "
+            "before they are cut; long polls and streams end at once, a second signal exits."),
     # artifacts
     Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, byte_size,
             "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "

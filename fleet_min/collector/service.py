@@ -122,6 +122,15 @@ class Service:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.collector_id = stable_id(self.data_dir)
         await self.db.open()
+        try:
+            await self._start_loops()
+        except BaseException:
+            # aiohttp runs no on_cleanup after a failed start-up, and the database's threads
+            # would otherwise keep the process alive after it reported the failure.
+            await self.stop()
+            raise
+
+    async def _start_loops(self) -> None:
         self.dispatcher.start()
         swept = await self.sweep()
         if swept.requeued or swept.failed:

@@ -87,6 +87,9 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
     Setting("log_file", "FLEET_LOG_FILE", "", str,
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
+    Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
+            "On SIGTERM or SIGINT, how long requests in progress get to finish before they "
+            "are cut; streams end at once, a second signal exits."),
     Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
             "This host's name in the federation (default: the system's host name)."),
     Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
