@@ -2237,6 +2237,7 @@ class Option:
         self.default = default
         self.help = help
         self.shown = shown if shown is not None else _shown(default)
+        self.literal = shown is None and default is not None  # a value, not words about one
         self.kwargs = kwargs
 
     @property
@@ -2321,6 +2322,7 @@ def build_parser() -> argparse.ArgumentParser:
             help=f"{option.help} (default: {option.shown}; env {option.env})",
             **option.kwargs)
         action.env, action.shown, action.meaning = option.env, option.shown, option.help
+        action.literal = option.literal
     for flag, help_text in (
             ("--print-descriptor", "Print the device id, descriptor, capabilities, vitals and "
                                    "tools as JSON and exit."),):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,8 +103,8 @@ def flag(text: str) -> bool:
 
 COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("bind", "FLEET_BIND", ("0.0.0.0",), csv_list,
-            "Comma-separated addresses to listen on. Default: every interface (a warning is "
-            "logged; loopback plus a private mesh address is recommended).", "--bind"),
+            "Comma-separated addresses to listen on; 0.0.0.0 is every interface (a warning is "
+            "logged: loopback plus a private mesh address is recommended).", "--bind"),
     Setting("port", "FLEET_PORT", 8788, port_number, "TCP port.", "--port"),
     Setting("data_dir", "FLEET_DATA_DIR", "./fleet-data", str,
             "Directory for the SQLite database, artifacts and the stable collector id.", "--data"),
@@ -241,17 +242,43 @@ def resolve(settings: Sequence[Setting], flags: Mapping[str, Any] | None = None,
     return Config(values)
 
 
+def shown_default(value: Any) -> str:
+    """A default as a person writes it in the environment: lists comma-separated, flags as
+    true/false; "" when there is none."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    return str(value)
+
+
 def add_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting]) -> None:
     for setting in settings:
         if setting.flag:
+            shown = shown_default(setting.default) or "none"
+            text = f"{setting.help} (default: {shown}; env {setting.env})"
             parser.add_argument(setting.flag, dest=setting.name, default=None,
-                                help=f"{setting.help} Env: {setting.env}.")
+                                help=text.replace("%", "%%"))
+
+
+def help_epilog(settings: Sequence[Setting], extra: str = "") -> str:
+    """The `--help` text for the settings without a flag: variable, default, meaning."""
+    lines = ["Settings without a flag are read from the environment. A flag wins over its",
+             "variable, which wins over the default (docs/configuration.md lists them all):",
+             ""]
+    for s in settings:
+        if not s.flag:
+            lines.append(f"  {s.env} (default: {shown_default(s.default) or 'none'})")
+            lines += textwrap.wrap(s.help, 88, initial_indent=" " * 6,
+                                   subsequent_indent=" " * 6)
+    return "\n".join(lines) + extra
 
 
 def markdown_table(settings: Sequence[Setting]) -> str:
     """The table docs/configuration.md carries; a test keeps the doc in step with this."""
     lines = ["| Variable | Flag | Default | Meaning |", "|---|---|---|---|"]
     for s in settings:
-        default = ",".join(s.default) if isinstance(s.default, tuple) else s.default
-        lines.append(f"| `{s.env}` | {f'`{s.flag}`' if s.flag else ''} | `{default}` | {s.help} |")
+        shown = shown_default(s.default)
+        default = f"`{shown}`" if shown else "(none)"
+        lines.append(f"| `{s.env}` | {f'`{s.flag}`' if s.flag else ''} | {default} | {s.help} |")
     return "\n".join(lines)

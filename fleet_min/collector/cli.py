@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from fleet_min import dirlock, logs, serving
-from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, markdown_table, resolve
+from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, help_epilog, resolve
 from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.collector")
@@ -23,11 +23,10 @@ log = logging.getLogger("fleet_min.collector")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-min collector",
-        description="Run the device job collector. Backups: `fleet-min collector backup PATH "
-                    "[--with-artifacts]` and `fleet-min collector restore PATH --data DIR` "
-                    "(each has its own --help).",
-        epilog="Settings without a flag are read from the environment:\n\n"
-               + markdown_table([s for s in COLLECTOR_SETTINGS if not s.flag]),
+        description="Run the device job collector.\n\nBackups: `fleet-min collector backup "
+                    "PATH [--with-artifacts]` and\n`fleet-min collector restore PATH --data DIR`"
+                    " (each has its own --help).",
+        epilog=help_epilog(COLLECTOR_SETTINGS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, COLLECTOR_SETTINGS)
     return parser

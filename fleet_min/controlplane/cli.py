@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import dirlock, heap, logs, serving
-from fleet_min.config import ConfigError, add_flags, resolve
+from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
-from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues
+from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues, live_help
 from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.controlplane")
@@ -88,9 +88,13 @@ def main(argv: list[str]) -> int:
     default <state>/coordinator-token)."""
     if argv and argv[0] == "token":
         return _token_command(argv[1:])
-    parser = argparse.ArgumentParser(prog="fleet-min controlplane",
-                                     description="Supervise this host's GitHub Actions runners "
-                                                 "and serve their dashboard API.")
+    parser = argparse.ArgumentParser(
+        prog="fleet-min controlplane",
+        description="Supervise this host's GitHub Actions runners and serve their dashboard "
+                    "API.\n\n`fleet-min controlplane token [--agent]` prints a token (its own "
+                    "--help).",
+        epilog=help_epilog(CONTROLPLANE_SETTINGS, live_help()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, CONTROLPLANE_SETTINGS)
     args = parser.parse_args(argv)
     try:
