@@ -171,8 +171,9 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "Topic events older than this many days are pruned by retention (0 keeps them)."),
     Setting("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0, non_negative_float,
             "Alerts resolved longer ago than this many days are pruned (0 keeps them)."),
-    Setting("retention_auto", "FLEET_RETENTION_AUTO", False, flag,
-            "Apply retention a minute after start and then daily (otherwise only on request)."),
+    Setting("retention_auto", "FLEET_RETENTION_AUTO", True, flag,
+            "Apply retention a minute after start and then daily; false applies it only on "
+            "request (POST /api/system/retention)."),
     Setting("log_file", "FLEET_LOG_FILE", "", str,
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
     Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, positive_float,
