@@ -39,7 +39,8 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def _reason(exc: OSError) -> str:
+def reason(exc: OSError) -> str:
+    """An OSError's reason as the end of a sentence: 'address already in use'."""
     text = exc.strerror or str(exc)
     return text[:1].lower() + text[1:]
 
@@ -79,7 +80,7 @@ def bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
         except OSError as exc:
             for sock in sockets:
                 sock.close()
-            raise BindError(f"cannot listen on {url_host(host)}:{port}: {_reason(exc)}"
+            raise BindError(f"cannot listen on {url_host(host)}:{port}: {reason(exc)}"
                             ) from None
     return sockets
 

@@ -80,7 +80,7 @@ def _serve(app: web.Application, config: Any, fast: bool) -> int:
         return 1
     except OSError as exc:
         print(f"fleet-min collector: cannot use the data directory {config.data_dir}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+              f"{serving.reason(exc)}", file=sys.stderr)
         return 1
     try:
         why = asyncio.run(serving.serve(
@@ -95,7 +95,7 @@ def _serve(app: web.Application, config: Any, fast: bool) -> int:
             print(f"fleet-min collector: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
-        print(f"fleet-min collector: cannot start: {exc.strerror or exc}: {exc.filename}",
+        print(f"fleet-min collector: cannot start: {serving.reason(exc)}: {exc.filename}",
               file=sys.stderr)
         return 1
     log.info("collector stopped (%s)", why)

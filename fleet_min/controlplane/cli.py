@@ -63,7 +63,7 @@ def _run(cfg: Any) -> int:
         return 1
     except OSError as exc:
         print(f"fleet-min controlplane: cannot use the state directory {cfg.state_dir}: "
-              f"{exc.strerror or exc}", file=sys.stderr)
+              f"{serving.reason(exc)}", file=sys.stderr)
         return 1
     from fleet_min.controlplane.app import create_app
     try:
@@ -75,7 +75,7 @@ def _run(cfg: Any) -> int:
             print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
-        print(f"fleet-min controlplane: cannot start: {exc.strerror or exc}: {exc.filename}",
+        print(f"fleet-min controlplane: cannot start: {serving.reason(exc)}: {exc.filename}",
               file=sys.stderr)
         return 1
     log.info("controlplane stopped (%s)", why)
