@@ -116,18 +116,18 @@ class Stopper:
             self.log.info("%s stopping (%s); a second signal exits at once", self.name, name)
             self.event.set()
             return
-        self.log.warning("%s: second signal (%s), exiting now without waiting for open requests "
-                    "or queued writes", self.name, name)
+        self.log.warning("%s: second signal (%s), exiting now without waiting for open "
+                         "requests or queued writes", self.name, name)
         logging.shutdown()  # flush the log; os._exit runs no handlers
         os._exit(128 + sig)
 
 
 async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name: str,
                 grace_s: float, announce: Callable[[list[tuple[str, int]]], None],
-                **runner_kwargs: Any) -> str | None:
-    """Run `app` on the bound sockets until a stop signal; the signal's name (None if the app
-    stopped on its own). The sockets are closed either way; a failure of the app's start-up
-    propagates after whatever had started is cleaned up."""
+                **runner_kwargs: Any) -> str:
+    """Run `app` on the bound sockets until a stop signal; the name of the signal. The sockets
+    are closed either way; a failure of the app's start-up propagates after whatever had
+    started is cleaned up."""
     stopper = Stopper(name)
     stopper.install()  # a signal during start-up is kept and honoured once started
     # keepalive_timeout also closes a connection that never completes a request (slow loris).
@@ -145,4 +145,5 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
         for sock in sockets:
             with contextlib.suppress(OSError):
                 sock.close()
+    assert stopper.why is not None  # only a signal ends the wait
     return stopper.why
