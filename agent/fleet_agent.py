@@ -606,11 +606,6 @@ def read_vitals(probe: Probe) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def default_state_dir() -> str:
-    return os.environ.get("FLEET_AGENT_STATE") or os.path.join(os.path.expanduser("~"),
-                                                               ".fleet-agent")
-
-
 def host_device_id(probe: Probe) -> str:
     """hostname plus a short hash of the machine id: readable, and distinct for cloned hostnames."""
     host = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().lower()).strip("-") or "device"
@@ -879,6 +874,7 @@ class Outbox:
         self.counter_lock = threading.Lock()
         self.flush_lock = threading.Lock()  # one poster at a time keeps the order
         self.counter = 0
+        self.delivered: dict[str, int] = {}  # rows each collector acknowledged, since start
 
     def put(self, collector_url: str, row: dict) -> str:
         with self.counter_lock:
@@ -923,13 +919,15 @@ class Outbox:
                 try:
                     Collector(url, timeout=30).post_results([row for _, row in chunk])
                 except Unreachable as exc:
-                    log.info("%d result rows kept on disk for later (%s)", len(chunk), exc)
+                    # The collector's link says once that it is unreachable; not every try.
+                    log.debug("%d result rows kept on disk for later (%s)", len(chunk), exc)
                     return False
                 except HttpError:
                     pass  # a refused row, or a collector without arrays: one at a time below
                 else:
                     for path, _ in chunk:
                         os.unlink(path)
+                    self._count(url, len(chunk))
                     continue
             for path, row in chunk:
                 if not self._post(url, row, path):
@@ -940,7 +938,7 @@ class Outbox:
         try:
             Collector(url, timeout=15).post_result(row)
         except Unreachable as exc:
-            log.info("result row kept on disk for later (%s)", exc)
+            log.debug("result row kept on disk for later (%s)", exc)
             return False
         except HttpError as exc:
             # The collector understood and refused the row; retrying cannot change its mind.
@@ -950,7 +948,11 @@ class Outbox:
             os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
             return True
         os.unlink(path)
+        self._count(url, 1)
         return True
+
+    def _count(self, url: str, rows: int) -> None:
+        self.delivered[url] = self.delivered.get(url, 0) + rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -1063,6 +1065,13 @@ def final(ok: bool, error: str | None = None, metrics: dict | None = None,
     return result
 
 
+def outcome(row: dict) -> str:
+    """A closing row in a word, for the log."""
+    if row.get("preempted"):
+        return "handed back"
+    return "ok" if row.get("ok") else "failed"
+
+
 class LeaseKeeper(threading.Thread):
     """Beacons the job's collector well inside the lease TTL and relays what it answers."""
 
@@ -1076,12 +1085,17 @@ class LeaseKeeper(threading.Thread):
         wait = self.interval
         while not self.done.wait(wait):
             wait = self.interval
+            outage = self.ctx.runtime.outage(self.ctx.collector.url)
             try:
                 reply = self.ctx.collector.beacon(self.ctx.runtime.beacon_body(self.ctx.job_id))
             except (Unreachable, HttpError) as exc:
-                log.warning("beacon for job %s failed: %s", self.ctx.job_id, exc)
                 wait = min(self.interval, 2.0)  # try again soon: the lease is running out
+                if isinstance(exc, Unreachable):
+                    outage.failed(exc, wait)  # said once per outage, not once per try
+                else:
+                    log.warning("beacon for job %s failed: %s", self.ctx.job_id, exc)
                 continue
+            outage.recovered()
             self.relay(reply)
 
     def relay(self, reply: dict) -> None:
@@ -4043,13 +4057,22 @@ class Runtime:
         self.gate = Gate()
         self.stopping = threading.Event()
         self.current: JobContext | None = None
+        self._outages: dict[str, Outage] = {}
+        self._outages_lock = threading.Lock()
+
+    def outage(self, url: str) -> Outage:
+        """The reachability record of one collector, shared by its link and the job's lease
+        keeper so an outage is told once whichever of them notices."""
+        with self._outages_lock:
+            if url not in self._outages:
+                self._outages[url] = Outage(url, self.outbox)
+            return self._outages[url]
 
     @staticmethod
     def explicit_tools(cfg: argparse.Namespace) -> dict:
         return {"llama-bench": cfg.llama_bench, "adb": cfg.adb, "xcrun": cfg.xcrun,
                 "chromium": cfg.chromium,
-                "flow_runner": cfg.flow_runner or os.environ.get("FLEET_FLOW_RUNNER"),
-                "native_bundle": cfg.native_bundle or os.environ.get("FLEET_NATIVE_BUNDLE"),
+                "flow_runner": cfg.flow_runner, "native_bundle": cfg.native_bundle,
                 **explicit_device_tools(cfg)}
 
     def benchmark_backends(self) -> list[str]:
@@ -4111,7 +4134,8 @@ class Runtime:
         self.current = ctx
         if self.stopping.is_set():
             ctx.request_stop("the agent is shutting down", handback=True)
-        log.info("job %s (%s) from %s", ctx.job_id, spec.get("workload"), collector.url)
+        log.info("job %s started: %s from %s", ctx.job_id, spec.get("workload"), collector.url)
+        started = time.monotonic()
         keeper = LeaseKeeper(ctx, beacon_interval(ctx.lease_ttl(), self.cfg.beacon_s))
         keeper.start()
         try:
@@ -4123,8 +4147,8 @@ class Runtime:
         row = ctx.row(iteration, bool(result.pop("ok")), result.pop("metrics", {}), **result)
         row["final"] = True
         ctx.post(row)
-        log.info("job %s finished: ok=%s%s", ctx.job_id, row["ok"],
-                 " ({})".format(row["error"]) if row.get("error") else "")
+        log.info("job %s ended: %s in %.1f s%s", ctx.job_id, outcome(row),
+                 time.monotonic() - started, ": " + row["error"] if row.get("error") else "")
         shutil.rmtree(ctx.workdir, ignore_errors=True)
 
     def execute(self, ctx: JobContext) -> dict:
@@ -4152,6 +4176,51 @@ class Runtime:
 # --------------------------------------------------------------------------------------------
 
 
+class Outage:
+    """One collector's reachability, as the log tells it: one line when it is lost, a reminder
+    every REMIND_S while it stays lost (each retry in between at DEBUG), and one line when it
+    answers again, with the result rows that waited on disk and were delivered."""
+
+    REMIND_S = 60.0
+
+    def __init__(self, url: str, outbox: Outbox):
+        self.url = url
+        self.outbox = outbox
+        self.since: float | None = None  # monotonic time of the first failure
+        self.reminded = 0.0
+        self.delivered_before = 0
+        self.lock = threading.Lock()  # a link and a lease keeper may both report
+
+    def failed(self, exc: Exception, delay: float) -> None:
+        with self.lock:
+            self._failed(exc, delay)
+
+    def _failed(self, exc: Exception, delay: float) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = self.reminded = now
+            self.delivered_before = self.outbox.delivered.get(self.url, 0)
+            log.warning("collector %s unreachable (%s), retrying in %.0f s", self.url, exc,
+                        delay)
+        elif now - self.reminded >= self.REMIND_S:
+            self.reminded = now
+            log.warning("collector %s still unreachable after %.0f s (%s), retrying in %.0f s",
+                        self.url, now - self.since, exc, delay)
+        else:
+            log.debug("collector %s: %s; retrying in %.1f s", self.url, exc, delay)
+
+    def recovered(self) -> None:
+        with self.lock:
+            if self.since is None:
+                return
+            down_s = time.monotonic() - self.since
+            self.since = None
+        self.outbox.flush(self.url)  # what waited for this collector goes now, in order
+        rows = self.outbox.delivered.get(self.url, 0) - self.delivered_before
+        log.info("reconnected to %s after %.0f s, delivered %d queued rows", self.url, down_s,
+                 rows)
+
+
 class Link(threading.Thread):
     def __init__(self, runtime: Runtime, collector: Collector):
         super().__init__(name="link-" + collector.url, daemon=True)
@@ -4161,6 +4230,7 @@ class Link(threading.Thread):
         self.last_beacon = 0.0
         self.last_busy: tuple[str, str] | None = None
         self.running_job = False
+        self.outage = runtime.outage(collector.url)
 
     def run(self) -> None:
         backoff = Backoff(self.rt.cfg.retry_base_s, self.rt.cfg.retry_cap_s)
@@ -4169,15 +4239,29 @@ class Link(threading.Thread):
                 self.step()
                 backoff.reset()
             except (Unreachable, HttpError) as exc:
-                if isinstance(exc, HttpError) and exc.status == 404:
-                    self.registered = self.rt.mode == "host"  # unknown device: register again
                 delay = backoff.next_delay()
-                # A refused name was logged once, with its remedy; each retry says it quietly.
-                level = logging.DEBUG if isinstance(exc, Misdirected) else logging.WARNING
-                log.log(level, "%s: %s; retrying in %.1f s", self.collector.url, exc, delay)
+                if isinstance(exc, HttpError) and exc.status == 404 and self.rt.mode != "host":
+                    log.info("%s does not know this device (%s); registering again",
+                             self.collector.url, exc.message)
+                    self.registered = False
+                elif isinstance(exc, Misdirected):
+                    # A refused name was logged once, with its remedy; each retry says it quietly.
+                    log.debug("%s: %s; retrying in %.1f s", self.collector.url, exc, delay)
+                else:
+                    self.outage.failed(exc, delay)
                 self.rt.stopping.wait(delay)
 
     def step(self) -> None:
+        if self.outage.since is not None:
+            # Learn that the collector is back before a long poll that may be held for its
+            # whole length: a beacon (it also tells the collector the device is back), or for
+            # an executor, which does not beacon, its health.
+            if self.rt.mode == "host":
+                self.collector.call_json("GET", "/api/health")
+                self.outage.recovered()
+            elif self.registered:
+                self.beacon_if_due(force=True)
+                self.outage.recovered()
         held = self.rt.gate.holder()
         if held is not None and held[0] != self.collector.url:
             self.beacon_if_due(busy=held)  # tell this collector why the device is quiet
@@ -4188,20 +4272,22 @@ class Link(threading.Thread):
             log.info("registered with %s as %s (capabilities %s)", self.collector.url,
                      self.rt.reporter_id, reply.get("capabilities", self.rt.capabilities()))
             self.registered = True
+            self.outage.recovered()
         self.beacon_if_due()
         timeout = self.rt.cfg.poll_timeout_s
         if self.rt.mode == "host":
             spec = self.collector.next_host_job(self.rt.reporter_id, timeout)
         else:
             spec = self.collector.next_device_job(self.rt.reporter_id, timeout)
+        self.outage.recovered()  # the poll answered (a no-op unless it was the first call)
         if spec:
             self.take(spec)
 
-    def beacon_if_due(self, busy: tuple[str, str] | None = None) -> None:
+    def beacon_if_due(self, busy: tuple[str, str] | None = None, force: bool = False) -> None:
         if self.rt.mode == "host":
             return  # an executor beacons only for the job it runs
         changed = busy != self.last_busy
-        if not changed and time.monotonic() - self.last_beacon < self.rt.cfg.beacon_s:
+        if not (changed or force) and time.monotonic() - self.last_beacon < self.rt.cfg.beacon_s:
             return
         note = {"job_id": busy[1], "collector": busy[0]} if busy else None
         self.collector.beacon(self.rt.beacon_body(busy=note))
@@ -4257,47 +4343,162 @@ def split_list(values: list[str] | None) -> list[str]:
     return [v.strip() for value in values or [] for v in value.split(",") if v.strip()]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="fleet_agent.py", description=__doc__.split("\n")[0])
-    add = parser.add_argument
-    add("--collector", action="append", help="collector URL; repeat or comma-separate for several")
-    add("--executor", choices=("device", "host"), default="device",
-        help="device: run jobs on this machine; host: drive attached devices (default device)")
-    add("--name", help="executor name (host mode); what targets.executor pins")
-    add("--device-id", help="device id to register (kept in the state file; default from host)")
-    add("--pool", action="append", help="pool label; repeat or comma-separate")
-    add("--ttl-s", type=int, help="register as a temporary device that leaves after this silence")
-    add("--state-dir", default=default_state_dir(), help="state, spool and cache directory")
-    add("--allowlist", help="file of pinned shell script SHA-256s (default STATE/shell-allowlist)")
-    add("--sysroot", default="/", help="read /proc, /sys and /etc below this root (tests)")
-    add("--beacon-s", type=float, default=IDLE_BEACON_S, help="idle beacon period (default 60)")
-    add("--poll-timeout-s", type=float, default=45.0,
-        help="client timeout of a long poll; longer than the collector's hold (default 45)")
-    add("--retry-base-s", type=float, default=1.0, help="first retry delay after a failure")
-    add("--retry-cap-s", type=float, default=60.0, help="longest retry delay")
-    add("--grace-s", type=float, default=30.0,
-        help="on SIGTERM, how long to wait for the running job to hand back and post")
-    add("--set", action="append", metavar="FIELD=VALUE", default=[],
-        help="override a descriptor field (e.g. kind=tablet); an empty value means null")
-    for tool in ("llama-bench", "adb", "xcrun", "chromium", "flow-runner", "native-bundle"):
-        add("--" + tool, help=f"path of {tool} (default: found on PATH)")
-    add("--print-descriptor", action="store_true",
-        help="print the descriptor, capabilities and vitals as JSON and exit")
-    for tool in DEVICE_TOOL_KEYS:
-        add("--" + tool, help=f"path of {tool} (default: FLEET_{tool.upper().replace('-', '_')}"
-            ", else found on PATH)")
-    add("--build-repos", metavar="FILE",
-        help="repositories build jobs may clone, one a line (default STATE/build-repos)")
-    add("--allow-private-urls", action="store_true",
-        help="let vantage and dataset-prep reach private, loopback and link-local addresses")
-    add("--describe", action="store_true",
-        help="print the descriptor and the capabilities this machine would declare, and exit")
-    add("--log-level", default="INFO")
-    add("--version", action="version", version="fleet_agent " + AGENT_VERSION)
+class Option:
+    """One command-line option with its environment variable and its default: the table the
+    parser, `--help` and docs/configuration.md (scripts/gen_config_docs.py) are all made from.
+
+    `shown` is the default as a person reads it when the value itself is not the whole story
+    (a path under the home directory, a tool found on PATH).
+    """
+
+    def __init__(self, flag: str, env: str | None, default: object, help: str,
+                 shown: str | None = None, **kwargs: object):
+        self.flag = flag
+        self.env = env
+        self.default = default
+        self.help = help
+        self.shown = shown if shown is not None else _shown(default)
+        self.literal = shown is None and default is not None  # a value, not words about one
+        self.kwargs = kwargs
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+
+def _shown(default: object) -> str:
+    if default is None or default == []:
+        return "none"
+    return str(default)
+
+
+TOOL_HELP = {"llama-bench": "llama.cpp's benchmark tool (benchmark:llama.cpp, thermal:llama.cpp)",
+             "adb": "Android's adb (install, cold-start, web-shots)",
+             "xcrun": "Xcode's xcrun (iOS simulators)",
+             "chromium": "a Chromium or Chrome for web-test and web-shots",
+             "flow-runner": "the flow_runner suite tool (ui-test)",
+             "native-bundle": "the native_bundle suite tool (ui-test)",
+             "llama-cli": "llama.cpp's llama-completion or llama-cli (batch, pipeline, llm-eval)",
+             "llama-embedding": "llama.cpp's llama-embedding (embed-eval)",
+             "llama-server": "llama.cpp's llama-server (serve)",
+             "llama-quantize": "llama.cpp's llama-quantize (model-convert)",
+             "llama-convert": "llama.cpp's convert_hf_to_gguf.py (model-convert)",
+             "llama-mtmd-cli": "llama.cpp's llama-mtmd-cli (vision-eval)",
+             "whisper-cli": "whisper.cpp's whisper-cli (speech-eval)"}
+
+OPTIONS = (
+    Option("--collector", "FLEET_AGENT_COLLECTOR", None,
+           "Collector URL (http:// or https://); repeat or comma-separate for several.",
+           shown="required", action="append", metavar="URL"),
+    Option("--executor", "FLEET_AGENT_EXECUTOR", "device",
+           "device: run jobs on this machine; host: drive attached devices from outside.",
+           choices=("device", "host")),
+    Option("--name", "FLEET_AGENT_NAME", None,
+           "Executor name (host mode); what a job's targets.executor pins.", metavar="NAME"),
+    Option("--device-id", "FLEET_AGENT_DEVICE_ID", None,
+           "Device id to register; remembered in the state file.",
+           shown="from the host name and machine id", metavar="ID"),
+    Option("--pool", "FLEET_AGENT_POOL", None, "Pool label; repeat or comma-separate.",
+           action="append", metavar="LABEL"),
+    Option("--ttl-s", "FLEET_AGENT_TTL_S", None,
+           "Register as a temporary device that leaves the shelf after this many seconds of "
+           "silence.", type=int, metavar="N"),
+    Option("--state-dir", "FLEET_AGENT_STATE", os.path.join("~", ".fleet-agent"),
+           "State, spool, cache and work directory (mode 0700).", metavar="DIR"),
+    Option("--allowlist", "FLEET_AGENT_ALLOWLIST", None,
+           "File of pinned SHA-256s of the shell scripts this machine may run.",
+           shown="STATE/shell-allowlist", metavar="FILE"),
+    Option("--sysroot", "FLEET_AGENT_SYSROOT", "/",
+           "Read /proc, /sys and /etc below this root (tests use fake trees).", metavar="DIR"),
+    Option("--beacon-s", "FLEET_AGENT_BEACON_S", IDLE_BEACON_S,
+           "Idle beacon period in seconds; also the cap of the in-job beacon period.",
+           type=float, metavar="S"),
+    Option("--poll-timeout-s", "FLEET_AGENT_POLL_TIMEOUT_S", 45.0,
+           "Client timeout of a long poll; longer than the collector's hold (25 s).",
+           type=float, metavar="S"),
+    Option("--retry-base-s", "FLEET_AGENT_RETRY_BASE_S", 1.0,
+           "First retry delay after a failure; it doubles up to --retry-cap-s (with jitter).",
+           type=float, metavar="S"),
+    Option("--retry-cap-s", "FLEET_AGENT_RETRY_CAP_S", 60.0, "Longest retry delay.",
+           type=float, metavar="S"),
+    Option("--grace-s", "FLEET_AGENT_GRACE_S", 30.0,
+           "On SIGTERM or SIGINT, how long the running job gets to hand back and post.",
+           type=float, metavar="S"),
+    Option("--set", "FLEET_AGENT_SET", None,
+           "Override a descriptor field (kind=tablet); an empty value means null. Repeat the "
+           "flag, or comma-separate in the variable.", action="append",
+           metavar="FIELD=VALUE"),
+    *(Option("--" + tool, "FLEET_" + tool.upper().replace("-", "_"), None,
+             f"Path of {TOOL_HELP[tool]}.", shown="found on PATH", metavar="PATH")
+      for tool in TOOL_HELP),
+    Option("--build-repos", "FLEET_AGENT_BUILD_REPOS", None,
+           "File of the repositories build jobs may clone, one a line; with none listed no "
+           "build capability is declared.", shown="STATE/build-repos", metavar="FILE"),
+    Option("--log-level", "FLEET_AGENT_LOG_LEVEL", "INFO",
+           "Log level: DEBUG (every retry, every row), INFO (connections, jobs), WARNING.",
+           choices=("DEBUG", "INFO", "WARNING", "ERROR"), type=str.upper),
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser, built from OPTIONS. Every option's default is None here so that parse_args
+    can tell a flag given from one left out (then the environment, then the default apply);
+    each action carries its `env` and `shown` default for the documentation generator."""
+    parser = argparse.ArgumentParser(
+        prog="fleet_agent.py", description=__doc__.split("\n")[0],
+        epilog="A flag wins over its environment variable, which wins over the default.")
+    for option in OPTIONS:
+        action = parser.add_argument(
+            option.flag, dest=option.dest, default=None,
+            help=f"{option.help} (default: {option.shown}; env {option.env})",
+            **option.kwargs)
+        action.env, action.shown, action.meaning = option.env, option.shown, option.help
+        action.literal = option.literal
+    for flag, help_text in (
+            ("--allow-private-urls", "Let vantage and dataset-prep reach private, loopback and "
+                                     "link-local addresses (refused by default: a job could "
+                                     "otherwise probe this machine's LAN)."),
+            ("--print-descriptor", "Print the device id, descriptor, capabilities, vitals and "
+                                   "tools as JSON and exit."),
+            ("--describe", "Print the descriptor and the capabilities this machine would declare "
+                           "(and what each missing one needs), and exit.")):
+        action = parser.add_argument(flag, action="store_true", help=help_text)
+        action.env, action.shown, action.meaning = None, "off", help_text
+    action = parser.add_argument("--version", action="version",
+                                 version="fleet_agent " + AGENT_VERSION,
+                                 help="Print the agent's version and exit.")
+    action.env, action.shown, action.meaning = None, "", "Print the agent's version and exit."
+    return parser
+
+
+def _from_env(parser: argparse.ArgumentParser, option: Option, raw: str) -> object:
+    """An option's value from its environment variable, checked like the flag would be."""
+    kind = option.kwargs.get("type")
+    if option.kwargs.get("action") == "append":  # several values, comma-separated
+        return [part.strip() for part in raw.split(",") if part.strip()]
+    try:
+        value = kind(raw) if callable(kind) else raw
+    except ValueError:
+        parser.error(f"{option.env}={raw!r} is not a valid value for {option.flag}")
+    choices = option.kwargs.get("choices")
+    if isinstance(choices, tuple) and value not in choices:
+        parser.error(f"{option.env} must be one of {', '.join(choices)}, not {raw!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None, environ: dict | None = None) -> argparse.Namespace:
+    env = os.environ if environ is None else environ
+    parser = build_parser()
     cfg = parser.parse_args(argv)
+    for option in OPTIONS:
+        if getattr(cfg, option.dest) is not None:
+            continue  # given on the command line
+        raw = env.get(option.env) if option.env else None
+        setattr(cfg, option.dest, _from_env(parser, option, raw) if raw else option.default)
+    cfg.state_dir = os.path.expanduser(cfg.state_dir)
     cfg.collectors = split_list(cfg.collector)
     cfg.pools = split_list(cfg.pool)
-    cfg.descriptor_overrides = parse_overrides(parser, cfg.set)
+    cfg.descriptor_overrides = parse_overrides(parser, cfg.set or [])
     if cfg.executor == "host" and not cfg.name:
         parser.error("--executor host needs --name")
     if not cfg.collectors and not cfg.print_descriptor and not cfg.describe:
@@ -4343,7 +4544,7 @@ def serve(runtime: Runtime) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(argv)
-    logging.basicConfig(level=getattr(logging, str(cfg.log_level).upper(), logging.INFO),
+    logging.basicConfig(level=getattr(logging, cfg.log_level, logging.INFO),
                         format="%(asctime)s %(levelname)s %(message)s")
     probe = Probe(root=cfg.sysroot)
     if cfg.describe:
@@ -4359,7 +4560,7 @@ def main(argv: list[str] | None = None) -> int:
     runtime = Runtime(cfg, probe)
 
     def on_signal(signum: int, _frame: object) -> None:
-        log.info("signal %d: stopping", signum)
+        log.info("%s: stopping", signal.Signals(signum).name)
         runtime.stopping.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -150,8 +151,8 @@ def repo_patterns(text: str) -> tuple[str, ...]:
 
 COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("bind", "FLEET_BIND", ("0.0.0.0",), csv_list,
-            "Comma-separated addresses to listen on. Default: every interface (a warning is "
-            "logged; loopback plus a private mesh address is recommended).", "--bind"),
+            "Comma-separated addresses to listen on; 0.0.0.0 is every interface (a warning is "
+            "logged: loopback plus a private mesh address is recommended).", "--bind"),
     Setting("port", "FLEET_PORT", 8788, port_number, "TCP port.", "--port"),
     Setting("data_dir", "FLEET_DATA_DIR", "./fleet-data", str,
             "Directory for the SQLite database, artifacts and the stable collector id.", "--data"),
@@ -166,6 +167,9 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
     Setting("synchronous", "FLEET_SQLITE_SYNCHRONOUS", "FULL", str,
             "SQLite synchronous mode. FULL survives a power cut; NORMAL survives a crash only."),
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
+    Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
+            "On SIGTERM or SIGINT, how long requests in progress (an upload) get to finish "
+            "before they are cut; long polls and streams end at once, a second signal exits."),
     # artifacts
     Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, byte_size,
             "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "
@@ -215,8 +219,9 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
             "Topic events older than this many days are pruned by retention (0 keeps them)."),
     Setting("retain_alerts_days", "FLEET_RETAIN_ALERTS_DAYS", 90.0, non_negative_float,
             "Alerts resolved longer ago than this many days are pruned (0 keeps them)."),
-    Setting("retention_auto", "FLEET_RETENTION_AUTO", False, flag,
-            "Apply retention a minute after start and then daily (otherwise only on request)."),
+    Setting("retention_auto", "FLEET_RETENTION_AUTO", True, flag,
+            "Apply retention a minute after start and then daily; false applies it only on "
+            "request (POST /api/system/retention)."),
     Setting("log_file", "FLEET_LOG_FILE", "", str,
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
     Setting("sse_keepalive_s", "FLEET_SSE_KEEPALIVE_S", 15.0, positive_float,
@@ -298,17 +303,43 @@ def resolve(settings: Sequence[Setting], flags: Mapping[str, Any] | None = None,
     return Config(values)
 
 
+def shown_default(value: Any) -> str:
+    """A default as a person writes it in the environment: lists comma-separated, flags as
+    true/false; "" when there is none."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        value = ",".join(value)
+    return str(value)
+
+
 def add_flags(parser: argparse.ArgumentParser, settings: Sequence[Setting]) -> None:
     for setting in settings:
         if setting.flag:
+            shown = shown_default(setting.default) or "none"
+            text = f"{setting.help} (default: {shown}; env {setting.env})"
             parser.add_argument(setting.flag, dest=setting.name, default=None,
-                                help=f"{setting.help} Env: {setting.env}.")
+                                help=text.replace("%", "%%"))
+
+
+def help_epilog(settings: Sequence[Setting], extra: str = "") -> str:
+    """The `--help` text for the settings without a flag: variable, default, meaning."""
+    lines = ["Settings without a flag are read from the environment. A flag wins over its",
+             "variable, which wins over the default (docs/configuration.md lists them all):",
+             ""]
+    for s in settings:
+        if not s.flag:
+            lines.append(f"  {s.env} (default: {shown_default(s.default) or 'none'})")
+            lines += textwrap.wrap(s.help, 88, initial_indent=" " * 6,
+                                   subsequent_indent=" " * 6)
+    return "\n".join(lines) + extra
 
 
 def markdown_table(settings: Sequence[Setting]) -> str:
     """The table docs/configuration.md carries; a test keeps the doc in step with this."""
     lines = ["| Variable | Flag | Default | Meaning |", "|---|---|---|---|"]
     for s in settings:
-        default = ",".join(s.default) if isinstance(s.default, tuple) else s.default
-        lines.append(f"| `{s.env}` | {f'`{s.flag}`' if s.flag else ''} | `{default}` | {s.help} |")
+        shown = shown_default(s.default)
+        default = f"`{shown}`" if shown else "(none)"
+        lines.append(f"| `{s.env}` | {f'`{s.flag}`' if s.flag else ''} | {default} | {s.help} |")
     return "\n".join(lines)

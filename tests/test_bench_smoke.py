@@ -104,3 +104,10 @@ def test_controlplane_smoke():
     assert isinstance(figure(records, "rebuild_api")["forced_rebuild_p50_ms"], float)
     simulate = figure(records, "simulate")
     assert "skipped" in simulate or isinstance(simulate["simulate_p50_s"], float)
+
+
+def test_retention_smoke():
+    result = figure(run_bench("retention"), "retention")
+    assert result["beacons_kept"] == 20 * 1440 * 2  # the --quick window: two days
+    for key in ("largest_mib", "final_mib", "slowest_transaction_ms", "longest_loop_stall_ms"):
+        assert isinstance(result[key], (int, float)), key

@@ -189,7 +189,7 @@ def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) ->
     try:
         assert proc.proc is not None
         first = log_file.read_text()
-        assert "collector on 127.0.0.1" in first
+        assert "collector listening on http://127.0.0.1:" in first
         assert all(LINE.match(line) for line in first.splitlines()), first
         rotated = log_file.with_suffix(".log.1")
         log_file.rename(rotated)  # what logrotate does
@@ -205,7 +205,7 @@ def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) ->
     finally:
         assert proc.stop() == 0
     after = log_file.read_text()
-    assert "collector stopped cleanly" in after and "collector stopped" not in rotated.read_text()
+    assert "collector stopped (SIGTERM)" in after and "collector stopped" not in rotated.read_text()
     assert all(LINE.match(line) for line in after.splitlines()), after
 
 

@@ -15,12 +15,15 @@ copied, so a file that does not match its name is never put in a backup. The dir
 under a temporary name and renamed into place only when complete and checked, so a backup that
 was interrupted never looks finished.
 
-Restore refuses to touch a data directory whose database is open in any process. The check asks
-the operating system, not a lock file of ours: every connection to a WAL database holds a shared
-lock on the "dead man switch" byte of its `-shm` file for as long as it is open, so a collector
-(or a sqlite3 shell) that has the database open is seen even if it crashed a lock file into
-staleness or predates this command. An existing database is moved aside into
+Restore refuses to touch a data directory in use. It takes the directory's lock, the one a
+running collector holds for its whole life (fleet_min.dirlock), and keeps it until it is done,
+so a collector cannot start half-way through either. It also asks the operating system whether
+anything else has the database open: every connection to a WAL database holds a shared lock on
+the "dead man switch" byte of its `-shm` file for as long as it is open, so a sqlite3 shell, or
+a collector older than the lock, is seen too. An existing database is moved aside into
 `DIR/pre-restore-<time>/`, never deleted, and only with --force.
+
+Backup takes no lock: it is an online backup, meant to run beside the live collector.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleet_min import dirlock
 from fleet_min.timeutil import iso
 
 DB_NAME = "fleet.sqlite3"
@@ -266,13 +270,31 @@ def read_manifest(src: Path) -> dict[str, Any]:
 
 
 def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
-    """Put the backup in src into data_dir; refuses while the database there is open."""
+    """Put the backup in src into data_dir; refuses while a collector runs on it.
+
+    The data directory's lock (the one a running collector holds) is held for the whole
+    restore, so a collector started meanwhile refuses to start instead of opening a database
+    that is being replaced.
+    """
     started = time.monotonic()
     manifest = read_manifest(src)
     version, counts = _check_database(src / DB_NAME)
     if version > known_schema_version():
         raise BackupError(f"the backup is at schema version {version}, newer than this program "
                           f"knows ({known_schema_version()}); restore it with a newer fleet-min")
+    try:
+        lock = dirlock.hold(data_dir, "collector restore")
+    except dirlock.DirectoryInUse as exc:
+        raise BackupError(f"{exc}; stop it first") from None
+    try:
+        return _restore_into(src, data_dir, force, manifest, (version, counts), started)
+    finally:
+        lock.release()
+
+
+def _restore_into(src: Path, data_dir: Path, force: bool, manifest: dict[str, Any],
+                  checked: tuple[int, dict[str, int]], started: float) -> Report:
+    version, counts = checked
     target = data_dir / DB_NAME
     if database_in_use(target):
         raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "

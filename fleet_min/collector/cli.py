@@ -7,11 +7,14 @@ import asyncio
 import ipaddress
 import logging
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
-from fleet_min import jsonio, logs
-from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, markdown_table, resolve
+from fleet_min import dirlock, jsonio, logs, serving
+from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, help_epilog, resolve
 from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.collector")
@@ -20,11 +23,10 @@ log = logging.getLogger("fleet_min.collector")
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-min collector",
-        description="Run the device job collector. Backups: `fleet-min collector backup PATH "
-                    "[--with-artifacts]` and `fleet-min collector restore PATH --data DIR` "
-                    "(each has its own --help).",
-        epilog="Settings without a flag are read from the environment:\n\n"
-               + markdown_table([s for s in COLLECTOR_SETTINGS if not s.flag]),
+        description="Run the device job collector.\n\nBackups: `fleet-min collector backup "
+                    "PATH [--with-artifacts]` and\n`fleet-min collector restore PATH --data DIR`"
+                    " (each has its own --help).",
+        epilog=help_epilog(COLLECTOR_SETTINGS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, COLLECTOR_SETTINGS)
     return parser
@@ -54,6 +56,52 @@ def install_uvloop() -> bool:
 SUBCOMMANDS = ("backup", "restore")  # `collector backup PATH`, `collector restore PATH --data DIR`
 
 
+def _announce(config: Any, fast: bool) -> Callable[[list[tuple[str, int]]], None]:
+    def announce(bound: list[tuple[str, int]]) -> None:
+        urls = [f"http://{serving.url_host(host)}:{port}" for host, port in bound]
+        # An address that means "every interface" is no page to open; loopback always is.
+        host, port = bound[0]
+        shown = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        log.info("collector listening on %s (dashboard http://%s:%s/dash), data in %s%s",
+                 ", ".join(urls), serving.url_host(shown), port, config.data_dir,
+                 " (uvloop)" if fast else "")
+        _warn_about_bind(config.bind)
+    return announce
+
+
+def _serve(app: web.Application, config: Any, fast: bool) -> int:
+    """Own the data directory, bind, run until a signal; the exit code."""
+    try:
+        # Held until the process ends; named as the person gave it.
+        dirlock.hold(Path(config.data_dir), "collector", shown=config.data_dir)
+        sockets = serving.bind(config.bind, config.port)
+    except (dirlock.DirectoryInUse, serving.BindError) as exc:
+        print(f"fleet-min collector: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"fleet-min collector: cannot use the data directory {config.data_dir}: "
+              f"{serving.reason(exc)}", file=sys.stderr)
+        return 1
+    try:
+        why = asyncio.run(serving.serve(
+            app, sockets, name="collector", grace_s=config.stop_grace_s,
+            announce=_announce(config, fast),
+            # A client that goes away ends its handler at once: a held long poll or stream is
+            # released (and counted out of stream_clients) without waiting for a write.
+            handler_cancellation=True))
+    except StorageError as exc:
+        log.error("%s", exc)
+        if config.log_file:  # the log went to a file; the person at the terminal is told too
+            print(f"fleet-min collector: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
+        print(f"fleet-min collector: cannot start: {serving.reason(exc)}: {exc.filename}",
+              file=sys.stderr)
+        return 1
+    log.info("collector stopped (%s)", why)
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
         from fleet_min.collector import backup
@@ -76,22 +124,4 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"fleet-min collector: {exc}", file=sys.stderr)
         return 2
-    _warn_about_bind(config.bind)
-    log.info("collector on %s port %s, data in %s%s", ",".join(config.bind), config.port,
-             config.data_dir, " (uvloop)" if fast else "")
-    try:
-        web.run_app(app, host=list(config.bind), port=config.port, print=None,
-                    shutdown_timeout=5.0, access_log=None, handle_signals=True,
-                    # A client that goes away ends its handler at once: a held long poll or stream
-                    # is released (and counted out of stream_clients) without waiting for a write.
-                    handler_cancellation=True)
-    except StorageError as exc:
-        log.error("%s", exc)
-        print(f"fleet-min collector: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # the port is taken, or the address is not this host's
-        print(f"fleet-min collector: cannot listen on {','.join(config.bind)} port "
-              f"{config.port}: {exc.strerror or exc}", file=sys.stderr)
-        return 1
-    log.info("collector stopped cleanly")
-    return 0
+    return _serve(app, config, fast)

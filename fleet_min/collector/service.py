@@ -134,6 +134,15 @@ class Service:
                                    filemodes.COLLECTOR_FILE)
         self.collector_id = stable_id(self.data_dir)
         await self.db.open()
+        try:
+            await self._start_loops()
+        except BaseException:
+            # aiohttp runs no on_cleanup after a failed start-up, and the database's threads
+            # would otherwise keep the process alive after it reported the failure.
+            await self.stop()
+            raise
+
+    async def _start_loops(self) -> None:
         self.dispatcher.start()
         swept = await self.sweep()
         if swept.requeued or swept.failed:

@@ -15,6 +15,8 @@ import logging
 import os
 import sqlite3
 import stat
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,11 @@ from fleet_min.timeutil import iso
 log = logging.getLogger(__name__)
 
 DAY_S = 86400.0
-DELETE_BATCH = 5000
+# Each batch is one writer transaction run on the event loop's thread, so its size bounds how
+# long a prune holds claims and polls up: 1000 beacon rows take ~2 ms here, ~10 ms on a Pi
+# (bench/retention.py measures the loop's longest stall).
+DELETE_BATCH = 1000
+VACUUM_PAGES = 64  # free pages handed back to the file system per writer transaction
 
 
 @dataclass(frozen=True)
@@ -36,7 +42,7 @@ class Settings:
     retain_beacons_days: float = 30.0
     retain_events_days: float = 30.0
     retain_alerts_days: float = 90.0
-    retention_auto: bool = False
+    retention_auto: bool = True
     log_file: str | None = None
     ci_status: dict[str, Any] | None = None  # ci_status.CiSettings.describe(); None: not armed
 
@@ -186,6 +192,30 @@ async def dry_run(db: Database, settings: Settings, now: float) -> dict[str, Any
     return {"ok": True, "apply": False, "policy": policy(settings), "tables": tables}
 
 
+class _Slowest:
+    """The longest a retention transaction held the event loop's thread, for the report: wall
+    time (what a waiting claim saw) and the thread's CPU time (what was ours, not the disk's
+    or another process's)."""
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.cpu = 0.0
+
+    def timed(self, fn: Callable[..., int]) -> Callable[..., int]:
+        def run(conn: sqlite3.Connection, *args: Any) -> int:
+            wall, cpu = time.perf_counter(), time.thread_time()
+            try:
+                return fn(conn, *args)
+            finally:
+                self.wall = max(self.wall, time.perf_counter() - wall)
+                self.cpu = max(self.cpu, time.thread_time() - cpu)
+        return run
+
+    def report(self) -> dict[str, float]:
+        return {"slowest_transaction_ms": round(self.wall * 1000, 1),
+                "slowest_transaction_cpu_ms": round(self.cpu * 1000, 1)}
+
+
 def _delete_batch(conn: sqlite3.Connection, rule: _Rule, cutoff: float, batch: int) -> int:
     cursor = conn.execute(
         f"DELETE FROM {rule.table} WHERE {rule.key} IN "
@@ -194,31 +224,48 @@ def _delete_batch(conn: sqlite3.Connection, rule: _Rule, cutoff: float, batch: i
     return cursor.rowcount
 
 
-def _incremental_vacuum(conn: sqlite3.Connection) -> None:
-    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:
-        conn.execute("PRAGMA incremental_vacuum").fetchall()
+def _incremental_vacuum(conn: sqlite3.Connection, pages: int) -> int:
+    """Hand up to `pages` free pages back to the file system; how many were.
+
+    Each step of `PRAGMA incremental_vacuum` frees one page, and Python's sqlite3 steps a
+    statement that returns no columns only once per execute (fetchall does not step it further:
+    that used to free a single page per run), so it is executed once per page.
+    """
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+        return 0
+    free = conn.execute("PRAGMA freelist_count").fetchone()[0]
+    for _ in range(min(pages, free)):
+        conn.execute("PRAGMA incremental_vacuum")
+    return int(free - conn.execute("PRAGMA freelist_count").fetchone()[0])
 
 
 async def apply(db: Database, settings: Settings, now: float,
                 batch: int = DELETE_BATCH) -> dict[str, Any]:
     tables = {}
+    slowest = _Slowest()
+    delete = slowest.timed(_delete_batch)
     for rule in RULES:
         cutoff = _cutoff(rule, settings, now)
         deleted = 0
         while cutoff is not None:
-            removed = await db.write(_delete_batch, rule, cutoff, batch)
+            removed = await db.write(delete, rule, cutoff, batch, replay=True)
             deleted += removed
             if removed < batch:
                 break
         tables[rule.table] = {"retain_days": rule.days(settings), "older_than": iso(cutoff),
                               "deleted": deleted}
+    reclaimed = await reclaim(db, slowest)
     return {"ok": True, "apply": True, "policy": policy(settings), "tables": tables,
-            "reclaim": await reclaim(db)}
+            "reclaim": reclaimed, **slowest.report()}
 
 
-async def reclaim(db: Database) -> dict[str, Any]:
+async def reclaim(db: Database, slowest: _Slowest | None = None) -> dict[str, Any]:
     """Hand freed pages back to the filesystem and shrink the write-ahead log."""
-    await db.write(_incremental_vacuum)
+    vacuum = (slowest or _Slowest()).timed(_incremental_vacuum)
+    # A page at a time per step, VACUUM_PAGES per transaction: after a big prune there may be
+    # hundreds of thousands, and the loop serves requests between transactions.
+    while await db.write(vacuum, VACUUM_PAGES, replay=True) == VACUUM_PAGES:
+        pass
     # A checkpoint cannot run inside a transaction, and every writer call is one, so it goes
     # through the read connection (a checkpoint copies pages; it changes no rows).
     row = await db.read_one("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -248,7 +295,8 @@ class Retention:
             return report
 
     async def daily(self, first_delay_s: float = 60.0) -> None:
-        """The automatic loop (FLEET_RETENTION_AUTO=1): a minute after start, then daily."""
+        """The automatic loop (on unless FLEET_RETENTION_AUTO=0): a minute after start, then
+        daily."""
         delay = first_delay_s
         while True:
             self.next_run = timeutil.now() + delay

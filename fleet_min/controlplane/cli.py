@@ -7,17 +7,17 @@ import argparse
 import asyncio
 import logging
 import os
-import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from aiohttp import web
-
-from fleet_min import heap, jsonio, logs
-from fleet_min.config import ConfigError, add_flags, resolve
+from fleet_min import dirlock, heap, jsonio, logs, serving
+from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
-from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues
+from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues, live_help
+from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.controlplane")
 
@@ -41,26 +41,45 @@ def _token_command(argv: list[str]) -> int:
     return 0
 
 
-async def _serve(app: web.Application, host: str, port: int) -> None:
-    # keepalive_timeout also closes a connection that never completes a request (slow loris);
-    # AppRunner's default is aiohttp's 3630 s, web.run_app's (the collector) 75 s.
-    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=3.0, access_log=None,
-                           keepalive_timeout=75.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    heap.settle_after_start()
-    bound = runner.addresses[0][1] if runner.addresses else port
-    # Tests and scripts read this line to learn the port when --port 0 asked for a free one.
-    print(f"fleet-min controlplane listening on http://{host}:{bound}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+def _announce(cfg: Any) -> Callable[[list[tuple[str, int]]], None]:
+    def announce(bound: list[tuple[str, int]]) -> None:
+        heap.settle_after_start()
+        urls = ", ".join(f"http://{serving.url_host(host)}:{port}" for host, port in bound)
+        log.info("controlplane listening on %s, state in %s", urls, cfg.state_dir)
+        # Tests and scripts read this line on stdout to learn the port when --port 0 asked for
+        # a free one.
+        print(f"fleet-min controlplane listening on {urls.split(', ')[0]}", flush=True)
+    return announce
+
+
+def _run(cfg: Any) -> int:
+    """Own the state directory, bind, run until a signal; the exit code."""
+    state = Path(cfg.state_dir).expanduser()
     try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+        dirlock.hold(state, "controlplane", shown=cfg.state_dir)  # held until the process ends
+        sockets = serving.bind([cfg.host], cfg.port)
+    except (dirlock.DirectoryInUse, serving.BindError) as exc:
+        print(f"fleet-min controlplane: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"fleet-min controlplane: cannot use the state directory {cfg.state_dir}: "
+              f"{serving.reason(exc)}", file=sys.stderr)
+        return 1
+    from fleet_min.controlplane.app import create_app
+    try:
+        why = asyncio.run(serving.serve(create_app(cfg), sockets, name="controlplane",
+                                        grace_s=cfg.stop_grace_s, announce=_announce(cfg)))
+    except StorageError as exc:
+        log.error("%s", exc)
+        if cfg.log_file:  # the log went to a file; the person at the terminal is told too
+            print(f"fleet-min controlplane: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
+        print(f"fleet-min controlplane: cannot start: {serving.reason(exc)}: {exc.filename}",
+              file=sys.stderr)
+        return 1
+    log.info("controlplane stopped (%s)", why)
+    return 0
 
 
 def main(argv: list[str]) -> int:
@@ -69,9 +88,13 @@ def main(argv: list[str]) -> int:
     default <state>/coordinator-token)."""
     if argv and argv[0] == "token":
         return _token_command(argv[1:])
-    parser = argparse.ArgumentParser(prog="fleet-min controlplane",
-                                     description="Supervise this host's GitHub Actions runners "
-                                                 "and serve their dashboard API.")
+    parser = argparse.ArgumentParser(
+        prog="fleet-min controlplane",
+        description="Supervise this host's GitHub Actions runners and serve their dashboard "
+                    "API.\n\n`fleet-min controlplane token [--agent]` prints a token (its own "
+                    "--help).",
+        epilog=help_epilog(CONTROLPLANE_SETTINGS, live_help()),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, CONTROLPLANE_SETTINGS)
     args = parser.parse_args(argv)
     try:
@@ -86,11 +109,4 @@ def main(argv: list[str]) -> int:
     logs.setup(cfg.log_level, cfg.log_file)  # one line per event; SIGHUP reopens, never stops
     if jsonio.REFUSED:  # an orjson too old to trust: say so once, at start
         log.warning("%s", jsonio.REFUSED)
-    from fleet_min.controlplane.app import create_app
-    try:
-        asyncio.run(_serve(create_app(cfg), cfg.host, cfg.port))
-    except OSError as exc:
-        print(f"fleet-min controlplane: cannot listen on {cfg.host}:{cfg.port}: {exc.strerror}",
-              file=sys.stderr)
-        return 1
-    return 0
+    return _run(cfg)

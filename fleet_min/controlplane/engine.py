@@ -109,6 +109,15 @@ class ControlPlane:
         await asyncio.to_thread(filemodes.tighten_tree, self.state_dir,
                                 filemodes.CONTROLPLANE_DIR, filemodes.CONTROLPLANE_FILE)
         await self.db.open()
+        try:
+            await self._start()
+        except BaseException:
+            # aiohttp does not exit a cleanup context whose start failed, and the database's
+            # threads would otherwise keep the process alive after it reported the failure.
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         self.live = LiveValues(await store.stored_settings(self.db), self.environ)
         if not self.cfg.read_only:
             self.control_token = tokens.ensure_token(self.state_dir)

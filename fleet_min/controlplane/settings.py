@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -92,6 +93,9 @@ CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
     Setting("log_level", "FLEET_LOG_LEVEL", "INFO", str, "Log level (DEBUG, INFO, WARNING)."),
     Setting("log_file", "FLEET_LOG_FILE", "", str,
             "Write the log to this file (reopened on SIGHUP, for logrotate) instead of stderr."),
+    Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
+            "On SIGTERM or SIGINT, how long requests in progress get to finish before they "
+            "are cut; streams end at once, a second signal exits."),
     Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
             "This host's name in the federation (default: the system's host name)."),
     Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
@@ -118,6 +122,7 @@ class LiveSetting:
     high: float | None
     help: str
     choices: tuple[str, ...] = ()
+    shown: str = ""  # the default in words, when it depends on the host (the ceiling)
 
     @property
     def kind(self) -> str:
@@ -162,7 +167,8 @@ def _num(value: float | None) -> float | int | None:
 
 LIVE_SETTINGS: tuple[LiveSetting, ...] = (
     LiveSetting("ceiling", "FLEET_CEILING", os.cpu_count() or 1, 1, 256,
-                "Most runners this host keeps (and so most jobs at once); default: its cores."),
+                "Most runners this host keeps (and so most jobs at once); default: its cores.",
+                shown="the host's cores"),
     LiveSetting("max_per_repo", "FLEET_MAX_PER_REPO", 4, 1, 64,
                 "Most runners one repository may have on this host."),
     LiveSetting("min_free_mem_mb", "FLEET_MIN_FREE_MEM_MB", 512, 0, 1 << 22,
@@ -202,6 +208,34 @@ LIVE_SETTINGS: tuple[LiveSetting, ...] = (
 )
 
 BY_KEY = {s.key: s for s in LIVE_SETTINGS}
+
+
+def _shown(setting: LiveSetting) -> str:
+    return setting.shown or str(setting.default)
+
+
+def _allowed(setting: LiveSetting) -> str:
+    if setting.choices:
+        return ", ".join(setting.choices)
+    return f"{_num(setting.low)} to {_num(setting.high)}"
+
+
+def live_markdown_table() -> str:
+    """The live settings as docs/configuration.md lists them (scripts/gen_config_docs.py)."""
+    lines = ["| Key | Variable | Default | Allowed | Meaning |", "|---|---|---|---|---|"]
+    for s in LIVE_SETTINGS:
+        lines.append(f"| `{s.key}` | `{s.env}` | {_shown(s)} | {_allowed(s)} | {s.help} |")
+    return "\n".join(lines)
+
+
+def live_help() -> str:
+    """The live settings for `fleet-min controlplane --help`."""
+    lines = ["", "Live settings: read from the environment at start, changed at run time with",
+             "POST /api/settings (a stored value wins over the environment):", ""]
+    for s in LIVE_SETTINGS:
+        lines.append(f"  {s.env} (default: {_shown(s)}; {_allowed(s)}; key {s.key})")
+        lines += textwrap.wrap(s.help, 88, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines)
 
 
 def lookup(key: Any) -> LiveSetting:

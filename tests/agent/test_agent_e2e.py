@@ -100,7 +100,7 @@ def test_cancel_stops_the_work_and_frees_the_agent(procs):
     wait_for(lambda: len(collector.results("endless")) >= 2, 30, what="first rows")
     status, reply = collector.post("/api/jobs/endless/cancel")
     assert status == 200 and reply["was"] == "claimed", reply
-    wait_for(lambda: "job endless finished" in agent.log(), 15, what="the agent to stop")
+    wait_for(lambda: "job endless ended" in agent.log(), 15, what="the agent to stop")
     settled = len(collector.results("endless"))
     time.sleep(1.5)
     assert len(collector.results("endless")) == settled < 100  # nothing more arrives

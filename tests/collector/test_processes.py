@@ -50,7 +50,7 @@ def test_sigterm_answers_open_long_polls_and_exits_zero(tmp_path):
     assert code == 0, proc.log()
     assert answers == [204, 204, 204]
     assert time.monotonic() - started < 30  # not the 60 s hold
-    assert "stopped cleanly" in proc.log()
+    assert "collector stopped (SIGTERM)" in proc.log()
 
 
 def test_sigint_also_exits_zero(tmp_path):

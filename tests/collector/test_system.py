@@ -58,7 +58,9 @@ async def test_system_figures(client, db_path):
                                  "problem": None}
     policy = body["retention"]
     assert (policy["beacons_days"], policy["events_days"], policy["alerts_days"]) == (30, 30, 90)
-    assert policy["auto"] is False and policy["next_run"] is None and policy["last_run"] is None
+    # retention runs by default: its first run is a minute after start
+    assert policy["auto"] is True and policy["next_run"].endswith("Z")
+    assert policy["last_run"] is None
 
 
 async def test_artifact_store_size_is_walked(client, db_path):
@@ -89,11 +91,11 @@ async def test_configured_log_file_and_armed_ci_status(collector_factory, tmp_pa
     assert "ghp_not_a_real_token" not in await (await client.get("/api/system")).text()
 
 
-async def test_auto_retention_is_scheduled_only_when_asked(collector_factory, monkeypatch):
-    monkeypatch.setenv("FLEET_RETENTION_AUTO", "1")
+async def test_auto_retention_can_be_turned_off(collector_factory, monkeypatch):
+    monkeypatch.setenv("FLEET_RETENTION_AUTO", "0")
     client = await collector_factory()
     policy = (await system(client))["retention"]
-    assert policy["auto"] is True and policy["next_run"].endswith("Z")
+    assert policy["auto"] is False and policy["next_run"] is None
 
 
 async def test_bad_retention_settings_stop_the_collector(collector_factory, monkeypatch):

@@ -74,7 +74,8 @@ def test_online_backup_under_load_restores_and_starts(tmp_path: Path, figures: A
         # the running collector's data cannot be restored over
         refused = fleet("restore", str(backup_dir), "--data", str(data), "--force")
         assert refused.returncode == 1
-        assert "collector is running" in refused.stderr and "Traceback" not in refused.stderr
+        assert f"another collector (pid {proc.proc.pid}) is using" in refused.stderr
+        assert "Traceback" not in refused.stderr
     finally:
         stop.set()
         for worker in workers:

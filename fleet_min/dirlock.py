@@ -1,0 +1,86 @@
+"""One owner per directory: an exclusive lock on a file inside it, held while the process lives.
+
+Two collectors on one data directory would both write the same database and the same artifact
+store; two control planes on one state directory would both supervise the same runners. The
+service takes `fcntl.flock(LOCK_EX | LOCK_NB)` on `<dir>/<role>.lock` before it binds or opens
+anything and never releases it: the kernel drops the lock when the process ends, however it ends
+(`kill -9` included), so a stale lock file never blocks a restart. The holder's pid and role are
+written into the file only so the refusal can name them.
+
+The descriptor is not inherited by child processes (Python opens files close-on-exec), so a
+command the service runs cannot keep the lock alive after the service is gone. On platforms
+without fcntl (Windows) there is no lock: a warning says so and the service starts anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None  # type: ignore[assignment]
+
+log = logging.getLogger(__name__)
+
+
+class DirectoryInUse(RuntimeError):
+    """Another process holds the directory; the message names it and its pid."""
+
+
+class DirLock:
+    """A held lock; `release` gives it up early (restore does, the services never do)."""
+
+    def __init__(self, path: Path, fd: int | None) -> None:
+        self.path = path
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+def lock_file(directory: Path, role: str) -> Path:
+    """Where the lock of `role` ("collector", "controlplane") lives in `directory`."""
+    return directory / f"{role.split()[0]}.lock"
+
+
+def hold(directory: Path, role: str, shown: str | None = None) -> DirLock:
+    """Take the directory for this process, creating it when missing.
+
+    `role` names this holder in a refusal ("collector", "collector restore"); `shown` is how the
+    directory is named in messages (default: as given). Raises DirectoryInUse when another
+    process holds it, OSError when the directory cannot be made or the file cannot be opened.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    path = lock_file(directory, role)
+    if fcntl is None:
+        log.warning("cannot lock %s on this platform (no fcntl): make sure only one %s uses it",
+                    directory, role.split()[0])
+        return DirLock(path, None)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = _holder(fd)
+        os.close(fd)
+        raise DirectoryInUse(f"another {holder} is using {shown or directory}") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
+    return DirLock(path, fd)
+
+
+def _holder(fd: int) -> str:
+    """`collector (pid 1234)` from what the holder wrote, or a plain word when it wrote nothing
+    readable yet (it is between its flock and its write)."""
+    try:
+        text = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        text = ""
+    pid, _, role = text.partition(" ")
+    if not pid.isdigit():
+        return "process"
+    return f"{role or 'process'} (pid {pid})"

@@ -1,0 +1,149 @@
+"""How a service process lives: bind, start, run until a signal, stop, and say so.
+
+Both services run through here. The order matters:
+
+1. Every listening socket is bound before anything else starts (no database, no thread), so a
+   port in use ends the process at once with one line naming the address, instead of leaving
+   threads behind that keep it alive.
+2. The app starts (its database opens), the sockets start accepting, and one line says where it
+   listens, with the real port when port 0 asked for a free one.
+3. The first SIGTERM or SIGINT stops it: listening ends, long polls and streams are answered at
+   once, requests in progress get `grace_s` to finish (an upload that never completes is cut),
+   then the database writer commits every write it had accepted and closes. A write is only
+   ever acknowledged after its COMMIT, so nothing acknowledged is lost either way.
+4. A second signal exits at once, with a line saying it did not wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from aiohttp import web
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class BindError(OSError):
+    """A listening address could not be taken; the message is the whole sentence."""
+
+
+def url_host(host: str) -> str:
+    """The host as it appears in a URL: IPv6 addresses in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def reason(exc: OSError) -> str:
+    """An OSError's reason as the end of a sentence: 'address already in use'."""
+    text = exc.strerror or str(exc)
+    return text[:1].lower() + text[1:]
+
+
+def _listener(info: tuple[Any, ...]) -> socket.socket:
+    family, kind, proto, _, address = info
+    sock = socket.socket(family, kind, proto)
+    try:
+        if os.name == "posix":  # what asyncio does: a restart need not wait out TIME_WAIT
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:  # "::" means IPv6 only; 0.0.0.0 is its own address
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(address)
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def bind(hosts: Sequence[str], port: int) -> list[socket.socket]:
+    """Listening sockets for every address of every host, all on one port.
+
+    Port 0 takes a free port on the first address and the others then use that same port, so
+    the service has one port whatever it listens on. BindError names the address that failed
+    and why ("cannot listen on 127.0.0.1:7878: address already in use"); nothing stays bound.
+    """
+    sockets: list[socket.socket] = []
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE)
+            for info in dict.fromkeys(infos):  # a name can resolve to one address twice
+                sockets.append(_listener(info))
+                port = port or sockets[0].getsockname()[1]
+        except OSError as exc:
+            for sock in sockets:
+                sock.close()
+            raise BindError(f"cannot listen on {url_host(host)}:{port}: {reason(exc)}"
+                            ) from None
+    return sockets
+
+
+def addresses(sockets: Sequence[socket.socket]) -> list[tuple[str, int]]:
+    """(address, port) of each socket as bound (port 0 resolved)."""
+    return [(str(s.getsockname()[0]), int(s.getsockname()[1])) for s in sockets]
+
+
+class Stopper:
+    """SIGTERM/SIGINT handling: the first signal asks for a graceful stop, the second ends the
+    process at once (128 + the signal's number, as a shell reports a signal)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.log = logging.getLogger(f"fleet_min.{name}")
+        self.why: str | None = None
+        self.event = asyncio.Event()
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in STOP_SIGNALS:
+            try:
+                loop.add_signal_handler(sig, self.on_signal, sig)
+            except NotImplementedError:  # Windows: a plain handler that calls into the loop
+                signal.signal(sig, lambda num, _frame: loop.call_soon_threadsafe(
+                    self.on_signal, num))
+
+    def on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self.why is None:
+            self.why = name
+            self.log.info("%s stopping (%s); a second signal exits at once", self.name, name)
+            self.event.set()
+            return
+        self.log.warning("%s: second signal (%s), exiting now without waiting for open "
+                         "requests or queued writes", self.name, name)
+        logging.shutdown()  # flush the log; os._exit runs no handlers
+        os._exit(128 + sig)
+
+
+async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name: str,
+                grace_s: float, announce: Callable[[list[tuple[str, int]]], None],
+                **runner_kwargs: Any) -> str:
+    """Run `app` on the bound sockets until a stop signal; the name of the signal. The sockets
+    are closed either way; a failure of the app's start-up propagates after whatever had
+    started is cleaned up."""
+    stopper = Stopper(name)
+    stopper.install()  # a signal during start-up is kept and honoured once started
+    # keepalive_timeout also closes a connection that never completes a request (slow loris).
+    runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace_s,
+                           access_log=None, keepalive_timeout=75.0, **runner_kwargs)
+    try:
+        await runner.setup()
+        if stopper.why is None:
+            for sock in sockets:
+                await web.SockSite(runner, sock).start()
+            announce(addresses(sockets))
+            await stopper.event.wait()
+    finally:
+        await runner.cleanup()
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+    assert stopper.why is not None  # only a signal ends the wait
+    return stopper.why
