@@ -181,7 +181,7 @@ def test_pipeline_follows_a_topic_through_preemption_until_cancelled(procs):
     assert collector.job("pipe")["status"] == "cancelled"
     _, answers = collector.get("/api/events/answers?limit=10")
     assert sorted(e["payload"]["seq"] for e in answers["events"]) == events
-    assert "job pipe finished" in agent.log()
+    assert "job pipe ended: ok" in agent.log()
 
 
 def test_serve_answers_on_its_port_until_cancelled(procs):
