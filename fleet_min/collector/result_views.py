@@ -332,8 +332,9 @@ def _soak_point(row: Any) -> tuple[str | None, dict[str, Any]]:
         errors = 1 if row["ok"] == 0 else 0
     method = metrics.get("mem_method") if isinstance(metrics.get("mem_method"), str) else None
     return method, {"at": iso(row["created_at"]), "job_id": row["job_id"], "iter": row["iter"],
-                    "attempt": row["attempt"], "workload": row["workload"], "mem_mb": memory, "errors": errors,
-                    "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"]}
+                    "attempt": row["attempt"], "workload": row["workload"], "mem_mb": memory,
+                    "errors": errors, "ok": None if row["ok"] is None else bool(row["ok"]),
+                    "error": row["error"]}
 
 
 async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:

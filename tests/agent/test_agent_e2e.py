@@ -169,6 +169,7 @@ def test_a_lapsed_attempts_late_rows_are_its_own_and_the_next_attempt_closes_the
     assert len(first) >= 3  # its iterations before the freeze and its final row
     assert all(r["device_id"] == "lapse-1" for r in rows)
     status, detail = collector.get("/api/jobs/lapsing")
+    assert status == 200, detail
     assert [(a["attempt"], a["outcome"]) for a in detail["attempts"]] == [
         (1, "expired"), (2, "done")]
     assert not list((agent.state / "spool" / "rejected").iterdir())

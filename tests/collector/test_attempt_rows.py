@@ -371,3 +371,16 @@ def test_the_claimants_row_costs_one_read_and_one_write(tmp_path):
         assert [s.split()[0] for s in statements] == ["SELECT", "INSERT"], statements
     finally:
         conn.close()
+
+
+async def test_the_legacy_job_page_shows_each_rows_attempt(client, db_path):
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/jobs", json=job("j"))
+    await claim(client, "d")
+    await lapse(client, db_path, "j")
+    await claim(client, "d")
+    await post(client, result_row("j", "d", 4, ok=True, attempt=1))
+    page = await (await client.get("/dash/legacy/jobs/j")).text()
+    results = page[page.index("Results"):]
+    assert '<th scope="col">Attempt</th><th scope="col">Device</th>' in results
+    assert "<td>1</td><td><a" in results
