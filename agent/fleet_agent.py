@@ -50,7 +50,8 @@ DEFAULT_LEASE_TTL_S = 600
 IDLE_BEACON_S = 60.0
 SYNTHETIC_ROUNDS_PER_TOKEN = 1000
 # Hand-back rows count down from the top of the iter range: rows are idempotent by (job, device,
-# iter), so a hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
+# iter, attempt) and a handed-back job keeps its attempt number when it is claimed again, so a
+# hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
 HANDBACK_ITER_TOP = 1_000_000
 PROGRESS_KIND = "fleet-agent-progress"
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -993,6 +994,9 @@ class JobContext:
         self.spec = spec
         self.job_id = str(spec.get("job_id"))
         self.reporter_id = reporter_id  # device_id in rows and beacons
+        # The attempt the claim handed out, echoed in every row and beacon of the job so the
+        # collector files a row that arrives late (spooled) under the attempt that made it.
+        self.attempt = claimed_attempt(spec)
         self.params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
         self.stop = threading.Event()
         self.reason = ""
@@ -1015,6 +1019,8 @@ class JobContext:
                "job_id": self.job_id, "iter": iteration, "ok": ok, "final": False,
                "metrics": metrics or {}, "device": self.runtime.device_summary()}
         row.update({k: v for k, v in fields.items() if v is not None})
+        if self.attempt is not None:
+            row["attempt"] = self.attempt
         if self.runtime.mode == "host":
             # Rows about an attached device are filed under its id; the collector takes a host
             # job's rows only from the executor holding it, which this names.
@@ -1053,6 +1059,14 @@ class JobContext:
         return float(ttl) if isinstance(ttl, (int, float)) and ttl > 0 else DEFAULT_LEASE_TTL_S
 
 
+def claimed_attempt(spec: dict) -> int | None:
+    """The attempt number a claimed job carries (None from a collector that sends none)."""
+    value = spec.get("attempt")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1_000_000:
+        return None
+    return value
+
+
 def final(ok: bool, error: str | None = None, metrics: dict | None = None,
           artifacts: list[str] | None = None, preempted: bool = False, **extra: object) -> dict:
     """The closing row's fields, as a workload returns them."""
@@ -1087,7 +1101,8 @@ class LeaseKeeper(threading.Thread):
             wait = self.interval
             outage = self.ctx.runtime.outage(self.ctx.collector.url)
             try:
-                reply = self.ctx.collector.beacon(self.ctx.runtime.beacon_body(self.ctx.job_id))
+                reply = self.ctx.collector.beacon(
+                    self.ctx.runtime.beacon_body(self.ctx.job_id, attempt=self.ctx.attempt))
             except (Unreachable, HttpError) as exc:
                 wait = min(self.interval, 2.0)  # try again soon: the lease is running out
                 if isinstance(exc, Unreachable):
@@ -4117,7 +4132,8 @@ class Runtime:
             body["ttl_s"] = self.cfg.ttl_s
         return body
 
-    def beacon_body(self, job_id: str | None = None, busy: dict | None = None) -> dict:
+    def beacon_body(self, job_id: str | None = None, busy: dict | None = None,
+                    attempt: int | None = None) -> dict:
         fields = self.vitals()
         if busy:
             fields["busy"] = busy
@@ -4125,6 +4141,8 @@ class Runtime:
                 "beacon": fields, "at": now_iso()}
         if job_id:
             body["job_id"] = job_id
+            if attempt is not None:
+                body["attempt"] = attempt
         return body
 
     # --- running one job ---

@@ -439,12 +439,14 @@ _METRICS = _Rule(_metrics_errors, _metrics_ok)
 
 
 _NULLABLE_STRING = _or_null(_STRING)
+_ATTEMPT = _integer(1, 1000000)  # the attempt number the claimed job carried
 _RESULT = _object({
     "schema": _SCHEMA_1,
     "kind": _one_of("result"),
     "device_id": _ID_CHECK,
     "job_id": _ID_CHECK,
     "iter": _integer(0, 1000000),
+    "attempt": _ATTEMPT,
     "metrics": _METRICS,
     "final": _BOOL,
     "ok": _BOOL,
@@ -471,6 +473,7 @@ _BEACON = _object({
     "kind": _one_of("beacon"),
     "device_id": _ID_CHECK,
     "job_id": _or_null(_ID_CHECK),
+    "attempt": _ATTEMPT,
     "beacon": _object({
         "battery_pct": _integer(0, 100),
         "charging": _BOOL,

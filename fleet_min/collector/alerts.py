@@ -269,7 +269,7 @@ def gather(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes) -
         claimed_jobs=rows(
             "SELECT job_id, status, workload, claimed_by, ttl_s, claimed_at, lease_deadline, "
             "EXISTS (SELECT 1 FROM results r WHERE r.job_id = jobs.job_id "
-            "AND r.created_at >= jobs.claimed_at) AS has_results "
+            "AND r.attempt = jobs.attempts AND r.created_at >= jobs.claimed_at) AS has_results "
             "FROM jobs WHERE status = 'claimed'"),
         schedules=rows(
             "SELECT s.id, s.enabled, s.next_run, s.last_slot, r.at AS run_at, "

@@ -684,11 +684,11 @@ async def naming_jobs(db: Database, sha256: str, limit: int = 50) -> list[dict[s
 
 
 async def producing_results(db: Database, sha256: str, limit: int = 50) -> list[dict[str, Any]]:
-    rows = await db.read("SELECT job_id, device_id, iter, final FROM results "
+    rows = await db.read("SELECT job_id, device_id, iter, attempt, final FROM results "
                          "WHERE artifacts LIKE ? ORDER BY id DESC LIMIT ?",
                          (f"%{check_sha256(sha256)}%", limit))
     return [{"job_id": r["job_id"], "device_id": r["device_id"], "iter": r["iter"],
-             "final": bool(r["final"])} for r in rows]
+             "attempt": r["attempt"], "final": bool(r["final"])} for r in rows]
 
 
 async def schedules_naming(db: Database, sha256: str) -> list[str]:

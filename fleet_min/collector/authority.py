@@ -6,9 +6,13 @@ The collector has no credentials by design, so a request proves what it can show
   their `device_id`. A host job's rows speak for a host executor: the row's `executor` field when
   it has one (an executor that files rows under the id of a device attached to it says there
   which executor it is), else its `device_id` (the agent in host mode reports under its own
-  executor name). A row is taken only from the claimant of a claimed job, from the holder of the
-  last attempt of a closed job (late iterations, no status change), or as an exact repeat of a
-  row already stored (agents re-post their spool).
+  executor name). A row is taken from the claimant of a claimed job for its current attempt
+  (the one row that may close the job or hand it back), from whoever held an earlier attempt for
+  that attempt (a late row: recorded against its attempt, no status change), or as an exact
+  repeat of a row already stored (agents re-post their spool).
+- **Attempts.** A row or beacon names the attempt its claim handed out (`attempt`, echoed from
+  the claimed job). One without it is taken as the current attempt when it comes from the
+  current holder (agents in the field predate the field), else as the sender's last attempt.
 - **Mesh nodes.** With FLEET_MESH_ALLOW set, an agent request from the mesh network names the
   node it came from (fleet_min.collector.mesh). A device remembers the node that registered it
   and only that node may speak for it from the mesh; an executor name is bound to the first node
@@ -48,11 +52,27 @@ def holds(job: sqlite3.Row, speaker: str) -> bool:
     return job["status"] == "claimed" and job["claimed_by"] == speaker
 
 
-def last_holder(conn: sqlite3.Connection, job: sqlite3.Row) -> str | None:
-    """Who held the job's most recent attempt (None: never claimed)."""
-    row = conn.execute("SELECT claimed_by FROM job_attempts WHERE job_seq = ? "
-                       "ORDER BY id DESC LIMIT 1", (job["seq"],)).fetchone()
-    return row[0] if row else None
+def holds_attempt(job: sqlite3.Row, speaker: str, attempt: object) -> bool:
+    """Does `speaker` hold the job's current claim, and is `attempt` (a row's or a beacon's
+    `attempt` field, None when it has none) that claim's? Read from the job row alone: the
+    claimant's rows and beacons, the hot path, cost no query for it."""
+    return holds(job, speaker) and (attempt is None or attempt == job["attempts"])
+
+
+def last_attempt(conn: sqlite3.Connection, job: sqlite3.Row, claimant_id: str) -> int | None:
+    """The number of the last attempt `claimant_id` held (None: it never held one)."""
+    row = conn.execute("SELECT attempt FROM job_attempts WHERE job_seq = ? AND claimed_by = ? "
+                       "ORDER BY id DESC LIMIT 1", (job["seq"], claimant_id)).fetchone()
+    return int(row[0]) if row else None
+
+
+def held_attempt(conn: sqlite3.Connection, job: sqlite3.Row, claimant_id: str,
+                 attempt: int) -> bool:
+    """Did `claimant_id` hold attempt number `attempt` of the job? (A number handed back by a
+    release or a preemption is handed out again, so several claims may share it.)"""
+    return conn.execute("SELECT 1 FROM job_attempts WHERE job_seq = ? AND attempt = ? "
+                        "AND claimed_by = ? LIMIT 1",
+                        (job["seq"], attempt, claimant_id)).fetchone() is not None
 
 
 def held_before(conn: sqlite3.Connection, job: sqlite3.Row, claimant_id: str) -> bool:
@@ -61,22 +81,32 @@ def held_before(conn: sqlite3.Connection, job: sqlite3.Row, claimant_id: str) ->
                         "LIMIT 1", (job["seq"], claimant_id)).fetchone() is not None
 
 
-def row_refusal(job: sqlite3.Row, speaker: str, body: dict[str, Any]) -> Conflict:
-    """The 409 for a row that is neither the claimant's, nor late from the last holder, nor a
-    repeat. It names the claimant's kind, not its id."""
+def row_refusal(job: sqlite3.Row, speaker: str, body: dict[str, Any],
+                attempt: int | None) -> Conflict:
+    """The 409 for a row that is neither the current claimant's, nor from the holder of the
+    attempt it names (or, naming none, of the sender's last attempt), nor a repeat. It names
+    the claimant's kind, not its id."""
     job_id, status = job["job_id"], job["status"]
+    if attempt is not None and attempt > job["attempts"]:
+        return Conflict(f"job {job_id} has had {job['attempts']} attempt(s), so a row for "
+                        f"attempt {attempt} reports for none of them; a row carries the attempt "
+                        "its claim handed out")
+    if attempt is not None and "attempt" in body:
+        return Conflict(f"{speaker!r} did not hold attempt {attempt} of job {job_id}; a row is "
+                        "taken for an attempt only from the one that held it")
     if status == "claimed":
         hint = ""
         if job["executor"] == "host" and "executor" not in body:
             hint = ("; an executor that files rows under an attached device's id names itself "
                     "in the row's executor field")
         return Conflict(f"job {job_id} is held by {CLAIMANT[job['executor']]}, not by "
-                        f"{speaker!r}; only the claimant's rows are accepted{hint}")
+                        f"{speaker!r}; only the claimant's rows are accepted, and late rows "
+                        f"from the holders of its earlier attempts{hint}")
     if status in CLOSED:
-        return Conflict(f"job {job_id} is {status}; after a job closes only the holder of its "
-                        f"last attempt may add rows, and {speaker!r} is not")
-    return Conflict(f"job {job_id} is {status}: nobody holds it, so it takes no rows; rows are "
-                    "posted for a job the poster claimed")
+        return Conflict(f"job {job_id} is {status}; after a job closes only the holders of its "
+                        f"attempts may add rows, and {speaker!r} held none")
+    return Conflict(f"job {job_id} is {status}: nobody holds it, so it takes no rows but late "
+                    f"ones from the holders of its earlier attempts, and {speaker!r} held none")
 
 
 # -- mesh nodes ----------------------------------------------------------------------------------

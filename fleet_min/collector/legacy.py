@@ -259,9 +259,9 @@ def job(j: Mapping[str, Any]) -> Markup:
         (a["attempt"], device_link(a["claimed_by"]), short_time(a["claimed_at"]),
          short_time(a["ended_at"]), a["outcome"], a["error"]) for a in j["attempts"]),
         "Not claimed yet.")
-    results = table(("Device", "Iter", "OK", "Final", "Metrics", "Error"), (
-        (device_link(r["device_id"]), r["iter"], r["ok"], r["final"], metrics(r["metrics"]),
-         r["error"]) for r in j["results"]), "No result rows.")
+    results = table(("Attempt", "Device", "Iter", "OK", "Final", "Metrics", "Error"), (
+        (r["attempt"], device_link(r["device_id"]), r["iter"], r["ok"], r["final"],
+         metrics(r["metrics"]), r["error"]) for r in j["results"]), "No result rows.")
     chain = table(("Job", "Status", "Relation"), [
         *((job_link(d["job_id"]), pill(d["status"]), "depends on") for d in j["depends_on"]),
         *((job_link(d["job_id"]), pill(d["status"]), "waits for this") for d in j["dependents"]),

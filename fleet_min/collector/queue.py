@@ -835,9 +835,13 @@ def _rewritten(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]
 
 
 def _template_value(conn: sqlite3.Connection, job_id: str, kind: str, key: str | None) -> Any:
+    """A reference's value from the rows of the attempt that closed the job (a done job's
+    attempt count names it): its final row first, then its summary, then the newest. Rows of
+    lapsed attempts, and hand-back rows (their artifact is saved progress), never count."""
     rows = conn.execute(
-        "SELECT metrics, artifacts FROM results WHERE job_id = ? "
-        "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id,)).fetchall()
+        "SELECT metrics, artifacts FROM results WHERE job_id = ? AND preempted = 0 "
+        "AND attempt = (SELECT attempts FROM jobs WHERE job_id = ?) "
+        "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id, job_id)).fetchall()
     for row in rows:
         if kind == "artifact":
             artifacts = json.loads(row["artifacts"])
@@ -872,7 +876,9 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
         raise Conflict(f"{device_id} does not hold a claim on job {job_id} "
                        f"(it is {row['status']}"
                        + (f", claimed by {row['claimed_by']})" if row["claimed_by"] else ")"))
-    if conn.execute("SELECT 1 FROM results WHERE job_id = ? LIMIT 1", (job_id,)).fetchone():
+    # Rows of this attempt only: a late row of an earlier, lapsed attempt never blocks it.
+    if conn.execute("SELECT 1 FROM results WHERE job_id = ? AND attempt = ? LIMIT 1",
+                    (job_id, row["attempts"])).fetchone():
         raise Conflict(f"job {job_id} already has result rows, so it cannot be released; "
                        "post a final row instead")
     _requeue(conn, row, now, effects, outcome="released", error=None, attempt_back=True,

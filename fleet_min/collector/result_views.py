@@ -79,7 +79,8 @@ def summary(values: list[float]) -> dict[str, Any]:
 
 @dataclass
 class _Run:
-    """One job on one device: its iteration rows and its summary rows."""
+    """One attempt of a job on one device: its iteration rows and its summary rows. (A lapsed
+    attempt's rows and the next attempt's are two runs, never one run's samples twice.)"""
 
     model: str | None
     backend: str | None
@@ -114,7 +115,7 @@ async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         where.add(f"{model_sql} = ?", query["model"])
     rows = await db.read(
         f"""
-        SELECT r.job_id, r.device_id, r.iter, r.metrics, r.created_at, j.backend,
+        SELECT r.job_id, r.device_id, r.iter, r.attempt, r.metrics, r.created_at, j.backend,
                {model_sql} AS model, d.name AS device_name
         FROM results r JOIN jobs j ON j.job_id = r.job_id
         LEFT JOIN devices d ON d.device_id = r.device_id
@@ -125,10 +126,10 @@ async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
             "rows": _bench_groups(runs.items()), "truncated": len(rows) > BENCH_ROW_CAP}
 
 
-def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str], _Run]:
-    runs: dict[tuple[str, str], _Run] = {}
+def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str, int], _Run]:
+    runs: dict[tuple[str, str, int], _Run] = {}
     for row in rows:
-        key = (row["job_id"], row["device_id"])
+        key = (row["job_id"], row["device_id"], row["attempt"])
         run = runs.get(key)
         if run is None:
             model = row["model"] if isinstance(row["model"], str) else None
@@ -140,10 +141,10 @@ def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str], _Run]:
     return runs
 
 
-def _bench_groups(runs: Iterable[tuple[tuple[str, str], _Run]]) -> list[dict[str, Any]]:
+def _bench_groups(runs: Iterable[tuple[tuple[str, str, int], _Run]]) -> list[dict[str, Any]]:
     """Group runs by device, model and mem_method: memory measured differently never mixes."""
     groups: dict[tuple[str, str | None, str | None], list[_Run]] = defaultdict(list)
-    for (_job_id, device_id), run in runs:
+    for (_job_id, device_id, _attempt), run in runs:
         groups[(device_id, run.model, run.mem_method)].append(run)
     out = []
     for (device_id, model, mem_method), members in sorted(
@@ -202,21 +203,23 @@ async def _ui_flows(db: Database, job_ids: list[str], device: str | None
     where.add("r.iter >= 1 AND r.preempted = 0")
     if device:
         where.add("r.device_id = ?", device)
-    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.ok, r.error, r.extra, "
-                         f"r.created_at FROM results r WHERE {where.where} "
+    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.attempt, r.ok, r.error, "
+                         f"r.extra, r.created_at FROM results r WHERE {where.where} "
                          "ORDER BY r.created_at, r.id", where.params)
     flows: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     for row in rows:
         extra = json.loads(row["extra"]) if row["extra"] else {}
         name = _flow_name(extra if isinstance(extra, dict) else {}, row["iter"])
         flow = flows[row["job_id"]].setdefault(name, {
-            "flow": name, "runs": 0, "pass": 0, "fail": 0, "devices": [],
+            "flow": name, "runs": 0, "pass": 0, "fail": 0, "devices": [], "attempts": [],
             "latest_error": None, "latest_error_at": None, "last_at": None})
         flow["runs"] += 1
         if row["ok"] is not None:
             flow["pass" if row["ok"] else "fail"] += 1
         if row["device_id"] not in flow["devices"]:
             flow["devices"].append(row["device_id"])
+        if row["attempt"] not in flow["attempts"]:
+            flow["attempts"].append(row["attempt"])
         if row["ok"] == 0 and row["error"]:
             flow["latest_error"], flow["latest_error_at"] = row["error"], iso(row["created_at"])
         flow["last_at"] = iso(row["created_at"])
@@ -329,8 +332,9 @@ def _soak_point(row: Any) -> tuple[str | None, dict[str, Any]]:
         errors = 1 if row["ok"] == 0 else 0
     method = metrics.get("mem_method") if isinstance(metrics.get("mem_method"), str) else None
     return method, {"at": iso(row["created_at"]), "job_id": row["job_id"], "iter": row["iter"],
-                    "workload": row["workload"], "mem_mb": memory, "errors": errors,
-                    "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"]}
+                    "attempt": row["attempt"], "workload": row["workload"], "mem_mb": memory,
+                    "errors": errors, "ok": None if row["ok"] is None else bool(row["ok"]),
+                    "error": row["error"]}
 
 
 async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
@@ -342,8 +346,8 @@ async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     wanted = [workload] if workload else list(SOAK_WORKLOADS)
     where.add(f"r.workload IN ({','.join('?' * len(wanted))})", *wanted)
     where.add("r.iter >= 1 AND r.preempted = 0")
-    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.ok, r.error, r.metrics, "
-                         f"r.workload, r.created_at FROM results r WHERE {where.where} "
+    rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.attempt, r.ok, r.error, "
+                         f"r.metrics, r.workload, r.created_at FROM results r WHERE {where.where} "
                          "ORDER BY r.created_at DESC, r.id DESC LIMIT ?",
                          [*where.params, limit + 1])
     series: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)

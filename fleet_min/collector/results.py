@@ -1,7 +1,11 @@
 """Result rows and beacons (POST /results), and the result listings.
 
-Rows are idempotent by (job_id, device_id, iter): a repeat is acknowledged and changes nothing,
-so an agent may re-post whatever it is unsure was received.
+A row belongs to an attempt of its job: the number the claim handed out (`attempt` in the
+claimed job), which the agent echoes in every row. Rows are idempotent by (job_id, device_id,
+iter, attempt): a repeat is acknowledged and changes nothing, so an agent may re-post whatever
+it is unsure was received, and a late row of a lapsed attempt is recorded against that attempt
+without taking the key the next attempt reports under. Only the current claim's final row
+closes the job or hands it back.
 """
 
 from __future__ import annotations
@@ -18,15 +22,31 @@ from fleet_min.db import replayable
 from fleet_min.errors import Conflict, NotFound, Refused
 from fleet_min.timeutil import iso
 
-_ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "metrics", "final",
-                         "ok", "error", "device", "artifacts", "preempted"})
+_ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "attempt", "metrics",
+                         "final", "ok", "error", "device", "artifacts", "preempted"})
+
+# The current claim's row. A stored row under its key is replaced only when it was stored
+# before this claim began: a job handed back (preempted, released) keeps its attempt number,
+# and the claim that takes it again reports its iterations anew. A row stored since the claim
+# began is kept (the new one was a repeat: no change, so the duplicate answer).
+_CLAIMANT_ROW = """
+INSERT INTO results (job_id, device_id, iter, attempt, workload, ok, final, preempted, error,
+                     metrics, artifacts, device, extra, created_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+ON CONFLICT (job_id, device_id, iter, attempt) DO UPDATE SET
+    ok = excluded.ok, final = excluded.final, preempted = excluded.preempted,
+    error = excluded.error, metrics = excluded.metrics, artifacts = excluded.artifacts,
+    device = excluded.device, extra = excluded.extra, created_at = excluded.created_at
+WHERE results.created_at < ?
+"""
 
 
 @replayable
 def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                 effects: Effects, caller: str | None = None) -> dict[str, Any]:
-    """Store one row for the claimant of its job (see fleet_min.collector.authority for who
-    that is); `caller` is the mesh node the request came from, None off the mesh."""
+    """Store one row for the claimant of its job, or for the holder of the earlier attempt it
+    reports for (see fleet_min.collector.authority for who that is); `caller` is the mesh node
+    the request came from, None off the mesh."""
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
     # The device's last_seen and mesh node come along, so an agent seen within the second
     # costs no UPDATE and a mesh check no query.
@@ -41,26 +61,27 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     extra = ({} if _ROW_FIELDS.issuperset(body)  # the usual row: nothing else to keep
              else {k: v for k, v in body.items() if k not in _ROW_FIELDS})
     fields = _row_fields(body)
-    held = authority.holds(job, speaker)
-    if not held and _repeat_or_refuse(conn, job, body, speaker, fields, extra):
-        return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
-    final = bool(body.get("final"))
-    cursor = conn.execute(
-        """
-        INSERT OR IGNORE INTO results (job_id, device_id, iter, workload, ok, final, preempted,
-                                       error, metrics, artifacts, device, extra, created_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-        """,
-        (job_id, device_id, iteration, job["workload"], *fields,
-         jsonio.dumps_stored(extra) if extra else None, now))
+    if not authority.holds_attempt(job, speaker, body.get("attempt")):
+        return _late_row(conn, job, body, speaker, fields, extra, now, effects)
+    attempt = job["attempts"]
+    cursor = conn.execute(_CLAIMANT_ROW, (
+        job_id, device_id, iteration, attempt, job["workload"], *fields,
+        jsonio.dumps_stored(extra) if extra else None, now, job["claimed_at"]))
     if touch_due(job["device_last_seen"], now):
         touch(conn, device_id, now)
-    if cursor.rowcount == 0 and not _supersede(conn, job, body, fields, now):
-        return {"ok": True, "duplicate": True, "job_id": job_id, "status": job["status"]}
-    effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final)
-    # Only the claimant's final row closes the job or hands it back.
-    status = _settle(conn, job, body, now, effects) if final and held else job["status"]
-    return {"ok": True, "duplicate": False, "job_id": job_id, "status": status}
+    if cursor.rowcount == 0:
+        return _reply(job, job["status"], attempt, duplicate=True)
+    final = bool(body.get("final"))
+    effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final,
+                 attempt=attempt)
+    status = _settle(conn, job, body, now, effects) if final else job["status"]
+    return _reply(job, status, attempt, duplicate=False)
+
+
+def _reply(job: sqlite3.Row, status: str, attempt: int | None, *, duplicate: bool
+           ) -> dict[str, Any]:
+    return {"ok": True, "duplicate": duplicate, "job_id": job["job_id"], "status": status,
+            "attempt": attempt}
 
 
 def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], now: float,
@@ -73,23 +94,51 @@ def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], no
                                    effects)
 
 
-def _repeat_or_refuse(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
-                      speaker: str, fields: tuple[Any, ...], extra: dict[str, Any]) -> bool:
-    """A row from someone who does not hold the job: True for an exact repeat of a stored row
-    (answered as a duplicate, nothing changes), False for a late row from the holder of a closed
-    job's last attempt (stored, changes no status); anything else is refused with 409.
+def _late_row(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], speaker: str,
+              fields: tuple[Any, ...], extra: dict[str, Any], now: float, effects: Effects
+              ) -> dict[str, Any]:
+    """A row that is not the current claim's. From the holder of the attempt it reports for
+    (named, or else the sender's last) it is stored against that attempt, whatever the job did
+    since, and changes no status; a row under a key that attempt already stored is a repeat
+    (nothing changes), as for the claimant. From anyone else only an exact repeat of a stored
+    row is answered (as a duplicate); anything else is refused with 409.
 
-    Off the hot path: the claimant's own rows never come here.
+    Off the hot path: the current claimant's own rows never come here.
     """
-    stored = conn.execute(
-        "SELECT ok, final, preempted, error, metrics, artifacts, device, extra FROM results "
-        "WHERE job_id = ? AND device_id = ? AND iter = ?",
-        (body["job_id"], body["device_id"], int(body["iter"]))).fetchone()
-    if stored is not None and _same_row(stored, fields, extra):
-        return True
-    if job["status"] in queue.CLOSED and authority.last_holder(conn, job) == speaker:
-        return False
-    raise authority.row_refusal(job, speaker, body)
+    named = body.get("attempt")
+    attempt = int(named) if named is not None else authority.last_attempt(conn, job, speaker)
+    key = (body["job_id"], body["device_id"], int(body["iter"]))
+    if attempt is None or not authority.held_attempt(conn, job, speaker, attempt):
+        repeated = _stored_repeat(conn, key, attempt, fields, extra)
+        if repeated is None:
+            raise authority.row_refusal(job, speaker, body, attempt)
+        return _reply(job, job["status"], repeated, duplicate=True)
+    cursor = conn.execute(
+        "INSERT OR IGNORE INTO results (job_id, device_id, iter, attempt, workload, ok, final, "
+        "preempted, error, metrics, artifacts, device, extra, created_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (*key, attempt, job["workload"], *fields,
+         jsonio.dumps_stored(extra) if extra else None, now))
+    if touch_due(job["device_last_seen"], now):
+        touch(conn, key[1], now)
+    if cursor.rowcount == 0:
+        return _reply(job, job["status"], attempt, duplicate=True)
+    effects.emit("result", job_id=key[0], device_id=key[1], iter=key[2],
+                 final=bool(body.get("final")), attempt=attempt)
+    return _reply(job, job["status"], attempt, duplicate=False)
+
+
+def _stored_repeat(conn: sqlite3.Connection, key: tuple[str, str, int], attempt: int | None,
+                   fields: tuple[Any, ...], extra: dict[str, Any]) -> int | None:
+    """The attempt of a stored row the posted one repeats exactly, under its key (in any
+    attempt when the row's attempt is unknown); None when it repeats none."""
+    for stored in conn.execute(
+            "SELECT attempt, ok, final, preempted, error, metrics, artifacts, device, extra "
+            "FROM results WHERE job_id = ? AND device_id = ? AND iter = ? "
+            "AND (? IS NULL OR attempt = ?)", (*key, attempt, attempt)):
+        if _same_row(stored, fields, extra):
+            return int(stored["attempt"])
+    return None
 
 
 def _same_row(stored: sqlite3.Row, fields: tuple[Any, ...], extra: dict[str, Any]) -> bool:
@@ -124,7 +173,7 @@ def post_rows(conn: sqlite3.Connection, rows: list[dict[str, Any]], now: float,
 
 def _row_fields(body: dict[str, Any]) -> tuple[Any, ...]:
     """A row's stored columns ok, final, preempted, error, metrics, artifacts, device, in that
-    order, encoded once for the INSERT and, when it was a repeat, the superseding UPDATE."""
+    order, encoded once for the INSERT (and a late row's comparison with a stored one)."""
     return (None if body.get("ok") is None else int(bool(body["ok"])),
             int(bool(body.get("final"))), int(bool(body.get("preempted"))), body.get("error"),
             _stored_or(body.get("metrics"), "{}"), _stored_or(body.get("artifacts"), "[]"),
@@ -134,26 +183,6 @@ def _row_fields(body: dict[str, Any]) -> tuple[Any, ...]:
 def _stored_or(value: Any, empty: str) -> str:
     """A JSON column's text, with the usual empty value ("{}", "[]") written without encoding."""
     return jsonio.dumps_stored(value) if value else empty
-
-
-def _supersede(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any],
-               fields: tuple[Any, ...], now: float) -> bool:
-    """A row whose key exists from an EARLIER attempt of the job replaces that row.
-
-    Rows are idempotent by (job_id, device_id, iter) so that a re-post changes nothing; but a
-    job handed back (preempted, released) and claimed again by the same device reports its
-    iterations anew, and the new attempt's summary must not be mistaken for a repeat.
-    """
-    if job["status"] != "claimed" or job["claimed_by"] != body["device_id"]:
-        return False
-    cursor = conn.execute(
-        """
-        UPDATE results SET ok = ?, final = ?, preempted = ?, error = ?, metrics = ?,
-               artifacts = ?, device = ?, created_at = ?
-        WHERE job_id = ? AND device_id = ? AND iter = ? AND created_at < ?
-        """,
-        (*fields, now, body["job_id"], body["device_id"], int(body["iter"]), job["claimed_at"]))
-    return cursor.rowcount > 0
 
 
 @replayable
@@ -168,7 +197,9 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                           (device_id,)).fetchone()
     job_id = body.get("job_id") or None
     job = queue.job_row(conn, job_id) if job_id else None
-    held = job is not None and authority.holds(job, device_id)
+    # A beacon naming an attempt other than the current one is the runner of a lapsed
+    # attempt still at work (an old process under the same name): it renews nothing.
+    held = job is not None and authority.holds_attempt(job, device_id, body.get("attempt"))
     if device is None and not held:
         return _stranger_beacon(conn, device_id, job)
     if caller is not None:
@@ -221,6 +252,7 @@ def result_record(row: sqlite3.Row) -> dict[str, Any]:
         "job_id": row["job_id"],
         "device_id": row["device_id"],
         "iter": row["iter"],
+        "attempt": row["attempt"],
         "workload": row["workload"],
         "ok": None if row["ok"] is None else bool(row["ok"]),
         "final": bool(row["final"]),

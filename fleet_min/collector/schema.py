@@ -251,4 +251,55 @@ MIGRATIONS: list[str] = [
     """
     CREATE INDEX jobs_status_workload ON jobs(status, workload) WHERE is_group = 0;
     """,
+    # 6: result rows belong to an attempt of their job (the attempt number the claim handed
+    # out), and are idempotent by (job_id, device_id, iter, attempt): a late row of a lapsed
+    # attempt no longer takes the key the next attempt reports under. SQLite cannot change a
+    # UNIQUE constraint, so the table is rebuilt (create, copy, drop, rename, indexes). Rows
+    # stored before get the attempt of their poster claimed last before the row was stored,
+    # else any attempt claimed before it, else the job's attempt count (else 1). Self-contained:
+    # it reads job_attempts and jobs as migrations 1 and 3 left them.
+    """
+    CREATE TABLE results_by_attempt (
+        id INTEGER PRIMARY KEY,
+        job_id TEXT NOT NULL,
+        device_id TEXT NOT NULL,
+        iter INTEGER NOT NULL,
+        attempt INTEGER NOT NULL,          -- the job's attempt the row reports for
+        workload TEXT,
+        ok INTEGER,
+        final INTEGER NOT NULL DEFAULT 0,
+        preempted INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        metrics TEXT NOT NULL DEFAULT '{}',
+        artifacts TEXT NOT NULL DEFAULT '[]',
+        device TEXT,
+        extra TEXT,                        -- other top-level fields the agent sent, kept as JSON
+        created_at REAL NOT NULL,
+        UNIQUE (job_id, device_id, iter, attempt)
+    );
+    INSERT INTO results_by_attempt (id, job_id, device_id, iter, attempt, workload, ok, final,
+                                    preempted, error, metrics, artifacts, device, extra,
+                                    created_at)
+    SELECT r.id, r.job_id, r.device_id, r.iter,
+           COALESCE(
+               (SELECT a.attempt FROM jobs j JOIN job_attempts a ON a.job_seq = j.seq
+                WHERE j.job_id = r.job_id AND a.claimed_at <= r.created_at
+                  AND a.claimed_by IN (r.device_id,
+                                       CASE WHEN json_valid(r.extra)
+                                            THEN json_extract(r.extra, '$.executor') END)
+                ORDER BY a.claimed_at DESC, a.id DESC LIMIT 1),
+               (SELECT a.attempt FROM jobs j JOIN job_attempts a ON a.job_seq = j.seq
+                WHERE j.job_id = r.job_id AND a.claimed_at <= r.created_at
+                ORDER BY a.claimed_at DESC, a.id DESC LIMIT 1),
+               (SELECT MAX(j.attempts, 1) FROM jobs j WHERE j.job_id = r.job_id),
+               1),
+           r.workload, r.ok, r.final, r.preempted, r.error, r.metrics, r.artifacts, r.device,
+           r.extra, r.created_at
+    FROM results r;
+    DROP TABLE results;
+    ALTER TABLE results_by_attempt RENAME TO results;
+    CREATE INDEX results_device ON results(device_id, created_at);
+    CREATE INDEX results_workload ON results(workload, created_at);
+    CREATE INDEX results_created ON results(created_at);
+    """,
 ]

@@ -68,8 +68,8 @@ async def get_job(db: Database, job_id: str) -> dict[str, Any]:
 
 async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
     record = await get_job(db, job_id)
-    results = await db.read("SELECT * FROM results WHERE job_id = ? ORDER BY device_id, iter",
-                            (job_id,))
+    results = await db.read("SELECT * FROM results WHERE job_id = ? "
+                            "ORDER BY attempt, device_id, iter", (job_id,))
     children = await db.read("SELECT job_id, status, claimed_by, last_error, target_device "
                              "FROM jobs WHERE parent_job_id = ? ORDER BY seq", (job_id,))
     attempts = await db.read("SELECT * FROM job_attempts WHERE job_seq = "
@@ -161,10 +161,11 @@ async def overview(db: Database, now: float) -> dict[str, Any]:
                             "LIMIT 100")
     failures = await db.read("SELECT * FROM jobs WHERE status = 'failed' "
                              "ORDER BY finished_at DESC LIMIT 20")
+    # Progress is the current attempt's: late rows of a lapsed one are not this run's.
     progress = await db.read(
-        "SELECT job_id, device_id, MAX(iter) AS iter, COUNT(*) AS rows FROM results "
-        "WHERE job_id IN (SELECT job_id FROM jobs WHERE status = 'claimed') GROUP BY job_id, "
-        "device_id")
+        "SELECT r.job_id, r.device_id, MAX(r.iter) AS iter, COUNT(*) AS rows FROM jobs j "
+        "JOIN results r ON r.job_id = j.job_id AND r.attempt = j.attempts "
+        "WHERE j.status = 'claimed' GROUP BY r.job_id, r.device_id")
     rows_by_job = {r["job_id"]: {"rows": r["rows"], "last_iter": r["iter"]} for r in progress}
     return {
         "devices": {"total": sum(by_status.values()), **by_status},

@@ -99,7 +99,8 @@ JOB_RECORD = obj(JOB_FIELDS)
 JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
 
 RESULT_RECORD = obj({
-    "id": INT, "job_id": STR, "device_id": STR, "iter": integer(0), "workload": STR,
+    "id": INT, "job_id": STR, "device_id": STR, "iter": integer(0), "attempt": integer(1),
+    "workload": STR,
     "ok": null(BOOL), "final": BOOL, "preempted": BOOL, "error": null(STR), "metrics": obj(),
     "artifacts": arr(STR), "device": null(obj()), "created_at": TIME},
     description="A stored result row; unknown fields the agent sent ride along at the top level.")
@@ -201,7 +202,8 @@ def _agents() -> list[Route]:
     next_job = {200: json_reply(ref("ClaimedJob"), "a job was claimed; its lease is running"),
                 204: empty_reply("the long poll (FLEET_LONG_POLL_S, 25 s) ended with nothing "
                                  "to do")}
-    stored_row = obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS})
+    stored_row = obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS,
+                      "attempt": integer(1)})
     return [
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
@@ -226,10 +228,11 @@ def _agents() -> list[Route]:
                404: "the job is unknown (result; in an array the sentence names the row and "
                     "nothing is stored), or the device is not registered (beacon; a host "
                     "executor may beacon under its name for the job it holds)",
-               409: "the row's job is held by another claimant, is queued or waiting, or is "
-                    "closed and the poster did not hold its last attempt (an exact repeat of a "
-                    "stored row is still a duplicate); a beacon from an unregistered id names a "
-                    "host job it never held"},
+               409: "the row is not the current claimant's and its poster did not hold the "
+                    "attempt it reports for (named in `attempt`, else the poster's last), or it "
+                    "differs from a stored row of an earlier attempt under the same key (an "
+                    "exact repeat of a stored row is still a duplicate); a beacon from an "
+                    "unregistered id names a host job it never held"},
               body=Body({"oneOf": [ref("ResultRow"), ref("Beacon"),
                                    {"type": "array", "items": ref("ResultRow"), "minItems": 1,
                                     "maxItems": 1000}]},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import signal
 import time
 
 import pytest
@@ -137,6 +138,41 @@ def test_preemption_hands_the_job_back_and_it_resumes(procs):
     assert top["metrics"]["iterations"] == 40
     assert sorted(r["iter"] for r in rows if not r.get("preempted")) == list(range(41))
     assert low["attempts"] == 1  # a hand-back does not burn an attempt
+
+
+def test_a_lapsed_attempts_late_rows_are_its_own_and_the_next_attempt_closes_the_job(procs):
+    """The agent is frozen (SIGSTOP) past its lease; the sweep requeues the job. Thawed, it
+    learns from its next beacon that the lease is gone, stops, and posts attempt 1's final row
+    late; then it claims the job again and runs attempt 2 through. Every row names the attempt
+    that made it, nothing is refused, and attempt 2's final row closes the job."""
+    collector = procs.collector()
+    agent = procs.agent([collector], "lapse-1")
+    wait_for(lambda: registered(collector, "lapse-1"), 20, what="registration")
+    collector.enqueue(bench("lapsing", measure=10, prompt=300, gen=100, lease={"ttl_s": 2},
+                            targets={"device_id": "lapse-1"}))
+    wait_for(lambda: len(collector.results("lapsing")) >= 2, 30, what="some progress")
+    agent.proc.send_signal(signal.SIGSTOP)
+    try:
+        queued = collector.wait_status("lapsing", ("queued",), timeout=30)
+    finally:
+        agent.proc.send_signal(signal.SIGCONT)
+    assert "lease expired on lapse-1" in queued["last_error"]
+    job = collector.wait_status("lapsing", ("done", "failed"), timeout=90)
+    assert job["status"] == "done" and job["attempts"] == 2 and job["last_error"] is None, job
+    rows = collector.results("lapsing")
+    first = [r for r in rows if r["attempt"] == 1]
+    second = [r for r in rows if r["attempt"] == 2]
+    assert iters(second) == list(range(11)) and summary(second)["ok"] is True
+    late_final = [r for r in first if r["final"]]
+    assert len(late_final) == 1 and late_final[0]["ok"] is False
+    assert "no longer renews this job's lease" in late_final[0]["error"]
+    assert len(first) >= 3  # its iterations before the freeze and its final row
+    assert all(r["device_id"] == "lapse-1" for r in rows)
+    status, detail = collector.get("/api/jobs/lapsing")
+    assert status == 200, detail
+    assert [(a["attempt"], a["outcome"]) for a in detail["attempts"]] == [
+        (1, "expired"), (2, "done")]
+    assert not list((agent.state / "spool" / "rejected").iterdir())
 
 
 def test_two_collectors_never_get_two_jobs_at_once(procs):

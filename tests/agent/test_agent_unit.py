@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.support.agent import AGENT_FILE, make_tool, python38, write_tree
+from tests.support.agent import AGENT_FILE, make_tool, python38, wait_for, write_tree
 
 PI5 = {
     "/proc/device-tree/model": "Raspberry Pi 5 Model B Rev 1.0\x00",
@@ -361,6 +361,51 @@ def test_outbox_sets_aside_rows_the_collector_refuses(fa, tmp_path, http_stub):
     assert outbox.flush() is True
     assert outbox.pending() == []
     assert len(list((tmp_path / "spool" / "rejected").iterdir())) == 1
+
+
+def _posted_rows(stub):
+    """Every body the stub collector took, arrays flattened, in arrival order."""
+    return [row for body in stub.posts for row in (body if isinstance(body, list) else [body])]
+
+
+def test_rows_and_beacons_echo_the_claimed_attempt_and_spooled_rows_keep_theirs(
+        fa, tmp_path, http_stub):
+    runtime = make_runtime(fa, tmp_path)
+    spec = {"schema": 1, "job_id": "j", "workload": "benchmark", "backend": "synthetic",
+            "params": {"prompt_tokens": 1, "gen_tokens": 1, "warmup_iters": 0,
+                       "measure_iters": 2}}
+    # attempt 1 reports while its collector is away: the row waits in the spool
+    away = fa.JobContext(runtime, fa.Collector("http://127.0.0.1:9"), {**spec, "attempt": 1},
+                         "unit-1")
+    away.post(away.row(1, True, {"n": 1}))
+    for path in runtime.outbox.pending():  # the collector comes back (at the stub's address)
+        entry = json.loads(Path(path).read_text())
+        entry["collector"] = http_stub.url
+        Path(path).write_text(json.dumps(entry))
+    # the job was claimed again: attempt 2 runs, and its first post delivers the spool first
+    runtime.run_job(fa.Collector(http_stub.url), {**spec, "attempt": 2})
+    assert [(r["iter"], r["attempt"], r["final"]) for r in _posted_rows(http_stub)] == [
+        (1, 1, False), (1, 2, False), (2, 2, False), (0, 2, True)]
+    # beacons for the job name the attempt too; idle beacons name none
+    assert runtime.beacon_body("j", attempt=2)["attempt"] == 2
+    assert "attempt" not in runtime.beacon_body()
+    ctx = fa.JobContext(runtime, fa.Collector(http_stub.url), {**spec, "attempt": 3}, "unit-1")
+    keeper = fa.LeaseKeeper(ctx, 0.05)
+    keeper.start()
+    try:
+        beacons = wait_for(lambda: [b for b in http_stub.posts if isinstance(b, dict)
+                                    and b.get("kind") == "beacon"], 10, what="a beacon")
+    finally:
+        keeper.stop()
+    assert (beacons[0]["job_id"], beacons[0]["attempt"]) == ("j", 3)
+
+
+@pytest.mark.parametrize("value", [None, "2", True, 0, 2.5, 10**7])
+def test_a_claim_without_a_usable_attempt_number_sends_rows_without_one(fa, tmp_path, value):
+    runtime = make_runtime(fa, tmp_path)
+    spec = {"schema": 1, "job_id": "j", "workload": "self-check", "attempt": value}
+    ctx = fa.JobContext(runtime, fa.Collector("http://127.0.0.1:9"), spec, "unit-1")
+    assert ctx.attempt is None and "attempt" not in ctx.row(0, True)
 
 
 def test_atomic_write_is_private_and_leaves_no_temporary(fa, tmp_path):

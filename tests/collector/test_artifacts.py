@@ -467,7 +467,7 @@ async def test_a_waiting_job_holds_its_dependencys_output(client):
                                                   ok=True, artifacts=[output["sha256"]]))
     detail = await (await client.get(f"/api/artifacts/{output['sha256']}")).json()
     assert detail["produced_by"] == [{"job_id": claimed["job_id"], "device_id": "d", "iter": 0,
-                                      "final": True}]
+                                      "attempt": 1, "final": True}]
     assert detail["deletable"] is False
     assert detail["holds"] == ["waiting job install will read it from a dependency's results"]
     assert output["sha256"] not in await gc_hashes(client)

@@ -8,6 +8,8 @@ import json
 import sqlite3
 import time
 
+import pytest
+
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.db import migrate
 from tests.support.collector import job, registration, result_row
@@ -104,5 +106,86 @@ def test_an_attempt_is_found_through_the_index_on_its_jobs_seq(tmp_path):
         for sql, plan in plans.items():
             # Without the index both scan every attempt ever made (17 % more CPU a job, measured).
             assert "USING INDEX job_attempts_seq" in plan, (sql, plan)
+    finally:
+        conn.close()
+
+
+def _version_4_database_with_rows(db_path) -> None:
+    """A version-4 file holding the rows an older collector stored by (job, device, iter):
+    job "lapsed" was claimed by d (attempt 1, expired) and then by e (attempt 2, running); host
+    job "host" ran on executor mac, which filed its row under an attached device; "old" has a
+    row and no attempt on record; "pre" was preempted and claimed again under attempt 1."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        migrate(conn, MIGRATIONS[:4])
+        t = time.time() - 1000
+        for device in ("d", "e"):
+            conn.execute(
+                "INSERT INTO devices (device_id, descriptor, capabilities, first_seen, "
+                "last_seen, registered_at) VALUES (?, '{\"platform\": \"linux\"}', "
+                "'[\"benchmark\"]', ?, ?, ?)", (device, t, t, t))
+        jobs = (("lapsed", "device", "claimed", "e", 2), ("host", "host", "done", None, 1),
+                ("old", "device", "done", None, 0), ("pre", "device", "done", None, 1))
+        for job_id, executor, status, claimed_by, attempts in jobs:
+            workload = "install" if executor == "host" else "benchmark"
+            conn.execute(
+                "INSERT INTO jobs (job_id, workload, executor, status, claimed_by, attempts, "
+                "max_attempts, ttl_s, lease_deadline, spec, created_at, updated_at, claimed_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, 3, 600, ?, ?, ?, ?, ?)",
+                (job_id, workload, executor, status, claimed_by, attempts,
+                 t + 5000 if status == "claimed" else None,
+                 json.dumps(job(job_id, workload, executor)), t, t, t + 100))
+        seq = {r[0]: r[1] for r in conn.execute("SELECT job_id, seq FROM jobs")}
+        for job_id, attempt, claimant, at, outcome in (
+                ("lapsed", 1, "d", t + 10, "expired"), ("lapsed", 2, "e", t + 100, None),
+                ("host", 1, "mac", t + 10, "done"), ("pre", 1, "d", t + 10, "preempted"),
+                ("pre", 1, "d", t + 50, "done")):
+            conn.execute("INSERT INTO job_attempts (job_id, job_seq, attempt, claimed_by, "
+                         "claimed_at, ended_at, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                         (job_id, seq[job_id], attempt, claimant, at, at + 1, outcome))
+        for job_id, device, iteration, at, extra in (
+                ("lapsed", "d", 1, t + 20, None),    # attempt 1's row
+                ("lapsed", "d", 2, t + 150, None),   # late, after e claimed: d held only 1
+                ("lapsed", "e", 1, t + 120, None),   # attempt 2's
+                ("host", "R5CT1234ABC", 1, t + 20, '{"executor": "mac"}'),
+                ("old", "d", 0, t + 20, None),
+                ("pre", "d", 1, t + 60, None)):
+            conn.execute("INSERT INTO results (job_id, device_id, iter, workload, ok, final, "
+                         "metrics, extra, created_at) VALUES (?, ?, ?, 'benchmark', 1, ?, "
+                         "'{}', ?, ?)", (job_id, device, iteration, int(iteration == 0), extra,
+                                         at))
+    finally:
+        conn.close()
+
+
+async def test_a_version_4_database_files_its_rows_under_their_attempts(
+        collector_factory, db_path):
+    _version_4_database_with_rows(db_path)
+    client = await collector_factory()
+    listed = (await (await client.get("/api/results?page=1")).json())["results"]
+    assert sorted((r["job_id"], r["device_id"], r["iter"], r["attempt"]) for r in listed) == [
+        ("host", "R5CT1234ABC", 1, 1), ("lapsed", "d", 1, 1), ("lapsed", "d", 2, 1),
+        ("lapsed", "e", 1, 2), ("old", "d", 0, 1), ("pre", "d", 1, 1)]
+    # the running attempt goes on as before, and its final row closes the job
+    reply = await (await client.post("/results", json=result_row(
+        "lapsed", "e", 0, final=True, ok=True))).json()
+    assert (reply["attempt"], reply["status"]) == (2, "done")
+    # the uniqueness now includes the attempt: d's attempt-1 key is free in another attempt
+    conn = sqlite3.connect(db_path)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        indexes = {r[1]: r[2] for r in conn.execute("PRAGMA index_list(results)")}
+        assert {"results_device", "results_workload", "results_created"} <= set(indexes)
+        unique = [name for name, is_unique in indexes.items() if is_unique]
+        assert [[c[2] for c in conn.execute(f"PRAGMA index_info({name})")] for name in unique
+                ] == [["job_id", "device_id", "iter", "attempt"]]
+        conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, "
+                     "created_at) VALUES ('lapsed', 'd', 1, 2, '{}', 0)")
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, "
+                         "created_at) VALUES ('lapsed', 'd', 1, 1, '{}', 0)")
     finally:
         conn.close()

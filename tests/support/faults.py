@@ -244,9 +244,10 @@ def invariants(db_path: Path, full: bool = False) -> list[str]:
         check = "integrity_check" if full else "quick_check"
         verdict = [r[0] for r in conn.execute(f"PRAGMA {check}")]
         problems = [] if verdict == ["ok"] else [f"{check}: {verdict[:3]}"]
-        for r in conn.execute("SELECT job_id, device_id, iter, count(*) AS n FROM results "
-                              "GROUP BY job_id, device_id, iter HAVING n > 1"):
-            problems.append(f"result row {tuple(r)[:3]} is stored {r['n']} times")
+        for r in conn.execute("SELECT job_id, device_id, iter, attempt, count(*) AS n "
+                              "FROM results GROUP BY job_id, device_id, iter, attempt "
+                              "HAVING n > 1"):
+            problems.append(f"result row {tuple(r)[:4]} is stored {r['n']} times")
         for r in conn.execute(
                 "SELECT a.job_id, a.attempt FROM job_attempts a JOIN jobs j USING (job_id) "
                 "WHERE j.finished_at IS NOT NULL AND a.claimed_at > j.finished_at"):

@@ -93,9 +93,9 @@ function Timeline({ job }) {
 
 function Results({ rows }) {
   return html`<${Table} label="Result rows" empty="No result rows yet." className="results"
-    head=${["Device", "Iter", "OK", "Final", "Metrics", "Error", "Stored"]}
+    head=${["Attempt", "Device", "Iter", "OK", "Final", "Metrics", "Error", "Stored"]}
     rows=${rows.map((r) => html`<tr class=${r.ok === false ? "row-bad" : ""}>
-      <td><${DeviceLink} id=${r.device_id} /></td><td>${r.iter === 0 ? "summary" : r.iter}</td>
+      <td>${r.attempt}</td><td><${DeviceLink} id=${r.device_id} /></td><td>${r.iter === 0 ? "summary" : r.iter}</td>
       <td>${r.ok === null ? "–" : r.ok ? "yes" : "no"}</td><td>${r.final ? (r.preempted ? "handed back" : "yes") : ""}</td>
       <td class="metrics">${metricText(r.metrics)}</td><td class="error-text">${r.error}</td>
       <td><${Ago} iso=${r.created_at} /></td></tr>`)} />`;

@@ -71,9 +71,9 @@ function Rows({ filters }) {
     [filters.device, filters.workload, page], (e) => e.type === "result");
   return html`<${Loaded} res=${res}>${(d) => html`
     <${Table} label="Result rows" empty="No result rows." className="results"
-      head=${["Job", "Device", "Iter", "OK", "Metrics", "Error", "Stored"]}
+      head=${["Job", "Attempt", "Device", "Iter", "OK", "Metrics", "Error", "Stored"]}
       rows=${d.results.map((r) => html`<tr class=${r.ok === false ? "row-bad" : ""}><td><${JobLink} id=${r.job_id} /></td>
-        <td><${DeviceLink} id=${r.device_id} /></td><td>${r.iter === 0 ? "summary" : r.iter}</td>
+        <td>${r.attempt}</td><td><${DeviceLink} id=${r.device_id} /></td><td>${r.iter === 0 ? "summary" : r.iter}</td>
         <td>${r.ok === null ? "–" : r.ok ? "yes" : "no"}</td><td class="metrics">${metricText(r.metrics)}</td>
         <td class="error-text">${r.error}</td><td><${Ago} iso=${r.created_at} /></td></tr>`)} />
     <${Pager} data=${d} onPage=${setPage} />`}<//>`;
