@@ -184,7 +184,7 @@ export function JobDetail({ id }) {
         <${Section} title="Chain and children" id="job-chain"><${Chain} job=${job} /><//>
         <${Section} title="Artifacts" id="job-artifacts">
           ${job.artifacts.length ? html`<ul class="plain">${job.artifacts.map((sha) => html`<li class="mono">
-            <${Link} to=${`/artifacts/${sha}`}>${shortSha(sha)}<//> · <a href=${`/artifacts/${sha}`} download>download</a></li>`)}</ul>`
+            <${Link} to=${`/artifacts/${sha}`} title=${sha}>${shortSha(sha)}…<//> · <a href=${`/artifacts/${sha}`} download>download</a></li>`)}</ul>`
             : html`<${Empty}>No artifacts in the result rows.<//>`}
         <//>
       </div>

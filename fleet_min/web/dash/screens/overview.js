@@ -40,11 +40,15 @@ function Running({ rows, jobs }) {
       <td><${Ago} iso=${r.lease_deadline} /></td></tr>`)} />`;
 }
 
+// Half the width of a laptop screen: the workload goes under the job id and long ids and errors
+// wrap, so that every column shows without scrolling.
 function Failures({ rows }) {
-  return html`<${Table} label="Recent failures" empty="No failures." head=${["Job", "Workload", "Error", "When"]}
+  return html`<${Table} label="Recent failures" empty="No job has failed." className="fit failures"
+    head=${["Job", "Error", "When"]}
     rows=${rows.slice(0, 8).map((r) => html`<tr>
-      <td><${JobLink} id=${r.job_id} /></td><td>${r.workload}</td>
-      <td class="error-text">${r.last_error}</td><td><${Ago} iso=${r.finished_at} /></td></tr>`)} />`;
+      <td><${JobLink} id=${r.job_id} /><div class="muted small">${r.workload}</div></td>
+      <td class="error-text">${r.last_error || html`<span class="muted">no error recorded</span>`}</td>
+      <td class="when"><${Ago} iso=${r.finished_at} /></td></tr>`)} />`;
 }
 
 function NextSchedules({ schedules }) {
