@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.support.browser import shot
@@ -32,7 +33,9 @@ class Stop:
     of it). `absent` marks a page about one named thing: on a service without data that thing does
     not exist, so its 404 is expected there (and the page must say so in a sentence). `fits` are
     selectors of boxes that must show all of their content at the laptop width, without their own
-    sideways scrolling. `act` runs after the page is ready (open a menu, pick a tab).
+    sideways scrolling. `labels` select the labels of a chart: with data they must be page text,
+    whole (or with the full text as a title) and not overlapping. `act` runs once the page is
+    ready (open a menu) and returns what it found wrong.
     """
 
     name: str
@@ -40,22 +43,25 @@ class Stop:
     ready: str = "h1"
     absent: bool = False
     fits: tuple[str, ...] = ()
-    act: Callable[[Any], None] | None = None
+    labels: tuple[str, ...] = ()
+    act: Callable[[Any, int], list[str]] | None = None
 
 
-def _open_menu(page: Any) -> None:
-    """On a phone the dashboard's navigation is behind a Menu button: tap it, as a thumb would."""
-    toggle = page.locator("button.menu-toggle")
-    if toggle.is_visible():
+def _menu(button: str, link: str) -> Callable[[Any, int], list[str]]:
+    """On a phone the navigation is folded behind a Menu button: it must be, and a tap (as a
+    thumb would, no hover) must open it. On a laptop the links show as they are."""
+
+    def open_menu(page: Any, width: int) -> list[str]:
+        toggle, target = page.locator(button), page.locator(link)
+        if width >= 1000:
+            return [] if target.is_visible() else [f"{link} is not shown at a laptop width"]
+        if not toggle.is_visible() or target.is_visible():
+            return [f"the navigation is not folded behind {button} on a phone"]
         toggle.tap()
-        page.locator("nav#nav a:has-text('Artifacts')").wait_for(state="visible")
+        target.wait_for(state="visible")
+        return []
 
-
-def _open_legacy_menu(page: Any) -> None:
-    toggle = page.locator("label.menu-button")
-    if toggle.is_visible():
-        toggle.tap()
-        page.locator("header nav a:has-text('Artifacts')").wait_for(state="visible")
+    return open_menu
 
 
 ARTIFACT = hashlib.sha256(APP_BUILD).hexdigest()
@@ -66,7 +72,8 @@ FAILED_BENCH = "bench-gemma-2-2b-it-macbook-air-m2-007"  # seeded by web_seed.se
 COLLECTOR: list[Stop] = [
     Stop("overview", "/dash", NOTHING_LOADING,
          fits=("section[aria-labelledby=ov-failures] .table-wrap",)),
-    Stop("menu", "/dash", NOTHING_LOADING, act=_open_menu),
+    Stop("menu", "/dash", NOTHING_LOADING,
+         act=_menu("button.menu-toggle", "nav#nav a:has-text('Artifacts')")),
     Stop("devices", "/dash/devices", NOTHING_LOADING),
     Stop("devices-expired", "/dash/devices?expired=1", NOTHING_LOADING),
     Stop("device", "/dash/devices/galaxy-s23", NOTHING_LOADING, absent=True),
@@ -77,7 +84,7 @@ COLLECTOR: list[Stop] = [
     Stop("job-chain", "/dash/jobs/chain-bench", NOTHING_LOADING, absent=True),
     Stop("job-fanout", "/dash/jobs/fan-bench", NOTHING_LOADING, absent=True),
     Stop("enqueue", "/dash/jobs/new", "#match-count :is([data-count], .bad)"),
-    Stop("results", "/dash/results", NOTHING_LOADING),
+    Stop("results", "/dash/results", NOTHING_LOADING, labels=(".bars .bar-label",)),
     Stop("results-device", "/dash/results?device=galaxy-s23", NOTHING_LOADING),
     Stop("schedules", "/dash/schedules", NOTHING_LOADING),
     Stop("schedule", "/dash/schedules/nightly-bench", NOTHING_LOADING, absent=True),
@@ -94,7 +101,8 @@ COLLECTOR: list[Stop] = [
     Stop("peers", "/dash/peers", NOTHING_LOADING),
     Stop("not-found", "/dash/no/such/screen", DASH_READY),
     Stop("legacy-overview", "/dash/legacy"),
-    Stop("legacy-menu", "/dash/legacy/jobs", act=_open_legacy_menu),
+    Stop("legacy-menu", "/dash/legacy/jobs",
+         act=_menu("label.menu-button", "header nav a:has-text('Artifacts')")),
     Stop("legacy-devices", "/dash/legacy/devices"),
     Stop("legacy-device", "/dash/legacy/devices/galaxy-s23", absent=True),
     Stop("legacy-jobs", "/dash/legacy/jobs"),
@@ -109,38 +117,12 @@ COLLECTOR: list[Stop] = [
 
 STOPS: dict[str, list[Stop]] = {"collector": COLLECTOR}
 
-# Raw data that leaked into what a person reads; JSON is fine inside <pre> and <code>.
-VISIBLE_RAW = r"""() => {
-  const raw = /\b(undefined|NaN|null|None)\b|\[object Object\]|\{"/;
-  const found = [];
-  const look = (text, where) => {
-    const m = raw.exec(text || "");
-    if (m) found.push(`${where}: ${JSON.stringify(m[0])} in ${JSON.stringify(text.trim().slice(0, 140))}`);
-  };
-  look(document.title, "title");
-  const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
-  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
-    const el = node.parentElement;
-    if (!el || el.closest("pre, code, script, style, noscript, textarea, template")) continue;
-    if (!el.checkVisibility({ visibilityProperty: true })) continue;
-    look(node.textContent, `text in <${el.tagName.toLowerCase()}>`);
-  }
-  for (const el of document.body.querySelectorAll("[title], [aria-label], [placeholder], input")) {
-    if (!el.checkVisibility()) continue;
-    for (const name of ["title", "aria-label", "placeholder"]) look(el.getAttribute(name), `${name} of <${el.tagName.toLowerCase()}>`);
-    if (el.tagName === "INPUT" && el.type !== "password") look(el.value, "value of <input>");
-  }
-  return found;
-}"""
+CHECKS = (Path(__file__).parent / "survey_checks.js").read_text()
 
-SIDEWAYS = """() => {
-  const root = document.documentElement;
-  return root.scrollWidth > root.clientWidth ? [root.scrollWidth, root.clientWidth] : null;
-}"""
 
-CLIPPED = """(selector) => [...document.querySelectorAll(selector)]
-  .filter((el) => el.scrollWidth > el.clientWidth + 1)
-  .map((el) => `${selector} needs ${el.scrollWidth} px and has ${el.clientWidth} px`)"""
+def run_check(page: Any, name: str, arg: Any = None) -> Any:
+    """One of survey_checks.js's functions, run in the page."""
+    return page.evaluate(f"([name, arg]) => ({CHECKS})[name](arg)", [name, arg])
 
 
 @dataclass
@@ -190,8 +172,8 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool) -> list[
             with contextlib.suppress(Exception):  # a page with a live stream never idles
                 page.wait_for_load_state("networkidle", timeout=3000)
             if stop.act:
-                stop.act(page)
-            problems += check(page, stop, width)
+                problems += stop.act(page, width)
+            problems += check(page, stop, width, empty)
             shot(page, f"survey-{'empty-' if empty else ''}{stop.name}-{width}")
         # A 404 the page expected is still logged by the browser as a console error.
         problems += [e for e in watch.errors
@@ -201,14 +183,18 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool) -> list[
     return [f"{stop.path} at {width} px: {p}" for p in problems + requests.problems]
 
 
-def check(page: Any, stop: Stop, width: int) -> list[str]:
+def check(page: Any, stop: Stop, width: int, empty: bool) -> list[str]:
     problems: list[str] = []
-    sideways = page.evaluate(SIDEWAYS)
+    sideways = run_check(page, "sideways")
     if sideways:
         problems.append(f"the document scrolls sideways ({sideways[0]} px wide in "
                         f"{sideways[1]} px)")
-    problems += page.evaluate(VISIBLE_RAW)
+    problems += run_check(page, "visibleRaw") + run_check(page, "cutText")
+    problems += run_check(page, "keptColumn")
     if width >= 1000:
         for selector in stop.fits:
-            problems += page.evaluate(CLIPPED, selector)
+            problems += run_check(page, "clipped", selector)
+    if not empty:
+        for selector in stop.labels:
+            problems += run_check(page, "labels", selector)
     return problems

@@ -1,6 +1,6 @@
 // Small shared pieces of the screens.
 import { html, useState, useEffect, useRef } from "./core.js";
-import { localTime, relative, shortSha } from "./format.js";
+import { localTime, relative, shortSha, sentence } from "./format.js";
 import { href } from "./router.js";
 import { currentPeer } from "./api.js";
 import { notify } from "./notify.js";
@@ -90,9 +90,11 @@ export function Loading({ what = "Loading" }) {
 
 export function ErrorBox({ error, onRetry }) {
   if (!error) return null;
+  // Asking again cannot find what is not there: no Retry for a 404.
+  const retry = onRetry && error.status !== 404;
   return html`<div class="error-box" role="alert">
-    <span>${error.message || String(error)}</span>
-    ${onRetry ? html`<button type="button" class="btn small" onClick=${onRetry}>Retry</button>` : null}
+    <span>${sentence(error.message || String(error))}</span>
+    ${retry ? html`<button type="button" class="btn small" onClick=${onRetry}>Retry</button>` : null}
   </div>`;
 }
 

@@ -51,7 +51,11 @@ function Bench({ filters }) {
   const [metric, setMetric] = useState("decode_tok_s");
   const res = useResource(() => get("/api/results/bench", filters), [JSON.stringify(filters)],
     (e) => e.type === "result" && e.final);
-  return html`<${Loaded} res=${res}>${(d) => html`
+  const filtered = Boolean(filters.device || filters.model || filters.workload !== "benchmark");
+  return html`<${Loaded} res=${res}>${(d) => (!d.rows.length
+    ? html`<${Empty}>${filtered ? "No benchmark results match these filters."
+      : "No benchmark results yet: they appear here when a device finishes a benchmark job."}<//>`
+    : html`
     <div class="row">
       <label>Chart <select value=${metric} onChange=${(e) => setMetric(e.target.value)}>
         ${d.metrics.map((m) => html`<option value=${m}>${LABELS[m] || m}</option>`)}</select></label>
@@ -63,7 +67,7 @@ function Bench({ filters }) {
       rows=${d.rows.map((r) => html`<tr><td><${DeviceLink} id=${r.device_id} name=${r.device_name} />
         <div class="muted small">${r.model || NO_MODEL}</div></td>
         <td>${(r.backends || []).join(", ") || "–"}</td><td class="small">${r.mem_method || "–"}</td><td class="num">${r.runs}</td>
-        ${d.metrics.map((m) => html`<td><${Stat} cell=${r[m]} /></td>`)}<td><${Ago} iso=${r.last_at} /></td></tr>`)} />`}<//>`;
+        ${d.metrics.map((m) => html`<td><${Stat} cell=${r[m]} /></td>`)}<td><${Ago} iso=${r.last_at} /></td></tr>`)} />`)}<//>`;
 }
 
 function Ui({ filters }) {
