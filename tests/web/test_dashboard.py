@@ -27,7 +27,7 @@ SCREENS = [
     ("/dash/jobs/fan-bench", "text=fan-out child for pi5", "job-fanout"),
     ("/dash/jobs/chain-bench", "text=depends on", "job-chain"),
     ("/dash/jobs/new", "#match-count [data-count]", "enqueue"),
-    ("/dash/results", "canvas", "results"),
+    ("/dash/results", ".bars .bar-row", "results"),
     ("/dash/schedules", "text=nightly-bench", "schedules"),
     ("/dash/schedules/nightly-bench", "text=manual-", "schedule-detail"),
     ("/dash/artifacts", "text=shelf-app-41.apk", "artifacts"),
@@ -77,7 +77,7 @@ def test_navigation_in_the_page_and_phone_and_dark_layouts(
     assert background == "rgb(17, 20, 24)"
     shot(dark, "dark-overview")
     dark.goto(seeded.url + "/dash/results")
-    dark.wait_for_selector("canvas")
+    dark.wait_for_selector(".bars .bar-row")
     shot(dark, "dark-results")
     dark.keyboard.press("Tab")  # the first stop is the skip link
     assert dark.evaluate("document.activeElement.textContent") == "Skip to content"
