@@ -425,7 +425,7 @@ h2{font-size:1.1rem;margin-top:1.6rem}
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
 th:first-child,td:first-child{position:sticky;left:0;background:var(--bg)}
-td:first-child{min-width:7rem;overflow-wrap:anywhere}
+td:first-child{min-width:7rem;overflow-wrap:anywhere}td time{white-space:nowrap}
 th{font-weight:600;color:var(--mut)}.muted{color:var(--mut)}
 .counts{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;list-style:none;padding:0}
 .fields{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem}

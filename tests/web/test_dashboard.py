@@ -234,3 +234,28 @@ def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -
     finally:
         here.stop()
         other.stop()
+
+
+def test_values_and_refusals_read_as_text(seeded: SeededCollector,
+                                          open_page: Callable[..., Any]) -> None:
+    """What the screens build their text with never shows null, NaN or true, and a refusal
+    from the collector (a phrase) reads as a sentence."""
+    page = open_page(seeded.url + "/dash", wait="text=Running")
+    module = page.evaluate("""() => new URL("./lib/format.js",
+        document.querySelector("script[type=module]").src).href""")
+    got = page.evaluate("""async (url) => {
+        const f = await import(url);
+        return [f.metricText({ decode_tok_s: 12.34567, mem_method: null, ok: true, bad: NaN,
+                               nested: { a: 1 }, empty: "" }),
+                f.num(NaN), f.num(Infinity), f.num(null),
+                f.sentence("no job 'x'"), f.sentence("Refused."), f.sentence(""),
+                f.relative("2026-01-01T00:00:00Z", Date.parse("2026-01-01T00:03:00Z"))];
+    }""", module)
+    assert got == ["bad=– · decode_tok_s=12.346 · empty=– · mem_method=– · ok=yes", "–", "–",
+                   "–", "No job 'x'.", "Refused.",
+                   "Something went wrong, and the collector did not say what.", "3 min ago"]
+    page.goto(seeded.url + "/dash/jobs/no-such-job")
+    page.wait_for_selector(".error-box >> text=No job 'no-such-job'.")
+    assert page.locator(".error-box button:has-text('Retry')").count() == 0
+    # The unknown job's 404 is logged by the browser as a failed request; nothing else may be.
+    assert [e for e in page.watch.errors if "status of 404" not in e] == []

@@ -179,6 +179,7 @@ class Runner {
     $("device-id").textContent = this.id;
     $("device-link").href = `/dash/devices/${encodeURIComponent(this.id)}`;
     $("device-id").href = $("device-link").href;
+    $("model").textContent = descriptor().model;
     $("caps").textContent = this.caps.join(", ");
     $("secure").textContent = window.isSecureContext ? "secure context: webcrypto offered"
       : "not a secure context (plain http to another host): only jssha is offered";
