@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
+
+from fleet_min.timeutil import parse_iso
 
 BASE = "/dash/legacy"
 NAV = (("", "Overview"), ("/devices", "Devices"), ("/jobs", "Jobs"), ("/results", "Results"),
@@ -19,6 +22,9 @@ NAV = (("", "Overview"), ("/devices", "Devices"), ("/jobs", "Jobs"), ("/results"
 VOID = frozenset({"input", "meta", "link", "br"})
 DASH = "\u2013"  # an en dash: "nothing here", and ranges
 JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
+# Parts of a job spec shown on its page as key/value lines (the whole spec is below, as JSON).
+SPEC_PARTS = (("model", "Model"), ("constraints", "Constraints"), ("lease", "Lease"),
+              ("params", "Parameters"), ("app", "App"), ("suite", "Suite"))
 
 
 class Markup(str):
@@ -99,32 +105,89 @@ def pretty(value: Any) -> Markup:
     return tag("pre", json.dumps(value, indent=2, sort_keys=True))
 
 
-def short_time(value: str | None) -> Markup:
-    """ISO-8601 UTC shown as `2026-11-21 19:35 UTC`, the full value as its title."""
+def value(v: Any) -> Markup:
+    """One value as a person reads it: a dash for nothing, yes/no, plain text and numbers, a list
+    of plain values joined by commas; anything nested as compact JSON in <code>, which says it is
+    data (no recursion: a client shaped it)."""
+    if isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v):
+        return join([str(x) for x in v], ", ") if v else esc(None)
+    if isinstance(v, (dict, list)):
+        return tag("code", json.dumps(v, sort_keys=True, ensure_ascii=False))
+    return esc(v)
+
+
+def pairs(mapping: Any) -> Markup | None:
+    """A mapping (a job's targets, constraints, lease, params) as `key value` lines; None when
+    there is nothing to show."""
+    if not isinstance(mapping, dict) or not mapping:
+        return None if not mapping else value(mapping)
+    return tag("span", join(tag("span", tag("span", f"{k}:", class_="k") + " " + value(v))
+                            for k, v in sorted(mapping.items())), class_="kv")
+
+
+def _span(seconds: float) -> str:
+    s = abs(seconds)
+    if s < 60:
+        return f"{round(s)} s"
+    if s < 3600:
+        return f"{round(s / 60)} min"
+    if s < 2 * 86400:
+        return f"{s / 3600:.1f} h" if s < 36000 else f"{round(s / 3600)} h"
+    return f"{round(s / 86400)} d"
+
+
+def relative(value: str, at: float) -> str:
+    """`3 min ago`, `in 2 h`, `just now`: the dashboard's wording, as of `at`."""
+    delta = parse_iso(value) - at
+    if abs(delta) < 1:
+        return "just now"
+    return f"in {_span(delta)}" if delta > 0 else f"{_span(delta)} ago"
+
+
+def short_time(value: str | None, at: float | None = None) -> Markup:
+    """An ISO-8601 UTC time as the dashboard shows it: relative to when the page was made
+    (`3 min ago`), the exact time as its title (in UTC: a page without script cannot know the
+    reader's zone)."""
     if not value:
         return esc(None)
-    return tag("time", value[:16].replace("T", " ") + " UTC", datetime=value, title=value)
+    try:
+        shown = relative(value, time.time() if at is None else at)
+    except ValueError:
+        return esc(value)
+    exact = value[:19].replace("T", " ") + " UTC"
+    return tag("time", shown, datetime=value, title=exact)
 
 
 def metrics(values: Mapping[str, Any] | None) -> Markup:
     if not values:
         return esc(None)
-    shown = [f"{k}={v}" for k, v in sorted(values.items()) if not isinstance(v, (list, dict))]
+    shown = [k + "=" + value(v) for k, v in sorted(values.items())
+             if not isinstance(v, (list, dict))]
     return join(shown, " · ")
+
+
+def short_sha(sha: str) -> Markup:
+    """The first 12 digits of a SHA-256, the whole value as its title."""
+    return tag("abbr", sha[:12] + "\u2026", title=sha, class_="sha")
 
 
 def page(title: str, active: str, content: Any, collector: str, refresh_s: int | None = None
          ) -> str:
     nav = join(tag("a", label, href=BASE + path, aria_current="page" if path == active else None)
                for path, label in NAV)
+    # On a phone the links fold behind a Menu label that toggles a checkbox: it works by touch
+    # and keyboard with no script (these pages have none).
+    menu = (tag("input", type="checkbox", id="menu", class_="menu-state")
+            + tag("label", "Menu", for_="menu", class_="menu-button"))
     head = Markup(
         '<meta charset="utf-8"><meta name="viewport" content="width=device-width,initial-scale=1">'
         '<meta name="color-scheme" content="light dark">'
         + (f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else "")
         + '<link rel="icon" href="/favicon.svg" type="image/svg+xml">'
         + '<link rel="stylesheet" href="/dash/legacy/style.css">')
-    body = (tag("header", tag("strong", f"fleet · {collector}") + tag("nav", nav, aria_label="Main")
-                + tag("a", "Live dashboard", href="/dash", class_="alt"))
+    body = (tag("header", tag("strong", f"fleet · {collector}") + menu
+                + tag("nav", nav + tag("a", "Live dashboard", href="/dash", class_="alt"),
+                      aria_label="Main"))
             + tag("main", tag("h1", title) + esc(content), id="main")
             + tag("footer", "Plain pages without script: they show the state when loaded"
                   + (f" and reload every {refresh_s} s." if refresh_s else ". Reload to update.")))
@@ -198,12 +261,14 @@ def device(d: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]]) -> Markup:
                    ("Capabilities", ", ".join(d.get("capabilities") or [])),
                    ("First seen", short_time(d.get("first_seen"))),
                    ("Last seen", short_time(d.get("last_seen"))), ("Address", d.get("address"))]
-                  + [(k, v) for k, v in sorted(descriptor.items())])
+                  + [(k, value(v)) for k, v in sorted(descriptor.items())])
     running = table(("Job", "Workload", "Lease until"), (
         (job_link(r["job_id"]), r["workload"], short_time(r["lease_deadline"]))
         for r in d.get("running") or []), "Not running anything.")
     return (section("Device", info)
-            + section("Last beacon", fields(sorted((d.get("last_beacon") or {}).items())))
+            + section("Last beacon", fields((k, value(v)) for k, v in
+                                            sorted((d.get("last_beacon") or {}).items()))
+                      if d.get("last_beacon") else tag("p", "No beacon yet.", class_="muted"))
             + section("Running", running) + section("Recent jobs", job_table(jobs)))
 
 
@@ -243,13 +308,14 @@ def jobs(listing: Mapping[str, Any], query: Mapping[str, str]) -> Markup:
 
 
 def job(j: Mapping[str, Any]) -> Markup:
-    targets = (j.get("spec") or {}).get("targets")
+    spec = j.get("spec") or {}
     info = fields([("Status", pill(j["status"])), ("Workload", j["workload"]),
                    ("Executor", j["executor"]), ("Backend", j.get("backend")),
                    ("Priority", j["priority"]),
                    ("Attempts", f"{len(j['attempts'])} of {j['max_attempts']}"),
                    ("Claimed by", device_link(j.get("claimed_by"))),
-                   ("Targets", json.dumps(targets) if targets else None),
+                   ("Targets", pairs(spec.get("targets")) or "any device that can run it"),
+                   *((label, pairs(spec[key])) for key, label in SPEC_PARTS if spec.get(key)),
                    ("Last error", j.get("last_error")),
                    ("Parent", job_link(j.get("parent_job_id"))),
                    ("Schedule", j.get("template_id")), ("Created", short_time(j["created_at"])),
@@ -267,7 +333,7 @@ def job(j: Mapping[str, Any]) -> Markup:
         *((job_link(d["job_id"]), pill(d["status"]), "waits for this") for d in j["dependents"]),
         *((job_link(c["job_id"]), pill(c["status"]), "fan-out child") for c in j["children"])],
         "No dependencies or children.")
-    artifacts = table(("SHA-256",), ((tag("a", sha, href=f"/artifacts/{sha}"),)
+    artifacts = table(("SHA-256",), ((tag("a", short_sha(sha), href=f"/artifacts/{sha}"),)
                                      for sha in j["artifacts"]), "No artifacts.")
     return (section("Job", info) + section("Attempts", attempts) + section("Results", results)
             + section("Chain and children", chain) + section("Artifacts", artifacts)
@@ -316,7 +382,7 @@ def artifacts(listing: Mapping[str, Any]) -> Markup:
         (a.get("name"), a.get("app"), a.get("build"), a.get("platform"), size(a["size"]),
          short_time(a["created_at"]),
          a.get("pinned_reason") if a.get("pinned") else False,
-         tag("a", a["sha256"][:12], href=a["url"], title=a["sha256"]))
+         tag("a", short_sha(a["sha256"]), href=a["url"]))
         for a in listing["artifacts"]), "No artifacts.")
 
 
@@ -339,18 +405,33 @@ STYLE = """
 :root{color-scheme:light dark;--fg:#1b1f24;--bg:#fff;--mut:#5b6470;--line:#d5dae0;--acc:#0b62c4}
 @media (prefers-color-scheme:dark){:root{--fg:#e6e8eb;--bg:#14171b;--mut:#9aa4af;--line:#333a42;
 --acc:#6cb0ff}}
+*{box-sizing:border-box}
 body{margin:0;font:15px/1.45 system-ui,sans-serif;color:var(--fg);background:var(--bg)}
 header{display:flex;flex-wrap:wrap;gap:.5rem 1rem;align-items:center;padding:.6rem 1rem;
 border-bottom:1px solid var(--line)}
-nav{display:flex;flex-wrap:wrap;gap:.25rem .75rem}a{color:var(--acc)}
+nav{display:flex;flex-wrap:wrap;gap:.25rem .75rem;flex:1}a{color:var(--acc)}
 nav a[aria-current]{font-weight:700;text-decoration:none}.alt{margin-left:auto}
-main{padding:0 1rem 2rem;max-width:80rem}h1{font-size:1.4rem}h2{font-size:1.1rem;margin-top:1.6rem}
+.menu-state{position:absolute;opacity:0;width:1px;height:1px;margin:0}.menu-button{display:none}
+.menu-state:focus-visible+.menu-button{outline:3px solid #ffb020;outline-offset:2px}
+@media (max-width:700px){
+.menu-button{display:inline-block;margin-left:auto;padding:.3rem .8rem;border:1px solid var(--line);
+border-radius:6px;cursor:pointer;user-select:none}
+header nav{display:none;flex-basis:100%;flex-direction:column;gap:0}
+header nav a{padding:.55rem .2rem;border-top:1px solid var(--line)}
+.alt{margin-left:0}
+.menu-state:checked~nav{display:flex}}
+main{padding:0 1rem 2rem;max-width:80rem}h1{font-size:1.4rem;overflow-wrap:anywhere}
+h2{font-size:1.1rem;margin-top:1.6rem}
 .scroll{overflow-x:auto}table{border-collapse:collapse;width:100%}
 th,td{text-align:left;padding:.3rem .5rem;border-bottom:1px solid var(--line);vertical-align:top}
+th:first-child,td:first-child{position:sticky;left:0;background:var(--bg)}
+td:first-child{min-width:7rem;overflow-wrap:anywhere}td time{white-space:nowrap}
 th{font-weight:600;color:var(--mut)}.muted{color:var(--mut)}
 .counts{display:flex;flex-wrap:wrap;gap:.5rem 1.5rem;list-style:none;padding:0}
-.fields{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}
+.fields{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2rem 1rem}
 .fields dt{color:var(--mut)}.fields dd{margin:0;overflow-wrap:anywhere}
+.kv{display:flex;flex-direction:column}.kv .k{color:var(--mut)}
+code{font-size:.9em;overflow-wrap:anywhere}abbr.sha{text-decoration:none;font-family:monospace}
 pre{overflow:auto;padding:.6rem;border:1px solid var(--line);border-radius:4px}
 .pill{padding:0 .4rem;border-radius:3px;border:1px solid var(--line);white-space:nowrap}
 .s-failed,.s-offline,.s-open{border-color:#c23;color:#c23}.s-done,.s-online{border-color:#1a7f37;

@@ -21,6 +21,9 @@ class Seeded:
     schedule: str = ""
 
 
+APP_BUILD = b"app build 41 " * 100  # the pinned release build's bytes
+
+
 def ok(reply: tuple[int, Any], *codes: int) -> Any:
     status, body = reply
     assert status in (codes or (200, 201)), (status, body)
@@ -129,7 +132,7 @@ def ui_test(c: HttpClient, s: Seeded) -> None:
 
 
 def artifacts_and_schedules(c: HttpClient, s: Seeded) -> None:
-    s.artifact = upload(c.base, b"app build 41 " * 100, **{
+    s.artifact = upload(c.base, APP_BUILD, **{
         "x-artifact-name": "shelf-app-41.apk", "x-artifact-app": "shelf-app",
         "x-artifact-build": "41", "x-artifact-platform": "android"})
     upload(c.base, b"orphan report", **{"x-artifact-name": "old-report.html"})
@@ -160,4 +163,117 @@ def seed(c: HttpClient) -> Seeded:
     artifacts_and_schedules(c, s)
     ui_test(c, s)
     alerts_and_topics(c)
+    return s
+
+
+# -- a busier shelf: what a page looks like after weeks of use ----------------------------------
+
+SHELF = (  # device id, name, platform, kind, model, os, ram MB, pools
+    ("galaxy-s23", "Galaxy S23 Ultra (left shelf, USB hub port 4)", "android", "phone",
+     "Samsung Galaxy S23 Ultra", "Android 14 (One UI 6.1)", 12288, ["phones", "flagship"]),
+    ("pixel-8-pro", "Pixel 8 Pro", "android", "phone", "Pixel 8 Pro", "Android 15", 12288,
+     ["phones", "flagship"]),
+    ("oneplus-12", None, "android", "phone", "OnePlus 12", "Android 14", 16384, ["phones"]),
+    ("moto-g54", "Moto G54 (budget reference)", "android", "phone", "moto g54 5G", "Android 13",
+     4096, ["phones", "budget"]),
+    ("rpi5-kitchen", "Raspberry Pi 5 in the kitchen", "linux", "sbc", "Raspberry Pi 5 Model B",
+     "Debian 12 (bookworm)", 8192, ["boards"]),
+    ("orangepi-5-plus", None, "linux", "sbc", "Orange Pi 5 Plus (RK3588)", "Ubuntu 22.04", 16384,
+     ["boards", "npu"]),
+    ("jetson-orin-nano", "Jetson Orin Nano devkit", "linux", "sbc",
+     "NVIDIA Jetson Orin Nano 8GB", "JetPack 6.0", 8192, ["boards", "gpu"]),
+    ("macbook-air-m2", "MacBook Air M2 (Ana's)", "macos", "laptop", "MacBook Air (M2, 2022)",
+     "macOS 14.5", 16384, ["laptops"]),
+    ("thinkpad-x1-carbon-gen11", None, "linux", "laptop", "ThinkPad X1 Carbon Gen 11",
+     "Fedora 40", 32768, ["laptops"]),
+    ("nvidia-shield-tv", "Shield TV in the living room", "android", "tv", "NVIDIA SHIELD TV Pro",
+     "Android TV 11", 3072, ["tvs"]),
+)
+MODELS = ("phi-3-mini-4k-instruct-q4_k_m", "llama-3.2-1b-instruct", "qwen2.5-0.5b-instruct",
+          "gemma-2-2b-it")
+FAILURES = (
+    "adb: device 'R5CT30XYZ9K' not found; is USB debugging still authorised on the phone?",
+    "llama.cpp exited with status 137 after 212 s (killed: out of memory while loading the "
+    "model weights)",
+    "thermal state reached 'critical' during decode; the run was stopped to protect the device",
+    "the model file checksum did not match: expected 9f2c4e…, got 31ab07…",
+)
+
+
+def shelf_devices(c: HttpClient, s: Seeded) -> None:
+    for device_id, name, platform, kind, model, os_name, ram, pools in SHELF:
+        ok(c.post("/devices/register", registration(device_id, descriptor={
+            "platform": platform, "kind": kind, "model": model, "os": os_name, "ram_mb": ram},
+            pools=pools, capabilities=["benchmark", "self-check"])))
+        if name:
+            ok(c.request("PATCH", f"/api/devices/{device_id}", {"name": name}))
+        for pct in (96, 90, 83):
+            ok(c.post("/results", beacon(device_id, battery_pct=pct, charging=pct > 90,
+                                         thermal="nominal", mem_mb=ram // 3, load=1.2)))
+        s.devices.append(device_id)
+
+
+def shelf_bench(c: HttpClient, n: int, device_id: str, model: str, failed: bool) -> str:
+    job_id = f"bench-{model}-{device_id}-{n:03d}"
+    ok(c.post("/jobs", job(job_id, backend="llama.cpp", model={"name": model, "quant": "q4_k_m"},
+                           params={"prompt_tokens": 512, "gen_tokens": 128, "measure_iters": 3},
+                           targets={"device_id": device_id},
+                           constraints={"min_battery_pct": 20}, lease={"ttl_s": 3600})))
+    assert claim(c, device_id)["job_id"] == job_id
+    scale = 1 + (n % 7) / 3
+    for i in range(1, 4):
+        ok(c.post("/results", result_row(job_id, device_id, i, ok=True, final=False, metrics={
+            "prefill_tok_s": round(90 * scale + i, 2), "decode_tok_s": round(11 * scale + i / 3, 2),
+            "ttft_ms": round(640 / scale + i, 1), "peak_mem_mb": 1800 + 40 * i})))
+    final = result_row(job_id, device_id, 0, ok=not failed, final=True, metrics={
+        "decode_tok_s": round(11 * scale, 2), "mem_method": "VmHWM"})
+    if failed:
+        final["error"] = FAILURES[(n // 4) % len(FAILURES)]
+    ok(c.post("/results", final))
+    return job_id
+
+
+def shelf_jobs(c: HttpClient, s: Seeded) -> None:
+    """Dozens of jobs in every status on the shelf's devices, benchmarks of four models."""
+    ids = [d[0] for d in SHELF]
+    for n in range(32):  # done and failed
+        shelf_bench(c, n, ids[n % len(ids)], MODELS[n % len(MODELS)], failed=n % 4 == 3)
+    for n, device_id in enumerate(ids[:6]):  # claimed, running
+        job_id = f"selfcheck-running-{device_id}-{n:03d}"
+        ok(c.post("/jobs", job(job_id, workload="self-check", targets={"device_id": device_id},
+                               lease={"ttl_s": 7200})))
+        assert claim(c, device_id)["job_id"] == job_id
+        ok(c.post("/results", beacon(device_id, job_id, battery_pct=80, thermal="fair")))
+    for n in range(12):  # cancelled
+        job_id = f"bench-cancelled-{n:03d}"
+        ok(c.post("/jobs", job(job_id, targets={"device_id": ids[n % len(ids)]},
+                               params={"prompt_tokens": 8, "gen_tokens": 4})))
+        ok(c.post(f"/api/jobs/{job_id}/cancel"))
+    for n in range(12):  # queued, then waiting on them
+        device_id = ids[n % len(ids)]
+        first = f"nightly-selfcheck-{device_id}-{n:03d}"
+        ok(c.post("/jobs", [
+            job(first, workload="self-check", targets={"device_id": device_id}, priority=n - 6),
+            job(f"nightly-bench-after-selfcheck-{device_id}-{n:03d}", depends_on=[first],
+                model={"name": MODELS[n % len(MODELS)]}, backend="llama.cpp",
+                targets={"device_id": device_id})]))
+
+
+def shelf_artifacts(c: HttpClient) -> None:
+    for n in range(8):
+        upload(c.base, f"nightly build {n} ".encode() * 400, **{
+            "x-artifact-name": f"shelf-app-release-candidate-4.{n}.0-arm64-v8a-signed.apk",
+            "x-artifact-app": "shelf-app", "x-artifact-build": f"4.{n}.0-rc{n}",
+            "x-artifact-platform": "android"})
+
+
+def seed_shelf(c: HttpClient) -> Seeded:
+    """Everything `seed` puts in, and a busier shelf on top: a dozen devices with long names,
+    dozens of jobs in every status, benchmarks of four models, failures with long sentences
+    and release builds. For pages that must read well with realistic amounts of data."""
+    s = seed(c)
+    shelf_devices(c, s)
+    shelf_jobs(c, s)
+    shelf_artifacts(c)
+    ok(c.post("/api/alerts/tick"))
     return s

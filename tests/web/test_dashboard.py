@@ -27,7 +27,7 @@ SCREENS = [
     ("/dash/jobs/fan-bench", "text=fan-out child for pi5", "job-fanout"),
     ("/dash/jobs/chain-bench", "text=depends on", "job-chain"),
     ("/dash/jobs/new", "#match-count [data-count]", "enqueue"),
-    ("/dash/results", "canvas", "results"),
+    ("/dash/results", ".bars .bar-row", "results"),
     ("/dash/schedules", "text=nightly-bench", "schedules"),
     ("/dash/schedules/nightly-bench", "text=manual-", "schedule-detail"),
     ("/dash/artifacts", "text=shelf-app-41.apk", "artifacts"),
@@ -77,7 +77,7 @@ def test_navigation_in_the_page_and_phone_and_dark_layouts(
     assert background == "rgb(17, 20, 24)"
     shot(dark, "dark-overview")
     dark.goto(seeded.url + "/dash/results")
-    dark.wait_for_selector("canvas")
+    dark.wait_for_selector(".bars .bar-row")
     shot(dark, "dark-results")
     dark.keyboard.press("Tab")  # the first stop is the skip link
     assert dark.evaluate("document.activeElement.textContent") == "Skip to content"
@@ -234,3 +234,28 @@ def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -
     finally:
         here.stop()
         other.stop()
+
+
+def test_values_and_refusals_read_as_text(seeded: SeededCollector,
+                                          open_page: Callable[..., Any]) -> None:
+    """What the screens build their text with never shows null, NaN or true, and a refusal
+    from the collector (a phrase) reads as a sentence."""
+    page = open_page(seeded.url + "/dash", wait="text=Running")
+    module = page.evaluate("""() => new URL("./lib/format.js",
+        document.querySelector("script[type=module]").src).href""")
+    got = page.evaluate("""async (url) => {
+        const f = await import(url);
+        return [f.metricText({ decode_tok_s: 12.34567, mem_method: null, ok: true, bad: NaN,
+                               nested: { a: 1 }, empty: "" }),
+                f.num(NaN), f.num(Infinity), f.num(null),
+                f.sentence("no job 'x'"), f.sentence("Refused."), f.sentence(""),
+                f.relative("2026-01-01T00:00:00Z", Date.parse("2026-01-01T00:03:00Z"))];
+    }""", module)
+    assert got == ["bad=– · decode_tok_s=12.346 · empty=– · mem_method=– · ok=yes", "–", "–",
+                   "–", "No job 'x'.", "Refused.",
+                   "Something went wrong, and the collector did not say what.", "3 min ago"]
+    page.goto(seeded.url + "/dash/jobs/no-such-job")
+    page.wait_for_selector(".error-box >> text=No job 'no-such-job'.")
+    assert page.locator(".error-box button:has-text('Retry')").count() == 0
+    # The unknown job's 404 is logged by the browser as a failed request; nothing else may be.
+    assert [e for e in page.watch.errors if "status of 404" not in e] == []

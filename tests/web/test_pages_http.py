@@ -125,3 +125,45 @@ def test_markup_escapes_what_it_is_given() -> None:
     assert "<img" not in (EVIL + legacy.tag("p", "x"))
     empty: list[Any] = []
     assert "Nothing" in legacy.table(("a",), empty, "Nothing here")
+
+
+def test_legacy_values_read_as_text_not_data() -> None:
+    from fleet_min.timeutil import parse_iso
+
+    assert legacy.pairs({"device_id": "pi5", "pool": "sbc"}) == (
+        '<span class="kv"><span><span class="k">device_id:</span> pi5</span>'
+        '<span><span class="k">pool:</span> sbc</span></span>')
+    assert legacy.pairs({}) is None and legacy.pairs(None) is None
+    nested = legacy.value({"a": [1, {"b": None}]})
+    assert nested == '<code>{&quot;a&quot;: [1, {&quot;b&quot;: null}]}</code>'  # data, marked so
+    assert legacy.value(["phones", "nightly"]) == "phones, nightly"
+    assert legacy.value(None) == legacy.esc(None) and legacy.value(True) == "yes"
+    shown = legacy.metrics({"decode_tok_s": 12.5, "mem_method": None, "ok": False, "x": [1]})
+    assert shown == "decode_tok_s=12.5 · mem_method=" + legacy.esc(None) + " · ok=no"
+    assert "None" not in shown and "False" not in shown
+
+    at = parse_iso("2026-01-01T00:03:00Z")
+    assert legacy.short_time("2026-01-01T00:00:00.250000Z", at) == (
+        '<time datetime="2026-01-01T00:00:00.250000Z" title="2026-01-01 00:00:00 UTC">'
+        "3 min ago</time>")
+    assert ">in 2.0 h<" in legacy.short_time("2026-01-01T02:03:00Z", at)
+    assert ">just now<" in legacy.short_time("2026-01-01T00:03:00Z", at)
+    assert legacy.short_time("not a time", at) == "not a time"
+    assert legacy.short_sha("ab" * 32) == (
+        f'<abbr title="{"ab" * 32}" class="sha">{"ab" * 6}\u2026</abbr>')
+
+
+async def test_legacy_job_page_shows_its_spec_parts_as_lines(client: TestClient) -> None:
+    await seed_evil(client)
+    spec = job("j2", targets={"device_id": "d1"}, constraints={"min_battery_pct": 20},
+               lease={"ttl_s": 900}, params={"prompt_tokens": 8, "gen_tokens": 4})
+    assert (await client.post("/jobs", json=spec)).status == 201
+    page = await (await client.get("/dash/legacy/jobs/j2")).text()
+    dd = re.search(r"<dt>Targets</dt><dd>(.*?)</dd>", page)
+    assert dd and dd.group(1) == ('<span class="kv"><span><span class="k">device_id:</span> d1'
+                                  "</span></span>")
+    for line in ("min_battery_pct:</span> 20", "ttl_s:</span> 900",
+                 "gen_tokens:</span> 4", "prompt_tokens:</span> 8"):
+        assert line in page, line
+    outside_pre = re.sub(r"<pre>.*?</pre>", "", page, flags=re.S)
+    assert "{&quot;" not in outside_pre and "None" not in outside_pre

@@ -148,3 +148,44 @@ def test_runner_stops_a_cancelled_job_at_its_next_beacon(
     rows = client.get("/api/jobs/long-one")[1]["results"]
     assert rows and all(not r["final"] for r in rows)  # no summary for a cancelled job
     assert page.watch.errors == []
+
+
+# (brands of navigator.userAgentData, or None for a browser without client hints; user agent;
+#  navigator.platform) -> the model the runner enrols with
+BRAND_CASES = [
+    ([("Not;A=Brand", "8"), ("Chromium", "124")], "", "Linux x86_64", "Chromium 124"),
+    ([("Chromium", "124"), ("Google Chrome", "124"), ("Not-A.Brand", "99")], "", "", "Google Chrome 124"),
+    ([("Not A(Brand", "99"), ("Microsoft Edge", "121"), ("Chromium", "121")], "", "", "Microsoft Edge 121"),
+    ([("(Not(A:Brand", "24"), ("Opera", "110"), ("Chromium", "124")], "", "", "Opera 110"),
+    ([(" Not;A Brand", "99"), ("Chromium", "89")], "", "", "Chromium 89"),
+    ([("Not_A Brand", "8"), ("Not)A;Brand", "24")], "", "Linux armv8l", "Linux armv8l"),
+    ([("Not/A)Brand", "8")], "", "", "browser"),
+    (None, "Mozilla/5.0 (X11; Linux x86_64; rv:126.0) Gecko/20100101 Firefox/126.0", "Linux",
+     "Firefox 126"),
+    (None, "Mozilla/5.0 (iPhone; CPU iPhone OS 17_4 like Mac OS X) AppleWebKit/605.1.15 "
+     "(KHTML, like Gecko) Version/17.4 Mobile/15E148 Safari/604.1", "iPhone", "Safari 17"),
+]
+
+
+def test_runner_enrols_with_the_browser_brand_not_the_grease_one(
+        collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
+    page = open_page(collector.url + "/runner")
+    device_id = enrolled(page)
+    model = collector.client.get(f"/api/devices/{device_id}")[1]["descriptor"]["model"]
+    brands = page.evaluate("navigator.userAgentData.brands.map((b) => [b.brand, b.version])")
+    # Debian's Chromium lists "Chromium" and a made-up GREASE brand such as "Not;A=Brand".
+    real = [f"{b} {v}" for b, v in brands if not any(c in b for c in "();=/:?_")
+            and "brand" not in b.lower()]
+    assert real and model in real, (model, brands)
+    assert model == next((r for r in real if not r.startswith("Chromium ")), real[0])
+
+    module = page.evaluate("""() => new URL("./brand.js",
+        document.querySelector("script[type=module]").src).href""")
+    for brands_in, agent, platform, expected in BRAND_CASES:
+        ua_data = None if brands_in is None else {
+            "brands": [{"brand": b, "version": v} for b, v in brands_in], "platform": platform}
+        got = page.evaluate("""async ([url, uaData, agent, platform]) =>
+            (await import(url)).browserModel(uaData, agent, platform)""",
+                            [module, ua_data, agent, platform])
+        assert got == expected, (brands_in, agent, got)
+    assert page.watch.errors == []

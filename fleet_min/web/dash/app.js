@@ -5,6 +5,7 @@ import { stream } from "./lib/stream.js";
 import { route, onRoute, match, href, installLinkHandler } from "./lib/router.js";
 import { useResource, useStreamState } from "./lib/hooks.js";
 import { onNotify } from "./lib/notify.js";
+import { sentence } from "./lib/format.js";
 import { Overview } from "./screens/overview.js";
 import { Devices, DeviceDetail } from "./screens/devices.js";
 import { Jobs, JobDetail } from "./screens/jobs.js";
@@ -81,7 +82,7 @@ function Toasts() {
     setTimeout(() => setNotes((n) => n.filter((x) => x.id !== note.id)), note.kind === "error" ? 9000 : 4000);
   }), []);
   return html`<div class="toasts" aria-live="polite">${notes.map((n) => html`<div class=${`toast ${n.kind}`}>
-    ${n.text}${n.status === 401 || n.status === 403 ? html` <a href=${href("/system", null)}>Enter a token</a>` : null}
+    ${sentence(n.text)}${n.status === 401 || n.status === 403 ? html` <a href=${href("/system", null)}>Enter a token</a>` : null}
   </div>`)}</div>`;
 }
 

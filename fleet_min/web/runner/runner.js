@@ -2,6 +2,8 @@
 // synthetic benchmarks (jssha: SHA-256 written in the page; webcrypto: the platform digest),
 // posts per-iteration rows and a summary, beacons while open, and stops claiming when hidden.
 
+import { browserModel } from "./brand.js";
+
 const TTL_S = 600;                // the device leaves the shelf after this much silence
 const IDLE_BEACON_S = 30;
 const MAX_POLL_BACKOFF_S = 30;
@@ -24,18 +26,11 @@ function deviceId() {
   return id;
 }
 
-function browserName() {
-  const brands = navigator.userAgentData?.brands || [];
-  const brand = brands.find((b) => !/not.?a.?brand/i.test(b.brand) && b.brand !== "Chromium") || brands[0];
-  if (brand) return `${brand.brand} ${brand.version}`;
-  const m = navigator.userAgent.match(/(Firefox|Edg|Chrome|Safari)\/(\d+)/);
-  return m ? `${m[1] === "Edg" ? "Edge" : m[1]} ${m[2]}` : "browser";
-}
-
 function descriptor() {
   const mem = navigator.deviceMemory;
   return {
-    platform: "web", kind: "browser", model: browserName(),
+    platform: "web", kind: "browser",
+    model: browserModel(navigator.userAgentData, navigator.userAgent, navigator.platform),
     os: navigator.userAgentData?.platform || navigator.platform || null,
     cpu_cores: Number.isInteger(navigator.hardwareConcurrency) ? navigator.hardwareConcurrency : null,
     ram_mb: typeof mem === "number" ? Math.round(mem * 1024) : null,
@@ -184,6 +179,7 @@ class Runner {
     $("device-id").textContent = this.id;
     $("device-link").href = `/dash/devices/${encodeURIComponent(this.id)}`;
     $("device-id").href = $("device-link").href;
+    $("model").textContent = descriptor().model;
     $("caps").textContent = this.caps.join(", ");
     $("secure").textContent = window.isSecureContext ? "secure context: webcrypto offered"
       : "not a secure context (plain http to another host): only jssha is offered";

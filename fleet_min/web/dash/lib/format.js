@@ -44,6 +44,7 @@ export function bytes(n) {
 export function num(v, digits = 1) {
   if (v === null || v === undefined || v === "") return "–";
   if (typeof v !== "number") return String(v);
+  if (!Number.isFinite(v)) return "–";
   if (Number.isInteger(v)) return v.toLocaleString();
   return v.toLocaleString(undefined, { maximumFractionDigits: digits });
 }
@@ -52,12 +53,29 @@ export function shortSha(sha) {
   return sha ? sha.slice(0, 12) : "–";
 }
 
+// One metric's value as text: numbers rounded, yes/no, a dash for nothing.
+function metricValue(v) {
+  if (typeof v === "number") return num(v, 3);
+  if (typeof v === "boolean") return v ? "yes" : "no";
+  if (v === null || v === undefined || v === "") return "–";
+  return String(v);
+}
+
+// Plain metrics as `name=value · ...`; nested values are left to the JSON of the row.
 export function metricText(metrics) {
-  if (!metrics) return "";
+  if (!metrics || typeof metrics !== "object") return "";
   return Object.keys(metrics).sort()
     .filter((k) => typeof metrics[k] !== "object" || metrics[k] === null)
-    .map((k) => `${k}=${typeof metrics[k] === "number" ? num(metrics[k], 3) : metrics[k]}`)
+    .map((k) => `${k}=${metricValue(metrics[k])}`)
     .join(" · ");
+}
+
+// The collector's refusals are phrases ("no job 'x'"); on the screen they read as sentences.
+export function sentence(text) {
+  const t = String(text ?? "").trim();
+  if (!t) return "Something went wrong, and the collector did not say what.";
+  const first = t[0].toUpperCase() + t.slice(1);
+  return /[.!?…]$/.test(first) ? first : `${first}.`;
 }
 
 export function plural(n, one, many = `${one}s`) {

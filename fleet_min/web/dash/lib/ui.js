@@ -1,8 +1,9 @@
 // Small shared pieces of the screens.
 import { html, useState, useEffect, useRef } from "./core.js";
-import { localTime, relative } from "./format.js";
+import { localTime, relative, shortSha, sentence } from "./format.js";
 import { href } from "./router.js";
 import { currentPeer } from "./api.js";
+import { notify } from "./notify.js";
 
 export function Pill({ status, label }) {
   return html`<span class=${`pill s-${status}`}>${label ?? status}</span>`;
@@ -11,6 +12,44 @@ export function Pill({ status, label }) {
 export function Ago({ iso }) {
   if (!iso) return html`<span class="muted">–</span>`;
   return html`<time datetime=${iso} title=${localTime(iso)}>${relative(iso)}</time>`;
+}
+
+// Without the asynchronous clipboard (plain http to another host is not a secure context), copy
+// through a selection, which browsers still allow in answer to a click.
+function copyBySelection(text) {
+  const area = document.createElement("textarea");
+  area.value = text;
+  area.setAttribute("readonly", "");
+  area.className = "offscreen";
+  document.body.append(area);
+  area.select();
+  let copied = false;
+  try { copied = document.execCommand("copy"); } catch { copied = false; }
+  area.remove();
+  return copied;
+}
+
+export function CopyButton({ value, what = "value" }) {
+  const [copied, setCopied] = useState(false);
+  const copy = async () => {
+    let ok = false;
+    try {
+      await navigator.clipboard.writeText(value);
+      ok = true;
+    } catch {
+      ok = copyBySelection(value);
+    }
+    notify(ok ? `Copied the ${what}.` : `This browser did not allow copying; select the ${what} instead.`, ok ? "ok" : "error");
+    if (ok) { setCopied(true); setTimeout(() => setCopied(false), 2000); }
+  };
+  return html`<button type="button" class="btn small copy" onClick=${copy} aria-label=${`Copy the ${what}`}>${copied ? "Copied" : "Copy"}</button>`;
+}
+
+// A SHA-256: the first 12 digits with the whole value on hover, or (full) the whole value broken
+// across lines wherever it must; either way with a Copy button. Never wider than its box.
+export function Hash({ value, full = false, copy = true }) {
+  if (!value) return html`<span class="muted">–</span>`;
+  return html`<span class=${`hash ${full ? "full" : ""}`}><code title=${value}>${full ? value : `${shortSha(value)}…`}</code>${copy ? html` <${CopyButton} value=${value} what="SHA-256" />` : null}</span>`;
 }
 
 export function Link({ to, children, ...rest }) {
@@ -51,9 +90,11 @@ export function Loading({ what = "Loading" }) {
 
 export function ErrorBox({ error, onRetry }) {
   if (!error) return null;
+  // Asking again cannot find what is not there: no Retry for a 404.
+  const retry = onRetry && error.status !== 404;
   return html`<div class="error-box" role="alert">
-    <span>${error.message || String(error)}</span>
-    ${onRetry ? html`<button type="button" class="btn small" onClick=${onRetry}>Retry</button>` : null}
+    <span>${sentence(error.message || String(error))}</span>
+    ${retry ? html`<button type="button" class="btn small" onClick=${onRetry}>Retry</button>` : null}
   </div>`;
 }
 

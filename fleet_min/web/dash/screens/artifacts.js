@@ -7,7 +7,7 @@ import { navigate, href, setQuery } from "../lib/router.js";
 import { notify } from "../lib/notify.js";
 import { bytes, shortSha } from "../lib/format.js";
 import {
-  Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Action, ConfirmButton, Link, Pager, Empty,
+  Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Action, ConfirmButton, Link, Pager, Empty, Hash,
 } from "../lib/ui.js";
 
 const TABS = [["all", "All"], ["builds", "Published builds"], ["pinned", "Pinned"], ["gc", "Collection candidates"]];
@@ -43,9 +43,9 @@ function ArtifactRows({ items, reload }) {
   return html`<${Table} label="Artifacts" empty="No artifacts here." className="artifacts"
     head=${["Artifact", "App · build", "Platform", "Size", "Stored", "Pin", ""]}
     rows=${items.map((a) => html`<tr>
-      <td><${Link} to=${`/artifacts/${a.sha256}`}>${a.name || shortSha(a.sha256)}<//><div class="mono small muted">${shortSha(a.sha256)}</div></td>
+      <td><${Link} to=${`/artifacts/${a.sha256}`}>${a.name || shortSha(a.sha256)}<//><div class="small muted"><${Hash} value=${a.sha256} copy=${false} /></div></td>
       <td>${a.app ? `${a.app}${a.build ? ` · ${a.build}` : ""}` : "–"}</td><td>${a.platform || "–"}</td>
-      <td>${bytes(a.size)}</td><td><${Ago} iso=${a.created_at} /></td>
+      <td class="nowrap">${bytes(a.size)}</td><td><${Ago} iso=${a.created_at} /></td>
       <td>${a.pinned ? html`<span class="chip pin" title="pinned">pinned: ${a.pinned_reason}</span>` : ""}${a.baseline ? html` <span class="chip">baseline</span>` : null}</td>
       <td class="actions-cell"><a class="btn small" href=${a.url} download>Download</a>
         ${a.pinned ? html`<${Action} kind="small" onClick=${() => unpin(a)}>Unpin<//>` : html`<${PinForm} sha=${a.sha256} onDone=${reload} />`}
@@ -88,7 +88,7 @@ export function ArtifactDetail({ sha }) {
   const baseline = async () => { if (await run(() => post(`/api/artifacts/${sha}/baseline`, { accepted: !a.baseline }), a.baseline ? "No longer a baseline." : "Accepted as a baseline.")) res.reload(); };
   const unpin = async () => { if (await run(() => del(`/api/artifacts/${sha}/pin`), "Unpinned.")) res.reload(); };
   const remove = async () => { if (await run(() => del(`/api/artifacts/${sha}`), "Deleted.")) navigate(href("/artifacts")); };
-  return html`<${Page} title=${a?.name || shortSha(sha)} subtitle=${html`<span class="mono small">${sha}</span>`}
+  return html`<${Page} title=${a?.name || `Artifact ${shortSha(sha)}…`} subtitle=${html`<span class="small">SHA-256 <${Hash} value=${sha} full /></span>`}
     actions=${a ? html`<a class="btn" href=${a.url} download>Download</a>
       ${a.pinned ? html`<${Action} onClick=${unpin} disabled=${busy}>Unpin<//>` : html`<${PinForm} sha=${sha} onDone=${res.reload} />`}
       <${Action} onClick=${baseline} disabled=${busy}>${a.baseline ? "Drop baseline" : "Accept as baseline"}<//>

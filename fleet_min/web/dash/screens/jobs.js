@@ -6,7 +6,7 @@ import { useResource, useTick, useAction } from "../lib/hooks.js";
 import { navigate, href, setQuery } from "../lib/router.js";
 import { notify } from "../lib/notify.js";
 import { WorkloadList } from "../lib/workloads.js";
-import { metricText, localTime, parseTime, shortSha } from "../lib/format.js";
+import { metricText, parseTime, shortSha } from "../lib/format.js";
 import {
   Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Json, ConfirmButton,
   Action, Pager, Link, Empty,
@@ -88,7 +88,7 @@ function timeline(j) {
 
 function Timeline({ job }) {
   return html`<ol class="timeline">${timeline(job).map((i) => html`<li class=${i.bad ? "bad" : ""}>
-    <time datetime=${i.at} title=${i.at}>${localTime(i.at)}</time><span>${i.text}</span></li>`)}</ol>`;
+    <${Ago} iso=${i.at} /><span>${i.text}</span></li>`)}</ol>`;
 }
 
 function Results({ rows }) {
@@ -170,7 +170,8 @@ export function JobDetail({ id }) {
             ["Claimed by", html`<${DeviceLink} id=${job.claimed_by} />`],
             // In the detail, attempts is the list of attempts (the list view has the count).
             ["Attempts", `${job.attempts.length} of ${job.max_attempts}`],
-            ["Lease", job.status === "claimed" ? html`${job.lease_ttl_s} s, until <${Ago} iso=${job.lease_deadline} />` : `${job.lease_ttl_s} s`],
+            ["Lease", job.status === "claimed" && job.lease_deadline
+              ? html`${job.lease_ttl_s} s; ends <${Ago} iso=${job.lease_deadline} /> unless renewed` : `${job.lease_ttl_s} s`],
             ["Priority", job.priority],
             job.template_id ? ["Schedule", html`<${Link} to=${`/schedules/${encodeURIComponent(job.template_id)}`}>${job.template_id}<//>`] : null,
             ["Created", html`<${Ago} iso=${job.created_at} />`],
@@ -184,7 +185,7 @@ export function JobDetail({ id }) {
         <${Section} title="Chain and children" id="job-chain"><${Chain} job=${job} /><//>
         <${Section} title="Artifacts" id="job-artifacts">
           ${job.artifacts.length ? html`<ul class="plain">${job.artifacts.map((sha) => html`<li class="mono">
-            <${Link} to=${`/artifacts/${sha}`}>${shortSha(sha)}<//> · <a href=${`/artifacts/${sha}`} download>download</a></li>`)}</ul>`
+            <${Link} to=${`/artifacts/${sha}`} title=${sha}>${shortSha(sha)}…<//> · <a href=${`/artifacts/${sha}`} download>download</a></li>`)}</ul>`
             : html`<${Empty}>No artifacts in the result rows.<//>`}
         <//>
       </div>

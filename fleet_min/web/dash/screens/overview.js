@@ -21,7 +21,7 @@ async function load() {
 function Counts({ items, base }) {
   return html`<ul class="counts">${items.map(([label, n, status]) => html`<li>
     <a href=${href(base) + (status ? `?status=${status}` : "")} class=${`count s-${status || label}`}>
-      <b>${n}</b><span>${label}</span></a></li>`)}</ul>`;
+      <b>${n ?? 0}</b><span>${label}</span></a></li>`)}</ul>`;
 }
 
 function progressOf(job, row) {
@@ -33,18 +33,22 @@ function progressOf(job, row) {
 
 function Running({ rows, jobs }) {
   const byId = Object.fromEntries(jobs.map((j) => [j.job_id, j]));
-  return html`<${Table} label="Running jobs" empty="No job is running." head=${["Job", "Workload", "Device", "Progress", "Lease"]}
+  return html`<${Table} label="Running jobs" empty="No job is running." head=${["Job", "Workload", "Device", "Progress", "Lease ends"]}
     rows=${rows.map((r) => html`<tr>
       <td><${JobLink} id=${r.job_id} /></td><td>${r.workload}</td>
       <td><${DeviceLink} id=${r.claimed_by} /></td><td class="progress">${progressOf(byId[r.job_id], r)}</td>
       <td><${Ago} iso=${r.lease_deadline} /></td></tr>`)} />`;
 }
 
+// Half the width of a laptop screen: the workload goes under the job id and long ids and errors
+// wrap, so that every column shows without scrolling.
 function Failures({ rows }) {
-  return html`<${Table} label="Recent failures" empty="No failures." head=${["Job", "Workload", "Error", "When"]}
+  return html`<${Table} label="Recent failures" empty="No job has failed." className="fit failures"
+    head=${["Job", "Error", "When"]}
     rows=${rows.slice(0, 8).map((r) => html`<tr>
-      <td><${JobLink} id=${r.job_id} /></td><td>${r.workload}</td>
-      <td class="error-text">${r.last_error}</td><td><${Ago} iso=${r.finished_at} /></td></tr>`)} />`;
+      <td><${JobLink} id=${r.job_id} /><div class="muted small">${r.workload}</div></td>
+      <td class="error-text">${r.last_error || html`<span class="muted">no error recorded</span>`}</td>
+      <td class="when"><${Ago} iso=${r.finished_at} /></td></tr>`)} />`;
 }
 
 function NextSchedules({ schedules }) {
@@ -53,7 +57,7 @@ function NextSchedules({ schedules }) {
   if (!next.length) return html`<${Empty}>No enabled schedule.<//>`;
   return html`<ul class="plain">${next.map((s) => html`<li>
     <a href=${href(`/schedules/${encodeURIComponent(s.id)}`)}>${s.id}</a>
-    <span class="muted"> ${s.template?.workload} · </span><${Ago} iso=${s.next_run} /></li>`)}</ul>`;
+    <span class="muted"> ${s.template?.workload ? `${s.template.workload} · ` : ""}</span><${Ago} iso=${s.next_run} /></li>`)}</ul>`;
 }
 
 function OpenAlerts({ alerts }) {

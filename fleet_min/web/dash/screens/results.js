@@ -4,8 +4,8 @@ import { html, useState, useEffect, useMemo } from "../lib/core.js";
 import { get } from "../lib/api.js";
 import { useResource, useTick } from "../lib/hooks.js";
 import { setQuery } from "../lib/router.js";
-import { num, metricText } from "../lib/format.js";
-import { Chart } from "../lib/chart.js";
+import { num, metricText, plural } from "../lib/format.js";
+import { Bars } from "../lib/bars.js";
 import { Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Pager, Empty } from "../lib/ui.js";
 
 const LABELS = {
@@ -15,26 +15,47 @@ const LABELS = {
 
 function Stat({ cell }) {
   if (!cell || cell.median === null || cell.median === undefined) return html`<span class="muted">–</span>`;
-  return html`<span title=${`min ${cell.min}, max ${cell.max}, ${cell.n} samples`}>${num(cell.median, 2)}
-    <span class="muted small"> ${num(cell.min, 1)}–${num(cell.max, 1)}</span></span>`;
+  return html`<span title=${`min ${num(cell.min, 3)}, max ${num(cell.max, 3)}, ${plural(cell.n, "sample")}`}>${num(cell.median, 2)}
+    <span class="muted small nowrap">${num(cell.min, 1)}–${num(cell.max, 1)}</span></span>`;
+}
+
+const NO_MODEL = "no model named";
+
+// One group of bars per model, devices ranked by their median: comparing devices on one model
+// is what the chart is for. The label is the device's name; the group heading is the model.
+function benchGroups(rows, metric) {
+  const byModel = new Map();
+  for (const r of rows) {
+    const model = r.model || NO_MODEL;
+    if (!byModel.has(model)) byModel.set(model, []);
+    const cell = r[metric];
+    const device = r.device_name || r.device_id;
+    byModel.get(model).push({
+      key: `${r.device_id}|${model}`, median: cell.median, min: cell.min, max: cell.max,
+      label: html`<${DeviceLink} id=${r.device_id} name=${r.device_name} />`,
+      detail: `${device} · ${model}: median ${num(cell.median, 2)}, min ${num(cell.min, 2)}, max ${num(cell.max, 2)} (${plural(cell.n, "sample")})`,
+    });
+  }
+  return [...byModel.entries()].sort(([a], [b]) => a.localeCompare(b))
+    .map(([model, items]) => ({ title: model, rows: items.sort((a, b) => b.median - a.median) }));
 }
 
 function BenchChart({ rows, metric }) {
-  const shown = rows.filter((r) => r[metric] && r[metric].median !== null);
+  const shown = rows.filter((r) => r[metric] && typeof r[metric].median === "number");
   if (!shown.length) return html`<${Empty}>No run reported ${LABELS[metric] || metric}.<//>`;
-  const labels = shown.map((r) => `${r.device_name || r.device_id} · ${r.model}`);
-  const xs = shown.map((_, i) => i);
-  const data = [xs, shown.map((r) => r[metric].median), shown.map((r) => r[metric].min), shown.map((r) => r[metric].max)];
-  return html`<${Chart} title=${`${LABELS[metric] || metric}: median per device and model`} time=${false}
-    xLabels=${labels} data=${data} height=${260}
-    series=${[{ label: "median", bars: true }, { label: "min", color: "#8a8f98", pointsOnly: true }, { label: "max", color: "#4a4f58", pointsOnly: true }]} />`;
+  return html`<${Bars} title=${`${LABELS[metric] || metric}: median per device, grouped by model; the line spans min to max`}
+    groups=${benchGroups(shown, metric)} />`;
 }
 
 function Bench({ filters }) {
   const [metric, setMetric] = useState("decode_tok_s");
   const res = useResource(() => get("/api/results/bench", filters), [JSON.stringify(filters)],
     (e) => e.type === "result" && e.final);
-  return html`<${Loaded} res=${res}>${(d) => html`
+  const filtered = Boolean(filters.device || filters.model || filters.workload !== "benchmark");
+  return html`<${Loaded} res=${res}>${(d) => (!d.rows.length
+    ? html`<${Empty}>${filtered ? "No benchmark results match these filters."
+      : "No benchmark results yet: they appear here when a device finishes a benchmark job."}<//>`
+    : html`
     <div class="row">
       <label>Chart <select value=${metric} onChange=${(e) => setMetric(e.target.value)}>
         ${d.metrics.map((m) => html`<option value=${m}>${LABELS[m] || m}</option>`)}</select></label>
@@ -42,10 +63,11 @@ function Bench({ filters }) {
     </div>
     <${BenchChart} rows=${d.rows} metric=${metric} />
     <${Table} label="Benchmarks" empty="No benchmark results match." className="bench"
-      head=${["Device", "Model", "Backends", "Memory method", "Runs", ...d.metrics.map((m) => LABELS[m] || m), "Latest"]}
-      rows=${d.rows.map((r) => html`<tr><td><${DeviceLink} id=${r.device_id} name=${r.device_name} /></td>
-        <td>${r.model}</td><td>${(r.backends || []).join(", ")}</td><td class="small">${r.mem_method || "–"}</td><td>${r.runs}</td>
-        ${d.metrics.map((m) => html`<td><${Stat} cell=${r[m]} /></td>`)}<td><${Ago} iso=${r.last_at} /></td></tr>`)} />`}<//>`;
+      head=${["Device · model", "Backends", "Memory method", "Runs", ...d.metrics.map((m) => LABELS[m] || m), "Latest"]}
+      rows=${d.rows.map((r) => html`<tr><td><${DeviceLink} id=${r.device_id} name=${r.device_name} />
+        <div class="muted small">${r.model || NO_MODEL}</div></td>
+        <td>${(r.backends || []).join(", ") || "–"}</td><td class="small">${r.mem_method || "–"}</td><td class="num">${r.runs}</td>
+        ${d.metrics.map((m) => html`<td><${Stat} cell=${r[m]} /></td>`)}<td><${Ago} iso=${r.last_at} /></td></tr>`)} />`)}<//>`;
 }
 
 function Ui({ filters }) {
