@@ -415,8 +415,9 @@ def _artifacts() -> list[Route]:
     page = paged("artifacts", ref("Artifact"), bytes=integer(0))
     return [
         Route("POST", "/artifacts", "Upload bytes (streamed, hashed, stored by SHA-256)",
-              {200: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
-                                    "artifact": ref("Artifact")}), "stored (or already stored)")},
+              {201: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
+                                    "artifact": ref("Artifact")}),
+                               "stored, now or before (`existed` says which)")},
               {400: "a header is malformed, the body hashes otherwise than x-artifact-sha256, "
                     "or the upload was cut off",
                413: "larger than FLEET_MAX_ARTIFACT_BYTES",
