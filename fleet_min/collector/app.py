@@ -13,12 +13,15 @@ from fleet_min.collector import (
     artifacts_http,
     automation_http,
     ci_status,
+    compat,
     devices,
+    executors,
     insight_http,
     openapi_http,
     pages_http,
     queue,
     results,
+    rules,
     specs,
     views,
 )
@@ -33,6 +36,7 @@ from fleet_min.http import (
     read_json,
     read_json_object,
 )
+from fleet_min.query import int_param
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
 
@@ -77,20 +81,34 @@ def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str |
     return reply
 
 
-async def device_next_job(request: web.Request) -> web.Response:
+async def device_next_job(request: web.Request) -> web.StreamResponse:
+    return await _poll(request, Claimant("device", request.match_info["device_id"]))
+
+
+async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
+    """A long poll: 200 with the claimed job, or 204. The job is written here, not after the
+    handler returns, so a client gone by then has its job handed back (Service.deliver)."""
     service = service_of(request)
-    job = await service.next_job(Claimant("device", request.match_info["device_id"]),
-                                 service.config.long_poll_s)
-    return json_response(job) if job is not None else web.Response(status=204)
+    job = await service.next_job(claimant, service.config.long_poll_s)
+    if job is None:
+        return web.Response(status=204)
+    response = json_response(job)
+
+    async def send() -> None:
+        await response.prepare(request)
+        await response.write_eof()
+
+    await service.deliver(job, claimant, send)
+    return response
 
 
-async def executor_next_job(request: web.Request) -> web.Response:
+async def executor_next_job(request: web.Request) -> web.StreamResponse:
     name = request.query.get("name", "")
     if not name or len(name) > 200:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
-    service = service_of(request)
-    job = await service.next_job(Claimant("host", name), service.config.long_poll_s)
-    return json_response(job) if job is not None else web.Response(status=204)
+    # How many claimed jobs the executor may hold at once; it is offered none beyond them.
+    slots = int_param(request.query, "slots", 1, 1, rules.MAX_SLOTS)
+    return await _poll(request, Claimant("host", name, slots))
 
 
 async def post_results(request: web.Request) -> web.Response:
@@ -106,7 +124,8 @@ async def post_results(request: web.Request) -> web.Response:
     _refuse_invalid(validate.validate_post_results(body))
     if body["kind"] == "beacon":
         return json_response(await service.transact(results.post_beacon, body, now()))
-    return json_response(await service.transact(results.post_result, body, now()))
+    return json_response(await service.transact(results.post_result, compat.neutral_row(body),
+                                                now()))
 
 
 def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
@@ -123,7 +142,7 @@ def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
         errors = validate.validate_result(row)
         if errors:
             raise BadRequest(f"row {index}: {specs.first_problem(errors)}")
-    return body
+    return [compat.neutral_row(row) for row in body]
 
 
 async def release(request: web.Request) -> web.Response:
@@ -211,11 +230,17 @@ async def api_preview_targets(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     spec: dict[str, Any] = {
         "schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
-        **{k: body[k] for k in ("workload", "backend", "targets", "fanout") if k in body}}
+        **{k: body[k] for k in ("workload", "backend", "params", "targets", "fanout")
+           if k in body}}
     if "workload" not in spec:
         raise BadRequest("workload is required to preview targets")
-    check_job_spec(spec)
-    rows = await service_of(request).db.read(queue.DEVICES_NEWEST_FIRST)
+    spec = check_job_spec(spec)
+    service = service_of(request)
+    if spec["executor"] == "host":  # a host fan-out reaches executors, not devices
+        rows = await service.db.read(executors.RECENT_SQL, (executors.recent_since(now()),))
+        names = queue.pick_executors([row[0] for row in rows], spec)
+        return json_response({"count": len(names), "devices": [], "executors": names})
+    rows = await service.db.read(queue.DEVICES_NEWEST_FIRST)
     chosen = queue.select_targets(rows, spec, now())
     return json_response({"count": len(chosen), "devices": [
         {"device_id": d.device_id, "platform": d.descriptor.get("platform"),

@@ -47,7 +47,7 @@ class Waiter:
         if job.pin and job.pin != self.claimant.id:
             return False
         return self.claimant.executor == "host" or rules.offers(
-            self.capabilities, job.workload, job.backend)
+            self.capabilities, job.workload, job.variant)
 
 
 class Dispatcher:
@@ -121,8 +121,11 @@ class Dispatcher:
             self._wake.set()
 
     def claimants_changed(self, keys: list[str]) -> None:
-        if keys:
-            self._claimants.update(keys)
+        # Only claimants with a poll waiting: one that polls later looks for itself, after the
+        # change committed. (Every closed job names its claimant here, mostly with no poll.)
+        waiting = [key for key in keys if key in self._by_claimant]
+        if waiting:
+            self._claimants.update(waiting)
             self._wake.set()
 
     async def _run(self) -> None:

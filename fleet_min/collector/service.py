@@ -84,6 +84,13 @@ def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> Non
     effects.emit("clock", jump_s=round(jump, 3))
 
 
+def _job_on(future: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The job a poll's future holds, if it was handed one."""
+    if future.done() and not future.cancelled():
+        return future.result()
+    return None
+
+
 def _speedups() -> list[str]:
     """The optional compiled speed-ups in use (the `fast` extra), for /api/health."""
     active = []
@@ -291,27 +298,62 @@ class Service:
     async def next_job(self, claimant: Claimant, hold_s: float) -> dict[str, Any] | None:
         """Hold a poll until a job is claimed for it or hold_s passes (then None).
 
-        Raises NotFound when a device polls before registering.
+        A job claimed for this poll is returned, or handed back at once: also when the hold
+        runs out in the same turn of the loop as the job is handed over, and when the poll is
+        cancelled (its client went away) after that. Raises NotFound when a device polls before
+        registering.
         """
         waiter = Waiter(claimant)
         self.dispatcher.add(waiter)
         try:
             if waiter.future.done():  # shutting down
                 return None
-            job = await self.dispatcher.claim_now(waiter, self._first_claim)
+            job = await self._first_look(waiter)
             if job is not None:
                 return job
-            try:
-                return await asyncio.wait_for(asyncio.shield(waiter.future), hold_s)
-            except TimeoutError:
-                if waiter.reserved:  # a claim for this poll is in flight: take its answer
-                    waiter.expired = True
-                    return await waiter.future
-                return None
+            # asyncio.wait, not wait_for: it never cancels the future, so a job set on it just
+            # as the hold ran out is seen below instead of being lost with the cancellation.
+            await asyncio.wait((waiter.future,), timeout=hold_s)
+            if not waiter.future.done() and waiter.reserved:
+                waiter.expired = True  # a claim for this poll is in flight: take its answer
+                await asyncio.wait((waiter.future,))
+            return _job_on(waiter.future)
+        except BaseException:
+            if (job := _job_on(waiter.future)) is not None:
+                self._hand_back_soon(job, claimant)
+            raise
         finally:
             self.dispatcher.remove(waiter)
             if not waiter.future.done():
                 waiter.future.cancel()
+
+    async def _first_look(self, waiter: Waiter) -> dict[str, Any] | None:
+        """The poll's own first claim. The claim commits even if the poll is cancelled while it
+        runs (the writer finishes what it started), so a job it claimed then goes back."""
+        look = asyncio.ensure_future(self.dispatcher.claim_now(waiter, self._first_claim))
+        try:
+            return await asyncio.shield(look)
+        except asyncio.CancelledError:
+            look.add_done_callback(lambda done: self._hand_back_done(done, waiter.claimant))
+            raise
+
+    def _hand_back_done(self, look: asyncio.Future[dict[str, Any] | None],
+                        claimant: Claimant) -> None:
+        if not look.cancelled() and look.exception() is None and (job := look.result()):
+            self._hand_back_soon(job, claimant)
+
+    def _hand_back_soon(self, job: dict[str, Any], claimant: Claimant) -> None:
+        self.spawn(self._hand_back(job["job_id"], claimant), name="hand back")
+
+    async def deliver(self, job: dict[str, Any], claimant: Claimant,
+                      send: Callable[[], Awaitable[None]]) -> None:
+        """Send a claimed job to its poll's client; hand it back when that fails (the client
+        went away, or the handler was cancelled while writing)."""
+        try:
+            await send()
+        except BaseException:
+            self._hand_back_soon(job, claimant)
+            raise
 
     # -- health -----------------------------------------------------------------------------
 
