@@ -86,20 +86,12 @@ async def device_next_job(request: web.Request) -> web.StreamResponse:
 
 
 async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
-    """A long poll: 200 with the claimed job, or 204. The job is written here, not after the
-    handler returns, so a client gone by then has its job handed back (Service.deliver)."""
+    """A long poll: 200 with the claimed job, or 204. A client that goes away cancels the
+    handler (handler_cancellation), and Service.next_job then hands back any job claimed for
+    it; from its return to aiohttp writing the reply nothing waits."""
     service = service_of(request)
     job = await service.next_job(claimant, service.config.long_poll_s)
-    if job is None:
-        return web.Response(status=204)
-    response = json_response(job)
-
-    async def send() -> None:
-        await response.prepare(request)
-        await response.write_eof()
-
-    await service.deliver(job, claimant, send)
-    return response
+    return json_response(job) if job is not None else web.Response(status=204)
 
 
 async def executor_next_job(request: web.Request) -> web.StreamResponse:

@@ -234,21 +234,17 @@ class Dispatcher:
                         ) -> dict[str, Any] | None:
         """The poll's own first look, made while registered so no wake-up is lost meanwhile.
 
-        `first` claims and also learns what the cheap pre-check needs (the capabilities).
+        `first` claims and also learns what the cheap pre-check needs (the capabilities); it
+        looks again while a wake-up was missed meanwhile.
         """
-        look = first
         while True:
             waiter.reserved, waiter.missed = True, False
             try:
-                job = await look(waiter)
+                job = await first(waiter)
             finally:
                 waiter.reserved = False
             if job is not None or not waiter.missed:
                 return job
-            look = self._claim_one
-
-    async def _claim_one(self, waiter: Waiter) -> dict[str, Any] | None:
-        return (await self._claim_batch([waiter.claimant]))[0]
 
     def _deliver(self, waiter: Waiter, job: dict[str, Any]) -> None:
         self.remove(waiter)

@@ -540,7 +540,10 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
             workloads, pairs = routes
             if not workloads and not pairs:
                 return None
-    if _holds_its_slots(conn, claimant, ignore_job):
+    if device is not None and device.holding is not NOT_READ:
+        if device.holding is not None and device.holding != ignore_job:
+            return None  # a device holds one claimed job at a time
+    elif _holds_its_slots(conn, claimant, ignore_job):
         return None
     for row in _candidates(conn, claimant, workloads, min_priority, pairs):
         if _refusal(conn, row, claimant, device, now, ignore_job) is None:

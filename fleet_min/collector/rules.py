@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 # Workloads of the spec's parameter table run by a host executor. Host executors do not register
@@ -86,6 +87,11 @@ def declared_routes(capabilities: Iterable[str] | None
     declared bare (any variant) and the (workload, variant) pairings of the others."""
     if capabilities is None:
         return None
+    return _routes(tuple(capabilities))  # every claim asks: a device's list rarely changes
+
+
+@lru_cache(maxsize=1024)
+def _routes(capabilities: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]]]:
     bare = {cap for cap in capabilities if ":" not in cap}
     pairs = {(workload, variant) for workload, _, variant in
              (cap.partition(":") for cap in capabilities if ":" in cap) if workload not in bare}

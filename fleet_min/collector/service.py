@@ -27,7 +27,7 @@ from fleet_min.collector.effects import Effects
 from fleet_min.collector.queue import Claimant
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.config import Config
-from fleet_min.db import Database
+from fleet_min.db import Database, replayable
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -82,6 +82,27 @@ def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> Non
                  "last_beacon_at = last_beacon_at + ?, busy_at = busy_at + ?",
                  (jump, jump, jump))
     effects.emit("clock", jump_s=round(jump, 3))
+
+
+class _PollLook:
+    """What a poll's own claim transaction knows of its poll: whether the poll was abandoned
+    before the transaction ran, and the job the transaction claimed."""
+
+    __slots__ = ("abandoned", "job")
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.job: dict[str, Any] | None = None
+
+
+@replayable
+def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, poll: _PollLook,
+               effects: Effects) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """queue.first_claim for a poll that is still there (see Service._first_claim)."""
+    if poll.abandoned:
+        return None, None
+    capabilities, poll.job = queue.first_claim(conn, claimant, current, effects)
+    return capabilities, poll.job
 
 
 def _job_on(future: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
@@ -284,7 +305,19 @@ class Service:
         return result
 
     async def _first_claim(self, waiter: Waiter) -> dict[str, Any] | None:
-        capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now())
+        """A poll's own look (its device's capabilities and a claim, in one transaction).
+
+        The writer runs a transaction even when its caller was cancelled meanwhile (its client
+        went away): a transaction that has not run yet claims nothing then, and a job claimed by
+        one that has run goes back at once."""
+        poll = _PollLook()
+        try:
+            capabilities, job = await self.transact(_poll_look, waiter.claimant, now(), poll)
+        except asyncio.CancelledError:
+            poll.abandoned = True
+            if poll.job is not None:
+                self.hand_back_later(poll.job, waiter.claimant)
+            raise
         waiter.capabilities = capabilities
         return job
 
@@ -308,7 +341,7 @@ class Service:
         try:
             if waiter.future.done():  # shutting down
                 return None
-            job = await self._first_look(waiter)
+            job = await self.dispatcher.claim_now(waiter, self._first_claim)
             if job is not None:
                 return job
             # asyncio.wait, not wait_for: it never cancels the future, so a job set on it just
@@ -320,40 +353,16 @@ class Service:
             return _job_on(waiter.future)
         except BaseException:
             if (job := _job_on(waiter.future)) is not None:
-                self._hand_back_soon(job, claimant)
+                self.hand_back_later(job, claimant)
             raise
         finally:
             self.dispatcher.remove(waiter)
             if not waiter.future.done():
                 waiter.future.cancel()
 
-    async def _first_look(self, waiter: Waiter) -> dict[str, Any] | None:
-        """The poll's own first claim. The claim commits even if the poll is cancelled while it
-        runs (the writer finishes what it started), so a job it claimed then goes back."""
-        look = asyncio.ensure_future(self.dispatcher.claim_now(waiter, self._first_claim))
-        try:
-            return await asyncio.shield(look)
-        except asyncio.CancelledError:
-            look.add_done_callback(lambda done: self._hand_back_done(done, waiter.claimant))
-            raise
-
-    def _hand_back_done(self, look: asyncio.Future[dict[str, Any] | None],
-                        claimant: Claimant) -> None:
-        if not look.cancelled() and look.exception() is None and (job := look.result()):
-            self._hand_back_soon(job, claimant)
-
-    def _hand_back_soon(self, job: dict[str, Any], claimant: Claimant) -> None:
+    def hand_back_later(self, job: dict[str, Any], claimant: Claimant) -> None:
+        """Give back a job claimed for a poll that cannot deliver it (its client went away)."""
         self.spawn(self._hand_back(job["job_id"], claimant), name="hand back")
-
-    async def deliver(self, job: dict[str, Any], claimant: Claimant,
-                      send: Callable[[], Awaitable[None]]) -> None:
-        """Send a claimed job to its poll's client; hand it back when that fails (the client
-        went away, or the handler was cancelled while writing)."""
-        try:
-            await send()
-        except BaseException:
-            self._hand_back_soon(job, claimant)
-            raise
 
     # -- health -----------------------------------------------------------------------------
 
