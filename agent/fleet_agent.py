@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import array
+import base64
+import binascii
 import contextlib
 import glob
 import hashlib
@@ -49,6 +51,10 @@ WIRE_SCHEMA = 1
 DEFAULT_LEASE_TTL_S = 600
 IDLE_BEACON_S = 60.0
 SYNTHETIC_ROUNDS_PER_TOKEN = 1000
+SYNTHETIC_BLOCK_BYTES = 4096
+SYNTHETIC_ATTESTATION_ROUNDS = 1000
+# decisions.md: the hex SHA-256 of a fresh block after 1,000 rounds (tests recompute it).
+SYNTHETIC_ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a2fe078a84"
 # Hand-back rows count down from the top of the iter range: rows are idempotent by (job, device,
 # iter, attempt) and a handed-back job keeps its attempt number when it is claimed again, so a
 # hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
@@ -581,8 +587,24 @@ def thermal_sample(probe: Probe) -> str | None:
     return thermal_state(hottest_zone_c(probe))
 
 
-def read_vitals(probe: Probe) -> dict:
-    """Beacon fields; a reading the machine cannot give is left out rather than invented."""
+def disk_free_gb(probe: Probe, path: str) -> float | None:
+    """Free space where the agent keeps its state (artifacts are cached there), in GB."""
+    try:
+        return round(shutil.disk_usage(probe.path(path)).free / 1e9, 2)
+    except OSError:
+        return None
+
+
+# Beacon fields under the names the agents in the field use (decisions.md), sent as null when
+# the machine cannot tell (a collector's constraint on an unknown reading fails closed).
+NULLABLE_VITALS = ("on_ac", "load_1m", "disk_free_gb")
+
+
+def read_vitals(probe: Probe, state_dir: str = "/") -> dict:
+    """Beacon fields; a reading the machine cannot give is left out rather than invented, except
+    the constraint fields of NULLABLE_VITALS, sent as null. The earlier names ac and load go
+    along while known (collectors from before the field names read those; they refuse a null
+    ac, load or idle_s, so idle_s too is left out when unknown)."""
     vitals: dict = dict(read_power(probe))
     temp = hottest_zone_c(probe)
     if temp is None:
@@ -599,7 +621,10 @@ def read_vitals(probe: Probe) -> dict:
                                              meminfo_mb(probe, "MemTotal"))
     vitals["load"] = load_1m(probe)
     vitals["idle_s"] = idle_seconds(probe)
-    return {key: value for key, value in vitals.items() if value is not None}
+    fields = {key: value for key, value in vitals.items() if value is not None}
+    fields.update(on_ac=vitals.get("ac"), load_1m=vitals["load"],
+                  disk_free_gb=disk_free_gb(probe, state_dir))
+    return fields
 
 
 # --------------------------------------------------------------------------------------------
@@ -1207,58 +1232,76 @@ def read_tail(path: str, limit: int) -> bytes:
 # --------------------------------------------------------------------------------------------
 
 
-def synthetic_start(prompt_tokens: int, gen_tokens: int) -> bytes:
-    seed = f"fleet-synthetic:{prompt_tokens}:{gen_tokens}"
-    return hashlib.sha256(seed.encode("ascii")).digest()
+def synthetic_block() -> bytearray:
+    """A fresh synthetic block (decisions.md): byte i is (i * 31) & 0xff."""
+    return bytearray((i * 31) & 0xFF for i in range(SYNTHETIC_BLOCK_BYTES))
 
 
-def synthetic_tokens(digest: bytes, tokens: int, check) -> bytes:
-    """Advance the chain by `tokens` tokens of 1,000 SHA-256 rounds each (the reference loop)."""
+def synthetic_rounds(block: bytearray, rounds: int) -> None:
+    """Rounds over the block in place: each hashes the whole block with SHA-256 and writes the
+    32-byte digest over the block's first 32 bytes."""
     sha = hashlib.sha256
+    for _ in range(rounds):
+        block[:32] = sha(block).digest()
+
+
+def synthetic_tokens(block: bytearray, tokens: int, check) -> None:
+    """Advance the block by `tokens` tokens of 1,000 rounds each (the reference loop), looking
+    for a stop request between tokens."""
     for _ in range(tokens):
         check()
-        for _ in range(SYNTHETIC_ROUNDS_PER_TOKEN):
-            digest = sha(digest).digest()
-    return digest
+        synthetic_rounds(block, SYNTHETIC_ROUNDS_PER_TOKEN)
 
 
-def synthetic_iteration(prompt_tokens: int, gen_tokens: int, check) -> dict:
-    """One iteration: prefill then decode, each iteration restarting from the seed digest."""
-    digest = synthetic_start(prompt_tokens, gen_tokens)
+def synthetic_attestation(rounds: int = SYNTHETIC_ATTESTATION_ROUNDS) -> str:
+    """The hex SHA-256 of a fresh block after `rounds` rounds: proof the figures came from a
+    correct SHA-256 (SYNTHETIC_ATTESTATION for 1,000)."""
+    block = synthetic_block()
+    synthetic_rounds(block, rounds)
+    return hashlib.sha256(block).hexdigest()
+
+
+def synthetic_iteration(block: bytearray, prompt_tokens: int, gen_tokens: int, check) -> dict:
+    """One iteration on the job's block (kept across iterations): prompt_tokens tokens of
+    prefill, one token (the first), then gen_tokens - 1 tokens; rates as decisions.md says."""
     started = time.perf_counter()
-    digest = synthetic_tokens(digest, prompt_tokens, check)
-    prefill_s = time.perf_counter() - started
-    digest = synthetic_tokens(digest, min(1, gen_tokens), check)
-    first_token_s = time.perf_counter() - started
-    digest = synthetic_tokens(digest, max(0, gen_tokens - 1), check)
-    decode_s = time.perf_counter() - started - prefill_s
-    metrics = {"ttft_ms": round(first_token_s * 1000, 3),
-               "synthetic_rounds": (prompt_tokens + gen_tokens) * SYNTHETIC_ROUNDS_PER_TOKEN,
-               "synthetic_digest": digest.hex()}
-    if prompt_tokens:
-        metrics["prefill_tok_s"] = round(prompt_tokens / max(prefill_s, 1e-9), 3)
-    if gen_tokens:
-        metrics["decode_tok_s"] = round(gen_tokens / max(decode_s, 1e-9), 3)
-    return metrics
+    synthetic_tokens(block, prompt_tokens, check)
+    prefilled = time.perf_counter()
+    synthetic_tokens(block, min(1, gen_tokens), check)
+    first = time.perf_counter()
+    synthetic_tokens(block, max(0, gen_tokens - 1), check)
+    ended = time.perf_counter()
+    prefill_ms = (prefilled - started) * 1000
+    first_ms, rest_ms = (first - prefilled) * 1000, (ended - first) * 1000
+    return {"prefill_tok_s": round(prompt_tokens * 1000 / max(prefill_ms, 1.0), 3),
+            "decode_tok_s": round(gen_tokens * 1000 / max(first_ms + rest_ms, 1.0), 3),
+            "ttft_ms": round(prefill_ms + first_ms, 3)}
 
 
 def benchmark_params(params: dict) -> dict:
+    """The plan of a benchmark job, with the defaults of decisions.md."""
     return {
-        "prompt_tokens": int_param(params, "prompt_tokens", 128, 0, 1_000_000),
-        "gen_tokens": int_param(params, "gen_tokens", 32, 0, 1_000_000),
+        "prompt_tokens": int_param(params, "prompt_tokens", 512, 0, 1_000_000),
+        "gen_tokens": int_param(params, "gen_tokens", 128, 0, 1_000_000),
         "warmup_iters": int_param(params, "warmup_iters", 1, 0, 1000),
         "measure_iters": int_param(params, "measure_iters", 3, 1, 10_000),
     }
 
 
-def load_progress(ctx: JobContext, plan: dict) -> list[dict]:
-    """Iterations a preempted attempt finished, from the artifact named by params.resume_from."""
+def load_progress(ctx: JobContext, plan: dict) -> tuple[list[dict], bytearray]:
+    """Iterations a preempted attempt finished and the job's block as it was after the last of
+    them, from the artifact named by params.resume_from (a fresh block when none was saved)."""
     progress = ctx.prior_progress()
     if not progress.get("completed"):
-        return []
+        return [], synthetic_block()
     if progress.get("plan") != plan or not isinstance(progress["completed"], list):
         raise Refusal("params.resume_from was saved for different benchmark parameters")
-    return [m for m in progress["completed"] if isinstance(m, dict)]
+    completed = [m for m in progress["completed"] if isinstance(m, dict)]
+    try:
+        block = bytearray(base64.b64decode(str(progress.get("block", "")), validate=True))
+    except (binascii.Error, ValueError):
+        block = bytearray()
+    return completed, block if len(block) == SYNTHETIC_BLOCK_BYTES else synthetic_block()
 
 
 def hand_back(ctx: JobContext, progress: dict | None = None) -> dict:
@@ -1299,44 +1342,50 @@ def summarise(measured: list[dict]) -> dict:
 def wl_benchmark_synthetic(runtime: Runtime, ctx: JobContext) -> dict:
     plan = benchmark_params(ctx.params)
     p, g = plan["prompt_tokens"], plan["gen_tokens"]
-    completed = load_progress(ctx, plan)
+    # The job's block: made once, kept across iterations and across a hand-back (the progress
+    # carries it as it was after the last finished iteration).
+    completed, block = load_progress(ctx, plan)
+    saved = bytes(block)
     resumed_after = len(completed)
     start_vitals = runtime.vitals()
     thermal = [start_vitals.get("thermal")]
     for _ in range(plan["warmup_iters"]):
         try:
-            synthetic_iteration(p, g, ctx.check)
+            synthetic_iteration(block, p, g, ctx.check)
         except Stopped:
-            return handback_or_raise(ctx, plan, completed)
+            return handback_or_raise(ctx, plan, completed, saved)
+    saved = bytes(block)
     for number in range(len(completed) + 1, plan["measure_iters"] + 1):
         try:
-            metrics = synthetic_iteration(p, g, ctx.check)
+            metrics = synthetic_iteration(block, p, g, ctx.check)
         except Stopped:
-            return handback_or_raise(ctx, plan, completed)
+            return handback_or_raise(ctx, plan, completed, saved)
+        saved = bytes(block)
         ctx.post(ctx.row(number, True, metrics))
         completed.append(metrics)
         thermal.append(thermal_sample(runtime.probe))
     end_vitals = runtime.vitals()
     metrics = summarise(completed)
-    metrics.update(synthetic_digest=completed[-1]["synthetic_digest"],
-                   synthetic_rounds=(p + g) * SYNTHETIC_ROUNDS_PER_TOKEN,
+    metrics.update(synthetic_rounds=SYNTHETIC_ATTESTATION_ROUNDS,
+                   synthetic_digest=synthetic_attestation(),
                    thermal=[t for t in thermal if t], iterations=len(completed))
     for key, vitals in (("battery_start_pct", start_vitals), ("battery_end_pct", end_vitals)):
         if vitals.get("battery_pct") is not None:
             metrics[key] = vitals["battery_pct"]
-    digests = {m.get("synthetic_digest") for m in completed}
-    if len(digests) != 1:
-        return final(False, "the synthetic digest differed between iterations, so this "
-                     "device computes SHA-256 inconsistently", metrics)
+    if metrics["synthetic_digest"] != SYNTHETIC_ATTESTATION:
+        return final(False, "this device's SHA-256 gave the attestation digest {}, not the "
+                     "reference {}, so its figures are not comparable".format(
+                         metrics["synthetic_digest"], SYNTHETIC_ATTESTATION), metrics)
     if ctx.params.get("resume_from"):
         metrics["resumed_after_iter"] = resumed_after
     return final(True, metrics=metrics)
 
 
-def handback_or_raise(ctx: JobContext, plan: dict, completed: list[dict]) -> dict:
+def handback_or_raise(ctx: JobContext, plan: dict, completed: list[dict], block: bytes) -> dict:
     if not ctx.handback:
         raise Stopped(ctx.reason)
-    return hand_back(ctx, {"plan": plan, "completed": completed})
+    return hand_back(ctx, {"plan": plan, "completed": completed,
+                           "block": base64.b64encode(block).decode("ascii")})
 
 
 def llama_records(output: str) -> tuple[dict, dict]:
@@ -1409,8 +1458,9 @@ def wl_benchmark(runtime: Runtime, ctx: JobContext) -> dict:
 def wl_self_check(runtime: Runtime, ctx: JobContext) -> dict:
     checks = {}
     checks["sha256"] = hashlib.sha256(b"abc").hexdigest().startswith("ba7816bf8f01cfea")
+    checks["synthetic_attestation"] = synthetic_attestation() == SYNTHETIC_ATTESTATION
     started = time.perf_counter()
-    synthetic_tokens(synthetic_start(0, 1), 1, ctx.check)
+    synthetic_tokens(synthetic_block(), 1, ctx.check)
     token_ms = (time.perf_counter() - started) * 1000
     probe_file = os.path.join(ctx.workdir, "write-test")
     try:
@@ -4120,7 +4170,7 @@ class Runtime:
         return any(c == workload or c.startswith(workload + ":") for c in self.capabilities())
 
     def vitals(self) -> dict:
-        return read_vitals(self.probe) if self.mode == "device" else {}
+        return read_vitals(self.probe, self.state_dir) if self.mode == "device" else {}
 
     def device_summary(self) -> dict:
         return {k: self.descriptor.get(k) for k in ("model", "soc", "os")}

@@ -136,7 +136,7 @@ def upload(port: int, source: Path, size: int) -> tuple[dict[str, Any], float]:
     body = json.loads(response.read())
     elapsed = time.perf_counter() - started
     conn.close()
-    if response.status != 200:
+    if response.status != 201:
         raise RuntimeError(f"upload answered {response.status}: {body}")
     return body, elapsed
 

@@ -15,7 +15,8 @@ collector answers an empty-handed poll after FLEET_LONG_POLL_S=0.001, so a poll 
 attempt. Two phases are timed on each collector, in alternating rounds:
 
 - `poll`: back-to-back polls that find nothing (the idle agent's cost);
-- `claim`: enqueue one job pinned to the agent, then poll and get it (a claim that succeeds).
+- `claim`: enqueue one job pinned to the agent, then poll and get it (a claim that succeeds),
+  then post its final row (the collector offers a device one job at a time).
 
 The figure is the collector's own CPU time per poll or per claim (utime+stime from /proc, so it
 does not depend on how fast the client is), reported as the ratio loaded/empty; the target is
@@ -105,6 +106,12 @@ async def _agent(address: str, device: str, phase: str, stop_at: float,
         latencies.append(1000 * (time.perf_counter() - started))
         if status != (200 if phase == "claim" else 204):
             raise RuntimeError(f"{phase}: the poll answered {status}: {body[:200]!r}")
+        if phase == "claim":
+            status, body = await http.request("POST", "/results", {
+                "schema": 1, "kind": "result", "job_id": f"{device}-{n}", "device_id": device,
+                "iter": 0, "final": True, "ok": True})
+            if status != 200:
+                raise RuntimeError(f"POST /results answered {status}: {body[:200]!r}")
     http.close()
 
 

@@ -73,6 +73,15 @@ async def register(http: Http, device: str) -> None:
         raise RuntimeError(f"register answered {status}: {body[:200]!r}")
 
 
+async def finish(http: Http, job_id: str) -> None:
+    """The agent's final row (untimed): the collector offers a device one job at a time."""
+    status, body = await http.request("POST", "/results", {
+        "schema": 1, "kind": "result", "job_id": job_id, "device_id": AGENT, "iter": 0,
+        "final": True, "ok": True})
+    if status != 200:
+        raise RuntimeError(f"POST /results answered {status}: {body[:200]!r}")
+
+
 async def idle_agent(address: str, device: str, stop: asyncio.Event) -> None:
     """Another agent, long-polling for jobs that never come (re-polling after each 204)."""
     http = Http(address)
@@ -111,6 +120,7 @@ async def collector_trials(address: str, trials: int, tag: str, settle_s: float
             raise RuntimeError(f"POST /jobs answered {status}: {body[:200]!r}")
         latencies.append(1000 * (await held - started))
         acks.append(1000 * (acked - started))
+        await finish(agent, job(n, tag)["job_id"])  # a device holds one job at a time
     agent.close()
     feeder.close()
     return {"latency_ms": latencies, "enqueue_ack_ms": acks}
@@ -129,6 +139,7 @@ async def bare_trials(address: str, trials: int) -> dict[str, list[float]]:
         assert status == 201 and status2 == 200, (status, status2)
         latencies.append(1000 * (done - started))
         acks.append(1000 * (acked - started))
+        await finish(http, job(n, "bare")["job_id"])
     http.close()
     return {"latency_ms": latencies, "enqueue_ack_ms": acks}
 

@@ -20,6 +20,7 @@ two answers to agree on the whole corpus).
 
 from __future__ import annotations
 
+import difflib
 import json
 import re
 from collections.abc import Callable, Iterable
@@ -36,7 +37,9 @@ __all__ = [
     "TEMPLATE_REF",
     "find_secret_keys",
     "find_template_refs",
+    "is_job_id",
     "load_schema",
+    "param_warnings",
     "validate_beacon",
     "validate_job",
     "validate_post_results",
@@ -63,6 +66,11 @@ _REF_BODY = (r"\$\{jobs\.(?P<job_id>[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}?)"
              r"\.(?:artifact|metrics\.(?P<key>[A-Za-z0-9_.-]{1,200}))\}")
 TEMPLATE_REF = re.compile(r"\A" + _REF_BODY + r"\Z")
 EMBEDDED_REF = re.compile(_REF_BODY)
+
+
+def is_job_id(value: object) -> bool:
+    """Does value follow the schemas' jobId definition?"""
+    return isinstance(value, str) and _JOB_ID.fullmatch(value) is not None
 
 
 def load_schema(name: str) -> dict[str, Any]:
@@ -257,10 +265,18 @@ def _object(fields: dict[str, Rule], required: tuple[str, ...] = (), closed: boo
                 errors += check(value[key], _join(path, key))
         if closed:
             unknown = [k for k in value if k not in fields]
-            errors += [f"{path} has an unknown field {_show(k)}; allowed: {', '.join(fields)}"
-                       for k in unknown[:3]]
+            errors += [_unknown_field(path, k, fields) for k in unknown[:3]]
         return errors
     return _Rule(errors, ok)
+
+
+def _unknown_field(path: str, key: object, fields: dict[str, Rule]) -> str:
+    """The sentence for a key a closed object does not know, naming the close match (a typo)
+    when there is one, else every field allowed there."""
+    where = path or "the job spec"
+    close = difflib.get_close_matches(key[:100], list(fields), n=1) if isinstance(key, str) else []
+    hint = f"; did you mean {_show(close[0])}?" if close else f"; allowed: {', '.join(fields)}"
+    return f"{where} has an unknown field {_show(key)}{hint}"
 
 
 def _finish(errors: list[str]) -> list[str]:
@@ -327,6 +343,39 @@ _PARAMS_COMMON: dict[str, Rule] = {"resume_from": _SHA_OR_REF}
 _PARAMS_DEFAULT = _object(_PARAMS_COMMON)
 _PARAMS_BY_WORKLOAD = {w: _object({**_PARAMS_COMMON, **f}) for w, f in _WORKLOAD_PARAMS.items()}
 
+# The params the spec's table names for each workload (resume_from is the collector's own).
+# Params stay open: a job naming another is stored, with a warning (a typo is the usual cause).
+# soak is left out: its params beyond app-soak's are "not shown" by the spec.
+_NAMED_PARAMS: dict[str, frozenset[str]] = {
+    **{w: frozenset(f) for w, f in _WORKLOAD_PARAMS.items() if w != "soak"},
+    "a11y-audit": frozenset({*_WORKLOAD_PARAMS["a11y-audit"], "steps"}),  # untyped in the spec
+    **dict.fromkeys(("self-check", "install", "ui-test", "web-audit", "web-unfurl"),
+                    frozenset()),
+}
+MAX_WARNINGS = 20
+
+
+def param_warnings(spec: dict[str, Any]) -> list[str]:
+    """Sentences for params a table workload does not name ("unknown param 'measure_itters'
+    for benchmark; did you mean 'measure_iters'?"), at most MAX_WARNINGS; [] for the usual spec
+    and for workloads outside the table."""
+    params, workload = spec.get("params"), spec.get("workload")
+    named = _NAMED_PARAMS.get(workload) if isinstance(workload, str) else None
+    if named is None or not isinstance(params, dict):
+        return []
+    found: list[str] = []
+    for key in params:
+        if key in named or key == "resume_from" or not isinstance(key, str):
+            continue
+        close = difflib.get_close_matches(key[:100], sorted(named), n=1)
+        hint = (f"; did you mean {close[0]!r}?" if close
+                else f"; it names {', '.join(sorted(named))}" if named else "; it names none")
+        found.append(f"unknown param {key[:60]!r} for {workload}{hint}")
+        if len(found) == MAX_WARNINGS:
+            break
+    return found
+
+
 _FANOUT_OBJECT = _object({"distinct": _string(1, 100)}, required=("distinct",), closed=True)
 
 
@@ -343,6 +392,10 @@ _FANOUT = _Rule(_fanout_errors,
 
 
 _NAME = _string(1, 100)
+SUITE_KINDS = ("flow_runner", "native_bundle")
+SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle"}
+_CI_TARGET = _Check(lambda v: isinstance(v, str) and _CI_STATUS.fullmatch(v) is not None,
+                    "of the form owner/repo@<commit sha, 7 to 40 lowercase hex digits>")
 _JOB_FIELDS: dict[str, Rule] = {
     "schema": _SCHEMA_1,
     "job_id": _ID_CHECK,
@@ -374,19 +427,21 @@ _JOB_FIELDS: dict[str, Rule] = {
         "name": _STRING, "build": _STRING, "platform": _STRING,
         "sha256": _either(_SHA, _or_ref(_one_of("latest"))),
     }),
-    "suite": _object({"kind": _or_ref(_one_of("flow_runner", "native_bundle")),
+    # maestro and xcuitest, and report_to.github_status: the names the clients already in the
+    # field send (decisions.md); stored in the neutral form (fleet_min/collector/compat.py).
+    "suite": _object({"kind": _or_ref(_one_of(*SUITE_KINDS, *SUITE_KIND_ALIASES)),
                       "flows": _STRING}),
-    "report_to": _object({"ci_status": _Check(
-        lambda v: isinstance(v, str) and _CI_STATUS.fullmatch(v) is not None,
-        "of the form owner/repo@<commit sha, 7 to 40 lowercase hex digits>")}, closed=True),
+    "report_to": _object({"ci_status": _CI_TARGET, "github_status": _CI_TARGET}, closed=True),
     "priority": _integer(-1000, 1000),
 }
 _JOB_REQUIRED = ("schema", "job_id", "workload", "executor")
 
 
 # The params a job may carry depend on its workload: one job rule per workload, built once.
-_JOB_DEFAULT = _object(_JOB_FIELDS, required=_JOB_REQUIRED)
-_JOB_BY_WORKLOAD = {workload: _object({**_JOB_FIELDS, "params": params}, required=_JOB_REQUIRED)
+# Closed at the top level: a misspelt field (`parms`, `prioriy`) is refused, not ignored.
+_JOB_DEFAULT = _object(_JOB_FIELDS, required=_JOB_REQUIRED, closed=True)
+_JOB_BY_WORKLOAD = {workload: _object({**_JOB_FIELDS, "params": params}, required=_JOB_REQUIRED,
+                                      closed=True)
                     for workload, params in _PARAMS_BY_WORKLOAD.items()}
 
 
@@ -455,7 +510,7 @@ _RESULT = _object({
     "device": _object({k: _NULLABLE_STRING for k in ("model", "soc", "os")}),
     "artifacts": _array(_SHA, "an array of sha256 strings", max_items=100),
     "executor": _string(1, 200),
-}, required=("schema", "kind", "device_id", "job_id", "iter"))
+}, required=("schema", "kind", "device_id", "job_id"))  # no iter: iteration 0 (decisions.md)
 
 
 def validate_result(doc: object) -> list[str]:
@@ -480,9 +535,14 @@ _BEACON = _object({
         "thermal": _STRING,
         "mem_mb": _NUMBER,
         "mem_pressure": _STRING,
-        "ac": _BOOL,
-        "idle_s": _number(lo=0),
-        "load": _number(lo=0),
+        # The constraint fields as the agents in the field name them, and the earlier names
+        # ac and load; null: the probe cannot tell (a constraint on it fails closed).
+        "on_ac": _or_null(_BOOL),
+        "idle_s": _or_null(_number(lo=0)),
+        "load_1m": _or_null(_number(lo=0)),
+        "disk_free_gb": _or_null(_number(lo=0)),
+        "ac": _or_null(_BOOL),
+        "load": _or_null(_number(lo=0)),
         "busy": _object({"job_id": _string(0, 200), "collector": _string(0, 2000)},
                         required=("job_id", "collector")),
     }),

@@ -25,11 +25,32 @@ def test_constraints_fail_closed_without_a_fresh_beacon():
     assert rules.constraint_refusal({}, None, None, now) is None
 
 
-def test_require_ac_falls_back_to_charging_only_when_ac_is_absent():
+def test_require_ac_holds_on_mains_power_or_charging():
+    """decisions.md: require_ac holds when on_ac or charging is true; ac is on_ac's alias;
+    unknown (null) fails closed."""
     now = 1.0
-    assert rules.constraint_refusal({"require_ac": True}, {"charging": True}, now, now) is None
-    assert rules.constraint_refusal({"require_ac": True}, {"ac": False, "charging": True},
-                                    now, now)
+    held = [{"charging": True}, {"on_ac": True}, {"ac": True}, {"on_ac": False, "charging": True},
+            {"ac": False, "charging": True}, {"on_ac": None, "charging": True},
+            {"on_ac": True, "ac": False}]
+    refused = [{}, {"charging": False}, {"on_ac": False}, {"on_ac": None}, {"ac": None},
+               {"on_ac": None, "ac": True}, {"on_ac": "yes"}, {"charging": None}]
+    for beacon in held:
+        assert rules.constraint_refusal({"require_ac": True}, beacon, now, now) is None, beacon
+    for beacon in refused:
+        assert rules.constraint_refusal({"require_ac": True}, beacon, now, now), beacon
+
+
+def test_load_and_idle_read_the_field_names_with_aliases_and_fail_closed_on_null():
+    now = 1.0
+    assert rules.constraint_refusal({"max_load": 1.0}, {"load_1m": 0.5}, now, now) is None
+    assert rules.constraint_refusal({"max_load": 1.0}, {"load": 0.5}, now, now) is None
+    assert rules.constraint_refusal({"max_load": 1.0}, {"load_1m": 0.5, "load": 9}, now,
+                                    now) is None
+    for beacon in ({"load_1m": 2.0}, {"load_1m": None}, {"load_1m": None, "load": 0.1}, {}):
+        assert rules.constraint_refusal({"max_load": 1.0}, beacon, now, now) == "load too high"
+    assert rules.constraint_refusal({"require_idle_s": 60}, {"idle_s": 60}, now, now) is None
+    for beacon in ({"idle_s": 59}, {"idle_s": None}, {}):
+        assert rules.constraint_refusal({"require_idle_s": 60}, beacon, now, now)
 
 
 def test_booleans_are_not_loads():

@@ -9,7 +9,8 @@ gone is resolved. Ack and snooze only mute a row; they never change whether its 
 Rules and default thresholds (environment FLEET_ALERT_*; docs/collector-automation.md):
 
   device-offline    a device an operator named, not seen for over 15 min
-  job-failed        a job that failed while running (its last attempt), in the last 24 h
+  job-failed        a job whose status became failed (final: it is not retried) while it
+                    ran, in the last 24 h
   job-stuck         claimed, lease still being renewed, no result rows for over 2 x lease ttl
   thermal-critical  the last fresh beacon's thermal is serious or worse (THERMAL_STATES)
   low-battery       fresh beacon with battery_pct under 15 and not charging
@@ -161,9 +162,18 @@ def job_failed(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]
             continue
         error = (job.get("last_error") or "no reason recorded")[:300]
         found.append(Finding("job-failed", job["job_id"],
-                             f"{job['workload']} job {job['job_id']} failed on attempt "
-                             f"{job['attempts']} of {job['max_attempts']}: {error}"))
+                             f"{job['workload']} job {job['job_id']} {_failed_on(job)}: {error}"))
     return found
+
+
+def _failed_on(job: Row) -> str:
+    """Which attempt failed, said so that nobody waits for a retry: the status `failed` is
+    final (a lapsed lease with attempts left is requeued and never reaches this rule; a failing
+    final row fails the job whatever attempts were left)."""
+    attempts, most = job["attempts"], job["max_attempts"]
+    if attempts >= most:
+        return f"failed on its final attempt ({attempts} of {most})"
+    return f"failed on attempt {attempts} of {most} and will not be retried"
 
 
 def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:

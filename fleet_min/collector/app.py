@@ -13,13 +13,16 @@ from fleet_min.collector import (
     artifacts_http,
     automation_http,
     ci_status,
+    compat,
     devices,
+    executors,
     insight_http,
     metrics_http,
     openapi_http,
     pages_http,
     queue,
     results,
+    rules,
     specs,
     views,
 )
@@ -35,6 +38,7 @@ from fleet_min.http import (
     read_json,
     read_json_object,
 )
+from fleet_min.query import int_param
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
 
@@ -81,21 +85,27 @@ def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str |
     return reply
 
 
-async def device_next_job(request: web.Request) -> web.Response:
+async def device_next_job(request: web.Request) -> web.StreamResponse:
+    return await _poll(request, Claimant("device", request.match_info["device_id"]))
+
+
+async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
+    """A long poll: 200 with the claimed job, or 204. A client that goes away cancels the
+    handler (handler_cancellation), and Service.next_job then hands back any job claimed for
+    it; from its return to aiohttp writing the reply nothing waits."""
     service = service_of(request)
-    job = await service.next_job(Claimant("device", request.match_info["device_id"]),
-                                 service.config.long_poll_s, access_http.mesh_caller(request))
+    job = await service.next_job(claimant, service.config.long_poll_s,
+                                 access_http.mesh_caller(request))
     return json_response(job) if job is not None else web.Response(status=204)
 
 
-async def executor_next_job(request: web.Request) -> web.Response:
+async def executor_next_job(request: web.Request) -> web.StreamResponse:
     name = request.query.get("name", "")
     if not name or len(name) > 200:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
-    service = service_of(request)
-    job = await service.next_job(Claimant("host", name), service.config.long_poll_s,
-                                 access_http.mesh_caller(request))
-    return json_response(job) if job is not None else web.Response(status=204)
+    # How many claimed jobs the executor may hold at once; it is offered none beyond them.
+    slots = int_param(request.query, "slots", 1, 1, rules.MAX_SLOTS)
+    return await _poll(request, Claimant("host", name, slots))
 
 
 async def post_results(request: web.Request) -> web.Response:
@@ -113,8 +123,8 @@ async def post_results(request: web.Request) -> web.Response:
     if body["kind"] == "beacon":
         return json_response(await service.transact(results.post_beacon, body, now(),
                                                     caller=caller))
-    return json_response(await service.transact(results.post_result, body, now(),
-                                                caller=caller))
+    return json_response(await service.transact(results.post_result, compat.neutral_row(body),
+                                                now(), caller=caller))
 
 
 def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
@@ -131,7 +141,7 @@ def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
         errors = validate.validate_result(row)
         if errors:
             raise BadRequest(f"row {index}: {specs.first_problem(errors)}")
-    return body
+    return [compat.neutral_row(row) for row in body]
 
 
 async def release(request: web.Request) -> web.Response:
@@ -159,8 +169,9 @@ async def post_jobs(request: web.Request) -> web.Response:
         specs = []
         for index, spec in enumerate(body):
             try:
-                specs.append(check_job_spec(spec))
-                access_http.check_ci_target(request, spec)
+                checked = check_job_spec(spec)  # the neutral form: report_to aliases resolved
+                access_http.check_ci_target(request, checked)
+                specs.append(checked)
             except BadRequest as exc:
                 raise BadRequest(f"job {index}: {exc.message}") from None
         enqueued = await service.transact(queue.enqueue, specs, now())
@@ -222,11 +233,17 @@ async def api_preview_targets(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     spec: dict[str, Any] = {
         "schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
-        **{k: body[k] for k in ("workload", "backend", "targets", "fanout") if k in body}}
+        **{k: body[k] for k in ("workload", "backend", "params", "targets", "fanout")
+           if k in body}}
     if "workload" not in spec:
         raise BadRequest("workload is required to preview targets")
-    check_job_spec(spec)
-    rows = await service_of(request).db.read(queue.DEVICES_NEWEST_FIRST)
+    spec = check_job_spec(spec)
+    service = service_of(request)
+    if spec["executor"] == "host":  # a host fan-out reaches executors, not devices
+        rows = await service.db.read(executors.RECENT_SQL, (executors.recent_since(now()),))
+        names = queue.pick_executors([row[0] for row in rows], spec)
+        return json_response({"count": len(names), "devices": [], "executors": names})
+    rows = await service.db.read(queue.DEVICES_NEWEST_FIRST)
     chosen = queue.select_targets(rows, spec, now())
     return json_response({"count": len(chosen), "devices": [
         {"device_id": d.device_id, "platform": d.descriptor.get("platform"),

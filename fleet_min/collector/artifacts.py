@@ -577,11 +577,12 @@ def _holders(conn: sqlite3.Connection) -> Iterator[Holder]:
             f"SELECT r.job_id, r.artifacts FROM results r JOIN jobs j ON j.job_id = r.job_id "
             f"WHERE j.status IN ({live}) AND r.artifacts != '[]'", LIVE_STATUSES):
         yield Holder("result", row["job_id"], row["artifacts"])
+    # A template reads a row's artifacts, or its test.artifacts (the original's host executors).
     for row in conn.execute(
-            "SELECT w.job_id, r.artifacts FROM jobs w JOIN job_deps d ON d.job_id = w.job_id "
-            "JOIN results r ON r.job_id = d.depends_on "
-            "WHERE w.status = 'waiting' AND r.artifacts != '[]'"):
-        yield Holder("waiting", row["job_id"], row["artifacts"])
+            "SELECT w.job_id, r.artifacts || COALESCE(r.extra, '') AS named FROM jobs w "
+            "JOIN job_deps d ON d.job_id = w.job_id JOIN results r ON r.job_id = d.depends_on "
+            "WHERE w.status = 'waiting' AND (r.artifacts != '[]' OR r.extra IS NOT NULL)"):
+        yield Holder("waiting", row["job_id"], row["named"])
     for row in conn.execute("SELECT id, template FROM schedules"):
         yield Holder("schedule", row["id"], row["template"] + _latest_text(conn, row["template"]))
 

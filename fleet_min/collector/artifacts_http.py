@@ -77,7 +77,9 @@ async def upload(request: web.Request) -> web.Response:
     except (ClientPayloadError, ConnectionResetError):
         raise BadRequest("the upload ended before its body was complete; nothing was stored")\
             from None
-    return json_response(stored)
+    # 201 every time, bytes stored now or already (decisions.md): one answer for clients to
+    # check; `existed` says which.
+    return json_response(stored, status=201)
 
 
 async def at_a_living_rate(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:

@@ -98,10 +98,17 @@ def settings(config: Config) -> CiSettings:
 def check_spec(settings: CiSettings, spec: dict[str, Any]) -> None:
     """Refuse (400) a job whose report_to.ci_status names a repository outside the list, when a
     list is set: a status only to an allowed repository (DESIGN rule 5a)."""
-    target = (spec.get("report_to") or {}).get("ci_status")
-    if settings.repos is None or not isinstance(target, str) or settings.allows(target):
+    report = spec.get("report_to")
+    if settings.repos is None or not isinstance(report, dict):
         return
-    raise BadRequest(f"report_to.ci_status names {_repo(target)}, which is not in this "
+    # Both spellings: a spec may be checked before its aliases are resolved (compat.py).
+    for target in (report.get("ci_status"), report.get("github_status")):
+        if isinstance(target, str) and not settings.allows(target):
+            raise _outside_list(target)
+
+
+def _outside_list(target: str) -> BadRequest:
+    return BadRequest(f"report_to.ci_status names {_repo(target)}, which is not in this "
                      f"collector's {REPOS_SETTING}; add it there (owner/repo or owner/*) or "
                      "leave report_to out")
 

@@ -25,10 +25,11 @@ class Device:
     """
 
     __slots__ = ("_beacon", "_beacon_text", "_descriptor", "_descriptor_text", "busy_at",
-                 "busy_job_id", "capabilities", "device_id", "last_beacon_at", "last_seen",
-                 "lock_holder", "mesh_node", "pools")
+                 "busy_job_id", "capabilities", "device_id", "holding", "last_beacon_at",
+                 "last_seen", "lock_holder", "mesh_node", "pools")
 
-    def __init__(self, row: sqlite3.Row, lock_holder: object) -> None:
+    def __init__(self, row: sqlite3.Row, lock_holder: object,
+                 holding: object = None) -> None:
         override = _loads(row["pools_override"], None)
         self.device_id: str = row["device_id"]
         self.pools: list[str] = (override if override is not None  # the operator's, when set
@@ -42,6 +43,8 @@ class Device:
         # The job holding the device's lock (None: unlocked), when it was read with the row;
         # NOT_READ when it was not.
         self.lock_holder = lock_holder
+        # A device job it holds claimed (None: none), read with the row; or NOT_READ.
+        self.holding = holding
         self._descriptor_text: str | None = row["descriptor"]
         self._descriptor: dict[str, Any] | None = None
         self._beacon_text: str | None = row["last_beacon"]
@@ -76,7 +79,7 @@ def _loads(text: str | None, default: Any) -> Any:
 
 
 def device_from_row(row: sqlite3.Row) -> Device:
-    return Device(row, NOT_READ)
+    return Device(row, NOT_READ, NOT_READ)
 
 
 # The columns a Device reads, and the holder of the device's lock. Every claim loads its device:
@@ -88,10 +91,15 @@ _DEVICE_COLUMNS = ("d.device_id, d.descriptor, d.pools, d.pools_override, d.capa
 
 
 def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
-    row = conn.execute(f"SELECT {_DEVICE_COLUMNS}, l.job_id AS lock_holder FROM devices d "
+    # The claimed job it holds comes along too: a device is offered one job at a time, and
+    # asking in the same statement spares every claim a statement of its own.
+    row = conn.execute(f"SELECT {_DEVICE_COLUMNS}, l.job_id AS lock_holder, "
+                       "(SELECT j.job_id FROM jobs j WHERE j.status = 'claimed' "
+                       "AND j.claimed_by = d.device_id AND j.executor = 'device' LIMIT 1) "
+                       "AS holding FROM devices d "
                        "LEFT JOIN device_locks l ON l.device_id = d.device_id "
                        "WHERE d.device_id = ?", (device_id,)).fetchone()
-    return Device(row, row["lock_holder"]) if row else None
+    return Device(row, row["lock_holder"], row["holding"]) if row else None
 
 
 def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,

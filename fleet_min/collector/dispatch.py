@@ -47,7 +47,7 @@ class Waiter:
         if job.pin and job.pin != self.claimant.id:
             return False
         return self.claimant.executor == "host" or rules.offers(
-            self.capabilities, job.workload, job.backend)
+            self.capabilities, job.workload, job.variant)
 
 
 class Dispatcher:
@@ -121,8 +121,11 @@ class Dispatcher:
             self._wake.set()
 
     def claimants_changed(self, keys: list[str]) -> None:
-        if keys:
-            self._claimants.update(keys)
+        # Only claimants with a poll waiting: one that polls later looks for itself, after the
+        # change committed. (Every closed job names its claimant here, mostly with no poll.)
+        waiting = [key for key in keys if key in self._by_claimant]
+        if waiting:
+            self._claimants.update(waiting)
             self._wake.set()
 
     async def _run(self) -> None:
@@ -231,21 +234,17 @@ class Dispatcher:
                         ) -> dict[str, Any] | None:
         """The poll's own first look, made while registered so no wake-up is lost meanwhile.
 
-        `first` claims and also learns what the cheap pre-check needs (the capabilities).
+        `first` claims and also learns what the cheap pre-check needs (the capabilities); it
+        looks again while a wake-up was missed meanwhile.
         """
-        look = first
         while True:
             waiter.reserved, waiter.missed = True, False
             try:
-                job = await look(waiter)
+                job = await first(waiter)
             finally:
                 waiter.reserved = False
             if job is not None or not waiter.missed:
                 return job
-            look = self._claim_one
-
-    async def _claim_one(self, waiter: Waiter) -> dict[str, Any] | None:
-        return (await self._claim_batch([waiter.claimant]))[0]
 
     def _deliver(self, waiter: Waiter, job: dict[str, Any]) -> None:
         self.remove(waiter)

@@ -19,7 +19,7 @@ class JobRoute:
     executor: str
     pin: str
     workload: str
-    backend: str | None
+    variant: str | None  # what a capability pairing names: the backend, or a build's toolchain
     pool: str | None
 
 

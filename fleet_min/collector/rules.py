@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 from typing import Any
 
 # Workloads of the spec's parameter table run by a host executor. Host executors do not register
@@ -30,6 +31,8 @@ ONLINE_S = 180.0        # derived device status: online under 3 minutes
 STALE_S = 900.0         # stale under 15 minutes, offline beyond
 BUSY_STALE_S = 180.0    # a busy claim with another collector older than this no longer blocks
 BEACON_FRESH_S = 180.0  # collector-enforced constraints fail closed on an older beacon
+EXECUTOR_RECENT_S = 900.0  # fan-out reaches executors that polled within this (or hold a job)
+MAX_SLOTS = 64          # jobs an executor may hold at once (?slots= on its poll)
 
 
 def default_ttl(workload: str) -> int:
@@ -42,13 +45,22 @@ def is_built_in(workload: str, executor: str, backend: str | None) -> bool:
     return (workload, backend) in BUILT_IN_DEVICE
 
 
-def capability_names(workload: str, backend: str | None) -> tuple[str, ...]:
-    """The declarations that satisfy a job: the bare workload, or the workload:backend pairing."""
-    return (workload, f"{workload}:{backend}") if backend else (workload,)
+def job_variant(workload: str, backend: str | None, params: Any) -> str | None:
+    """What a capability pairing `<workload>:<variant>` names for a job: its backend
+    (benchmark:jssha), or for a build job its toolchain, params.kind (build:gradle)."""
+    if workload == "build" and isinstance(params, dict) and isinstance(params.get("kind"), str):
+        return str(params["kind"])
+    return backend
 
 
-def offers(capabilities: Iterable[str] | None, workload: str, backend: str | None) -> bool:
-    """May a device with these declared capabilities be offered this job?
+def capability_names(workload: str, variant: str | None) -> tuple[str, ...]:
+    """The declarations that satisfy a job: the bare workload, or the pairing with its variant
+    (job_variant: the backend, or a build job's toolchain)."""
+    return (workload, f"{workload}:{variant}") if variant else (workload,)
+
+
+def offers(capabilities: Iterable[str] | None, workload: str, variant: str | None) -> bool:
+    """May a device with these declared capabilities be offered this job (of this variant)?
 
     None means the device never said (offered everything); an empty list means nothing.
     """
@@ -59,7 +71,7 @@ def offers(capabilities: Iterable[str] | None, workload: str, backend: str | Non
     # capability_names, spelled out: every claim asks this of its device.
     if workload in capabilities:
         return True
-    return bool(backend) and f"{workload}:{backend}" in capabilities
+    return bool(variant) and f"{workload}:{variant}" in capabilities
 
 
 def declared_workloads(capabilities: Iterable[str] | None) -> list[str] | None:
@@ -67,6 +79,23 @@ def declared_workloads(capabilities: Iterable[str] | None) -> list[str] | None:
     if capabilities is None:
         return None
     return sorted({cap.split(":", 1)[0] for cap in capabilities})
+
+
+def declared_routes(capabilities: Iterable[str] | None
+                    ) -> tuple[list[str], list[tuple[str, str]]] | None:
+    """What the indexed candidate query reads for a device (None: everything): the workloads
+    declared bare (any variant) and the (workload, variant) pairings of the others."""
+    if capabilities is None:
+        return None
+    return _routes(tuple(capabilities))  # every claim asks: a device's list rarely changes
+
+
+@lru_cache(maxsize=1024)
+def _routes(capabilities: tuple[str, ...]) -> tuple[list[str], list[tuple[str, str]]]:
+    bare = {cap for cap in capabilities if ":" not in cap}
+    pairs = {(workload, variant) for workload, _, variant in
+             (cap.partition(":") for cap in capabilities if ":" in cap) if workload not in bare}
+    return sorted(bare), sorted(pairs)
 
 
 def device_status(last_seen: float, now: float) -> str:
@@ -122,20 +151,32 @@ def constraint_refusal(constraints: Mapping[str, Any] | None, beacon: Mapping[st
         return None
     if beacon is None or beacon_at is None or now - beacon_at > BEACON_FRESH_S:
         return "no fresh beacon to check its constraints against"
-    if constraints.get("require_ac"):
-        on_ac = beacon.get("ac")
-        if on_ac is None:
-            on_ac = beacon.get("charging")
-        if on_ac is not True:
-            return "not on mains power"
+    return _beacon_refusal(constraints, beacon)
+
+
+def _reading(beacon: Mapping[str, Any], name: str, alias: str) -> Any:
+    """A beacon field under the name the agents in the field use, else its earlier alias."""
+    return beacon[name] if name in beacon else beacon.get(alias)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _beacon_refusal(constraints: Mapping[str, Any], beacon: Mapping[str, Any]) -> str | None:
+    """The beacon-based constraints against a fresh beacon (decisions.md: on_ac, idle_s and
+    load_1m, with ac and load as aliases). Unknown (null, absent, not a number) fails closed."""
+    if constraints.get("require_ac") and not (
+            _reading(beacon, "on_ac", "ac") is True or beacon.get("charging") is True):
+        return "not on mains power"
     idle_needed = constraints.get("require_idle_s")
     if idle_needed is not None:
         idle = beacon.get("idle_s")
-        if not isinstance(idle, int | float) or isinstance(idle, bool) or idle < idle_needed:
+        if not _number(idle) or idle < idle_needed:
             return "not idle long enough"
     max_load = constraints.get("max_load")
     if max_load is not None:
-        load = beacon.get("load")
-        if not isinstance(load, int | float) or isinstance(load, bool) or load > max_load:
+        load = _reading(beacon, "load_1m", "load")
+        if not _number(load) or load > max_load:
             return "load too high"
     return None

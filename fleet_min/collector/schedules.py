@@ -67,8 +67,8 @@ def check_template(template: Any) -> dict[str, Any]:
     if "job_id" in template:
         raise BadRequest("template must not carry job_id; each run is named "
                          "<schedule id>-<YYYYMMDDHHMM>")
-    check_spec({**template, "job_id": PLACEHOLDER_JOB_ID}, context="template: ")
-    return template
+    spec = check_spec({**template, "job_id": PLACEHOLDER_JOB_ID}, context="template: ")
+    return {k: v for k, v in spec.items() if k != "job_id"}  # in the neutral form
 
 
 # ---------------------------------------------------------------------------------------------

@@ -302,4 +302,25 @@ MIGRATIONS: list[str] = [
     CREATE INDEX results_workload ON results(workload, created_at);
     CREATE INDEX results_created ON results(created_at);
     """,
+    # 7: one claimed job per claimant, build toolchains, host fan-out and param warnings.
+    # - jobs.variant: what a capability pairing names, the backend (benchmark:jssha) or a build
+    #   job's toolchain (build:gradle, params.kind), with a claim index of its own, so a claimant
+    #   that declared only pairings reads only the jobs of its pairings;
+    # - jobs.warnings: params the spec's table does not name for the workload (JSON list);
+    # - executors: each host executor's name and last poll, for fan-out over executors.
+    """
+    ALTER TABLE jobs ADD COLUMN variant TEXT;
+    ALTER TABLE jobs ADD COLUMN warnings TEXT;
+    UPDATE jobs SET variant = CASE
+        WHEN workload = 'build' AND json_type(spec, '$.params.kind') = 'text'
+        THEN json_extract(spec, '$.params.kind') ELSE backend END;
+    CREATE INDEX jobs_claim_variant ON jobs(executor, pin, workload, variant, priority DESC, seq)
+        WHERE status = 'queued' AND is_group = 0;
+    CREATE TABLE executors (
+        name TEXT PRIMARY KEY,
+        first_seen REAL NOT NULL,
+        last_poll REAL NOT NULL,
+        slots INTEGER NOT NULL DEFAULT 1        -- jobs it may hold at once (?slots= on its poll)
+    );
+    """,
 ]

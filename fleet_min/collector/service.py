@@ -28,7 +28,7 @@ from fleet_min.collector.effects import Effects
 from fleet_min.collector.queue import Claimant
 from fleet_min.collector.schema import MIGRATIONS
 from fleet_min.config import Config
-from fleet_min.db import Database
+from fleet_min.db import Database, replayable
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -86,6 +86,35 @@ def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> Non
                  (jump, jump, jump))
     conn.execute("UPDATE executor_nodes SET seen_at = seen_at + ?", (jump,))
     effects.emit("clock", jump_s=round(jump, 3))
+
+
+class _PollLook:
+    """What a poll's own claim transaction knows of its poll: whether the poll was abandoned
+    before the transaction ran, and the job the transaction claimed."""
+
+    __slots__ = ("abandoned", "job")
+
+    def __init__(self) -> None:
+        self.abandoned = False
+        self.job: dict[str, Any] | None = None
+
+
+@replayable
+def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, poll: _PollLook,
+               effects: Effects, caller: str | None = None
+               ) -> tuple[list[str] | None, dict[str, Any] | None]:
+    """queue.first_claim for a poll that is still there (see Service._first_claim)."""
+    if poll.abandoned:
+        return None, None
+    capabilities, poll.job = queue.first_claim(conn, claimant, current, effects, caller)
+    return capabilities, poll.job
+
+
+def _job_on(future: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The job a poll's future holds, if it was handed one."""
+    if future.done() and not future.cancelled():
+        return future.result()
+    return None
 
 
 def _speedups() -> list[str]:
@@ -311,8 +340,20 @@ class Service:
 
     async def _first_claim(self, waiter: Waiter, caller: str | None = None
                            ) -> dict[str, Any] | None:
-        capabilities, job = await self.transact(queue.first_claim, waiter.claimant, now(),
-                                                caller=caller)
+        """A poll's own look (its device's capabilities and a claim, in one transaction).
+
+        The writer runs a transaction even when its caller was cancelled meanwhile (its client
+        went away): a transaction that has not run yet claims nothing then, and a job claimed by
+        one that has run goes back at once. `caller` is the mesh node the poll came from."""
+        poll = _PollLook()
+        try:
+            capabilities, job = await self.transact(_poll_look, waiter.claimant, now(), poll,
+                                                    caller=caller)
+        except asyncio.CancelledError:
+            poll.abandoned = True
+            if poll.job is not None:
+                self.hand_back_later(poll.job, waiter.claimant)
+            raise
         waiter.capabilities = capabilities
         return job
 
@@ -327,9 +368,11 @@ class Service:
                        ) -> dict[str, Any] | None:
         """Hold a poll until a job is claimed for it or hold_s passes (then None).
 
-        Raises NotFound when a device polls before registering, Forbidden when `caller` (the
-        mesh node the poll came from) may not act for the claimant: checked by the first look,
-        before anything is claimed for the poll.
+        A job claimed for this poll is returned, or handed back at once: also when the hold
+        runs out in the same turn of the loop as the job is handed over, and when the poll is
+        cancelled (its client went away) after that. Raises NotFound when a device polls before
+        registering, Forbidden when `caller` (the mesh node the poll came from) may not act for
+        the claimant: checked by the first look, before anything is claimed for the poll.
         """
         waiter = Waiter(claimant)
         self.dispatcher.add(waiter)
@@ -341,17 +384,25 @@ class Service:
             job = await self.dispatcher.claim_now(waiter, first)
             if job is not None:
                 return job
-            try:
-                return await asyncio.wait_for(asyncio.shield(waiter.future), hold_s)
-            except TimeoutError:
-                if waiter.reserved:  # a claim for this poll is in flight: take its answer
-                    waiter.expired = True
-                    return await waiter.future
-                return None
+            # asyncio.wait, not wait_for: it never cancels the future, so a job set on it just
+            # as the hold ran out is seen below instead of being lost with the cancellation.
+            await asyncio.wait((waiter.future,), timeout=hold_s)
+            if not waiter.future.done() and waiter.reserved:
+                waiter.expired = True  # a claim for this poll is in flight: take its answer
+                await asyncio.wait((waiter.future,))
+            return _job_on(waiter.future)
+        except BaseException:
+            if (job := _job_on(waiter.future)) is not None:
+                self.hand_back_later(job, claimant)
+            raise
         finally:
             self.dispatcher.remove(waiter)
             if not waiter.future.done():
                 waiter.future.cancel()
+
+    def hand_back_later(self, job: dict[str, Any], claimant: Claimant) -> None:
+        """Give back a job claimed for a poll that cannot deliver it (its client went away)."""
+        self.spawn(self._hand_back(job["job_id"], claimant), name="hand back")
 
     # -- health -----------------------------------------------------------------------------
 

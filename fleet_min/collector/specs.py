@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from fleet_min import validate
+from fleet_min.collector import compat
 from fleet_min.collector.match import MatchError, compiled
 from fleet_min.errors import BadRequest
 
@@ -16,18 +17,25 @@ def first_problem(errors: list[str]) -> str:
 
 
 def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
-    """Refuse (400) a spec that is malformed, holds a secret, has an unsafe match expression or
-    references a job outside its depends_on. `context` prefixes the messages ("template: ")."""
+    """Refuse (400) a spec that holds a secret, is malformed (an unknown top-level field
+    included), has an unsafe match expression or references a job outside its depends_on.
+    `context` prefixes the messages ("template: "). Returns the spec in the neutral form (the
+    aliases of the clients in the field replaced: see compat)."""
     if not isinstance(spec, dict):
         raise BadRequest(f"{context}a job spec must be a JSON object")
-    errors = validate.validate_job(spec)
-    if errors:
-        raise BadRequest(context + first_problem(errors))
+    # Secrets first: a top-level "password" is a secret before it is an unknown field.
     secret_key, templated = validate.scan_keys_and_strings(spec)
     secrets = validate.find_secret_keys(spec) if secret_key else []
     if secrets:
         raise BadRequest(f"{context}{secrets[0]} looks like a secret; a job spec names a "
                          "credential for the agent to read locally and never carries one")
+    errors = validate.validate_job(spec)
+    if errors:
+        raise BadRequest(context + first_problem(errors))
+    if spec["executor"] == "host" and isinstance(spec.get("fanout"), dict):
+        raise BadRequest(f"{context}fanout {{distinct}} applies to device jobs: host executors "
+                         "do not report the devices attached to them; use \"fanout\": true "
+                         "for one child per executor")
     match = (spec.get("targets") or {}).get("match")
     if match:
         try:
@@ -39,4 +47,7 @@ def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
         if job_id not in allowed:
             raise BadRequest(f"{context}a template reference names job {job_id}, which is not "
                              "in depends_on; a reference may only name a listed dependency")
-    return spec
+    try:
+        return compat.neutral_spec(spec)
+    except BadRequest as exc:
+        raise BadRequest(context + exc.message) from None

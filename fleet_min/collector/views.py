@@ -81,7 +81,7 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
     dependents = await db.read("SELECT d.job_id, j.status FROM job_deps d "
                                "JOIN jobs j ON j.job_id = d.job_id WHERE d.depends_on = ?",
                                (job_id,))
-    rows = [result_record(r) for r in results]
+    rows = [{**result_record(r), "payload": result_payload(r)} for r in results]
     record.update({
         "results": rows,
         "artifacts": sorted({sha for row in rows for sha in row["artifacts"]}),
@@ -93,6 +93,28 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
         "dependents": [dict(d) for d in dependents],
     })
     return record
+
+
+def result_payload(row: Any) -> dict[str, Any]:
+    """A stored row as its agent posted it (the original's clients read `payload`), rebuilt
+    from the stored columns and the extra fields rather than stored twice: fields left at their
+    defaults may come back spelled out (final false, empty metrics), a row posted without iter
+    comes back as iteration 0."""
+    payload: dict[str, Any] = {
+        "schema": 1, "kind": "result", "job_id": row["job_id"], "device_id": row["device_id"],
+        "iter": row["iter"], "final": bool(row["final"]), "metrics": json.loads(row["metrics"]),
+        "artifacts": json.loads(row["artifacts"])}
+    if row["ok"] is not None:
+        payload["ok"] = bool(row["ok"])
+    if row["preempted"]:
+        payload["preempted"] = True
+    if row["error"] is not None:
+        payload["error"] = row["error"]
+    if row["device"]:
+        payload["device"] = json.loads(row["device"])
+    if row["extra"]:
+        payload.update(json.loads(row["extra"]))
+    return payload
 
 
 async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ JOB_FIELDS: dict[str, Schema] = {
     "lease_ttl_s": INT, "lease_deadline": null(TIME), "last_error": null(STR),
     "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
     "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
-    "spec": obj()}
+    "warnings": arr(STR), "spec": obj()}
 JOB_RECORD = obj(JOB_FIELDS)
 
 JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
@@ -144,7 +144,10 @@ def _components() -> dict[str, Schema]:
         "JobRecord": JOB_RECORD,
         # The job row's fields, with `attempts` the list of attempts instead of their count.
         "JobDetail": obj({**JOB_FIELDS, **{
-            "results": arr(ref("ResultRecord")), "artifacts": arr(STR),
+            "results": arr({"allOf": [ref("ResultRecord"), obj({"payload": obj(
+                description="the row as posted (rebuilt from what is stored), for the "
+                            "clients already in the field")})]}),
+            "artifacts": arr(STR),
             "children": arr(obj({"job_id": STR, "status": JOB_STATUS, "claimed_by": null(STR),
                                  "last_error": null(STR), "target_device": null(STR)})),
             "attempts": arr(obj({"attempt": INT, "claimed_by": null(STR), "claimed_at": null(TIME),
@@ -152,10 +155,14 @@ def _components() -> dict[str, Schema]:
                                  "error": null(STR)})),
             "depends_on": arr(JOB_LINK), "dependents": arr(JOB_LINK),
             "ci_status?": ref("CiStatus")}}),
-        "ClaimedJob": {"allOf": [ref("JobSpec"), obj({
+        # Not allOf JobSpec: the spec refuses fields of its own it does not know (attempt).
+        "ClaimedJob": obj({
+            "schema": enum(1), "job_id": ref("jobId"), "workload": STR,
+            "executor": enum("device", "host"),
             "lease": obj({"ttl_s": INT, "max_attempts": INT}), "attempt": integer(1),
-            "lease_deadline": TIME})],
-            "description": "The stored spec of the claimed job with its lease."},
+            "lease_deadline": TIME},
+            description="The stored spec of the claimed job (the fields of JobSpec, in the "
+                        "neutral form) with its lease, attempt and lease_deadline."),
         "ResultRecord": RESULT_RECORD,
         "Device": DEVICE,
         "DeviceDetail": {"allOf": [ref("Device"), obj({"running": arr(obj({
@@ -214,10 +221,13 @@ def _agents() -> list[Route]:
               {403: MESH_403, 404: "the device is not registered; register first",
                503: STORAGE}, tag=tag),
         Route("GET", "/executor/next-job", "Long-poll for a host job", next_job,
-              {400: "name is missing or longer than 200 characters", 403: MESH_403,
-               503: STORAGE},
+              {400: "name is missing or longer than 200 characters, or slots is not an "
+                    "integer from 1 to 64", 403: MESH_403, 503: STORAGE},
               params=(query("name", string(minLength=1, maxLength=200),
-                            "the executor's label", required=True),), tag=tag),
+                            "the executor's label", required=True),
+                      query("slots", integer(1, 64),
+                            "claimed jobs the executor may hold at once (default 1)")),
+              tag=tag),
         Route("POST", "/results", "Post a result row, an array of result rows, or a beacon",
               {200: json_reply({"anyOf": [
                   obj({"lease_renewed": BOOL, "preempt": BOOL}), stored_row,
@@ -250,15 +260,15 @@ def _agents() -> list[Route]:
 def _jobs() -> list[Route]:
     tag = "jobs"
     enqueued = obj({"ok": OK_TRUE, "job_id": STR, "status": JOB_STATUS,
-                    "fanout?": arr(STR)})
+                    "fanout?": arr(STR), "warnings?": arr(STR)})
     batch = obj({"ok": OK_TRUE, "jobs": arr(obj({"job_id": STR, "status": JOB_STATUS,
-                                                 "fanout?": arr(STR)}))})
+                                                 "fanout?": arr(STR), "warnings?": arr(STR)}))})
     return [
         Route("POST", "/jobs", "Enqueue a job, or an array of jobs (all or none)",
               {201: json_reply({"anyOf": [enqueued, batch]}, "stored")},
               {**JSON_ERRORS, 409: "a job_id exists already (or repeats in the array)",
                422: "no registered agent declares the workload (the sentence names it), or a "
-                    "fan-out matches no device"},
+                    "fan-out matches no device (no executor, for a host job)"},
               body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
                                                         maxItems=1000)]},
                         "one job spec, or an array of up to 1000"), tag=tag),
@@ -296,13 +306,17 @@ def _jobs() -> list[Route]:
                 {404: NO_JOB, 409: "the job is not failed or cancelled",
                  422: "the workload is no longer declared by any agent", 503: STORAGE},
                 tag=tag),
-        Route("POST", "/api/jobs/preview-targets", "Count the devices a target would reach",
+        Route("POST", "/api/jobs/preview-targets",
+              "Count the devices (executors, for a host job) a target would reach",
               {200: json_reply(obj({"count": integer(0), "devices": arr(obj({
-                  "device_id": STR, "platform": ANY, "model": ANY, "pools": arr(STR)}))}))},
+                  "device_id": STR, "platform": ANY, "model": ANY, "pools": arr(STR)})),
+                  "executors?": arr(STR)}))},
               JSON_ERRORS,
               body=Body(obj({"workload": ref("name"), "executor?": enum("device", "host"),
-                             "backend?": ref("name"), "targets?": ANY, "fanout?": ANY}),
-                        "a spec, or its workload, executor, backend, targets and fanout"),
+                             "backend?": ref("name"), "params?": obj(), "targets?": ANY,
+                             "fanout?": ANY}),
+                        "a spec, or its workload, executor, backend, params (a build's kind), "
+                        "targets and fanout"),
               tag=tag),
         Route("GET", "/api/jobs/{job_id}/ci-status", "Commit statuses posted for a job",
               {200: json_reply(ref("CiStatus"))}, {404: NO_JOB}, tag=tag),
@@ -434,8 +448,9 @@ def _artifacts() -> list[Route]:
     page = paged("artifacts", ref("Artifact"), bytes=integer(0))
     return [
         Route("POST", "/artifacts", "Upload bytes (streamed, hashed, stored by SHA-256)",
-              {200: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
-                                    "artifact": ref("Artifact")}), "stored (or already stored)")},
+              {201: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
+                                    "artifact": ref("Artifact")}),
+                               "stored, now or before (`existed` says which)")},
               {400: "a header is malformed, the body hashes otherwise than x-artifact-sha256, "
                     "or the upload was cut off",
                413: "larger than FLEET_MAX_ARTIFACT_BYTES",

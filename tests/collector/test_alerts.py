@@ -82,7 +82,10 @@ def test_job_failed_only_when_it_ran_and_recently():
             failed_job("done", status="done")]
     found = alerts.job_failed(jobs, NOW, TH)
     assert subjects(found) == [("job-failed", "ran")]
-    assert found[0].detail == "benchmark job ran failed on attempt 1 of 3: boom"
+    assert found[0].detail == "benchmark job ran failed on attempt 1 of 3 and will not be " \
+        "retried: boom"
+    last = alerts.job_failed([failed_job("last", attempts=3)], NOW, TH)
+    assert last[0].detail == "benchmark job last failed on its final attempt (3 of 3): boom"
 
 
 def claimed_job(job_id="j", **fields):

@@ -34,7 +34,7 @@ async def upload(client, data: bytes, **headers: str):
 async def publish(client, data: bytes, app: str, build: str) -> str:
     status, body = await upload(client, data, app=app, build=build, name=f"{app}-{build}.apk",
                                 platform="android")
-    assert status == 200, body
+    assert status == 201, body
     return body["sha256"]
 
 
@@ -51,7 +51,7 @@ async def limited_collector(collector_factory, monkeypatch, limit: int):
 async def test_upload_is_stored_under_its_hash_and_served_back(client, tmp_path):
     data = os.urandom(3 * MiB + 17)
     status, body = await upload(client, data, name="model.gguf")
-    assert status == 200
+    assert status == 201
     assert body["sha256"] == sha(data) and body["size"] == len(data)
     assert body["existed"] is False and body["artifact"]["name"] == "model.gguf"
     data_dir = tmp_path / "data"
@@ -81,7 +81,7 @@ async def test_a_chunked_body_in_uneven_pieces_is_hashed_and_written_in_order(cl
     resp = await client.post("/artifacts", data=pieces(),
                              headers={"content-type": "application/octet-stream"})
     body = await resp.json()
-    assert resp.status == 200, body
+    assert resp.status == 201, body
     assert body["sha256"] == sha(data) and body["size"] == len(data)
     assert stored_path(tmp_path / "data", sha(data)).read_bytes() == data
 
@@ -92,7 +92,7 @@ async def test_an_existing_hash_keeps_the_stored_copy(client, tmp_path):
     path = stored_path(tmp_path / "data", sha(data))
     before = path.stat()
     status, body = await upload(client, data)
-    assert status == 200 and body["existed"] is True and body["sha256"] == sha(data)
+    assert status == 201 and body["existed"] is True and body["sha256"] == sha(data)
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     assert list((tmp_path / "data" / "artifacts" / "tmp").iterdir()) == []
@@ -102,7 +102,7 @@ async def test_an_existing_hash_keeps_the_stored_copy(client, tmp_path):
 
 async def test_empty_body_is_a_valid_artifact(client):
     status, body = await upload(client, b"")
-    assert status == 200 and body["sha256"] == sha(b"") and body["size"] == 0
+    assert status == 201 and body["sha256"] == sha(b"") and body["size"] == 0
     resp = await client.get(f"/artifacts/{sha(b'')}")
     assert resp.status == 200 and await resp.read() == b""
     resp = await client.get(f"/artifacts/{sha(b'')}", headers={"Range": "bytes=0-"})
@@ -116,7 +116,7 @@ async def test_declared_hash_must_match_the_body(client, tmp_path):
     assert (await (await client.get("/api/artifacts")).json())["total"] == 0
     assert list((tmp_path / "data" / "artifacts" / "tmp").iterdir()) == []
     resp = await client.post("/artifacts", data=b"abc", headers={"x-artifact-sha256": sha(b"abc")})
-    assert resp.status == 200
+    assert resp.status == 201
 
 
 async def test_bad_publish_headers_are_refused(client):
@@ -127,7 +127,7 @@ async def test_bad_publish_headers_are_refused(client):
 async def test_concurrent_uploads_of_the_same_bytes_store_one_copy(client, tmp_path):
     data = os.urandom(2 * MiB)
     replies = await asyncio.gather(*(upload(client, data) for _ in range(6)))
-    assert {(status, body["sha256"]) for status, body in replies} == {(200, sha(data))}
+    assert {(status, body["sha256"]) for status, body in replies} == {(201, sha(data))}
     assert stored_path(tmp_path / "data", sha(data)).read_bytes() == data
     assert list((tmp_path / "data" / "artifacts" / "tmp").iterdir()) == []
     assert (await (await client.get("/api/artifacts")).json())["total"] == 1
@@ -161,7 +161,7 @@ async def test_declared_length_past_the_limit_is_413(collector_factory, monkeypa
     resp = await client.post("/artifacts", data=b"x" * 1001)
     assert resp.status == 413 and "1000-byte limit" in (await resp.json())["error"]
     status, body = await upload(client, b"x" * 1000)
-    assert status == 200 and body["size"] == 1000
+    assert status == 201 and body["size"] == 1000
     assert list((tmp_path / "data" / "artifacts" / "tmp").iterdir()) == []
 
 
@@ -296,7 +296,7 @@ async def test_latest_resolves_to_the_newest_published_build(client):
     assert stored["spec"]["app"]["sha256"] == second != first
     # Publishing build 1's bytes again makes it the newest published build of the app.
     status, body = await upload(client, b"shelf build 1", app="shelf", build="1-hotfix")
-    assert status == 200 and body["existed"] is True
+    assert status == 201 and body["existed"] is True
     assert body["artifact"]["build"] == "1-hotfix" and body["artifact"]["name"] == "shelf-1.apk"
     await client.post("/jobs", json={**spec, "job_id": "install-2"})
     stored = await (await client.get("/jobs/install-2")).json()
@@ -575,12 +575,12 @@ def test_upload_memory_is_flat_and_survives_kill_9(tmp_path):
     try:
         pid = proc.proc.pid
         status, _ = proc.client.request("POST", "/artifacts", body="warm up")
-        assert status == 200
+        assert status == 201
         before = vm_kib(pid, "VmHWM")
         total = 256 * MiB
         status, reply, expected = stream_upload(proc.port, total, os.urandom(MiB - 8))
         grown_mib = (vm_kib(pid, "VmHWM") - before) / 1024
-        assert status == 200 and reply["sha256"] == expected and reply["size"] == total
+        assert status == 201 and reply["sha256"] == expected and reply["size"] == total
         # Issue 8's bound is 16 MiB for a 1 GiB upload; the body streams through at most two
         # ~1 MiB batches, whatever its size.
         assert grown_mib < 16, f"peak RSS grew by {grown_mib:.1f} MiB for a 256 MiB upload"

@@ -180,6 +180,25 @@ async def test_schedule_templates_are_held_to_the_list(collector_factory, monkey
                                                    "victim/repo")
 
 
+async def test_the_older_report_to_name_is_held_to_the_list_too(
+        collector_factory, monkeypatch, github):
+    """report_to.github_status (the name the original's clients send) is the same target as
+    ci_status: refused outside the list in a single spec, an array and a schedule template."""
+    client = await ci_collector(collector_factory, monkeypatch, github.url,
+                                repos=["octo-org/app"])
+    aliased = job("alias", workload="install", executor="host",
+                  report_to={"github_status": f"victim/repo@{SHA}"})
+    for body in (aliased, [aliased]):
+        resp = await client.post("/jobs", json=body)
+        assert resp.status == 400, await resp.text()
+        assert "victim/repo" in (await resp.json())["error"]
+    assert (await client.get("/jobs/alias")).status == 404
+    template = {k: v for k, v in aliased.items() if k != "job_id"}
+    resp = await client.post("/api/schedules", json={"id": "aliased", "cron": "0 3 * * *",
+                                                     "template": template})
+    assert resp.status == 400 and "victim/repo" in (await resp.json())["error"]
+
+
 # -- 2. result rows ------------------------------------------------------------------------------
 
 

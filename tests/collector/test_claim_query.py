@@ -10,14 +10,14 @@ from fleet_min.collector import queue
 from tests.support.collector import job, registration
 
 
-def _candidates(db_path, claimant, workloads, min_priority=None):
+def _candidates(db_path, claimant, workloads, min_priority=None, pairs=None):
     conn = sqlite3.connect(db_path)
     conn.row_factory = sqlite3.Row
     statements: list[str] = []
     conn.set_trace_callback(statements.append)  # with the bound values filled in
     try:
         rows = [row["job_id"] for row in queue._candidates(conn, claimant, workloads,
-                                                           min_priority)]
+                                                           min_priority, pairs)]
         plans = [" | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
                  for sql in statements if sql.startswith("SELECT")]
     finally:
@@ -64,3 +64,27 @@ async def test_candidates_honour_the_priority_floor(client, db_path):
                               min_priority=1)
     assert rows == [j for j in expected if int(j[1:]) % 3 >= 1]
     assert all("TEMP B-TREE" not in plan for plan in plans)
+
+
+async def test_a_claimant_declaring_only_pairings_reads_only_their_jobs(client, db_path):
+    """benchmark:jssha is never shown the queue's webcrypto benchmarks, nor build:gradle the
+    xcode builds: one short range of jobs_claim_variant per (pin, pairing), merged, no sort."""
+    await client.post("/devices/register", json=registration(
+        "other", capabilities=["benchmark:webcrypto", "build:xcode"]))
+    await client.post("/devices/register", json=registration(
+        "d", capabilities=["benchmark:jssha", "build:gradle", "self-check"]))
+    specs = [job(f"w{n}", backend="webcrypto") for n in range(70)]
+    specs += [job(f"x{n}", workload="build", params={"kind": "xcode"}) for n in range(70)]
+    specs += [job("mine-1", backend="jssha", priority=1),
+              job("mine-2", workload="build", params={"kind": "gradle"}),
+              job("mine-3", workload="self-check", targets={"device_id": "d"})]
+    assert (await client.post("/jobs", json=specs)).status == 201
+    routes = queue.rules.declared_routes(["benchmark:jssha", "build:gradle", "self-check"])
+    assert routes == (["self-check"], [("benchmark", "jssha"), ("build", "gradle")])
+    rows, plans = _candidates(db_path, queue.Claimant("device", "d"), routes[0],
+                              pairs=routes[1])
+    assert rows == ["mine-1", "mine-2", "mine-3"]
+    [plan] = plans
+    assert "MERGE (UNION ALL)" in plan and "TEMP B-TREE" not in plan, plan
+    assert plan.count("USING INDEX jobs_claim_variant") == 4, plan
+    assert plan.count("USING INDEX jobs_claim_workload") == 2, plan

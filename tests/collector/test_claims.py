@@ -14,6 +14,20 @@ async def claim(client, device_id):
     return None if resp.status == 204 else await resp.json()
 
 
+async def finish(client, job_id, device_id):
+    """A final ok row: the device holds one job at a time, so it can be offered the next."""
+    resp = await client.post("/results", json={"schema": 1, "kind": "result", "job_id": job_id,
+                                               "device_id": device_id, "final": True, "ok": True})
+    assert resp.status == 200, await resp.text()
+
+
+async def claim_and_finish(client, device_id):
+    got = await claim(client, device_id)
+    if got is not None:
+        await finish(client, got["job_id"], device_id)
+    return got
+
+
 async def test_unknown_device_must_register_first(client):
     resp = await client.get("/devices/ghost/next-job")
     assert resp.status == 404
@@ -24,7 +38,7 @@ async def test_claim_order_is_priority_then_creation(client):
     await client.post("/devices/register", json=registration("d"))
     for name, priority in (("low", 0), ("high-1", 5), ("mid", 2), ("high-2", 5)):
         await client.post("/jobs", json=job(name, priority=priority))
-    order = [(await claim(client, "d"))["job_id"] for _ in range(4)]
+    order = [(await claim_and_finish(client, "d"))["job_id"] for _ in range(4)]
     assert order == ["high-1", "high-2", "mid", "low"]
 
 
@@ -49,9 +63,9 @@ async def test_pins_pools_and_match(client):
     await client.post("/jobs", json=job("pool-lab", targets={"pool": "lab"}))
     await client.post("/jobs", json=job("big", targets={
         "match": "ram_mb >= 8192 && platform == 'android' && soc ~ 'tensor'"}))
-    assert (await claim(client, "a"))["job_id"] == "pool-lab"
+    assert (await claim_and_finish(client, "a"))["job_id"] == "pool-lab"
     assert await claim(client, "a") is None
-    assert (await claim(client, "b"))["job_id"] == "pin-b"
+    assert (await claim_and_finish(client, "b"))["job_id"] == "pin-b"
     assert (await claim(client, "b"))["job_id"] == "big"
 
 
@@ -109,20 +123,24 @@ async def test_busy_claim_from_another_collector_blocks_until_stale(client, db_p
 
 async def test_exclusive_lock(client):
     await client.post("/devices/register", json=registration("d"))
-    await client.post("/jobs", json=job("first"))
+    # A host executor drives d from outside: d runs something, though d itself holds nothing.
+    await client.post("/jobs", json=job("drive", workload="install", executor="host",
+                                        targets={"device_id": "d"}))
+    assert (await (await client.get("/executor/next-job?name=mac")).json())["job_id"] == "drive"
     await client.post("/jobs", json=job("excl", targets={"exclusive": True}))
     await client.post("/jobs", json=job("after"))
-    assert (await claim(client, "d"))["job_id"] == "first"
     # The exclusive job waits while the device runs something else; the next one is offered.
-    assert (await claim(client, "d"))["job_id"] == "after"
-    for job_id in ("first", "after"):
-        await client.post("/results", json={"schema": 1, "kind": "result", "job_id": job_id,
-                                            "device_id": "d", "iter": 0, "final": True,
-                                            "ok": True})
+    assert (await claim_and_finish(client, "d"))["job_id"] == "after"
+    await finish(client, "drive", "d")
     await client.post("/jobs", json=job("later"))
     assert (await claim(client, "d"))["job_id"] == "excl"
-    # While the lock is held nothing else is offered.
-    assert await claim(client, "d") is None
+    # While the lock is held nothing else is offered, to the device or to drive it.
+    await client.post("/jobs", json=job("drive-2", workload="install", executor="host",
+                                        targets={"device_id": "d"}))
+    assert (await client.get("/executor/next-job?name=mac")).status == 204
+    await finish(client, "excl", "d")
+    assert (await (await client.get("/executor/next-job?name=mac")).json())["job_id"] == "drive-2"
+    assert (await claim(client, "d"))["job_id"] == "later"
 
 
 async def test_host_executor_claims_by_name(client):
@@ -187,6 +205,7 @@ async def test_long_poll_wakes_on_promotion_and_release(collector_factory):
                                         "device_id": "a", "iter": 0, "final": True, "ok": True})
     resp = await asyncio.wait_for(poll_b, 10)
     assert (await resp.json())["job_id"] == "second"
+    await finish(client, "second", "b")
     # Release wakes a waiting poll of another device.
     await client.post("/jobs", json=job("shared"))
     got = await claim(client, "a")
@@ -243,14 +262,17 @@ async def test_jobs_every_waiting_poll_was_offered_inside_the_enqueue_wake_no_di
     poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
     resp = await asyncio.wait_for(poll_a, 10)  # its first look takes a queued job at once
     assert (await resp.json())["job_id"] == "nobody-waits-1"
+    await finish(client, "nobody-waits-1", "a")
     poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
     assert (await (await asyncio.wait_for(poll_a, 10)).json())["job_id"] == "nobody-waits-2"
+    await finish(client, "nobody-waits-2", "a")
     poll_a = asyncio.create_task(client.get("/devices/a/next-job"))
     await wait_for_polls(client, 1)
     await client.post("/jobs", json=[job("for-b", targets={"device_id": "b"}),
                                      job("for-a", targets={"device_id": "a"})])
     assert (await (await asyncio.wait_for(poll_a, 10)).json())["job_id"] == "for-a"
     assert dispatcher.passes == passes  # every taker was offered a job inside the enqueue
+    await finish(client, "for-a", "a")
 
     polls = [asyncio.create_task(client.get(f"/devices/{name}/next-job")) for name in "bc"]
     await wait_for_polls(client, 1)  # b took its pinned job at once; c waits

@@ -189,3 +189,50 @@ async def test_a_version_4_database_files_its_rows_under_their_attempts(
                          "created_at) VALUES ('lapsed', 'd', 1, 1, '{}', 0)")
     finally:
         conn.close()
+
+
+async def test_a_version_3_database_learns_its_queued_jobs_variants(collector_factory, db_path):
+    """Migration 7 fills jobs.variant for jobs stored before it (the backend, or a build's
+    toolchain), so a device that declared only a pairing is offered them through the new
+    index, and adds the executors table and jobs.warnings."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        migrate(conn, MIGRATIONS[:3])
+        now = time.time()
+        for job_id, workload, backend, params in (
+                ("xcode-build", "build", None, {"kind": "xcode"}),
+                ("gradle-build", "build", None, {"kind": "gradle"}),
+                ("web-bench", "benchmark", "webcrypto", {}),
+                ("js-bench", "benchmark", "jssha", {})):
+            spec = job(job_id, workload=workload, params=params,
+                       **({"backend": backend} if backend else {}))
+            conn.execute(
+                "INSERT INTO jobs (job_id, workload, executor, backend, status, max_attempts, "
+                "ttl_s, spec, created_at, updated_at) VALUES (?, ?, 'device', ?, 'queued', 3, "
+                "600, ?, ?, ?)", (job_id, workload, backend, json.dumps(spec), now, now))
+    finally:
+        conn.close()
+    client = await collector_factory()
+    await client.post("/devices/register", json=registration(
+        "d", capabilities=["build:gradle", "benchmark:jssha"]))
+    got = []
+    for _ in range(3):
+        resp = await client.get("/devices/d/next-job")
+        if resp.status == 204:
+            break
+        job_id = (await resp.json())["job_id"]
+        got.append(job_id)
+        await client.post("/results", json=result_row(job_id, "d", 0, final=True, ok=True))
+    assert got == ["gradle-build", "js-bench"]
+    assert (await (await client.get("/jobs/xcode-build")).json())["warnings"] == []
+    assert (await client.get("/executor/next-job?name=mac")).status == 204
+    conn = sqlite3.connect(db_path)
+    try:
+        assert conn.execute("SELECT name FROM executors").fetchall() == [("mac",)]
+        assert dict(conn.execute("SELECT job_id, variant FROM jobs").fetchall()) == {
+            "xcode-build": "xcode", "gradle-build": "gradle", "web-bench": "webcrypto",
+            "js-bench": "jssha"}
+    finally:
+        conn.close()

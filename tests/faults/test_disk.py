@@ -65,7 +65,7 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
         for _ in range(200):
             status, reply = upload(proc.url, os.urandom(256 << 10))
             answers[status] = answers.get(status, 0) + 1
-            if status == 200:
+            if status == 201:
                 ledger.artifacts[reply["sha256"]] = b""
                 continue
             assert status == 507, reply
@@ -105,7 +105,7 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
         status, _ = client.post("/jobs", job("after"))
         assert status == 201
         ledger.enqueued.add("after")
-        assert upload(proc.url, b"after the disk was full")[0] == 200
+        assert upload(proc.url, b"after the disk was full")[0] == 201
         assert _work_one(client, "d0", ledger) is not None
     finally:
         assert proc.stop() == 0

@@ -148,7 +148,7 @@ class LeanAgent(threading.Thread):
         kind, payload = self.owed[0]
         if kind == "upload":
             status, reply = upload(self.client.base, payload)
-            if status == 200:
+            if status == 201:
                 with self.ledger.lock:
                     self.ledger.artifacts[reply["sha256"]] = payload
         else:
@@ -159,7 +159,7 @@ class LeanAgent(threading.Thread):
                     self.ledger.rows.add(key)
                 if payload.get("final") and reply["status"] in CLOSED:
                     self.ledger.close(payload["job_id"], reply["status"])
-        if status == 200:
+        if status in (200, 201):
             self.owed.pop(0)
         elif status < 500:
             self.ledger.anomalies.append(f"{kind} refused {status}: {reply}")

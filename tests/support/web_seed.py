@@ -60,7 +60,10 @@ def devices(c: HttpClient, s: Seeded) -> None:
     for pct, thermal in ((92, "nominal"), (88, "nominal"), (81, "fair"), (77, "fair")):
         ok(c.post("/results", beacon("pixel-7", battery_pct=pct, charging=False,
                                      thermal=thermal, mem_mb=5200)))
-    ok(c.post("/results", beacon("pi5", thermal="nominal", mem_mb=2100, load=0.4, ac=True)))
+    # The constraint fields under the names the agents in the field send (decisions.md).
+    for load in (0.4, 0.7):
+        ok(c.post("/results", beacon("pi5", thermal="nominal", mem_mb=2100, load_1m=load,
+                                     on_ac=True, idle_s=None)))
     ok(c.post("/results", beacon("ipad-air", battery_pct=9, charging=False, thermal="serious")))
 
 

@@ -60,6 +60,14 @@ def test_every_screen_loads_without_console_errors(seeded: SeededCollector,
     assert page.watch.errors == []
 
 
+def test_a_device_page_charts_load_1m(seeded: SeededCollector,
+                                      open_page: Callable[..., Any]) -> None:
+    """The load chart reads load_1m, as the agents in the field name it (load is its alias)."""
+    page = open_page(seeded.url + "/dash/devices/pi5", wait="canvas")
+    page.wait_for_selector("text=Load (1 min)")
+    assert page.watch.errors == []
+
+
 def test_navigation_in_the_page_and_phone_and_dark_layouts(
         seeded: SeededCollector, open_page: Callable[..., Any]) -> None:
     page = open_page(seeded.url + "/dash", viewport=PHONE, wait="text=Running")

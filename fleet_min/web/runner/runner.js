@@ -8,6 +8,10 @@ const TTL_S = 600;                // the device leaves the shelf after this much
 const IDLE_BEACON_S = 30;
 const MAX_POLL_BACKOFF_S = 30;
 const HANDBACK_ITER_TOP = 1000000; // the agent's iteration numbers for hand-back rows
+// decisions.md: the hex SHA-256 of a fresh synthetic block after 1,000 rounds. A backend that
+// computes another digest computes SHA-256 wrongly, and its figures mean nothing.
+const ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a2fe078a84";
+const DEFAULTS = { prompt_tokens: 512, gen_tokens: 128, warmup_iters: 1, measure_iters: 3 };
 
 const $ = (id) => document.getElementById(id);
 
@@ -132,7 +136,7 @@ class Runner {
     $("job-id").href = `/dash/jobs/${encodeURIComponent(spec.job_id)}`;
     $("job-backend").textContent = spec.backend || "synthetic";
     const p = spec.params || {};
-    $("job-params").textContent = `${p.prompt_tokens ?? 128} prompt + ${p.gen_tokens ?? 32} generated tokens`;
+    $("job-params").textContent = `${p.prompt_tokens ?? DEFAULTS.prompt_tokens} prompt + ${p.gen_tokens ?? DEFAULTS.gen_tokens} generated tokens`;
     $("job-phase").textContent = phase;
     const bar = $("job-progress");
     bar.max = total || 1;
@@ -319,12 +323,21 @@ class Runner {
     if (this.job?.stop) throw new Stopped(this.job.stop.reason);
   }
 
-  iteration(backend, p, g) {
+  // One iteration on the job's block (`fresh`: a new block, the job's first iteration).
+  iteration(backend, p, g, fresh) {
+    return this.ask({ op: "iteration", backend, prompt_tokens: p, gen_tokens: g, fresh });
+  }
+
+  attest(backend) {
+    return this.ask({ op: "attest", backend });
+  }
+
+  ask(message) {
     if (!this.worker) this.worker = this.newWorker();
     const id = this.nextMessage++;
     return new Promise((resolve, reject) => {
       this.pending.set(id, { resolve, reject });
-      this.worker.postMessage({ id, backend, prompt_tokens: p, gen_tokens: g });
+      this.worker.postMessage({ id, ...message });
     });
   }
 
@@ -372,8 +385,10 @@ class Runner {
     let plan;
     try {
       plan = {
-        p: intParam(params, "prompt_tokens", 128, 0, 1000000), g: intParam(params, "gen_tokens", 32, 0, 1000000),
-        warmup: intParam(params, "warmup_iters", 1, 0, 1000), measure: intParam(params, "measure_iters", 3, 1, 10000),
+        p: intParam(params, "prompt_tokens", DEFAULTS.prompt_tokens, 0, 1000000),
+        g: intParam(params, "gen_tokens", DEFAULTS.gen_tokens, 0, 1000000),
+        warmup: intParam(params, "warmup_iters", DEFAULTS.warmup_iters, 0, 1000),
+        measure: intParam(params, "measure_iters", DEFAULTS.measure_iters, 1, 10000),
       };
     } catch (err) {
       if (err instanceof Refusal) return { ok: false, error: err.message, metrics: {} };
@@ -387,15 +402,14 @@ class Runner {
       const values = completed.map((m) => m[key]).filter((x) => typeof x === "number");
       if (values.length) metrics[key] = Math.round(median(values) * 1000) / 1000;
     }
-    Object.assign(metrics, {
-      synthetic_digest: completed[completed.length - 1].synthetic_digest,
-      synthetic_rounds: (plan.p + plan.g) * 1000, iterations: completed.length,
-    });
+    // The attestation: the same backend on a fresh block, so a reader can check the figures
+    // came from a correct SHA-256.
+    Object.assign(metrics, await this.attest(spec.backend), { iterations: completed.length });
     const end = (await vitals()).battery_pct;
     if (battery !== undefined) metrics.battery_start_pct = battery;
     if (end !== undefined) metrics.battery_end_pct = end;
-    if (new Set(completed.map((m) => m.synthetic_digest)).size !== 1) {
-      return { ok: false, metrics, error: "the synthetic digest differed between iterations, so this browser computes SHA-256 inconsistently" };
+    if (metrics.synthetic_digest !== ATTESTATION) {
+      return { ok: false, metrics, error: `this browser's ${spec.backend} SHA-256 gave the attestation digest ${metrics.synthetic_digest}, not the reference ${ATTESTATION}, so its figures are not comparable` };
     }
     return { ok: true, metrics, runner: { backend: spec.backend, user_agent: navigator.userAgent } };
   }
@@ -411,7 +425,7 @@ class Runner {
         this.status(`Running ${spec.job_id} (${spec.backend}): ${phase}`, "busy");
         this.showJob(spec, i - 1, total, phase);
         this.check();
-        const metrics = await this.iteration(spec.backend, plan.p, plan.g);
+        const metrics = await this.iteration(spec.backend, plan.p, plan.g, i === 1);
         this.check();
         if (!warm) {
           completed.push(metrics);

@@ -93,8 +93,11 @@ function EditDevice({ device, onSaved }) {
 function BeaconCharts({ beacons }) {
   const series = useMemo(() => {
     const xs = beacons.map((b) => parseTime(b.at) / 1000);
-    const pick = (k) => beacons.map((b) => (typeof b[k] === "number" ? b[k] : null));
-    return { xs, battery: pick("battery_pct"), mem: pick("mem_mb"), load: pick("load") };
+    const num = (v) => (typeof v === "number" ? v : null);
+    const pick = (k) => beacons.map((b) => num(b[k]));
+    // load_1m as the agents in the field name it; load is its earlier name.
+    const load = beacons.map((b) => num(b.load_1m) ?? num(b.load));
+    return { xs, battery: pick("battery_pct"), mem: pick("mem_mb"), load };
   }, [beacons]);
   if (!beacons.length) return html`<${Empty}>No beacons yet.<//>`;
   const charts = [];

@@ -1,0 +1,157 @@
+"""A job claimed for a long poll reaches that poll's client, or goes back to the queue at once:
+never claimed by a device that never heard of it (until its lease lapses, 600 s later).
+
+The race: a poll's hold runs out in the same turn of the event loop as a job is handed to it.
+Forced with a short hold, many pinned jobs enqueued a few at a time, and many real clients
+polling in a loop against a real collector process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import sqlite3
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from fleet_min.collector import queue
+from fleet_min.collector.app import SERVICE
+from fleet_min.collector.queue import Claimant
+from fleet_min.timeutil import now
+from tests.support.collector import (
+    CollectorProcess,
+    job,
+    registration,
+    result_row,
+    wait_for_polls,
+)
+
+DEVICES = 12
+JOBS_PER_DEVICE = 40
+
+
+def _poller(client, device: str, received: list[str], stop: threading.Event) -> None:
+    """An agent: poll, run (post the final row), poll again."""
+    while not stop.is_set():
+        try:
+            status, spec = client.get(f"/devices/{device}/next-job", timeout=30)
+        except OSError:
+            continue
+        if status != 200:
+            continue
+        received.append(spec["job_id"])
+        client.post("/results", result_row(spec["job_id"], device, 0, final=True, ok=True))
+
+
+def _undelivered(db_path, received: set[str]) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(db_path)
+    try:
+        claimed = conn.execute("SELECT job_id, claimed_by FROM jobs WHERE status = 'claimed'")
+        return [(job_id, device) for job_id, device in claimed if job_id not in received]
+    finally:
+        conn.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("hold_s", ["0.05", "0.2"])
+def test_every_job_is_delivered_once_when_holds_run_out_as_jobs_arrive(tmp_path, hold_s):
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_LONG_POLL_S": hold_s}).start()
+    client = proc.client
+    devices = [f"d{i:02d}" for i in range(DEVICES)]
+    for device in devices:
+        assert client.post("/devices/register", registration(device))[0] == 200
+    received: dict[str, list[str]] = {device: [] for device in devices}
+    stop = threading.Event()
+    threads = [threading.Thread(target=_poller, args=(proc.client, d, received[d], stop))
+               for d in devices]
+    for thread in threads:
+        thread.start()
+    rng = random.Random(19)
+    enqueued: list[str] = []
+    try:
+        # A few pinned jobs at a time, at uneven moments, so that deliveries land all over the
+        # polls' holds, their ends included.
+        pending = [(device, n) for device in devices for n in range(JOBS_PER_DEVICE)]
+        rng.shuffle(pending)
+        while pending:
+            size = rng.randint(1, 4)
+            batch, pending = pending[:size], pending[size:]
+            specs = [job(f"{device}-{n}", targets={"device_id": device}) for device, n in batch]
+            status, reply = client.post("/jobs", specs)
+            assert status == 201, reply
+            enqueued += [spec["job_id"] for spec in specs]
+            time.sleep(rng.uniform(0, float(hold_s)))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            got = sum(len(jobs) for jobs in received.values())
+            if got >= len(enqueued):
+                break
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(40)
+        db_path = proc.data_dir / "fleet.sqlite3"
+        proc.stop()
+    counts = Counter(job_id for jobs in received.values() for job_id in jobs)
+    lost = _undelivered(db_path, set(counts))
+    assert not lost, f"claimed but never delivered (held until the lease lapses): {lost[:10]}"
+    assert [job_id for job_id, n in counts.items() if n > 1] == []
+    assert set(counts) == set(enqueued)
+    for device, jobs in received.items():
+        assert all(job_id.startswith(device + "-") for job_id in jobs)
+
+
+async def _queued_again(client, job_id: str) -> dict:
+    for _ in range(500):
+        row = await (await client.get(f"/jobs/{job_id}")).json()
+        if row["status"] == "queued":
+            return row
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{job_id} stayed {row['status']}, claimed by {row['claimed_by']}")
+
+
+async def test_a_poll_cancelled_after_its_job_was_handed_over_gives_it_back(collector_factory):
+    """The client went away (aiohttp cancels the handler) just after the dispatcher put a job
+    on the poll's future, before the poll's task ran again."""
+    client = await collector_factory(long_poll_s=30)
+    service = client.server.app[SERVICE]
+    await client.post("/devices/register", json=registration("d"))
+    poll = asyncio.create_task(service.next_job(Claimant("device", "d"), 30))
+    await wait_for_polls(client, 1)
+    await asyncio.sleep(0.2)  # its first look found nothing: it waits on its future
+    await service.transact(queue.enqueue, [job("j", targets={"device_id": "d"})], now())
+    # The enqueue claimed j for the poll and put it on the poll's future; the poll has not run
+    # since (no await in between). Now its client goes away.
+    assert not poll.done()
+    poll.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await poll
+    assert poll.cancelled()
+    row = await _queued_again(client, "j")
+    assert row["attempts"] == 0  # handed back, attempt not burned
+    detail = await (await client.get("/api/jobs/j")).json()
+    assert [a["outcome"] for a in detail["attempts"]] == ["undelivered"]
+    assert (await (await client.get("/devices/d/next-job")).json())["job_id"] == "j"
+
+
+async def test_a_poll_cancelled_during_its_own_first_look_leaves_no_claim_behind(
+        collector_factory):
+    """The writer runs a transaction even after its caller was cancelled: the poll's first look
+    then claims nothing, or hands back what it claimed."""
+    client = await collector_factory(long_poll_s=30)
+    service = client.server.app[SERVICE]
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/jobs", json=job("j", targets={"device_id": "d"}))
+    for _ in range(20):
+        poll = asyncio.create_task(service.next_job(Claimant("device", "d"), 30))
+        await asyncio.sleep(0)  # the look is with the writer, or about to be
+        poll.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poll
+        row = await _queued_again(client, "j")
+        assert row["attempts"] == 0
+    assert (await (await client.get("/devices/d/next-job")).json())["job_id"] == "j"
