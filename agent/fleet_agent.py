@@ -1278,6 +1278,17 @@ def synthetic_iteration(block: bytearray, prompt_tokens: int, gen_tokens: int, c
             "ttft_ms": round(prefill_ms + first_ms, 3)}
 
 
+def synthetic_run(prompt_tokens: int, gen_tokens: int, check) -> dict:
+    """One iteration on a fresh block, for the workloads that size the synthetic loop by their
+    input (batch, pipeline, the evals): its figures, and `synthetic_digest`, the hex SHA-256 of
+    the block after it, which depends only on the token counts, so every device answers the
+    same."""
+    block = synthetic_block()
+    metrics = synthetic_iteration(block, prompt_tokens, gen_tokens, check)
+    metrics["synthetic_digest"] = hashlib.sha256(block).hexdigest()
+    return metrics
+
+
 def benchmark_params(params: dict) -> dict:
     """The plan of a benchmark job, with the defaults of decisions.md."""
     return {
@@ -1288,17 +1299,26 @@ def benchmark_params(params: dict) -> dict:
     }
 
 
-def load_progress(ctx: JobContext, plan: dict) -> tuple[list[dict], bytearray]:
-    """Iterations a preempted attempt finished and the job's block as it was after the last of
-    them, from the artifact named by params.resume_from (a fresh block when none was saved)."""
+def load_progress(ctx: JobContext, plan: dict) -> list[dict]:
+    """The units (iterations, items, events) a preempted attempt finished, from the artifact
+    named by params.resume_from; none when nothing was saved."""
     progress = ctx.prior_progress()
     if not progress.get("completed"):
-        return [], synthetic_block()
+        return []
     if progress.get("plan") != plan or not isinstance(progress["completed"], list):
-        raise Refusal("params.resume_from was saved for different benchmark parameters")
-    completed = [m for m in progress["completed"] if isinstance(m, dict)]
+        raise Refusal("params.resume_from was saved for different parameters")
+    return [m for m in progress["completed"] if isinstance(m, dict)]
+
+
+def load_benchmark_progress(ctx: JobContext, plan: dict) -> tuple[list[dict], bytearray]:
+    """The iterations a preempted benchmark finished and the job's block as it was after the
+    last of them (a fresh block when none was saved)."""
+    completed = load_progress(ctx, plan)
+    if not completed:
+        return [], synthetic_block()
     try:
-        block = bytearray(base64.b64decode(str(progress.get("block", "")), validate=True))
+        saved = str(ctx.prior_progress().get("block", ""))
+        block = bytearray(base64.b64decode(saved, validate=True))
     except (binascii.Error, ValueError):
         block = bytearray()
     return completed, block if len(block) == SYNTHETIC_BLOCK_BYTES else synthetic_block()
@@ -1344,7 +1364,7 @@ def wl_benchmark_synthetic(runtime: Runtime, ctx: JobContext) -> dict:
     p, g = plan["prompt_tokens"], plan["gen_tokens"]
     # The job's block: made once, kept across iterations and across a hand-back (the progress
     # carries it as it was after the last finished iteration).
-    completed, block = load_progress(ctx, plan)
+    completed, block = load_benchmark_progress(ctx, plan)
     saved = bytes(block)
     resumed_after = len(completed)
     start_vitals = runtime.vitals()
@@ -1381,11 +1401,16 @@ def wl_benchmark_synthetic(runtime: Runtime, ctx: JobContext) -> dict:
     return final(True, metrics=metrics)
 
 
-def handback_or_raise(ctx: JobContext, plan: dict, completed: list[dict], block: bytes) -> dict:
+def handback_or_raise(ctx: JobContext, plan: dict, completed: list[dict],
+                      block: bytes | None = None) -> dict:
+    """Hand the job back with its finished units (and the benchmark's block, when it keeps
+    one), or stop when it is not to be handed back."""
     if not ctx.handback:
         raise Stopped(ctx.reason)
-    return hand_back(ctx, {"plan": plan, "completed": completed,
-                           "block": base64.b64encode(block).decode("ascii")})
+    progress: dict = {"plan": plan, "completed": completed}
+    if block is not None:
+        progress["block"] = base64.b64encode(block).decode("ascii")
+    return hand_back(ctx, progress)
 
 
 def llama_records(output: str) -> tuple[dict, dict]:
@@ -1815,7 +1840,7 @@ def synthetic_generate(prompt: str, max_tokens: int, check) -> dict:
     """
     tokens = min(SYNTHETIC_MAX_PROMPT_TOKENS, approx_tokens(prompt))
     started = time.perf_counter()
-    metrics = synthetic_iteration(tokens, max_tokens, check)
+    metrics = synthetic_run(tokens, max_tokens, check)
     metrics.update(prompt_tokens=tokens, gen_tokens=max_tokens,
                    duration_ms=round((time.perf_counter() - started) * 1000, 1))
     return {"text": metrics["synthetic_digest"], "metrics": metrics}
@@ -1956,7 +1981,9 @@ def llama_bench_once(runtime: Runtime, ctx: JobContext, model: str, plan: dict) 
 
 def thermal_iteration(runtime: Runtime, ctx: JobContext, plan: dict):
     if plan["backend"] == "synthetic":
-        return lambda: synthetic_iteration(plan["prompt_tokens"], plan["gen_tokens"], ctx.check)
+        block = synthetic_block()  # one per job, kept across its iterations (decisions.md)
+        return lambda: synthetic_iteration(block, plan["prompt_tokens"], plan["gen_tokens"],
+                                           ctx.check)
     model = model_file(ctx, "a llama.cpp thermal run")
     return lambda: llama_bench_once(runtime, ctx, model, plan)
 
@@ -2004,13 +2031,13 @@ def thermal_summary(ctx: JobContext, plan: dict, done: list[dict], start: dict,
             metrics[key] = reading["battery_pct"]
     if ctx.params.get("resume_from"):
         metrics["resumed_after_iter"] = len(load_progress(ctx, plan))
-    if plan["backend"] == "synthetic":
-        digests = {m.get("synthetic_digest") for m in done}
-        metrics.update(synthetic_digest=done[-1]["synthetic_digest"],
-                       synthetic_rounds=done[-1]["synthetic_rounds"])
-        if len(digests) != 1:
-            return final(False, "the synthetic digest differed between iterations, so this "
-                         "device computes SHA-256 inconsistently", drop_none(metrics))
+    if plan["backend"] == "synthetic":  # the attestation, as the benchmark's final row
+        digest = synthetic_attestation()
+        metrics.update(synthetic_digest=digest, synthetic_rounds=SYNTHETIC_ATTESTATION_ROUNDS)
+        if digest != SYNTHETIC_ATTESTATION:
+            return final(False, "the synthetic digest {} is not the reference {}: this device "
+                         "computes SHA-256 wrongly, so its figures do not compare".format(
+                             digest, SYNTHETIC_ATTESTATION), drop_none(metrics))
     return final(True, None, drop_none(metrics))
 
 
@@ -2256,8 +2283,8 @@ def eval_items(ctx: JobContext, plan: dict, what: str, require: tuple[str, ...],
 
 
 def synthetic_sized(path: str, check) -> tuple[str, dict]:
-    """(hex digest of the file, synthetic figures): one token per 4 KiB, at most 1,024."""
-    metrics = synthetic_iteration(min(1024, 1 + os.path.getsize(path) // 4096), 1, check)
+    """(hex digest of the file, synthetic figures): one token per 4 KiB, at most 256."""
+    metrics = synthetic_run(min(256, 1 + os.path.getsize(path) // 4096), 1, check)
     return sha256_file(path), {"ttft_ms": metrics["ttft_ms"]}
 
 
@@ -2457,7 +2484,7 @@ def embedder(runtime: Runtime, ctx: JobContext, backend: str):
     if backend == "synthetic":
         def synthetic(texts: list[str], number: int) -> list[list[float]]:
             tokens = min(SYNTHETIC_MAX_PROMPT_TOKENS, sum(approx_tokens(t) for t in texts))
-            synthetic_iteration(tokens, 0, ctx.check)
+            synthetic_run(tokens, 0, ctx.check)
             return [hashed_embedding(t) for t in texts]
         return synthetic
     model = model_file(ctx, "the llama.cpp embedding backend")

@@ -44,10 +44,12 @@ SYSTEM_PATH = os.environ["PATH"]
 
 
 def reference_digest(prompt_tokens: int, gen_tokens: int) -> str:
-    value = hashlib.sha256(f"fleet-synthetic:{prompt_tokens}:{gen_tokens}".encode()).digest()
+    """decisions.md's synthetic loop written out again: a fresh 4,096-byte block, 1,000 rounds
+    a token, each round's digest over the block's first 32 bytes; the block's SHA-256."""
+    block = bytearray((i * 31) & 0xFF for i in range(4096))
     for _ in range((prompt_tokens + gen_tokens) * 1000):
-        value = hashlib.sha256(value).digest()
-    return value.hex()
+        block[:32] = hashlib.sha256(block).digest()
+    return hashlib.sha256(block).hexdigest()
 
 
 def blob(stub, data: bytes) -> str:
@@ -374,7 +376,8 @@ def test_thermal_rows_carry_rate_and_temperatures(fa, tmp_path, http_stub):
     assert metrics["iterations"] == len(got) and metrics["max_cpu_temp_c"] == 71.5
     assert metrics["thermal"] == ["fair"] * len(got)
     assert metrics["battery_start_pct"] == metrics["battery_end_pct"] == 81
-    assert metrics["synthetic_digest"] == reference_digest(2, 2)
+    assert metrics["synthetic_digest"] == fa.SYNTHETIC_ATTESTATION
+    assert metrics["synthetic_rounds"] == 1000
     assert "throttle_pct" in metrics
 
 
