@@ -58,11 +58,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, emit, stop_process, table
 from fleet_min.config import resolve
 from fleet_min.controlplane import store
-from fleet_min.controlplane.engine import ControlPlane
-from fleet_min.controlplane.procs import process_table
-from fleet_min.controlplane.runners import RACY_NS, discover
+from fleet_min.controlplane.runners.discovery import RACY_NS, discover
+from fleet_min.controlplane.runners.procs import process_table
+from fleet_min.controlplane.runners.vitals import host_vitals
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
-from fleet_min.controlplane.vitals import host_vitals
+from fleet_min.controlplane.snapshot import ControlPlane
 from fleet_min.db import migrate
 from tests.support import cp_fakes as fakes
 from tests.support.fake_github import TOKEN, FakeGitHub
@@ -267,7 +267,7 @@ def simulate_figures(daemon: Daemon, state: Path, jobs: int, times: int) -> dict
 def replay_alone(state: Path, times: int) -> float:
     """The ceiling: the same replay (fleet_min.controlplane.simulate.compare) run in this
     process on the same rows, read with plain sqlite3; no HTTP, no event loop, no threads."""
-    from fleet_min.controlplane.simulate import Trace, compare
+    from fleet_min.controlplane.analysis.simulate import Trace, compare
 
     samples = []
     for _ in range(times):

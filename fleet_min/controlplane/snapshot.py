@@ -22,26 +22,27 @@ from typing import Any
 
 from fleet_min import filemodes
 from fleet_min.config import Config
-from fleet_min.controlplane import diag, store, tokens
-from fleet_min.controlplane.agent_link import (
+from fleet_min.controlplane import store, tokens
+from fleet_min.controlplane.analysis.capacity import capacity
+from fleet_min.controlplane.analysis.drift import drift_alerts
+from fleet_min.controlplane.analysis.queue_causes import Context, queue_causes
+from fleet_min.controlplane.analysis.reports import Analysis
+from fleet_min.controlplane.federation.hosts import RUNNER_FIELDS, Hosts
+from fleet_min.controlplane.federation.link import (
     CoordinatorLink,
     coordinator_token,
     coordinator_token_file,
 )
-from fleet_min.controlplane.analysis import Analysis
-from fleet_min.controlplane.capacity import capacity
-from fleet_min.controlplane.drift import drift_alerts
-from fleet_min.controlplane.federation import RUNNER_FIELDS, Hosts
-from fleet_min.controlplane.github import GitHub, GitHubError, find_token
-from fleet_min.controlplane.history import job_row
+from fleet_min.controlplane.github.client import GitHub, GitHubError, find_token
+from fleet_min.controlplane.github.history import job_row
 from fleet_min.controlplane.loops import Pacer, stop_tasks
-from fleet_min.controlplane.procs import process_table
-from fleet_min.controlplane.queue_causes import Context, queue_causes
-from fleet_min.controlplane.runners import Discovery, Runner
+from fleet_min.controlplane.runners import diag
+from fleet_min.controlplane.runners.discovery import Discovery, Runner
+from fleet_min.controlplane.runners.procs import process_table
+from fleet_min.controlplane.runners.supervisor import ServiceState, choose
+from fleet_min.controlplane.runners.vitals import host_vitals
 from fleet_min.controlplane.settings import LiveValues, lookup
 from fleet_min.controlplane.stream import SnapshotHub
-from fleet_min.controlplane.supervisor import ServiceState, choose
-from fleet_min.controlplane.vitals import host_vitals
 from fleet_min.db import Database
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso, now

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fleet_min import metrics
-from fleet_min.controlplane.federation import Hosts
-from fleet_min.controlplane.github import GitHub
+from fleet_min.controlplane.federation.hosts import Hosts
+from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.stream import SnapshotHub
 from fleet_min.timeutil import parse_iso
 

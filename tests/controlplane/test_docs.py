@@ -30,8 +30,8 @@ ANALYSIS = DOC.with_name("controlplane-analysis.md")
 
 
 def test_the_analysis_doc_explains_every_cause_finding_route_and_setting() -> None:
-    from fleet_min.controlplane.app import ROUTES
-    from fleet_min.controlplane.queue_causes import ORDER
+    from fleet_min.controlplane.analysis.queue_causes import ORDER
+    from fleet_min.controlplane.http.app import ROUTES
 
     text = ANALYSIS.read_text()
     for cause in ORDER:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fleet_min.controlplane.engine import ControlPlane
 from fleet_min.controlplane.loops import stop_tasks, wait_event
+from fleet_min.controlplane.snapshot import ControlPlane
 from tests.support.controlplane import Host, make_config, until
 
 HANG_GUARD_S = 60  # not a performance bound: only turns a hang into a failure

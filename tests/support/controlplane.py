@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min.config import resolve
-from fleet_min.controlplane.app import ENGINE
-from fleet_min.controlplane.engine import ControlPlane
+from fleet_min.controlplane.http.app import ENGINE
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
+from fleet_min.controlplane.snapshot import ControlPlane
 from tests.support import cp_fakes as fakes
 from tests.support.collector import stop_process
 from tests.support.fake_github import TOKEN, FakeGitHub

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_min import metrics
 from fleet_min.collector.telemetry import CollectorMetrics
-from fleet_min.controlplane.federation import Hosts
-from fleet_min.controlplane.github import GitHub
+from fleet_min.controlplane.federation.hosts import Hosts
+from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.stream import SnapshotHub
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics
 from fleet_min.db import Database

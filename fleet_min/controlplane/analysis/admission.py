@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleet_min.controlplane.stats import percentiles
+from fleet_min.controlplane.analysis.stats import percentiles
 from fleet_min.db import Database
 from fleet_min.timeutil import iso, parse_iso
 

@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from fleet_min.controlplane.stats import peak_overlap, percentiles, rate
+from fleet_min.controlplane.analysis.stats import peak_overlap, percentiles, rate
 from fleet_min.timeutil import iso
 
 FAILED = ("failure", "timed_out")

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_min.controlplane.capacity import refusals_for_repo
+from fleet_min.controlplane.analysis.capacity import refusals_for_repo
 
 USEFUL_CONFIDENCE = ("medium", "high")
 

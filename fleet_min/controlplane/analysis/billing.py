@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fleet_min.controlplane.github import GitHub, GitHubError
+from fleet_min.controlplane.github.client import GitHub, GitHubError
 from fleet_min.timeutil import iso
 
 CACHE_S = 3600.0

@@ -28,8 +28,8 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from fleet_min.collector import cron
-from fleet_min.controlplane.stats import median, peak_overlap, percentile
-from fleet_min.controlplane.workflows import Workflow
+from fleet_min.controlplane.analysis.stats import median, peak_overlap, percentile
+from fleet_min.controlplane.analysis.workflows import Workflow
 from fleet_min.timeutil import iso
 
 HOUR = 3600.0

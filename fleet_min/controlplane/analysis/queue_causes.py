@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_min.controlplane.capacity import refusals_for_repo
+from fleet_min.controlplane.analysis.capacity import refusals_for_repo
 from fleet_min.timeutil import parse_iso
 
 ORDER = ("telemetry-unavailable", "unserved", "label-mismatch", "runner-down",

@@ -17,19 +17,20 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_min.controlplane import analytics, autoscale, forecast, history, workflows
-from fleet_min.controlplane.actions import run_action
-from fleet_min.controlplane.admission import AdmissionLog
-from fleet_min.controlplane.billing import Billing
-from fleet_min.controlplane.history import HistoryCollector
-from fleet_min.controlplane.runners import valid_repo
-from fleet_min.controlplane.simulate import MAX_COUNT, MAX_COUNTS, Trace, compare
-from fleet_min.controlplane.workflow_files import WorkflowFiles
+from fleet_min.controlplane.analysis import analytics, autoscale, forecast, workflows
+from fleet_min.controlplane.analysis.admission import AdmissionLog
+from fleet_min.controlplane.analysis.billing import Billing
+from fleet_min.controlplane.analysis.simulate import MAX_COUNT, MAX_COUNTS, Trace, compare
+from fleet_min.controlplane.github import history
+from fleet_min.controlplane.github.history import HistoryCollector
+from fleet_min.controlplane.github.workflow_files import WorkflowFiles
+from fleet_min.controlplane.runners.actions import run_action
+from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.errors import BadRequest, NotFound, Refused
 from fleet_min.timeutil import iso
 
 if TYPE_CHECKING:
-    from fleet_min.controlplane.engine import ControlPlane
+    from fleet_min.controlplane.snapshot import ControlPlane
 
 log = logging.getLogger(__name__)
 

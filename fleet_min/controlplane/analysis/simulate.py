@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from operator import add, itemgetter
 from typing import Any
 
-from fleet_min.controlplane.stats import peak_overlap, percentile
+from fleet_min.controlplane.analysis.stats import peak_overlap, percentile
 
 MAX_COUNT = 256
 MAX_COUNTS = 16

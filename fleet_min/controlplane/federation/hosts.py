@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from fleet_min.controlplane.loops import wait_event
-from fleet_min.controlplane.runners import valid_repo
+from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso

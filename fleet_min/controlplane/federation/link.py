@@ -27,14 +27,14 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from fleet_min.controlplane.actions import run_action
-from fleet_min.controlplane.federation import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
+from fleet_min.controlplane.federation.hosts import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
 from fleet_min.controlplane.loops import wait_event
+from fleet_min.controlplane.runners.actions import run_action
 from fleet_min.errors import Refused
 from fleet_min.timeutil import now
 
 if TYPE_CHECKING:
-    from fleet_min.controlplane.engine import ControlPlane
+    from fleet_min.controlplane.snapshot import ControlPlane
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 
-from fleet_min.controlplane.runners import valid_repo
+from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)

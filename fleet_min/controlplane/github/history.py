@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_min.controlplane import store
-from fleet_min.controlplane.github import GitHub, GitHubError
+from fleet_min.controlplane.github.client import GitHub, GitHubError
 from fleet_min.db import Database
 from fleet_min.timeutil import iso, parse_iso
 

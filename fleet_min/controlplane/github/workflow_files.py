@@ -16,8 +16,8 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from fleet_min.controlplane.github import GitHub, GitHubError
-from fleet_min.controlplane.workflows import MAX_FILE_BYTES, Workflow, parse
+from fleet_min.controlplane.analysis.workflows import MAX_FILE_BYTES, Workflow, parse
+from fleet_min.controlplane.github.client import GitHub, GitHubError
 from fleet_min.db import Database
 from fleet_min.timeutil import iso
 

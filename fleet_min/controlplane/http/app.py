@@ -15,13 +15,15 @@ from aiohttp import web
 
 from fleet_min import origin
 from fleet_min.config import Config
-from fleet_min.controlplane import actions, auth, openapi, store
-from fleet_min.controlplane.analysis import check_repo
-from fleet_min.controlplane.auth import Need
-from fleet_min.controlplane.bundle import build_bundle
-from fleet_min.controlplane.engine import ControlPlane
-from fleet_min.controlplane.federation import applied_of, check_host, clean_report, wait_of
-from fleet_min.controlplane.runners import valid_name
+from fleet_min.controlplane import store
+from fleet_min.controlplane.analysis.reports import check_repo
+from fleet_min.controlplane.federation.hosts import applied_of, check_host, clean_report, wait_of
+from fleet_min.controlplane.http import auth, openapi
+from fleet_min.controlplane.http.auth import Need
+from fleet_min.controlplane.runners import actions
+from fleet_min.controlplane.runners.bundle import build_bundle
+from fleet_min.controlplane.runners.discovery import valid_name
+from fleet_min.controlplane.snapshot import ControlPlane
 from fleet_min.controlplane.stream import KEEP_ALIVE, sse_event
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics
 from fleet_min.errors import BadRequest, Conflict, Refused

@@ -17,18 +17,19 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleet_min.controlplane import commands, store
-from fleet_min.controlplane.capacity import refusals_for_repo
-from fleet_min.controlplane.commands import CommandResult
-from fleet_min.controlplane.federation import AGENT_ACTIONS, check_host
-from fleet_min.controlplane.github import GitHubError
-from fleet_min.controlplane.runners import DRAIN_MARKER, Runner, load_runner, valid_name
-from fleet_min.controlplane.supervisor import ServiceState, chain
+from fleet_min.controlplane import store
+from fleet_min.controlplane.analysis.capacity import refusals_for_repo
+from fleet_min.controlplane.federation.hosts import AGENT_ACTIONS, check_host
+from fleet_min.controlplane.github.client import GitHubError
+from fleet_min.controlplane.runners import commands
+from fleet_min.controlplane.runners.commands import CommandResult
+from fleet_min.controlplane.runners.discovery import DRAIN_MARKER, Runner, load_runner, valid_name
+from fleet_min.controlplane.runners.supervisor import ServiceState, chain
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, Unavailable
 from fleet_min.timeutil import iso, now
 
 if TYPE_CHECKING:
-    from fleet_min.controlplane.engine import ControlPlane
+    from fleet_min.controlplane.snapshot import ControlPlane
 
 CATALOGUE: list[dict[str, Any]] = [
     {"id": "runner.duplicate", "label": "Duplicate", "runner": True,

@@ -16,8 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fleet_min.controlplane.diag import safe_file, summary_and_tail
-from fleet_min.controlplane.redact import redact
+from fleet_min.controlplane.runners.diag import safe_file, summary_and_tail
+from fleet_min.controlplane.runners.redact import redact
 
 ALLOWED = (".runner", ".service", ".env", ".path", ".fleet-drain", "run.sh", "svc.sh", "env.sh")
 SIZE_CAP = 256 * 1024

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleet_min.controlplane.redact import redact
+from fleet_min.controlplane.runners.redact import redact
 
 MAX_OUTPUT = 64 * 1024
 _WITHHELD = frozenset({"GH_TOKEN", "GITHUB_TOKEN"})

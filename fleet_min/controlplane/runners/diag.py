@@ -11,7 +11,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from fleet_min.controlplane.redact import redact
+from fleet_min.controlplane.runners.redact import redact
 from fleet_min.timeutil import iso
 
 TAIL_BYTES = 64 * 1024

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet_min.controlplane.procs import Proc
+from fleet_min.controlplane.runners.procs import Proc
 
 DRAIN_MARKER = ".fleet-drain"
 SERVICE_FILE = ".service"

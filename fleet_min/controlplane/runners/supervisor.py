@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleet_min.controlplane import commands
-from fleet_min.controlplane.commands import CommandResult
-from fleet_min.controlplane.procs import is_darwin
-from fleet_min.controlplane.runners import Runner
+from fleet_min.controlplane.runners import commands
+from fleet_min.controlplane.runners.commands import CommandResult
+from fleet_min.controlplane.runners.discovery import Runner
+from fleet_min.controlplane.runners.procs import is_darwin
 
 
 @dataclass

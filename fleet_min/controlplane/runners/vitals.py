@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fleet_min.controlplane.procs import is_darwin
+from fleet_min.controlplane.runners.procs import is_darwin
 
 
 def host_vitals(disk_path: Path) -> dict[str, Any]:
