@@ -1,10 +1,11 @@
-"""The control plane's engine: discovery, supervisor states, GitHub data and the snapshot.
+"""The snapshot: this host's runners (discovered, with their service states and GitHub
+registrations), the agents' runners, active runs, capacity, drift, queue causes and alerts, as
+GET /api/state serves it and the stream sends it.
 
-One ControlPlane per daemon. A tick rebuilds the snapshot (faster while a runner is busy, at
-once after an action or a setting change) and publishes it to the stream; a second loop keeps
-the GitHub data fresh with conditional requests (and lets autoscale look at it); a third runs
-the analysis rounds (job history, workflow files, forecast). In agent mode a fourth sends
-heartbeats to the coordinator. Domain only: no aiohttp.web here.
+A tick rebuilds it (faster while a runner is busy, at once when something asks: an action, a
+setting change, a GitHub refresh) and publishes it to the stream's hub, encoded once for every
+client. Each rebuild also records the runners' transitions as events and stops the service of a
+drained runner once its job has ended. Domain only: no aiohttp.web here.
 """
 
 from __future__ import annotations
@@ -12,253 +13,99 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import platform
-import socket
 import time
 from collections import defaultdict
-from pathlib import Path
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from fleet_min import filemodes
-from fleet_min.config import Config
-from fleet_min.controlplane import store, tokens
+from fleet_min.controlplane import store
 from fleet_min.controlplane.analysis.capacity import capacity
 from fleet_min.controlplane.analysis.drift import drift_alerts
 from fleet_min.controlplane.analysis.queue_causes import Context, queue_causes
-from fleet_min.controlplane.analysis.reports import Analysis
-from fleet_min.controlplane.federation.hosts import RUNNER_FIELDS, Hosts
-from fleet_min.controlplane.federation.link import (
-    CoordinatorLink,
-    coordinator_token,
-    coordinator_token_file,
-)
-from fleet_min.controlplane.github.client import GitHub, GitHubError, find_token
-from fleet_min.controlplane.github.history import job_row
-from fleet_min.controlplane.loops import Pacer, stop_tasks
-from fleet_min.controlplane.runners import diag
+from fleet_min.controlplane.github.client import GitHub
+from fleet_min.controlplane.loops import stop_tasks
 from fleet_min.controlplane.runners.discovery import Discovery, Runner
 from fleet_min.controlplane.runners.procs import process_table
-from fleet_min.controlplane.runners.supervisor import ServiceState, choose
+from fleet_min.controlplane.runners.supervisor import Supervisor
 from fleet_min.controlplane.runners.vitals import host_vitals
-from fleet_min.controlplane.settings import LiveValues, lookup
-from fleet_min.controlplane.stream import SnapshotHub
-from fleet_min.db import Database
-from fleet_min.errors import NotFound
+from fleet_min.controlplane.state import Plane
+from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger(__name__)
 
 DRAIN_RETRY_S = 60.0
-COMPLETED_JOBS_PER_REFRESH = 10
-RUN_STATUSES = ("queued", "pending", "in_progress")
 
 
-class RepoData:
-    """What GitHub said about one repository at the last refresh."""
+class Snapshots:
+    """Builds the snapshot into the plane and publishes it; the tick loop while running."""
 
-    def __init__(self) -> None:
-        self.runners: list[dict[str, Any]] | None = None
-        self.runs: list[dict[str, Any]] = []
-        self.jobs: list[dict[str, Any]] = []
-        self.error: str | None = None
-        self.refreshed_at: float | None = None
-
-
-class ControlPlane:
-    def __init__(self, cfg: Config, environ: dict[str, str] | None = None) -> None:
-        self.cfg = cfg
-        self.environ = dict(os.environ if environ is None else environ)
-        self.root = Path(cfg.root).expanduser()
-        self.state_dir = Path(cfg.state_dir).expanduser()
-        self.db = Database(self.state_dir / "controlplane.db", store.MIGRATIONS, cfg.synchronous,
-                           filemodes.CONTROLPLANE_FILE)
-        self.supervisor = choose(cfg.supervisor, cfg.systemd_scope, cfg.command_timeout_s)
-        self.github = GitHub(cfg.github_api, None)
-        self.hub = SnapshotHub()
-        self.live = LiveValues({}, self.environ)
-        self.control_token: str | None = None
-        self.agent_token: str | None = None
-        self.repos: dict[str, RepoData] = defaultdict(RepoData)
-        self.runners: list[Runner] = []
-        self.discovery = Discovery(self.root)  # reads a runner's files only when they change
-        self.states: dict[str, ServiceState] = {}
-        self.snapshot: dict[str, Any] = {}
-        self.views: list[dict[str, Any]] = []  # this host's runners (the snapshot adds remote)
-        self.clock = now
-        self.host_name = cfg.host_name or socket.gethostname()
-        self.hosts = Hosts(self.db, self.clock)
-        self.analysis = Analysis(self)
-        self.link: CoordinatorLink | None = None
-        self.action_lock = asyncio.Lock()
+    def __init__(self, plane: Plane, supervisor: Supervisor, github: GitHub,
+                 hub: EventHub) -> None:
+        self.plane = plane
+        self.supervisor = supervisor
+        self.github = github
+        self.hub = hub  # a latest_only hub: each client gets the newest snapshot
+        self.discovery = Discovery(plane.root)  # reads a runner's files only when they change
+        self.ticks = 0
         self._build_lock = asyncio.Lock()
-        self._tick = Pacer(self._tick_interval)
-        self._github = Pacer(lambda: self.setting("github_s"))
-        self._history = Pacer(lambda: self.setting("history_s"))
-        self._tasks: list[asyncio.Task[None]] = []
         self._previous: dict[str, dict[str, Any]] = {}
         self._drain_tried: dict[str, float] = {}
-        self._seen_completed: set[int] = set()
-        self.ticks = 0
+        self._after_tick: list[Callable[[], Awaitable[object]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
 
-    # --- life cycle ------------------------------------------------------------------------
+    def after_tick(self, hook: Callable[[], Awaitable[object]]) -> None:
+        """Run `hook` after each tick's rebuild (not after the rebuilds others ask for)."""
+        self._after_tick.append(hook)
 
-    async def open(self) -> None:
-        # Tokens and the audit log live here: the owner's alone (0700, files 0600), tightened
-        # at every start whatever an older version, a restore or a copy left behind.
-        filemodes.private_dir(self.state_dir, filemodes.CONTROLPLANE_DIR)
-        await asyncio.to_thread(filemodes.tighten_tree, self.state_dir,
-                                filemodes.CONTROLPLANE_DIR, filemodes.CONTROLPLANE_FILE)
-        await self.db.open()
-        try:
-            await self._start()
-        except BaseException:
-            # aiohttp does not exit a cleanup context whose start failed, and the database's
-            # threads would otherwise keep the process alive after it reported the failure.
-            await self.close()
-            raise
-
-    async def _start(self) -> None:
-        self.live = LiveValues(await store.stored_settings(self.db), self.environ)
-        if not self.cfg.read_only:
-            self.control_token = tokens.ensure_token(self.state_dir)
-            self.agent_token = tokens.agent_token(self.state_dir, self.control_token)
-        self.github.token = await asyncio.to_thread(find_token, self.environ)
-        await self.hosts.load()
-        if self.cfg.coordinator:
-            token = coordinator_token(coordinator_token_file(self.cfg))
-            self.link = CoordinatorLink(self, self.cfg.coordinator, token)
-            await self.link.load()
+    async def running(self, _app: object) -> AsyncIterator[None]:
+        """The first snapshot, then the tick loop until the daemon stops (a cleanup context)."""
         await self.rebuild()
-        self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick"),
-                       asyncio.create_task(self._github_loop(), name="controlplane-github"),
-                       asyncio.create_task(self._history_loop(), name="controlplane-history")]
-        if self.link is not None:
-            self._tasks.append(asyncio.create_task(self.link.run(), name="controlplane-agent"))
-
-    async def close(self) -> None:
+        self._tasks = [asyncio.create_task(self._tick_loop(), name="controlplane-tick")]
+        yield
         self.hub.close()
-        self.hosts.close()
-        if self.link is not None:
-            self.link.stop()
         await stop_tasks(self._tasks)
-        await self.github.close()
-        await self.db.close()
-
-    def wake(self, github: bool = False, history: bool = False) -> None:
-        """Ask for a rebuild now (and a GitHub refresh, an analysis round)."""
-        self._tick.poke()
-        if github:
-            self._github.poke()
-        if history:
-            self._history.poke()
-
-    def setting(self, key: str) -> Any:
-        return self.live.get(key)
-
-    def _tick_interval(self) -> float:
-        busy = any(r["busy"] for r in self.snapshot.get("runners", []))
-        return float(self.setting("busy_tick_s" if busy else "tick_s"))
 
     async def _tick_loop(self) -> None:
         while True:
-            await self._tick.wait(time.monotonic())
+            await self.plane.tick.wait(time.monotonic())
             try:
                 await self.rebuild()
-                await self.analysis.admission_log.ingest(self.clock())
+                for hook in self._after_tick:
+                    await hook()
             except Exception:
                 log.exception("snapshot rebuild failed; the next tick tries again")
 
-    async def _github_loop(self) -> None:
-        while True:
-            try:
-                await self.refresh_github()
-                await self.rebuild()
-                await self.analysis.autoscale()
-            except Exception:
-                log.exception("GitHub refresh failed; the next round tries again")
-            await self._github.wait(time.monotonic())  # the pause is between rounds
-
-    async def _history_loop(self) -> None:
-        while True:
-            try:
-                await self.analysis.round()
-            except Exception:
-                log.exception("analysis round failed; the next round tries again")
-            await self._history.wait(time.monotonic())
-
-    def watched_repos(self) -> list[str]:
-        """This host's runners' repositories, the agents' and FLEET_WATCH_REPOS."""
-        repos = {r.repo for r in self.runners if r.repo}
-        repos |= {r["repo"] for r in self.hosts.remote_views(float("inf")) if r.get("repo")}
-        return sorted(repos | set(self.cfg.watch_repos))
-
-    # --- GitHub ----------------------------------------------------------------------------
-
-    async def refresh_github(self) -> None:
-        repos = self.watched_repos()
-        for repo in list(self.repos):
-            if repo not in repos:
-                del self.repos[repo]
-        for repo in repos:
-            data = self.repos[repo]
-            data.error = None
-            try:
-                await self._refresh_repo(repo, data)
-            except GitHubError as exc:
-                data.error = str(exc)
-            data.refreshed_at = now()
-
-    async def _refresh_repo(self, repo: str, data: RepoData) -> None:
-        try:
-            data.runners = await self.github.runners(repo)
-        except GitHubError as exc:
-            if exc.status not in (403, 404):
-                raise
-            # Listing runners needs admin rights a token may lack; its runs may still be
-            # readable, and their queue causes then say the runner list is unavailable.
-            data.runners, data.error = None, str(exc)
-        runs = []
-        for status in RUN_STATUSES:
-            runs += await self.github.runs(repo, status)
-        jobs = [job for run in runs for job in await self.github.jobs(repo, run["id"])]
-        completed = await self.github.runs(repo, "completed")
-        fresh = [run for run in completed if run["id"] not in self._seen_completed]
-        if len(self._seen_completed) > 50_000:  # bounded memory; a re-read costs one request
-            self._seen_completed.clear()
-        for run in fresh[:COMPLETED_JOBS_PER_REFRESH]:
-            jobs += await self.github.jobs(repo, run["id"])
-            self._seen_completed.add(run["id"])
-        data.runs, data.jobs = runs, [j for j in jobs if j["run_id"] in {r["id"] for r in runs}]
-        if jobs:
-            await self.db.write(store.upsert_jobs, [job_row(j) for j in jobs])
-
-    # --- snapshot --------------------------------------------------------------------------
+    def forget_drain_attempt(self, name: str) -> None:
+        """A drain or resume by hand: the next idle drained service is stopped at once."""
+        self._drain_tried.pop(name, None)
 
     async def discover(self) -> list[Runner]:
         return await asyncio.to_thread(lambda: self.discovery.discover(process_table()))
 
     async def rebuild(self) -> dict[str, Any]:
+        plane = self.plane
         async with self._build_lock:
-            self.runners = await self.discover()
-            self.states = await self.supervisor.states(self.runners)
-            vitals = await asyncio.to_thread(host_vitals, self.root)
+            plane.runners = await self.discover()
+            plane.states = await self.supervisor.states(plane.runners)
+            vitals = await asyncio.to_thread(host_vitals, plane.root)
             # Each repository's registrations by name, once per rebuild (the first of a name
             # wins, as a scan of the list would find it), not a scan of the list per runner.
             registered = {repo: {x["name"]: x for x in reversed(data.runners)}
-                          for repo, data in self.repos.items() if data.runners is not None}
-            views = [self._view(r, registered) for r in self.runners]
+                          for repo, data in plane.repos.items() if data.runners is not None}
+            views = [self._view(r, registered) for r in plane.runners]
             await self._record_transitions(views)
             await self._enforce_drains(views)
-            self.views = views
-            self.snapshot = self._compose(views, vitals)
+            plane.views = views
+            plane.snapshot = self._compose(views, vitals)
             self.ticks += 1
-            self.hub.publish(json.dumps(self.snapshot, separators=(",", ":")).encode())
-            return self.snapshot
+            self.hub.publish_latest(json.dumps(plane.snapshot, separators=(",", ":")).encode())
+            return plane.snapshot
 
     def _view(self, r: Runner, registered: dict[str, dict[str, dict[str, Any]]]
               ) -> dict[str, Any]:
-        state = self.states[r.name]
+        state = self.plane.states[r.name]
         listed = registered.get(r.repo) if r.repo else None
         reg = listed.get(r.name) if listed is not None else None
         registration = "unknown" if listed is None else ("registered" if reg else "missing")
@@ -280,45 +127,44 @@ class ControlPlane:
                 "registration": registration,
                 "registered": ({"id": reg["id"], "status": reg["status"], "busy": reg["busy"]}
                                if reg else None),
-                "busy": busy, "state": label, "host": self.host_name, "remote": False,
+                "busy": busy, "state": label, "host": self.plane.host_name, "remote": False,
                 "stale": False}
 
     def _compose(self, views: list[dict[str, Any]], vitals: dict[str, Any]) -> dict[str, Any]:
         at = now()
-        runs = [run for data in self.repos.values() for run in data.runs]
-        jobs = [job for data in self.repos.values() for job in data.jobs]
-        cap = capacity(views, vitals, self.setting)
-        remote = self.hosts.remote_views(self.setting("stale_after_s"))
-        every = views + remote
-        ctx = Context(registered={repo: data.runners for repo, data in self.repos.items()},
+        plane, repos, setting = self.plane, self.plane.repos, self.plane.setting
+        runs = [run for data in repos.values() for run in data.runs]
+        jobs = [job for data in repos.values() for job in data.jobs]
+        cap = capacity(views, vitals, setting)
+        every = views + plane.hosts.remote_views(setting("stale_after_s"))
+        ctx = Context(registered={repo: data.runners for repo, data in repos.items()},
                       views={v["name"]: v for v in reversed(every)},
                       local={v["name"] for v in views}, capacity=cap,
-                      errors={repo: d.error for repo, d in self.repos.items() if d.error})
+                      errors={repo: d.error for repo, d in repos.items() if d.error})
         if not self.github.token:
-            ctx.errors = {repo: "no GitHub token" for repo in self.repos}
+            ctx.errors = {repo: "no GitHub token" for repo in repos}
         return {
             "generated_at": iso(at),
-            "host": {"name": self.host_name, "platform": platform.system().lower(),
-                     "supervisor": self.supervisor.kind, "root": str(self.root),
-                     "read_only": bool(self.cfg.read_only),
-                     "role": "agent" if self.cfg.coordinator else "coordinator",
-                     "coordinator": self.cfg.coordinator or None},
+            "host": {"name": plane.host_name, "platform": platform.system().lower(),
+                     "supervisor": self.supervisor.kind, "root": str(plane.root),
+                     "read_only": bool(plane.cfg.read_only), "role": plane.role,
+                     "coordinator": plane.cfg.coordinator or None},
             "runners": every,
             "active_runs": [{**run, "jobs": [j for j in jobs if j["run_id"] == run["id"]]}
                             for run in runs],
             "groups": self._groups(every),
             "vitals": vitals,
             "capacity": cap,
-            "drift": drift_alerts(views, runs, jobs, every, at, self.setting("stuck_queue_s")),
+            "drift": drift_alerts(views, runs, jobs, every, at, setting("stuck_queue_s")),
             "queue_causes": queue_causes(runs, jobs, ctx, at),
             "alerts": self._alerts(cap),
             "github": {**self.github.status(),
                        "repos": {repo: {"error": d.error, "refreshed_at": iso(d.refreshed_at)}
-                                 for repo, d in sorted(self.repos.items())}},
+                                 for repo, d in sorted(repos.items())}},
         }
 
     def _groups(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        mode = self.setting("grouping")
+        mode = self.plane.setting("grouping")
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for v in views:
             if mode == "owner":
@@ -335,10 +181,10 @@ class ControlPlane:
 
     def _alerts(self, cap: dict[str, Any]) -> list[dict[str, Any]]:
         alerts = []
-        if self.runners and not self.github.token:
+        if self.plane.runners and not self.github.token:
             alerts.append({"severity": "warning", "message": "no GitHub token: set GH_TOKEN "
                            "(or log in with gh) to see registrations and queued runs"})
-        for repo, data in sorted(self.repos.items()):
+        for repo, data in sorted(self.plane.repos.items()):
             if data.error:
                 alerts.append({"severity": "warning", "message": f"{repo}: {data.error}"})
         rate = self.github.rate
@@ -369,7 +215,7 @@ class ControlPlane:
             events.append((name, "removed", "no longer found under the root"))
         self._previous = current
         if events:
-            await self.db.write(store.add_events, events)
+            await self.plane.db.write(store.add_events, events)
 
     async def _enforce_drains(self, views: list[dict[str, Any]]) -> None:
         """A draining runner's service is stopped as soon as it is idle (its job has ended)."""
@@ -379,83 +225,11 @@ class ControlPlane:
             if time.monotonic() - self._drain_tried.get(v["name"], -DRAIN_RETRY_S) < DRAIN_RETRY_S:
                 continue
             self._drain_tried[v["name"]] = time.monotonic()
-            runner = next(r for r in self.runners if r.name == v["name"])
-            result = await self.supervisor.stop(runner, self.states[v["name"]])
-            await self.record(v["name"], "drain", "idle now; service stopped" if result.ok
-                              else f"stopping the drained service failed: {result.output[-200:]}")
-
-    # --- helpers for actions and the API ----------------------------------------------------
-
-    def find(self, name: str) -> tuple[Runner, ServiceState]:
-        for runner in self.runners:
-            if runner.name == name:
-                return runner, self.states[name]
-        raise NotFound(f"no runner named {name!r} on this host")
-
-    def view(self, name: str) -> dict[str, Any]:
-        for v in self.views:
-            if v["name"] == name:
-                return v
-        raise NotFound(f"no runner named {name!r} on this host")
-
-    def forget_drain_attempt(self, name: str) -> None:
-        self._drain_tried.pop(name, None)
-
-    async def record(self, runner: str, kind: str, message: str) -> None:
-        await self.db.write(store.add_events, [(runner, kind, message)])
-
-    async def runner_detail(self, name: str) -> dict[str, Any]:
-        view = self.view(name)
-        runner, _ = self.find(name)
-        at = now()
-        day = await store.busy_seconds(self.db, name, at - 86400, at)
-        week = await store.busy_seconds(self.db, name, at - 7 * 86400, at)
-        return {
-            "runner": view,
-            "events": await store.recent_events(self.db, name),
-            "jobs": await store.recent_jobs(self.db, name),
-            "utilization": {"busy_24h_pct": round(100 * day / 86400, 2),
-                            "busy_7d_pct": round(100 * week / (7 * 86400), 2),
-                            "busy_now": view["busy"]},
-            "diag": await asyncio.to_thread(diag.summary_and_tail, runner.path),
-            "version": {"active": runner.version, "staged": runner.staged},
-        }
-
-    async def hosts_report(self) -> dict[str, Any]:
-        """Every host: this one (with its role) and each agent that has called in."""
-        snap = self.snapshot
-        here: dict[str, Any] = {"host": self.host_name,
-                "role": "agent" if self.cfg.coordinator else "coordinator",
-                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.views],
-                "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
-                "load": (snap.get("vitals") or {}).get("load"), "heartbeat_age_s": 0.0,
-                "last_heartbeat_at": snap.get("generated_at"), "stale": False,
-                "pending_commands": 0, "local": True}
-        if self.link is not None:
-            link = self.link.status()
-            here["coordinator"] = {**link, "last_ok_at": iso(link["last_ok_at"])}
-        stale = self.setting("stale_after_s")
-        agents = [{**h, "local": False} for h in await self.hosts.listing(stale)]
-        return {"generated_at": iso(self.clock()), "stale_after_s": stale,
-                "hosts": [here, *agents], "commands": await self.hosts.commands(limit=50)}
-
-    async def change_setting(self, key: Any, value: Any, reset: bool) -> dict[str, Any]:
-        setting = lookup(key)
-        if reset:
-            await self.db.write(store.delete_setting, setting.key)
-            self.live.stored.pop(setting.key, None)
-        else:
-            checked = setting.check(value)
-            await self.db.write(store.put_setting, setting.key, checked)
-            self.live.stored[setting.key] = checked
-        await self.rebuild()
-        # Every loop measures its wait again with the new values now, not after the old
-        # interval ends (github_s 300 -> 5 must not wait out the 300 s); none runs a round
-        # early for it, and the rebuild above already shows the new value.
-        for pacer in (self._tick, self._github, self._history):
-            pacer.retime()
-        return {"ok": True, "key": setting.key, "value": self.setting(setting.key),
-                "source": self.live.source(setting.key)}
+            runner = next(r for r in self.plane.runners if r.name == v["name"])
+            result = await self.supervisor.stop(runner, self.plane.states[v["name"]])
+            await self.plane.record(v["name"], "drain", "idle now; service stopped" if result.ok
+                                    else "stopping the drained service failed: "
+                                    f"{result.output[-200:]}")
 
 
 def _proc(proc: Any) -> dict[str, Any] | None:

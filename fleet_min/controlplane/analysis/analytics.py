@@ -12,6 +12,7 @@ Which jobs count:
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter, defaultdict
@@ -39,6 +40,16 @@ E2E_WORDS = re.compile(
 # expressions above decide).
 STEP_PREFILTER = ("playwright", "puppeteer", "chrom", "firefox", "gecko", "webkit", "edge",
                   "selenium", "cypress", "browser")
+
+
+@functools.lru_cache(maxsize=4096)  # a repository has a handful of distinct label sets
+def self_hosted(labels_json: str) -> bool:
+    """Whether a job's runs-on labels (as stored, a JSON list) ask for a self-hosted runner."""
+    try:
+        labels = json.loads(labels_json)
+    except ValueError:
+        return False
+    return any(str(label).lower() == "self-hosted" for label in labels)
 
 
 def is_browser_install(step_name: str) -> bool:

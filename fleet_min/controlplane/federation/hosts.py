@@ -12,7 +12,7 @@ number the agent has applied, and is answered with every unfinished command numb
 in order. So a reply lost on a dead long poll costs nothing: the next heartbeat gets the same
 commands again, and nothing queued later can overtake them (a drain then a resume never arrive
 as resume, drain). The agent applies each number once, in order, and keeps the last one in its
-own database (agent_link.py), across restarts of either side.
+own database (link.py), across restarts of either side.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def applied_of(body: dict[str, Any]) -> tuple[str | None, int]:
     return queue, applied
 
 
-# --- database (writer-thread functions) ------------------------------------------------------
+# --- database (transactions for Database.write) ----------------------------------------------
 
 def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at: float) -> None:
     conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report) VALUES (?, ?, ?, ?) "

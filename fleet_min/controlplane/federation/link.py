@@ -7,12 +7,14 @@ the same action path as the local API, but only those on AGENT_ACTIONS (the runn
 the health check); anything else is answered with a refusal. Results go back with
 POST /api/host/results.
 
-Order and exactly once: the coordinator numbers the commands of this host (federation.py).
+Order and exactly once: the coordinator numbers the commands of this host (hosts.py).
 Each heartbeat says the last number applied; the agent applies the commands after it one by
 one, in order, and keeps the number, each result and whether the coordinator has it in its
 own database (link_state, link_results), so a restart of either side, a lost reply or a SIGSTOP
 neither skips, repeats nor reorders a command. A command begun when the agent died is not run
 again: its result says the outcome is unknown.
+
+Domain only: no aiohttp.web here (the agent is an HTTP client of its coordinator).
 """
 
 from __future__ import annotations
@@ -21,20 +23,20 @@ import asyncio
 import json
 import logging
 import sqlite3
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from fleet_min.controlplane.federation.hosts import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
-from fleet_min.controlplane.loops import wait_event
-from fleet_min.controlplane.runners.actions import run_action
+from fleet_min.controlplane.loops import stop_tasks, wait_event
+from fleet_min.controlplane.runners.actions import Actions
+from fleet_min.controlplane.snapshot import Snapshots
+from fleet_min.controlplane.state import Plane
 from fleet_min.errors import Refused
 from fleet_min.timeutil import now
-
-if TYPE_CHECKING:
-    from fleet_min.controlplane.snapshot import ControlPlane
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def check_url(url: str) -> str:
 LEGACY_SPOOL = "federation-owed.json"  # where an older version kept what it owed
 
 
-# --- the agent's database (writer-thread functions) ------------------------------------------
+# --- the agent's database (transactions for Database.write) ----------------------------------
 
 def _switch(conn: sqlite3.Connection, queue: str, at: float) -> int:
     """Make `queue` the current one: the last number applied from it (0 for a new queue)."""
@@ -129,21 +131,36 @@ def _seq(command: dict[str, Any]) -> int | None:
 class CoordinatorLink:
     """The agent side of federation (see the module's docstring for order and exactly once)."""
 
-    def __init__(self, cp: ControlPlane, url: str, token: str) -> None:
-        self.cp = cp
+    def __init__(self, plane: Plane, actions: Actions, snapshots: Snapshots, url: str,
+                 token_file: Path) -> None:
+        self.plane = plane
+        self.actions = actions
+        self.snapshots = snapshots
         self.url = check_url(url)
-        self.token = token
+        self.token_file = token_file
+        self.token = ""  # read at start (load)
         self.queue: str | None = None  # the coordinator's queue our numbers belong to
         self.applied = 0               # the last number of it applied here
         self.last_ok_at: float | None = None
         self.last_error: str | None = None
         self.heartbeats = 0
         self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def running(self, _app: object) -> AsyncIterator[None]:
+        """Load, then call the coordinator until the daemon stops (a cleanup context)."""
+        await self.load()
+        self._tasks = [asyncio.create_task(self.run(), name="controlplane-agent")]
+        yield
+        self.stop()
+        await stop_tasks(self._tasks)
 
     async def load(self) -> None:
-        """The queue and number from the database; a command a crash interrupted is settled."""
+        """The token; the queue and number from the database; a command a crash interrupted is
+        settled."""
+        self.token = coordinator_token(self.token_file)
         await self._import_legacy_spool()
-        row = await self.cp.db.read_one("SELECT queue, applied, running, running_id FROM "
+        row = await self.plane.db.read_one("SELECT queue, applied, running, running_id FROM "
                                         "link_state ORDER BY updated_at DESC LIMIT 1")
         if row is None:
             return
@@ -152,17 +169,17 @@ class CoordinatorLink:
             result = {"id": row["running_id"], "seq": row["running"], "ok": False,
                       "output": "", "error": "the agent stopped (killed or crashed) while "
                       "running this command; it is not run again, so check what it did"}
-            await self.cp.db.write(_finish, self.queue, row["running"], result, now())
+            await self.plane.db.write(_finish, self.queue, row["running"], result, now())
             self.applied = int(row["running"])
 
     async def _import_legacy_spool(self) -> None:
-        spool = self.cp.state_dir / LEGACY_SPOOL
+        spool = self.plane.state_dir / LEGACY_SPOOL
         try:
             data = json.loads(spool.read_text())
         except (OSError, ValueError):
             return
         if isinstance(data, dict):
-            await self.cp.db.write(_import_spool, list(data.get("owed") or []),
+            await self.plane.db.write(_import_spool, list(data.get("owed") or []),
                                    list(data.get("done") or []), now())
         spool.unlink(missing_ok=True)
 
@@ -172,10 +189,10 @@ class CoordinatorLink:
                 "queue": self.queue, "applied": self.applied}
 
     def report(self, wait_s: float) -> dict[str, Any]:
-        snap = self.cp.snapshot
-        return {"host": self.cp.host_name, "role": "agent", "wait_s": wait_s,
+        snap = self.plane.snapshot
+        return {"host": self.plane.host_name, "role": "agent", "wait_s": wait_s,
                 "queue": self.queue, "applied": self.applied,
-                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.cp.views],
+                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.plane.views],
                 "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
                 "load": (snap.get("vitals") or {}).get("load")}
 
@@ -205,14 +222,14 @@ class CoordinatorLink:
                 return reply
 
     async def _exchange(self, session: aiohttp.ClientSession) -> None:
-        wait_s = float(self.cp.setting("heartbeat_s"))
+        wait_s = float(self.plane.setting("heartbeat_s"))
         reply = await self._post(session, "/api/host/heartbeat", self.report(wait_s),
                                  wait_s + 20)
         self.heartbeats += 1
-        self.last_ok_at, self.last_error = self.cp.clock(), None
+        self.last_ok_at, self.last_error = self.plane.clock(), None
         queue = reply.get("queue")
         if isinstance(queue, str) and queue and queue != self.queue:
-            self.applied = await self.cp.db.write(_switch, queue[:64], now())
+            self.applied = await self.plane.db.write(_switch, queue[:64], now())
             self.queue = queue[:64]
         commands = reply.get("commands")
         commands = [c for c in commands if isinstance(c, dict)] \
@@ -221,34 +238,35 @@ class CoordinatorLink:
         commands.sort(key=lambda c: _seq(c) or 0)
         ran = [await self._take(command) for command in commands]
         if any(ran):
-            await self.cp.rebuild()  # the next heartbeat reports the commands' effect
+            await self.snapshots.rebuild()  # the next heartbeat reports the commands' effect
         await self._deliver(session)
 
     async def _take(self, command: dict[str, Any]) -> bool:
         """Apply one command unless it was applied before; True when it ran now."""
         command_id = str(command.get("id", ""))[:100]
         seq = _seq(command) if self.queue is not None else None
-        known = await self.cp.db.read_one("SELECT 1 FROM link_results WHERE id = ?",
+        known = await self.plane.db.read_one("SELECT 1 FROM link_results WHERE id = ?",
                                           (command_id,))
         if known is not None or (seq is not None and seq <= self.applied):
-            await self.cp.db.write(_owe_again, command_id, self.queue, seq)
+            await self.plane.db.write(_owe_again, command_id, self.queue, seq)
             self.applied = max(self.applied, seq or 0)
             return False
         if seq is not None and self.queue is not None:
-            await self.cp.db.write(_begin, self.queue, seq, command_id, now())
+            await self.plane.db.write(_begin, self.queue, seq, command_id, now())
         result = {**await self.execute(command_id, command), "seq": seq}
-        await self.cp.db.write(_finish, self.queue if seq else None, seq, result, now())
+        await self.plane.db.write(_finish, self.queue if seq else None, seq, result, now())
         self.applied = max(self.applied, seq or 0)
         return True
 
     async def _deliver(self, session: aiohttp.ClientSession) -> None:
         """Post the results the coordinator does not have yet; marked once it answers."""
-        rows = await self.cp.db.read("SELECT id, result FROM link_results WHERE reported = 0 "
+        rows = await self.plane.db.read("SELECT id, result FROM link_results WHERE reported = 0 "
                                      "ORDER BY at, rowid LIMIT 200")
         if rows:
-            await self._post(session, "/api/host/results", {
-                "host": self.cp.host_name, "results": [json.loads(r["result"]) for r in rows]}, 30)
-            await self.cp.db.write(_reported, [r["id"] for r in rows])
+            results = [json.loads(r["result"]) for r in rows]
+            await self._post(session, "/api/host/results",
+                             {"host": self.plane.host_name, "results": results}, 30)
+            await self.plane.db.write(_reported, [r["id"] for r in rows])
 
     async def execute(self, command_id: str, command: dict[str, Any]) -> dict[str, Any]:
         action, args = command.get("action"), command.get("args")
@@ -261,7 +279,7 @@ class CoordinatorLink:
     async def _run(self, command_id: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
         local = {k: v for k, v in args.items() if k != "host"}
         try:
-            reply = await run_action(self.cp, action, local, f"coordinator {self.url}")
+            reply = await self.actions.run(action, local, f"coordinator {self.url}")
         except Refused as exc:
             return {"id": command_id, "ok": False, "error": exc.message, "output": ""}
         except Exception as exc:  # the command counts as applied; say how it failed

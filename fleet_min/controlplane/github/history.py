@@ -79,7 +79,7 @@ def day_windows(since: float, until: float, step: float = WINDOW_S) -> list[tupl
     return out
 
 
-# --- the database side (writer-thread functions and reads) ---------------------------------
+# --- the database side (transactions for Database.write, and reads) -----------------------
 
 def record_run(conn: sqlite3.Connection, repo: str, run: dict[str, Any],
                rows: list[dict[str, Any]], at: float) -> None:

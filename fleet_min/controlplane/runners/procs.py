@@ -1,7 +1,7 @@
 """The host's process table, as far as runners need it: pid, argv, resident memory, uptime.
 
 Linux reads /proc directly (no subprocess per tick); macOS asks `ps`. Either way the result is
-a list of Proc, matched to runner directories by runners.py.
+a list of Proc, matched to runner directories by discovery.py.
 """
 
 from __future__ import annotations
