@@ -73,23 +73,28 @@ class _Event:
 
 
 class _State:
-    """A whole state as one frame (`data: <payload>`, no id or event name), encoded once."""
+    """A whole state as one frame (`data: <payload>`, no id or event name), framed only when a
+    client needs the bytes, once for all of them."""
 
     __slots__ = ("_head", "_wire", "payload")
 
     def __init__(self, payload: bytes) -> None:
         # The payload is compact JSON (json.dumps never emits a raw newline): one `data:` line.
         self.payload = payload
-        frame = b"data: " + payload + b"\n\n"
-        head = f"{len(frame):x}\r\n".encode()
-        self._wire = head + frame + b"\r\n"
-        self._head = len(head)
+        self._wire: bytes | None = None
+        self._head = 0
 
     def wire(self) -> bytes:
+        if self._wire is None:
+            frame = b"data: " + self.payload + b"\n\n"
+            head = f"{len(frame):x}\r\n".encode()
+            self._wire = head + frame + b"\r\n"
+            self._head = len(head)
         return self._wire
 
     def frame(self) -> memoryview:
-        return memoryview(self._wire)[self._head:-2]
+        wire = self.wire()
+        return memoryview(wire)[self._head:-2]
 
 
 _Item = _Event | _State
