@@ -123,8 +123,11 @@ class Subscriber:
         """Until the backlog gets an event, the stream ends, or timeout_s passes."""
         self.waiter = asyncio.get_running_loop().create_future()
         try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose a cancel that
+            # arrives with the wake-up (see fleet_min/controlplane/loops.py).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.waiter, timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.waiter
         finally:
             self.waiter = None
 
