@@ -31,9 +31,9 @@ without the supervisor query is reported as what our own code costs.
 
 Simulation: 100,000 completed jobs of one repository are written into the daemon's history table
 before it starts; POST /api/simulate {repo, runnerCounts: 5 counts, sloSec} is timed. Ceiling:
-the same replay (fleet_min.controlplane.simulate.compare) on the same rows in this process, read
-with plain sqlite3. When the daemon has no such route (404/405), the figure is skipped with a
-message saying so.
+the same replay (fleet_min.controlplane.analysis.simulate.compare) on the same rows in this
+process, read with plain sqlite3. When the daemon has no such route (404/405), the figure is
+skipped with a message saying so.
 """
 
 from __future__ import annotations
@@ -273,7 +273,7 @@ def simulate_figures(daemon: Daemon, state: Path, jobs: int, times: int) -> dict
 
 
 def replay_alone(state: Path, times: int) -> float:
-    """The ceiling: the same replay (fleet_min.controlplane.simulate.compare) run in this
+    """The ceiling: the same replay (fleet_min.controlplane.analysis.simulate.compare) run in this
     process on the same rows, read with plain sqlite3; no HTTP, no event loop, no threads."""
     from fleet_min.controlplane.analysis.simulate import Trace, compare
 
