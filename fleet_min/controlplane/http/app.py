@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
 from aiohttp import web
 
@@ -86,6 +85,6 @@ def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Applic
     settings.setup(app, LiveSettings(plane, snapshots))
     analysis.setup(app, plane, analysis.build(plane, github, acting), snapshots, sync)
     link = (CoordinatorLink(plane, acting, snapshots, cfg.coordinator,
-                            Path(coordinator_token_file(cfg))) if cfg.coordinator else None)
+                            coordinator_token_file(cfg)) if cfg.coordinator else None)
     federation.setup(app, Coordinator(plane, link))
     return app

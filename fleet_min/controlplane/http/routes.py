@@ -24,7 +24,7 @@ _DIGITS = re.compile(r"[0-9]{1,6}")
 def add(app: web.Application, method: str, path: str, handler: Handler,
         need: Need = Need.NONE) -> None:
     app.router.add_route(method, path, handler)
-    app.setdefault(NEEDS, {})[method, path] = need
+    app[NEEDS][method, path] = need
 
 
 def request_check(gate: origin.HostGate) -> RequestCheck:
