@@ -10,7 +10,7 @@ fake_github.py) that knows every runner's registration and a few queued runs.
 
 Rebuild, two ways:
 
-- engine: ControlPlane.rebuild() called in this process (the daemon's own code, after one GitHub
+- engine: Snapshots.rebuild() called in this process (the daemon's own code, after one GitHub
   refresh) `--rebuilds` times; median and p90 of the wall time, the supervisor query (one
   `systemctl show` for all units, timed inside each rebuild), the rest ("without supervisor"),
   and this process's CPU time per rebuild (which leaves out the systemctl child). Discovery of
@@ -31,9 +31,9 @@ without the supervisor query is reported as what our own code costs.
 
 Simulation: 100,000 completed jobs of one repository are written into the daemon's history table
 before it starts; POST /api/simulate {repo, runnerCounts: 5 counts, sloSec} is timed. Ceiling:
-the same replay (fleet_min.controlplane.simulate.compare) on the same rows in this process, read
-with plain sqlite3. When the daemon has no such route (404/405), the figure is skipped with a
-message saying so.
+the same replay (fleet_min.controlplane.analysis.simulate.compare) on the same rows in this
+process, read with plain sqlite3. When the daemon has no such route (404/405), the figure is
+skipped with a message saying so.
 """
 
 from __future__ import annotations
@@ -58,12 +58,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import ROOT, emit, stop_process, table
 from fleet_min.config import resolve
 from fleet_min.controlplane import store
-from fleet_min.controlplane.engine import ControlPlane
-from fleet_min.controlplane.procs import process_table
-from fleet_min.controlplane.runners import RACY_NS, discover
+from fleet_min.controlplane.github.client import GitHub
+from fleet_min.controlplane.github.sync import GitHubSync
+from fleet_min.controlplane.runners.discovery import RACY_NS, discover
+from fleet_min.controlplane.runners.procs import process_table
+from fleet_min.controlplane.runners.supervisor import choose
+from fleet_min.controlplane.runners.vitals import host_vitals
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
-from fleet_min.controlplane.vitals import host_vitals
+from fleet_min.controlplane.snapshot import Snapshots
+from fleet_min.controlplane.state import Plane
 from fleet_min.db import migrate
+from fleet_min.sse import EventHub
 from tests.support import cp_fakes as fakes
 from tests.support.fake_github import TOKEN, FakeGitHub
 
@@ -118,16 +123,19 @@ def timed_ms(fn: Any, times: int) -> list[float]:
 
 
 async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
-    cp = ControlPlane(resolve(CONTROLPLANE_SETTINGS, {}, environ=host.env), host.env)
-    await cp.db.open()
+    cfg = resolve(CONTROLPLANE_SETTINGS, {}, environ=host.env)
+    plane = Plane(cfg, host.env)
+    github = GitHub(cfg.github_api, TOKEN)
+    supervisor = choose(cfg.supervisor, cfg.systemd_scope, cfg.command_timeout_s)
+    snapshots = Snapshots(plane, supervisor, github, EventHub(latest_only=True))
+    await plane.db.open()
     try:
-        cp.github.token = TOKEN
-        cp.runners = await cp.discover()
-        await cp.refresh_github()  # the registrations and runs the snapshot shows
-        await cp.rebuild()  # the first build records every runner as seen
+        plane.runners = await snapshots.discover()
+        await GitHubSync(plane, github, snapshots).refresh()  # registrations and runs to show
+        await snapshots.rebuild()  # the first build records every runner as seen
         # Time the supervisor query inside each rebuild (wrapping this instance's method), so
         # the rebuild's own part is measured in the same rebuild, not estimated across loops.
-        real_states, in_states = cp.supervisor.states, []
+        real_states, in_states = snapshots.supervisor.states, []
 
         async def timed_states(runners: list[Any]) -> Any:
             started = time.perf_counter()
@@ -136,17 +144,17 @@ async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
             finally:
                 in_states.append(1000 * (time.perf_counter() - started))
 
-        cp.supervisor.states = timed_states  # type: ignore[method-assign]
-        reads = cp.discovery.reads
+        snapshots.supervisor.states = timed_states  # type: ignore[method-assign]
+        reads = snapshots.discovery.reads
         totals, own, cpu = [], [], []
         for _ in range(rebuilds):
             started, cpu_started = time.perf_counter(), time.process_time()
-            snapshot = await cp.rebuild()
+            snapshot = await snapshots.rebuild()
             totals.append(1000 * (time.perf_counter() - started))
             cpu.append(1000 * (time.process_time() - cpu_started))
             own.append(totals[-1] - in_states[-1])
-        reads = cp.discovery.reads - reads
-        discovery = timed_ms(lambda: cp.discovery.discover(process_table()), rebuilds)
+        reads = snapshots.discovery.reads - reads
+        discovery = timed_ms(lambda: snapshots.discovery.discover(process_table()), rebuilds)
         cold = timed_ms(lambda: discover(host.root, process_table()), rebuilds)
         vitals = timed_ms(lambda: host_vitals(host.root), rebuilds)
         encode = timed_ms(lambda: json.dumps(snapshot, separators=(",", ":")), rebuilds)
@@ -164,8 +172,8 @@ async def engine_figures(host: Host, rebuilds: int) -> dict[str, Any]:
             "json_p50_ms": percentile(encode, 0.5),
         }
     finally:
-        await cp.github.close()
-        await cp.db.close()
+        await github.close()
+        await plane.db.close()
 
 
 def python_pass_ms(times: int, *flags: str) -> float:
@@ -265,9 +273,9 @@ def simulate_figures(daemon: Daemon, state: Path, jobs: int, times: int) -> dict
 
 
 def replay_alone(state: Path, times: int) -> float:
-    """The ceiling: the same replay (fleet_min.controlplane.simulate.compare) run in this
+    """The ceiling: the same replay (fleet_min.controlplane.analysis.simulate.compare) run in this
     process on the same rows, read with plain sqlite3; no HTTP, no event loop, no threads."""
-    from fleet_min.controlplane.simulate import Trace, compare
+    from fleet_min.controlplane.analysis.simulate import Trace, compare
 
     samples = []
     for _ in range(times):

@@ -22,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit, table
-from fleet_min.controlplane.simulate import Trace, compare
+from fleet_min.controlplane.analysis.simulate import Trace, compare
 
 NAME = "controlplane_simulate"
 

@@ -12,6 +12,12 @@ events wait in its own backlog, which its handler writes out as the socket drain
 reaches its depth drops the client: its connection is closed at once (so the kernel frees its
 buffers) and it reconnects, resuming with Last-Event-ID from the bounded replay buffer.
 Keep-alive comments keep proxies and idle connections open.
+
+The same hub also serves a stream of whole states (`EventHub(latest_only=True)`, the control
+plane's snapshot per tick): `publish_latest` replaces the one state it keeps, a client that
+connects starts from it, and a client that is behind has its backlog replaced by the newest
+state rather than lengthened, so it skips the states in between and is never dropped for them.
+Such frames are `data: <payload>` alone, with no id or event name: nothing is replayed.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from aiohttp import hdrs, web
@@ -66,6 +72,34 @@ class _Event:
         return memoryview(wire)[self._head:-2]
 
 
+class _State:
+    """A whole state as one frame (`data: <payload>`, no id or event name), framed only when a
+    client needs the bytes, once for all of them."""
+
+    __slots__ = ("_head", "_wire", "payload")
+
+    def __init__(self, payload: bytes) -> None:
+        # The payload is compact JSON (json.dumps never emits a raw newline): one `data:` line.
+        self.payload = payload
+        self._wire: bytes | None = None
+        self._head = 0
+
+    def wire(self) -> bytes:
+        if self._wire is None:
+            frame = b"data: " + self.payload + b"\n\n"
+            head = f"{len(frame):x}\r\n".encode()
+            self._wire = head + frame + b"\r\n"
+            self._head = len(head)
+        return self._wire
+
+    def frame(self) -> memoryview:
+        wire = self.wire()
+        return memoryview(wire)[self._head:-2]
+
+
+_Item = _Event | _State
+
+
 class Subscriber:
     __slots__ = ("backlog", "chunked", "ended", "held", "sent_at", "transport", "waiter")
 
@@ -89,20 +123,26 @@ class Subscriber:
         """Until the backlog gets an event, the stream ends, or timeout_s passes."""
         self.waiter = asyncio.get_running_loop().create_future()
         try:
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can lose a cancel that
+            # arrives with the wake-up (see fleet_min/controlplane/loops.py).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.waiter, timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    await self.waiter
         finally:
             self.waiter = None
 
 
 class EventHub:
-    def __init__(self, replay: int = 1000, depth: int = 256) -> None:
+    def __init__(self, replay: int = 1000, depth: int = 256, *, latest_only: bool = False
+                 ) -> None:
         # Events are kept as they came and encoded only when a client needs the bytes: a
         # collector nobody watches does not pay for encoding every write.
         self._buffer: deque[_Event] = deque(maxlen=replay)
         self._subscribers: set[Subscriber] = set()
-        self._unsent: list[_Event] = []  # published, not yet written to the subscribers
+        self._unsent: list[_Item] = []  # published, not yet written to the subscribers
         self._depth = depth
+        self.latest_only = latest_only
+        self._latest: _State | None = None  # latest_only: the state a new client starts from
         # Ids start from the clock (microseconds) so they keep rising across restarts: a client
         # resuming with an id from an earlier run gets no replay rather than a wrong one.
         self._next_id = int(time.time() * 1_000_000)
@@ -129,6 +169,26 @@ class EventHub:
             except RuntimeError:  # published from outside the loop (a test, a shutdown path)
                 self._flush()
 
+    @property
+    def latest(self) -> bytes | None:
+        """latest_only: the payload last published (None before the first)."""
+        return self._latest.payload if self._latest is not None else None
+
+    def publish_latest(self, payload: bytes) -> None:
+        """latest_only: make `payload` the current state and send it to every client. States
+        published in one turn of the loop go out as the last of them alone."""
+        item = self._latest = _State(payload)
+        self.published += 1
+        if not self._subscribers:
+            return
+        queued = bool(self._unsent)
+        self._unsent = [item]
+        if not queued:
+            try:
+                asyncio.get_running_loop().call_soon(self._flush)
+            except RuntimeError:  # published from outside the loop (a test, a shutdown path)
+                self._flush()
+
     def _flush(self) -> None:
         items, self._unsent = self._unsent, []
         if not items or not self._subscribers:
@@ -150,7 +210,15 @@ class EventHub:
                 transport.write(bare)
                 subscriber.sent_at = sent_at
 
-    def _hold(self, subscriber: Subscriber, items: list[_Event]) -> None:
+    def _hold(self, subscriber: Subscriber, items: list[_Item]) -> None:
+        if self.latest_only:
+            # Only the newest state matters: it replaces whatever the client has not had yet,
+            # so its backlog stays one frame however far behind it is.
+            subscriber.backlog.clear()
+            subscriber.backlog.append(items[-1].frame())
+            subscriber.held = True
+            subscriber.wake()
+            return
         for item in items:
             if len(subscriber.backlog) >= self._depth:
                 self.dropped_clients += 1
@@ -174,8 +242,11 @@ class EventHub:
         buffered frames after last_event_id."""
         self._flush()  # events still unsent belong to the subscribers already there
         subscriber = Subscriber(transport, chunked)
-        replay = ([item.frame() for item in self._buffer if item.id > last_event_id]
-                  if last_event_id is not None else [])
+        if self.latest_only:  # a new client starts from the current state
+            replay = [self._latest.frame()] if self._latest is not None else []
+        else:
+            replay = ([item.frame() for item in self._buffer if item.id > last_event_id]
+                      if last_event_id is not None else [])
         self._subscribers.add(subscriber)
         return subscriber, replay
 
@@ -202,12 +273,15 @@ def _last_event_id(request: web.Request) -> int | None:
         return None
 
 
-async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[str, Any]],
-                 keepalive_s: float = 15.0) -> web.StreamResponse:
-    """Serve one client until it leaves, is dropped, or the service stops."""
+async def stream(request: web.Request, hub: EventHub,
+                 hello: Callable[[], dict[str, Any]] | None, keepalive_s: float = 15.0,
+                 headers: Mapping[str, str] | None = None) -> web.StreamResponse:
+    """Serve one client until it leaves, is dropped, or the service stops. `hello` gives the
+    fields of the first event (None: no hello, as for a hub of states); `headers` are added to
+    the response's own."""
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no"})
+        "X-Accel-Buffering": "no", **(headers or {})})
     await response.prepare(request)
     transport = request.transport
     if request.method == hdrs.METH_HEAD or transport is None or transport.is_closing():
@@ -215,11 +289,14 @@ async def stream(request: web.Request, hub: EventHub, hello: Callable[[], dict[s
     chunked = response.headers.get(hdrs.TRANSFER_ENCODING) == "chunked"
     subscriber, replay = hub.subscribe(transport, chunked, _last_event_id(request))
     try:
-        greeting = json.dumps({"type": "hello", "at": iso(now()), **hello()},
-                              separators=(",", ":"))
-        # The hello goes through aiohttp's writer (which sends the headers with it); from then
-        # on the hub may write to the transport itself.
-        await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
+        # The first write goes through aiohttp's writer (which sends the headers with it); from
+        # then on the hub may write to the transport itself.
+        if hello is not None:
+            greeting = json.dumps({"type": "hello", "at": iso(now()), **hello()},
+                                  separators=(",", ":"))
+            await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
+        elif not replay:
+            await response.write(_KEEPALIVE)  # nothing to send yet; the headers go out now
         for frame in replay:
             await response.write(frame)
         await _serve(response, subscriber, keepalive_s)

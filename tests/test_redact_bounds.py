@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_min.controlplane.redact import redact
+from fleet_min.controlplane.runners.redact import redact
 
 
 @pytest.mark.timeout(20)

@@ -15,7 +15,7 @@ from typing import Any
 from fleet_min import dirlock, heap, jsonio, logs, serving
 from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
-from fleet_min.controlplane.agent_link import coordinator_token, coordinator_token_file
+from fleet_min.controlplane.federation.link import coordinator_token, coordinator_token_file
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues, live_help
 from fleet_min.db import StorageError
 
@@ -65,7 +65,7 @@ def _run(cfg: Any) -> int:
         print(f"fleet-min controlplane: cannot use the state directory {cfg.state_dir}: "
               f"{serving.reason(exc)}", file=sys.stderr)
         return 1
-    from fleet_min.controlplane.app import create_app
+    from fleet_min.controlplane.http.app import create_app
     try:
         why = asyncio.run(serving.serve(create_app(cfg), sockets, name="controlplane",
                                         grace_s=cfg.stop_grace_s, announce=_announce(cfg)))

@@ -1,8 +1,12 @@
-"""The control plane's SQLite tables: live settings, audit log, runner events, job history.
+"""The control plane's SQLite schema (every table, by migration) and the rows several features
+share: live settings, the audit log, runner events and the job history.
 
-Write functions take the sqlite3 connection first (they run on the writer thread through
-Database.write); read functions are coroutines over Database.read. Retention keeps every table
-bounded so a host that runs for years does not grow the file without end.
+Write functions take the sqlite3 connection first: each is one transaction, run by
+Database.write on the event loop's thread with no await between its statements and committed
+(with whatever ran beside it) by the database's COMMIT thread. Read functions are coroutines
+over Database.read. A feature's own tables are written by its own module (forecasts in
+analysis/forecaster.py, decisions in analysis/autoscaler.py, agent hosts in federation/). Every
+table is bounded, so a host that runs for years does not grow the file without end.
 """
 
 from __future__ import annotations
@@ -208,7 +212,7 @@ KEEP_EVENTS = 20000
 KEEP_JOBS_S = 400 * 86400  # analytics look back up to 365 days
 
 
-# --- writes (writer thread) ----------------------------------------------------------------
+# --- writes (transactions for Database.write) ----------------------------------------------
 
 def put_setting(conn: sqlite3.Connection, key: str, value: Any) -> None:
     conn.execute("INSERT INTO settings (key, value, updated_at) VALUES (?, ?, ?) "

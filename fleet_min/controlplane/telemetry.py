@@ -1,4 +1,4 @@
-"""The control plane's metrics (GET /metrics), all read at scrape from what the engine holds in
+"""The control plane's metrics (GET /metrics), all read at scrape from what the daemon holds in
 memory: the last snapshot (runners, the queued runs GitHub listed), the GitHub client's answers
 and rate limit, and the federation's agent hosts. A scrape reads no database and asks GitHub
 nothing, so it costs the same however often it comes.
@@ -11,12 +11,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fleet_min import metrics
-from fleet_min.controlplane.federation import Hosts
-from fleet_min.controlplane.github import GitHub
-from fleet_min.controlplane.stream import SnapshotHub
+from fleet_min.controlplane.federation.hosts import Hosts
+from fleet_min.controlplane.github.client import GitHub
+from fleet_min.sse import EventHub
 from fleet_min.timeutil import parse_iso
 
-# The states a runner view takes (engine.ControlPlane._view); an agent host reports its own
+# The states a runner view takes (snapshot.Snapshots._view); an agent host reports its own
 # runners' states, and anything else it sends is counted as "unknown" (a bounded label set).
 RUNNER_STATES = ("working", "idle", "draining", "drained", "failed", "stopped")
 QUEUED_JOB = ("queued", "waiting", "pending")
@@ -108,10 +108,10 @@ def reset_samples(rate: Mapping[str, Any]) -> list[metrics.Sample]:
 
 
 class ControlPlaneMetrics:
-    """The control plane's registry, reading the engine's parts at each scrape."""
+    """The control plane's registry, reading the daemon's parts at each scrape."""
 
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]], github: GitHub, hosts: Hosts,
-                 hub: SnapshotHub, stale_after_s: Callable[[], float],
+                 hub: EventHub, stale_after_s: Callable[[], float],
                  clock: Callable[[], float], started_at: float) -> None:
         self.snapshot = snapshot
         self.clock = clock

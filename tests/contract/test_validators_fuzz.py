@@ -26,8 +26,11 @@ from hypothesis import strategies as st
 
 from fleet_min import origin, query, timeutil, validate
 from fleet_min.collector import alerts, artifacts, cron, guard, schedules, topics
-from fleet_min.controlplane import analysis, auth, federation, runners
 from fleet_min.controlplane import settings as live
+from fleet_min.controlplane.analysis import reports as analysis
+from fleet_min.controlplane.federation import hosts as federation
+from fleet_min.controlplane.http import auth
+from fleet_min.controlplane.runners import discovery as runners
 from fleet_min.errors import Refused
 
 pytestmark = pytest.mark.fuzz

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleet_min.controlplane.app import create_app
+from fleet_min.controlplane.http.app import create_app
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import Daemon, Host, make_config
 from tests.support.fake_github import FakeGitHub

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fleet_min.controlplane import store
-from fleet_min.controlplane.admission import AdmissionLog
+from fleet_min.controlplane.analysis.admission import AdmissionLog
 from fleet_min.db import Database
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import REPO_ROOT

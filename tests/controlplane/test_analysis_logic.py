@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from fleet_min.controlplane import analytics, autoscale, forecast, stats, workflows
-from fleet_min.controlplane.simulate import Trace, compare, replay
+from fleet_min.controlplane.analysis import analytics, autoscale, forecast, stats, workflows
+from fleet_min.controlplane.analysis.simulate import Trace, compare, replay
 from tests.support import history_gen
 
 # --- stats -------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import re
 import sqlite3
 from typing import Any
 
-from fleet_min.controlplane.app import create_app
+from fleet_min.controlplane.http.app import create_app
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import Host, auth, cp_of, make_config, until
 

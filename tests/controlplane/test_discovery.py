@@ -8,8 +8,8 @@ import random
 import time
 from pathlib import Path
 
-from fleet_min.controlplane.procs import Proc
-from fleet_min.controlplane.runners import Discovery, Runner, attach_all, discover
+from fleet_min.controlplane.runners.discovery import Discovery, Runner, attach_all, discover
+from fleet_min.controlplane.runners.procs import Proc
 from tests.support import cp_fakes as fakes
 
 PAST = time.time() - 3600

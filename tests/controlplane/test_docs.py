@@ -29,9 +29,12 @@ def test_doc_shows_the_user_service_and_the_tunnel() -> None:
 ANALYSIS = DOC.with_name("controlplane-analysis.md")
 
 
-def test_the_analysis_doc_explains_every_cause_finding_route_and_setting() -> None:
-    from fleet_min.controlplane.app import ROUTES
-    from fleet_min.controlplane.queue_causes import ORDER
+def test_the_analysis_doc_explains_every_cause_finding_route_and_setting(tmp_path: Path
+                                                                         ) -> None:
+    from fleet_min.config import resolve
+    from fleet_min.controlplane.analysis.queue_causes import ORDER
+    from fleet_min.controlplane.http.app import create_app
+    from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
 
     text = ANALYSIS.read_text()
     for cause in ORDER:
@@ -39,7 +42,10 @@ def test_the_analysis_doc_explains_every_cause_finding_route_and_setting() -> No
     for kind in ("matrix-exceeds-runners", "unbounded-matrix", "missing-concurrency",
                  "static-group-collision"):
         assert f"| `{kind}` |" in text, kind
-    for method, path, _, _ in ROUTES:
+    app = create_app(resolve(CONTROLPLANE_SETTINGS, {}, environ={}, state_dir=str(tmp_path)))
+    served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource}
+    assert ("POST", "/api/simulate") in served
+    for method, path in sorted(served):
         if path.startswith(("/api/analytics", "/api/repo", "/api/concurrency", "/api/simulate",
                             "/api/forecast", "/api/autoscale", "/api/admission",
                             "/api/billing", "/api/hosts", "/api/host/")):

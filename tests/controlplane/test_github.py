@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_min.controlplane.github import GitHub, GitHubError, find_token
+from fleet_min.controlplane.github.client import GitHub, GitHubError, find_token
 from tests.support.fake_github import TOKEN, FakeGitHub
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from fleet_min.controlplane import store
-from fleet_min.controlplane.github import GitHub
-from fleet_min.controlplane.history import HistoryCollector, status
+from fleet_min.controlplane.github.client import GitHub
+from fleet_min.controlplane.github.history import HistoryCollector, status
 from fleet_min.db import Database
 from tests.support import history_gen
 from tests.support.fake_github import TOKEN, FakeGitHub

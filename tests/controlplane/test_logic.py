@@ -9,15 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from fleet_min.controlplane import auth, procs, tokens, vitals
-from fleet_min.controlplane.actions import copy_name
-from fleet_min.controlplane.auth import Need
-from fleet_min.controlplane.capacity import capacity, refusals_for_repo
-from fleet_min.controlplane.drift import drift_alerts
-from fleet_min.controlplane.procs import Proc
-from fleet_min.controlplane.runners import discover, repo_of
+from fleet_min.controlplane import tokens
+from fleet_min.controlplane.analysis.capacity import capacity, refusals_for_repo
+from fleet_min.controlplane.analysis.drift import drift_alerts
+from fleet_min.controlplane.http import auth
+from fleet_min.controlplane.http.auth import Need
+from fleet_min.controlplane.runners import procs, vitals
+from fleet_min.controlplane.runners.actions import copy_name
+from fleet_min.controlplane.runners.discovery import discover, repo_of
+from fleet_min.controlplane.runners.procs import Proc
+from fleet_min.controlplane.runners.supervisor import parse_launchctl_list, parse_show
 from fleet_min.controlplane.settings import BY_KEY, LiveValues, lookup
-from fleet_min.controlplane.supervisor import parse_launchctl_list, parse_show
 from fleet_min.errors import BadRequest, Forbidden, Unauthorized
 from tests.support import cp_fakes as fakes
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet_min.controlplane.queue_causes import ORDER, Context, classify_run, queue_causes
+from fleet_min.controlplane.analysis.queue_causes import ORDER, Context, classify_run, queue_causes
 
 NOW = 1767225600.0  # 2026-01-01T00:00:00Z
 REPO = "octo/app"

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from fleet_min.controlplane.redact import MARK, redact, redact_lines
+from fleet_min.controlplane.runners.redact import MARK, redact, redact_lines
 
 PEM = """-----BEGIN RSA PRIVATE KEY-----
 MIIEpAIBAAKCAQEA3Tz2mr7SZiAMfQyuvBjM9Oi4ZbCv8cXBBdqh3XV1vaB7w2zT

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from fleet_min.controlplane import stats
-from fleet_min.controlplane.simulate import Trace, compare
+from fleet_min.controlplane.analysis import stats
+from fleet_min.controlplane.analysis.simulate import Trace, compare
 
 
 def _peak_overlap(intervals: Any) -> tuple[int, float | None]:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from fleet_min.controlplane import commands
-from fleet_min.controlplane.procs import process_table
-from fleet_min.controlplane.runners import discover
-from fleet_min.controlplane.supervisor import Launchd, ServiceState, Systemd, service_name
+from fleet_min.controlplane.runners import commands
+from fleet_min.controlplane.runners.discovery import discover
+from fleet_min.controlplane.runners.procs import process_table
+from fleet_min.controlplane.runners.supervisor import Launchd, ServiceState, Systemd, service_name
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import Host, until
 

@@ -1,21 +1,28 @@
 """A fake runner host for the control-plane tests (runner directories, fake systemctl and
-launchctl on PATH, a fake GitHub API) and the daemon as a real `python -m fleet_min controlplane`
-process over it."""
+launchctl on PATH, a fake GitHub API), the daemon as a real `python -m fleet_min controlplane`
+process over it, and the daemon's parts (the plane, the GitHub client, the supervisor) for
+tests that run one feature alone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleet_min.config import resolve
-from fleet_min.controlplane.app import ENGINE
-from fleet_min.controlplane.engine import ControlPlane
+from fleet_min.controlplane.github.client import GitHub
+from fleet_min.controlplane.http.routes import PLANE
+from fleet_min.controlplane.runners.supervisor import Supervisor, choose
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
+from fleet_min.controlplane.state import Plane
+from fleet_min.sse import EventHub
 from tests.support import cp_fakes as fakes
 from tests.support.collector import stop_process
 from tests.support.fake_github import TOKEN, FakeGitHub
@@ -93,11 +100,50 @@ def make_config(host: Host, **overrides: Any) -> Any:
     return resolve(CONTROLPLANE_SETTINGS, {}, environ=host.env, **overrides)
 
 
-def cp_of(client: Any) -> ControlPlane:
-    return client.server.app[ENGINE]
+@dataclass
+class Parts:
+    """What the app hands its features: the plane, a GitHub client, the supervisor, a hub."""
+
+    plane: Plane
+    github: GitHub
+    supervisor: Supervisor
+    hub: EventHub
 
 
-def auth(cp: ControlPlane) -> dict[str, str]:
+@contextlib.asynccontextmanager
+async def open_parts(host: Host, env: dict[str, str] | None = None,
+                     **overrides: Any) -> AsyncIterator[Parts]:
+    """The plane opened over the fake host (its database, tokens, settings) and a GitHub client
+    with the fake API's token, as the app opens them; closed at the end."""
+    env = host.full_env() if env is None else env
+    cfg = resolve(CONTROLPLANE_SETTINGS, {}, environ=env, **overrides)
+    plane = Plane(cfg, env)
+    github = GitHub(cfg.github_api, TOKEN)
+    await plane.open()
+    try:
+        yield Parts(plane, github, choose(cfg.supervisor, cfg.systemd_scope,
+                                          cfg.command_timeout_s), EventHub(latest_only=True))
+    finally:
+        await github.close()
+        await plane.close()
+
+
+@contextlib.asynccontextmanager
+async def running(*contexts: Callable[[object], AsyncIterator[None]]) -> AsyncIterator[None]:
+    """Features' cleanup contexts (their `running`) entered in order and left in reverse, as
+    the app does at start and stop."""
+    async with contextlib.AsyncExitStack() as stack:
+        for context in contexts:
+            await stack.enter_async_context(contextlib.asynccontextmanager(context)(None))
+        yield
+
+
+def cp_of(client: Any) -> Plane:
+    """The plane (the daemon's state) of an in-process control plane."""
+    return client.server.app[PLANE]
+
+
+def auth(cp: Plane) -> dict[str, str]:
     return {"Authorization": f"Bearer {cp.control_token}"}
 
 

@@ -11,9 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_min import metrics
 from fleet_min.collector.telemetry import CollectorMetrics
-from fleet_min.controlplane.federation import Hosts
-from fleet_min.controlplane.github import GitHub
-from fleet_min.controlplane.stream import SnapshotHub
+from fleet_min.controlplane.federation.hosts import Hosts
+from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics
 from fleet_min.db import Database
 from fleet_min.sse import EventHub
@@ -69,5 +68,6 @@ def registries(tmp: Path) -> dict[str, metrics.Registry]:
                                  lambda: 0, time.time())
     hosts = Hosts(Database(tmp / "controlplane.db", []), time.time)
     controlplane = ControlPlaneMetrics(dict, GitHub("http://127.0.0.1:9", None), hosts,
-                                       SnapshotHub(), lambda: 60.0, time.time, time.time())
+                                       EventHub(latest_only=True), lambda: 60.0, time.time,
+                                       time.time())
     return {"collector": collector.registry, "controlplane": controlplane.registry}

@@ -1,0 +1,123 @@
+"""Forecasts of the next hour's demand per watched repository (GET /api/forecast): made from the
+job history and the workflow files' schedules (forecast.py computes them), stored, and scored
+once the history has caught up with the hour they were for. Autoscale reads the latest ones.
+Domain only: no aiohttp.web here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from typing import Any
+
+from fleet_min.controlplane.analysis import forecast
+from fleet_min.controlplane.analysis.analytics import self_hosted
+from fleet_min.controlplane.github import history
+from fleet_min.controlplane.github.workflow_files import WorkflowFiles
+from fleet_min.controlplane.state import Plane
+from fleet_min.timeutil import iso
+
+DAY = 86400.0
+KEEP_S = 400 * DAY
+
+
+# --- transactions for Database.write ---------------------------------------------------------
+
+def _store_predictions(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    conn.executemany("INSERT OR IGNORE INTO forecasts (repo, hour_start, source, predicted, "
+                     "confidence, made_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    conn.execute("DELETE FROM forecasts WHERE hour_start < ?",
+                 ((rows[0][5] if rows else 0) - KEEP_S,))
+
+
+def _score(conn: sqlite3.Connection, scores: list[tuple[float, float, str, float, str]]) -> None:
+    conn.executemany("UPDATE forecasts SET actual = ?, scored_at = ? WHERE repo = ? AND "
+                     "hour_start = ? AND source = ?", scores)
+
+
+class Forecaster:
+    def __init__(self, plane: Plane, files: WorkflowFiles) -> None:
+        self.plane = plane
+        self.files = files
+        self.latest: dict[str, dict[str, Any]] = {}  # each repository's last combined forecast
+
+    async def _intervals(self, repo: str, since: float) -> list[tuple[float, float]]:
+        rows = await self.plane.db.read(
+            "SELECT created_at, completed_at, labels FROM jobs WHERE repo = ? AND "
+            "completed_at >= ? AND created_at IS NOT NULL AND status = 'completed' AND "
+            "coalesce(conclusion, '') != 'skipped'", (repo, since))
+        return [(r["created_at"], r["completed_at"]) for r in rows if self_hosted(r["labels"])]
+
+    async def _covered_since(self, repo: str) -> float | None:
+        """Where the history of a repository starts: the backfill's start, or its oldest
+        recorded run when that is later (weeks before a repository's first run are unknown,
+        not idle)."""
+        state = await history.load_state(self.plane.db, repo)
+        row = await self.plane.db.read_one(
+            "SELECT min(created_at) AS oldest FROM history_runs WHERE repo = ?", (repo,))
+        if state is None or row is None or row["oldest"] is None:
+            return None
+        return max(state["backfill_since"], row["oldest"])
+
+    async def forecast_repo(self, repo: str, hour_start: float) -> dict[str, Any]:
+        intervals = await self._intervals(repo, hour_start - (forecast.WEEKS + 1) * 7 * DAY)
+        covered = await self._covered_since(repo)
+        flows = await self.files.workflows(repo)
+        past = await asyncio.to_thread(forecast.history_prediction, intervals, hour_start,
+                                       covered)
+        scheduled = forecast.schedule_prediction(flows, hour_start)
+        combined = forecast.combine(past, scheduled)
+        return {"repo": repo, "hour_start": iso(hour_start),
+                "hour_end": iso(hour_start + forecast.HOUR), "expected": combined,
+                "predictions": [past, scheduled]}
+
+    async def forecast(self) -> dict[str, Any]:
+        """The next hour's forecasts of every watched repository, stored; earlier ones scored."""
+        at = self.plane.clock()
+        hour = forecast.next_hour(at)
+        repos = [await self.forecast_repo(repo, hour) for repo in self.plane.watched_repos()]
+        rows = []
+        for entry in repos:
+            for p in (*entry["predictions"], entry["expected"]):
+                if p["value"] is not None:
+                    rows.append((entry["repo"], hour, p["source"], float(p["value"]),
+                                 p["confidence"], at, json.dumps({"reason": p["reason"]})))
+            self.latest[entry["repo"]] = entry["expected"]
+        if rows:
+            await self.plane.db.write(_store_predictions, rows)
+        await self.score(at)
+        return {"generated_at": iso(at), "hour_start": iso(hour),
+                "hour_end": iso(hour + forecast.HOUR), "repos": repos,
+                "scores": await self.scores()}
+
+    async def score(self, at: float) -> None:
+        due = await self.plane.db.read(
+            "SELECT repo, hour_start, source FROM forecasts WHERE actual IS NULL AND "
+            "hour_start <= ?", (at - forecast.HOUR - forecast.SCORE_AFTER_S,))
+        scores = []
+        for row in due:
+            state = await history.load_state(self.plane.db, row["repo"])
+            end = row["hour_start"] + forecast.HOUR
+            if state is None or (state["caught_up_at"] or 0) < end + forecast.SCORE_AFTER_S:
+                continue  # the history has not caught up with that hour yet
+            intervals = await self._intervals(row["repo"], row["hour_start"] - 2 * DAY)
+            actual = forecast.slot_peak(intervals, row["hour_start"], end)
+            scores.append((float(actual), at, row["repo"], row["hour_start"], row["source"]))
+        if scores:
+            await self.plane.db.write(_score, scores)
+
+    async def scores(self) -> list[dict[str, Any]]:
+        out = []
+        for repo in self.plane.watched_repos():
+            rows = [dict(r) for r in await self.plane.db.read(
+                "SELECT * FROM forecasts WHERE repo = ? AND actual IS NOT NULL "
+                "ORDER BY hour_start DESC LIMIT 500", (repo,))]
+            by_source = {source: forecast.score_summary([r for r in rows
+                                                          if r["source"] == source])
+                         for source in ("history", "schedule", "combined")}
+            out.append({"repo": repo, **by_source["combined"], "by_source": by_source,
+                        "recent": [{"hour_start": iso(r["hour_start"]), "source": r["source"],
+                                    "predicted": r["predicted"], "actual": r["actual"],
+                                    "confidence": r["confidence"]} for r in rows[:48]]})
+        return out

@@ -1,0 +1,70 @@
+"""Federation as this daemon serves it: agent hosts' heartbeats and results (the coordinator's
+side, kept by hosts.py) and the list of every host (GET /api/hosts), this one first, with its
+link to its own coordinator when it is an agent. Domain only: no aiohttp.web here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fleet_min.controlplane import store
+from fleet_min.controlplane.federation.hosts import (
+    RUNNER_FIELDS,
+    applied_of,
+    check_host,
+    clean_report,
+    wait_of,
+)
+from fleet_min.controlplane.federation.link import CoordinatorLink
+from fleet_min.controlplane.state import Plane
+from fleet_min.errors import BadRequest, Conflict
+from fleet_min.timeutil import iso
+
+
+class Coordinator:
+    def __init__(self, plane: Plane, link: CoordinatorLink | None) -> None:
+        self.plane = plane
+        self.link = link  # this host's own link when it runs as an agent
+
+    async def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Keep an agent's report; answer with its commands (held up to its wait_s for one)."""
+        host = check_host(body.get("host"))
+        if host == self.plane.host_name:
+            raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
+                           "(FLEET_HOST_NAME)")
+        queue, commands = await self.plane.hosts.heartbeat(host, clean_report(body),
+                                                           wait_of(body), applied_of(body))
+        return {"ok": True, "queue": queue, "commands": commands}
+
+    async def results(self, body: dict[str, Any], who: str) -> dict[str, Any]:
+        """An agent's command results, matched to the commands queued for it and audited."""
+        host, results = check_host(body.get("host")), body.get("results")
+        if not isinstance(results, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("id"), str) for r in results):
+            raise BadRequest("results must be a list of objects, each with a string id")
+        received = await self.plane.hosts.results(host, results)
+        for result in results:
+            await self.plane.db.write(
+                store.add_audit, who, f"host.result:{host}", {"id": result["id"]},
+                bool(result.get("ok")), None, 0,
+                str(result.get("error"))[:500] if result.get("error") else None)
+        return {"ok": True, "received": len(results), "matched": received}
+
+    async def hosts_report(self) -> dict[str, Any]:
+        """Every host: this one (with its role) and each agent that has called in."""
+        plane = self.plane
+        snap = plane.snapshot
+        here: dict[str, Any] = {
+            "host": plane.host_name, "role": plane.role,
+            "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in plane.views],
+            "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
+            "load": (snap.get("vitals") or {}).get("load"), "heartbeat_age_s": 0.0,
+            "last_heartbeat_at": snap.get("generated_at"), "stale": False,
+            "pending_commands": 0, "local": True}
+        if self.link is not None:
+            link = self.link.status()
+            here["coordinator"] = {**link, "last_ok_at": iso(link["last_ok_at"])}
+        stale = plane.setting("stale_after_s")
+        agents = [{**h, "local": False} for h in await plane.hosts.listing(stale)]
+        return {"generated_at": iso(plane.clock()), "stale_after_s": stale,
+                "hosts": [here, *agents], "commands": await plane.hosts.commands(limit=50)}

@@ -1,0 +1,308 @@
+"""Federation, the coordinator's side: agent hosts, their reports and their command queues.
+
+Agents call in (POST /api/host/heartbeat, POST /api/host/results); the coordinator never opens
+a connection to an agent. A heartbeat stores the agent's report (its runners, capacity, vitals)
+and is answered with the commands queued for it. An agent may ask to wait (`wait_s`): the reply
+is then held until a command is queued for it or the wait ends, so a queued drain reaches the
+agent at once rather than at its next heartbeat.
+
+Order: each agent's commands are numbered 1, 2, 3 ... in one queue (its id is random, kept in
+SQLite with the numbers; a new id restarts them). Every heartbeat says which queue and the last
+number the agent has applied, and is answered with every unfinished command numbered after it,
+in order. So a reply lost on a dead long poll costs nothing: the next heartbeat gets the same
+commands again, and nothing queued later can overtake them (a drain then a resume never arrive
+as resume, drain). The agent applies each number once, in order, and keeps the last one in its
+own database (link.py), across restarts of either side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import sqlite3
+from collections.abc import Callable
+from typing import Any
+
+from fleet_min.controlplane.loops import wait_event
+from fleet_min.controlplane.runners.discovery import valid_repo
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest
+from fleet_min.timeutil import iso
+
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What an agent runs when the coordinator forwards it (runner actions on the agent's runners,
+# and the health check there); an action the catalogue adds later is not sent until listed.
+AGENT_ACTIONS = ("runner.duplicate", "runner.drain", "runner.resume", "runner.deregister",
+                 "health.check")
+QUEUE_ID = re.compile(r"[0-9a-f]{16,64}")
+MAX_SEQ = 2**53
+FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
+MAX_WAIT_S = 30.0
+MAX_RUNNERS = 500
+RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
+                  "registration", "registered")
+
+
+def check_host(name: Any) -> str:
+    if not isinstance(name, str) or not HOST_NAME.fullmatch(name):
+        raise BadRequest("host must be the agent host's name (letters, digits, '.', '_', '-')")
+    return name
+
+
+def clean_report(body: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a heartbeat the coordinator keeps, with their types checked."""
+    runners = body.get("runners", [])
+    if not isinstance(runners, list) or len(runners) > MAX_RUNNERS:
+        raise BadRequest(f"runners must be a list of at most {MAX_RUNNERS} runner objects")
+    kept = []
+    for runner in runners:
+        if not isinstance(runner, dict) or not isinstance(runner.get("name"), str) \
+                or not HOST_NAME.fullmatch(runner["name"]):
+            raise BadRequest("each runner needs a name (letters, digits, '.', '_', '-')")
+        kept.append(_clean_runner(runner))
+    out: dict[str, Any] = {"runners": kept}
+    for key in ("capacity", "vitals"):
+        value = body.get(key)
+        out[key] = value if isinstance(value, dict) else None
+    load = body.get("load")
+    out["load"] = load if isinstance(load, list) and all(
+        isinstance(x, int | float) or x is None for x in load) else None
+    return out
+
+
+def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
+    """An agent's runner with every field of the expected type (others become null): the
+    coordinator acts on these (GitHub requests for their repositories), so nothing odd passes."""
+    out: dict[str, Any] = {k: None for k in RUNNER_FIELDS}
+    out["name"] = runner["name"]
+    for key in ("owner", "state", "version", "registration"):
+        value = runner.get(key)
+        out[key] = value[:100] if isinstance(value, str) else None
+    repo = runner.get("repo")
+    out["repo"] = repo if isinstance(repo, str) and valid_repo(repo) else None
+    labels = runner.get("labels")
+    out["labels"] = [x[:100] for x in labels[:50] if isinstance(x, str)] \
+        if isinstance(labels, list) else []
+    for key in ("busy", "draining"):
+        out[key] = runner.get(key) is True
+    out["registered"] = _registered(runner.get("registered"))
+    return out
+
+
+def _registered(value: Any) -> dict[str, Any] | None:
+    """GitHub's registration of an agent's runner ({id, status, busy}), or null."""
+    if not isinstance(value, dict):
+        return None
+    runner_id, status = value.get("id"), value.get("status")
+    return {"id": runner_id if isinstance(runner_id, int) and not isinstance(runner_id, bool)
+            and 0 <= runner_id < MAX_SEQ else None,
+            "status": status[:20] if isinstance(status, str) else None,
+            "busy": value.get("busy") is True}
+
+
+def wait_of(body: dict[str, Any]) -> float:
+    value = body.get("wait_s", 0)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 3600:
+        raise BadRequest("wait_s must be a number of seconds from 0 to 3600")
+    return min(float(value), MAX_WAIT_S)
+
+
+def applied_of(body: dict[str, Any]) -> tuple[str | None, int]:
+    """The queue id and last applied number an agent reports (none yet: (None, 0))."""
+    queue, applied = body.get("queue"), body.get("applied", 0)
+    if queue is not None and (not isinstance(queue, str) or not QUEUE_ID.fullmatch(queue)):
+        raise BadRequest("queue must be the queue id a heartbeat reply gave (hex digits)")
+    if isinstance(applied, bool) or not isinstance(applied, int) or not 0 <= applied < MAX_SEQ:
+        raise BadRequest("applied must be the number of the last command applied (0 or more)")
+    return queue, applied
+
+
+# --- database (transactions for Database.write) ----------------------------------------------
+
+def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at: float) -> None:
+    conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report) VALUES (?, ?, ?, ?) "
+                 "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
+                 "report = excluded.report", (host, at, at, json.dumps(report)))
+    conn.execute("DELETE FROM hosts WHERE last_seen < ?", (at - FORGET_S,))
+    conn.execute("DELETE FROM host_commands WHERE queued_at < ? AND (done_at IS NOT NULL OR "
+                 "host NOT IN (SELECT name FROM hosts))", (at - FORGET_S,))
+    # A forgotten host's numbering goes with it; it starts a new queue if it comes back.
+    conn.execute("DELETE FROM host_queues WHERE host NOT IN (SELECT name FROM hosts) AND host "
+                 "NOT IN (SELECT host FROM host_commands)")
+
+
+def _host_queue(conn: sqlite3.Connection, host: str) -> tuple[str, int]:
+    """The host's queue id and last number given, created on first use."""
+    row = conn.execute("SELECT queue, last_seq FROM host_queues WHERE host = ?",
+                       (host,)).fetchone()
+    if row is not None:
+        return row[0], row[1]
+    queue = secrets.token_hex(8)
+    conn.execute("INSERT INTO host_queues (host, queue) VALUES (?, ?)", (host, queue))
+    return queue, 0
+
+
+def _numbered(conn: sqlite3.Connection, host: str) -> tuple[str, int]:
+    """The host's queue id and last number, after numbering the rows queued before numbering
+    existed (seq NULL, from an older version), in the order they were queued."""
+    queue, last = _host_queue(conn, host)
+    legacy = conn.execute("SELECT rowid FROM host_commands WHERE host = ? AND seq IS NULL "
+                          "ORDER BY queued_at, rowid", (host,)).fetchall()
+    for (rowid,) in legacy:
+        last += 1
+        conn.execute("UPDATE host_commands SET seq = ? WHERE rowid = ?", (last, rowid))
+    if legacy:
+        conn.execute("UPDATE host_queues SET last_seq = ? WHERE host = ?", (last, host))
+    return queue, last
+
+
+def _take_commands(conn: sqlite3.Connection, host: str, reported: tuple[str | None, int],
+                   at: float) -> tuple[str, list[dict[str, Any]]]:
+    """The host's queue id and its unfinished commands numbered after what the agent applied."""
+    queue, last = _numbered(conn, host)
+    applied = reported[1] if reported[0] == queue else 0  # another queue's numbers: none here
+    if applied > last:
+        # The agent has applied numbers this database never gave (it was restored from an
+        # older copy): go on after them, or the agent would skip the next ones as done.
+        conn.execute("UPDATE host_queues SET last_seq = ? WHERE host = ?", (applied, host))
+    conn.execute("UPDATE host_queues SET applied = max(applied, ?) WHERE host = ?",
+                 (applied, host))
+    rows = conn.execute("SELECT id, seq, action, args FROM host_commands WHERE host = ? AND "
+                        "done_at IS NULL AND seq > ? ORDER BY seq", (host, applied)).fetchall()
+    conn.executemany("UPDATE host_commands SET sent_at = ?, sends = sends + 1 WHERE id = ?",
+                     [(at, row[0]) for row in rows])
+    return queue, [{"id": row[0], "seq": row[1], "action": row[2], "args": json.loads(row[3])}
+                   for row in rows]
+
+
+def _queue(conn: sqlite3.Connection, command_id: str, host: str, action: str,
+           args: dict[str, Any], who: str, at: float) -> int:
+    _, last = _numbered(conn, host)
+    seq = last + 1
+    conn.execute("UPDATE host_queues SET last_seq = ? WHERE host = ?", (seq, host))
+    conn.execute("INSERT INTO host_commands (id, host, action, args, who, queued_at, seq) "
+                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                 (command_id, host, action, json.dumps(args), who, at, seq))
+    return seq
+
+
+def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]],
+             at: float) -> int:
+    done = 0
+    for result in results:
+        code = result.get("code")
+        done += conn.execute(
+            "UPDATE host_commands SET done_at = ?, ok = ?, error = ?, output = ?, code = ?, "
+            "runner = ? WHERE id = ? AND host = ? AND done_at IS NULL",
+            (at, int(result.get("ok") is True), _text(result.get("error"), 500),
+             _text(result.get("output"), 20000),
+             code if isinstance(code, int) and not isinstance(code, bool)
+             and abs(code) < MAX_SEQ else None,
+             _text(result.get("runner"), 100), result["id"], host)).rowcount
+    return done
+
+
+def _text(value: Any, limit: int) -> str | None:
+    return None if value is None else str(value)[:limit]
+
+
+class Hosts:
+    """The coordinator's view of its agents."""
+
+    def __init__(self, db: Database, clock: Callable[[], float]) -> None:
+        self.db = db
+        self.clock = clock
+        self.reports: dict[str, dict[str, Any]] = {}
+        self.received: dict[str, float] = {}
+        self._bells: dict[str, asyncio.Event] = {}
+        self.closed = False
+
+    async def load(self) -> None:
+        for row in await self.db.read("SELECT name, last_seen, report FROM hosts WHERE "
+                                      "last_seen >= ?", (self.clock() - FORGET_S,)):
+            self.reports[row["name"]] = json.loads(row["report"])
+            self.received[row["name"]] = row["last_seen"]
+
+    def close(self) -> None:
+        """Shutdown: every held heartbeat is answered now."""
+        self.closed = True
+        for bell in self._bells.values():
+            bell.set()
+
+    def _bell(self, host: str) -> asyncio.Event:
+        return self._bells.setdefault(host, asyncio.Event())
+
+    async def heartbeat(self, host: str, report: dict[str, Any], wait_s: float,
+                        applied: tuple[str | None, int] = (None, 0)
+                        ) -> tuple[str, list[dict[str, Any]]]:
+        """Store the report; the host's queue id and the commands after `applied`, waiting up
+        to wait_s for one when there are none."""
+        at = self.clock()
+        self.reports[host], self.received[host] = report, at
+        for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
+            self.reports.pop(gone, None)
+            self.received.pop(gone, None)
+        await self.db.write(_save_report, host, report, at)
+        bell = self._bell(host)
+        bell.clear()
+        queue, commands = await self.db.write(_take_commands, host, applied, self.clock())
+        if not commands and wait_s > 0 and not self.closed:
+            await wait_event(bell, wait_s)
+            if not self.closed:
+                queue, commands = await self.db.write(_take_commands, host, applied,
+                                                      self.clock())
+        return queue, commands
+
+    async def queue(self, host: str, action: str, args: dict[str, Any], who: str
+                    ) -> tuple[str, int]:
+        """Queue a command for the host: its id and its number in the host's queue."""
+        command_id = "cmd-" + secrets.token_hex(8)
+        seq = await self.db.write(_queue, command_id, host, action, args, who, self.clock())
+        self._bell(host).set()
+        return command_id, seq
+
+    async def results(self, host: str, results: list[dict[str, Any]]) -> int:
+        return await self.db.write(_results, host, results, self.clock())
+
+    def owner_of(self, runner: str, host: str | None = None) -> list[str]:
+        """The agent hosts whose last report lists a runner of that name."""
+        return [name for name, report in sorted(self.reports.items())
+                if (host is None or name == host)
+                and any(r["name"] == runner for r in report.get("runners", []))]
+
+    def age(self, host: str) -> float:
+        return max(0.0, self.clock() - self.received.get(host, 0.0))
+
+    def remote_views(self, stale_after_s: float) -> list[dict[str, Any]]:
+        out = []
+        for host, report in sorted(self.reports.items()):
+            stale = self.age(host) > stale_after_s
+            out += [{**runner, "host": host, "remote": True, "stale": stale}
+                    for runner in report.get("runners", [])]
+        return out
+
+    async def listing(self, stale_after_s: float) -> list[dict[str, Any]]:
+        pending = {row["host"]: row["n"] for row in await self.db.read(
+            "SELECT host, count(*) AS n FROM host_commands WHERE done_at IS NULL GROUP BY host")}
+        out = []
+        for host, report in sorted(self.reports.items()):
+            age = self.age(host)
+            out.append({"host": host, "role": "agent", "runners": report.get("runners", []),
+                        "capacity": report.get("capacity"), "vitals": report.get("vitals"),
+                        "load": report.get("load"), "heartbeat_age_s": round(age, 1),
+                        "last_heartbeat_at": iso(self.received.get(host)),
+                        "stale": age > stale_after_s, "pending_commands": pending.get(host, 0)})
+        return out
+
+    async def commands(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        rows = await self.db.read(
+            "SELECT * FROM host_commands WHERE (? IS NULL OR host = ?) ORDER BY queued_at DESC "
+            "LIMIT ?", (host, host, limit))
+        return [{"id": r["id"], "host": r["host"], "seq": r["seq"], "action": r["action"],
+                 "args": json.loads(r["args"]), "who": r["who"],
+                 "queued_at": iso(r["queued_at"]), "sent_at": iso(r["sent_at"]),
+                 "sends": r["sends"], "done_at": iso(r["done_at"]),
+                 "ok": None if r["ok"] is None else bool(r["ok"]), "error": r["error"],
+                 "output": r["output"], "code": r["code"], "runner": r["runner"]} for r in rows]

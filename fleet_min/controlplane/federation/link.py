@@ -1,0 +1,294 @@
+"""Federation, the agent's side: `fleet-min controlplane --coordinator URL`.
+
+The agent calls its coordinator, never the other way round. Each heartbeat carries this host's
+runners, capacity and vitals, with the agent token in `Authorization: Bearer`, and asks the
+coordinator to hold the reply up to one heartbeat interval for commands. Commands are run through
+the same action path as the local API, but only those on AGENT_ACTIONS (the runner actions and
+the health check); anything else is answered with a refusal. Results go back with
+POST /api/host/results.
+
+Order and exactly once: the coordinator numbers the commands of this host (hosts.py).
+Each heartbeat says the last number applied; the agent applies the commands after it one by
+one, in order, and keeps the number, each result and whether the coordinator has it in its
+own database (link_state, link_results), so a restart of either side, a lost reply or a SIGSTOP
+neither skips, repeats nor reorders a command. A command begun when the agent died is not run
+again: its result says the outcome is unknown.
+
+Domain only: no aiohttp.web here (the agent is an HTTP client of its coordinator).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from fleet_min.controlplane.federation.hosts import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
+from fleet_min.controlplane.loops import stop_tasks, wait_event
+from fleet_min.controlplane.runners.actions import Actions
+from fleet_min.controlplane.snapshot import Snapshots
+from fleet_min.controlplane.state import Plane
+from fleet_min.errors import Refused
+from fleet_min.timeutil import now
+
+log = logging.getLogger(__name__)
+
+REMEMBERED = 500
+RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def coordinator_token_file(cfg: Any) -> Path:
+    if cfg.coordinator_token_file:
+        return Path(cfg.coordinator_token_file).expanduser()
+    return Path(cfg.state_dir).expanduser() / "coordinator-token"
+
+
+def coordinator_token(path: Path) -> str:
+    """The coordinator's agent token, from an owner-only file (never argv or the environment of
+    child commands)."""
+    try:
+        text = path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot read the coordinator token file {path}: {exc}") from None
+    if not text:
+        raise ValueError(f"the coordinator token file {path} is empty")
+    return text
+
+
+def check_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"the coordinator must be an http(s) URL, got {url!r}")
+    return url.rstrip("/")
+
+
+LEGACY_SPOOL = "federation-owed.json"  # where an older version kept what it owed
+
+
+# --- the agent's database (transactions for Database.write) ----------------------------------
+
+def _switch(conn: sqlite3.Connection, queue: str, at: float) -> int:
+    """Make `queue` the current one: the last number applied from it (0 for a new queue)."""
+    row = conn.execute("SELECT applied FROM link_state WHERE queue = ?", (queue,)).fetchone()
+    if row is None:
+        conn.execute("INSERT INTO link_state (queue, updated_at) VALUES (?, ?)", (queue, at))
+        return 0
+    conn.execute("UPDATE link_state SET updated_at = ? WHERE queue = ?", (at, queue))
+    return int(row[0])
+
+
+def _begin(conn: sqlite3.Connection, queue: str, seq: int, command_id: str, at: float) -> None:
+    conn.execute("UPDATE link_state SET running = ?, running_id = ?, updated_at = ? "
+                 "WHERE queue = ?", (seq, command_id, at, queue))
+
+
+def _finish(conn: sqlite3.Connection, queue: str | None, seq: int | None,
+            result: dict[str, Any], at: float) -> None:
+    """The result, owed to the coordinator, and the number applied: in one transaction."""
+    conn.execute("INSERT OR REPLACE INTO link_results (id, queue, seq, result, reported, at) "
+                 "VALUES (?, ?, ?, ?, 0, ?)", (result["id"], queue, seq, json.dumps(result), at))
+    if queue is not None and seq is not None:
+        conn.execute("UPDATE link_state SET applied = max(applied, ?), running = NULL, "
+                     "running_id = NULL, updated_at = ? WHERE queue = ?", (seq, at, queue))
+    conn.execute("DELETE FROM link_results WHERE reported = 1 AND id NOT IN (SELECT id FROM "
+                 "link_results ORDER BY at DESC LIMIT ?)", (REMEMBERED,))
+
+
+def _owe_again(conn: sqlite3.Connection, command_id: str, queue: str | None,
+               seq: int | None) -> None:
+    """A command sent again after it was applied: the coordinator lacks its result."""
+    conn.execute("UPDATE link_results SET reported = 0 WHERE id = ?", (command_id,))
+    if queue is not None and seq is not None:
+        conn.execute("UPDATE link_state SET applied = max(applied, ?) WHERE queue = ?",
+                     (seq, queue))
+
+
+def _reported(conn: sqlite3.Connection, ids: list[str]) -> None:
+    conn.executemany("UPDATE link_results SET reported = 1 WHERE id = ?", [(i,) for i in ids])
+
+
+def _import_spool(conn: sqlite3.Connection, owed: list[Any], done: list[Any], at: float) -> None:
+    """What an older version left in its spool file: owed results to send, ids it ran."""
+    for result, reported in [(r, 1) for r in done] + [(r, 0) for r in owed]:
+        if isinstance(result, dict) and isinstance(result.get("id"), str):
+            conn.execute("INSERT OR REPLACE INTO link_results (id, result, reported, at) "
+                         "VALUES (?, ?, ?, ?)", (result["id"], json.dumps(result), reported, at))
+
+
+def _seq(command: dict[str, Any]) -> int | None:
+    seq = command.get("seq")
+    return seq if isinstance(seq, int) and not isinstance(seq, bool) and 0 < seq < MAX_SEQ \
+        else None
+
+
+class CoordinatorLink:
+    """The agent side of federation (see the module's docstring for order and exactly once)."""
+
+    def __init__(self, plane: Plane, actions: Actions, snapshots: Snapshots, url: str,
+                 token_file: Path) -> None:
+        self.plane = plane
+        self.actions = actions
+        self.snapshots = snapshots
+        self.url = check_url(url)
+        self.token_file = token_file
+        self.token = ""  # read at start (load)
+        self.queue: str | None = None  # the coordinator's queue our numbers belong to
+        self.applied = 0               # the last number of it applied here
+        self.last_ok_at: float | None = None
+        self.last_error: str | None = None
+        self.heartbeats = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def running(self, _app: object) -> AsyncIterator[None]:
+        """Load, then call the coordinator until the daemon stops (a cleanup context)."""
+        await self.load()
+        self._tasks = [asyncio.create_task(self.run(), name="controlplane-agent")]
+        yield
+        self.stop()
+        await stop_tasks(self._tasks)
+
+    async def load(self) -> None:
+        """The token; the queue and number from the database; a command a crash interrupted is
+        settled."""
+        self.token = coordinator_token(self.token_file)
+        await self._import_legacy_spool()
+        row = await self.plane.db.read_one("SELECT queue, applied, running, running_id FROM "
+                                        "link_state ORDER BY updated_at DESC LIMIT 1")
+        if row is None:
+            return
+        self.queue, self.applied = row["queue"], int(row["applied"])
+        if row["running"] is not None and row["running"] > self.applied:
+            result = {"id": row["running_id"], "seq": row["running"], "ok": False,
+                      "output": "", "error": "the agent stopped (killed or crashed) while "
+                      "running this command; it is not run again, so check what it did"}
+            await self.plane.db.write(_finish, self.queue, row["running"], result, now())
+            self.applied = int(row["running"])
+
+    async def _import_legacy_spool(self) -> None:
+        spool = self.plane.state_dir / LEGACY_SPOOL
+        try:
+            data = json.loads(spool.read_text())
+        except (OSError, ValueError):
+            return
+        if isinstance(data, dict):
+            await self.plane.db.write(_import_spool, list(data.get("owed") or []),
+                                   list(data.get("done") or []), now())
+        spool.unlink(missing_ok=True)
+
+    def status(self) -> dict[str, Any]:
+        return {"coordinator": self.url, "heartbeats": self.heartbeats,
+                "last_ok_at": self.last_ok_at, "last_error": self.last_error,
+                "queue": self.queue, "applied": self.applied}
+
+    def report(self, wait_s: float) -> dict[str, Any]:
+        snap = self.plane.snapshot
+        return {"host": self.plane.host_name, "role": "agent", "wait_s": wait_s,
+                "queue": self.queue, "applied": self.applied,
+                "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.plane.views],
+                "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
+                "load": (snap.get("vitals") or {}).get("load")}
+
+    async def run(self) -> None:
+        failures = 0
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self._stop.is_set():
+                try:
+                    await self._exchange(session)
+                    failures = 0
+                except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    log.warning("heartbeat to %s failed: %s", self.url, self.last_error)
+                    await wait_event(self._stop, RETRY_S[min(failures, len(RETRY_S) - 1)])
+                    failures += 1
+
+    async def _post(self, session: aiohttp.ClientSession, path: str, body: dict[str, Any],
+                    timeout_s: float) -> dict[str, Any]:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(self.url + path, json=body, headers={
+                    "Authorization": f"Bearer {self.token}"}) as resp:
+                reply = await resp.json(content_type=None)
+                if resp.status != 200 or not isinstance(reply, dict):
+                    message = reply.get("error") if isinstance(reply, dict) else None
+                    raise ValueError(f"{path} answered {resp.status}: {message}")
+                return reply
+
+    async def _exchange(self, session: aiohttp.ClientSession) -> None:
+        wait_s = float(self.plane.setting("heartbeat_s"))
+        reply = await self._post(session, "/api/host/heartbeat", self.report(wait_s),
+                                 wait_s + 20)
+        self.heartbeats += 1
+        self.last_ok_at, self.last_error = self.plane.clock(), None
+        queue = reply.get("queue")
+        if isinstance(queue, str) and queue and queue != self.queue:
+            self.applied = await self.plane.db.write(_switch, queue[:64], now())
+            self.queue = queue[:64]
+        commands = reply.get("commands")
+        commands = [c for c in commands if isinstance(c, dict)] \
+            if isinstance(commands, list) else []
+        # Numbered commands in their order (a reply is already ordered; this makes it so).
+        commands.sort(key=lambda c: _seq(c) or 0)
+        ran = [await self._take(command) for command in commands]
+        if any(ran):
+            await self.snapshots.rebuild()  # the next heartbeat reports the commands' effect
+        await self._deliver(session)
+
+    async def _take(self, command: dict[str, Any]) -> bool:
+        """Apply one command unless it was applied before; True when it ran now."""
+        command_id = str(command.get("id", ""))[:100]
+        seq = _seq(command) if self.queue is not None else None
+        known = await self.plane.db.read_one("SELECT 1 FROM link_results WHERE id = ?",
+                                          (command_id,))
+        if known is not None or (seq is not None and seq <= self.applied):
+            await self.plane.db.write(_owe_again, command_id, self.queue, seq)
+            self.applied = max(self.applied, seq or 0)
+            return False
+        if seq is not None and self.queue is not None:
+            await self.plane.db.write(_begin, self.queue, seq, command_id, now())
+        result = {**await self.execute(command_id, command), "seq": seq}
+        await self.plane.db.write(_finish, self.queue if seq else None, seq, result, now())
+        self.applied = max(self.applied, seq or 0)
+        return True
+
+    async def _deliver(self, session: aiohttp.ClientSession) -> None:
+        """Post the results the coordinator does not have yet; marked once it answers."""
+        rows = await self.plane.db.read("SELECT id, result FROM link_results WHERE reported = 0 "
+                                     "ORDER BY at, rowid LIMIT 200")
+        if rows:
+            results = [json.loads(r["result"]) for r in rows]
+            await self._post(session, "/api/host/results",
+                             {"host": self.plane.host_name, "results": results}, 30)
+            await self.plane.db.write(_reported, [r["id"] for r in rows])
+
+    async def execute(self, command_id: str, command: dict[str, Any]) -> dict[str, Any]:
+        action, args = command.get("action"), command.get("args")
+        if action not in AGENT_ACTIONS:
+            return {"id": command_id, "ok": False, "output": "",
+                    "error": f"{action} is not allowed on agent hosts; only "
+                             f"{', '.join(AGENT_ACTIONS)} are"}
+        return await self._run(command_id, str(action), args if isinstance(args, dict) else {})
+
+    async def _run(self, command_id: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
+        local = {k: v for k, v in args.items() if k != "host"}
+        try:
+            reply = await self.actions.run(action, local, f"coordinator {self.url}")
+        except Refused as exc:
+            return {"id": command_id, "ok": False, "error": exc.message, "output": ""}
+        except Exception as exc:  # the command counts as applied; say how it failed
+            log.exception("command %s (%s) failed", command_id, action)
+            return {"id": command_id, "ok": False, "output": "",
+                    "error": f"{action} failed on the agent: {type(exc).__name__}: {exc}"[:500]}
+        return {"id": command_id, "ok": bool(reply.get("ok")), "error": reply.get("error"),
+                "output": str(reply.get("output", ""))[-20000:], "code": reply.get("code"),
+                "runner": reply.get("runner")}
+
+    def stop(self) -> None:
+        self._stop.set()

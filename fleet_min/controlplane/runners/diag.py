@@ -1,0 +1,77 @@
+"""The runner's own diagnostic logs (`_diag`): a summary and a redacted tail.
+
+Only regular files are read (a symlink planted in `_diag` could point at `.credentials` or
+anywhere on the host), and only their last TAIL_BYTES, so a log of gigabytes costs nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from fleet_min.controlplane.runners.redact import redact
+from fleet_min.timeutil import iso
+
+TAIL_BYTES = 64 * 1024
+TAIL_LINES = 80
+
+
+def safe_file(path: Path, inside: Path) -> os.stat_result | None:
+    """lstat of `path` when it is a regular file (not a link) inside `inside`, else None."""
+    try:
+        info = path.lstat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(info.st_mode) or path.name.startswith(".credentials"):
+        return None
+    if not path.resolve().is_relative_to(inside.resolve()):
+        return None
+    return info
+
+
+def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
+    with open(path, "rb") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, size - limit))
+        data = handle.read(limit)
+    text = data.decode("utf-8", "replace")
+    if size > limit:
+        text = text.split("\n", 1)[-1]  # drop the cut first line
+    return text
+
+
+def diag_logs(runner_dir: Path) -> list[tuple[Path, os.stat_result]]:
+    folder = runner_dir / "_diag"
+    if folder.is_symlink() or not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        info = safe_file(entry, runner_dir)
+        if info is not None and entry.suffix == ".log":
+            found.append((entry, info))
+    return sorted(found, key=lambda item: item[1].st_mtime)
+
+
+def summary_and_tail(runner_dir: Path, lines: int = TAIL_LINES) -> dict[str, Any]:
+    logs = diag_logs(runner_dir)
+    runner_logs = [item for item in logs if item[0].name.startswith("Runner_")]
+    candidates = runner_logs or logs
+    out: dict[str, Any] = {"files": len(logs),
+                           "total_bytes": sum(info.st_size for _, info in logs),
+                           "latest": None, "errors": 0, "warnings": 0, "last_error": None,
+                           "tail": []}
+    if not candidates:
+        return out
+    path, info = candidates[-1]
+    text = redact(read_tail(path))
+    all_lines = text.splitlines()
+    errors = [line for line in all_lines if " ERR " in line or "[ERR" in line]
+    out.update({"latest": {"name": path.name, "bytes": info.st_size,
+                           "modified_at": iso(info.st_mtime)},
+                "errors": len(errors),
+                "warnings": sum(1 for line in all_lines if " WARN " in line),
+                "last_error": errors[-1] if errors else None,
+                "tail": all_lines[-lines:]})
+    return out

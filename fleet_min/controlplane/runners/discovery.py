@@ -1,0 +1,304 @@
+"""Discovery: the runner installations under the root, read from their own files.
+
+A runner is a directory holding a `.runner` file (JSON, written by config.sh with a BOM). Its
+name, URL and repository come from that file; its version from the runner's own binaries; its
+drain marker is ours (`.fleet-drain`); its processes are matched from the process table by path.
+`.credentials*` files are never opened here or anywhere else in the control plane.
+
+The daemon discovers every few seconds through one Discovery, which reads a runner's files again
+only when their stat signature changed (see Discovery); discover() reads everything each time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from fleet_min.controlplane.runners.procs import Proc
+
+DRAIN_MARKER = ".fleet-drain"
+SERVICE_FILE = ".service"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_VERSION = re.compile(r"\d+\.\d+\.\d+")
+_MAX_DEPTH = 3
+
+
+def valid_name(name: str) -> bool:
+    return bool(_NAME.fullmatch(name))
+
+
+def valid_repo(repo: str) -> bool:
+    owner, _, project = repo.partition("/")
+    return bool(_SLUG.fullmatch(owner) and _SLUG.fullmatch(project)) and ".." not in repo
+
+
+@dataclass
+class Runner:
+    name: str
+    path: Path
+    rel: str
+    url: str
+    owner: str | None
+    repo: str | None  # owner/project; None for an organisation-level runner
+    agent_id: int | None
+    labels: list[str]
+    version: str | None
+    staged: list[str]
+    draining_since: str | None
+    unit_hint: str | None  # the unit name svc.sh wrote into .service, when it did
+    listener: Proc | None = None
+    workers: list[Proc] = field(default_factory=list)
+
+    @property
+    def draining(self) -> bool:
+        return self.draining_since is not None
+
+    @property
+    def working(self) -> bool:
+        return bool(self.workers)
+
+
+def read_runner_file(path: Path) -> dict[str, Any]:
+    """The `.runner` JSON; utf-8-sig drops the BOM the runner writes."""
+    data = json.loads(path.read_text(encoding="utf-8-sig"))
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def repo_of(url: str) -> tuple[str | None, str | None]:
+    """https://github.com/owner/project -> ("owner", "owner/project"); org runners have no repo."""
+    parts = [p for p in urlsplit(url).path.split("/") if p]
+    if parts and parts[0] == "enterprises":
+        return None, None
+    owner = parts[0] if parts and _SLUG.fullmatch(parts[0]) else None
+    if owner and len(parts) >= 2 and valid_repo(f"{owner}/{parts[1]}"):
+        return owner, f"{owner}/{parts[1].removesuffix('.git')}"
+    return owner, None
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in text.split("."))
+
+
+def versions(path: Path) -> tuple[str | None, list[str]]:
+    """(active version, staged versions): the `bin` symlink's target names the active one after
+    a self-update; a fresh install carries it in its deps file; `bin.X.Y.Z` dirs are staged."""
+    active = None
+    bin_dir = path / "bin"
+    if bin_dir.is_symlink():
+        target = os.readlink(bin_dir)
+        found = _VERSION.search(Path(target).name)
+        active = found.group(0) if found else None
+    if active is None:
+        try:
+            text = (bin_dir / "Runner.Listener.deps.json").read_text(encoding="utf-8",
+                                                                     errors="replace")
+            found = re.search(r"Runner\.Listener/(\d+\.\d+\.\d+)", text)
+            active = found.group(1) if found else None
+        except OSError:
+            pass
+    staged = []
+    for entry in path.glob("bin.*"):
+        found = _VERSION.fullmatch(entry.name[4:])
+        if found and entry.is_dir() and entry.name[4:] != active:
+            staged.append(entry.name[4:])
+    return active, sorted(staged, key=_version_key)
+
+
+def _drain_since(path: Path) -> str | None:
+    try:
+        text = (path / DRAIN_MARKER).read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+def _unit_hint(path: Path) -> str | None:
+    try:
+        text = (path / SERVICE_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    # svc.sh writes the unit name (systemd) or the plist path (launchd); keep the last part only.
+    name = text.rsplit("/", 1)[-1].removesuffix(".plist")
+    return name if re.fullmatch(r"[A-Za-z0-9@._:-]{1,255}", name) else None
+
+
+def load_runner(path: Path, root: Path) -> Runner | None:
+    try:
+        data = read_runner_file(path / ".runner")
+    except (OSError, ValueError):
+        return None
+    name = str(data.get("agentName") or "")
+    url = str(data.get("gitHubUrl") or data.get("serverUrl") or "")
+    if not valid_name(name):
+        return None
+    owner, repo = repo_of(url)
+    labels = data.get("labels")
+    active, staged = versions(path)
+    agent_id = data.get("agentId")
+    return Runner(name=name, path=path, rel=str(path.relative_to(root)), url=url, owner=owner,
+                  repo=repo, agent_id=agent_id if isinstance(agent_id, int) else None,
+                  labels=[str(x) for x in labels] if isinstance(labels, list) else [],
+                  version=active, staged=staged, draining_since=_drain_since(path),
+                  unit_hint=_unit_hint(path))
+
+
+def _runner_dirs(root: Path) -> list[tuple[Path, os.stat_result]]:
+    """Every directory under root (to _MAX_DEPTH) holding a `.runner` file, sorted by path,
+    with that file's stat."""
+    found: list[tuple[Path, os.stat_result]] = []
+    stack = [(root, 0)]
+    while stack:
+        here, depth = stack.pop()
+        try:
+            marker = os.stat(os.path.join(here, ".runner"))
+        except (OSError, ValueError):
+            marker = None
+        if marker is not None and stat.S_ISREG(marker.st_mode):
+            found.append((here, marker))
+            continue  # never walk into a runner's _work tree
+        if depth >= _MAX_DEPTH:
+            continue
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for entry in entries:
+            # Symlinked directories are skipped so discovery cannot leave the root.
+            if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
+                stack.append((Path(entry.path), depth + 1))
+    return sorted(found, key=lambda item: item[0])
+
+
+def discover(root: Path, procs: list[Proc]) -> list[Runner]:
+    """Every runner under root with its listener and worker processes attached (every file
+    read afresh; the daemon keeps a Discovery instead)."""
+    return Discovery(root).discover(procs)
+
+
+# A signature whose newest time is this close to the moment it was taken is not trusted: a
+# change within the same clock tick (coarse on many file systems, 1-2 s on some) would leave
+# the times as they were, so such a runner is read again at the next discovery (as git's index
+# treats "racily clean" files).
+RACY_NS = 2_000_000_000
+
+_Signature = tuple[tuple[int, int, int, int] | None, ...]
+
+
+def _stat_key(path: str, follow: bool = True) -> tuple[int, int, int, int] | None:
+    try:
+        st = os.stat(path, follow_symlinks=follow)
+    except (OSError, ValueError):
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+class Discovery:
+    """discover() that reads a runner's files only when they may have changed.
+
+    Each runner's parsed files are kept with a signature: the stat (inode, size, mtime, ctime)
+    of its directory (an entry added, removed, renamed or replaced: the drain marker, `.service`,
+    the `bin` link of a self-update, staged `bin.*` directories), of `.runner`, `.service` and
+    `.fleet-drain` (rewritten in place) and of `bin/Runner.Listener.deps.json`. The same
+    signature means the same Runner, so only the stats are paid. Not cached: a runner read
+    within RACY_NS of its newest time, or one whose `bin.*` entries are symlinks (their
+    targets can change without touching the runner's directory). Processes change every tick
+    and are attached afresh each time.
+    """
+
+    def __init__(self, root: Path, racy_ns: int = RACY_NS) -> None:
+        self.root = root
+        self.racy_ns = racy_ns
+        self._known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        self.reads = 0  # runners whose files were read (not served from the cache)
+
+    def discover(self, procs: list[Proc]) -> list[Runner]:
+        known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        runners = []
+        seen: set[str] = set()
+        for path, marker in _runner_dirs(self.root):
+            signature = _signature(path, marker)
+            cached = self._known.get(path)
+            if cached is not None and cached[0] == signature:
+                known[path] = cached
+                template = cached[1]
+            else:
+                self.reads += 1
+                template, cacheable = _load(path, self.root)
+                if cacheable and not _racy(signature, self.racy_ns):
+                    known[path] = (signature, template)
+            if template is None or template.name in seen:
+                continue
+            seen.add(template.name)
+            runners.append(replace(template, labels=list(template.labels),
+                                   staged=list(template.staged), listener=None, workers=[]))
+        self._known = known  # replaced whole: runners gone from the root are forgotten
+        attach_all(runners, procs)
+        return runners
+
+
+def _signature(path: Path, marker: os.stat_result) -> _Signature:
+    folder = str(path)
+    return (_stat_key(folder, follow=False),
+            (marker.st_ino, marker.st_size, marker.st_mtime_ns, marker.st_ctime_ns),
+            _stat_key(os.path.join(folder, SERVICE_FILE)),
+            _stat_key(os.path.join(folder, DRAIN_MARKER)),
+            _stat_key(os.path.join(folder, "bin", "Runner.Listener.deps.json")))
+
+
+def _racy(signature: _Signature, racy_ns: int) -> bool:
+    newest = max((max(key[2], key[3]) for key in signature if key is not None), default=0)
+    return time.time_ns() - newest < racy_ns
+
+
+def _load(path: Path, root: Path) -> tuple[Runner | None, bool]:
+    """(the runner read from its files, whether the result may be cached)."""
+    runner = load_runner(path, root)
+    cacheable = not any(entry.is_symlink() for entry in path.glob("bin.*"))
+    return runner, cacheable
+
+
+def attach_all(runners: list[Runner], procs: list[Proc]) -> None:
+    """Each process to the runner whose directory holds one of its first three arguments: a
+    `Runner.Listener` (the first one) or a `Runner.Worker`. One pass over the processes with a
+    lookup by directory, not every process for every runner."""
+    by_path = {str(r.path): r for r in runners}
+    if not by_path:
+        return
+    for proc in procs:
+        claimed: list[Runner] = []
+        for arg in proc.argv[:3]:
+            runner = _holder(arg, by_path)
+            if runner is None or any(runner is other for other in claimed):
+                continue  # a runner looks at its first matching argument only
+            claimed.append(runner)
+            base = os.path.basename(arg)
+            if base == "Runner.Listener" and runner.listener is None:
+                runner.listener = proc
+            elif base == "Runner.Worker":
+                runner.workers.append(proc)
+
+
+def _holder(arg: str, by_path: dict[str, Runner]) -> Runner | None:
+    """The runner whose path + separator starts arg (at most one: runners do not nest)."""
+    head = os.path.dirname(arg)
+    while head:
+        runner = by_path.get(head)
+        if runner is not None:
+            return runner if arg.startswith(head + os.sep) else None
+        parent = os.path.dirname(head)
+        if parent == head:
+            return None
+        head = parent
+    return None

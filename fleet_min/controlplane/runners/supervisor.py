@@ -1,0 +1,236 @@
+"""The host's service manager behind one small interface: systemd on Linux, launchd on macOS.
+
+Both answer the same questions (is the runner's service loaded, running, with which pid) and do
+the same four things (start, stop, install, uninstall), always through argv commands with a
+timeout. The choice is made at run time (FLEET_SUPERVISOR, default by platform).
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from fleet_min.controlplane.runners import commands
+from fleet_min.controlplane.runners.commands import CommandResult
+from fleet_min.controlplane.runners.discovery import Runner
+from fleet_min.controlplane.runners.procs import is_darwin
+
+
+@dataclass
+class ServiceState:
+    unit: str
+    scope: str | None  # "system" or "user" (systemd), "agent" (launchd); None when not found
+    loaded: bool
+    active: str  # active, inactive, failed, activating, deactivating, unknown
+    sub: str
+    main_pid: int | None
+
+    def as_json(self) -> dict[str, Any]:
+        # Spelled out rather than dataclasses.asdict (which deep-copies field by field): it runs
+        # for every runner in every rebuild. test_service_state_json_has_every_field keeps it
+        # in step with the fields.
+        return {"unit": self.unit, "scope": self.scope, "loaded": self.loaded,
+                "active": self.active, "sub": self.sub, "main_pid": self.main_pid}
+
+
+class Supervisor(Protocol):
+    kind: str
+
+    async def states(self, runners: list[Runner]) -> dict[str, ServiceState]: ...
+    async def start(self, runner: Runner, state: ServiceState) -> CommandResult: ...
+    async def stop(self, runner: Runner, state: ServiceState) -> CommandResult: ...
+    async def install(self, runner: Runner, scope: str | None) -> CommandResult: ...
+    async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult: ...
+
+
+def service_name(runner: Runner) -> str:
+    """The name svc.sh gives the service: actions.runner.<owner>-<repo>.<name> (80-char name)."""
+    if runner.unit_hint:
+        return runner.unit_hint.removesuffix(".service")
+    scope = runner.repo.replace("/", "-") if runner.repo else (runner.owner or "runner")
+    return f"actions.runner.{scope}.{runner.name[:80]}"
+
+
+def chain(results: list[CommandResult]) -> CommandResult:
+    """Several commands reported as one: the first failure's code, all output, total time."""
+    failed = next((r for r in results if not r.ok), None)
+    last = failed or results[-1]
+    output = "\n".join(f"$ {r.command}\n{r.output.rstrip()}" for r in results).strip()
+    return CommandResult(last.argv, last.code, output, sum(r.duration_ms for r in results),
+                         any(r.timed_out for r in results))
+
+
+def choose(kind: str, scope: str, timeout_s: float) -> Supervisor:
+    if kind == "launchd" or (kind == "auto" and is_darwin()):
+        return Launchd(timeout_s)
+    return Systemd(scope, timeout_s)
+
+
+class Systemd:
+    kind = "systemd"
+
+    def __init__(self, scope: str, timeout_s: float) -> None:
+        self.scope = scope  # auto, system or user
+        self.timeout_s = timeout_s
+
+    def _systemctl(self, scope: str) -> list[str]:
+        if scope == "user":
+            return ["systemctl", "--user"]
+        # A system unit needs root; sudo -n fails fast instead of waiting for a password.
+        return ["systemctl"] if os.geteuid() == 0 else ["sudo", "-n", "systemctl"]
+
+    async def _run(self, argv: list[str], cwd: Path | None = None,
+                   parse_only: bool = False) -> CommandResult:
+        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd, parse_only=parse_only)
+
+    async def states(self, runners: list[Runner]) -> dict[str, ServiceState]:
+        """One `systemctl show` per scope for every unit at once (it prints one block per unit);
+        its output is only parsed, so it is not redacted."""
+        units = {r.name: service_name(r) + ".service" for r in runners}
+        found = {name: ServiceState(unit, None, False, "unknown", "", None)
+                 for name, unit in units.items()}
+        if not units:
+            return found
+        for scope in (["system", "user"] if self.scope == "auto" else [self.scope]):
+            # Reading state needs no privilege, so no sudo here even for system units.
+            base = ["systemctl", "--user"] if scope == "user" else ["systemctl"]
+            argv = [*base, "show", "--property=Id,LoadState,ActiveState,SubState,MainPID", "--",
+                    *units.values()]
+            result = await self._run(argv, parse_only=True)
+            if result.code is None:
+                continue
+            by_unit = parse_show(result.output)
+            for name, unit in units.items():
+                props = by_unit.get(unit)
+                if props is None or found[name].loaded:
+                    continue
+                loaded = props.get("LoadState") == "loaded"
+                pid = int(props.get("MainPID") or 0)
+                found[name] = ServiceState(unit, scope if loaded else None, loaded,
+                                           props.get("ActiveState", "unknown"),
+                                           props.get("SubState", ""), pid or None)
+        return found
+
+    def _scope_of(self, state: ServiceState) -> str:
+        if state.scope:
+            return state.scope
+        return "user" if self.scope == "auto" and os.geteuid() != 0 else \
+            ("system" if self.scope == "auto" else self.scope)
+
+    async def start(self, runner: Runner, state: ServiceState) -> CommandResult:
+        return await self._run([*self._systemctl(self._scope_of(state)), "start", state.unit])
+
+    async def stop(self, runner: Runner, state: ServiceState) -> CommandResult:
+        return await self._run([*self._systemctl(self._scope_of(state)), "stop", state.unit])
+
+    async def install(self, runner: Runner, scope: str | None) -> CommandResult:
+        unit = service_name(runner) + ".service"
+        chosen = scope or self._scope_of(ServiceState(unit, None, False, "", "", None))
+        if chosen == "system":
+            # The runner's own svc.sh writes the system unit (it needs root, hence sudo -n).
+            prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+            return await self._run([*prefix, str(runner.path / "svc.sh"), "install",
+                                    getpass.getuser()], cwd=runner.path)
+        path = user_unit_dir() / unit
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(unit_text(runner), encoding="utf-8")
+        (runner.path / ".service").write_text(unit + "\n", encoding="utf-8")
+        systemctl = self._systemctl("user")
+        return chain([await self._run([*systemctl, "daemon-reload"]),
+                      await self._run([*systemctl, "enable", unit])])
+
+    async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
+        if self._scope_of(state) == "system":
+            prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+            return await self._run([*prefix, str(runner.path / "svc.sh"), "uninstall"],
+                                   cwd=runner.path)
+        systemctl = self._systemctl("user")
+        disabled = await self._run([*systemctl, "disable", state.unit])
+        (user_unit_dir() / state.unit).unlink(missing_ok=True)
+        (runner.path / ".service").unlink(missing_ok=True)
+        return chain([disabled, await self._run([*systemctl, "daemon-reload"])])
+
+
+def user_unit_dir() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "systemd" / "user"
+
+
+def unit_text(runner: Runner) -> str:
+    """A user unit like the one svc.sh writes for system scope. KillMode=process lets a running
+    job's worker finish its cleanup when the listener is stopped, as the runner expects."""
+    return (f"[Unit]\nDescription=GitHub Actions Runner ({runner.repo or runner.owner}."
+            f"{runner.name})\nAfter=network-online.target\n\n[Service]\n"
+            f"ExecStart=\"{runner.path / 'run.sh'}\"\nWorkingDirectory={runner.path}\n"
+            "KillMode=process\nKillSignal=SIGTERM\nTimeoutStopSec=5min\n\n"
+            "[Install]\nWantedBy=default.target\n")
+
+
+def parse_show(text: str) -> dict[str, dict[str, str]]:
+    """`systemctl show` output (blank-line separated blocks of Key=Value) keyed by Id."""
+    out: dict[str, dict[str, str]] = {}
+    for block in text.split("\n\n"):
+        props = dict(line.split("=", 1) for line in block.splitlines() if "=" in line)
+        if "Id" in props:
+            out[props["Id"]] = props
+    return out
+
+
+class Launchd:
+    kind = "launchd"
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+
+    @staticmethod
+    def plist(label: str) -> Path:
+        return Path.home() / "Library" / "LaunchAgents" / f"{label}.plist"
+
+    async def _run(self, argv: list[str], cwd: Path | None = None,
+                   parse_only: bool = False) -> CommandResult:
+        return await commands.run(argv, timeout_s=self.timeout_s, cwd=cwd, parse_only=parse_only)
+
+    async def states(self, runners: list[Runner]) -> dict[str, ServiceState]:
+        result = await self._run(["launchctl", "list"], parse_only=True)  # parsed, never shown
+        table = parse_launchctl_list(result.output) if result.ok else {}
+        found = {}
+        for runner in runners:
+            label = service_name(runner)
+            row = table.get(label)
+            if row is None:
+                found[runner.name] = ServiceState(label, None, False,
+                                                  "inactive" if result.ok else "unknown", "", None)
+                continue
+            pid, status = row
+            active = "active" if pid else ("failed" if status not in (0, None) else "inactive")
+            found[runner.name] = ServiceState(label, "agent", True, active,
+                                              "running" if pid else f"exit {status}", pid)
+        return found
+
+    async def start(self, runner: Runner, state: ServiceState) -> CommandResult:
+        return await self._run(["launchctl", "load", "-w", str(self.plist(state.unit))])
+
+    async def stop(self, runner: Runner, state: ServiceState) -> CommandResult:
+        return await self._run(["launchctl", "unload", str(self.plist(state.unit))])
+
+    async def install(self, runner: Runner, scope: str | None) -> CommandResult:
+        return await self._run([str(runner.path / "svc.sh"), "install"], cwd=runner.path)
+
+    async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
+        return await self._run([str(runner.path / "svc.sh"), "uninstall"], cwd=runner.path)
+
+
+def parse_launchctl_list(text: str) -> dict[str, tuple[int | None, int | None]]:
+    """`launchctl list` rows `PID<TAB>Status<TAB>Label` -> {label: (pid, last exit status)}."""
+    rows: dict[str, tuple[int | None, int | None]] = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split("\t")
+        if len(parts) != 3:
+            continue
+        pid = int(parts[0]) if parts[0].isdigit() else None
+        status = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
+        rows[parts[2]] = (pid, status)
+    return rows
