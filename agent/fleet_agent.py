@@ -2035,9 +2035,9 @@ def thermal_summary(ctx: JobContext, plan: dict, done: list[dict], start: dict,
         digest = synthetic_attestation()
         metrics.update(synthetic_digest=digest, synthetic_rounds=SYNTHETIC_ATTESTATION_ROUNDS)
         if digest != SYNTHETIC_ATTESTATION:
-            return final(False, "the synthetic digest {} is not the reference {}: this device "
-                         "computes SHA-256 wrongly, so its figures do not compare".format(
-                             digest, SYNTHETIC_ATTESTATION), drop_none(metrics))
+            return final(False, f"the synthetic digest {digest} is not the reference "
+                         f"{SYNTHETIC_ATTESTATION}: this device computes SHA-256 wrongly, so "
+                         "its figures do not compare", drop_none(metrics))
     return final(True, None, drop_none(metrics))
 
 
