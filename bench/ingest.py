@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Http, emit, run_clients, server, table
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 
 METRICS = {"decode_tok_s": 12.5, "prefill_tok_s": 101.25, "ttft_ms": 48.0, "peak_mem_mb": 812}

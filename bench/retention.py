@@ -35,8 +35,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import emit, table
-from fleet_min.collector import system
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.insight import system
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import Database
 
 DAY_S = 86400.0

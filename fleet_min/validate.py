@@ -428,7 +428,7 @@ _JOB_FIELDS: dict[str, Rule] = {
         "sha256": _either(_SHA, _or_ref(_one_of("latest"))),
     }),
     # maestro and xcuitest, and report_to.github_status: the names the clients already in the
-    # field send (decisions.md); stored in the neutral form (fleet_min/collector/compat.py).
+    # field send (decisions.md); stored in the neutral form (fleet_min/collector/jobs/compat.py).
     "suite": _object({"kind": _or_ref(_one_of(*SUITE_KINDS, *SUITE_KIND_ALIASES)),
                       "flows": _STRING}),
     "report_to": _object({"ci_status": _CI_TARGET, "github_status": _CI_TARGET}, closed=True),

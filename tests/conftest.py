@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
-from fleet_min.collector.app import create_app
+from fleet_min.collector.http.app import create_app
 from fleet_min.config import COLLECTOR_SETTINGS, resolve
 
 CollectorFactory = Callable[..., Any]

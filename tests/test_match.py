@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet_min.collector import match
-from fleet_min.collector.match import Matcher, MatchError, compile_match, compiled
+from fleet_min.collector.jobs import match
+from fleet_min.collector.jobs.match import Matcher, MatchError, compile_match, compiled
 
 PIXEL: dict[str, Any] = {
     "device_id": "pixel-8",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_min.collector import rules
+from fleet_min.collector.jobs import rules
 
 
 @pytest.mark.parametrize("start, end, hour, inside", [

@@ -104,7 +104,7 @@ def _serve(app: web.Application, config: Any, fast: bool) -> int:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
-        from fleet_min.collector import backup
+        from fleet_min.collector.storage import backup
 
         return backup.main(argv[0], argv[1:])
     args = _parser().parse_args(argv)
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     if jsonio.REFUSED:  # an orjson too old to trust: say so once, at start
         log.warning("%s", jsonio.REFUSED)
     fast = install_uvloop()
-    from fleet_min.collector.app import create_app
+    from fleet_min.collector.http.app import create_app
 
     try:
         app = create_app(config)

@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import filemodes, jsonio
-from fleet_min.collector import queue
-from fleet_min.collector.dispatch import Dispatcher, Waiter
-from fleet_min.collector.effects import Effects
-from fleet_min.collector.queue import Claimant
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs.dispatch import Dispatcher, Waiter
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.queue import Claimant
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import Config
 from fleet_min.db import Database, replayable
 from fleet_min.sse import EventHub

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 import pytest
 from aiohttp import web
 
-from fleet_min.collector import alerts
-from fleet_min.collector.alerts import Sizes, Thresholds
-from fleet_min.collector.webhook import MAX_BACKOFF_S, backoff
+from fleet_min.collector.automation import alerts
+from fleet_min.collector.automation.alerts import Sizes, Thresholds
+from fleet_min.collector.automation.webhook import MAX_BACKOFF_S, backoff
 from tests.support.collector import age_rows, beacon, free_port, job, registration, result_row
 
 NOW = 1_800_000_000.0

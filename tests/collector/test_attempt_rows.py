@@ -13,9 +13,9 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from fleet_min.collector import queue, results
-from fleet_min.collector.effects import Effects
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.jobs import queue, results
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 from tests.support.collector import (
     age_rows,

@@ -21,7 +21,7 @@ import sqlite3
 
 import pytest
 
-from fleet_min.collector import mesh
+from fleet_min.collector.access import mesh
 from tests.support.collector import (
     CollectorProcess,
     age_rows,
@@ -608,7 +608,7 @@ def test_a_chain_of_trusted_proxies_is_walked_to_the_first_untrusted_hop():
 
 def test_the_schema_upgrade_keeps_devices_unbound(tmp_path):
     """Schema 4 on a database made before it: devices registered earlier stay unbound."""
-    from fleet_min.collector.schema import MIGRATIONS
+    from fleet_min.collector.storage.schema import MIGRATIONS
     from fleet_min.db import migrate
 
     data = tmp_path / "data"

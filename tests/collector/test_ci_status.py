@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from fleet_min.collector import ci_status
+from fleet_min.collector.access import ci_status
 from tests.support.collector import job, registration, result_row
 from tests.support.fake_statuses import WAIT_S, running_fake_statuses
 

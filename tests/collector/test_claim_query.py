@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from fleet_min.collector import queue
+from fleet_min.collector.jobs import queue
 from tests.support.collector import job, registration
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from fleet_min.collector.app import SERVICE
+from fleet_min.collector.http.app import SERVICE
 from tests.support.collector import age_rows, beacon, job, registration, wait_for_polls
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fleet_min.collector.cron import CronError, parse
+from fleet_min.cron import CronError, parse
 
 BERLIN = ZoneInfo("Europe/Berlin")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet_min.collector import guard
-from fleet_min.collector.app import create_app
+from fleet_min.collector.access import guard
+from fleet_min.collector.http.app import create_app
 from fleet_min.config import COLLECTOR_SETTINGS, resolve
 from tests.support.collector import job, registration
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from fleet_min.collector import queue, templates
-from fleet_min.collector.effects import Effects
+from fleet_min.collector.jobs import queue, templates
+from fleet_min.collector.jobs.effects import Effects
 from tests.support.collector import (
     ROOT,
     CollectorProcess,

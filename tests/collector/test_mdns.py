@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from fleet_min.collector import mdns
+from fleet_min.collector.access import mdns
 
 ADVERT = mdns.Advert("shelf", "col-0123456789abcdef", 8788, ("192.0.2.10",))
 WAIT_S = 10

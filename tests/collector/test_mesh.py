@@ -12,7 +12,7 @@ import ipaddress
 
 import pytest
 
-from fleet_min.collector import mesh
+from fleet_min.collector.access import mesh
 from tests.support.collector import registration
 from tests.support.fake_tailscale import install, whois
 

@@ -13,8 +13,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from fleet_min.collector import telemetry
-from fleet_min.collector.metrics_http import METRICS
+from fleet_min.collector.http.metrics import METRICS
+from fleet_min.collector.insight import telemetry
 from tests.support.collector import (
     CollectorProcess,
     age_rows,

@@ -7,7 +7,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from fleet_min.collector import peers
+from fleet_min.collector.access import peers
 from fleet_min.config import ConfigError
 from tests.support.collector import free_port, job, registration
 

@@ -17,9 +17,9 @@ from collections import Counter
 
 import pytest
 
-from fleet_min.collector import queue
-from fleet_min.collector.app import SERVICE
-from fleet_min.collector.queue import Claimant
+from fleet_min.collector.http.app import SERVICE
+from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs.queue import Claimant
 from fleet_min.timeutil import now
 from tests.support.collector import (
     CollectorProcess,

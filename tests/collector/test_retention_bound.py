@@ -11,8 +11,8 @@ import sqlite3
 import time
 from pathlib import Path
 
-from fleet_min.collector import system
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.insight import system
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import COLLECTOR_SETTINGS, resolve
 from fleet_min.db import Database
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from fleet_min.collector import schedules
-from fleet_min.collector.effects import Effects
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.automation import schedules
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 from tests.support.collector import age_rows
 

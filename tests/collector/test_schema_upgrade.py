@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from fleet_min.collector.schema import MIGRATIONS
+from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 from tests.support.collector import job, registration, result_row
 

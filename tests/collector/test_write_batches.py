@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-from fleet_min.collector import queue, results
-from fleet_min.collector.app import SERVICE
-from fleet_min.collector.specs import check_spec
+from fleet_min.collector.http.app import SERVICE
+from fleet_min.collector.jobs import queue, results
+from fleet_min.collector.jobs.specs import check_spec
 from fleet_min.errors import Unprocessable
 from fleet_min.timeutil import now
 from tests.support.collector import job, registration, result_row, wait_for_polls

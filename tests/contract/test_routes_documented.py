@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 
 from fleet_min import openapi
-from fleet_min.collector.app import create_app as create_collector
+from fleet_min.collector.http.app import create_app as create_collector
 from fleet_min.config import COLLECTOR_SETTINGS, resolve
 from fleet_min.controlplane.http.app import create_app as create_controlplane
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS

@@ -24,8 +24,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fleet_min import origin, query, timeutil, validate
-from fleet_min.collector import alerts, artifacts, cron, guard, schedules, topics
+from fleet_min import cron, origin, query, timeutil, validate
+from fleet_min.collector.access import guard
+from fleet_min.collector.artifacts import store as artifacts
+from fleet_min.collector.automation import alerts, schedules
+from fleet_min.collector.insight import topics
 from fleet_min.controlplane import settings as live
 from fleet_min.controlplane.analysis import reports as analysis
 from fleet_min.controlplane.federation import hosts as federation

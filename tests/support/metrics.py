@@ -10,7 +10,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleet_min import metrics
-from fleet_min.collector.telemetry import CollectorMetrics
+from fleet_min.collector.insight.telemetry import CollectorMetrics
 from fleet_min.controlplane.federation.hosts import Hosts
 from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics

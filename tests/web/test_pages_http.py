@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient
 
-from fleet_min.collector import legacy
+from fleet_min.collector.http import legacy
 from fleet_min.http import PAGE_CSP
 from tests.support.collector import beacon, job, registration, result_row
 

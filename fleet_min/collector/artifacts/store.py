@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from fleet_min import filemodes
-from fleet_min.collector import queue
-from fleet_min.collector.effects import Effects
+from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso

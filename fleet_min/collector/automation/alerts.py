@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_min.collector import rules
-from fleet_min.collector.effects import Effects
-from fleet_min.collector.schedules import slot_time
+from fleet_min.collector.automation.schedules import slot_time
+from fleet_min.collector.jobs import rules
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound
 from fleet_min.timeutil import iso

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any
 
-from fleet_min.collector import queue
-from fleet_min.collector.cron import Cron, CronError, parse
-from fleet_min.collector.effects import Effects
-from fleet_min.collector.specs import check_spec
+from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.specs import check_spec
+from fleet_min.cron import Cron, CronError, parse
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused
 from fleet_min.timeutil import iso

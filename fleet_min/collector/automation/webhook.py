@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from fleet_min.collector.alerts import alert_record
+from fleet_min.collector.automation.alerts import alert_record
 from fleet_min.db import Database
 from fleet_min.timeutil import now
 

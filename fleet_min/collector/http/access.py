@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from fleet_min import origin
-from fleet_min.collector import ci_status, guard, mdns, mesh, peers
+from fleet_min.collector.access import ci_status, guard, mdns, mesh, peers
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import Forbidden

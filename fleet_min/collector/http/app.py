@@ -8,25 +8,18 @@ from typing import Any
 from aiohttp import web
 
 from fleet_min import heap, validate
-from fleet_min.collector import (
-    access_http,
-    artifacts_http,
-    automation_http,
-    ci_status,
-    compat,
-    devices,
-    executors,
-    insight_http,
-    metrics_http,
-    openapi_http,
-    pages_http,
-    queue,
-    results,
-    rules,
-    specs,
-    views,
+from fleet_min.collector.access import ci_status
+from fleet_min.collector.http import (
+    access,
+    artifacts,
+    automation,
+    insight,
+    metrics,
+    openapi,
+    pages,
 )
-from fleet_min.collector.queue import Claimant
+from fleet_min.collector.jobs import compat, devices, executors, queue, results, rules, specs, views
+from fleet_min.collector.jobs.queue import Claimant
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound
@@ -46,8 +39,8 @@ SERVICE = web.AppKey("service", Service)
 
 # Each feature module registers its own routes, middlewares, listeners and loops in
 # setup(app, service). Access control comes first: it may add a middleware.
-FEATURES = (access_http, artifacts_http, automation_http, insight_http, metrics_http, pages_http,
-            openapi_http)
+FEATURES = (access, artifacts, automation, insight, metrics, pages,
+            openapi)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 
@@ -73,7 +66,7 @@ async def register(request: web.Request) -> web.Response:
     _refuse_invalid(validate.validate_register(body))
     service = service_of(request)
     reply = await service.transact(_register_tx, body, now(), request.remote,
-                                   caller=access_http.mesh_caller(request))
+                                   caller=access.mesh_caller(request))
     return json_response(reply)
 
 
@@ -95,7 +88,7 @@ async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
     it; from its return to aiohttp writing the reply nothing waits."""
     service = service_of(request)
     job = await service.next_job(claimant, service.config.long_poll_s,
-                                 access_http.mesh_caller(request))
+                                 access.mesh_caller(request))
     return json_response(job) if job is not None else web.Response(status=204)
 
 
@@ -111,7 +104,7 @@ async def executor_next_job(request: web.Request) -> web.StreamResponse:
 async def post_results(request: web.Request) -> web.Response:
     body = await read_json(request)
     service = service_of(request)
-    caller = access_http.mesh_caller(request)
+    caller = access.mesh_caller(request)
     if isinstance(body, list):
         rows = _checked_rows(body)
         replies = await service.transact(results.post_rows, rows, now(), caller=caller)
@@ -151,7 +144,7 @@ async def release(request: web.Request) -> web.Response:
         raise BadRequest("device_id is required: the claimant handing the job back")
     reply = await service_of(request).transact(queue.release, request.match_info["job_id"],
                                                device_id, now(),
-                                               caller=access_http.mesh_caller(request))
+                                               caller=access.mesh_caller(request))
     return json_response(reply)
 
 
@@ -170,14 +163,14 @@ async def post_jobs(request: web.Request) -> web.Response:
         for index, spec in enumerate(body):
             try:
                 checked = check_job_spec(spec)  # the neutral form: report_to aliases resolved
-                access_http.check_ci_target(request, checked)
+                access.check_ci_target(request, checked)
                 specs.append(checked)
             except BadRequest as exc:
                 raise BadRequest(f"job {index}: {exc.message}") from None
         enqueued = await service.transact(queue.enqueue, specs, now())
         return json_response({"ok": True, "jobs": enqueued.replies}, status=201)
     spec = check_job_spec(body)
-    access_http.check_ci_target(request, spec)
+    access.check_ci_target(request, spec)
     enqueued = await service.transact(queue.enqueue, [spec], now())
     return json_response({"ok": True, **enqueued.replies[0]}, status=201)
 
@@ -358,10 +351,10 @@ def add_routes(app: web.Application) -> None:
 def create_app(config: Config) -> web.Application:
     # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
     # every JSON handler reads through fleet_min.http.read_json with its own limit.
-    gate = access_http.host_gate(config)
-    check = access_http.request_check(config, gate)
+    gate = access.host_gate(config)
+    check = access.request_check(config, gate)
     app = web.Application(middlewares=[base_middleware_with(check)], client_max_size=1 << 62)
-    app[access_http.HOST_GATE] = gate
+    app[access.HOST_GATE] = gate
     app[CHECK_KEY] = check
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)

@@ -13,8 +13,8 @@ from typing import Any
 
 from aiohttp import ClientPayloadError, web
 
-from fleet_min.collector import artifacts
-from fleet_min.collector.artifacts import ArtifactStore, Opened, RangeNotSatisfiable
+from fleet_min.collector.artifacts import store as artifacts
+from fleet_min.collector.artifacts.store import ArtifactStore, Opened, RangeNotSatisfiable
 from fleet_min.collector.service import Service
 from fleet_min.errors import BadRequest, TimedOut, TooLarge
 from fleet_min.http import early_refusal, error_response, json_response, read_json_object

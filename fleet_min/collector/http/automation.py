@@ -18,9 +18,10 @@ from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
-from fleet_min.collector import alerts, ci_status, schedules
+from fleet_min.collector.access import ci_status
+from fleet_min.collector.automation import alerts, schedules
+from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
 from fleet_min.collector.service import Service
-from fleet_min.collector.webhook import WebhookConfig, WebhookSender
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import json_response, query_int, read_json_object

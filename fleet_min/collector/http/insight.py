@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from fleet_min.collector import ci_status, result_views, system, topics
+from fleet_min.collector.access import ci_status
+from fleet_min.collector.insight import result_views, system, topics
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest

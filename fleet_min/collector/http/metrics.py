@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from fleet_min.collector.insight.telemetry import CollectorMetrics
 from fleet_min.collector.service import Service
-from fleet_min.collector.telemetry import CollectorMetrics
 from fleet_min.http import metrics_response
 
 METRICS = web.AppKey("metrics", CollectorMetrics)

@@ -16,7 +16,11 @@ from importlib.resources.abc import Traversable
 
 from aiohttp import web
 
-from fleet_min.collector import alerts, artifacts, legacy, result_views, schedules, views
+from fleet_min.collector.artifacts import store as artifacts
+from fleet_min.collector.automation import alerts, schedules
+from fleet_min.collector.http import legacy
+from fleet_min.collector.insight import result_views
+from fleet_min.collector.jobs import views
 from fleet_min.collector.service import Service
 from fleet_min.errors import Refused
 from fleet_min.http import Handler, static_file

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import metrics
-from fleet_min.collector import rules
-from fleet_min.collector.effects import Effects
+from fleet_min.collector.jobs import rules
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import Database
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import now

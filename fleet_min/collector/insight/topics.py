@@ -18,7 +18,7 @@ import re
 import sqlite3
 from typing import Any
 
-from fleet_min.collector.effects import Effects
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso

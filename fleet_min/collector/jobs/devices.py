@@ -11,7 +11,7 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector import authority, rules
+from fleet_min.collector.jobs import authority, rules
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso
 

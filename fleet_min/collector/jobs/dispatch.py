@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleet_min.collector import rules
-from fleet_min.collector.effects import JobRoute
-from fleet_min.collector.queue import Claimant, claimant_key
+from fleet_min.collector.jobs import rules
+from fleet_min.collector.jobs.effects import JobRoute
+from fleet_min.collector.jobs.queue import Claimant, claimant_key
 
 log = logging.getLogger(__name__)
 

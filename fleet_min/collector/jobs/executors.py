@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from fleet_min.collector import rules
+from fleet_min.collector.jobs import rules
 
 # A second's precision is plenty for a 15-minute horizon; an executor polling in a tight loop
 # does not rewrite its row every time.

@@ -22,8 +22,8 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from fleet_min import jsonio, validate
-from fleet_min.collector import authority, executors, rules, templates
-from fleet_min.collector.devices import (
+from fleet_min.collector.jobs import authority, executors, rules, templates
+from fleet_min.collector.jobs.devices import (
     NOT_READ,
     Device,
     device_from_row,
@@ -31,8 +31,8 @@ from fleet_min.collector.devices import (
     touch,
     touch_due,
 )
-from fleet_min.collector.effects import Effects, JobRoute
-from fleet_min.collector.match import compiled
+from fleet_min.collector.jobs.effects import Effects, JobRoute
+from fleet_min.collector.jobs.match import compiled
 from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso

@@ -15,9 +15,9 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector import authority, queue
-from fleet_min.collector.devices import touch, touch_due
-from fleet_min.collector.effects import Effects
+from fleet_min.collector.jobs import authority, queue
+from fleet_min.collector.jobs.devices import touch, touch_due
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import replayable
 from fleet_min.errors import Conflict, NotFound, Refused
 from fleet_min.timeutil import iso

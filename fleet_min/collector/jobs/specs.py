@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from fleet_min import validate
-from fleet_min.collector import compat
-from fleet_min.collector.match import MatchError, compiled
+from fleet_min.collector.jobs import compat
+from fleet_min.collector.jobs.match import MatchError, compiled
 from fleet_min.errors import BadRequest
 
 

@@ -9,9 +9,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fleet_min.collector import queue, rules
-from fleet_min.collector.devices import device_record
-from fleet_min.collector.results import result_record
+from fleet_min.collector.jobs import queue, rules
+from fleet_min.collector.jobs.devices import device_record
+from fleet_min.collector.jobs.results import result_record
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.query import page_param, time_param, time_range

@@ -78,7 +78,7 @@ class Report:
 
 
 def known_schema_version() -> int:
-    from fleet_min.collector.schema import MIGRATIONS
+    from fleet_min.collector.storage.schema import MIGRATIONS
     return len(MIGRATIONS)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from fleet_min.collector import cron
+from fleet_min import cron
 from fleet_min.controlplane.analysis.stats import median, peak_overlap, percentile
 from fleet_min.controlplane.analysis.workflows import Workflow
 from fleet_min.timeutil import iso

@@ -1,0 +1,2 @@
+"""Access: the dashboard guard, the mesh allowlist, peers (other collectors), mDNS advertising and
+the commit statuses posted for CI jobs."""
