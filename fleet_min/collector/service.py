@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import filemodes, jsonio
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import claims, queue
+from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.dispatch import Dispatcher, Waiter
 from fleet_min.collector.jobs.effects import Effects
-from fleet_min.collector.jobs.queue import Claimant
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import Config
 from fleet_min.db import Database, replayable
@@ -103,10 +103,10 @@ class _PollLook:
 def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, poll: _PollLook,
                effects: Effects, caller: str | None = None
                ) -> tuple[list[str] | None, dict[str, Any] | None]:
-    """queue.first_claim for a poll that is still there (see Service._first_claim)."""
+    """claims.first_claim for a poll that is still there (see Service._first_claim)."""
     if poll.abandoned:
         return None, None
-    capabilities, poll.job = queue.first_claim(conn, claimant, current, effects, caller)
+    capabilities, poll.job = claims.first_claim(conn, claimant, current, effects, caller)
     return capabilities, poll.job
 
 
@@ -300,7 +300,7 @@ class Service:
         waits = len(effects.claim_waits)
         conn.execute("SAVEPOINT inline_claim")
         try:
-            handouts = [(w, queue.claim(conn, w.claimant, current, effects)) for w in waiters]
+            handouts = [(w, claims.claim(conn, w.claimant, current, effects)) for w in waiters]
         except Exception:  # the enqueue stands; the dispatcher's own pass claims instead
             conn.execute("ROLLBACK TO inline_claim")
             conn.execute("RELEASE inline_claim")
@@ -334,7 +334,7 @@ class Service:
                 log.exception("event listener failed on %s", event.get("type"))
 
     async def _claim_batch(self, claimants: list[Claimant]) -> list[dict[str, Any] | None]:
-        result: list[dict[str, Any] | None] = await self.transact(queue.claim_many, claimants,
+        result: list[dict[str, Any] | None] = await self.transact(claims.claim_many, claimants,
                                                                   now())
         return result
 

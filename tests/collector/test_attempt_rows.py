@@ -13,7 +13,7 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from fleet_min.collector.jobs import queue, results
+from fleet_min.collector.jobs import claims, queue, results
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
@@ -361,7 +361,7 @@ def test_the_claimants_row_costs_one_read_and_one_write(tmp_path):
         conn.execute("INSERT INTO devices (device_id, first_seen, last_seen, registered_at) "
                      "VALUES ('d', ?, ?, ?)", (now, now, now))
         queue.enqueue(conn, [job("j")], now, Effects())
-        assert queue.claim(conn, queue.Claimant("device", "d"), now, Effects())["attempt"] == 1
+        assert claims.claim(conn, claims.Claimant("device", "d"), now, Effects())["attempt"] == 1
         statements: list[str] = []
         conn.set_trace_callback(statements.append)
         reply = results.post_result(conn, result_row("j", "d", 1, ok=True, attempt=1), now,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import claims, rules
 from tests.support.collector import job, registration
 
 
@@ -16,7 +16,7 @@ def _candidates(db_path, claimant, workloads, min_priority=None, pairs=None):
     statements: list[str] = []
     conn.set_trace_callback(statements.append)  # with the bound values filled in
     try:
-        rows = [row["job_id"] for row in queue._candidates(conn, claimant, workloads,
+        rows = [row["job_id"] for row in claims._candidates(conn, claimant, workloads,
                                                            min_priority, pairs)]
         plans = [" | ".join(r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {sql}"))
                  for sql in statements if sql.startswith("SELECT")]
@@ -46,7 +46,7 @@ async def test_candidates_come_in_claim_order_across_branches_and_pages(client, 
     for device in ("d", "e"):
         await client.post("/devices/register", json=registration(device))
     expected = await _enqueue_mixed(client, 150)  # more than two pages of 64
-    claimant = queue.Claimant("device", "d")
+    claimant = claims.Claimant("device", "d")
     for workloads in (None, ["benchmark"]):
         rows, plans = _candidates(db_path, claimant, workloads)
         assert rows == expected
@@ -60,7 +60,7 @@ async def test_candidates_come_in_claim_order_across_branches_and_pages(client, 
 async def test_candidates_honour_the_priority_floor(client, db_path):
     await client.post("/devices/register", json=registration("d"))
     expected = await _enqueue_mixed(client, 12)
-    rows, plans = _candidates(db_path, queue.Claimant("device", "d"), ["benchmark"],
+    rows, plans = _candidates(db_path, claims.Claimant("device", "d"), ["benchmark"],
                               min_priority=1)
     assert rows == [j for j in expected if int(j[1:]) % 3 >= 1]
     assert all("TEMP B-TREE" not in plan for plan in plans)
@@ -79,9 +79,9 @@ async def test_a_claimant_declaring_only_pairings_reads_only_their_jobs(client, 
               job("mine-2", workload="build", params={"kind": "gradle"}),
               job("mine-3", workload="self-check", targets={"device_id": "d"})]
     assert (await client.post("/jobs", json=specs)).status == 201
-    routes = queue.rules.declared_routes(["benchmark:jssha", "build:gradle", "self-check"])
+    routes = rules.declared_routes(["benchmark:jssha", "build:gradle", "self-check"])
     assert routes == (["self-check"], [("benchmark", "jssha"), ("build", "gradle")])
-    rows, plans = _candidates(db_path, queue.Claimant("device", "d"), routes[0],
+    rows, plans = _candidates(db_path, claims.Claimant("device", "d"), routes[0],
                               pairs=routes[1])
     assert rows == ["mine-1", "mine-2", "mine-3"]
     [plan] = plans

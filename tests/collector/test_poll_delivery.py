@@ -19,7 +19,7 @@ import pytest
 
 from fleet_min.collector.http.app import SERVICE
 from fleet_min.collector.jobs import queue
-from fleet_min.collector.jobs.queue import Claimant
+from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.timeutil import now
 from tests.support.collector import (
     CollectorProcess,

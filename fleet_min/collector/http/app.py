@@ -19,7 +19,7 @@ from fleet_min.collector.http import (
     pages,
 )
 from fleet_min.collector.jobs import compat, devices, executors, queue, results, rules, specs, views
-from fleet_min.collector.jobs.queue import Claimant
+from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound

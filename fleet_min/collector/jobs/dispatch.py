@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_min.collector.jobs import rules
+from fleet_min.collector.jobs.claims import Claimant, claimant_key
 from fleet_min.collector.jobs.effects import JobRoute
-from fleet_min.collector.jobs.queue import Claimant, claimant_key
 
 log = logging.getLogger(__name__)
 

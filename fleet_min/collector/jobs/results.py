@@ -15,7 +15,7 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector.jobs import authority, queue
+from fleet_min.collector.jobs import authority, claims, queue
 from fleet_min.collector.jobs.devices import touch, touch_due
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.db import replayable
@@ -223,7 +223,7 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     renewed, preempt = False, False
     if held and job is not None:
         queue.extend_lease(conn, job, now)
-        renewed, preempt = True, queue.should_preempt(conn, job, now)
+        renewed, preempt = True, claims.should_preempt(conn, job, now)
     effects.emit("beacon", device_id=device_id, job_id=attached, lease_renewed=renewed,
                  preempt=preempt)
     return {"lease_renewed": renewed, "preempt": preempt}
