@@ -1,14 +1,15 @@
 """The running collector: its database, dispatcher, event hub, identity and background loops.
 
-Handlers reach domain code through `Service.transact`, which runs a transaction function on the
-writer thread and, only after it has committed, publishes its events and wakes waiting polls.
+Handlers reach domain code through `Service.transact`, which runs a transaction function inside
+the writer's open transaction (on the event loop's thread: see fleet_min.db) and, only after it
+has committed, publishes its events and hands the dispatcher the jobs it made claimable. Waiting
+long polls belong to the dispatcher (fleet_min.collector.jobs.dispatch).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import platform
@@ -22,13 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import filemodes, jsonio
-from fleet_min.collector.jobs import claims, queue
-from fleet_min.collector.jobs.claims import Claimant
-from fleet_min.collector.jobs.dispatch import Dispatcher, Waiter
+from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import Config
-from fleet_min.db import Database, replayable
+from fleet_min.db import Database
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -88,35 +88,6 @@ def rebase_clock(conn: sqlite3.Connection, jump: float, effects: Effects) -> Non
     effects.emit("clock", jump_s=round(jump, 3))
 
 
-class _PollLook:
-    """What a poll's own claim transaction knows of its poll: whether the poll was abandoned
-    before the transaction ran, and the job the transaction claimed."""
-
-    __slots__ = ("abandoned", "job")
-
-    def __init__(self) -> None:
-        self.abandoned = False
-        self.job: dict[str, Any] | None = None
-
-
-@replayable
-def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, poll: _PollLook,
-               effects: Effects, caller: str | None = None
-               ) -> tuple[list[str] | None, dict[str, Any] | None]:
-    """claims.first_claim for a poll that is still there (see Service._first_claim)."""
-    if poll.abandoned:
-        return None, None
-    capabilities, poll.job = claims.first_claim(conn, claimant, current, effects, caller)
-    return capabilities, poll.job
-
-
-def _job_on(future: asyncio.Future[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The job a poll's future holds, if it was handed one."""
-    if future.done() and not future.cancelled():
-        return future.result()
-    return None
-
-
 def _speedups() -> list[str]:
     """The optional compiled speed-ups in use (the `fast` extra), for /api/health."""
     active = []
@@ -134,7 +105,7 @@ class Service:
         self.db = Database(self.data_dir / "fleet.sqlite3", MIGRATIONS, config.synchronous,
                            filemodes.COLLECTOR_FILE)
         self.hub = EventHub()
-        self.dispatcher = Dispatcher(self._claim_batch, self._hand_back)
+        self.dispatcher = Dispatcher(self.transact)
         self.collector_id = ""
         self.instance = uuid.uuid4().hex
         self.name = config.name or socket.gethostname()
@@ -248,67 +219,40 @@ class Service:
         """Run fn(conn, *args, effects, **kwargs) as one transaction, then apply its effects.
 
         Jobs the transaction made claimable are claimed for waiting polls in the same
-        transaction, so a dispatch costs one commit, not two (the enqueue's, then the claim's).
+        transaction (Dispatcher.claim_inline), so a dispatch costs one commit, not two (the
+        enqueue's, then the claim's); the claimed jobs are handed over after the commit.
         """
         # A write stamped on a stepped clock would be moved again by the rebase: look first.
         jump = self.clock.jump()
         if jump:
             await self._rebase(jump)
         effects = Effects()
-        handouts: list[tuple[Waiter, dict[str, Any] | None]] = []
-        offered = False  # every poll that could take a claimable job was claimed for inline
+        handouts: Handouts | None = None
         runs = 0
 
         def run(conn: sqlite3.Connection) -> Any:
-            nonlocal runs, offered
+            nonlocal runs, handouts
             if runs:  # again, after the writer rolled its batch back (see fleet_min.db)
-                self.dispatcher.unreserve([waiter for waiter, _ in handouts])
-                handouts.clear()
+                if handouts is not None:
+                    handouts.undo()
+                    handouts = None
                 effects.clear()
-                offered = False
             runs += 1
             result = fn(conn, *args, effects, **kwargs)
             if effects.claimable:
-                claims, offered = self._claim_inline(conn, effects)
-                handouts.extend(claims)
+                handouts = self.dispatcher.claim_inline(conn, effects)
             return result
 
         try:
             result = await self.db.write(run, replay=getattr(fn, "replayable", False))
         except BaseException:
-            self.dispatcher.settle([(waiter, None) for waiter, _ in handouts])
+            if handouts is not None:
+                handouts.fail()
             raise
-        if offered:  # nobody waiting now is left to offer the rest to: no dispatcher pass
-            effects.claimable = []
-        if handouts:
-            taken = {job["job_id"] for _, job in handouts if job is not None}
-            if taken and effects.claimable:
-                effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
-            self.dispatcher.settle(handouts)
+        if handouts is not None:
+            handouts.deliver(effects)
         self.apply(effects)
         return result
-
-    def _claim_inline(self, conn: sqlite3.Connection, effects: Effects
-                      ) -> tuple[list[tuple[Waiter, dict[str, Any] | None]], bool]:
-        """Claims for the waiting polls that could take the jobs this transaction made
-        claimable, and whether those were all of them (see Dispatcher.reserve_for). Runs inside
-        the writer's transaction, on the loop's thread (see fleet_min.db)."""
-        waiters, everyone = self.dispatcher.reserve_for(effects.claimable)
-        if not waiters:
-            return [], everyone
-        current = now()
-        waits = len(effects.claim_waits)
-        conn.execute("SAVEPOINT inline_claim")
-        try:
-            handouts = [(w, claims.claim(conn, w.claimant, current, effects)) for w in waiters]
-        except Exception:  # the enqueue stands; the dispatcher's own pass claims instead
-            conn.execute("ROLLBACK TO inline_claim")
-            conn.execute("RELEASE inline_claim")
-            del effects.claim_waits[waits:]  # those claims were rolled back
-            log.exception("claiming for waiting polls inside the transaction failed")
-            return [(w, None) for w in waiters], False
-        conn.execute("RELEASE inline_claim")
-        return handouts, everyone
 
     def apply(self, effects: Effects) -> None:
         for hook in self.on_applied:
@@ -321,10 +265,8 @@ class Service:
             self._notify(event)
         for event in effects.unstreamed:
             self._notify(event)
-        if effects.claimable:
-            self.dispatcher.jobs_claimable(effects.claimable)
-        if effects.claimants:
-            self.dispatcher.claimants_changed(effects.claimants)
+        if effects.claimable or effects.claimants:
+            self.dispatcher.offer(effects.claimable, effects.claimants)
 
     def _notify(self, event: dict[str, Any]) -> None:
         for listener in self.listeners:
@@ -332,77 +274,6 @@ class Service:
                 listener(event)
             except Exception:
                 log.exception("event listener failed on %s", event.get("type"))
-
-    async def _claim_batch(self, claimants: list[Claimant]) -> list[dict[str, Any] | None]:
-        result: list[dict[str, Any] | None] = await self.transact(claims.claim_many, claimants,
-                                                                  now())
-        return result
-
-    async def _first_claim(self, waiter: Waiter, caller: str | None = None
-                           ) -> dict[str, Any] | None:
-        """A poll's own look (its device's capabilities and a claim, in one transaction).
-
-        The writer runs a transaction even when its caller was cancelled meanwhile (its client
-        went away): a transaction that has not run yet claims nothing then, and a job claimed by
-        one that has run goes back at once. `caller` is the mesh node the poll came from."""
-        poll = _PollLook()
-        try:
-            capabilities, job = await self.transact(_poll_look, waiter.claimant, now(), poll,
-                                                    caller=caller)
-        except asyncio.CancelledError:
-            poll.abandoned = True
-            if poll.job is not None:
-                self.hand_back_later(poll.job, waiter.claimant)
-            raise
-        waiter.capabilities = capabilities
-        return job
-
-    async def _hand_back(self, job_id: str, claimant: Claimant) -> None:
-        log.info("poll for %s went away before job %s was delivered; handing it back",
-                 claimant.key, job_id)
-        await self.transact(queue.hand_back_undelivered, job_id, claimant.id, now())
-
-    # -- long polls -------------------------------------------------------------------------
-
-    async def next_job(self, claimant: Claimant, hold_s: float, caller: str | None = None
-                       ) -> dict[str, Any] | None:
-        """Hold a poll until a job is claimed for it or hold_s passes (then None).
-
-        A job claimed for this poll is returned, or handed back at once: also when the hold
-        runs out in the same turn of the loop as the job is handed over, and when the poll is
-        cancelled (its client went away) after that. Raises NotFound when a device polls before
-        registering, Forbidden when `caller` (the mesh node the poll came from) may not act for
-        the claimant: checked by the first look, before anything is claimed for the poll.
-        """
-        waiter = Waiter(claimant)
-        self.dispatcher.add(waiter)
-        first = (self._first_claim if caller is None
-                 else functools.partial(self._first_claim, caller=caller))
-        try:
-            if waiter.future.done():  # shutting down
-                return None
-            job = await self.dispatcher.claim_now(waiter, first)
-            if job is not None:
-                return job
-            # asyncio.wait, not wait_for: it never cancels the future, so a job set on it just
-            # as the hold ran out is seen below instead of being lost with the cancellation.
-            await asyncio.wait((waiter.future,), timeout=hold_s)
-            if not waiter.future.done() and waiter.reserved:
-                waiter.expired = True  # a claim for this poll is in flight: take its answer
-                await asyncio.wait((waiter.future,))
-            return _job_on(waiter.future)
-        except BaseException:
-            if (job := _job_on(waiter.future)) is not None:
-                self.hand_back_later(job, claimant)
-            raise
-        finally:
-            self.dispatcher.remove(waiter)
-            if not waiter.future.done():
-                waiter.future.cancel()
-
-    def hand_back_later(self, job: dict[str, Any], claimant: Claimant) -> None:
-        """Give back a job claimed for a poll that cannot deliver it (its client went away)."""
-        self.spawn(self._hand_back(job["job_id"], claimant), name="hand back")
 
     # -- health -----------------------------------------------------------------------------
 

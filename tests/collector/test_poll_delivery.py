@@ -23,11 +23,13 @@ from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.timeutil import now
 from tests.support.collector import (
     CollectorProcess,
+    edit_rows,
     job,
     registration,
     result_row,
     wait_for_polls,
 )
+from tests.support.stream import StreamReader
 
 DEVICES = 12
 JOBS_PER_DEVICE = 40
@@ -120,7 +122,7 @@ async def test_a_poll_cancelled_after_its_job_was_handed_over_gives_it_back(coll
     client = await collector_factory(long_poll_s=30)
     service = client.server.app[SERVICE]
     await client.post("/devices/register", json=registration("d"))
-    poll = asyncio.create_task(service.next_job(Claimant("device", "d"), 30))
+    poll = asyncio.create_task(service.dispatcher.wait(Claimant("device", "d"), 30))
     await wait_for_polls(client, 1)
     await asyncio.sleep(0.2)  # its first look found nothing: it waits on its future
     await service.transact(queue.enqueue, [job("j", targets={"device_id": "d"})], now())
@@ -147,7 +149,7 @@ async def test_a_poll_cancelled_during_its_own_first_look_leaves_no_claim_behind
     await client.post("/devices/register", json=registration("d"))
     await client.post("/jobs", json=job("j", targets={"device_id": "d"}))
     for _ in range(20):
-        poll = asyncio.create_task(service.next_job(Claimant("device", "d"), 30))
+        poll = asyncio.create_task(service.dispatcher.wait(Claimant("device", "d"), 30))
         await asyncio.sleep(0)  # the look is with the writer, or about to be
         poll.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -155,3 +157,59 @@ async def test_a_poll_cancelled_during_its_own_first_look_leaves_no_claim_behind
         row = await _queued_again(client, "j")
         assert row["attempts"] == 0
     assert (await (await client.get("/devices/d/next-job")).json())["job_id"] == "j"
+
+
+# A claim the database refuses: a real trigger in the collector's own SQLite file, the way a
+# full disk or an I/O error would make a claim's UPDATE fail, for the claimants it names.
+REFUSE_CLAIMS = ("CREATE TRIGGER refuse_claims BEFORE UPDATE OF status ON jobs "
+                 "WHEN NEW.status = 'claimed' AND NEW.claimed_by IN ({}) "
+                 "BEGIN SELECT RAISE(ABORT, 'claims refused by the test'); END")
+
+
+async def _refuse_claims(db_path, *claimants: str) -> None:
+    names = ", ".join(f"'{name}'" for name in claimants)
+    await asyncio.to_thread(edit_rows, db_path, REFUSE_CLAIMS.format(names))
+
+
+async def test_a_poll_whose_claim_failed_answers_when_its_hold_runs_out(collector_factory,
+                                                                        db_path):
+    """The enqueue's own claim for the waiting poll fails and so does the dispatcher's: the
+    poll is not left reserved for a claim that will never answer; it answers 204 when its hold
+    runs out, and the job is still queued for the next poll."""
+    client = await collector_factory(long_poll_s=1.0)
+    await client.post("/devices/register", json=registration("d"))
+    poll = asyncio.create_task(client.get("/devices/d/next-job"))
+    await wait_for_polls(client, 1)
+    await asyncio.sleep(0.2)  # its first look found nothing: it waits
+    await _refuse_claims(db_path, "d")
+    assert (await client.post("/jobs", json=job("j", targets={"device_id": "d"}))).status == 201
+    answer = await asyncio.wait_for(poll, 10)
+    assert answer.status == 204
+    await asyncio.to_thread(edit_rows, db_path, "DROP TRIGGER refuse_claims")
+    assert (await (await client.get("/jobs/j")).json())["status"] == "queued"
+    assert (await (await client.get("/devices/d/next-job")).json())["job_id"] == "j"
+
+
+async def test_claims_undone_inside_an_enqueue_publish_nothing(collector_factory, db_path):
+    """The enqueue claims for two waiting polls inside its own transaction; the second claim
+    fails, so both are undone (the enqueue stands). The live stream shows the two jobs queued
+    and no claim that did not happen."""
+    client = await collector_factory(long_poll_s=3.0)
+    polls = []
+    for name in ("a", "b"):
+        await client.post("/devices/register", json=registration(name))
+        polls.append(asyncio.create_task(client.get(f"/devices/{name}/next-job")))
+        await wait_for_polls(client, len(polls))  # a waits first, so a is claimed for first
+    await asyncio.sleep(0.2)
+    await _refuse_claims(db_path, "b")
+    async with StreamReader(client) as reader:
+        await client.post("/jobs", json=[job("for-a", targets={"device_id": "a"}),
+                                         job("for-b", targets={"device_id": "b"})])
+        await client.post("/devices/register", json=registration("marker"))
+        seen = []
+        while (event := await reader.event())["type"] != "device":
+            seen.append((event["type"], event.get("job_id"), event.get("status")))
+    assert seen == [("job", "for-a", "queued"), ("job", "for-b", "queued")]
+    assert (await (await client.get("/jobs/for-a")).json())["status"] == "queued"
+    for answer in await asyncio.wait_for(asyncio.gather(*polls), 10):
+        assert answer.status == 204

@@ -84,11 +84,11 @@ async def device_next_job(request: web.Request) -> web.StreamResponse:
 
 async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
     """A long poll: 200 with the claimed job, or 204. A client that goes away cancels the
-    handler (handler_cancellation), and Service.next_job then hands back any job claimed for
+    handler (handler_cancellation), and Dispatcher.wait then hands back any job claimed for
     it; from its return to aiohttp writing the reply nothing waits."""
     service = service_of(request)
-    job = await service.next_job(claimant, service.config.long_poll_s,
-                                 access.mesh_caller(request))
+    job = await service.dispatcher.wait(claimant, service.config.long_poll_s,
+                                        access.mesh_caller(request))
     return json_response(job) if job is not None else web.Response(status=204)
 
 

@@ -45,6 +45,22 @@ class Effects:
         self.claim_waits.clear()
         self.lease_expiries.clear()
 
+    def mark(self) -> tuple[int, ...]:
+        """Where each record stands now, for `rewind`."""
+        return (len(self.events), len(self.unstreamed), len(self.claimable), len(self.claimants),
+                len(self.claim_waits), len(self.lease_expiries))
+
+    def rewind(self, mark: tuple[int, ...]) -> None:
+        """Forget what was recorded since `mark` (its statements were rolled back to a
+        savepoint: nothing of it happened)."""
+        events, unstreamed, claimable, claimants, waits, expiries = mark
+        del self.events[events:]
+        del self.unstreamed[unstreamed:]
+        del self.claimable[claimable:]
+        del self.claimants[claimants:]
+        del self.claim_waits[waits:]
+        del self.lease_expiries[expiries:]
+
     def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
         self.events.append({"type": "job", "job_id": job_id, "status": status,
                             "workload": workload, "executor": executor, **extra})
