@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from fleet_min.collector.jobs.kinds import Executor, JobStatus
 from fleet_min.config import Config
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, NotFound
@@ -37,7 +38,9 @@ from fleet_min.timeutil import iso, now
 
 log = logging.getLogger("fleet_min.collector.ci_status")
 
-TERMINAL = {"done": "success", "failed": "failure", "cancelled": "error"}
+# The commit status each final job status posts.
+TERMINAL: dict[str, str] = {JobStatus.DONE: "success", JobStatus.FAILED: "failure",
+                            JobStatus.CANCELLED: "error"}
 BACKOFF_S = (0.5, 2.0, 8.0)  # waits before the 2nd, 3rd and 4th attempt
 TIMEOUT_S = 10.0
 MAX_DESCRIPTION = 140  # GitHub's limit
@@ -197,10 +200,10 @@ class CiReporter:
         One worker resolves events in the order they happened, so a job's `pending` can never
         be queued behind its terminal status.
         """
-        if event.get("type") != "job" or event.get("executor") != "host":
+        if event.get("type") != "job" or event.get("executor") != Executor.HOST:
             return
         status = event.get("status")
-        if status != "claimed" and status not in TERMINAL:
+        if status != JobStatus.CLAIMED and status not in TERMINAL:
             return
         error = event.get("last_error")
         self._inbox.put_nowait((str(event["job_id"]), str(status),
@@ -227,7 +230,7 @@ class CiReporter:
         target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
         if not isinstance(target, str) or not target:
             return None
-        state = "pending" if status == "claimed" else TERMINAL[status]
+        state = "pending" if status == JobStatus.CLAIMED else TERMINAL[status]
         return Report(job_id, target, state, row["workload"],
                       describe(state, row["workload"], error))
 

@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 from fleet_min import filemodes
 from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import OPEN
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
@@ -52,7 +53,7 @@ READ_BYTES = 1 << 20  # read from disk at a time when sendfile is not available
 PER_PAGE = 50
 MAX_HEADER_CHARS = 200
 MAX_REASON_CHARS = 500
-LIVE_STATUSES = ("queued", "waiting", "claimed")
+LIVE_STATUSES = tuple(sorted(OPEN))  # the jobs whose references hold an artifact
 PUBLISH_HEADERS = {"name": "x-artifact-name", "app": "x-artifact-app",
                    "build": "x-artifact-build", "platform": "x-artifact-platform"}
 

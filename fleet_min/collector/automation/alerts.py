@@ -26,18 +26,37 @@ import shutil
 import sqlite3
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from fleet_min.collector.automation.schedules import slot_time
 from fleet_min.collector.jobs import rules
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import JobStatus
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound
 from fleet_min.timeutil import iso
 
-RULES = ("device-offline", "job-failed", "job-stuck", "thermal-critical", "low-battery",
-         "schedule-missed", "disk-size")
+
+class AlertRule(StrEnum):
+    DEVICE_OFFLINE = "device-offline"
+    JOB_FAILED = "job-failed"
+    JOB_STUCK = "job-stuck"
+    THERMAL_CRITICAL = "thermal-critical"
+    LOW_BATTERY = "low-battery"
+    SCHEDULE_MISSED = "schedule-missed"
+    DISK_SIZE = "disk-size"
+
+
+class AlertState(StrEnum):
+    """An alert row is open while its condition holds, then resolved (a new row if it returns)."""
+
+    OPEN = "open"
+    RESOLVED = "resolved"
+
+
+RULES = tuple(rule.value for rule in AlertRule)
 # Thermal states that alert: Apple's ProcessInfo.ThermalState serious/critical and Android's
 # PowerManager THERMAL_STATUS severe/critical/emergency/shutdown (nominal, fair, light and
 # moderate do not). Compared case-insensitively.
@@ -64,7 +83,7 @@ class Thresholds:
 
 @dataclass(frozen=True)
 class Finding:
-    rule: str
+    rule: AlertRule
     subject: str
     detail: str
 
@@ -110,7 +129,7 @@ def device_offline(devices: Iterable[Row], now: float, th: Thresholds) -> list[F
             continue  # a temporary device that left the shelf on purpose
         silent = now - device["last_seen"]
         if silent > th.offline_s:
-            found.append(Finding("device-offline", device["device_id"],
+            found.append(Finding(AlertRule.DEVICE_OFFLINE, device["device_id"],
                                  f"{_label(device)} has not been seen for {_minutes(silent)} "
                                  f"(last seen {iso(device['last_seen'])})"))
     return found
@@ -130,7 +149,7 @@ def thermal_critical(devices: Iterable[Row], now: float, th: Thresholds) -> list
         beacon = _fresh_beacon(device, now, th)
         thermal = beacon.get("thermal") if beacon else None
         if isinstance(thermal, str) and thermal.strip().lower() in th.thermal_states:
-            found.append(Finding("thermal-critical", device["device_id"],
+            found.append(Finding(AlertRule.THERMAL_CRITICAL, device["device_id"],
                                  f"{_label(device)} reports thermal state {thermal[:40]!r}"))
     return found
 
@@ -145,7 +164,7 @@ def low_battery(devices: Iterable[Row], now: float, th: Thresholds) -> list[Find
         if not isinstance(pct, int | float) or isinstance(pct, bool):
             continue
         if pct < th.battery_pct and beacon.get("charging") is not True:
-            found.append(Finding("low-battery", device["device_id"],
+            found.append(Finding(AlertRule.LOW_BATTERY, device["device_id"],
                                  f"{_label(device)} is at {pct:g}% battery and not charging"))
     return found
 
@@ -155,13 +174,13 @@ def job_failed(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]
     jobs failed by a dependency before they ever ran (the dependency alerts)."""
     found = []
     for job in jobs:
-        if job["status"] != "failed" or job.get("is_group") or not job.get("attempts"):
+        if job["status"] != JobStatus.FAILED or job.get("is_group") or not job.get("attempts"):
             continue
         finished = job.get("finished_at")
         if finished is None or now - finished > th.failed_window_s:
             continue
         error = (job.get("last_error") or "no reason recorded")[:300]
-        found.append(Finding("job-failed", job["job_id"],
+        found.append(Finding(AlertRule.JOB_FAILED, job["job_id"],
                              f"{job['workload']} job {job['job_id']} {_failed_on(job)}: {error}"))
     return found
 
@@ -180,7 +199,7 @@ def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
     """Claimed, lease kept alive by beacons, yet no result row for over factor x lease ttl."""
     found = []
     for job in jobs:
-        if job["status"] != "claimed" or job.get("claimed_at") is None:
+        if job["status"] != JobStatus.CLAIMED or job.get("claimed_at") is None:
             continue
         if job.get("lease_deadline") is None or job["lease_deadline"] <= now:
             continue  # a lapsed lease is the sweep's business
@@ -188,7 +207,7 @@ def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
             continue
         running = now - job["claimed_at"]
         if running > th.stuck_factor * job["ttl_s"]:
-            found.append(Finding("job-stuck", job["job_id"],
+            found.append(Finding(AlertRule.JOB_STUCK, job["job_id"],
                                  f"{job['workload']} job {job['job_id']} on {job['claimed_by']} "
                                  f"has run {_minutes(running)} with no result rows (expected "
                                  f"within {_minutes(job['ttl_s'])}, its lease ttl)"))
@@ -204,7 +223,7 @@ def schedule_missed(schedules: Iterable[Row], now: float, th: Thresholds) -> lis
             continue
         next_run = schedule.get("next_run")
         if next_run is not None and now - next_run > th.schedule_late_s:
-            found.append(Finding("schedule-missed", schedule["id"],
+            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
                                  f"schedule {schedule['id']} was due at {iso(next_run)} and has "
                                  f"not run ({_minutes(now - next_run)} late)"))
             continue
@@ -212,11 +231,11 @@ def schedule_missed(schedules: Iterable[Row], now: float, th: Thresholds) -> lis
         if due is None or at is None:
             continue
         if schedule.get("run_outcome") == "failed":
-            found.append(Finding("schedule-missed", schedule["id"],
+            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
                                  f"schedule {schedule['id']} could not enqueue its run due at "
                                  f"{iso(due)}: {(schedule.get('run_detail') or '')[:300]}"))
         elif at - due > th.schedule_late_s:
-            found.append(Finding("schedule-missed", schedule["id"],
+            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
                                  f"schedule {schedule['id']} ran {_minutes(at - due)} late for "
                                  f"its due minute {iso(due)} (was the collector down?)"))
     return found
@@ -233,15 +252,16 @@ def disk_size(sizes: Sizes, artifact_bytes: int, th: Thresholds) -> list[Finding
     found = []
     data = sizes.database_bytes + artifact_bytes
     if data > th.data_bytes:
-        found.append(Finding("disk-size", "data",
+        found.append(Finding(AlertRule.DISK_SIZE, "data",
                              f"the database ({_size(sizes.database_bytes)}) and artifacts "
                              f"({_size(artifact_bytes)}) take {_size(data)}, over "
                              f"{_size(th.data_bytes)}; prune old results or artifacts"))
     if sizes.log_bytes > th.log_bytes:
-        found.append(Finding("disk-size", "logs", f"the logs take {_size(sizes.log_bytes)}, "
+        found.append(Finding(AlertRule.DISK_SIZE, "logs",
+                             f"the logs take {_size(sizes.log_bytes)}, "
                              f"over {_size(th.log_bytes)}; rotate or trim them"))
     if sizes.free_bytes is not None and sizes.free_bytes < th.free_bytes:
-        found.append(Finding("disk-size", "free-space",
+        found.append(Finding(AlertRule.DISK_SIZE, "free-space",
                              f"only {_size(sizes.free_bytes)} free on the data disk, under "
                              f"{_size(th.free_bytes)}"))
     return found
@@ -360,7 +380,7 @@ def record(conn: sqlite3.Connection, findings: Iterable[Finding], now: float, ef
                          (now, row["id"]))
             result.resolved.append(row["id"])
             effects.emit("alert", alert_id=row["id"], rule=row["rule"], subject=row["subject"],
-                         state="resolved", action="resolved")
+                         state=AlertState.RESOLVED, action="resolved")
     result.still_open = len(current)
     return result
 
@@ -379,7 +399,7 @@ def _open(conn: sqlite3.Connection, finding: Finding, now: float, effects: Effec
         (finding.rule, finding.subject, now, now, finding.detail, snoozed, webhook))
     alert_id = int(cursor.lastrowid or 0)
     effects.emit("alert", alert_id=alert_id, rule=finding.rule, subject=finding.subject,
-                 state="open", action="opened", detail=finding.detail)
+                 state=AlertState.OPEN, action="opened", detail=finding.detail)
     return alert_id
 
 
@@ -444,7 +464,7 @@ def snooze_seconds(body: Mapping[str, Any]) -> float:
 def snooze(conn: sqlite3.Connection, alert_id: int, seconds: float, now: float,
            effects: Effects) -> dict[str, Any]:
     row = _alert(conn, alert_id)
-    if row["state"] != "open":
+    if row["state"] != AlertState.OPEN:
         raise Conflict(f"alert {alert_id} is already resolved; there is nothing to snooze")
     until = now + seconds if seconds > 0 else None
     conn.execute("UPDATE alerts SET snoozed_until = ? WHERE id = ?", (until, alert_id))
@@ -453,7 +473,7 @@ def snooze(conn: sqlite3.Connection, alert_id: int, seconds: float, now: float,
     return alert_record(_alert(conn, alert_id), now)
 
 
-STATES = ("open", "resolved", "all")
+STATES = (AlertState.OPEN, AlertState.RESOLVED, "all")  # what GET /api/alerts?state= takes
 
 
 async def list_alerts(db: Database, state: str | None, rule: str | None, limit: int,
@@ -465,8 +485,8 @@ async def list_alerts(db: Database, state: str | None, rule: str | None, limit: 
         raise BadRequest(f"rule must be one of {', '.join(RULES)}")
     filters: dict[str | None, tuple[str, list[Any]]] = {
         None: ("(state = 'open' OR resolved_at >= ?)", [now - RECENT_S]),
-        "open": ("state = 'open'", []),
-        "resolved": ("state = 'resolved'", []),
+        AlertState.OPEN: ("state = 'open'", []),
+        AlertState.RESOLVED: ("state = 'resolved'", []),
         "all": ("1 = 1", []),
     }
     where, params = filters[state]

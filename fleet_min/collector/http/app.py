@@ -20,6 +20,7 @@ from fleet_min.collector.http import (
 )
 from fleet_min.collector.jobs import compat, devices, executors, queue, results, rules, specs, views
 from fleet_min.collector.jobs.claims import Claimant
+from fleet_min.collector.jobs.kinds import Executor, ResultKind
 from fleet_min.collector.service import Service
 from fleet_min.config import Config
 from fleet_min.errors import BadRequest, NotFound
@@ -79,7 +80,7 @@ def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str |
 
 
 async def device_next_job(request: web.Request) -> web.StreamResponse:
-    return await _poll(request, Claimant("device", request.match_info["device_id"]))
+    return await _poll(request, Claimant(Executor.DEVICE, request.match_info["device_id"]))
 
 
 async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
@@ -98,7 +99,7 @@ async def executor_next_job(request: web.Request) -> web.StreamResponse:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
     # How many claimed jobs the executor may hold at once; it is offered none beyond them.
     slots = int_param(request.query, "slots", 1, 1, rules.MAX_SLOTS)
-    return await _poll(request, Claimant("host", name, slots))
+    return await _poll(request, Claimant(Executor.HOST, name, slots))
 
 
 async def post_results(request: web.Request) -> web.Response:
@@ -113,7 +114,7 @@ async def post_results(request: web.Request) -> web.Response:
         raise BadRequest("the request body must be a JSON object (a result row or a beacon) "
                          "or an array of result rows")
     _refuse_invalid(validate.validate_post_results(body))
-    if body["kind"] == "beacon":
+    if body["kind"] == ResultKind.BEACON:
         return json_response(await service.transact(results.post_beacon, body, now(),
                                                     caller=caller))
     return json_response(await service.transact(results.post_result, compat.neutral_row(body),
@@ -128,7 +129,7 @@ def _checked_rows(body: list[Any]) -> list[dict[str, Any]]:
     if len(body) > MAX_BATCH:
         raise BadRequest(f"at most {MAX_BATCH} result rows can be posted in one request")
     for index, row in enumerate(body):
-        if not isinstance(row, dict) or row.get("kind") != "result":
+        if not isinstance(row, dict) or row.get("kind") != ResultKind.RESULT:
             raise BadRequest(f"row {index}: an array holds result rows (kind \"result\") only; "
                              "post a beacon on its own")
         errors = validate.validate_result(row)
@@ -225,14 +226,14 @@ async def api_patch_job(request: web.Request) -> web.Response:
 async def api_preview_targets(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     spec: dict[str, Any] = {
-        "schema": 1, "job_id": "preview", "executor": body.get("executor", "device"),
+        "schema": 1, "job_id": "preview", "executor": body.get("executor", Executor.DEVICE),
         **{k: body[k] for k in ("workload", "backend", "params", "targets", "fanout")
            if k in body}}
     if "workload" not in spec:
         raise BadRequest("workload is required to preview targets")
     spec = check_job_spec(spec)
     service = service_of(request)
-    if spec["executor"] == "host":  # a host fan-out reaches executors, not devices
+    if spec["executor"] == Executor.HOST:  # a host fan-out reaches executors, not devices
         rows = await service.db.read(executors.RECENT_SQL, (executors.recent_since(now()),))
         names = queue.pick_executors([row[0] for row in rows], spec)
         return json_response({"count": len(names), "devices": [], "executors": names})

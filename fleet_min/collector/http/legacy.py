@@ -14,14 +14,18 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from fleet_min.collector.automation.alerts import AlertRule, AlertState
+from fleet_min.collector.jobs.kinds import JOB_STATUSES
 from fleet_min.timeutil import parse_iso
 
 BASE = "/dash/legacy"
 NAV = (("", "Overview"), ("/devices", "Devices"), ("/jobs", "Jobs"), ("/results", "Results"),
        ("/schedules", "Schedules"), ("/artifacts", "Artifacts"), ("/alerts", "Alerts"))
 VOID = frozenset({"input", "meta", "link", "br"})
+# The alert rules whose subject is a device (linked to its page).
+DEVICE_RULES = frozenset({AlertRule.DEVICE_OFFLINE, AlertRule.THERMAL_CRITICAL,
+                          AlertRule.LOW_BATTERY})
 DASH = "\u2013"  # an en dash: "nothing here", and ranges
-JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
 # Parts of a job spec shown on its page as key/value lines (the whole spec is below, as JSON).
 SPEC_PARTS = (("model", "Model"), ("constraints", "Constraints"), ("lease", "Lease"),
               ("params", "Parameters"), ("app", "App"), ("suite", "Suite"))
@@ -233,7 +237,8 @@ def overview(data: Mapping[str, Any], schedules: Sequence[Mapping[str, Any]],
     return (section(f"Devices ({data['devices']['total']})", counts(devices))
             + section("Queue", counts(data["queue"], "/jobs"))
             + section("Running", running) + section("Recent failures", failures)
-            + section("Open alerts", alert_table([a for a in alerts if a["state"] == "open"]))
+            + section("Open alerts",
+                      alert_table([a for a in alerts if a["state"] == AlertState.OPEN]))
             + section("Next schedules", nexts))
 
 
@@ -368,7 +373,7 @@ def alert_table(items: Sequence[Mapping[str, Any]]) -> Markup:
     def subject(a: Mapping[str, Any]) -> Any:
         if a["rule"].startswith("job-"):
             return job_link(a["subject"])
-        if a["rule"] in ("device-offline", "thermal-critical", "low-battery"):
+        if a["rule"] in DEVICE_RULES:
             return device_link(a["subject"])
         return a["subject"]
 

@@ -116,7 +116,7 @@ class Legacy:
     async def overview(self, request: web.Request) -> web.Response:
         data = await views.overview(self.db, now())
         listed = await schedules.list_schedules(self.db)
-        opened = await alerts.list_alerts(self.db, "open", None, 50, now())
+        opened = await alerts.list_alerts(self.db, alerts.AlertState.OPEN, None, 50, now())
         content = legacy.overview(data, listed["schedules"], opened["alerts"])
         return self.page("Overview", "", content, refresh_s=30)
 

@@ -26,12 +26,12 @@ from typing import Any
 from fleet_min import metrics
 from fleet_min.collector.jobs import rules
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, LeaseExpiry, ResultKind
 from fleet_min.db import Database
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import now
 
-JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
-DEVICE_STATUSES = ("online", "stale", "offline")
+DEVICE_STATUSES = tuple(status.value for status in DeviceStatus)
 # A dispatch to a waiting agent takes milliseconds; a job behind a busy shelf waits hours.
 CLAIM_WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120,
                       300, 900, 1800, 3600, 14400)
@@ -141,10 +141,10 @@ class CollectorMetrics:
         expiries = r.counter("fleet_collector_lease_expiries_total",
                              "Leases that lapsed and were swept, by what became of the job.",
                              ["outcome"])
-        self.expired = {outcome: expiries.labels(outcome) for outcome in ("requeued", "failed")}
+        self.expired = {outcome: expiries.labels(outcome) for outcome in LeaseExpiry}
         ingested = r.counter("fleet_collector_results_ingested_total",
                              "Result rows (repeats not counted) and beacons stored.", ["kind"])
-        self.ingested = {kind: ingested.labels(kind) for kind in ("result", "beacon")}
+        self.ingested = {kind: ingested.labels(kind) for kind in ResultKind}
         self.uploaded = r.counter("fleet_collector_artifact_uploaded_bytes_total",
                                   "Bytes of artifact uploads received whole (a re-upload of "
                                   "stored bytes counts too).").labels()

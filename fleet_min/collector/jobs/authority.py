@@ -27,10 +27,11 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from fleet_min.collector.jobs.kinds import FINAL, Executor, JobStatus
 from fleet_min.errors import Conflict, Forbidden
 
-CLOSED = ("done", "failed", "cancelled")
-CLAIMANT = {"device": "the device that claimed it", "host": "the host executor that claimed it"}
+CLAIMANT = {Executor.DEVICE: "the device that claimed it",
+            Executor.HOST: "the host executor that claimed it"}
 # An executor name whose node has been silent this long may be taken by another listed node:
 # a moved or renamed executor is not locked out for ever, and a live one (it polls or beacons
 # well inside a minute, even through a long job) never lapses.
@@ -40,7 +41,7 @@ SEEN_EVERY_S = 60.0  # an executor binding's seen_at is rewritten at most this o
 
 def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
     """Who a result row speaks for (see the module docstring)."""
-    if job["executor"] == "host":
+    if job["executor"] == Executor.HOST:
         executor = body.get("executor")
         if isinstance(executor, str) and executor:
             return executor
@@ -49,7 +50,7 @@ def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
 
 def holds(job: sqlite3.Row, speaker: str) -> bool:
     """Does `speaker` hold the job's current claim?"""
-    return job["status"] == "claimed" and job["claimed_by"] == speaker
+    return job["status"] == JobStatus.CLAIMED and job["claimed_by"] == speaker
 
 
 def holds_attempt(job: sqlite3.Row, speaker: str, attempt: object) -> bool:
@@ -94,15 +95,15 @@ def row_refusal(job: sqlite3.Row, speaker: str, body: dict[str, Any],
     if attempt is not None and "attempt" in body:
         return Conflict(f"{speaker!r} did not hold attempt {attempt} of job {job_id}; a row is "
                         "taken for an attempt only from the one that held it")
-    if status == "claimed":
+    if status == JobStatus.CLAIMED:
         hint = ""
-        if job["executor"] == "host" and "executor" not in body:
+        if job["executor"] == Executor.HOST and "executor" not in body:
             hint = ("; an executor that files rows under an attached device's id names itself "
                     "in the row's executor field")
         return Conflict(f"job {job_id} is held by {CLAIMANT[job['executor']]}, not by "
                         f"{speaker!r}; only the claimant's rows are accepted, and late rows "
                         f"from the holders of its earlier attempts{hint}")
-    if status in CLOSED:
+    if status in FINAL:
         return Conflict(f"job {job_id} is {status}; after a job closes only the holders of its "
                         f"attempts may add rows, and {speaker!r} held none")
     return Conflict(f"job {job_id} is {status}: nobody holds it, so it takes no rows but late "
@@ -147,7 +148,7 @@ def check_speaker(conn: sqlite3.Connection, executor: str, speaker: str,
     """A mesh caller acting for `speaker` of a job of this executor kind: a host executor's
     name binding, or the node the device registered from (`device_node`, read by the caller
     along with the rows it needed anyway)."""
-    if executor == "host":
+    if executor == Executor.HOST:
         bind_executor(conn, speaker, caller, now)
     else:
         check_device_node(speaker, device_node, caller)

@@ -21,6 +21,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, rules
 from fleet_min.collector.jobs.devices import NOT_READ, Device, load_device, touch, touch_due
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import Executor, JobStatus
 from fleet_min.collector.jobs.match import compiled
 from fleet_min.db import replayable
 from fleet_min.errors import NotFound
@@ -33,7 +34,7 @@ _PAGE = 64  # candidate rows read at a time
 
 
 class Claimant:
-    executor: str  # "device" or "host"
+    executor: Executor
     id: str        # device_id, or the host executor's name
     slots: int = 1  # claimed jobs it may hold at once: 1 for a device, ?slots= for an executor
 
@@ -138,7 +139,7 @@ def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
 
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
              device: Device | None, now: float, ignore_job: str | None) -> str | None:
-    if claimant.executor == "device":
+    if claimant.executor == Executor.DEVICE:
         assert device is not None
         why = static_refusal(device, row["workload"], row["variant"], row["pool"], row["match"])
         if why:
@@ -148,7 +149,7 @@ def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
                    if '"constraints"' in row["spec"] else None)
     if constraints:
         # A host job is checked against the device it pins, when that device is registered.
-        source = device if claimant.executor == "device" else (
+        source = device if claimant.executor == Executor.DEVICE else (
             load_device(conn, row["target_device"]) if row["target_device"] else None)
         why = rules.constraint_refusal(constraints, source.last_beacon if source else None,
                                        source.last_beacon_at if source else None, now)
@@ -164,7 +165,7 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
     (a running job that could be preempted) counts as neither held nor holding a lock."""
     workloads: list[str] | None = None
     pairs: list[tuple[str, str]] = []
-    if claimant.executor == "device":
+    if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
@@ -200,7 +201,7 @@ def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant,
 def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
           effects: Effects, device: Device | None = None) -> dict[str, Any] | None:
     """Claim the next job for a device or host executor: the spec to run, or None."""
-    if claimant.executor == "device":
+    if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
@@ -220,7 +221,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
     if row["exclusive"]:
         conn.execute("INSERT OR REPLACE INTO device_locks (device_id, job_id, locked_at) "
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
-    effects.job(row["job_id"], "claimed", row["workload"], row["executor"],
+    effects.job(row["job_id"], JobStatus.CLAIMED, row["workload"], row["executor"],
                 claimed_by=claimant.id)
     # A queued job's updated_at is when it last became claimable: stored, requeued or promoted
     # (or its priority changed): the claim-wait histogram measures from there.
@@ -243,7 +244,7 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
     Raises NotFound for a device that never registered, and Forbidden when `caller` (the mesh
     node the poll came from; None off the mesh) may not act for the claimant.
     """
-    if claimant.executor != "device":
+    if claimant.executor != Executor.DEVICE:
         if caller is not None:
             authority.bind_executor(conn, claimant.id, caller, now)
         executors.seen(conn, claimant.id, claimant.slots, now)

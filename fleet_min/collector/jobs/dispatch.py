@@ -35,6 +35,7 @@ from typing import Any
 from fleet_min.collector.jobs import claims, queue, rules
 from fleet_min.collector.jobs.claims import Claimant, claimant_key
 from fleet_min.collector.jobs.effects import Effects, JobRoute
+from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.db import replayable
 from fleet_min.timeutil import now
 
@@ -60,7 +61,7 @@ class Waiter:
             return False
         if job.pin and job.pin != self.claimant.id:
             return False
-        return self.claimant.executor == "host" or rules.offers(
+        return self.claimant.executor == Executor.HOST or rules.offers(
             self.capabilities, job.workload, job.variant)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_min.collector.jobs.kinds import LeaseExpiry
+
 
 @dataclass(frozen=True)
 class JobRoute:
@@ -32,9 +34,9 @@ class Effects:
     claimable: list[JobRoute] = field(default_factory=list)
     claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
     # For the metrics (fleet_min.collector.telemetry): how long each job claimed here had been
-    # claimable, in seconds, and the outcome ("requeued", "failed") of each lapsed lease swept.
+    # claimable, in seconds, and what became of the job of each lapsed lease swept.
     claim_waits: list[float] = field(default_factory=list)
-    lease_expiries: list[str] = field(default_factory=list)
+    lease_expiries: list[LeaseExpiry] = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget everything recorded (the transaction is about to run again)."""

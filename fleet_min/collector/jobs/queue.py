@@ -21,13 +21,17 @@ from fleet_min.collector.jobs import authority, executors, rules, templates
 from fleet_min.collector.jobs.claims import claimant_key, static_refusal
 from fleet_min.collector.jobs.devices import Device, device_from_row
 from fleet_min.collector.jobs.effects import Effects, JobRoute
+from fleet_min.collector.jobs.kinds import (
+    FINAL,
+    UNSUCCESSFUL,
+    AttemptOutcome,
+    Executor,
+    JobStatus,
+    LeaseExpiry,
+)
 from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso
-
-OPEN = ("queued", "waiting", "claimed")
-CLOSED = ("done", "failed", "cancelled")
-
 
 # ---------------------------------------------------------------------------------------------
 # rows
@@ -72,7 +76,7 @@ def job_record(row: sqlite3.Row) -> dict[str, Any]:
 def _set_status(conn: sqlite3.Connection, job_id: str, status: str, now: float,
                 last_error: str | None = None) -> None:
     """Set a status; a closed job also loses its lease."""
-    if status in CLOSED:
+    if status in FINAL:
         conn.execute("UPDATE jobs SET status = ?, updated_at = ?, finished_at = ?, "
                      "last_error = ?, lease_deadline = NULL WHERE job_id = ?",
                      (status, now, now, last_error, job_id))
@@ -135,7 +139,7 @@ def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
         return
     names = rules.capability_names(workload, rules.job_variant(workload, backend,
                                                                spec.get("params")))
-    if executor == "device":
+    if executor == Executor.DEVICE:
         # A device that never declared capabilities is offered everything, so it counts.
         row = conn.execute(
             "SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
@@ -145,7 +149,7 @@ def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
         if row:
             return
     wanted = names[-1]
-    if executor == "host":
+    if executor == Executor.HOST:
         raise Unprocessable(f"no host executor runs the workload {workload!r}; host workloads are "
                             f"{', '.join(sorted(rules.HOST_WORKLOADS))}")
     raise Unprocessable(f"no registered agent declares the capability {wanted!r} and it is not "
@@ -241,7 +245,7 @@ def _store(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: 
     route = _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent,
                     warnings=warnings)
     effects.job(spec["job_id"], status, spec["workload"], spec["executor"])
-    if status == "queued":
+    if status == JobStatus.QUEUED:
         effects.claimable.append(route)
     reply: dict[str, Any] = {"job_id": spec["job_id"], "status": status}
     if warnings:
@@ -253,21 +257,21 @@ def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
                     ) -> tuple[str, str | None, dict[str, Any]]:
     deps = spec.get("depends_on") or []
     if not deps:
-        return "queued", None, spec
+        return JobStatus.QUEUED, None, spec
     statuses = {row["job_id"]: row for row in conn.execute(
         "SELECT job_id, status, last_error FROM jobs "
         f"WHERE job_id IN ({','.join('?' * len(deps))})",
         deps)}
     for dep in deps:
         row = statuses[dep]
-        if row["status"] in ("failed", "cancelled"):
-            return "failed", _dependency_error(dep, row["status"], row["last_error"]), spec
-    if all(statuses[d]["status"] == "done" for d in deps):
+        if row["status"] in UNSUCCESSFUL:
+            return JobStatus.FAILED, _dependency_error(dep, row["status"], row["last_error"]), spec
+    if all(statuses[d]["status"] == JobStatus.DONE for d in deps):
         try:
-            return "queued", None, _rewritten(conn, spec)
+            return JobStatus.QUEUED, None, _rewritten(conn, spec)
         except templates.Unresolvable as exc:
-            return "failed", str(exc), spec
-    return "waiting", None, spec
+            return JobStatus.FAILED, str(exc), spec
+    return JobStatus.WAITING, None, spec
 
 
 CASCADE_EVENTS = 100  # dependents failed together that each get a job event on the stream
@@ -278,7 +282,7 @@ def _dependency_error(dep: str, status: str, error: str | None) -> str:
     """Why a job failed without running: one sentence naming the dependency where the failure
     started and quoting its error cut short, so the text stays the same size however long the
     chain that passes it on."""
-    verb = "was cancelled" if status == "cancelled" else "failed"
+    verb = "was cancelled" if status == JobStatus.CANCELLED else "failed"
     if error and len(error) > REASON_CHARS:
         error = error[:REASON_CHARS - 3] + "..."
     return f"dependency {dep!r} {verb}" + (f": {error}" if error else "")
@@ -291,7 +295,8 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
     targets = spec.get("targets") or {}
     lease = spec.get("lease") or {}
     executor = spec["executor"]
-    pin = (targets.get("device_id") if executor == "device" else targets.get("executor")) or ""
+    pin = (targets.get("device_id") if executor == Executor.DEVICE
+           else targets.get("executor")) or ""
     variant = rules.job_variant(spec["workload"], spec.get("backend"), spec.get("params"))
     conn.execute(
         """
@@ -307,7 +312,7 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
          int(bool(spec.get("preemptible"))), int(is_group),
          int(lease.get("max_attempts") or rules.DEFAULT_MAX_ATTEMPTS),
          int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
-         template_id, jsonio.dumps_stored(spec), now, now, now if status in CLOSED else None,
+         template_id, jsonio.dumps_stored(spec), now, now, now if status in FINAL else None,
          json.dumps(warnings) if warnings else None))
     deps = spec.get("depends_on")
     if deps:
@@ -327,15 +332,15 @@ def _store_fanout(conn: sqlite3.Connection, spec: dict[str, Any], now: float, ef
     """A fan-out parent (never claimed) and one child per target: per matching device,
     pinned with targets.device_id, or for a host job per executor seen recently, pinned with
     targets.executor (fanout {distinct} is refused for host jobs by specs.check_spec)."""
-    pin_field = "device_id" if spec["executor"] == "device" else "executor"
+    pin_field = "device_id" if spec["executor"] == Executor.DEVICE else "executor"
     pins = ([d.device_id for d in fanout_devices(conn, spec, now)] if pin_field == "device_id"
             else fanout_executors(conn, spec, now))
     if not pins:
         raise Unprocessable(_NO_FANOUT_TARGET[pin_field].format(workload=spec["workload"]))
     parent_id = spec["job_id"]
     status, last_error, _ = _initial_status(conn, spec)
-    group_status = "failed" if status == "failed" else ("waiting" if status == "waiting"
-                                                        else "queued")
+    group_status = (status if status in (JobStatus.FAILED, JobStatus.WAITING)
+                    else JobStatus.QUEUED)
     warnings = validate.param_warnings(spec)
     _insert(conn, spec, group_status, last_error, now, template_id=template_id, parent=None,
             is_group=True, warnings=warnings)
@@ -414,10 +419,10 @@ def hand_back_undelivered(conn: sqlite3.Connection, job_id: str, claimant_id: st
                           effects: Effects) -> None:
     """A claim whose long poll went away before delivery is returned, its attempt not burned."""
     row = job_row(conn, job_id)
-    if row is None or row["status"] != "claimed" or row["claimed_by"] != claimant_id:
+    if row is None or row["status"] != JobStatus.CLAIMED or row["claimed_by"] != claimant_id:
         return
-    _requeue(conn, row, now, effects, outcome="undelivered", error=None, attempt_back=True,
-             keep_error=True)
+    _requeue(conn, row, now, effects, outcome=AttemptOutcome.UNDELIVERED, error=None,
+             attempt_back=True, keep_error=True)
 
 
 def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Effects, *,
@@ -432,7 +437,7 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
     _end_attempt(conn, row, outcome, error, now)
     if row["exclusive"]:
         _unlock(conn, row["job_id"])
-    effects.job(row["job_id"], "queued", row["workload"], row["executor"])
+    effects.job(row["job_id"], JobStatus.QUEUED, row["workload"], row["executor"])
     effects.claimable.append(route_of(row))
     _slot_freed(row, effects)
 
@@ -440,7 +445,7 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
 def _slot_freed(row: sqlite3.Row, effects: Effects) -> None:
     """A claimed job left its claimant: a poll it holds waiting (an executor with more slots)
     may take another now."""
-    if row["status"] == "claimed" and row["claimed_by"]:
+    if row["status"] == JobStatus.CLAIMED and row["claimed_by"]:
         effects.claimants.append(claimant_key(row["executor"], row["claimed_by"]))
 
 
@@ -471,16 +476,17 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
         if row["attempts"] < row["max_attempts"]:
             error = (f"lease expired {where} ({late_s} s past its deadline) on attempt "
                      f"{row['attempts']} of {row['max_attempts']}; requeued")
-            _requeue(conn, row, now, effects, outcome="expired", error=error, attempt_back=False)
+            _requeue(conn, row, now, effects, outcome=AttemptOutcome.EXPIRED, error=error,
+                     attempt_back=False)
             swept.requeued.append(row["job_id"])
-            effects.lease_expiries.append("requeued")
+            effects.lease_expiries.append(LeaseExpiry.REQUEUED)
         else:
             error = (f"lease expired {where} on the final attempt ({row['attempts']} of "
                      f"{row['max_attempts']}); the job failed")
-            _end_attempt(conn, row, "expired", error, now)
-            _close(conn, row, "failed", error, now, effects)
+            _end_attempt(conn, row, AttemptOutcome.EXPIRED, error, now)
+            _close(conn, row, JobStatus.FAILED, error, now, effects)
             swept.failed.append(row["job_id"])
-            effects.lease_expiries.append("failed")
+            effects.lease_expiries.append(LeaseExpiry.FAILED)
     return swept
 
 
@@ -490,7 +496,7 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
 
 def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, error: str | None,
                       now: float, effects: Effects) -> str:
-    outcome = "done" if ok else "failed"
+    outcome = JobStatus.DONE if ok else JobStatus.FAILED
     message = None if ok else (error or "the device reported a failure without a reason")
     _end_attempt(conn, row, outcome, message, now)
     _close(conn, row, outcome, message, now, effects)
@@ -504,8 +510,8 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
     if artifacts:
         spec["params"] = {**(spec.get("params") or {}), "resume_from": artifacts[0]}
         conn.execute("UPDATE jobs SET spec = ? WHERE job_id = ?", (json.dumps(spec), row["job_id"]))
-    _requeue(conn, row, now, effects, outcome="preempted", error=None, attempt_back=True,
-             keep_error=True)
+    _requeue(conn, row, now, effects, outcome=AttemptOutcome.PREEMPTED, error=None,
+             attempt_back=True, keep_error=True)
 
 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
@@ -526,11 +532,11 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
         _slot_freed(row, effects)
         effects.job(row["job_id"], status, row["workload"], row["executor"],
                     **({"last_error": error} if error else {}))
-        if row["job_id"] != first and status != "done":
+        if row["job_id"] != first and status != JobStatus.DONE:
             closed.append(row["job_id"])
         groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
         if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
-            if status == "done":
+            if status == JobStatus.DONE:
                 work.extend(_promote_waiters(conn, row["job_id"], now, effects))
             else:
                 groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
@@ -559,18 +565,18 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         if open_dep:
             continue
         if waiter["is_group"]:
-            _set_status(conn, waiter["job_id"], "queued", now)
-            effects.job(waiter["job_id"], "queued", waiter["workload"], waiter["executor"])
+            _set_status(conn, waiter["job_id"], JobStatus.QUEUED, now)
+            effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
             continue
         spec = json.loads(waiter["spec"])
         try:
             spec = _rewritten(conn, spec)
         except templates.Unresolvable as exc:
-            unresolvable.append((waiter, "failed", str(exc)))
+            unresolvable.append((waiter, JobStatus.FAILED, str(exc)))
             continue
         conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
                      "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
-        effects.job(waiter["job_id"], "queued", waiter["workload"], waiter["executor"])
+        effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
         fresh = job_row(conn, waiter["job_id"])
         assert fresh is not None
         effects.claimable.append(route_of(fresh))
@@ -607,10 +613,11 @@ def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: st
     rows = conn.execute(_FAIL_DEPENDENTS, {"root": root, "now": now, "error": reason}).fetchall()
     rows.sort(key=lambda r: r["seq"])  # RETURNING comes in no promised order
     for r in rows[:CASCADE_EVENTS]:
-        effects.job(r["job_id"], "failed", r["workload"], r["executor"], last_error=reason)
+        effects.job(r["job_id"], JobStatus.FAILED, r["workload"], r["executor"], last_error=reason)
     if len(rows) > CASCADE_EVENTS:
         effects.unstreamed.extend(
-            {"type": "job", "job_id": r["job_id"], "status": "failed", "workload": r["workload"],
+            {"type": "job", "job_id": r["job_id"], "status": JobStatus.FAILED,
+             "workload": r["workload"],
              "executor": r["executor"], "last_error": reason} for r in rows[CASCADE_EVENTS:])
         effects.emit("cascade", job_id=root, failed=len(rows), streamed=CASCADE_EVENTS,
                      last_error=reason)
@@ -628,20 +635,20 @@ def _settle_group(conn: sqlite3.Connection, parent_id: str
                     "('queued', 'waiting', 'claimed') LIMIT 1", (parent_id,)).fetchone():
         return None  # the usual answer, found without reading every child
     parent = job_row(conn, parent_id)
-    if parent is None or parent["status"] in CLOSED:
+    if parent is None or parent["status"] in FINAL:
         return None
     children = conn.execute("SELECT job_id, status, last_error FROM jobs "
                             "WHERE parent_job_id = ? ORDER BY seq", (parent_id,)).fetchall()
-    failed = [c for c in children if c["status"] == "failed"]
-    cancelled = [c for c in children if c["status"] == "cancelled"]
+    failed = [c for c in children if c["status"] == JobStatus.FAILED]
+    cancelled = [c for c in children if c["status"] == JobStatus.CANCELLED]
     if failed:
         detail = "; ".join(f"{c['job_id']}: {c['last_error']}" for c in failed[:5])
-        return (parent, "failed",
+        return (parent, JobStatus.FAILED,
                 f"{len(failed)} of {len(children)} fan-out children failed ({detail})"[:2000])
     if cancelled:
-        return (parent, "cancelled",
+        return (parent, JobStatus.CANCELLED,
                 f"{len(cancelled)} of {len(children)} fan-out children were cancelled")
-    return parent, "done", None
+    return parent, JobStatus.DONE, None
 
 
 def _rewritten(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
@@ -701,12 +708,12 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
         raise NotFound(f"no job {job_id!r}")
     if caller is not None:
         node = None
-        if row["executor"] == "device":
+        if row["executor"] == Executor.DEVICE:
             found = conn.execute("SELECT mesh_node FROM devices WHERE device_id = ?",
                                  (device_id,)).fetchone()
             node = found["mesh_node"] if found else None
         authority.check_speaker(conn, row["executor"], device_id, node, caller, now)
-    if row["status"] != "claimed" or row["claimed_by"] != device_id:
+    if row["status"] != JobStatus.CLAIMED or row["claimed_by"] != device_id:
         raise Conflict(f"{device_id} does not hold a claim on job {job_id} "
                        f"(it is {row['status']}"
                        + (f", claimed by {row['claimed_by']})" if row["claimed_by"] else ")"))
@@ -715,30 +722,34 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
                     (job_id, row["attempts"])).fetchone():
         raise Conflict(f"job {job_id} already has result rows, so it cannot be released; "
                        "post a final row instead")
-    _requeue(conn, row, now, effects, outcome="released", error=None, attempt_back=True,
-             keep_error=True)
-    return {"ok": True, "job_id": job_id, "status": "queued"}
+    _requeue(conn, row, now, effects, outcome=AttemptOutcome.RELEASED, error=None,
+             attempt_back=True, keep_error=True)
+    return {"ok": True, "job_id": job_id, "status": JobStatus.QUEUED}
+
+
+CANCELLED_BY_OPERATOR = "cancelled by an operator"  # the error of a job an operator cancelled
 
 
 def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
     row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    if row["status"] in CLOSED:
+    if row["status"] in FINAL:
         raise Conflict(f"job {job_id} is already {row['status']}")
     was = row["status"]
     cascaded: list[str] = []
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
-            _end_attempt(conn, child, "cancelled", "cancelled by an operator", now)
+            _end_attempt(conn, child, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
             cascaded.append(child["job_id"])
-            cascaded += _close(conn, child, "cancelled", "cancelled by an operator", now, effects)
+            cascaded += _close(conn, child, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now,
+                               effects)
         row = job_row(conn, job_id)
         assert row is not None
-    if row["status"] not in CLOSED:
-        _end_attempt(conn, row, "cancelled", "cancelled by an operator", now)
-        cascaded += _close(conn, row, "cancelled", "cancelled by an operator", now, effects)
+    if row["status"] not in FINAL:
+        _end_attempt(conn, row, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
+        cascaded += _close(conn, row, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now, effects)
     cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
     return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
 
@@ -747,7 +758,7 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
     row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    if row["status"] not in ("failed", "cancelled"):
+    if row["status"] not in UNSUCCESSFUL:
         raise Conflict(f"job {job_id} is {row['status']}; only failed or cancelled jobs can be "
                        "retried")
     base = row["job_id"]
@@ -788,7 +799,7 @@ def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: floa
     row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    if row["status"] in CLOSED:
+    if row["status"] in FINAL:
         raise Conflict(f"job {job_id} is already {row['status']}; its priority no longer matters")
     spec = json.loads(row["spec"])
     spec["priority"] = priority
@@ -797,6 +808,6 @@ def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: floa
     effects.job(job_id, row["status"], row["workload"], row["executor"], priority=priority)
     fresh = job_row(conn, job_id)
     assert fresh is not None
-    if fresh["status"] == "queued":
+    if fresh["status"] == JobStatus.QUEUED:
         effects.claimable.append(route_of(fresh))
     return fresh

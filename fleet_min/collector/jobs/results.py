@@ -18,6 +18,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, claims, queue
 from fleet_min.collector.jobs.devices import touch, touch_due
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import Executor, JobStatus, ResultKind
 from fleet_min.db import replayable
 from fleet_min.errors import Conflict, NotFound, Refused
 from fleet_min.timeutil import iso
@@ -72,7 +73,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if cursor.rowcount == 0:
         return _reply(job, job["status"], attempt, duplicate=True)
     final = bool(body.get("final"))
-    effects.emit("result", job_id=job_id, device_id=device_id, iter=iteration, final=final,
+    effects.emit(ResultKind.RESULT, job_id=job_id, device_id=device_id, iter=iteration, final=final,
                  attempt=attempt)
     status = _settle(conn, job, body, now, effects) if final else job["status"]
     return _reply(job, status, attempt, duplicate=False)
@@ -89,7 +90,7 @@ def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], no
     """The claimant's final row: the job's new status."""
     if body.get("preempted"):
         queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
-        return "queued"
+        return JobStatus.QUEUED
     return queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"), now,
                                    effects)
 
@@ -123,7 +124,7 @@ def _late_row(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], 
         touch(conn, key[1], now)
     if cursor.rowcount == 0:
         return _reply(job, job["status"], attempt, duplicate=True)
-    effects.emit("result", job_id=key[0], device_id=key[1], iter=key[2],
+    effects.emit(ResultKind.RESULT, job_id=key[0], device_id=key[1], iter=key[2],
                  final=bool(body.get("final")), attempt=attempt)
     return _reply(job, job["status"], attempt, duplicate=False)
 
@@ -203,7 +204,7 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if device is None and not held:
         return _stranger_beacon(conn, device_id, job)
     if caller is not None:
-        kind = job["executor"] if held and job is not None else "device"
+        kind = job["executor"] if held and job is not None else Executor.DEVICE
         authority.check_speaker(conn, kind, device_id, device["mesh_node"] if device else None,
                                 caller, now)
     beacon = dict(body.get("beacon") or {})
@@ -224,7 +225,7 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if held and job is not None:
         queue.extend_lease(conn, job, now)
         renewed, preempt = True, claims.should_preempt(conn, job, now)
-    effects.emit("beacon", device_id=device_id, job_id=attached, lease_renewed=renewed,
+    effects.emit(ResultKind.BEACON, device_id=device_id, job_id=attached, lease_renewed=renewed,
                  preempt=preempt)
     return {"lease_renewed": renewed, "preempt": preempt}
 
@@ -237,7 +238,7 @@ def _stranger_beacon(conn: sqlite3.Connection, device_id: str, job: sqlite3.Row 
     and the job moved on) learns lease_renewed false, as a device would, so it stops rather than
     retrying an error; anyone else is refused.
     """
-    if job is None or job["executor"] != "host":
+    if job is None or job["executor"] != Executor.HOST:
         raise NotFound(f"device {device_id!r} is not registered; register first")
     if authority.held_before(conn, job, device_id):
         return {"lease_renewed": False, "preempt": False}

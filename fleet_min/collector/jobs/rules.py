@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
 
+from fleet_min.collector.jobs.kinds import DeviceStatus, Executor
+
 # Workloads of the spec's parameter table run by a host executor. Host executors do not register
 # as devices, so these are accepted with no agent registered ("built in").
 HOST_WORKLOADS = frozenset({
@@ -40,7 +42,7 @@ def default_ttl(workload: str) -> int:
 
 
 def is_built_in(workload: str, executor: str, backend: str | None) -> bool:
-    if executor == "host":
+    if executor == Executor.HOST:
         return workload in HOST_WORKLOADS
     return (workload, backend) in BUILT_IN_DEVICE
 
@@ -98,13 +100,13 @@ def _routes(capabilities: tuple[str, ...]) -> tuple[list[str], list[tuple[str, s
     return sorted(bare), sorted(pairs)
 
 
-def device_status(last_seen: float, now: float) -> str:
+def device_status(last_seen: float, now: float) -> DeviceStatus:
     age = now - last_seen
     if age < ONLINE_S:
-        return "online"
+        return DeviceStatus.ONLINE
     if age < STALE_S:
-        return "stale"
-    return "offline"
+        return DeviceStatus.STALE
+    return DeviceStatus.OFFLINE
 
 
 def is_expired(ttl_s: int | None, last_seen: float, now: float) -> bool:

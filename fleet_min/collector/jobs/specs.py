@@ -7,6 +7,7 @@ from typing import Any
 
 from fleet_min import validate
 from fleet_min.collector.jobs import compat
+from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.collector.jobs.match import MatchError, compiled
 from fleet_min.errors import BadRequest
 
@@ -32,7 +33,7 @@ def check_spec(spec: Any, context: str = "") -> dict[str, Any]:
     errors = validate.validate_job(spec)
     if errors:
         raise BadRequest(context + first_problem(errors))
-    if spec["executor"] == "host" and isinstance(spec.get("fanout"), dict):
+    if spec["executor"] == Executor.HOST and isinstance(spec.get("fanout"), dict):
         raise BadRequest(f"{context}fanout {{distinct}} applies to device jobs: host executors "
                          "do not report the devices attached to them; use \"fanout\": true "
                          "for one child per executor")

@@ -11,6 +11,7 @@ from typing import Any
 
 from fleet_min.collector.jobs import queue, rules
 from fleet_min.collector.jobs.devices import device_record
+from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus
 from fleet_min.collector.jobs.results import result_record
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
@@ -18,7 +19,6 @@ from fleet_min.query import page_param, time_param, time_range
 from fleet_min.timeutil import iso
 
 PER_PAGE = 50
-JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
 
 
 def _paged(total: int, page: int, key: str, items: list[Any]) -> dict[str, Any]:
@@ -171,7 +171,7 @@ async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
 
 async def overview(db: Database, now: float) -> dict[str, Any]:
     devices = await db.read("SELECT last_seen, ttl_s FROM devices")
-    by_status = {"online": 0, "stale": 0, "offline": 0}
+    by_status = dict.fromkeys((s.value for s in DeviceStatus), 0)
     for row in devices:
         if not rules.is_expired(row["ttl_s"], row["last_seen"], now):
             by_status[rules.device_status(row["last_seen"], now)] += 1
