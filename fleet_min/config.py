@@ -2,6 +2,11 @@
 
 The CLI builds its flags from this table and `docs/configuration.md` lists it, so a setting is
 added in exactly one place. Precedence: command-line flag, then environment, then default.
+
+`resolve` turns a table into its service's typed configuration (CollectorConfig here, the
+control plane's ControlPlaneConfig beside its table): a frozen dataclass with one field per
+setting, so mypy checks every `config.name` read. tests/test_config_types.py holds each table
+and its class to the same names and types.
 """
 
 from __future__ import annotations
@@ -10,9 +15,9 @@ import argparse
 import os
 import re
 import textwrap
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, cast, overload
 
 from fleet_min.origin import ALLOWED_HOSTS_ENV, host_patterns
 
@@ -149,7 +154,87 @@ def repo_patterns(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(patterns))
 
 
-COLLECTOR_SETTINGS: tuple[Setting, ...] = (
+C = TypeVar("C")
+
+
+class SettingsTable(Sequence[Setting], Generic[C]):
+    """A service's settings, in the order its help and docs list them, and the class of the
+    configuration `resolve` builds from them."""
+
+    def __init__(self, config: type[C], *settings: Setting) -> None:
+        self.config = config
+        self._settings = settings
+
+    @overload
+    def __getitem__(self, index: int) -> Setting: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Setting]: ...
+
+    def __getitem__(self, index: int | slice) -> Setting | Sequence[Setting]:
+        return self._settings[index]
+
+    def __len__(self) -> int:
+        return len(self._settings)
+
+    def __iter__(self) -> Iterator[Setting]:
+        return iter(self._settings)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorConfig:
+    """The collector's resolved settings (COLLECTOR_SETTINGS says what each one means)."""
+
+    bind: tuple[str, ...]
+    port: int
+    data_dir: str
+    name: str
+    long_poll_s: float
+    sweep_s: float
+    max_json_bytes: int
+    synchronous: str
+    log_level: str
+    stop_grace_s: float
+    max_artifact_bytes: int
+    schedule_tz: str
+    schedule_tick_s: float
+    alert_tick_s: float
+    alert_offline_s: float
+    alert_beacon_fresh_s: float
+    alert_stuck_factor: float
+    alert_job_failed_window_s: float
+    alert_battery_pct: float
+    alert_thermal_states: tuple[str, ...]
+    alert_schedule_late_s: float
+    alert_data_bytes: int
+    alert_log_bytes: int
+    alert_free_bytes: int
+    alert_log_paths: tuple[str, ...]
+    alert_webhook: str
+    alert_webhook_attempts: int
+    alert_webhook_backoff_s: float
+    alert_webhook_timeout_s: float
+    retain_beacons_days: float
+    retain_events_days: float
+    retain_alerts_days: float
+    retention_auto: bool
+    log_file: str
+    sse_keepalive_s: float
+    allowed_hosts: tuple[str, ...]
+    dash_token: str
+    mesh_allow: tuple[str, ...]
+    mesh_whois: str
+    trust_proxy: tuple[str, ...]
+    peers: tuple[str, ...]
+    mdns: bool
+    github_api: str
+    ci_status_token: str
+    github_token: str
+    ci_status_repos: tuple[str, ...]
+
+
+COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
+    CollectorConfig,
     Setting("bind", "FLEET_BIND", ("0.0.0.0",), csv_list,
             "Comma-separated addresses to listen on; 0.0.0.0 is every interface (a warning is "
             "logged: loopback plus a private mesh address is recommended).", "--bind"),
@@ -264,24 +349,14 @@ COLLECTOR_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-@dataclass
-class Config:
-    values: dict[str, Any] = field(default_factory=dict)
-
-    def __getattr__(self, item: str) -> Any:
-        try:
-            return self.values[item]
-        except KeyError:
-            raise AttributeError(item) from None
-
-
 class ConfigError(ValueError):
     pass
 
 
-def resolve(settings: Sequence[Setting], flags: Mapping[str, Any] | None = None,
-            environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-    """Resolve every setting: explicit override, then flag, then environment, then default."""
+def resolve(settings: SettingsTable[C], flags: Mapping[str, Any] | None = None,
+            environ: Mapping[str, str] | None = None, **overrides: Any) -> C:
+    """Resolve every setting: explicit override, then flag, then environment, then default.
+    Overrides that name no setting are left out."""
     env = os.environ if environ is None else environ
     given = dict(flags or {})
     values: dict[str, Any] = {}
@@ -300,7 +375,7 @@ def resolve(settings: Sequence[Setting], flags: Mapping[str, Any] | None = None,
             values[setting.name] = setting.kind(raw) if isinstance(raw, str) else raw
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-    return Config(values)
+    return cast(Any, settings.config)(**values)  # one keyword per field (test_config_types)
 
 
 def shown_default(value: Any) -> str:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -355,7 +355,7 @@ _NAMED_PARAMS: dict[str, frozenset[str]] = {
 MAX_WARNINGS = 20
 
 
-def param_warnings(spec: dict[str, Any]) -> list[str]:
+def param_warnings(spec: Mapping[str, Any]) -> list[str]:
     """Sentences for params a table workload does not name ("unknown param 'measure_itters'
     for benchmark; did you mean 'measure_iters'?"), at most MAX_WARNINGS; [] for the usual spec
     and for workloads outside the table."""

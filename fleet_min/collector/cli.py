@@ -9,12 +9,18 @@ import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
 from fleet_min import dirlock, jsonio, logs, serving
-from fleet_min.config import COLLECTOR_SETTINGS, ConfigError, add_flags, help_epilog, resolve
+from fleet_min.config import (
+    COLLECTOR_SETTINGS,
+    CollectorConfig,
+    ConfigError,
+    add_flags,
+    help_epilog,
+    resolve,
+)
 from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.collector")
@@ -56,7 +62,7 @@ def install_uvloop() -> bool:
 SUBCOMMANDS = ("backup", "restore")  # `collector backup PATH`, `collector restore PATH --data DIR`
 
 
-def _announce(config: Any, fast: bool) -> Callable[[list[tuple[str, int]]], None]:
+def _announce(config: CollectorConfig, fast: bool) -> Callable[[list[tuple[str, int]]], None]:
     def announce(bound: list[tuple[str, int]]) -> None:
         urls = [f"http://{serving.url_host(host)}:{port}" for host, port in bound]
         # An address that means "every interface" is no page to open; loopback always is.
@@ -69,7 +75,7 @@ def _announce(config: Any, fast: bool) -> Callable[[list[tuple[str, int]]], None
     return announce
 
 
-def _serve(app: web.Application, config: Any, fast: bool) -> int:
+def _serve(app: web.Application, config: CollectorConfig, fast: bool) -> int:
     """Own the data directory, bind, run until a signal; the exit code."""
     try:
         # Held until the process ends; named as the person gave it.

@@ -27,7 +27,7 @@ from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.db import Database
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
@@ -99,7 +99,7 @@ def _speedups() -> list[str]:
 
 
 class Service:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: CollectorConfig) -> None:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.db = Database(self.data_dir / "fleet.sqlite3", MIGRATIONS, config.synchronous,

@@ -17,7 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet_min.config import Setting, flag, port_number, positive_float, positive_int
+from fleet_min.config import (
+    Setting,
+    SettingsTable,
+    flag,
+    port_number,
+    positive_float,
+    positive_int,
+)
 from fleet_min.errors import BadRequest
 from fleet_min.origin import ALLOWED_HOSTS_ENV, host_patterns
 
@@ -60,7 +67,38 @@ def _days(text: str) -> int:
 
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
-CONTROLPLANE_SETTINGS: tuple[Setting, ...] = (
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneConfig:
+    """The control plane's resolved start-up settings (CONTROLPLANE_SETTINGS says what each one
+    means); live settings are LiveValues."""
+
+    host: str
+    port: int
+    allowed_hosts: tuple[str, ...]
+    root: str
+    state_dir: str
+    read_only: bool
+    github_api: str
+    health_script: str
+    supervisor: str
+    systemd_scope: str
+    command_timeout_s: float
+    max_json_bytes: int
+    synchronous: str
+    log_level: str
+    log_file: str
+    stop_grace_s: float
+    host_name: str
+    coordinator: str
+    coordinator_token_file: str
+    watch_repos: tuple[str, ...]
+    backfill_days: int
+    admission_log: str
+
+
+CONTROLPLANE_SETTINGS: SettingsTable[ControlPlaneConfig] = SettingsTable(
+    ControlPlaneConfig,
     Setting("host", "FLEET_HOST", "127.0.0.1", str,
             "Address to listen on. Loopback by default; reach it through an SSH tunnel.",
             "--host"),

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import filemodes
-from fleet_min.config import Config
 from fleet_min.controlplane import store, tokens
 from fleet_min.controlplane.federation.hosts import Hosts
 from fleet_min.controlplane.loops import Pacer
 from fleet_min.controlplane.runners.discovery import Runner
 from fleet_min.controlplane.runners.supervisor import ServiceState
-from fleet_min.controlplane.settings import LiveValues
+from fleet_min.controlplane.settings import ControlPlaneConfig, LiveValues
 from fleet_min.db import Database
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import now
@@ -43,7 +42,7 @@ class RepoData:
 
 
 class Plane:
-    def __init__(self, cfg: Config, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, cfg: ControlPlaneConfig, environ: Mapping[str, str] | None = None) -> None:
         self.cfg = cfg
         self.environ = dict(os.environ if environ is None else environ)
         self.root = Path(cfg.root).expanduser()

@@ -40,10 +40,10 @@ def sql_literals() -> list[tuple[str, str, str]]:
 
 
 def test_the_final_and_open_statuses_divide_the_statuses():
-    assert FINAL | OPEN == set(JobStatus)
+    assert set(JobStatus) == FINAL | OPEN
     assert not FINAL & OPEN
     assert UNSUCCESSFUL < FINAL
-    assert JOB_STATUSES == tuple(JobStatus)
+    assert tuple(JobStatus) == JOB_STATUSES
     assert all(type(name) is str for name in JOB_STATUSES)  # plain text for JSON keys
 
 

@@ -23,7 +23,7 @@ import asyncio
 import json
 import logging
 import sqlite3
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -31,7 +31,7 @@ from urllib.parse import quote
 import aiohttp
 
 from fleet_min.collector.jobs.kinds import Executor, JobStatus
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso, now
@@ -89,7 +89,7 @@ class CiSettings:
                 "posting": self.armed and self.repos is not None, "problem": self.problem}
 
 
-def settings(config: Config) -> CiSettings:
+def settings(config: CollectorConfig) -> CiSettings:
     """FLEET_GITHUB_API, FLEET_CI_STATUS_TOKEN (falling back to GITHUB_TOKEN) and
     FLEET_CI_STATUS_REPOS (already checked and lower-cased by config.py)."""
     api = str(config.github_api or "https://api.github.com")
@@ -98,7 +98,7 @@ def settings(config: Config) -> CiSettings:
     return CiSettings(api.rstrip("/"), token or None, repos)
 
 
-def check_spec(settings: CiSettings, spec: dict[str, Any]) -> None:
+def check_spec(settings: CiSettings, spec: Mapping[str, Any]) -> None:
     """Refuse (400) a job whose report_to.ci_status names a repository outside the list, when a
     list is set: a status only to an allowed repository (DESIGN rule 5a)."""
     report = spec.get("report_to")

@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden, Unauthorized
 
 TOKEN_HEADER = "X-Fleet-Token"  # noqa: S105 - a header name, not a secret
@@ -136,7 +136,7 @@ def check(method: str, template: str | None, path: str, headers: Mapping[str, st
         raise Forbidden(WRONG)
 
 
-def dash_token(config: Config) -> str | None:
+def dash_token(config: CollectorConfig) -> str | None:
     """FLEET_DASH_TOKEN, or None when unset."""
     value = str(config.dash_token).strip()
     return value or None

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 
 log = logging.getLogger("fleet_min.collector.mdns")
 
@@ -44,7 +44,7 @@ class MalformedPacket(ValueError):
     pass
 
 
-def enabled(config: Config) -> bool:
+def enabled(config: CollectorConfig) -> bool:
     """FLEET_MDNS; off by default."""
     return bool(config.mdns)
 

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden
 
 log = logging.getLogger("fleet_min.collector.mesh")
@@ -60,7 +60,7 @@ class MeshSettings:
     trusted_proxies: tuple[IpNetwork, ...] = ()  # whose X-Forwarded-For is believed
 
 
-def settings(config: Config) -> MeshSettings:
+def settings(config: CollectorConfig) -> MeshSettings:
     """FLEET_MESH_ALLOW, FLEET_MESH_WHOIS, FLEET_TRUST_PROXY (already checked by config.py)."""
     allow = frozenset(normalise_name(n) for n in config.mesh_allow if n.strip()) or None
     whois = str(config.mesh_whois).strip() or "tailscale"

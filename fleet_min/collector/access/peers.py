@@ -20,7 +20,7 @@ from urllib.parse import quote, unquote, urlsplit
 import aiohttp
 from yarl import URL
 
-from fleet_min.config import Config, ConfigError
+from fleet_min.config import CollectorConfig, ConfigError
 from fleet_min.errors import Forbidden, NotFound, Refused
 from fleet_min.timeutil import iso, now
 
@@ -49,7 +49,7 @@ class BadGateway(Refused):
     status = 502
 
 
-def settings(config: Config) -> list[str]:
+def settings(config: CollectorConfig) -> list[str]:
     """FLEET_PEERS as normalised base URLs."""
     return [base_url(part) for part in config.peers if part.strip()]
 

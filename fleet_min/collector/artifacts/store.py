@@ -40,6 +40,7 @@ from fleet_min import filemodes
 from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import OPEN
+from fleet_min.config import CollectorConfig
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
@@ -73,9 +74,9 @@ class RangeNotSatisfiable(Exception):
     """The Range header asks for bytes the artifact does not have (answered 416)."""
 
 
-def max_artifact_bytes(config: Any) -> int:
+def max_artifact_bytes(config: CollectorConfig) -> int:
     """The upload size limit (FLEET_MAX_ARTIFACT_BYTES, default 4 GiB)."""
-    return int(config.max_artifact_bytes)
+    return config.max_artifact_bytes
 
 
 # -- pure checks ----------------------------------------------------------------------------------

@@ -22,11 +22,11 @@ import re
 import sqlite3
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
-from typing import Any
+from typing import Any, cast
 
 from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
-from fleet_min.collector.jobs.specs import check_spec
+from fleet_min.collector.jobs.specs import JobSpec, check_spec
 from fleet_min.cron import Cron, CronError, parse
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused
@@ -201,10 +201,16 @@ def _record_run(conn: sqlite3.Connection, schedule_id: str, slot: str, now: floa
                  "VALUES (?, ?, ?, ?, ?, ?)", (schedule_id, slot, now, job_id, outcome, detail))
 
 
-def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: dict[str, Any], now: float,
+def _run_spec(template: dict[str, Any], job_id: str) -> JobSpec:
+    """A run's spec: the stored template (checked by check_template when it was stored) under
+    the run's job id."""
+    return cast(JobSpec, {**template, "job_id": job_id})
+
+
+def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: JobSpec, now: float,
              effects: Effects) -> dict[str, Any]:
     """queue.enqueue inside a savepoint: a refusal undoes only this run and its effects."""
-    marks = len(effects.events), len(effects.claimable), len(effects.claimants)
+    recorded = effects.mark()
     conn.execute("SAVEPOINT schedule_run")
     try:
         queue.refuse_lone_surrogates(spec, f"the template of schedule {schedule_id}",
@@ -213,9 +219,7 @@ def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: dict[str, Any], n
     except Refused:
         conn.execute("ROLLBACK TO schedule_run")
         conn.execute("RELEASE schedule_run")
-        del effects.events[marks[0]:]
-        del effects.claimable[marks[1]:]
-        del effects.claimants[marks[2]:]
+        effects.rewind(recorded)
         raise
     conn.execute("RELEASE schedule_run")
     return enqueued.replies[0]
@@ -237,7 +241,7 @@ def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Eff
         effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
         return {"ok": True, "schedule_id": schedule_id, "outcome": "skipped", "job_id": None,
                 "reason": reason}
-    reply = _enqueue(conn, schedule_id, {**template, "job_id": job_id}, now, effects)
+    reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects)
     _record_run(conn, schedule_id, slot, now, job_id, "enqueued", None)
     conn.execute("UPDATE schedules SET last_run = ? WHERE id = ?", (now, schedule_id))
     effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
@@ -333,7 +337,7 @@ def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float
         return
     job_id = f"{schedule_id}-{slot}"
     try:
-        reply = _enqueue(conn, schedule_id, {**template, "job_id": job_id}, now, effects)
+        reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects)
     except Refused as exc:
         _record_run(conn, schedule_id, slot, now, None, "failed", exc.message)
         report.failed.append({"schedule_id": schedule_id, "slot": slot, "error": exc.message})

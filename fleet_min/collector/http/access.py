@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from fleet_min import origin
 from fleet_min.collector.access import ci_status, guard, mdns, mesh, peers
+from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.collector.service import Service
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden
 from fleet_min.http import Handler, RequestCheck, json_response
 
@@ -37,12 +37,12 @@ def _template(request: web.Request) -> str | None:
     return resource.canonical if resource is not None else None
 
 
-def host_gate(config: Config) -> origin.HostGate:
+def host_gate(config: CollectorConfig) -> origin.HostGate:
     """The names this collector answers to (the mDNS name joins once the id is known)."""
     return origin.HostGate("collector", config.allowed_hosts, origin.own_names())
 
 
-def request_check(config: Config, gate: origin.HostGate) -> RequestCheck:
+def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestCheck:
     """The boundary (Host; for a change also Origin and body type) and the dashboard guard,
     run by the collector's one middleware before every handler."""
     token = guard.dash_token(config)
@@ -79,7 +79,7 @@ def mesh_caller(request: web.Request) -> str | None:
     return node
 
 
-def check_ci_target(request: web.Request, spec: dict[str, Any]) -> None:
+def check_ci_target(request: web.Request, spec: JobSpec) -> None:
     """Refuse (400) a spec whose report_to.ci_status is outside FLEET_CI_STATUS_REPOS."""
     ci_status.check_spec(request.app[CI].settings, spec)
 

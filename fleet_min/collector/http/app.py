@@ -21,8 +21,9 @@ from fleet_min.collector.http import (
 from fleet_min.collector.jobs import compat, devices, executors, queue, results, rules, specs, views
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.kinds import Executor, ResultKind
+from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.collector.service import Service
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import (
     CHECK_KEY,
@@ -54,7 +55,7 @@ def _refuse_invalid(errors: list[str]) -> None:
         raise BadRequest(specs.first_problem(errors))
 
 
-def check_job_spec(spec: Any) -> dict[str, Any]:
+def check_job_spec(spec: Any) -> JobSpec:
     """Everything about a job spec that can be checked without the database."""
     return specs.check_spec(spec)
 
@@ -225,13 +226,13 @@ async def api_patch_job(request: web.Request) -> web.Response:
 
 async def api_preview_targets(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    spec: dict[str, Any] = {
+    preview: dict[str, Any] = {
         "schema": 1, "job_id": "preview", "executor": body.get("executor", Executor.DEVICE),
         **{k: body[k] for k in ("workload", "backend", "params", "targets", "fanout")
            if k in body}}
-    if "workload" not in spec:
+    if "workload" not in preview:
         raise BadRequest("workload is required to preview targets")
-    spec = check_job_spec(spec)
+    spec = check_job_spec(preview)
     service = service_of(request)
     if spec["executor"] == Executor.HOST:  # a host fan-out reaches executors, not devices
         rows = await service.db.read(executors.RECENT_SQL, (executors.recent_since(now()),))
@@ -349,7 +350,7 @@ def add_routes(app: web.Application) -> None:
     ])
 
 
-def create_app(config: Config) -> web.Application:
+def create_app(config: CollectorConfig) -> web.Application:
     # Artifact uploads stream with their own limit, so aiohttp's whole-body cap is lifted here;
     # every JSON handler reads through fleet_min.http.read_json with its own limit.
     gate = access.host_gate(config)

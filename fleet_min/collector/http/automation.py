@@ -22,7 +22,7 @@ from fleet_min.collector.access import ci_status
 from fleet_min.collector.automation import alerts, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
 from fleet_min.collector.service import Service
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import json_response, query_int, read_json_object
 from fleet_min.timeutil import now
@@ -43,7 +43,7 @@ class AutomationSettings:
     log_paths: tuple[Path, ...]
 
 
-def load_settings(config: Config) -> AutomationSettings:
+def load_settings(config: CollectorConfig) -> AutomationSettings:
     """This feature's settings, taken from the collector's resolved configuration."""
     thresholds = alerts.Thresholds(
         offline_s=config.alert_offline_s,

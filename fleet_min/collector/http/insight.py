@@ -17,13 +17,13 @@ from aiohttp import web
 from fleet_min.collector.access import ci_status
 from fleet_min.collector.insight import result_views, system, topics
 from fleet_min.collector.service import Service
-from fleet_min.config import Config
+from fleet_min.config import CollectorConfig
 from fleet_min.errors import BadRequest
 from fleet_min.http import json_response, query_int, read_json, read_json_object
 from fleet_min.timeutil import now
 
 
-def insight_settings(config: Config) -> system.Settings:
+def insight_settings(config: CollectorConfig) -> system.Settings:
     """This feature's settings, taken from the collector's resolved configuration."""
     return system.Settings(
         retain_beacons_days=config.retain_beacons_days,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from fleet_min import jsonio, validate
 from fleet_min.collector.jobs import authority, executors, rules, templates
@@ -29,6 +29,7 @@ from fleet_min.collector.jobs.kinds import (
     JobStatus,
     LeaseExpiry,
 )
+from fleet_min.collector.jobs.specs import JobSpec, Targets
 from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso
@@ -107,7 +108,7 @@ class Enqueued:
 
 
 @replayable
-def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
+def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
             effects: Effects, template_id: str | None = None) -> Enqueued:
     """Store validated specs atomically (all or none).
 
@@ -133,7 +134,7 @@ def enqueue(conn: sqlite3.Connection, specs: list[dict[str, Any]], now: float,
     return Enqueued([replies[job_id] for job_id in ids])
 
 
-def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
+def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
     workload, executor, backend = spec["workload"], spec["executor"], spec.get("backend")
     if rules.is_built_in(workload, executor, backend):
         return
@@ -156,8 +157,7 @@ def _check_capability(conn: sqlite3.Connection, spec: dict[str, Any]) -> None:
                         "built in; register an agent that declares it first")
 
 
-def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
-                      ) -> list[dict[str, Any]]:
+def _dependency_order(conn: sqlite3.Connection, specs: list[JobSpec]) -> list[JobSpec]:
     """The batch in an order where in-batch dependencies come first; refuses missing and cycles."""
     if not any(spec.get("depends_on") for spec in specs):
         return specs  # the usual batch: nothing to check, and its own order is the order
@@ -178,11 +178,10 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[dict[str, Any]]
     return _in_batch_order(by_id, specs)
 
 
-def _in_batch_order(by_id: dict[str, dict[str, Any]], specs: list[dict[str, Any]]
-                    ) -> list[dict[str, Any]]:
+def _in_batch_order(by_id: dict[str, JobSpec], specs: list[JobSpec]) -> list[JobSpec]:
     """A depth-first walk of the in-batch dependencies, with its own stack: a batch can hold a
     chain of 1,000 jobs listed last to first, deeper than Python's recursion limit."""
-    ordered: list[dict[str, Any]] = []
+    ordered: list[JobSpec] = []
     state: dict[str, int] = {}  # 1 = on the stack (being visited), 2 = placed in `ordered`
 
     def in_batch(job_id: str) -> Iterator[str]:
@@ -216,7 +215,7 @@ def _cycle_sentence(path: list[str], back_to: str) -> str:
     return f"the dependencies form a cycle: {' -> '.join(cycle)}"
 
 
-def _resolve_latest(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
+def _resolve_latest(conn: sqlite3.Connection, spec: JobSpec) -> JobSpec:
     app = spec.get("app")
     if not isinstance(app, dict) or app.get("sha256") != "latest":
         return spec
@@ -235,7 +234,7 @@ def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
     return row["sha256"] if row else None
 
 
-def _store(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: Effects, *,
+def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects, *,
            template_id: str | None = None, parent: str | None = None) -> dict[str, Any]:
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
@@ -253,8 +252,7 @@ def _store(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: 
     return reply
 
 
-def _initial_status(conn: sqlite3.Connection, spec: dict[str, Any]
-                    ) -> tuple[str, str | None, dict[str, Any]]:
+def _initial_status(conn: sqlite3.Connection, spec: JobSpec) -> tuple[str, str | None, JobSpec]:
     deps = spec.get("depends_on") or []
     if not deps:
         return JobStatus.QUEUED, None, spec
@@ -288,7 +286,7 @@ def _dependency_error(dep: str, status: str, error: str | None) -> str:
     return f"dependency {dep!r} {verb}" + (f": {error}" if error else "")
 
 
-def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
+def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
             last_error: str | None, now: float, *, template_id: str | None,
             parent: str | None, is_group: bool = False,
             warnings: list[str] | None = None) -> JobRoute:
@@ -327,7 +325,7 @@ def _insert(conn: sqlite3.Connection, spec: dict[str, Any], status: str,
 # fan-out
 
 
-def _store_fanout(conn: sqlite3.Connection, spec: dict[str, Any], now: float, effects: Effects,
+def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
                   template_id: str | None) -> dict[str, Any]:
     """A fan-out parent (never claimed) and one child per target: per matching device,
     pinned with targets.device_id, or for a host job per executor seen recently, pinned with
@@ -347,9 +345,10 @@ def _store_fanout(conn: sqlite3.Connection, spec: dict[str, Any], now: float, ef
     effects.job(parent_id, group_status, spec["workload"], spec["executor"])
     children = []
     for pin in pins:
-        child = {k: v for k, v in spec.items() if k != "fanout"}
+        child = spec.copy()
+        del child["fanout"]
         child["job_id"] = f"{parent_id}--{pin}"
-        child["targets"] = {**(spec.get("targets") or {}), pin_field: pin}
+        child["targets"] = cast(Targets, {**(spec.get("targets") or {}), pin_field: pin})
         _store(conn, child, now, effects, template_id=template_id, parent=parent_id)
         children.append(child["job_id"])
     reply = {"job_id": parent_id, "status": group_status, "fanout": children}
@@ -365,12 +364,12 @@ _NO_FANOUT_TARGET = {
 }
 
 
-def fanout_executors(conn: sqlite3.Connection, spec: dict[str, Any], now: float) -> list[str]:
+def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[str]:
     """The executors a host fan-out creates children for (equal to the preview)."""
     return pick_executors(executors.recent(conn, now), spec)
 
 
-def pick_executors(names: list[str], spec: dict[str, Any]) -> list[str]:
+def pick_executors(names: list[str], spec: JobSpec) -> list[str]:
     """Of the executors seen recently (executors.RECENT_SQL), those a host fan-out of this spec
     reaches: every one, or only the one targets.executor names. Names that cannot end a job id
     (<job_id>--<name>: letters, digits and . _ : @ -) are left out."""
@@ -382,12 +381,12 @@ def pick_executors(names: list[str], spec: dict[str, Any]) -> list[str]:
 DEVICES_NEWEST_FIRST = "SELECT * FROM devices ORDER BY last_seen DESC, device_id"
 
 
-def fanout_devices(conn: sqlite3.Connection, spec: dict[str, Any], now: float) -> list[Device]:
+def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[Device]:
     """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
     return select_targets(conn.execute(DEVICES_NEWEST_FIRST).fetchall(), spec, now)
 
 
-def select_targets(rows: list[sqlite3.Row], spec: dict[str, Any], now: float) -> list[Device]:
+def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[Device]:
     """Of device rows (newest-seen first), those a fan-out of this spec reaches."""
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
@@ -651,7 +650,7 @@ def _settle_group(conn: sqlite3.Connection, parent_id: str
     return parent, JobStatus.DONE, None
 
 
-def _rewritten(conn: sqlite3.Connection, spec: dict[str, Any]) -> dict[str, Any]:
+def _rewritten(conn: sqlite3.Connection, spec: JobSpec) -> JobSpec:
     if not templates.references(spec):
         return spec
     return templates.rewrite(spec, lambda job_id, kind, key: _template_value(conn, job_id,
@@ -784,7 +783,7 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
             **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
 
 
-def refuse_lone_surrogates(spec: dict[str, Any], whose: str,
+def refuse_lone_surrogates(spec: Mapping[str, Any], whose: str,
                            remedy: str = "enqueue a corrected copy instead") -> None:
     """Refuse (409) to store again a spec read back from the database that holds a lone
     surrogate: an older collector stored such bodies, and their text cannot go into SQLite's

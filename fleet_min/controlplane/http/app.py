@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Callable
 from aiohttp import web
 
 from fleet_min import origin
-from fleet_min.config import Config
 from fleet_min.controlplane.federation.coordinator import Coordinator
 from fleet_min.controlplane.federation.link import CoordinatorLink, coordinator_token_file
 from fleet_min.controlplane.github.client import GitHub, find_token
@@ -34,6 +33,7 @@ from fleet_min.controlplane.http import (
 from fleet_min.controlplane.live import LiveSettings
 from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.runners.supervisor import choose
+from fleet_min.controlplane.settings import ControlPlaneConfig
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
 from fleet_min.controlplane.telemetry import ControlPlaneMetrics
@@ -61,7 +61,7 @@ def shared_parts(plane: Plane, github: GitHub) -> Callable[[web.Application],
     return open_and_close
 
 
-def create_app(cfg: Config, environ: dict[str, str] | None = None) -> web.Application:
+def create_app(cfg: ControlPlaneConfig, environ: dict[str, str] | None = None) -> web.Application:
     # client_max_size is a backstop above the JSON limit; read_json answers 413 itself.
     gate = origin.HostGate("control plane", cfg.allowed_hosts, origin.own_names())
     app = web.Application(middlewares=[base_middleware_with(routes.request_check(gate))],
