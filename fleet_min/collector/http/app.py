@@ -18,7 +18,7 @@ from fleet_min.collector.http import (
     openapi,
     pages,
 )
-from fleet_min.collector.jobs import compat, devices, executors, queue, results, rules, specs, views
+from fleet_min.collector.jobs import compat, devices, queue, results, rules, specs, views
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.kinds import Executor, ResultKind
 from fleet_min.collector.jobs.specs import JobSpec
@@ -67,17 +67,9 @@ async def register(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     _refuse_invalid(validate.validate_register(body))
     service = service_of(request)
-    reply = await service.transact(_register_tx, body, now(), request.remote,
+    reply = await service.transact(devices.register, body, now(), request.remote,
                                    caller=access.mesh_caller(request))
     return json_response(reply)
-
-
-def _register_tx(conn: Any, body: dict[str, Any], current: float, address: str | None,
-                 effects: Any, caller: str | None = None) -> dict[str, Any]:
-    reply = devices.register(conn, body, current, address, caller)
-    effects.emit("device", device_id=body["device_id"])
-    effects.claimants.append(f"device:{body['device_id']}")
-    return reply
 
 
 async def device_next_job(request: web.Request) -> web.StreamResponse:
@@ -233,16 +225,7 @@ async def api_preview_targets(request: web.Request) -> web.Response:
     if "workload" not in preview:
         raise BadRequest("workload is required to preview targets")
     spec = check_job_spec(preview)
-    service = service_of(request)
-    if spec["executor"] == Executor.HOST:  # a host fan-out reaches executors, not devices
-        rows = await service.db.read(executors.RECENT_SQL, (executors.recent_since(now()),))
-        names = queue.pick_executors([row[0] for row in rows], spec)
-        return json_response({"count": len(names), "devices": [], "executors": names})
-    rows = await service.db.read(queue.DEVICES_NEWEST_FIRST)
-    chosen = queue.select_targets(rows, spec, now())
-    return json_response({"count": len(chosen), "devices": [
-        {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
-         "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]})
+    return json_response(await views.preview_targets(service_of(request).db, spec, now()))
 
 
 # -- devices, results, health ------------------------------------------------------------------
@@ -262,24 +245,13 @@ async def api_patch_device(request: web.Request) -> web.Response:
     body = await read_json_object(request)
     device_id = request.match_info["device_id"]
     service = service_of(request)
-
-    def edit(conn: Any, effects: Any) -> None:
-        devices.edit(conn, device_id, body)
-        effects.emit("device", device_id=device_id)
-        effects.claimants.append(f"device:{device_id}")
-
-    await service.transact(edit)
+    await service.transact(devices.edit, device_id, body)
     return json_response(await views.get_device(service.db, device_id, now()))
 
 
 async def api_delete_device(request: web.Request) -> web.Response:
     device_id = request.match_info["device_id"]
-
-    def forget(conn: Any, effects: Any) -> None:
-        devices.forget(conn, device_id)
-        effects.emit("device", device_id=device_id, forgotten=True)
-
-    await service_of(request).transact(forget)
+    await service_of(request).transact(devices.forget, device_id)
     return json_response({"ok": True, "device_id": device_id, "forgotten": True})
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, rules
 from fleet_min.collector.jobs.devices import NOT_READ, Device, load_device, touch, touch_due
-from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.effects import Effects, claimant_key
 from fleet_min.collector.jobs.kinds import Executor, JobStatus
 from fleet_min.collector.jobs.match import compiled
 from fleet_min.db import replayable
@@ -41,11 +41,6 @@ class Claimant:
     @cached_property
     def key(self) -> str:
         return claimant_key(self.executor, self.id)
-
-
-def claimant_key(executor: str, claimant_id: str) -> str:
-    """A claimant as one string ("device:pixel-7", "host:mac-mini"), for lookups."""
-    return f"{executor}:{claimant_id}"
 
 
 def static_refusal(device: Device, workload: str, variant: str | None, pool: str | None,

@@ -1,7 +1,7 @@
 """The device registry: registration (upsert), the device view match expressions read, edits.
 
-Transaction functions take a sqlite3 connection as their first argument and run on the writer
-thread (see fleet_min.db); read functions take the Database.
+Transaction functions take a sqlite3 connection as their first argument and an Effects last, and
+run inside the writer's open transaction on the event loop's thread (see fleet_min.db).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from typing import Any
 
 from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, rules
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso
 
@@ -102,9 +104,10 @@ def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
     return Device(row, row["lock_holder"], row["holding"]) if row else None
 
 
-def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
-             address: str | None, caller: str | None = None) -> dict[str, Any]:
+def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address: str | None,
+             effects: Effects, caller: str | None = None) -> dict[str, Any]:
     """Upsert a device from a validated registration body; returns the reply of decisions.md.
+    A poll the device holds waiting looks again (its capabilities may have changed).
 
     `caller` is the mesh node the registration came from (None off the mesh or without
     FLEET_MESH_ALLOW): a device first registered from the mesh remembers that node, and another
@@ -143,6 +146,8 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     )
     device = load_device(conn, device_id)
     assert device is not None
+    effects.emit("device", device_id=device_id)
+    effects.claimant_changed(Executor.DEVICE, device_id)
     return {"ok": True, "device_id": device_id, "capabilities": device.capabilities,
             "pools": device.pools}
 
@@ -197,8 +202,10 @@ def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
 EDITABLE = ("name", "notes", "pools")
 
 
-def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any]) -> None:
-    """Operator edits: name, notes and the pools override (null clears the override)."""
+def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any], effects: Effects
+         ) -> None:
+    """Operator edits: name, notes and the pools override (null clears the override). A poll
+    the device holds waiting looks again (its pools may now match)."""
     unknown = sorted(set(changes) - set(EDITABLE))
     if unknown:
         raise BadRequest(f"{unknown[0]} cannot be edited; editable fields are name, notes, pools")
@@ -221,11 +228,14 @@ def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any]) -> N
             else value
         conn.execute(f"UPDATE devices SET {column} = ? WHERE device_id = ?",
                      (stored, device_id))
+    effects.emit("device", device_id=device_id)
+    effects.claimant_changed(Executor.DEVICE, device_id)
 
 
-def forget(conn: sqlite3.Connection, device_id: str) -> None:
+def forget(conn: sqlite3.Connection, device_id: str, effects: Effects) -> None:
     """Forget a device; its results and beacon history stay (they belong to jobs)."""
     cursor = conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
     if cursor.rowcount == 0:
         raise NotFound(f"no device {device_id!r}")
     conn.execute("DELETE FROM device_locks WHERE device_id = ?", (device_id,))
+    effects.emit("device", device_id=device_id, forgotten=True)

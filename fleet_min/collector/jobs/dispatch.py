@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet_min.collector.jobs import claims, queue, rules
-from fleet_min.collector.jobs.claims import Claimant, claimant_key
-from fleet_min.collector.jobs.effects import Effects, JobRoute
+from fleet_min.collector.jobs.claims import Claimant
+from fleet_min.collector.jobs.effects import Effects, JobRoute, claimant_key
 from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.db import replayable
 from fleet_min.timeutil import now

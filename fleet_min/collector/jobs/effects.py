@@ -13,6 +13,11 @@ from typing import Any
 from fleet_min.collector.jobs.kinds import LeaseExpiry
 
 
+def claimant_key(executor: str, claimant_id: str) -> str:
+    """A claimant as one string ("device:pixel-7", "host:mac-mini"), for lookups."""
+    return f"{executor}:{claimant_id}"
+
+
 @dataclass(frozen=True)
 class JobRoute:
     """The columns a waiting claimant is matched on before a real claim is attempted."""
@@ -32,7 +37,7 @@ class Effects:
     # of a long cascade, which every stream client would otherwise get in one burst.
     unstreamed: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)
-    claimants: list[str] = field(default_factory=list)  # devices whose constraints may now hold
+    claimants: list[str] = field(default_factory=list)  # keys of claimants_changed
     # For the metrics (fleet_min.collector.telemetry): how long each job claimed here had been
     # claimable, in seconds, and what became of the job of each lapsed lease swept.
     claim_waits: list[float] = field(default_factory=list)
@@ -69,3 +74,8 @@ class Effects:
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.events.append({"type": type_, **fields})
+
+    def claimant_changed(self, executor: str, claimant_id: str) -> None:
+        """A claimant may be offered a job it could not take before (a beacon that may meet a
+        constraint, an edit of its pools, a slot freed): a poll it holds waiting looks again."""
+        self.claimants.append(claimant_key(executor, claimant_id))

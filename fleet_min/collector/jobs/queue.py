@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from fleet_min import jsonio, validate
 from fleet_min.collector.jobs import authority, executors, rules, templates
-from fleet_min.collector.jobs.claims import claimant_key, static_refusal
+from fleet_min.collector.jobs.claims import static_refusal
 from fleet_min.collector.jobs.devices import Device, device_from_row
 from fleet_min.collector.jobs.effects import Effects, JobRoute
 from fleet_min.collector.jobs.kinds import (
@@ -445,7 +445,7 @@ def _slot_freed(row: sqlite3.Row, effects: Effects) -> None:
     """A claimed job left its claimant: a poll it holds waiting (an executor with more slots)
     may take another now."""
     if row["status"] == JobStatus.CLAIMED and row["claimed_by"]:
-        effects.claimants.append(claimant_key(row["executor"], row["claimed_by"]))
+        effects.claimant_changed(row["executor"], row["claimed_by"])
 
 
 # ---------------------------------------------------------------------------------------------

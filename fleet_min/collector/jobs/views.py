@@ -9,10 +9,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from fleet_min.collector.jobs import queue, rules
+from fleet_min.collector.jobs import executors, queue, rules
 from fleet_min.collector.jobs.devices import device_record
-from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus
+from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
 from fleet_min.collector.jobs.results import result_record
+from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.query import page_param, time_param, time_range
@@ -167,6 +168,20 @@ async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
     beacons = [{**json.loads(r["body"]), "at": iso(r["at"]), "job_id": r["job_id"]}
                for r in reversed(rows)]
     return {"device_id": device_id, "beacons": beacons, "truncated": len(rows) == limit}
+
+
+async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, Any]:
+    """What a fan-out of this spec would reach now, as queue.fanout_devices and
+    queue.fanout_executors would choose: the devices (newest seen first), or for a host job the
+    executors."""
+    if spec["executor"] == Executor.HOST:
+        rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
+        names = queue.pick_executors([row[0] for row in rows], spec)
+        return {"count": len(names), "devices": [], "executors": names}
+    chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now)
+    return {"count": len(chosen), "devices": [
+        {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
+         "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
 
 
 async def overview(db: Database, now: float) -> dict[str, Any]:
