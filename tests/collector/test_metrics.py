@@ -60,7 +60,7 @@ async def _seed(api: Api, db_path: Any) -> None:
     await api.call("POST", "/jobs", job("w1", depends_on=["q1"]), 201)
     await api.call("POST", "/jobs", job("e1", targets={"device_id": "d2"},
                                         lease={"max_attempts": 2}), 201)
-    await api.call("POST", "/jobs", job("e2", targets={"device_id": "d2"},
+    await api.call("POST", "/jobs", job("e2", targets={"device_id": "d4"},
                                         lease={"max_attempts": 1}), 201)
     await api.call("POST", "/api/jobs/x1/cancel")
     # d1 runs two jobs to the end (one fails) and holds a third, claimed 100 s after it became
@@ -74,8 +74,9 @@ async def _seed(api: Api, db_path: Any) -> None:
     age_rows(db_path, "UPDATE jobs SET updated_at = updated_at - 100 WHERE job_id = 'c1'")
     assert await api.poll("d1") == "c1"
     await api.call("POST", "/results", result_row("c1", "d1", iteration=0))
-    # d2 lets both its leases lapse: e1 is requeued (and claimed again), e2 fails.
-    assert [await api.poll("d2"), await api.poll("d2")] == ["e1", "e2"]
+    # d2 and d4 let their leases lapse: e1 is requeued (and claimed again), e2 fails. (A device
+    # holds one claimed job at a time.)
+    assert [await api.poll("d2"), await api.poll("d4")] == ["e1", "e2"]
     age_rows(db_path, "UPDATE jobs SET lease_deadline = lease_deadline - 100000 "
                       "WHERE job_id IN ('e1', 'e2')")
     await api.call("POST", "/jobs/sweep")  # or the sweep loop got there first
@@ -95,7 +96,7 @@ async def _beacons_and_ages(api: Api, db_path: Any) -> None:
 async def _artifact(api: Api, data: bytes) -> None:
     for _ in range(2):  # the second upload of the same bytes keeps the stored copy
         async with api.http.post(api.base + "/artifacts", data=data) as resp:
-            assert resp.status == 200, await resp.text()
+            assert resp.status == 201, await resp.text()
 
 
 def _check_jobs(scrape: Scrape) -> None:
