@@ -12,7 +12,7 @@ import json
 import logging
 import math
 import mimetypes
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -26,6 +26,8 @@ from fleet_min.errors import BadRequest, Refused, TimedOut, TooLarge
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# A feature's life on an app (app.cleanup_ctx): start, yield while the app serves, stop.
+CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
 MAX_JSON_KEY = web.AppKey("max_json_bytes", int)
 BODY_TIMEOUT_S = 60.0  # a JSON body must have arrived by then: a slow client is cut off

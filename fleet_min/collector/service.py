@@ -18,7 +18,7 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -113,13 +113,12 @@ class Service:
         self.clock = ClockWatch()
         self.guarded = False
         self._tasks: list[asyncio.Task[None]] = []
-        # Called with every event after its transaction committed (CI status, alerts, ...).
-        # A listener must not block: it schedules its own work with Service.spawn or a task.
+        # The hooks features add in their setup (fleet_min.collector.http):
+        # called with every event after its transaction committed (CI status, topic polls, the
+        # metrics). A listener must not block: it schedules its own work with Service.spawn.
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
-        # Extra fields merged into /api/health by features (e.g. the CI status flag).
+        # Extra fields merged into /api/health (e.g. the CI status flag).
         self.health_extras: list[Callable[[], dict[str, Any]]] = []
-        # Coroutine functions run once the database is open (features start their loops here).
-        self.on_started: list[Callable[[], Awaitable[None]]] = []
         # Called with the effects of every committed transaction (the metrics read the claim
         # waits and lease expiries there). Runs on the loop's thread; must be quick.
         self.on_applied: list[Callable[[Effects], None]] = []
@@ -137,8 +136,9 @@ class Service:
         try:
             await self._start_loops()
         except BaseException:
-            # aiohttp runs no on_cleanup after a failed start-up, and the database's threads
-            # would otherwise keep the process alive after it reported the failure.
+            # A start-up that failed leaves no cleanup behind it (aiohttp completes only the
+            # cleanup contexts that were entered), and the database's threads would otherwise
+            # keep the process alive after it reported the failure.
             await self.stop()
             raise
 
@@ -150,8 +150,6 @@ class Service:
                      len(swept.failed))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
         self._tasks.append(asyncio.create_task(self._clock_loop(), name="clock-watch"))
-        for hook in self.on_started:
-            await hook()
 
     async def stop(self) -> None:
         """Answer open long polls, stop the loops, close the database."""
@@ -203,7 +201,8 @@ class Service:
                 log.exception("clock check failed")
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
-        """A background task owned by the service (cancelled when it stops)."""
+        """A background task owned by the service (cancelled when it stops, if its feature did
+        not stop it before: see stop_tasks)."""
         task = asyncio.create_task(coro, name=name)
         self._tasks.append(task)
         task.add_done_callback(self._forget_task)
@@ -212,6 +211,13 @@ class Service:
     def _forget_task(self, task: asyncio.Task[None]) -> None:
         if task in self._tasks:
             self._tasks.remove(task)
+
+    async def stop_tasks(self, tasks: Iterable[asyncio.Task[None]]) -> None:
+        """Cancel a feature's tasks and wait until each has ended (a feature's cleanup)."""
+        tasks = list(tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- transactions -----------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -13,7 +13,7 @@ from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden
-from fleet_min.http import Handler, RequestCheck, json_response
+from fleet_min.http import CleanupContext, Handler, RequestCheck, json_response
 
 PEERS = web.AppKey("peers", peers.Peers)
 CI = web.AppKey("ci_status", ci_status.CiReporter)
@@ -111,7 +111,7 @@ async def api_job_ci_status(request: web.Request) -> web.Response:
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, middlewares, listeners and background loops."""
+    """Wire this feature: its middlewares, routes, hooks, and its loops as a cleanup context."""
     _guards(app, service)
     known = peers.Peers(peers.settings(service.config))
     app[PEERS] = known
@@ -125,7 +125,7 @@ def setup(app: web.Application, service: Service) -> None:
     app.router.add_get("/api/peers", api_peers)
     app.router.add_route("*", "/api/peers/{peer_id}/{tail:.*}", api_peer_proxy)
     app.router.add_get("/api/jobs/{job_id}/ci-status", api_job_ci_status)
-    _lifecycle(app, service, known, reporter, advertiser)
+    app.cleanup_ctx.append(_running(service, known, reporter, advertiser))
 
 
 def _guards(app: web.Application, service: Service) -> None:
@@ -138,31 +138,25 @@ def _guards(app: web.Application, service: Service) -> None:
         app.middlewares.append(mesh_middleware(gate))
 
 
-def _lifecycle(app: web.Application, service: Service, known: peers.Peers,
-               reporter: ci_status.CiReporter, advertiser: mdns.Advertiser | None) -> None:
-    refresher: list[asyncio.Task[None]] = []
-
-    async def start() -> None:  # runs once the service has its id and its database
+def _running(service: Service, known: peers.Peers, reporter: ci_status.CiReporter,
+             advertiser: mdns.Advertiser | None) -> CleanupContext:
+    async def running(app: web.Application) -> AsyncIterator[None]:
+        # Entered once the service has its id and its database.
         reporter.announce()
-        if known.peers:
-            refresher.append(service.spawn(known.loop(), "peers"))
+        refresher = [service.spawn(known.loop(), "peers")] if known.peers else []
         if advertiser is not None:
             advertiser.advert = advertiser.advert.with_id(service.collector_id)
             app[HOST_GATE].admit(advertiser.advert.host)  # peers may use the advertised name
             await advertiser.start()
-
-    async def stop(_app: web.Application) -> None:
+        yield
         if advertiser is not None:
             await advertiser.stop()
         await reporter.close()
         await app[MESH].close()
-        for task in refresher:  # stopped before its HTTP session closes under it
-            task.cancel()
-        await asyncio.gather(*refresher, return_exceptions=True)
+        await service.stop_tasks(refresher)  # stopped before its HTTP session closes under it
         await known.close()
 
-    service.on_started.append(start)
-    app.on_cleanup.append(stop)
+    return running
 
 
 def _advertiser(service: Service) -> mdns.Advertiser | None:

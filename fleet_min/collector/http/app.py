@@ -3,6 +3,7 @@ validate, call one domain function, shape the reply."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -39,8 +40,9 @@ from fleet_min.timeutil import now
 
 SERVICE = web.AppKey("service", Service)
 
-# Each feature module registers its own routes, middlewares, listeners and loops in
-# setup(app, service). Access control comes first: it may add a middleware.
+# Each feature module wires itself in setup(app, service): its routes, middlewares and hooks,
+# and its loops as a cleanup context (started after the service's, stopped before it). Access
+# control comes first: it may add a middleware.
 FEATURES = (access, artifacts, automation, insight, metrics, pages,
             openapi)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
@@ -333,23 +335,31 @@ def create_app(config: CollectorConfig) -> web.Application:
     app[MAX_JSON_KEY] = config.max_json_bytes
     service = Service(config)
     app[SERVICE] = service
+    _setup_service(app, service)
     for feature in FEATURES:
         feature.setup(app, service)
     add_routes(app)
     app.router.add_route("*", "/api/{tail:.*}", api_not_found)
+    return app
 
-    async def on_startup(_app: web.Application) -> None:
-        await service.start()
-        heap.settle_after_start()
 
-    async def on_shutdown(_app: web.Application) -> None:
+def _setup_service(app: web.Application, service: Service) -> None:
+    """The service's own wiring: its database, dispatcher and loops run for the app's life, the
+    first cleanup context, so every feature starts after it and stops before it."""
+
+    async def running(_app: web.Application) -> AsyncIterator[None]:
+        await service.start()  # stops itself if it fails
+        yield
+        await service.stop()
+
+    async def settle(_app: web.Application) -> None:
+        heap.settle_after_start()  # after every cleanup context entered: aiohttp runs them first
+
+    async def answer_waiting(_app: web.Application) -> None:
+        # Open long polls and streams answer now, so they do not hold up the shutdown's grace.
         await service.dispatcher.close()
         service.hub.close()
 
-    async def on_cleanup(_app: web.Application) -> None:
-        await service.stop()
-
-    app.on_startup.append(on_startup)
-    app.on_shutdown.append(on_shutdown)
-    app.on_cleanup.append(on_cleanup)
-    return app
+    app.cleanup_ctx.append(running)
+    app.on_startup.append(settle)
+    app.on_shutdown.append(answer_waiting)

@@ -220,7 +220,8 @@ def _setup_mutations(service: Service) -> list[web.RouteDef]:
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, middlewares, listeners and background loops."""
+    """Wire this feature: its routes, and the adoption of files found on disk as a cleanup
+    context."""
     store = ArtifactStore(service.data_dir / "artifacts",
                           artifacts.max_artifact_bytes(service.config), service.db,
                           service.transact)
@@ -235,9 +236,10 @@ def setup(app: web.Application, service: Service) -> None:
         *_setup_mutations(service),
     ])
 
-    async def on_started() -> None:
+    async def running(_app: web.Application) -> AsyncIterator[None]:
         found = await store.scan()  # before the first request: no upload is in flight yet
-        if found:
-            service.spawn(store.adopt(found, now()), "artifact-adopt")
+        adopting = [service.spawn(store.adopt(found, now()), "artifact-adopt")] if found else []
+        yield
+        await service.stop_tasks(adopting)
 
-    service.on_started.append(on_started)
+    app.cleanup_ctx.append(running)

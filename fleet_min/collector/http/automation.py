@@ -1,15 +1,16 @@
 """Schedules (cron) and alerts (rules, ack, snooze, webhook): routes and background loops.
 
 Handlers are thin: domain logic lives in schedules, alerts and webhook. The loops (scheduler
-tick on 20-second marks, alert tick every FLEET_ALERT_TICK_S, webhook sender) are started from
-an on_startup hook with service.spawn and cancelled when the service stops.
+tick on 20-second marks, alert tick every FLEET_ALERT_TICK_S, webhook sender) run for the app's
+life in this feature's cleanup context: started after the start-up tick, cancelled before the
+service stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
@@ -220,19 +221,21 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, listeners and background loops."""
+    """Wire this feature: its routes and health fields, and its loops as a cleanup context."""
     automation = Automation(service, load_settings(service.config))
     app.router.add_routes(_routes(automation))
     service.health_extras.append(lambda: {
         "scheduler_tz": automation.settings.tz_name or "local",
         "alert_webhook": automation.sender is not None})
 
-    async def start_loops() -> None:
+    async def running(_app: web.Application) -> AsyncIterator[None]:
         # The start-up tick runs before the collector serves its first request.
         await _guarded("scheduler tick", automation.schedule_tick)
-        service.spawn(automation.schedule_loop(), "scheduler")
-        service.spawn(automation.alert_loop(), "alerts")
+        loops = [service.spawn(automation.schedule_loop(), "scheduler"),
+                 service.spawn(automation.alert_loop(), "alerts")]
         if automation.sender is not None:
-            service.spawn(automation.webhook_loop(), "alert-webhook")
+            loops.append(service.spawn(automation.webhook_loop(), "alert-webhook"))
+        yield
+        await service.stop_tasks(loops)
 
-    service.on_started.append(start_loops)
+    app.cleanup_ctx.append(running)

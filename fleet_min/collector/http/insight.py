@@ -12,6 +12,8 @@ Routes:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 from aiohttp import web
 
 from fleet_min.collector.access import ci_status
@@ -115,7 +117,8 @@ def _wait_s(request: web.Request, default: float) -> float:
 
 
 def setup(app: web.Application, service: Service) -> None:
-    """Register this feature's routes, listeners, health fields and background loops."""
+    """Wire this feature: its routes, hooks and health fields, and the daily retention as a
+    cleanup context."""
     settings = insight_settings(service.config)
     h = Handlers(service, settings)
     service.listeners.append(h.waiters.on_event)
@@ -135,12 +138,14 @@ def setup(app: web.Application, service: Service) -> None:
         web.post("/api/system/retention", h.post_retention),
     ])
 
-    async def on_started() -> None:
-        if settings.retention_auto:
-            service.spawn(h.retention.daily(), "retention")
+    async def running(_app: web.Application) -> AsyncIterator[None]:
+        daily = [service.spawn(h.retention.daily(), "retention")] if settings.retention_auto \
+            else []
+        yield
+        await service.stop_tasks(daily)
 
-    async def on_shutdown(_app: web.Application) -> None:
+    async def answer_waiting(_app: web.Application) -> None:
         h.waiters.close()  # waiting topic polls answer 204 now rather than hold shutdown
 
-    service.on_started.append(on_started)
-    app.on_shutdown.append(on_shutdown)
+    app.cleanup_ctx.append(running)
+    app.on_shutdown.append(answer_waiting)
