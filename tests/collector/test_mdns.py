@@ -1,7 +1,7 @@
 """mDNS advertising (FLEET_MDNS): the responder answered over real UDP sockets on this host.
 
 The answers are decoded here by a small reader written for the test, independent of the
-encoder in fleet_min.collector.mdns.
+encoder in fleet_min.collector.access.mdns.
 """
 
 from __future__ import annotations

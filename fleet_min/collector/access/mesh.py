@@ -6,7 +6,7 @@ fd7a:115c:a1e0::/48) are looked up; loopback, LAN and every other address is adm
 for those the network itself (FLEET_BIND) is the access control. A mesh address is resolved with
 the mesh's identity lookup, `tailscale whois --json <ip>` (an argv list, never a shell), and
 admitted only when the node's name is in FLEET_MESH_ALLOW. Which device or executor name an
-admitted node may act for is decided by fleet_min.collector.authority.
+admitted node may act for is decided by fleet_min.collector.jobs.authority.
 
 Which name counts: `Node.Name` (the MagicDNS name the coordination server assigns, e.g.
 `pi5.example.ts.net.`, compared without the trailing dot) and `Node.ComputedName` (its short

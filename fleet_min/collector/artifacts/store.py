@@ -48,8 +48,7 @@ from fleet_min.timeutil import iso
 log = logging.getLogger(__name__)
 
 LIMIT_ENV = "FLEET_MAX_ARTIFACT_BYTES"
-DEFAULT_MAX_BYTES = 4 << 30
-BATCH_BYTES = 1 << 20  # handed to the writer thread at a time
+BATCH_BYTES = 1 << 20  # of an upload, hashed and written by the worker threads at a time
 READ_BYTES = 1 << 20  # read from disk at a time when sendfile is not available
 PER_PAGE = 50
 MAX_HEADER_CHARS = 200
@@ -471,7 +470,7 @@ class ArtifactStore:
         return int(row[0]) if row else 0
 
 
-# -- rows (transaction functions run on the writer thread) ---------------------------------------
+# -- rows (transaction functions: run inside the writer's open transaction, see fleet_min.db) ---
 
 
 def _row(conn: sqlite3.Connection, sha256: str) -> sqlite3.Row:

@@ -20,13 +20,12 @@ CI = web.AppKey("ci_status", ci_status.CiReporter)
 MESH = web.AppKey("mesh", mesh.MeshGate)
 # The routes an agent acts through for a device or an executor name: with FLEET_MESH_ALLOW set,
 # a mesh peer must be a listed node, and the node is handed on so the transaction can check it
-# may act for the device or executor the request names (fleet_min.collector.authority).
+# may act for the device or executor the request names (fleet_min.collector.jobs.authority).
 AGENT_ROUTES = frozenset({
     ("POST", "/devices/register"), ("GET", "/devices/{device_id}/next-job"),
     ("GET", "/executor/next-job"), ("POST", "/results"), ("POST", "/jobs/{job_id}/release")})
 MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
 HOST_GATE = web.AppKey("host_gate", origin.HostGate)
-REGISTER_TEMPLATE = "/devices/register"
 UPLOAD_TEMPLATE = "/artifacts"  # the one route whose body is bytes, not JSON
 
 

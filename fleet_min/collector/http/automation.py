@@ -30,8 +30,6 @@ from fleet_min.timeutil import now
 
 log = logging.getLogger("fleet_min.collector.automation")
 
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
 
 @dataclass(frozen=True)
 class AutomationSettings:

@@ -37,7 +37,7 @@ VACUUM_PAGES = 64  # free pages handed back to the file system per writer transa
 
 @dataclass(frozen=True)
 class Settings:
-    """The insight feature's settings (see fleet_min.collector.insight_http.insight_settings)."""
+    """The insight feature's settings (see fleet_min.collector.http.insight.insight_settings)."""
 
     retain_beacons_days: float = 30.0
     retain_events_days: float = 30.0

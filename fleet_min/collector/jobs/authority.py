@@ -14,10 +14,11 @@ The collector has no credentials by design, so a request proves what it can show
   the claimed job). One without it is taken as the current attempt when it comes from the
   current holder (agents in the field predate the field), else as the sender's last attempt.
 - **Mesh nodes.** With FLEET_MESH_ALLOW set, an agent request from the mesh network names the
-  node it came from (fleet_min.collector.mesh). A device remembers the node that registered it
-  and only that node may speak for it from the mesh; an executor name is bound to the first node
-  that used it, until that node has been silent for REBIND_AFTER_S. Loopback and LAN peers carry
-  no node (None) and are not checked here: for them the network is the access control.
+  node it came from (fleet_min.collector.access.mesh). A device remembers the node that
+  registered it and only that node may speak for it from the mesh; an executor name is bound to
+  the first node that used it, until that node has been silent for REBIND_AFTER_S. Loopback and
+  LAN peers carry no node (None) and are not checked here: for them the network is the access
+  control.
 
 Domain code: plain functions over the writer's connection, raising fleet_min.errors refusals.
 """

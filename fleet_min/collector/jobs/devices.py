@@ -111,7 +111,7 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
 
     `caller` is the mesh node the registration came from (None off the mesh or without
     FLEET_MESH_ALLOW): a device first registered from the mesh remembers that node, and another
-    mesh node may not register it again (fleet_min.collector.authority).
+    mesh node may not register it again (fleet_min.collector.jobs.authority).
     """
     device_id = body["device_id"]
     existing = conn.execute(

@@ -37,9 +37,9 @@ class Effects:
     # of a long cascade, which every stream client would otherwise get in one burst.
     unstreamed: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)
-    claimants: list[str] = field(default_factory=list)  # keys of claimants_changed
-    # For the metrics (fleet_min.collector.telemetry): how long each job claimed here had been
-    # claimable, in seconds, and what became of the job of each lapsed lease swept.
+    claimants: list[str] = field(default_factory=list)  # see claimant_changed
+    # For the metrics (fleet_min.collector.insight.telemetry): how long each job claimed here
+    # had been claimable, in seconds, and what became of the job of each lapsed lease swept.
     claim_waits: list[float] = field(default_factory=list)
     lease_expiries: list[LeaseExpiry] = field(default_factory=list)
 

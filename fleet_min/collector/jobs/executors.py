@@ -14,7 +14,7 @@ SEEN_EVERY_S = 1.0
 
 
 def seen(conn: sqlite3.Connection, name: str, slots: int, now: float) -> None:
-    """Record a poll by this executor (a transaction's statement: runs on the writer)."""
+    """Record a poll by this executor (a statement of the poll's own transaction)."""
     conn.execute(
         "INSERT INTO executors (name, first_seen, last_poll, slots) VALUES (?, ?, ?, ?) "
         "ON CONFLICT (name) DO UPDATE SET last_poll = excluded.last_poll, "

@@ -46,7 +46,7 @@ WHERE results.created_at < ?
 def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                 effects: Effects, caller: str | None = None) -> dict[str, Any]:
     """Store one row for the claimant of its job, or for the holder of the earlier attempt it
-    reports for (see fleet_min.collector.authority for who that is); `caller` is the mesh node
+    reports for (see fleet_min.collector.jobs.authority for who that is); `caller` is the mesh node
     the request came from, None off the mesh."""
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
     # The device's last_seen and mesh node come along, so an agent seen within the second

@@ -234,7 +234,7 @@ MIGRATIONS: list[str] = [
     # 4: who may speak for a device or an executor name from the mesh network (FLEET_MESH_ALLOW
     # on). A device remembers the mesh node that registered it; an executor name is bound to the
     # mesh node that first used it, until that node has been silent for a while (see
-    # fleet_min/collector/authority.py). NULL / no row: not bound, any listed node may speak.
+    # fleet_min/collector/jobs/authority.py). NULL / no row: not bound, any listed node may speak.
     """
     ALTER TABLE devices ADD COLUMN mesh_node TEXT;
     CREATE TABLE executor_nodes (
