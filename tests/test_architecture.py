@@ -2,10 +2,13 @@
 statement counts, under TYPE_CHECKING and inside functions too): fleet_min's imports have no
 cycle; the two services never import each other; the shared modules import neither (only the
 CLI that starts them does); the agent imports nothing of fleet_min; and the collector's rooms
-(docs/architecture.md) form a tree whose HTTP layer alone speaks aiohttp.web."""
+(docs/architecture.md) form a tree whose HTTP layer alone speaks aiohttp.web. The walk of a job
+in docs/architecture.md names only functions that exist, in the modules it names."""
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 from tests.support.imports import find_cycle, import_graph, importers, imports_of, modules
@@ -91,3 +94,58 @@ def test_a_crossing_and_a_shared_module_importing_a_service_would_be_found():
             if _inside(s, COLLECTOR) and _inside(x, CONTROLPLANE)] == [
         "fleet_min.collector.jobs.queue"]
     assert set(importers(graph, COLLECTOR)) == {"fleet_min.db"}
+
+
+# -- the job's walk in docs/architecture.md ------------------------------------------------------
+
+WALK = re.compile(r"<!-- walk:begin -->\n(.*?)<!-- walk:end -->", re.S)
+
+
+def _defined(path: Path) -> set[str]:
+    """The functions and classes a module defines, and its classes' methods as Class.method."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        if isinstance(node, ast.ClassDef):
+            names.update(f"{node.name}.{item.name}" for item in node.body
+                         if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef))
+    return names
+
+
+def walk_steps(text: str) -> list[tuple[str, str]]:
+    """(module file, function) of each step: a backticked name belongs to the file named last,
+    or to that file's class when it is a bare method name of one named before it."""
+    steps = []
+    module = ""
+    for item in re.findall(r"`([^`]+)`", text):
+        if item.endswith(".py"):
+            module = item if item.startswith("fleet_min/") else f"fleet_min/{item}"
+        else:
+            steps.append((module, item))
+    return steps
+
+
+def test_every_step_of_the_jobs_walk_names_a_function_its_module_defines():
+    text = (SRC / "docs" / "architecture.md").read_text(encoding="utf-8")
+    walk = WALK.search(text)
+    assert walk, "docs/architecture.md lost its walk markers"
+    steps = walk_steps(walk.group(1))
+    assert len(steps) > 40
+    missing = []
+    for module, name in steps:
+        path = SRC / module
+        defined = _defined(path) if path.is_file() else set()
+        classes = {n.split(".")[0] for n in defined if "." in n}
+        if name not in defined and not any(f"{c}.{name}" in defined for c in classes):
+            missing.append(f"{module} {name}")
+    assert missing == []
+
+
+def test_the_walk_check_finds_a_name_that_is_gone():
+    steps = walk_steps("1. `collector/jobs/queue.py` `enqueue` → `no_such_step`; "
+                       "`fleet_min/db.py` `Database.write`")
+    assert steps == [("fleet_min/collector/jobs/queue.py", "enqueue"),
+                     ("fleet_min/collector/jobs/queue.py", "no_such_step"),
+                     ("fleet_min/db.py", "Database.write")]
+    assert "no_such_step" not in _defined(SRC / steps[1][0])

@@ -1,6 +1,6 @@
 """The CI runner control plane: supervises one host's self-hosted runners and serves their API.
 
-Where things are (docs/architecture-controlplane.md walks through them):
+Where things are (docs/architecture.md walks through them):
 
 - state.py       the plane: what the daemon holds (config, database, live settings, tokens,
                  runners, GitHub data, agents' reports, the snapshot, when each round is due)
