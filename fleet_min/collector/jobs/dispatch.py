@@ -114,6 +114,8 @@ class Handouts:
         those nobody took, unless every poll that could take one was asked."""
         if self.everyone:
             effects.claimable = []
+        if not self.claims:  # the usual enqueue: no poll waiting could take its jobs
+            return
         taken = {job["job_id"] for _, job in self.claims if job is not None}
         if taken and effects.claimable:
             effects.claimable = [r for r in effects.claimable if r.job_id not in taken]
@@ -226,8 +228,9 @@ class Dispatcher:
         one that has run goes back at once."""
         poll = _PollLook()
         try:
-            capabilities, job = await self._transact(_poll_look, waiter.claimant, now(), poll,
-                                                     caller=caller)
+            capabilities, job = await (
+                self._transact(_poll_look, waiter.claimant, now(), poll) if caller is None
+                else self._transact(_poll_look, waiter.claimant, now(), poll, caller=caller))
         except asyncio.CancelledError:
             poll.abandoned = True
             if poll.job is not None:
