@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.support import cp_fakes as fakes
 from tests.support.collector import CollectorProcess
-from tests.support.cp_fixtures import busy_scene, empty_scene
-from tests.support.fake_github import FakeGitHub
+from tests.support.cp_fixtures import UiDaemon
 from tests.support.survey import PREFIX, STOPS, WIDTHS, visit
 from tests.support.web_seed import seed_shelf
 
@@ -57,35 +55,20 @@ def test_collector_pages_read_at_a_glance(browser: Any, collectors: dict[str, st
     assert problems == [], "\n".join(problems)
 
 
-@pytest.fixture(scope="module")
-def control_planes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Two control planes: runners on three hosts with weeks of history, and one with nothing."""
-    root: Path = tmp_path_factory.mktemp("cp-survey")
-    github = FakeGitHub()
-    github.start()
-    daemons = []
-    try:
-        daemons.append(busy_scene(root / "busy", github))
-        daemons.append(empty_scene(root / "empty", github))
-        yield {"busy": daemons[0].url, "empty": daemons[1].url}
-    finally:
-        for daemon in daemons:
-            daemon.stop()
-            fakes.kill_all_listeners(daemon.host.root)
-        github.stop()
-
-
 @pytest.mark.parametrize("width", sorted(WIDTHS))
 @pytest.mark.parametrize("data", ["busy", "empty"])
-def test_control_plane_pages_read_at_a_glance(browser: Any, control_planes: dict[str, str],
-                                              data: str, width: int) -> None:
+def test_control_plane_pages_read_at_a_glance(browser: Any, cp_busy: UiDaemon,
+                                              cp_empty: UiDaemon, data: str, width: int) -> None:
+    """Runners on three hosts with weeks of history, and a daemon with nothing (both from
+    tests/web/conftest.py)."""
+    base = (cp_busy if data == "busy" else cp_empty).url
     context = browser.new_context(viewport=WIDTHS[width], has_touch=True,
                                   is_mobile=width < 600)
     context.set_default_timeout(20000)
     try:
         problems: list[str] = []
         for stop in STOPS["controlplane"]:
-            problems += visit(context, control_planes[data], stop, width,
+            problems += visit(context, base, stop, width,
                               empty=data == "empty", prefix=PREFIX["controlplane"])
     finally:
         context.close()

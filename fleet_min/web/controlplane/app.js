@@ -14,7 +14,7 @@ import { Simulate } from "./views/simulate.js";
 import { Forecast } from "./views/forecast.js";
 import { Hosts } from "./views/hosts.js";
 import { Settings } from "./views/settings.js";
-import { ago } from "./js/format.js";
+import { ago, sentence } from "./js/format.js";
 
 const SCREENS = [
   { name: "overview", label: "Runners", view: Overview },
@@ -72,7 +72,7 @@ function Toasts() {
   return html`<div class="toasts" role="status" aria-live="polite">${state.toasts.map((t) => html`<div class=${`toast ${t.kind}`} key=${t.id}>
     <div class="toast-head"><strong>${t.title}</strong>
       <button type="button" class="close" aria-label="Dismiss" onClick=${() => dismissToast(t.id)}>×</button></div>
-    ${t.detail?.error ? html`<p>${t.detail.error}</p>` : null}
+    ${t.detail?.error ? html`<p>${sentence(t.detail.error)}</p>` : null}
     ${t.detail?.command ? html`<p class="small"><code>${t.detail.command}</code> → exit ${t.detail.code} in ${t.detail.durationMs} ms</p>` : null}
     ${t.detail?.output ? html`<pre>${t.detail.output}</pre>` : null}
   </div>`)}</div>`;

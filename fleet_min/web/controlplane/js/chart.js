@@ -75,7 +75,7 @@ export function TimeChart({ x, series, label, height = 180, yRange, minSpan = 60
   const build = {
     key: series.map((s) => s.label).join("|"),
     opts: () => ({
-      series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, scale: s.scale || "y", value: (u, v) => (v == null ? "–" : `${v.toFixed(2)}${s.unit || ""}`) }))],
+      series: [{ value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString()) }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, scale: s.scale || "y", value: (u, v) => (v == null ? "–" : `${v.toFixed(2)}${s.unit || ""}`) }))],
       axes: [axis({ space: 70 }), axis({ scale: "y", size: 50 }), ...(series.some((s) => s.scale === "pct") ? [axis({ scale: "pct", side: 1, grid: { show: false }, values: (u, v) => v.map((n) => `${n}%`) })] : [])],
       // at least `minSpan` seconds wide, so a young history does not read in milliseconds
       scales: { x: { time: true, range: (u, lo, hi) => [Math.min(lo, hi - minSpan), hi] }, y: yRange ? { range: yRange } : {}, pct: { range: [0, 100] } },
@@ -122,7 +122,7 @@ export function LineChart({ x, series, label, height = 220, xLabel, unit = "", f
   const build = {
     key: series.map((s) => s.label).join("|"),
     opts: () => ({
-      series: [{ label: xLabel || "x" }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : format ? format(v) : `${Number(v).toFixed(1)}${unit}`) }))],
+      series: [{ label: xLabel || "x", value: (u, v) => (v == null ? "–" : String(v)) }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : format ? format(v) : `${Number(v).toFixed(1)}${unit}`) }))],
       axes: [axis({ label: xLabel, splits: () => x }), axis({ size: 56, ...stepsFor(unit), values: (u, v) => v.map((n) => tick(n, unit)) })],
       scales: { x: { time: false, range: [Math.min(...x) - 0.5, Math.max(...x) + 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       cursor: { drag: { x: false, y: false } },

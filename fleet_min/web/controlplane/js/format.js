@@ -77,6 +77,14 @@ export function num(value, digits = 2) {
   return Number.isInteger(value) ? value.toLocaleString() : value.toFixed(digits);
 }
 
+// A message as a sentence: a capital first letter and a full stop ("no recorded jobs of
+// octo/app ..." -> "No recorded jobs of octo/app ....").
+export function sentence(text) {
+  const t = String(text ?? "").trim();
+  if (!t) return "";
+  return `${t.charAt(0).toUpperCase()}${t.slice(1)}${/[.!?…)]$/.test(t) ? "" : "."}`;
+}
+
 // "1 job", "3 jobs".
 export function plural(n, one, many = `${one}s`) {
   return `${num(n)} ${n === 1 ? one : many}`;

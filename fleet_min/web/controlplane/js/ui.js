@@ -2,7 +2,7 @@
 // the fetch hook with its four faces (loading, not offered, failed, loaded).
 import { html, useState, useEffect, useCallback } from "./html.js";
 import { getJSON, isMissing } from "./api.js";
-import { ago, when, DASH } from "./format.js";
+import { ago, when, sentence, DASH } from "./format.js";
 
 export function Panel({ title, id, tools, wide, children }) {
   const headingId = id ? `${id}-title` : undefined;
@@ -63,7 +63,7 @@ export function NotAvailable({ what, path }) {
 
 // The daemon's own sentence (or why no answer came), and a way to ask again.
 export function Failed({ error, retry, what }) {
-  return html`<div class="failed" role="alert">${what ? `${what}: ` : ""}${error?.message || "the daemon's answer could not be read."}
+  return html`<div class="failed" role="alert">${what ? `${what}: ` : ""}${sentence(error?.message) || "The daemon's answer could not be read."}
     ${retry ? html` <button type="button" class="link" onClick=${retry}>Try again</button>` : null}</div>`;
 }
 

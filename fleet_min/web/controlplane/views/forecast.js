@@ -4,12 +4,11 @@
 import { html } from "../js/html.js";
 import { Panel, Badge, Empty, Loaded, Table, Time, useFetch } from "../js/ui.js";
 import { BarChart } from "../js/chart.js";
-import { num, pct, plural, clock } from "../js/format.js";
+import { num, pct, plural, clock, sentence } from "../js/format.js";
 
 const CONFIDENCE_KIND = { high: "ok", medium: "info", low: "warn" };
 const source = (entry, name) => (entry.predictions || []).find((p) => p?.source === name) || {};
 const jobsAtOnce = (v) => (typeof v === "number" ? plural(v, "job") : "–");
-const sentence = (text) => (text ? `${text.charAt(0).toUpperCase()}${text.slice(1)}.` : "");
 
 function Confidence({ value }) {
   return value ? html`<${Badge} kind=${CONFIDENCE_KIND[value] || ""}>${value}<//>` : html`<span class="muted">none</span>`;

@@ -55,9 +55,12 @@ function githubLine(gh) {
   if (!gh) return DASH;
   if (!gh.token) return "no token: registrations and queued runs are unknown";
   const rate = gh.rate_limit || {};
-  const failing = Object.entries(gh.repos || {}).filter(([, r]) => r.error);
-  return `${rate.remaining ?? "?"} of ${rate.limit ?? "?"} requests left`
-    + (failing.length ? `; ${failing.length} repositories failing` : "; every repository refreshed");
+  const repos = Object.values(gh.repos || {});
+  const failing = repos.filter((r) => r?.error).length;
+  const left = typeof rate.remaining === "number" ? `${num(rate.remaining)} of ${num(rate.limit)} requests left` : "no request made yet";
+  const state = !repos.length ? "no repository watched yet"
+    : failing ? `${failing} of ${repos.length} repositories failing` : "every repository refreshed";
+  return `${left}; ${state}`;
 }
 
 function LoadChart() {

@@ -69,7 +69,7 @@ function Jobs({ jobs }) {
       <thead><tr><th scope="col">Job</th><th scope="col">Workflow</th><th scope="col">Outcome</th><th scope="col">Started</th><th scope="col">Took</th></tr></thead>
       <tbody>${jobs.map((j) => html`<tr>
         <td>${j.name} <span class="muted small">#${j.run_id}</span></td><td>${j.workflow || DASH}</td>
-        <td><${Badge} kind=${j.conclusion === "success" ? "ok" : j.conclusion ? "bad" : "busy"}>${j.conclusion || j.status}<//></td>
+        <td><${Badge} kind=${j.conclusion === "success" ? "ok" : j.conclusion ? "bad" : "busy"}>${(j.conclusion || j.status || "unknown").replaceAll("_", " ")}<//></td>
         <td><${Time} at=${j.started_at} /></td><td>${dur(j.duration_s)}</td></tr>`)}</tbody>
     </table></div>` : html`<${Empty}>No job recorded for this runner yet.<//>`}
   <//>`;

@@ -42,12 +42,12 @@ function Comparison({ result }) {
   const keys = pctKeys(results, "wait_s");
   const rows = [{ recorded: true, runners: "recorded", ...(result.recorded || {}) }, ...results];
   const columns = [
-    { label: "Runners", cell: (r) => (r.recorded ? html`<span title="what really happened">as recorded</span>` : num(r.runners)) },
+    { label: "Runners", cell: (r) => (r.recorded ? html`<span class="nowrap" title="what really happened">as recorded</span>` : num(r.runners)) },
     ...keys.map((k) => ({ label: `Wait ${k}`, num: true, cell: (r) => (r.runners === 0 ? "never starts" : dur(r.wait_s?.[k])) })),
-    { label: "Longest wait", num: true, cell: (r) => (r.runners === 0 ? "never starts" : dur(r.wait_s?.max)) },
-    { label: `Over ${dur(result.slo_s)}`, num: true, cell: (r) => overSlo(r, result.jobs) },
-    { label: "Utilisation", num: true, cell: (r) => (r.recorded ? "–" : pct(r.utilization_pct, 1)) },
-    { label: "Runner-hours used / paid for", num: true, cell: (r) => (r.recorded ? "–" : `${num(r.busy_runner_hours, 1)} / ${num(r.provisioned_runner_hours, 1)}`) },
+    { label: "Longest", num: true, title: "the longest wait", cell: (r) => (r.runners === 0 ? "never starts" : dur(r.wait_s?.max)) },
+    { label: `Over ${dur(result.slo_s)}`, num: true, title: "jobs that waited longer than the objective", cell: (r) => overSlo(r, result.jobs) },
+    { label: "Busy", num: true, title: "share of the runners' time spent on jobs", cell: (r) => (r.recorded ? "–" : pct(r.utilization_pct, 1)) },
+    { label: "Runner-hours", num: true, title: "busy / provisioned", cell: (r) => (r.recorded ? "–" : `${num(r.busy_runner_hours, 1)} / ${num(r.provisioned_runner_hours, 1)}`) },
   ];
   const charted = results.filter((r) => r.runners > 0);
   return html`
