@@ -3,8 +3,9 @@ for what a person would notice at a glance.
 
 A page fails when the document scrolls sideways, when its visible text shows raw data
 (`undefined`, `NaN`, `null`, `None`, `[object Object]`, or JSON outside a <pre>/<code> block
-meant for it), when the console reports an error, or when a request fails or is answered with a
-status the page did not expect. Each page leaves a screenshot `survey-<page>-<width>.png`.
+meant for it; for the control plane also an ISO timestamp), when a wide table does not keep its
+first column in view, when the console reports an error, or when a request fails or is answered
+with a status the page did not expect. Each page leaves a screenshot `survey-<page>-<width>.png`.
 
 `STOPS` lists the pages per service (the collector's, the control plane's); each service's test
 starts that service with data and without, and visits its list.
@@ -199,8 +200,9 @@ def watching(page: Any, requests: Requests) -> Iterator[None]:
 
 
 def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
-          prefix: str = "") -> list[str]:
-    """Open one page in a fresh tab, check it, keep its screenshot; the problems found."""
+          prefix: str = "", times: bool = False) -> list[str]:
+    """Open one page in a fresh tab, check it, keep its screenshot; the problems found.
+    `times`: an ISO timestamp in the visible text is raw data too."""
     from tests.support.browser import Watch
 
     page = context.new_page()
@@ -218,7 +220,7 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
                 page.wait_for_load_state("networkidle", timeout=3000)
             if stop.act:
                 problems += stop.act(page, width)
-            problems += check(page, stop, width, empty)
+            problems += check(page, stop, width, empty, times)
             shot(page, f"survey-{prefix}{'empty-' if empty else ''}{stop.name}-{width}")
         # A 404 the page expected is still logged by the browser as a console error.
         problems += [e for e in watch.errors
@@ -228,13 +230,13 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
     return [f"{stop.path} at {width} px: {p}" for p in problems + requests.problems]
 
 
-def check(page: Any, stop: Stop, width: int, empty: bool) -> list[str]:
+def check(page: Any, stop: Stop, width: int, empty: bool, times: bool = False) -> list[str]:
     problems: list[str] = []
     sideways = run_check(page, "sideways")
     if sideways:
         problems.append(f"the document scrolls sideways ({sideways[0]} px wide in "
                         f"{sideways[1]} px)")
-    problems += run_check(page, "visibleRaw") + run_check(page, "cutText")
+    problems += run_check(page, "visibleRaw", {"times": times}) + run_check(page, "cutText")
     problems += run_check(page, "keptColumn")
     if width >= 1000:
         for selector in stop.fits:

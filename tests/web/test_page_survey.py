@@ -68,8 +68,8 @@ def test_control_plane_pages_read_at_a_glance(browser: Any, cp_busy: UiDaemon,
     try:
         problems: list[str] = []
         for stop in STOPS["controlplane"]:
-            problems += visit(context, base, stop, width,
-                              empty=data == "empty", prefix=PREFIX["controlplane"])
+            problems += visit(context, base, stop, width, empty=data == "empty",
+                              prefix=PREFIX["controlplane"], times=True)
     finally:
         context.close()
     assert problems == [], "\n".join(problems)
