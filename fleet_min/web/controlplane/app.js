@@ -52,16 +52,21 @@ function Conn() {
 function Nav() {
   const current = DETAILS[state.route.name] || state.route.name;
   const [open, setOpen] = useState(false);
+  const toggle = useRef(null);
   useEffect(() => setOpen(false), [state.route.name, state.route.arg]);
   useEffect(() => {
     if (!open) return undefined;
-    const close = (event) => { if (event.key === "Escape") setOpen(false); };
+    const close = (event) => {
+      if (event.key !== "Escape") return;
+      setOpen(false);
+      toggle.current?.focus(); // focus was maybe on a link that is hidden now
+    };
     document.addEventListener("keydown", close);
     return () => document.removeEventListener("keydown", close);
   }, [open]);
   const label = SCREENS.find((s) => s.name === current)?.label || "Screens";
   return html`<nav class=${`tabs${open ? " open" : ""}`} aria-label="Screens">
-    <button type="button" class="menu-toggle" aria-expanded=${open ? "true" : "false"} aria-controls="screen-links"
+    <button type="button" class="menu-toggle" ref=${toggle} aria-expanded=${open ? "true" : "false"} aria-controls="screen-links"
       onClick=${() => setOpen(!open)}><span class="menu-icon" aria-hidden="true"></span>Menu <span class="menu-current">· ${label}</span></button>
     <div class="tab-links" id="screen-links">${SCREENS.map((s) => html`<a href=${`#/${s.name === "overview" ? "" : s.name}`}
       aria-current=${s.name === current ? "page" : undefined} onClick=${() => setOpen(false)}>${s.label}</a>`)}</div>

@@ -95,18 +95,21 @@ export function Loaded({ res, what, path, children }) {
   return children(res.data);
 }
 
-// A table of known columns: [{label, cell(row), num?, title?}]. The first column names the
+const cellClass = (c) => (c.num ? "num" : c.prose ? "prose" : undefined);
+
+// A table of known columns: [{label, cell(row), num?, prose?, title?}] (num: figures, right-aligned;
+// prose: sentences, given room to read rather than a word per line). The first column names the
 // row (a <th>), stays in view when the table scrolls sideways in its own box, and the box can
 // be scrolled from the keyboard.
 export function Table({ columns, rows, label, rowKey, rowAttrs, cls = "", limit = 500 }) {
   const shown = rows.slice(0, limit);
   return html`<div class="table-wrap" tabindex="0" role="region" aria-label=${label}>
     <table class=${cls}>
-      <thead><tr>${columns.map((c) => html`<th scope="col" class=${c.num ? "num" : undefined} title=${c.title}>${c.label}</th>`)}</tr></thead>
+      <thead><tr>${columns.map((c) => html`<th scope="col" class=${cellClass(c)} title=${c.title}>${c.label}</th>`)}</tr></thead>
       <tbody>${shown.map((row, i) => html`<tr key=${rowKey ? rowKey(row) : i} ...${rowAttrs ? rowAttrs(row) : {}}>
         ${columns.map((c, j) => (j === 0
     ? html`<th scope="row" data-label=${c.label}>${c.cell(row)}</th>`
-    : html`<td class=${c.num ? "num" : undefined} data-label=${c.label}>${c.cell(row)}</td>`))}
+    : html`<td class=${cellClass(c)} data-label=${c.label}>${c.cell(row)}</td>`))}
       </tr>`)}</tbody>
     </table>
   </div>

@@ -68,7 +68,7 @@ function HistoryTable({ history }) {
     { label: "Runs", num: true, cell: (h) => num(h.runs_fetched) },
     { label: "Jobs", num: true, cell: (h) => num(h.jobs_fetched) },
     { label: "Last round", cell: (h) => html`<${Time} at=${h.last_round_at} />` },
-    { label: "Problem", cell: (h) => (h.error ? html`<span class="bad-text">${h.error}</span>` : html`<span class="muted">none</span>`) },
+    { label: "Problem", prose: true, cell: (h) => (h.error ? html`<span class="bad-text">${h.error}</span>` : html`<span class="muted">none</span>`) },
   ];
   return html`<${Table} label="History collection" columns=${columns} rows=${history} rowKey=${(h) => h.repo} />`;
 }

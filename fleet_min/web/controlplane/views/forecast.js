@@ -30,9 +30,9 @@ function DemandTable({ repos }) {
     { label: "Repository", cell: (e) => e.repo },
     { label: "Expected at once", num: true, cell: (e) => jobsAtOnce(e.expected?.value) },
     { label: "Confidence", cell: (e) => html`<${Confidence} value=${e.expected?.confidence} />` },
-    { label: "From past weeks", cell: (e) => html`<${FromHistory} p=${source(e, "history")} />` },
+    { label: "From past weeks", prose: true, cell: (e) => html`<${FromHistory} p=${source(e, "history")} />` },
     { label: "From schedules", cell: (e) => html`<${FromSchedule} p=${source(e, "schedule")} />` },
-    { label: "Why", cell: (e) => sentence(e.expected?.reason) },
+    { label: "Why", prose: true, cell: (e) => sentence(e.expected?.reason) },
   ];
   return html`<${Table} label="Expected demand by repository" columns=${columns} rows=${repos} rowKey=${(e) => e.repo}
     rowAttrs=${(e) => ({ "data-repo": e.repo })} />`;

@@ -30,7 +30,7 @@ function Files({ repos }) {
     { label: "Branch", cell: (r) => r.default_branch || html`<span class="muted">not read yet</span>` },
     { label: "Workflow files", num: true, cell: (r) => num(r.files) },
     { label: "Read", cell: (r) => html`<${Time} at=${r.fetched_at} />` },
-    { label: "Problem", cell: problem },
+    { label: "Problem", prose: true, cell: problem },
   ];
   return html`<${Table} label="Workflow files" columns=${columns} rows=${repos} rowKey=${(r) => r.repo} />`;
 }

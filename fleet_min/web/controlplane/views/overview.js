@@ -147,7 +147,7 @@ function Runs({ snap }) {
       <tbody>${runs.map((run) => html`<tr>
         <td data-label="Run"><span><a href=${run.url} rel="noopener noreferrer" target="_blank">${run.name || "run"} #${run.id}</a>${run.branch ? html` <span class="muted small">${run.branch}</span>` : null}</span></td>
         <td data-label="Repository"><span>${run.repo}</span></td>
-        <td data-label="Status"><span><${Badge} kind=${run.status === "queued" ? "warn" : "busy"}>${run.status}<//></span></td>
+        <td data-label="Status"><span><${Badge} kind=${run.status === "queued" ? "warn" : "busy"}>${(run.status || "unknown").replaceAll("_", " ")}<//></span></td>
         <td data-label="Age"><span><${Time} at=${run.created_at} /></span></td>
         <td data-label="Jobs"><span>${(run.jobs || []).map((j) => html`<div>${j.name}: ${j.runner ? html`on <a href=${`#/runner/${encodeURIComponent(j.runner)}`}>${j.runner}</a>` : html`<span class="muted">wants ${(j.labels || []).join(", ")}</span>`}</div>`)}</span></td>
       </tr>`)}</tbody></table></div>` : html`<${Empty}>No run is queued or in progress.<//>`}
