@@ -1,6 +1,6 @@
 // Shared pieces of the screens: panels, badges, tables, times, the "not available" note and
 // the fetch hook with its four faces (loading, not offered, failed, loaded).
-import { html, useState, useEffect, useCallback } from "./html.js";
+import { html, useState, useEffect, useCallback, useRef } from "./html.js";
 import { getJSON, isMissing } from "./api.js";
 import { ago, when, sentence, DASH } from "./format.js";
 
@@ -67,21 +67,30 @@ export function Failed({ error, retry, what }) {
     ${retry ? html` <button type="button" class="link" onClick=${retry}>Try again</button>` : null}</div>`;
 }
 
-// GET a path when the screen shows, again when `key` changes or reload() is called.
+// GET a path when the screen shows, again when `key` changes (a refresh) or reload() is called.
+// A refresh while the last request is still on its way waits for that one rather than
+// cancelling it (on a slow host every refresh would otherwise cancel the one before); only a
+// new path or leaving the screen cancels a request.
 export function useFetch(path, key) {
   const [result, setResult] = useState({ loading: true, data: null, error: null, missing: false });
   const [nonce, setNonce] = useState(0);
+  const inflight = useRef(null);
+  useEffect(() => () => inflight.current?.abort.abort(), []);
   useEffect(() => {
-    if (!path) return undefined;
-    const abort = new AbortController();
+    if (!path || inflight.current?.path === path) return;
+    inflight.current?.abort.abort();
+    const mine = { path, abort: new AbortController() };
+    inflight.current = mine;
     setResult((r) => ({ ...r, loading: true }));
-    getJSON(path, { signal: abort.signal })
+    getJSON(path, { signal: mine.abort.signal })
       .then((data) => setResult({ loading: false, data: data ?? {}, error: null, missing: false }))
       .catch((error) => {
         if (error.name === "AbortError") return;
         setResult({ loading: false, data: null, error, missing: isMissing(error) });
+      })
+      .finally(() => {
+        if (inflight.current === mine) inflight.current = null;
       });
-    return () => abort.abort();
   }, [path, key, nonce]);
   const reload = useCallback(() => setNonce((n) => n + 1), []);
   return { ...result, reload };
