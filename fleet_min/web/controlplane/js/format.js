@@ -15,6 +15,12 @@ export function dur(seconds) {
   return `${Math.floor(s / 86400)} d${Math.floor((s % 86400) / 3600) ? ` ${Math.floor((s % 86400) / 3600)} h` : ""}`;
 }
 
+// A span for "… ago": seconds only under a minute, then minutes, hours and minutes, days and
+// hours ("45 s", "12 min", "2 h 5 min", "3 d 4 h"); the exact time is in the title.
+function roughly(seconds) {
+  return seconds < 3600 && seconds >= 60 ? `${Math.floor(seconds / 60)} min` : dur(seconds);
+}
+
 function epochMs(t) {
   if (missing(t)) return NaN;
   return typeof t === "number" ? t * 1000 : Date.parse(t);
@@ -26,7 +32,7 @@ export function ago(t, now = Date.now()) {
   if (Number.isNaN(ms)) return DASH;
   const s = (now - ms) / 1000;
   if (Math.abs(s) < 5) return "just now";
-  return s > 0 ? `${dur(s)} ago` : `in ${dur(-s)}`;
+  return s > 0 ? `${roughly(s)} ago` : `in ${roughly(-s)}`;
 }
 
 // The exact local time, for a title: "26/11/2026, 07:39:14".
