@@ -150,7 +150,7 @@ def test_json_scripts_and_bodiless_ticks_keep_working(collector: CollectorProces
 
 def test_artifact_uploads_keep_their_binary_type(collector: CollectorProcess) -> None:
     octets = {"Content-Type": "application/octet-stream"}
-    assert ask(collector.port, "POST", "/artifacts", octets, b"a build")[0] == 200
+    assert ask(collector.port, "POST", "/artifacts", octets, b"a build")[0] == 201
     for refused in ({"Content-Type": "text/plain"}, {}):
         status, reply = ask(collector.port, "POST", "/artifacts", refused, b"a build")
         assert status == 415 and "application/octet-stream" in reply["error"], reply

@@ -14,10 +14,11 @@ async def claim(client, device_id):
     return None if resp.status == 204 else await resp.json()
 
 
-async def finish(client, job_id, device_id):
+async def finish(client, job_id, device_id, **fields):
     """A final ok row: the device holds one job at a time, so it can be offered the next."""
     resp = await client.post("/results", json={"schema": 1, "kind": "result", "job_id": job_id,
-                                               "device_id": device_id, "final": True, "ok": True})
+                                               "device_id": device_id, "final": True, "ok": True,
+                                               **fields})
     assert resp.status == 200, await resp.text()
 
 
@@ -131,7 +132,7 @@ async def test_exclusive_lock(client):
     await client.post("/jobs", json=job("after"))
     # The exclusive job waits while the device runs something else; the next one is offered.
     assert (await claim_and_finish(client, "d"))["job_id"] == "after"
-    await finish(client, "drive", "d")
+    await finish(client, "drive", "d", executor="mac")  # the executor's row about d
     await client.post("/jobs", json=job("later"))
     assert (await claim(client, "d"))["job_id"] == "excl"
     # While the lock is held nothing else is offered, to the device or to drive it.

@@ -38,7 +38,7 @@ def upload(proc: CollectorProcess, data: bytes) -> str:
     request = urllib.request.Request(proc.url + "/artifacts", data=data, method="POST",
                                      headers={"Content-Type": "application/octet-stream"})
     with urllib.request.urlopen(request, timeout=30) as reply:
-        assert reply.status == 200
+        assert reply.status == 201
     return hashlib.sha256(data).hexdigest()
 
 

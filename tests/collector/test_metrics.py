@@ -74,11 +74,17 @@ async def _seed(api: Api, db_path: Any) -> None:
     age_rows(db_path, "UPDATE jobs SET updated_at = updated_at - 100 WHERE job_id = 'c1'")
     assert await api.poll("d1") == "c1"
     await api.call("POST", "/results", result_row("c1", "d1", iteration=0))
-    # d2 lets both its leases lapse: e1 is requeued (and claimed again), e2 fails.
-    assert [await api.poll("d2"), await api.poll("d2")] == ["e1", "e2"]
-    age_rows(db_path, "UPDATE jobs SET lease_deadline = lease_deadline - 100000 "
-                      "WHERE job_id IN ('e1', 'e2')")
-    await api.call("POST", "/jobs/sweep")  # or the sweep loop got there first
+    # d2 lets a lease lapse twice: e2 fails on its only attempt, then e1 is requeued (and
+    # claimed again). A device holds one claimed job at a time, so one lapses after the other.
+    lapse = ("UPDATE jobs SET lease_deadline = lease_deadline - 100000 "
+             "WHERE status = 'claimed' AND claimed_by = 'd2'")
+    assert await api.poll("d2") == "e1"
+    age_rows(db_path, "UPDATE jobs SET priority = 1 WHERE job_id = 'e2'")
+    age_rows(db_path, lapse)
+    await api.call("POST", "/jobs/sweep")  # e1 requeued (or the sweep loop got there first)
+    assert await api.poll("d2") == "e2"
+    age_rows(db_path, lapse)
+    await api.call("POST", "/jobs/sweep")  # e2 failed
     assert await api.poll("d2") == "e1"
 
 
@@ -95,7 +101,7 @@ async def _beacons_and_ages(api: Api, db_path: Any) -> None:
 async def _artifact(api: Api, data: bytes) -> None:
     for _ in range(2):  # the second upload of the same bytes keeps the stored copy
         async with api.http.post(api.base + "/artifacts", data=data) as resp:
-            assert resp.status == 200, await resp.text()
+            assert resp.status == 201, await resp.text()
 
 
 def _check_jobs(scrape: Scrape) -> None:

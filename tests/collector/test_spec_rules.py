@@ -313,7 +313,8 @@ async def test_a_template_reads_test_artifacts_when_the_row_has_none(client):
         job("publish", workload="archive", executor="host", depends_on=["suite"],
             params={"source": "${jobs.suite.artifact}"})])
     assert await executor_claim(client, "mac") == "suite"
-    await finish(client, "suite", "iphone-15", test={"artifacts": [sha], "passed": 12})
+    await finish(client, "suite", "iphone-15", executor="mac",
+                 test={"artifacts": [sha], "passed": 12})
     waiter = await (await client.get("/jobs/publish")).json()
     assert waiter["status"] == "queued", waiter["last_error"]
     assert waiter["spec"]["params"]["source"] == sha
