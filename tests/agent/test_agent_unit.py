@@ -722,8 +722,9 @@ def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
     cfg = fa.parse_args(["--collector", http_stub.url, "--state-dir", str(tmp_path / "state"),
                          "--executor", "host", "--name", "bench-host"])
     runtime = fa.Runtime(cfg, fa.Probe(env={"PATH": str(bin_dir)}))
-    assert runtime.capabilities() == ["install", "cold-start", "ui-test:flow_runner",
-                                      "web-test", "web-shots"]
+    assert runtime.capabilities() == [
+        "install", "cold-start", "ui-test:flow_runner", "app-soak", "soak", "a11y-audit",
+        "locale-shots", "drain", "web-test", "web-shots", "web-audit", "web-unfurl", "digest"]
     apk = b"PK fake apk"
     sha = hashlib.sha256(apk).hexdigest()
     http_stub.blobs[sha] = apk
