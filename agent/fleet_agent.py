@@ -4659,9 +4659,15 @@ def wl_a11y_audit(runtime: Runtime, ctx: JobContext) -> dict:
 
 
 # --- locale-shots: the app's screens in each locale, the device's own locale put back ---
+#
+# Android 13 and later switch one app's language without root or a restart (`cmd locale
+# set-app-locales`), which is what a job naming params.app_id gets there. Otherwise the system
+# locale changes (persist.sys.locale and a restart of the Android framework), which needs a root
+# shell: an emulator, or a userdebug build after `adb root`. Simulators take AppleLanguages.
 
 LOCALE_TAG = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")
-BOOT_WAIT_S = 120.0
+RESTART_WAIT_S = 120.0
+PER_APP_LOCALES_SDK = 33
 
 
 def locales_param(params: dict) -> list[str]:
@@ -4673,31 +4679,63 @@ def locales_param(params: dict) -> list[str]:
     return locales
 
 
-def android_locale(runtime: Runtime, serial: str) -> str:
-    """The device's locale: the one set on it, else the one it was built with."""
+def device_prop(runtime: Runtime, serial: str, name: str) -> str:
+    return adb_shell(runtime, serial, "getprop", name).out.strip()
+
+
+def android_locale_way(runtime: Runtime, serial: str, app_id: str | None) -> str:
+    """'app' (per-app language, Android 13+) when the job names its app, else 'system'."""
+    sdk = device_prop(runtime, serial, "ro.build.version.sdk")
+    return "app" if app_id and sdk.isdigit() and int(sdk) >= PER_APP_LOCALES_SDK else "system"
+
+
+def android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None) -> str:
+    """The locale to put back: the app's own list (may be empty), or the system's."""
+    if way == "app":
+        out = adb_shell(runtime, serial, "cmd", "locale", "get-app-locales", str(app_id)).out
+        found = re.search(r"\[([A-Za-z0-9,-]*)\]", out)
+        return found.group(1) if found else ""
     for prop in ("persist.sys.locale", "ro.product.locale"):
-        value = adb_shell(runtime, serial, "getprop", prop).out.strip()
+        value = device_prop(runtime, serial, prop)
         if LOCALE_TAG.match(value):
             return value
     return ""
 
 
-def set_android_locale(runtime: Runtime, serial: str, tag: str, pause) -> None:
-    """persist.sys.locale, then a restart of the Android framework so every app reads it
-    (this needs a root shell: an emulator or a userdebug build after `adb root`). `pause`
-    waits between looks at sys.boot_completed (a stoppable wait, except when restoring)."""
+def framework_up(runtime: Runtime, serial: str, old_pid: str) -> bool:
+    """After a framework restart: a new system_server whose package manager answers."""
+    pid = adb_shell(runtime, serial, "pidof", "system_server").out.strip()
+    return bool(pid) and pid != old_pid and \
+        adb_shell(runtime, serial, "pm", "path", "android").out.startswith("package:")
+
+
+def set_system_locale(runtime: Runtime, serial: str, tag: str, pause) -> None:
+    """persist.sys.locale and a framework restart, so every app reads it. `pause` waits
+    between looks (a stoppable wait, except when the device's locale is put back)."""
     adb_shell(runtime, serial, "setprop", "persist.sys.locale", tag)
-    if adb_shell(runtime, serial, "getprop", "persist.sys.locale").out.strip() != tag:
+    if device_prop(runtime, serial, "persist.sys.locale") != tag:
         raise Refusal(f"{serial} did not take the locale {tag}: setting persist.sys.locale "
-                      "needs a root shell (an emulator or a userdebug build after adb root)")
+                      "needs a root shell (an emulator or a userdebug build after adb root); "
+                      "on Android 13 and later, name params.app_id to switch the app alone")
+    old_pid = adb_shell(runtime, serial, "pidof", "system_server").out.strip()
     adb_shell(runtime, serial, "setprop", "ctl.restart", "zygote")
-    deadline = time.monotonic() + BOOT_WAIT_S
-    pause(1.0)
-    while adb_shell(runtime, serial, "getprop", "sys.boot_completed").out.strip() != "1":
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while not framework_up(runtime, serial, old_pid):
         if time.monotonic() > deadline:
-            raise Refusal(f"{serial} did not finish restarting within {BOOT_WAIT_S:g} s after "
-                          f"the switch to {tag}")
-        pause(1.0)
+            raise Refusal(f"{serial} did not finish restarting within {RESTART_WAIT_S:g} s "
+                          f"after the switch to {tag}")
+        pause(0.5)
+
+
+def set_android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None, tag: str,
+                       pause) -> None:
+    if way == "app":
+        # adb joins its arguments into one command line for the device's shell, so an empty
+        # list (the app follows the system again) is spelled as the shell's empty string.
+        adb_shell(runtime, serial, "cmd", "locale", "set-app-locales", str(app_id),
+                  "--locales", tag or "''")
+    elif tag:
+        set_system_locale(runtime, serial, tag, pause)
 
 
 def simulator_defaults(runtime: Runtime, udid: str, *args: str) -> CmdResult:
@@ -4722,18 +4760,40 @@ def set_simulator_locale(runtime: Runtime, udid: str, tag: str) -> None:
                        tag.replace("-", "_"))
 
 
-def switch_locale(runtime: Runtime, target: dict, tag: str, pause) -> None:
-    if target["platform"] == "android":
-        if tag:
-            set_android_locale(runtime, target["device_id"], tag, pause)
-    else:
-        set_simulator_locale(runtime, target["device_id"], tag)
+class LocaleSwitch:
+    """How one target changes locale, and the locale it had before the job."""
+
+    def __init__(self, runtime: Runtime, target: dict, app_id: str | None):
+        self.runtime, self.target, self.app_id = runtime, target, app_id
+        serial = target["device_id"]
+        if target["platform"] == "android":
+            self.way = android_locale_way(runtime, serial, app_id)
+            self.original = android_locale(runtime, serial, self.way, app_id)
+        else:
+            self.way, self.original = "simulator", simulator_locale(runtime, serial)
+
+    def to(self, tag: str, pause) -> None:
+        if self.way == "simulator":
+            set_simulator_locale(self.runtime, self.target["device_id"], tag)
+        else:
+            set_android_locale(self.runtime, self.target["device_id"], self.way, self.app_id,
+                               tag, pause)
+
+    def restore(self) -> None:
+        """Put the original back; told in the log (not raised) when the device refuses, so
+        the job's own outcome is what its row says."""
+        try:
+            self.to(self.original, time.sleep)
+        except Refusal as exc:
+            log.warning("could not put the locale of %s back to %s: %s",
+                        self.target["device_id"], self.original or "its default", exc)
 
 
-def locale_shot(runtime: Runtime, ctx: JobContext, plan: dict, target: dict, tag: str,
+def locale_shot(runtime: Runtime, ctx: JobContext, plan: dict, switch: LocaleSwitch, tag: str,
                 number: int) -> dict:
     """Switch to one locale, drive the app, take the screenshot; the row's record."""
-    switch_locale(runtime, target, tag, lambda seconds: settle(ctx, seconds))
+    target = switch.target
+    switch.to(tag, lambda seconds: settle(ctx, seconds))
     problem = restart_app(runtime, target, plan["app_id"]) if plan["app_id"] else None
     problem = problem or drive(runtime, ctx, target, plan["flow"], None, f"locale-{number}")
     settle(ctx, plan["settle_s"])
@@ -4748,22 +4808,19 @@ def wl_locale_shots(runtime: Runtime, ctx: JobContext) -> dict:
             "settle_s": number_param(ctx.params, "settle_s", SETTLE_S, 0, 120)}
     if plan["flow"]:
         flow_runner(runtime, "locale-shots with params.flow")
-    targets = device_targets(runtime, ctx, "locale-shots", ("android", "ios"))
-    shots, number = [], 0
-    for target in targets:
-        original = android_locale(runtime, target["device_id"]) \
-            if target["platform"] == "android" else simulator_locale(runtime, target["device_id"])
+    shots: list[dict] = []
+    for target in device_targets(runtime, ctx, "locale-shots", ("android", "ios")):
+        switch = LocaleSwitch(runtime, target, plan["app_id"])
         try:
             for tag in plan["locales"]:
                 ctx.check()
-                number += 1
-                shot = locale_shot(runtime, ctx, plan, target, tag, number)
-                ctx.post(ctx.row(number, shot["error"] is None, {}, error=shot["error"],
-                                 locale=tag, artifacts=shot["artifacts"],
-                                 **target_fields(target)))
+                shot = locale_shot(runtime, ctx, plan, switch, tag, len(shots) + 1)
+                ctx.post(ctx.row(len(shots) + 1, shot["error"] is None, {},
+                                 error=shot["error"], locale=tag, locale_way=switch.way,
+                                 artifacts=shot["artifacts"], **target_fields(target)))
                 shots.append(shot)
-        finally:  # put the device's own locale back, also after a cancel or a failure
-            switch_locale(runtime, target, original, time.sleep)
+        finally:  # the device's own locale goes back, also after a cancel or a failure
+            switch.restore()
     failed = [s for s in shots if s["error"]]
     error = "; ".join(f"{s['locale']}: {s['error']}" for s in failed[:3]) or None
     return final(not failed, error, {"shots": len(shots), "locales": len(plan["locales"])},
@@ -4859,9 +4916,9 @@ def drain_sample(ctx: JobContext, plan: dict, reading: dict, number: int, elapse
                                             if not isinstance(v, bool)))))
     metrics = drop_none({plan["track"]: value, "battery_pct": reading.get("level"),
                          "elapsed_s": round(elapsed, 1)})
-    ctx.post(ctx.row(number, True, metrics, track=plan["track"],
-                     charging=reading.get("ac_powered") or reading.get("usb_powered") or
-                     reading.get("external_connected"),
+    charging = any(reading.get(k) is True for k in ("ac_powered", "usb_powered",
+                                                    "wireless_powered", "external_connected"))
+    ctx.post(ctx.row(number, True, metrics, track=plan["track"], charging=charging,
                      **(target_fields(target) if target else {})))
     return metrics
 

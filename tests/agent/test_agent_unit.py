@@ -741,7 +741,7 @@ def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
     assert result["states"]["warm"]["p95_ms"] == 440
     _, result = run_spec(fa, runtime, http_stub, {
         "job_id": "u", "workload": "ui-test", "executor": "host",
-        "suite": {"kind": "flow_runner", "flows": "f"}, "app": {"platform": "android"}})
+        "suite": {"kind": "flow_runner", "flows": "flows/"}, "app": {"platform": "android"}})
     assert result["error"] == "1 of 3 flows failed: checkout", result
     _, result = run_spec(fa, runtime, http_stub, {
         "job_id": "w", "workload": "web-shots", "executor": "host",
