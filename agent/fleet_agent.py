@@ -5287,16 +5287,26 @@ def devtools_session(tools: DevTools, url: str, viewport: tuple[int, int]) -> st
     return session
 
 
+def browser_own(event: dict) -> bool:
+    """The icon request Chromium makes by itself when a page names none: not the page's."""
+    params = event.get("params") or {}
+    url = (params.get("request") or params.get("response") or {}).get("url", "")
+    return params.get("type") == "Other" and urllib.parse.urlsplit(url).path == "/favicon.ico"
+
+
 def page_weight(events: list[dict]) -> dict:
     """Bytes on the wire by resource type, request count, and the requests that failed."""
     kinds: dict[str, str] = {}
     urls: dict[str, str] = {}
     failed: list[dict] = []
     by_type: dict[str, int] = {}
+    skipped = {(e.get("params") or {}).get("requestId") for e in events if browser_own(e)}
     for event in events:
         params, method = event.get("params") or {}, event.get("method")
         request_id = params.get("requestId")
         response = params.get("response") or {}
+        if request_id in skipped:
+            continue
         if method in ("Network.requestWillBeSent", "Network.responseReceived"):
             kinds[request_id] = str(params.get("type") or kinds.get(request_id) or "Other")
             urls.setdefault(request_id, str((params.get("request") or response).get("url")))
@@ -5313,7 +5323,8 @@ def page_weight(events: list[dict]) -> dict:
 
 
 def console_errors(events: list[dict]) -> list[str]:
-    """console.error calls, uncaught exceptions and the browser's own error log entries."""
+    """console.error calls, uncaught exceptions and the browser's error log entries (those
+    about a failed request are left out: failed_requests reports each of those once)."""
     found = []
     for event in events:
         params, method = event.get("params") or {}, event.get("method")
@@ -5324,7 +5335,8 @@ def console_errors(events: list[dict]) -> list[str]:
             details = params.get("exceptionDetails") or {}
             found.append(str((details.get("exception") or {}).get("description")
                              or details.get("text")))
-        elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error":
+        elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error" \
+                and params["entry"].get("source") != "network":
             entry = params["entry"]
             found.append(f"{entry.get('text')} ({entry.get('url')})" if entry.get("url")
                          else str(entry.get("text")))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import types
 import zipfile
 from pathlib import Path
@@ -24,6 +25,7 @@ from tests.support.agent import (
     FAKE_XCODEBUILD,
     FAKE_XCRUN,
     JobThread,
+    free_port,
     host_runtime,
     make_tool,
     run_job,
@@ -629,3 +631,122 @@ def test_digest_reports_escape_what_they_quote(fa):
     markdown = fa.digest_markdown(digest)
     assert "\\| broke" in markdown and "# <b>shop</b> \\| x: the last 7 days" in markdown
     assert "| ui-test | 1 | 0 | 1 | 0 | 0% |" in markdown
+
+
+# --- registration: a real executor process against a stub collector ---
+
+
+def executor_env(host) -> dict:
+    """adb and xcrun alone on PATH (this machine's own Chromium is left out)."""
+    return {"FAKE_ADB_DIR": str(host.state),
+            "PATH": host.runtime(tools=("adb", "xcrun")).probe.env["PATH"]}
+
+
+@pytest.mark.slow
+def test_an_executor_registers_what_it_can_run_and_the_devices_attached(host, procs):
+    agent = procs.agent([host.stub.url], "host", "--executor", "host", "--name", "bench-host",
+                        env=executor_env(host))
+    wait_for(lambda: len(host.stub.bodies("/executors/register")) >= 2 and
+             len(host.stub.bodies("/devices/register")) >= 6, 30, what="two rounds")
+    first = host.stub.bodies("/executors/register")[0]
+    assert first == {"name": "bench-host", "slots": 1, "agent": "fleet_agent 0.1.0",
+                     "capabilities": ["install", "cold-start", "app-soak", "soak",
+                                      "a11y-audit", "locale-shots", "drain", "web-shots",
+                                      "web-unfurl", "digest"]}
+    # registered before the first poll, so a collector knows what to offer it
+    order = [(method, path.split("?")[0]) for method, path, _ in host.stub.calls]
+    assert order.index(("POST", "/executors/register")) < \
+        order.index(("GET", "/executor/next-job"))
+    devices = {b["device_id"]: b for b in host.stub.bodies("/devices/register")}
+    assert sorted(devices) == ["5A1B-SIM", "R5CT1234ABC", "emulator-5554"]
+    assert devices["R5CT1234ABC"] == {"device_id": "R5CT1234ABC", "capabilities": [],
+                                      "descriptor": {
+        "model": "SM S911B", "os": "Android 14", "platform": "android", "kind": "phone",
+        "serial": "R5CT1234ABC", "attached_to": "bench-host", "simulator": False,
+        "emulator": False}}
+    sim = devices["5A1B-SIM"]["descriptor"]
+    assert (sim["os"], sim["kind"], sim["simulator"], sim["attached_to"]) == (
+        "iOS 17.2", "phone", True, "bench-host")
+    assert "does not take executor registrations" not in agent.log()
+
+
+@pytest.mark.slow
+def test_a_collector_without_the_routes_is_told_once_and_still_polled(host, procs):
+    host.stub.missing = {"/executors/register", "/devices/register"}
+    agent = procs.agent([host.stub.url], "host", "--executor", "host", "--name", "bench-host",
+                        env=executor_env(host))
+    wait_for(lambda: len(host.stub.bodies("/devices/register")) >= 9, 30,
+             what="three rounds of device registrations")
+    assert len(host.stub.bodies("/executors/register")) == 1  # a 404 is remembered
+    said = [line for line in agent.log().splitlines()
+            if "does not take executor registrations" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"collector {host.stub.url} does not take executor registrations; it will offer "
+        "this executor every host job")
+    assert " INFO " in said[0]
+    polls = [p for m, p, _ in host.stub.calls if p.startswith("/executor/next-job")]
+    assert len(polls) >= 2  # refused registrations never stop it from claiming
+
+
+# --- web-audit with the real Chromium of this machine ---
+
+PIXEL = bytes.fromhex("89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+                      "0000000d49444154789c6360f8cf00000301010018dd8db40000000049454e44ae"
+                      "426082")
+FAULTY = b"""<!doctype html><html lang="en"><head><title>Shop</title>
+<link rel="stylesheet" href="/style.css"></head>
+<body><h1>Shop</h1><img src="/logo.png"><img src="/gone.png" alt="a photo that is gone">
+<form><input type="text" name="q"><label>Email <input type="email" name="email"></label>
+<button></button></form><p class="faint">Free delivery over 50</p>
+<script>console.error("checkout widget failed to start"); missingFunction();</script>
+</body></html>"""
+CLEAN = (b'<!doctype html><html lang="en"><head><title>Fine</title><link rel="icon" '
+         b'href="/logo.png"></head><body><h1>Fine</h1><img src="/logo.png" alt="Logo">'
+         b'<label>Search <input name="q"></label></body></html>')
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not found:
+        pytest.skip("no Chromium on this machine (apt-get install -y chromium)")
+    return found
+
+
+@pytest.mark.slow
+def test_web_audit_finds_the_known_faults_of_a_page(host, website):
+    site = website({"/": (200, FAULTY, {"content-type": "text/html"}),
+                    "/clean": (200, CLEAN, {"content-type": "text/html"}),
+                    "/style.css": (200, b".faint{color:#bbb;background:#fff}",
+                                   {"content-type": "text/css"}),
+                    "/logo.png": (200, PIXEL, {"content-type": "image/png"})})
+    rt = host.runtime("--chromium", chromium(), tools=())
+    result = host.run({"workload": "web-audit", "targets": {"url": site.url + "/"},
+                       "params": {"settle_s": 0.5}}, rt)
+    findings = result["findings"]
+    assert [f["src"] for f in findings["missing_alt"]] == ["/logo.png"]
+    assert [f["name"] for f in findings["unlabeled_inputs"]] == ["q"]
+    assert [f["tag"] for f in findings["unnamed_controls"]] == ["button"]
+    assert [(c["text"], c["ratio"] < 4.5) for c in findings["low_contrast"]] == [
+        ("Free delivery over 50", True)]
+    assert findings["console_errors"][0] == "checkout widget failed to start"
+    assert "missingFunction is not defined" in findings["console_errors"][1]
+    assert findings["failed_requests"] == [{"url": site.url + "/gone.png", "status": 404}]
+    assert result["ok"] is False and result["error"] == (
+        f"{site.url}/: 2 console errors, 1 failed request, 1 image without a text "
+        "alternative, 1 unlabeled form field, 1 button or link without a name, 1 low-contrast "
+        "text")
+    assert set(result["bytes_by_type"]) == {"Document", "Stylesheet", "Image"}
+    metrics = result["metrics"]
+    assert metrics["total_bytes"] == sum(result["bytes_by_type"].values()) > len(FAULTY)
+    assert metrics["requests"] == 4 and metrics["load_ms"] > 0 and "ttfb_ms" in metrics
+    shot, report = (host.stub.blobs[sha] for sha in result["artifacts"])
+    assert shot.startswith(b"\x89PNG") and json.loads(report)["url"] == site.url + "/"
+    clean = host.run({"job_id": "clean", "workload": "web-audit",
+                      "targets": {"url": site.url + "/clean"}, "params": {"settle_s": 0}}, rt)
+    assert clean["ok"] is True, clean
+    closed = free_port()
+    broken = host.run({"job_id": "down", "workload": "web-audit",
+                       "targets": {"url": f"http://127.0.0.1:{closed}/"}}, rt)
+    assert broken["ok"] is False
+    assert broken["error"] == (f"Chromium could not load http://127.0.0.1:{closed}/: "
+                               "net::ERR_CONNECTION_REFUSED")
