@@ -5641,11 +5641,15 @@ def digest_tables(digest: dict) -> list[tuple[str, list[str], list[list[object]]
     return sections
 
 
+def digest_period(days: int) -> str:
+    return "the last day" if days == 1 else f"the last {days} days"
+
+
 def digest_markdown(digest: dict) -> str:
     def cell(value: object) -> str:
         return " ".join(str(value).split()).replace("|", "\\|")
 
-    lines = [f"# {cell(digest['app'])}: the last {digest['days']} days", "",
+    lines = [f"# {cell(digest['app'])}: {digest_period(digest['days'])}", "",
              f"{digest['from']} to {digest['to']}.", ""]
     if digest["flaky"]:
         lines += ["Flaky flows (passed and failed in this window): " +
@@ -5665,7 +5669,7 @@ def digest_html(digest: dict) -> str:
     def esc(value: object) -> str:
         return html.escape("" if value is None else str(value))
 
-    title = f"{esc(digest['app'])}: the last {digest['days']} days"
+    title = f"{esc(digest['app'])}: {digest_period(digest['days'])}"
     parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{title}</title>",
              "<style>body{font:15px system-ui,sans-serif;margin:2em;max-width:70em}"
@@ -5934,7 +5938,7 @@ def publish_archive(ctx: JobContext, plan: dict, kind: str, out: str, wall_ms: f
     name = f"{plan['app']}-{headers['x-artifact-build']}{os.path.splitext(built[0])[1]}"
     sha = upload_file(ctx, built[0], name, headers)
     return final(True, None, {"archive_ms": round(wall_ms, 1),
-                              "bytes": os.path.getsize(built[0])}, [sha], kind=kind,
+                              "bytes": os.path.getsize(built[0])}, [sha], source_kind=kind,
                  published=headers)
 
 

@@ -487,6 +487,7 @@ def test_archive_builds_apks_from_an_aab_with_the_local_credential(host):
     headers = host.stub.headers[sha]
     assert (headers["x-artifact-app"], headers["x-artifact-build"],
             headers["x-artifact-platform"]) == ("shop", "1.4.2+57", "android")
+    assert result["source_kind"] == "aab" and "kind" not in result  # a row's kind is its own
     argv = host.calls("bundletool")[0]
     assert "--ks-key-alias=upload" in argv and not any("s3cret" in a for a in argv)
     assert not [p for p in (host.tmp / "state").rglob("secret-*")]
