@@ -6603,9 +6603,9 @@ def build_parser() -> argparse.ArgumentParser:
         action.env, action.shown, action.meaning = option.env, option.shown, option.help
         action.literal = option.literal
     for flag, help_text in (
-            ("--allow-private-urls", "Let vantage and dataset-prep reach private, loopback and "
-                                     "link-local addresses (refused by default: a job could "
-                                     "otherwise probe this machine's LAN)."),
+            ("--allow-private-urls", "Let vantage, dataset-prep and web-unfurl reach private, "
+                                     "loopback and link-local addresses (refused by default: a "
+                                     "job could otherwise probe this machine's LAN)."),
             ("--print-descriptor", "Print the device id, descriptor, capabilities, vitals and "
                                    "tools as JSON and exit."),
             ("--describe", "Print the descriptor and the capabilities this machine would declare "
