@@ -9,6 +9,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import zipfile
 
 import pytest
@@ -21,6 +22,7 @@ from tests.support.agent import (
     FAKE_XCRUN,
     http_bytes,
     make_tool,
+    python38,
 )
 
 pytestmark = pytest.mark.slow
@@ -84,8 +86,10 @@ def start_executor(procs, collector, tmp_path, website) -> tuple:
     item.chmod(0o600)
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     extra = ["--chromium", browser] if browser else []
+    # on the oldest Python the agent supports, when this machine has it
     agent = procs.agent([collector], "host", "--executor", "host", "--name", "lab-mac",
-                        "--allow-private-urls", *extra, env=env)
+                        "--allow-private-urls", *extra, env=env,
+                        python=python38() or sys.executable)
     return agent, site, browser
 
 
