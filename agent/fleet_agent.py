@@ -5181,13 +5181,21 @@ class DevTools:
     def __init__(self, argv: list[str], log_path: str):
         to_browser, commands = os.pipe()
         replies, from_browser = os.pipe()
-        with open(log_path, "wb") as log_file:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", PIPE_TRAMPOLINE, str(to_browser), str(from_browser),
-                 *argv], pass_fds=(to_browser, from_browser), stdin=subprocess.DEVNULL,
-                stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True)
-        os.close(to_browser)
-        os.close(from_browser)
+        trampoline = [sys.executable or "python3", "-c", PIPE_TRAMPOLINE, str(to_browser),
+                      str(from_browser)]
+        try:
+            with open(log_path, "wb") as log_file:
+                self.proc = subprocess.Popen(
+                    [*trampoline, *argv], pass_fds=(to_browser, from_browser),
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        except OSError as exc:
+            os.close(commands)
+            os.close(replies)
+            raise DevToolsError(f"Chromium could not be started ({exc})") from exc
+        finally:  # the browser's ends: only the child keeps them (each closed exactly once)
+            os.close(to_browser)
+            os.close(from_browser)
         self.writer = os.fdopen(commands, "wb", buffering=0)
         self.inbox: queue.Queue = queue.Queue()
         self.events: list[dict] = []
@@ -5386,8 +5394,11 @@ def evaluate(tools: DevTools, session: str, expression: str) -> object:
 
 
 def audit_page(runtime: Runtime, ctx: JobContext, url: str, plan: dict) -> dict:
-    tools = DevTools([*chromium_argv(runtime, ctx, "audit"), "--remote-debugging-pipe",
-                      "about:blank"], os.path.join(ctx.workdir, "chromium.log"))
+    try:
+        tools = DevTools([*chromium_argv(runtime, ctx, "audit"), "--remote-debugging-pipe",
+                          "about:blank"], os.path.join(ctx.workdir, "chromium.log"))
+    except DevToolsError as exc:
+        raise Refusal(f"the audit of {url} failed: {exc}") from exc
     try:
         session = devtools_session(tools, url, plan["viewport"])
         deadline = time.monotonic() + plan["timeout_s"]
@@ -5406,7 +5417,10 @@ def audit_page(runtime: Runtime, ctx: JobContext, url: str, plan: dict) -> dict:
         found["screenshot"] = base64.b64decode(shot.get("data") or "")
         return found
     except DevToolsError as exc:
-        raise Refusal(f"the audit of {url} failed: {exc}") from exc
+        said = read_tail(os.path.join(ctx.workdir, "chromium.log"), 2000).decode(
+            "utf-8", "replace")
+        raise Refusal(f"the audit of {url} failed: {exc}" + (
+            f" (Chromium said: {tail(said, 200)})" if said.strip() else "")) from exc
     finally:
         tools.close()
 
@@ -6103,17 +6117,16 @@ class Presence(threading.Thread):
 
     def run(self) -> None:
         while True:
-            self.round()
+            try:
+                self.round()
+            except Exception:  # a surprise must not end the thread that keeps presence
+                log.exception("the executor's registration round failed")
             if self.rt.stopping.wait(self.rt.cfg.beacon_s):
                 return
 
     def round(self) -> None:
-        try:
-            targets = [dict(t, descriptor=attached_descriptor(self.rt, t))
-                       for t in attached_targets(self.rt)]
-        except Exception:  # a tool's surprise must not end the thread that keeps presence
-            log.exception("could not list the attached devices")
-            targets = []
+        targets = [dict(t, descriptor=attached_descriptor(self.rt, t))
+                   for t in attached_targets(self.rt)]
         for collector in self.collectors:
             try:
                 register_executor(self.rt, collector)

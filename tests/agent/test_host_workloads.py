@@ -20,6 +20,7 @@ from tests.support.agent import (
     FAKE_ADB,
     FAKE_APKSIGNER,
     FAKE_BUNDLETOOL,
+    FAKE_CHROMIUM,
     FAKE_FLOW_RUNNER,
     FAKE_IOREG,
     FAKE_XCODEBUILD,
@@ -751,3 +752,14 @@ def test_web_audit_finds_the_known_faults_of_a_page(host, website):
     assert broken["ok"] is False
     assert broken["error"] == (f"Chromium could not load http://127.0.0.1:{closed}/: "
                                "net::ERR_CONNECTION_REFUSED")
+
+
+def test_web_audit_with_a_browser_that_will_not_talk_fails_with_a_sentence(host, tmp_path):
+    # the fake takes no DevTools pipe: it prints a complaint and exits at once
+    browser = make_tool(tmp_path / "browser", "chromium", "print('unknown flag', file=sys.stderr)"
+                        "\n" + FAKE_CHROMIUM)
+    rt = host.runtime("--chromium", str(browser), tools=())
+    result = host.run({"workload": "web-audit", "targets": {"url": "http://shop.test/"}}, rt)
+    assert result["ok"] is False
+    assert result["error"] == ("the audit of http://shop.test/ failed: Chromium closed its "
+                               "DevTools pipe (Chromium said: unknown flag)")
