@@ -1047,6 +1047,9 @@ class JobContext:
                "job_id": self.job_id, "iter": iteration, "ok": ok, "final": False,
                "metrics": metrics or {}, "device": self.runtime.device_summary()}
         row.update({k: v for k, v in fields.items() if v is not None})
+        # A workload's fields may name the device a row is about (device_id) and add their own,
+        # never change what the row is: a field called kind once turned a row into a refusal.
+        row.update(schema=WIRE_SCHEMA, kind="result", job_id=self.job_id, iter=iteration)
         if self.attempt is not None:
             row["attempt"] = self.attempt
         if self.runtime.mode == "host":
