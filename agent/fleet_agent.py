@@ -22,12 +22,15 @@ import binascii
 import contextlib
 import glob
 import hashlib
+import html
+import html.parser
 import http.client
 import ipaddress
 import json
 import logging
 import os
 import platform
+import queue
 import random
 import re
 import shlex
@@ -1044,6 +1047,9 @@ class JobContext:
                "job_id": self.job_id, "iter": iteration, "ok": ok, "final": False,
                "metrics": metrics or {}, "device": self.runtime.device_summary()}
         row.update({k: v for k, v in fields.items() if v is not None})
+        # A workload's fields may name the device a row is about (device_id) and add their own,
+        # never change what the row is: a field called kind once turned a row into a refusal.
+        row.update(schema=WIRE_SCHEMA, kind="result", job_id=self.job_id, iter=iteration)
         if self.attempt is not None:
             row["attempt"] = self.attempt
         if self.runtime.mode == "host":
@@ -2610,15 +2616,16 @@ def connect_first(infos: list, timeout: float) -> socket.socket:
     raise problem
 
 
-def open_timed(url: str, timeout: float, allow_private: bool):
-    """GET `url` over a connection made by connect_timed; (connection, response, phases)."""
+def open_timed(url: str, timeout: float, allow_private: bool, method: str = "GET"):
+    """`method` (GET) `url` over a connection made by connect_timed; (connection, response,
+    phases)."""
     parts = urllib.parse.urlsplit(url)
     sock, phases = connect_timed(url, timeout, allow_private)
     conn = http.client.HTTPConnection(parts.hostname or "", timeout=timeout)
     conn.sock = sock
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     try:
-        conn.request("GET", target, headers={
+        conn.request(method, target, headers={
             "Host": parts.netloc, "User-Agent": "fleet_agent/" + AGENT_VERSION,
             "Accept": "*/*", "Accept-Encoding": "identity", "Connection": "close"})
         response = conn.getresponse()
@@ -3578,6 +3585,8 @@ def explicit_device_tools(cfg: argparse.Namespace) -> dict:
 
 def capability_reasons(runtime: Runtime) -> list[tuple[str, str]]:
     """Runtime.capabilities(), each with what makes it possible on this machine."""
+    if runtime.mode == "host":
+        return host_capability_reasons(runtime.tools)
     why = {"self-check": "built in", "benchmark:synthetic": "built in",
            "benchmark:llama.cpp": str(runtime.tools.get("llama-bench")),
            "shell": f"scripts pinned in {runtime.allowlist_path}"}
@@ -3591,9 +3600,16 @@ def describe(runtime: Runtime) -> str:
     lines = [f"fleet_agent {AGENT_VERSION}, {runtime.mode} mode, id {runtime.reporter_id}", "",
              "descriptor:"]
     lines += [f"  {key:<10} {'(unknown)' if value is None else value}"
-              for key, value in sorted(runtime.descriptor.items())]
+              for key, value in sorted(runtime.descriptor.items())] or [
+        "  (none: an executor is not a device; the devices attached to it are registered)"]
     lines += ["", "capabilities it declares:"]
     lines += [f"  {cap:<28} {reason}" for cap, reason in capability_reasons(runtime)]
+    if runtime.mode == "host":
+        lines += ["", "not declared on this machine:"]
+        lines += [f"  {cap:<28} {reason}" for cap, reason in host_missing(runtime.tools)]
+        lines += ["", "attached devices:"]
+        lines += [f"  {t['device_id']:<28} {t['platform']}, {t.get('model') or 'unknown model'}"
+                  for t in attached_targets(runtime)] or ["  (none)"]
     if runtime.mode == "device":
         missing = missing_capabilities(runtime.tools, load_build_repos(
             build_repos_path(runtime.cfg, runtime.state_dir)))
@@ -3659,8 +3675,21 @@ def simulator_targets(xcrun: str | None) -> list[dict]:
         for device in devices if isinstance(devices, list) else []:
             if platform_name and device.get("state") == "Booted":
                 targets.append({"device_id": device.get("udid"), "platform": platform_name,
-                                "model": device.get("name"), "emulator": True})
+                                "model": device.get("name"), "emulator": True,
+                                "os": simulator_os(runtime_id)})
     return targets
+
+
+def simulator_os(runtime_id: str) -> str | None:
+    """'iOS 17.2' from com.apple.CoreSimulator.SimRuntime.iOS-17-2."""
+    match = re.search(r"SimRuntime\.([A-Za-z]+)-(\d+(?:-\d+)*)$", runtime_id)
+    return f"{match.group(1)} {match.group(2).replace('-', '.')}" if match else None
+
+
+def attached_targets(runtime: Runtime) -> list[dict]:
+    """Every device this executor drives right now: Android over adb, booted simulators."""
+    return android_targets(runtime.tools.get("adb")) + simulator_targets(
+        runtime.tools.get("xcrun"))
 
 
 def job_platform(spec: dict) -> str | None:
@@ -3675,8 +3704,7 @@ def job_platform(spec: dict) -> str | None:
 
 def select_targets(runtime: Runtime, spec: dict) -> list[dict]:
     """Attached targets the job may use: the pinned one, else every one of its platform."""
-    attached = android_targets(runtime.tools.get("adb")) + simulator_targets(
-        runtime.tools.get("xcrun"))
+    attached = attached_targets(runtime)
     targets = spec.get("targets") if isinstance(spec.get("targets"), dict) else {}
     pinned, platform_name = targets.get("device_id"), job_platform(spec)
     if pinned:
@@ -4079,8 +4107,2036 @@ def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
                  {"shots": len(artifacts)}, artifacts)
 
 
+# --- what the longer host workloads share: the app, its flows, launches and screenshots ---
+#
+# Everything sent to a device through `adb shell` is joined by adb into a command line the
+# device's shell reads, so every value that goes there (app ids, locales, numbers) is checked
+# against a narrow pattern first. Settings a workload changes on a device (font scale, locale,
+# charging) are put back in a `finally`, so a cancel or a failure restores them too.
+
+APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+FLOW_NAME = re.compile(r"^[A-Za-z0-9_.][^\x00-\x1f\x7f]{0,499}$")
+SETTLE_S = 2.0  # after a launch or a flow, before a reading or a screenshot
+
+
+def app_id_param(ctx: JobContext, required: bool = True) -> str | None:
+    value = ctx.params.get("app_id")
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not APP_ID.match(value):
+        raise Refusal("params.app_id must be an application id such as com.example.app; the "
+                      f"job gave {shown(value)}")
+    return value
+
+
+def flow_param(params: dict, name: str = "flow") -> str | None:
+    """A flow file for the flow runner, as its argument; never an option (no leading -)."""
+    value = params.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not FLOW_NAME.match(value):
+        raise Refusal(f"params.{name} must be a flow file for the flow runner (not starting "
+                      f"with -); the job gave {shown(value)}")
+    return value
+
+
+def flow_runner(runtime: Runtime, what: str) -> str:
+    tool = runtime.tools.get("flow_runner")
+    if not tool:
+        raise Refusal(f"{what} needs the flow_runner tool, which this executor does not have "
+                      "(--flow-runner or FLEET_FLOW_RUNNER)")
+    return tool
+
+
+def run_flow(runtime: Runtime, ctx: JobContext, target: dict, flow: str, name: str
+             ) -> str | None:
+    """Run one flow on one target with the flow runner (docs/agent.md's suite contract);
+    None when every flow in its report passed, else the sentence saying what failed."""
+    report = os.path.join(ctx.workdir, name + ".report")
+    argv = [flow_runner(runtime, "a flow"), "--platform", target["platform"], "--device",
+            target["device_id"], "--flows", flow, "--report", report]
+    app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
+    if isinstance(app.get("name"), str):
+        argv += ["--app-name", app["name"]]
+    timeout = float(int_param(ctx.params, "flow_timeout_s", 900, 1, 86400))
+    code, _, _ = run_watched(argv, ctx, timeout, os.path.join(ctx.workdir, name + ".log"),
+                             cwd=ctx.workdir)
+    ctx.check()
+    if code is None:
+        return f"the flow {flow} was stopped after the {timeout:g} s timeout"
+    try:
+        flows = parse_suite_report(report)
+    except (OSError, ValueError) as exc:
+        return f"the flow runner exited with status {code} and left no readable report ({exc})"
+    failed = [f for f in flows if not f["ok"]]
+    if failed:
+        return "flow {} failed: {}".format(failed[0]["name"], failed[0]["error"] or "no reason")
+    return None if flows else f"the flow runner reported no flows for {flow}"
+
+
+def launch_app(runtime: Runtime, target: dict, app_id: str) -> str | None:
+    """Start the app on a target; None when it started, else why not."""
+    serial = target["device_id"]
+    if target["platform"] == "android":
+        component = android_component(runtime.tools["adb"], serial, app_id)
+        result = run_cmd([runtime.tools["adb"], "-s", serial, "shell", "am", "start", "-W",
+                          "-n", component], timeout=120)
+        problem = "Error" in result.out or not result.ok
+    else:
+        result = run_cmd([runtime.tools["xcrun"], "simctl", "launch", serial, app_id],
+                         timeout=120)
+        problem = not result.ok
+    if problem:
+        return f"{app_id} did not start on {serial}: {tail(result.out + result.err, 200)}"
+    return None
+
+
+def drive(runtime: Runtime, ctx: JobContext, target: dict, flow: str | None,
+          app_id: str | None, name: str) -> str | None:
+    """One pass of the app on a target: the flow when the job names one, else a launch."""
+    if flow:
+        return run_flow(runtime, ctx, target, flow, name)
+    if app_id:
+        return launch_app(runtime, target, app_id)
+    return None
+
+
+def screenshot(runtime: Runtime, ctx: JobContext, target: dict) -> bytes:
+    """A PNG of the target's screen (a Refusal when it gives none)."""
+    serial = target["device_id"]
+    if target["platform"] == "android":
+        result = run_cmd([runtime.tools["adb"], "-s", serial, "exec-out", "screencap", "-p"],
+                         timeout=60)
+        data = result.raw
+    else:
+        path = os.path.join(ctx.workdir, "screen.png")
+        result = run_cmd([runtime.tools["xcrun"], "simctl", "io", serial, "screenshot", path],
+                         timeout=60)
+        data = b""
+        if result.ok and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                data = fh.read(64 << 20)
+            os.unlink(path)
+    if not data.startswith(b"\x89PNG"):
+        raise Refusal(f"the screenshot of {serial} came back without a PNG image")
+    return data
+
+
+def settle(ctx: JobContext, seconds: float) -> None:
+    """Wait for the screen to settle, or less when the job is stopped meanwhile."""
+    if ctx.stop.wait(seconds):
+        ctx.check()
+
+
+def adb_shell(runtime: Runtime, serial: str, *command: str, timeout: float = 30) -> CmdResult:
+    return run_cmd([runtime.tools["adb"], "-s", serial, "shell", *command], timeout=timeout)
+
+
+def device_targets(runtime: Runtime, ctx: JobContext, what: str,
+                   platforms: tuple[str, ...] = ("android", "ios")) -> list[dict]:
+    """The attached targets the job selects, each of a platform this workload can drive."""
+    chosen = select_targets(runtime, ctx.spec)
+    wrong = [t for t in chosen if t["platform"] not in platforms]
+    if wrong:
+        raise Refusal("{} runs on {} targets; {} is {}".format(
+            what, " and ".join(platforms), wrong[0]["device_id"], wrong[0]["platform"]))
+    return chosen
+
+
+# --- app-soak / soak: the app again and again, its memory, crashes and ANRs each pass ---
+
+MEMINFO_PSS = re.compile(r"TOTAL PSS:\s+(\d+)|^\s*TOTAL\s+(\d+)", re.M)
+FATAL = re.compile(r"FATAL EXCEPTION: (.*)")
+MAX_SOAK_PASSES = 10_000
+
+
+def soak_plan(ctx: JobContext) -> dict:
+    duration = number_param(ctx.params, "duration_s", 3600, 0, 30 * 86400)
+    interval = number_param(ctx.params, "interval_s", 60, 1, 86400)
+    passes = max(1, int(-(-duration // interval)))
+    if passes > MAX_SOAK_PASSES:
+        raise Refusal(f"duration_s / interval_s makes {passes} passes; at most "
+                      f"{MAX_SOAK_PASSES} are run in one job")
+    return {"duration_s": duration, "interval_s": interval, "passes": passes,
+            "flow": flow_param(ctx.params), "app_id": app_id_param(ctx)}
+
+
+def android_memory_mb(runtime: Runtime, serial: str, app_id: str) -> float | None:
+    """The app's total PSS from `dumpsys meminfo <package>`, in MB (None: not running)."""
+    result = adb_shell(runtime, serial, "dumpsys", "meminfo", app_id)
+    match = MEMINFO_PSS.search(result.out) if result.ok else None
+    if not match:
+        return None
+    return round(int(match.group(1) or match.group(2)) / 1024, 1)
+
+
+def android_faults(runtime: Runtime, serial: str, app_id: str) -> tuple[list[str], int]:
+    """(crash headlines, ANR count) of the app in the device's log since it was last cleared."""
+    result = run_cmd([runtime.tools["adb"], "-s", serial, "logcat", "-d", "-b",
+                      "main,system,crash", "-v", "brief"], timeout=60)
+    lines = result.out.splitlines() if result.ok else []
+    crashes = []
+    for number, line in enumerate(lines):
+        fatal = FATAL.search(line)
+        if not fatal:
+            continue
+        near = " ".join(lines[number + 1:number + 4])
+        process = re.search(r"Process: ([^,\s]+)", near)
+        if process is None or process.group(1) == app_id:
+            detail = re.search(r"(\w+(?:\.\w+)*(?:Exception|Error)[^\n]*)", near)
+            crashes.append(clip("FATAL EXCEPTION: " + fatal.group(1).strip() + (
+                " (" + detail.group(1).strip() + ")" if detail else ""), 200))
+    anrs = sum(1 for line in lines if re.search(r"ANR in " + re.escape(app_id) + r"\b", line))
+    return crashes, anrs
+
+
+def simulator_app_pid(runtime: Runtime, udid: str, app_id: str) -> int | None:
+    """The app's process id from the simulator's launchd (UIKitApplication:<id>[...])."""
+    result = run_cmd([runtime.tools["xcrun"], "simctl", "spawn", udid, "launchctl", "list"],
+                     timeout=30)
+    for line in result.out.splitlines() if result.ok else []:
+        words = line.split()
+        if len(words) >= 3 and words[2].startswith(f"UIKitApplication:{app_id}[") \
+                and words[0].isdigit():
+            return int(words[0])
+    return None
+
+
+def simulator_memory_mb(pid: int | None) -> float | None:
+    """A simulator app is a process of this Mac: its resident set from ps, in MB."""
+    if pid is None:
+        return None
+    result = run_cmd(["ps", "-o", "rss=", "-p", str(pid)], timeout=10)
+    value = result.out.strip()
+    return round(int(value) / 1024, 1) if result.ok and value.isdigit() else None
+
+
+def soak_reading(runtime: Runtime, target: dict, app_id: str, pid_after: int | None) -> dict:
+    """Memory, crashes and ANRs of the app on one target after a pass. A simulator keeps no
+    crash log we can read, so a simulator app that is not running when the pass settles, or
+    runs as another process than right after it was driven, counts as a crash."""
+    serial = target["device_id"]
+    if target["platform"] == "android":
+        crashes, anrs = android_faults(runtime, serial, app_id)
+        return {"mem_mb": android_memory_mb(runtime, serial, app_id),
+                "mem_method": "dumpsys-meminfo-pss", "crash": crashes, "anrs": anrs}
+    pid = simulator_app_pid(runtime, serial, app_id)
+    crash = []
+    if pid is None:
+        crash = [f"{app_id} was not running on {serial} after the pass"]
+    elif pid_after is not None and pid != pid_after:
+        crash = [f"{app_id} on {serial} ran as process {pid_after}, then as {pid}"]
+    return {"mem_mb": simulator_memory_mb(pid), "mem_method": "simctl-ps-rss",
+            "crash": crash, "anrs": 0}
+
+
+def soak_pass(runtime: Runtime, ctx: JobContext, plan: dict, target: dict, number: int
+              ) -> dict:
+    """One pass on one target: clear the log, drive the app, read it; the row's fields."""
+    serial, app_id = target["device_id"], plan["app_id"]
+    android = target["platform"] == "android"
+    if android:
+        run_cmd([runtime.tools["adb"], "-s", serial, "logcat", "-c"], timeout=30)
+    problem = drive(runtime, ctx, target, plan["flow"], app_id, f"soak-{number}-{serial}")
+    pid = None if android else simulator_app_pid(runtime, serial, app_id)
+    settle(ctx, min(SETTLE_S, plan["interval_s"] / 4))
+    reading = soak_reading(runtime, target, app_id, pid)
+    crashes = reading.pop("crash")
+    error = "; ".join(crashes) or problem
+    metrics = drop_none({"mem_mb": reading["mem_mb"], "mem_method": reading["mem_method"],
+                         "crashes": len(crashes), "anrs": reading["anrs"],
+                         "errors": len(crashes) + reading["anrs"] + (1 if problem else 0)})
+    return {"ok": not crashes and not problem, "metrics": metrics, "error": error,
+            "crashed": bool(crashes), "flow_failed": bool(problem)}
+
+
+def wl_soak(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = soak_plan(ctx)
+    if plan["flow"]:
+        flow_runner(runtime, "a soak with params.flow")
+    targets = device_targets(runtime, ctx, "a soak", ("android", "ios"))
+    started, rows = time.monotonic(), {t["device_id"]: [] for t in targets}
+    crash = None
+    for number in range(1, plan["passes"] + 1):
+        settle(ctx, max(0.0, started + (number - 1) * plan["interval_s"] - time.monotonic()))
+        for index, target in enumerate(targets):
+            ctx.check()
+            record = soak_pass(runtime, ctx, plan, target, number)
+            rows[target["device_id"]].append(record)
+            ctx.post(ctx.row((number - 1) * len(targets) + index + 1, record["ok"],
+                             record["metrics"], error=record["error"], **{"pass": number},
+                             **target_fields(target)))
+            if record["crashed"] and crash is None:
+                crash = f"the app crashed on pass {number} of {plan['passes']} on " \
+                        f"{target['device_id']}: {record['error']}"
+        if crash:
+            break
+    return soak_summary(plan, rows, crash, targets)
+
+
+def soak_figures(records: list[dict]) -> dict:
+    memory = [r["metrics"]["mem_mb"] for r in records if "mem_mb" in r["metrics"]]
+    figures = {"passes": len(records),
+               "crashes": sum(r["metrics"]["crashes"] for r in records),
+               "anrs": sum(r["metrics"]["anrs"] for r in records),
+               "flow_failures": sum(1 for r in records if r["flow_failed"])}
+    if memory:
+        figures.update(mem_first_mb=memory[0], mem_last_mb=memory[-1],
+                       mem_peak_mb=max(memory),
+                       mem_growth_mb=round(memory[-1] - memory[0], 1))
+    return figures
+
+
+def soak_summary(plan: dict, rows: dict, crash: str | None, targets: list[dict]) -> dict:
+    per_device = {serial: soak_figures(records) for serial, records in rows.items()}
+    first = per_device[targets[0]["device_id"]]
+    metrics = dict(first, passes_planned=plan["passes"])
+    metrics["crashes"] = sum(d["crashes"] for d in per_device.values())
+    metrics["anrs"] = sum(d["anrs"] for d in per_device.values())
+    extra = {"devices": per_device} if len(targets) > 1 else target_fields(targets[0])
+    return final(crash is None, crash, metrics, **extra)
+
+
+# --- a11y-audit: the app's screens under each font variant, small targets and missing labels ---
+
+A11Y_VARIANTS = ("default", "largest")
+LARGEST_IOS_SIZE = "accessibility-extra-extra-extra-large"
+A11Y_DUMP = "/sdcard/fleet-a11y.xml"
+BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+MAX_UI_NODES = 20_000
+MAX_FINDINGS = 200  # per screen; the count says how many there were
+MAX_STEPS = 50
+
+
+def a11y_steps(params: dict) -> list[dict]:
+    """params.steps: flow files (strings) or {"name", "flow"} objects; a step without a flow
+    audits the screen as it is. No steps: the app's first screen."""
+    steps = params.get("steps")
+    if steps is None:
+        return [{"name": "launch", "flow": None}]
+    if not isinstance(steps, list) or not 1 <= len(steps) <= MAX_STEPS:
+        raise Refusal(f"params.steps must be a list of 1 to {MAX_STEPS} flow files or "
+                      f"{{name, flow}} objects; the job gave {shown(steps)}")
+    plan = []
+    for number, step in enumerate(steps, 1):
+        if isinstance(step, str):
+            step = {"name": step, "flow": step}
+        if not isinstance(step, dict):
+            raise Refusal(f"params.steps[{number}] must be a flow file or an object")
+        flow = flow_param(step, "flow")
+        name = step.get("name", flow or f"step {number}")
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise Refusal(f"params.steps[{number}].name must be a short text")
+        plan.append({"name": name, "flow": flow})
+    return plan
+
+
+def a11y_plan(ctx: JobContext) -> dict:
+    variants = ctx.params.get("variants", ["default"])
+    if not isinstance(variants, list) or not variants or \
+            any(v not in A11Y_VARIANTS for v in variants):
+        raise Refusal("params.variants must be a list of default and largest; the job gave "
+                      f"{shown(variants)}")
+    return {"steps": a11y_steps(ctx.params), "variants": list(dict.fromkeys(variants)),
+            "min_target": number_param(ctx.params, "min_target_pt", 48, 1, 500),
+            "font_scale": number_param(ctx.params, "font_scale", 2.0, 0.5, 4.0),
+            "app_id": app_id_param(ctx, required=False)}
+
+
+def android_density(runtime: Runtime, serial: str) -> float:
+    """Pixels per inch the UI is laid out for (`wm density`; an override wins)."""
+    result = adb_shell(runtime, serial, "wm", "density")
+    values = dict(re.findall(r"(Physical|Override) density: (\d+)", result.out))
+    density = values.get("Override") or values.get("Physical")
+    if not density:
+        raise Refusal(f"`wm density` on {serial} printed no density: {tail(result.out, 100)}")
+    return float(density)
+
+
+def android_ui_nodes(runtime: Runtime, serial: str) -> list[dict]:
+    """The screen's UI tree from uiautomator, flattened (see ui_node)."""
+    import xml.etree.ElementTree as ElementTree
+
+    dumped = adb_shell(runtime, serial, "uiautomator", "dump", A11Y_DUMP, timeout=60)
+    result = run_cmd([runtime.tools["adb"], "-s", serial, "exec-out", "cat", A11Y_DUMP],
+                     timeout=60)
+    try:
+        # The XML is the device's own uiautomator output, read with a size cap.
+        root = ElementTree.fromstring(result.raw[:16 << 20])  # noqa: S314
+    except ElementTree.ParseError:
+        raise Refusal(f"uiautomator on {serial} gave no readable UI tree: "
+                      f"{tail(dumped.out + dumped.err, 200)}") from None
+    nodes: list[dict] = []
+    stack = [(child, -1) for child in reversed(list(root))]
+    while stack and len(nodes) < MAX_UI_NODES:  # depth-first, iteratively: parents first
+        element, parent = stack.pop()
+        attrs = element.attrib
+        nodes.append(ui_node(parent, attrs.get("bounds", ""), attrs.get("class", ""),
+                             attrs.get("resource-id", ""),
+                             attrs.get("text") or attrs.get("content-desc") or
+                             attrs.get("hint") or "",
+                             "true" in (attrs.get("clickable"), attrs.get("long-clickable"),
+                                        attrs.get("checkable")),
+                             "EditText" in attrs.get("class", "")))
+        stack += [(child, len(nodes) - 1) for child in reversed(list(element))]
+    return nodes
+
+
+def ui_node(parent: int, bounds: str, kind: str, ident: str, label: str, control: bool,
+            editable: bool) -> dict:
+    match = BOUNDS.search(bounds or "")
+    box = tuple(int(v) for v in match.groups()) if match else (0, 0, 0, 0)
+    return {"parent": parent, "bounds": box, "class": kind, "id": ident,
+            "label": label.strip(), "control": control or editable, "editable": editable}
+
+
+def hierarchy_nodes(tree: object) -> list[dict]:
+    """The flow runner's --hierarchy JSON ({"attributes", "children"}, Maestro's shape),
+    flattened iteratively like the Android tree."""
+    nodes: list[dict] = []
+    stack = [(tree, -1)]
+    while stack and len(nodes) < MAX_UI_NODES:
+        node, parent = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        attrs = node.get("attributes") if isinstance(node.get("attributes"), dict) else {}
+        text = {k: str(attrs.get(k) or "") for k in ("accessibilityText", "text", "title",
+                                                     "hintText", "bounds", "class",
+                                                     "resource-id", "clickable")}
+        nodes.append(ui_node(parent, text["bounds"], text["class"], text["resource-id"],
+                             text["accessibilityText"] or text["text"] or text["title"] or
+                             text["hintText"], text["clickable"] == "true",
+                             "TextField" in text["class"]))
+        children = node.get("children") if isinstance(node.get("children"), list) else []
+        stack += [(child, len(nodes) - 1) for child in reversed(children)]
+    return nodes
+
+
+def simulator_ui_nodes(runtime: Runtime, ctx: JobContext, target: dict) -> list[dict]:
+    path = os.path.join(ctx.workdir, "hierarchy.json")
+    result = run_cmd([flow_runner(runtime, "an accessibility audit on a simulator"),
+                      "--platform", target["platform"], "--device", target["device_id"],
+                      "--hierarchy", path], timeout=120)
+    try:
+        with open(path, "rb") as fh:
+            tree = json.loads(fh.read(16 << 20).decode("utf-8"))
+    except (OSError, ValueError, RecursionError):
+        raise Refusal(f"the flow runner gave no readable UI hierarchy of "
+                      f"{target['device_id']}: {tail(result.err, 200)}") from None
+    return hierarchy_nodes(tree)
+
+
+def a11y_findings(nodes: list[dict], scale: float, minimum: float) -> dict:
+    """Touch targets smaller than `minimum` (dp or pt: px / scale) and controls that nothing
+    labels, neither they nor anything inside them."""
+    labelled = [bool(n["label"]) for n in nodes]
+    for index in range(len(nodes) - 1, -1, -1):  # children come after their parent
+        parent = nodes[index]["parent"]
+        if parent >= 0 and labelled[index] and not nodes[parent]["editable"]:
+            labelled[parent] = True
+    small, unlabeled = [], []
+    for index, node in enumerate(nodes):
+        x1, y1, x2, y2 = node["bounds"]
+        width, height = (x2 - x1) / scale, (y2 - y1) / scale
+        if not node["control"] or width <= 0 or height <= 0:
+            continue
+        where = {"class": node["class"], "id": node["id"], "label": node["label"],
+                 "bounds": list(node["bounds"]), "size": [round(width, 1), round(height, 1)]}
+        if width < minimum or height < minimum:
+            small.append(where)
+        if not labelled[index]:
+            unlabeled.append(where)
+    return {"small_targets": small, "unlabeled": unlabeled,
+            "controls": sum(1 for n in nodes if n["control"]), "nodes": len(nodes)}
+
+
+def set_font_variant(runtime: Runtime, target: dict, variant: str, scale: float,
+                     ) -> str | None:
+    """Apply a font variant; the setting it replaced (None: nothing changed)."""
+    serial = target["device_id"]
+    if variant == "default":
+        return None
+    if target["platform"] == "android":
+        before = adb_shell(runtime, serial, "settings", "get", "system", "font_scale").out
+        adb_shell(runtime, serial, "settings", "put", "system", "font_scale", f"{scale:g}")
+        return before.strip() or "null"
+    before = run_cmd([runtime.tools["xcrun"], "simctl", "ui", serial, "content_size"]).out
+    run_cmd([runtime.tools["xcrun"], "simctl", "ui", serial, "content_size", LARGEST_IOS_SIZE])
+    return before.strip() or "large"
+
+
+def restore_font(runtime: Runtime, target: dict, before: str) -> None:
+    serial = target["device_id"]
+    if target["platform"] == "android":
+        if re.match(r"^\d+(\.\d+)?$", before):
+            adb_shell(runtime, serial, "settings", "put", "system", "font_scale", before)
+        else:  # it was never set: take the setting away again
+            adb_shell(runtime, serial, "settings", "delete", "system", "font_scale")
+    elif re.match(r"^[a-z-]{1,60}$", before):
+        run_cmd([runtime.tools["xcrun"], "simctl", "ui", serial, "content_size", before])
+
+
+def restart_app(runtime: Runtime, target: dict, app_id: str) -> str | None:
+    """Stop and start the app, so it lays out again with the current font size."""
+    if target["platform"] == "android":
+        adb_shell(runtime, target["device_id"], "am", "force-stop", app_id)
+    else:
+        run_cmd([runtime.tools["xcrun"], "simctl", "terminate", target["device_id"], app_id])
+    return launch_app(runtime, target, app_id)
+
+
+def audit_screen(runtime: Runtime, ctx: JobContext, plan: dict, target: dict) -> dict:
+    if target["platform"] == "android":
+        nodes = android_ui_nodes(runtime, target["device_id"])
+        scale = android_density(runtime, target["device_id"]) / 160.0
+    else:
+        nodes, scale = simulator_ui_nodes(runtime, ctx, target), 1.0  # already in points
+    return a11y_findings(nodes, scale, plan["min_target"])
+
+
+def a11y_variant(runtime: Runtime, ctx: JobContext, plan: dict, target: dict, variant: str,
+                 first_iter: int) -> list[dict]:
+    """Every step of the app under one font variant, the setting put back afterwards."""
+    before = set_font_variant(runtime, target, variant, plan["font_scale"])
+    screens = []
+    try:
+        problem = restart_app(runtime, target, plan["app_id"]) if plan["app_id"] else None
+        for number, step in enumerate(plan["steps"]):
+            ctx.check()
+            problem = problem or (run_flow(runtime, ctx, target, step["flow"],
+                                           f"a11y-{variant}-{number}") if step["flow"] else None)
+            settle(ctx, SETTLE_S)
+            screen = audit_screen(runtime, ctx, plan, target) if not problem else {}
+            screen.update(variant=variant, step=step["name"], error=problem)
+            png = screenshot(runtime, ctx, target)
+            screen["artifacts"] = [upload_bytes(ctx, png, f"a11y-{variant}-{number + 1}.png")]
+            a11y_row(ctx, plan, target, screen, first_iter + number)
+            screens.append(screen)
+            problem = None
+    finally:
+        if before is not None:
+            restore_font(runtime, target, before)
+    return screens
+
+
+def a11y_row(ctx: JobContext, plan: dict, target: dict, screen: dict, number: int) -> None:
+    small, unlabeled = screen.get("small_targets", []), screen.get("unlabeled", [])
+    error = screen["error"] or a11y_sentence(len(small), len(unlabeled), plan["min_target"])
+    ctx.post(ctx.row(number, error is None,
+                     {"small_targets": len(small), "unlabeled": len(unlabeled),
+                      "controls": screen.get("controls", 0)},
+                     error=error, variant=screen["variant"], step=screen["step"],
+                     small_targets=small[:MAX_FINDINGS], unlabeled=unlabeled[:MAX_FINDINGS],
+                     artifacts=screen["artifacts"], **target_fields(target)))
+
+
+def a11y_sentence(small: int, unlabeled: int, minimum: float) -> str | None:
+    parts = []
+    if small:
+        parts.append(f"{small} touch target{'s' if small != 1 else ''} under {minimum:g} dp/pt")
+    if unlabeled:
+        parts.append(f"{unlabeled} unlabeled control{'s' if unlabeled != 1 else ''}")
+    return " and ".join(parts) or None
+
+
+def wl_a11y_audit(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = a11y_plan(ctx)
+    if any(s["flow"] for s in plan["steps"]):
+        flow_runner(runtime, "an audit with flow steps")
+    target = device_targets(runtime, ctx, "an accessibility audit", ("android", "ios"))[0]
+    screens: list[dict] = []
+    for variant in plan["variants"]:
+        screens += a11y_variant(runtime, ctx, plan, target, variant, len(screens) + 1)
+    report = json.dumps({"job_id": ctx.job_id, "device": target["device_id"],
+                         "min_target": plan["min_target"], "screens": screens},
+                        indent=1, sort_keys=True).encode("utf-8")
+    artifacts = [upload_bytes(ctx, report, f"a11y-{ctx.job_id}.json")]
+    artifacts += [sha for s in screens for sha in s["artifacts"]]
+    small = sum(len(s.get("small_targets", [])) for s in screens)
+    unlabeled = sum(len(s.get("unlabeled", [])) for s in screens)
+    failed = [s for s in screens if s["error"]]
+    error = "; ".join(f"{s['variant']}/{s['step']}: {s['error']}" for s in failed[:3]) or \
+        a11y_sentence(small, unlabeled, plan["min_target"])
+    metrics = {"screens": len(screens), "small_targets": small, "unlabeled": unlabeled}
+    return final(error is None, error, metrics, artifacts, **target_fields(target))
+
+
+# --- locale-shots: the app's screens in each locale, the device's own locale put back ---
+#
+# Android 13 and later switch one app's language without root or a restart (`cmd locale
+# set-app-locales`), which is what a job naming params.app_id gets there. Otherwise the system
+# locale changes (persist.sys.locale and a restart of the Android framework), which needs a root
+# shell: an emulator, or a userdebug build after `adb root`. Simulators take AppleLanguages.
+
+LOCALE_TAG = re.compile(r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}$")
+RESTART_WAIT_S = 120.0
+PER_APP_LOCALES_SDK = 33
+
+
+def locales_param(params: dict) -> list[str]:
+    locales = strings_param(params, "locales", 1, 50, "locale tags")
+    bad = [tag for tag in locales if not LOCALE_TAG.match(tag)]
+    if bad:
+        raise Refusal(f"params.locales holds {shown(bad[0])}, which is not a locale tag such "
+                      "as en-US or pt-BR")
+    return locales
+
+
+def device_prop(runtime: Runtime, serial: str, name: str) -> str:
+    return adb_shell(runtime, serial, "getprop", name).out.strip()
+
+
+def android_locale_way(runtime: Runtime, serial: str, app_id: str | None) -> str:
+    """'app' (per-app language, Android 13+) when the job names its app, else 'system'."""
+    sdk = device_prop(runtime, serial, "ro.build.version.sdk")
+    return "app" if app_id and sdk.isdigit() and int(sdk) >= PER_APP_LOCALES_SDK else "system"
+
+
+def android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None) -> str:
+    """The locale to put back: the app's own list (may be empty), or the system's."""
+    if way == "app":
+        out = adb_shell(runtime, serial, "cmd", "locale", "get-app-locales", str(app_id)).out
+        found = re.search(r"\[([A-Za-z0-9,-]*)\]", out)
+        return found.group(1) if found else ""
+    for prop in ("persist.sys.locale", "ro.product.locale"):
+        value = device_prop(runtime, serial, prop)
+        if LOCALE_TAG.match(value):
+            return value
+    return ""
+
+
+def framework_up(runtime: Runtime, serial: str, old_pid: str) -> bool:
+    """After a framework restart: a new system_server whose package manager answers."""
+    pid = adb_shell(runtime, serial, "pidof", "system_server").out.strip()
+    return bool(pid) and pid != old_pid and \
+        adb_shell(runtime, serial, "pm", "path", "android").out.startswith("package:")
+
+
+def set_system_locale(runtime: Runtime, serial: str, tag: str, pause) -> None:
+    """persist.sys.locale and a framework restart, so every app reads it. `pause` waits
+    between looks (a stoppable wait, except when the device's locale is put back)."""
+    adb_shell(runtime, serial, "setprop", "persist.sys.locale", tag)
+    if device_prop(runtime, serial, "persist.sys.locale") != tag:
+        raise Refusal(f"{serial} did not take the locale {tag}: setting persist.sys.locale "
+                      "needs a root shell (an emulator or a userdebug build after adb root); "
+                      "on Android 13 and later, name params.app_id to switch the app alone")
+    old_pid = adb_shell(runtime, serial, "pidof", "system_server").out.strip()
+    adb_shell(runtime, serial, "setprop", "ctl.restart", "zygote")
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while not framework_up(runtime, serial, old_pid):
+        if time.monotonic() > deadline:
+            raise Refusal(f"{serial} did not finish restarting within {RESTART_WAIT_S:g} s "
+                          f"after the switch to {tag}")
+        pause(0.5)
+
+
+def set_android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None, tag: str,
+                       pause) -> None:
+    if way == "app":
+        # adb joins its arguments into one command line for the device's shell, so an empty
+        # list (the app follows the system again) is spelled as the shell's empty string.
+        adb_shell(runtime, serial, "cmd", "locale", "set-app-locales", str(app_id),
+                  "--locales", tag or "''")
+    elif tag:
+        set_system_locale(runtime, serial, tag, pause)
+
+
+def simulator_defaults(runtime: Runtime, udid: str, *args: str) -> CmdResult:
+    return run_cmd([runtime.tools["xcrun"], "simctl", "spawn", udid, "defaults", *args],
+                   timeout=30)
+
+
+def simulator_locale(runtime: Runtime, udid: str) -> str:
+    """The first of the simulator's AppleLanguages ('' when it has none of its own)."""
+    out = simulator_defaults(runtime, udid, "read", "-g", "AppleLanguages").out
+    found = re.findall(r'"?([A-Za-z]{2,3}(?:-[A-Za-z0-9]{2,8})*)"?\s*,?\s*$', out, re.M)
+    return found[0] if found else ""
+
+
+def set_simulator_locale(runtime: Runtime, udid: str, tag: str) -> None:
+    if not tag:
+        simulator_defaults(runtime, udid, "delete", "-g", "AppleLanguages")
+        simulator_defaults(runtime, udid, "delete", "-g", "AppleLocale")
+        return
+    simulator_defaults(runtime, udid, "write", "-g", "AppleLanguages", "-array", tag)
+    simulator_defaults(runtime, udid, "write", "-g", "AppleLocale", "-string",
+                       tag.replace("-", "_"))
+
+
+class LocaleSwitch:
+    """How one target changes locale, and the locale it had before the job."""
+
+    def __init__(self, runtime: Runtime, target: dict, app_id: str | None):
+        self.runtime, self.target, self.app_id = runtime, target, app_id
+        serial = target["device_id"]
+        if target["platform"] == "android":
+            self.way = android_locale_way(runtime, serial, app_id)
+            self.original = android_locale(runtime, serial, self.way, app_id)
+        else:
+            self.way, self.original = "simulator", simulator_locale(runtime, serial)
+
+    def to(self, tag: str, pause) -> None:
+        if self.way == "simulator":
+            set_simulator_locale(self.runtime, self.target["device_id"], tag)
+        else:
+            set_android_locale(self.runtime, self.target["device_id"], self.way, self.app_id,
+                               tag, pause)
+
+    def restore(self) -> None:
+        """Put the original back; told in the log (not raised) when the device refuses, so
+        the job's own outcome is what its row says."""
+        try:
+            self.to(self.original, time.sleep)
+        except Refusal as exc:
+            log.warning("could not put the locale of %s back to %s: %s",
+                        self.target["device_id"], self.original or "its default", exc)
+
+
+def locale_shot(runtime: Runtime, ctx: JobContext, plan: dict, switch: LocaleSwitch, tag: str,
+                number: int) -> dict:
+    """Switch to one locale, drive the app, take the screenshot; the row's record."""
+    target = switch.target
+    switch.to(tag, lambda seconds: settle(ctx, seconds))
+    problem = restart_app(runtime, target, plan["app_id"]) if plan["app_id"] else None
+    problem = problem or drive(runtime, ctx, target, plan["flow"], None, f"locale-{number}")
+    settle(ctx, plan["settle_s"])
+    png = screenshot(runtime, ctx, target)
+    name = f"{ctx.job_id}-{tag}-{target['device_id']}.png"
+    return {"locale": tag, "error": problem, "artifacts": [upload_bytes(ctx, png, name)]}
+
+
+def wl_locale_shots(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = {"locales": locales_param(ctx.params), "flow": flow_param(ctx.params),
+            "app_id": app_id_param(ctx, required=False),
+            "settle_s": number_param(ctx.params, "settle_s", SETTLE_S, 0, 120)}
+    if plan["flow"]:
+        flow_runner(runtime, "locale-shots with params.flow")
+    shots: list[dict] = []
+    for target in device_targets(runtime, ctx, "locale-shots", ("android", "ios")):
+        switch = LocaleSwitch(runtime, target, plan["app_id"])
+        try:
+            for tag in plan["locales"]:
+                ctx.check()
+                shot = locale_shot(runtime, ctx, plan, switch, tag, len(shots) + 1)
+                ctx.post(ctx.row(len(shots) + 1, shot["error"] is None, {},
+                                 error=shot["error"], locale=tag, locale_way=switch.way,
+                                 artifacts=shot["artifacts"], **target_fields(target)))
+                shots.append(shot)
+        finally:  # the device's own locale goes back, also after a cancel or a failure
+            switch.restore()
+    failed = [s for s in shots if s["error"]]
+    error = "; ".join(f"{s['locale']}: {s['error']}" for s in failed[:3]) or None
+    return final(not failed, error, {"shots": len(shots), "locales": len(plan["locales"])},
+                 [sha for s in shots for sha in s["artifacts"]])
+
+
+# --- drain: the battery of one attached device (or of this Mac) over time, off the charger ---
+
+TRACK = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+IOREG_FIELD = re.compile(r'"(\w+)" = (-?\d+|Yes|No)\b')
+
+
+def drain_plan(ctx: JobContext) -> dict:
+    return {"duration_s": number_param(ctx.params, "duration_s", 3600, 1, 7 * 86400),
+            "interval_s": number_param(ctx.params, "interval_s", 60, 1, 3600),
+            "track": text_param(ctx.params, "track", "level", TRACK,
+                                "a battery figure such as level, temperature or current_now")}
+
+
+def android_battery(runtime: Runtime, serial: str, track: str) -> dict:
+    """`dumpsys battery` as figures (level, temperature in tenths of a degree, voltage ...);
+    current_now (µA) comes from the power supply's sysfs file when it is the tracked one."""
+    result = adb_shell(runtime, serial, "dumpsys", "battery")
+    figures: dict = {}
+    for key, value in re.findall(r"(?m)^\s+([A-Za-z][A-Za-z ]*): (-?\d+(?:\.\d+)?|true|false)$",
+                                 result.out):
+        name = key.strip().lower().replace(" ", "_")
+        figures[name] = value == "true" if value in ("true", "false") else float(value)
+    if track == "current_now" and "current_now" not in figures:
+        raw = adb_shell(runtime, serial, "cat",
+                        "/sys/class/power_supply/battery/current_now").out.strip()
+        if re.match(r"^-?\d+$", raw):
+            figures["current_now"] = float(raw)
+    if isinstance(figures.get("level"), float) and isinstance(figures.get("scale"), float) \
+            and figures["scale"] > 0:
+        figures["level"] = round(figures["level"] * 100 / figures["scale"], 2)
+    return figures
+
+
+def mac_battery(runtime: Runtime) -> dict:
+    """This Mac's battery from `ioreg -rn AppleSmartBattery` (level in %, temperature in °C,
+    current_now in mA, external_connected)."""
+    result = run_cmd([runtime.tools["ioreg"], "-rn", "AppleSmartBattery"], timeout=20)
+    raw = dict(IOREG_FIELD.findall(result.out))
+    figures: dict = {}
+    if raw.get("CurrentCapacity") and raw.get("MaxCapacity") not in (None, "0"):
+        figures["level"] = round(int(raw["CurrentCapacity"]) * 100 / int(raw["MaxCapacity"]), 2)
+    if raw.get("Temperature", "").lstrip("-").isdigit():
+        figures["temperature"] = int(raw["Temperature"]) / 100
+    if raw.get("Amperage", "").lstrip("-").isdigit():
+        figures["current_now"] = float(raw["Amperage"])
+    for key in ("ExternalConnected", "IsCharging"):
+        if key in raw:
+            figures[re.sub(r"(?<!^)([A-Z])", r"_\1", key).lower()] = raw[key] == "Yes"
+    return figures
+
+
+def drain_subject(runtime: Runtime, ctx: JobContext) -> dict | None:
+    """The attached device to drain, or None for this Mac itself (a job whose platform is
+    macos, or that pins targets.device_id to this executor's name)."""
+    targets = ctx.spec.get("targets") if isinstance(ctx.spec.get("targets"), dict) else {}
+    if job_platform(ctx.spec) == "macos" or targets.get("device_id") == runtime.reporter_id:
+        if not runtime.tools.get("ioreg"):
+            raise Refusal("this executor cannot read its own battery (no ioreg: not a Mac)")
+        return None
+    target = device_targets(runtime, ctx, "a drain", ("android",))[0]
+    return target
+
+
+def drain_reader(runtime: Runtime, target: dict | None, track: str):
+    if target is None:
+        return lambda: mac_battery(runtime)
+    return lambda: android_battery(runtime, target["device_id"], track)
+
+
+def start_unplugged(runtime: Runtime, target: dict | None, reading: dict) -> None:
+    """Take the device off its charger for the drain (Android's battery service can pretend
+    it is unplugged; a Mac's power cannot be switched by software, so it must be unplugged)."""
+    if target is None:
+        if reading.get("external_connected"):
+            raise Refusal("this Mac is on mains power; a drain needs it unplugged, which "
+                          "software cannot do")
+        return
+    adb_shell(runtime, target["device_id"], "dumpsys", "battery", "unplug")
+
+
+def drain_sample(ctx: JobContext, plan: dict, reading: dict, number: int, elapsed: float,
+                 target: dict | None) -> dict:
+    value = reading.get(plan["track"])
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise Refusal("the battery reading has no figure {!r} (it has: {})".format(
+            plan["track"], ", ".join(sorted(k for k, v in reading.items()
+                                            if not isinstance(v, bool)))))
+    metrics = drop_none({plan["track"]: value, "battery_pct": reading.get("level"),
+                         "elapsed_s": round(elapsed, 1)})
+    charging = any(reading.get(k) is True for k in ("ac_powered", "usb_powered",
+                                                    "wireless_powered", "external_connected"))
+    ctx.post(ctx.row(number, True, metrics, track=plan["track"], charging=charging,
+                     **(target_fields(target) if target else {})))
+    return metrics
+
+
+def wl_drain(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = drain_plan(ctx)
+    target = drain_subject(runtime, ctx)
+    read = drain_reader(runtime, target, plan["track"])
+    samples: list[dict] = []
+    started = time.monotonic()
+    try:
+        start_unplugged(runtime, target, read())
+        count = int(plan["duration_s"] // plan["interval_s"]) + 1
+        for number in range(1, count + 1):
+            settle(ctx, max(0.0, started + (number - 1) * plan["interval_s"] - time.monotonic()))
+            samples.append(drain_sample(ctx, plan, read(), number, time.monotonic() - started,
+                                        target))
+    finally:  # the charger is given back also after a cancel or a failure
+        if target is not None:
+            adb_shell(runtime, target["device_id"], "dumpsys", "battery", "reset")
+    return final(True, None, drain_summary(plan, samples),
+                 **(target_fields(target) if target else {}))
+
+
+def drain_summary(plan: dict, samples: list[dict]) -> dict:
+    first, last = samples[0], samples[-1]
+    track = [s[plan["track"]] for s in samples]
+    metrics = {"samples": len(samples), "elapsed_s": last["elapsed_s"],
+               f"{plan['track']}_first": track[0], f"{plan['track']}_last": track[-1],
+               f"{plan['track']}_min": min(track), f"{plan['track']}_max": max(track)}
+    if "battery_pct" in first:
+        metrics.update(battery_start_pct=first["battery_pct"],
+                       battery_end_pct=last["battery_pct"])
+        hours = last["elapsed_s"] / 3600
+        if hours > 0:
+            metrics["drain_pct_per_h"] = round(
+                (first["battery_pct"] - last["battery_pct"]) / hours, 3)
+    return metrics
+
+
+# --- web-unfurl: how a link unfurls in a chat or a feed, standard library only ---
+#
+# The same rule as vantage: a URL (or a redirect, or the image it names) that reaches a private,
+# loopback or link-local address is refused unless the owner passed --allow-private-urls.
+
+UNFURL_MAX_BYTES = 2 << 20
+UNFURL_HOPS = 10
+REDIRECTS = (301, 302, 303, 307, 308)
+UNFURL_CARD_FIELDS = ("og:title", "og:description", "og:image", "twitter:card")
+
+
+class HeadParser(html.parser.HTMLParser):
+    """The parts of a page an unfurler reads: <title>, <meta> and <link rel=canonical>."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.title: str | None = None
+        self.meta: dict[str, str] = {}
+        self.canonical: str | None = None
+        self._in_title = False
+        self._title_parts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        found = {k.lower(): v or "" for k, v in attrs if isinstance(k, str)}
+        if tag == "title" and self.title is None:
+            self._in_title = True
+        elif tag == "meta" and len(self.meta) < 500:
+            key = (found.get("property") or found.get("name") or "").strip().lower()
+            if key and "content" in found and key not in self.meta:
+                self.meta[key] = found["content"].strip()[:2000]
+        elif tag == "link" and "canonical" in found.get("rel", "").lower().split():
+            self.canonical = self.canonical or found.get("href")
+
+    def handle_data(self, data: str) -> None:
+        if self._in_title and sum(map(len, self._title_parts)) < 2000:
+            self._title_parts.append(data)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title" and self._in_title:
+            self._in_title = False
+            self.title = " ".join("".join(self._title_parts).split())[:500]
+
+
+def fetch_chain(url: str, timeout: float, allow_private: bool, method: str = "GET",
+                max_bytes: int = UNFURL_MAX_BYTES) -> tuple[list[dict], bytes, dict]:
+    """Follow redirects by hand, each hop checked like the first; (hops, body, headers)."""
+    hops: list[dict] = []
+    for _ in range(UNFURL_HOPS + 1):
+        conn, response, phases = open_timed(url, timeout, allow_private, method)
+        try:
+            hop = {"url": url, "status": response.status,
+                   "ms": round((time.perf_counter() - phases["started"]) * 1000, 1)}
+            headers = {k.lower(): v for k, v in response.getheaders()}
+            location = headers.get("location")
+            if response.status in REDIRECTS and location:
+                hop["location"] = location
+                hops.append(hop)
+                url = check_url(urllib.parse.urljoin(url, location), "a redirect")
+                continue
+            body = response.read(max_bytes) if method == "GET" else b""
+        finally:
+            conn.close()
+        hops.append(hop)
+        return hops, body, headers
+    raise Refusal(f"{hops[0]['url']} redirects more than {UNFURL_HOPS} times")
+
+
+def page_text(body: bytes, content_type: str) -> str:
+    charset = re.search(r"charset=([\w-]+)", content_type or "", re.I)
+    sniffed = re.search(rb"<meta[^>]+charset=[\"']?([\w-]+)", body[:4096], re.I)
+    for name in (charset.group(1) if charset else None,
+                 sniffed.group(1).decode("ascii") if sniffed else None, "utf-8"):
+        if name:
+            with contextlib.suppress(LookupError, UnicodeDecodeError):
+                return body.decode(name)
+    return body.decode("utf-8", "replace")
+
+
+def image_check(image: str, base: str, timeout: float, allow_private: bool) -> dict:
+    """Can a card's image be fetched? HEAD, else a GET of its first bytes (some servers refuse
+    HEAD); ok for a 2xx image/* answer."""
+    try:
+        url = check_url(urllib.parse.urljoin(base, image), "og:image")
+        hops, _, headers = fetch_chain(url, timeout, allow_private, "HEAD")
+        if hops[-1]["status"] in (403, 405, 501):
+            hops, _, headers = fetch_chain(url, timeout, allow_private, "GET", 1024)
+    except Refusal as exc:
+        return {"url": image, "ok": False, "error": str(exc)}
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+        return {"url": image, "ok": False, "error": network_error(exc)}
+    kind = headers.get("content-type", "")
+    record = {"url": url, "status": hops[-1]["status"], "content_type": kind,
+              "bytes": _int_or_none(headers.get("content-length")), "hops": len(hops)}
+    record["ok"] = 200 <= record["status"] < 300 and kind.lower().startswith("image/")
+    if not record["ok"]:
+        record["error"] = f"the image answers {record['status']} {kind or 'with no type'}"
+    return record
+
+
+def unfurl_card(parser: HeadParser, final_url: str) -> dict:
+    meta = parser.meta
+    return {"title": meta.get("og:title") or meta.get("twitter:title") or parser.title,
+            "description": meta.get("og:description") or meta.get("twitter:description")
+            or meta.get("description"),
+            "site_name": meta.get("og:site_name"),
+            "image": meta.get("og:image") or meta.get("og:image:url")
+            or meta.get("twitter:image"),
+            "canonical": urllib.parse.urljoin(final_url, parser.canonical)
+            if parser.canonical else None,
+            "html_title": parser.title,
+            "opengraph": {k: v for k, v in meta.items() if k.startswith("og:")},
+            "twitter": {k: v for k, v in meta.items() if k.startswith("twitter:")}}
+
+
+def wl_web_unfurl(runtime: Runtime, ctx: JobContext) -> dict:
+    url = check_url(web_url(ctx.spec), "targets.url")
+    timeout = number_param(ctx.params, "timeout_s", 10, 0.1, 120)
+    allow_private = bool(getattr(runtime.cfg, "allow_private_urls", False))
+    try:
+        hops, body, headers = fetch_chain(url, timeout, allow_private)
+    except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+        return final(False, f"{url}: {network_error(exc)}")
+    status = hops[-1]["status"]
+    parser = HeadParser()
+    parser.feed(page_text(body, headers.get("content-type", "")))
+    card = unfurl_card(parser, hops[-1]["url"])
+    metrics = {"status": status, "hops": len(hops), "bytes": len(body),
+               "total_ms": round(sum(h["ms"] for h in hops), 1)}
+    ctx.post(ctx.row(1, 200 <= status < 300, dict(metrics), url=url, chain=hops))
+    ctx.check()
+    image = image_check(card["image"], hops[-1]["url"], timeout, allow_private) \
+        if card["image"] else None
+    if image is not None:
+        metrics["image_status"] = image.get("status")
+        ctx.post(ctx.row(2, image["ok"], {"image_status": image.get("status")}, image=image,
+                         error=image.get("error")))
+    missing = [f for f in UNFURL_CARD_FIELDS if f not in parser.meta]
+    error = f"{hops[-1]['url']} answered {status}" if not 200 <= status < 300 else \
+        (f"the card's image {image['url']}: {image['error']}" if image and not image["ok"]
+         else None)
+    return final(error is None, error, metrics, card=card, chain=hops, image=image,
+                 missing=missing, final_url=hops[-1]["url"])
+
+
+# --- web-audit: a page as headless Chromium loads it, through the DevTools protocol ---
+#
+# Chromium is driven over --remote-debugging-pipe: DevTools messages (JSON, each ended by a NUL
+# byte) go to the browser's file descriptor 3 and come back on 4. The standard library drives
+# that with two pipes and no websocket code, no port is opened that another local process could
+# connect to (a debugging port drives the browser for anyone on the machine), and the protocol
+# gives what --dump-dom cannot: every response's size, the console, the accessibility tree.
+# A short Python trampoline puts the pipes on 3 and 4 before it becomes Chromium (subprocess
+# has no portable way to choose a child's descriptor numbers, and preexec_fn is unsafe in a
+# process with threads).
+
+PIPE_TRAMPOLINE = ("import os, sys; os.dup2(int(sys.argv[1]), 3); os.dup2(int(sys.argv[2]), 4);"
+                   " os.execv(sys.argv[3], sys.argv[3:])")
+DEVTOOLS_MAX_MESSAGE = 64 << 20  # a screenshot of a tall page is the largest message
+DEVTOOLS_MAX_EVENTS = 50_000
+IMAGE_ROLES = ("image", "img")
+INPUT_ROLES = ("textbox", "searchbox", "combobox", "checkbox", "radio", "slider", "spinbutton",
+               "switch", "listbox")
+ACTION_ROLES = ("button", "link")
+MAX_AUDIT_FINDINGS = 100
+
+TIMING_JS = """(() => {
+  const nav = performance.getEntriesByType('navigation')[0];
+  const paint = {};
+  for (const p of performance.getEntriesByType('paint')) paint[p.name] = p.startTime;
+  if (!nav) return null;
+  return {ttfb_ms: nav.responseStart, dom_content_loaded_ms: nav.domContentLoadedEventEnd,
+          load_ms: nav.loadEventEnd, first_paint_ms: paint['first-paint'] || null,
+          fcp_ms: paint['first-contentful-paint'] || null};
+})()"""
+
+# WCAG 2 contrast of each element's own text against the first opaque background behind it;
+# text over an image or a translucent layer is skipped (not computable from styles alone).
+CONTRAST_JS = """(() => {
+  const parse = c => { const m = /rgba?\\(([^)]+)\\)/.exec(c || ''); if (!m) return null;
+    const p = m[1].split(',').map(parseFloat); return {r: p[0], g: p[1], b: p[2],
+    a: p.length > 3 ? p[3] : 1}; };
+  const lum = c => { const f = v => { v /= 255; return v <= 0.03928 ? v / 12.92
+    : Math.pow((v + 0.055) / 1.055, 2.4); }; return 0.2126 * f(c.r) + 0.7152 * f(c.g)
+    + 0.0722 * f(c.b); };
+  const behind = el => { for (let e = el; e; e = e.parentElement) {
+      const s = getComputedStyle(e); if (s.backgroundImage && s.backgroundImage !== 'none')
+        return null;
+      const c = parse(s.backgroundColor); if (c && c.a >= 1) return c; if (c && c.a > 0)
+        return null; }
+    return {r: 255, g: 255, b: 255, a: 1}; };
+  const found = []; let checked = 0;
+  for (const el of document.body ? document.body.querySelectorAll('*') : []) {
+    if (found.length >= 100 || checked >= 5000) break;
+    if (!Array.from(el.childNodes).some(n => n.nodeType === 3 && n.textContent.trim())) continue;
+    const s = getComputedStyle(el);
+    if (s.visibility === 'hidden' || s.display === 'none') continue;
+    checked++;
+    const fg = parse(s.color), bg = behind(el);
+    if (!fg || !bg || fg.a < 1) continue;
+    const [hi, lo] = [lum(fg), lum(bg)].sort((a, b) => b - a);
+    const ratio = (hi + 0.05) / (lo + 0.05), size = parseFloat(s.fontSize);
+    const large = size >= 24 || (parseInt(s.fontWeight, 10) >= 700 && size >= 18.66);
+    const needed = large ? 3 : 4.5;
+    if (ratio < needed) found.push({text: el.textContent.trim().slice(0, 80),
+      tag: el.tagName.toLowerCase(), id: el.id || null, ratio: Math.round(ratio * 100) / 100,
+      needed: needed, color: s.color, background: s.backgroundColor});
+  }
+  return found;
+})()"""
+
+
+class DevToolsError(Exception):
+    pass
+
+
+class DevTools:
+    """One headless Chromium and its DevTools pipe: commands, their replies, and the events
+    kept in arrival order for the audit to read afterwards."""
+
+    def __init__(self, argv: list[str], log_path: str):
+        to_browser, commands = os.pipe()
+        replies, from_browser = os.pipe()
+        trampoline = [sys.executable or "python3", "-c", PIPE_TRAMPOLINE, str(to_browser),
+                      str(from_browser)]
+        try:
+            with open(log_path, "wb") as log_file:
+                self.proc = subprocess.Popen(
+                    [*trampoline, *argv], pass_fds=(to_browser, from_browser),
+                    stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+        except OSError as exc:
+            os.close(commands)
+            os.close(replies)
+            raise DevToolsError(f"Chromium could not be started ({exc})") from exc
+        finally:  # the browser's ends: only the child keeps them (each closed exactly once)
+            os.close(to_browser)
+            os.close(from_browser)
+        self.writer = os.fdopen(commands, "wb", buffering=0)
+        self.inbox: queue.Queue = queue.Queue()
+        self.events: list[dict] = []
+        self.last_id = 0
+        threading.Thread(target=self._read, args=(replies,), daemon=True).start()
+
+    def _read(self, fd: int) -> None:
+        parts: list[bytes] = []  # of the message still arriving
+        size = 0
+        with os.fdopen(fd, "rb", buffering=0) as reader:
+            while size <= DEVTOOLS_MAX_MESSAGE:
+                chunk = reader.read(1 << 16)
+                if not chunk:
+                    break
+                while b"\0" in chunk:
+                    end, chunk = chunk.split(b"\0", 1)
+                    message, parts, size = b"".join(parts) + end, [], 0
+                    with contextlib.suppress(ValueError, RecursionError):
+                        self.inbox.put(json.loads(message.decode("utf-8")))
+                parts.append(chunk)
+                size += len(chunk)
+        self.inbox.put(None)  # the browser went away
+
+    def _next(self, deadline: float) -> dict:
+        try:
+            message = self.inbox.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            raise DevToolsError("Chromium did not answer in time") from None
+        if message is None:
+            self.inbox.put(None)
+            raise DevToolsError("Chromium closed its DevTools pipe")
+        return message if isinstance(message, dict) else {}
+
+    def send(self, method: str, params: dict | None = None, session: str | None = None,
+             timeout: float = 30.0) -> dict:
+        self.last_id += 1
+        message: dict = {"id": self.last_id, "method": method, "params": params or {}}
+        if session:
+            message["sessionId"] = session
+        try:
+            self.writer.write(json.dumps(message).encode("utf-8") + b"\0")
+        except OSError as exc:
+            raise DevToolsError(f"Chromium stopped reading DevTools commands ({exc})") from exc
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._next(deadline)
+            if reply.get("id") == self.last_id:
+                if "error" in reply:
+                    raise DevToolsError(f"{method}: {reply['error'].get('message')}")
+                return reply.get("result") or {}
+            self.keep(reply)
+
+    def keep(self, event: dict) -> None:
+        if "method" in event and len(self.events) < DEVTOOLS_MAX_EVENTS:
+            self.events.append(event)
+
+    def wait_for(self, method: str | None, deadline: float, stop: threading.Event) -> bool:
+        """Collect events until `method` arrives (True) or the deadline passes (False); with
+        no method, collect until the deadline."""
+        while time.monotonic() < deadline and not stop.is_set():
+            try:
+                event = self._next(min(deadline, time.monotonic() + 0.5))
+            except DevToolsError as exc:
+                if "in time" in str(exc):
+                    continue
+                raise
+            self.keep(event)
+            if event.get("method") == method:
+                return True
+        return False
+
+    def close(self) -> None:
+        with contextlib.suppress(DevToolsError, OSError):
+            self.send("Browser.close", timeout=5)
+        with contextlib.suppress(OSError):
+            self.writer.close()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+def devtools_session(tools: DevTools, url: str, viewport: tuple[int, int]) -> str:
+    """A fresh tab with the domains the audit reads, sized, then sent to `url`."""
+    target = tools.send("Target.createTarget", {"url": "about:blank"})["targetId"]
+    session = tools.send("Target.attachToTarget", {"targetId": target, "flatten": True})[
+        "sessionId"]
+    for domain in ("Page", "Network", "Runtime", "Log"):
+        tools.send(domain + ".enable", session=session)
+    tools.send("Emulation.setDeviceMetricsOverride", {"width": viewport[0], "height": viewport[1],
+                                                      "deviceScaleFactor": 1, "mobile": False},
+               session=session)
+    navigated = tools.send("Page.navigate", {"url": url}, session=session, timeout=60)
+    if navigated.get("errorText"):
+        raise Refusal(f"Chromium could not load {url}: {navigated['errorText']}")
+    return session
+
+
+def browser_own(event: dict) -> bool:
+    """The icon request Chromium makes by itself when a page names none: not the page's."""
+    params = event.get("params") or {}
+    url = (params.get("request") or params.get("response") or {}).get("url", "")
+    return params.get("type") == "Other" and urllib.parse.urlsplit(url).path == "/favicon.ico"
+
+
+def page_weight(events: list[dict]) -> dict:
+    """Bytes on the wire by resource type, request count, and the requests that failed."""
+    kinds: dict[str, str] = {}
+    urls: dict[str, str] = {}
+    failed: list[dict] = []
+    by_type: dict[str, int] = {}
+    skipped = {(e.get("params") or {}).get("requestId") for e in events if browser_own(e)}
+    for event in events:
+        params, method = event.get("params") or {}, event.get("method")
+        request_id = params.get("requestId")
+        response = params.get("response") or {}
+        if request_id in skipped:
+            continue
+        if method in ("Network.requestWillBeSent", "Network.responseReceived"):
+            kinds[request_id] = str(params.get("type") or kinds.get(request_id) or "Other")
+            urls.setdefault(request_id, str((params.get("request") or response).get("url")))
+        if method == "Network.responseReceived" and int(response.get("status") or 0) >= 400:
+            failed.append({"url": clip(urls[request_id], 300), "status": response["status"]})
+        elif method == "Network.loadingFinished":
+            kind = kinds.get(request_id, "Other")
+            by_type[kind] = by_type.get(kind, 0) + int(params.get("encodedDataLength") or 0)
+        elif method == "Network.loadingFailed" and not params.get("canceled"):
+            failed.append({"url": clip(urls.get(request_id, ""), 300),
+                           "error": params.get("errorText")})
+    return {"bytes_by_type": by_type, "total_bytes": sum(by_type.values()),
+            "requests": len(kinds), "failed_requests": failed[:MAX_AUDIT_FINDINGS]}
+
+
+def console_errors(events: list[dict]) -> list[str]:
+    """console.error calls, uncaught exceptions and the browser's error log entries (those
+    about a failed request are left out: failed_requests reports each of those once)."""
+    found = []
+    for event in events:
+        params, method = event.get("params") or {}, event.get("method")
+        if method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+            found.append(" ".join(str(a.get("value", a.get("description", "")))
+                                  for a in params.get("args", [])))
+        elif method == "Runtime.exceptionThrown":
+            details = params.get("exceptionDetails") or {}
+            found.append(str((details.get("exception") or {}).get("description")
+                             or details.get("text")))
+        elif method == "Log.entryAdded" and (params.get("entry") or {}).get("level") == "error" \
+                and params["entry"].get("source") != "network":
+            entry = params["entry"]
+            found.append(f"{entry.get('text')} ({entry.get('url')})" if entry.get("url")
+                         else str(entry.get("text")))
+    return [clip(text, 300) for text in found[:MAX_AUDIT_FINDINGS]]
+
+
+def ax_findings(tools: DevTools, session: str) -> dict:
+    """Images without a text alternative, form fields and buttons or links without a name,
+    read from the browser's accessibility tree (what a screen reader is given)."""
+    nodes = tools.send("Accessibility.getFullAXTree", session=session, timeout=60).get(
+        "nodes", [])
+    found: dict[str, list[dict]] = {"missing_alt": [], "unlabeled_inputs": [],
+                                    "unnamed_controls": []}
+    for node in nodes:
+        role = str((node.get("role") or {}).get("value") or "")
+        named = str((node.get("name") or {}).get("value") or "").strip()
+        if node.get("ignored") or named:
+            continue
+        key = ("missing_alt" if role in IMAGE_ROLES else "unlabeled_inputs"
+               if role in INPUT_ROLES else "unnamed_controls" if role in ACTION_ROLES else None)
+        if key and len(found[key]) < MAX_AUDIT_FINDINGS:
+            found[key].append(dict(role=role, **dom_summary(tools, session,
+                                                            node.get("backendDOMNodeId"))))
+    return found
+
+
+def dom_summary(tools: DevTools, session: str, backend_id: object) -> dict:
+    """The element behind an accessibility node: its tag and identifying attributes."""
+    if not isinstance(backend_id, int):
+        return {}
+    try:
+        node = tools.send("DOM.describeNode", {"backendNodeId": backend_id},
+                          session=session).get("node", {})
+    except DevToolsError:
+        return {}
+    raw = node.get("attributes") or []
+    attrs = {raw[i]: raw[i + 1] for i in range(0, len(raw) - 1, 2)}  # [name, value, ...]
+    return {"tag": str(node.get("nodeName", "")).lower(),
+            **{k: clip(str(attrs[k]), 200) for k in ("id", "name", "type", "src", "href")
+               if k in attrs}}
+
+
+def evaluate(tools: DevTools, session: str, expression: str) -> object:
+    reply = tools.send("Runtime.evaluate", {"expression": expression, "returnByValue": True},
+                       session=session, timeout=60)
+    return (reply.get("result") or {}).get("value")
+
+
+def audit_page(runtime: Runtime, ctx: JobContext, url: str, plan: dict) -> dict:
+    try:
+        tools = DevTools([*chromium_argv(runtime, ctx, "audit"), "--remote-debugging-pipe",
+                          "about:blank"], os.path.join(ctx.workdir, "chromium.log"))
+    except DevToolsError as exc:
+        raise Refusal(f"the audit of {url} failed: {exc}") from exc
+    try:
+        session = devtools_session(tools, url, plan["viewport"])
+        deadline = time.monotonic() + plan["timeout_s"]
+        loaded = tools.wait_for("Page.loadEventFired", deadline, ctx.stop)
+        ctx.check()
+        tools.wait_for(None, time.monotonic() + plan["settle_s"], ctx.stop)  # late requests
+        ctx.check()
+        timing = evaluate(tools, session, TIMING_JS)
+        found = {"timing": timing if isinstance(timing, dict) else {}, "loaded": loaded,
+                 "console_errors": console_errors(tools.events), **page_weight(tools.events),
+                 **ax_findings(tools, session)}
+        contrast = evaluate(tools, session, CONTRAST_JS)
+        found["low_contrast"] = contrast if isinstance(contrast, list) else []
+        shot = tools.send("Page.captureScreenshot", {"format": "png"}, session=session,
+                          timeout=60)
+        found["screenshot"] = base64.b64decode(shot.get("data") or "")
+        return found
+    except DevToolsError as exc:
+        said = read_tail(os.path.join(ctx.workdir, "chromium.log"), 2000).decode(
+            "utf-8", "replace")
+        raise Refusal(f"the audit of {url} failed: {exc}" + (
+            f" (Chromium said: {tail(said, 200)})" if said.strip() else "")) from exc
+    finally:
+        tools.close()
+
+
+AUDIT_COUNTS = (("console_errors", "console error"), ("failed_requests", "failed request"),
+                ("missing_alt", "image without a text alternative"),
+                ("unlabeled_inputs", "unlabeled form field"),
+                ("unnamed_controls", "button or link without a name"),
+                ("low_contrast", "low-contrast text"))
+
+
+def audit_verdict(found: dict) -> str | None:
+    parts = [f"{len(found[key])} {noun}{'s' if len(found[key]) != 1 else ''}"
+             for key, noun in AUDIT_COUNTS if found.get(key)]
+    if not found["loaded"]:
+        parts.insert(0, "the page did not finish loading")
+    return ", ".join(parts) or None
+
+
+def wl_web_audit(runtime: Runtime, ctx: JobContext) -> dict:
+    url = web_url(ctx.spec)
+    size = str(ctx.params.get("viewport") or "1280x800")
+    if not re.match(r"^\d{2,5}x\d{2,5}$", size):
+        raise Refusal("params.viewport must look like 1280x800")
+    width, height = (int(v) for v in size.split("x"))
+    plan = {"viewport": (width, height),
+            "timeout_s": number_param(ctx.params, "timeout_s", 60, 1, 600),
+            "settle_s": number_param(ctx.params, "settle_s", 1, 0, 60)}
+    found = audit_page(runtime, ctx, url, plan)
+    png = found.pop("screenshot")
+    artifacts = [upload_bytes(ctx, png, f"audit-{ctx.job_id}.png")] if png else []
+    report = json.dumps(dict(found, url=url), indent=1, sort_keys=True).encode("utf-8")
+    artifacts.append(upload_bytes(ctx, report, f"audit-{ctx.job_id}.json"))
+    timing = {k: round(v, 1) for k, v in found["timing"].items() if isinstance(v, (int, float))}
+    metrics = dict(timing, total_bytes=found["total_bytes"], requests=found["requests"],
+                   **{key: len(found[key]) for key, _ in AUDIT_COUNTS})
+    error = audit_verdict(found)
+    ctx.post(ctx.row(1, error is None, dict(metrics), url=url, error=error,
+                     bytes_by_type=found["bytes_by_type"], artifacts=artifacts))
+    details = {key: found[key] for key, _ in AUDIT_COUNTS}
+    return final(error is None, error and f"{url}: {error}", metrics, artifacts,
+                 bytes_by_type=found["bytes_by_type"], findings=details)
+
+
+# --- digest: an app's results over the last days, read back from the collector ---
+
+DIGEST_MAX_PAGES = 40  # 50 records a page: 2,000 jobs or result rows per query at most
+APP_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
+
+
+def digest_plan(ctx: JobContext) -> dict:
+    app = text_param(ctx.params, "app", None, APP_NAME, "the app's name (app.name of its jobs)")
+    days = int_param(ctx.params, "days", 7, 1, 366)
+    model = ctx.params.get("model")
+    if model is not None and (not isinstance(model, str) or not APP_NAME.match(model)):
+        raise Refusal(f"params.model must be a model name; the job gave {shown(model)}")
+    end = time.time()
+    return {"app": app, "days": days, "model": model,
+            "from": iso_utc(end - days * 86400), "to": iso_utc(end)}
+
+
+def iso_utc(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def api_get(ctx: JobContext, path: str, query: dict) -> dict | None:
+    """One read of the job's collector; None when it has no such view (an older one)."""
+    ctx.check()
+    try:
+        _, reply = ctx.collector.call_json("GET", path + "?" + urllib.parse.urlencode(query),
+                                           timeout=60)
+    except HttpError as exc:
+        if exc.status == 404:
+            return None
+        raise Refusal(f"the collector refused {path}: {exc.message}") from exc
+    except Unreachable as exc:
+        raise Refusal(f"the collector could not be read ({exc})") from exc
+    return reply if isinstance(reply, dict) else {}
+
+
+def api_pages(ctx: JobContext, path: str, query: dict, key: str) -> list | None:
+    """Every record of a paged collector view, up to DIGEST_MAX_PAGES pages."""
+    records: list = []
+    for page in range(1, DIGEST_MAX_PAGES + 1):
+        reply = api_get(ctx, path, dict(query, page=page))
+        if reply is None:
+            return None if page == 1 else records
+        records += [r for r in reply.get(key) or [] if isinstance(r, dict)]
+        if page >= int(reply.get("pages") or 1):
+            break
+    return records
+
+
+def job_app(job: dict) -> str | None:
+    """The app a job is about: app.name, else the application id a cold-start names."""
+    spec = job.get("spec") if isinstance(job.get("spec"), dict) else {}
+    app = spec.get("app") if isinstance(spec.get("app"), dict) else {}
+    params = spec.get("params") if isinstance(spec.get("params"), dict) else {}
+    for value in (app.get("name"), params.get("app"), params.get("app_id")):
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def workload_rates(jobs: list[dict]) -> list[dict]:
+    table: dict[str, dict] = {}
+    for job in jobs:
+        row = table.setdefault(str(job.get("workload")), {
+            "workload": str(job.get("workload")), "jobs": 0, "done": 0, "failed": 0,
+            "cancelled": 0, "open": 0})
+        row["jobs"] += 1
+        status = job.get("status")
+        row[status if status in ("done", "failed", "cancelled") else "open"] += 1
+    for row in table.values():
+        closed = row["done"] + row["failed"]
+        row["pass_rate"] = round(row["done"] / closed, 3) if closed else None
+    return [table[name] for name in sorted(table)]
+
+
+def flow_rates(ui_jobs: list[dict], app: str) -> list[dict]:
+    """Each ui-test flow of the app: runs, passes, failures; flaky when it did both."""
+    flows: dict[str, dict] = {}
+    for job in ui_jobs:
+        if job.get("app") != app:
+            continue
+        for flow in job.get("flows") or []:
+            row = flows.setdefault(str(flow.get("flow")), {"flow": str(flow.get("flow")),
+                                                           "runs": 0, "pass": 0, "fail": 0})
+            for key in ("runs", "pass", "fail"):
+                row[key] += int(flow.get(key) or 0)
+    for row in flows.values():
+        decided = row["pass"] + row["fail"]
+        row["pass_rate"] = round(row["pass"] / decided, 3) if decided else None
+        row["flaky"] = row["pass"] > 0 and row["fail"] > 0
+    return [flows[name] for name in sorted(flows)]
+
+
+def trend(values: list[float]) -> dict:
+    first, last = values[0], values[-1]
+    return {"samples": len(values), "first": first, "last": last,
+            "median": round(statistics.median(values), 1), "min": min(values),
+            "max": max(values),
+            "change_pct": round((last - first) / first * 100, 1) if first else None}
+
+
+def cold_start_trends(rows: list[dict], job_ids: set[str]) -> list[dict]:
+    """p50 launch time per (device, launch state), oldest first."""
+    series: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for row in rows:
+        p50 = (row.get("metrics") or {}).get("p50_ms")
+        if row.get("job_id") in job_ids and row.get("iter", 0) >= 1 and \
+                isinstance(p50, (int, float)) and not isinstance(p50, bool):
+            key = (str(row.get("device_id")), str(row.get("state") or "cold"))
+            series.setdefault(key, []).append((str(row.get("created_at")), float(p50)))
+    return [dict(device_id=device, state=state, **trend([v for _, v in sorted(points)]))
+            for (device, state), points in sorted(series.items())]
+
+
+def soak_trends(views: list[dict], job_ids: set[str]) -> list[dict]:
+    """Memory and errors of the app's soak passes per device, oldest first."""
+    out = []
+    for series in views:
+        points = [p for p in series.get("points") or [] if p.get("job_id") in job_ids]
+        memory = [float(p["mem_mb"]) for p in points
+                  if isinstance(p.get("mem_mb"), (int, float))]
+        if points:
+            out.append({"device_id": series.get("device_id"), "passes": len(points),
+                        "jobs": len({p.get("job_id") for p in points}),
+                        "errors": sum(int(p.get("errors") or 0) for p in points),
+                        "memory": trend(memory) if memory else None})
+    return out
+
+
+def collect_digest(ctx: JobContext, plan: dict) -> dict:
+    window = {"from": plan["from"], "to": plan["to"]}
+    jobs = [j for j in api_pages(ctx, "/api/jobs", window, "jobs") or []
+            if job_app(j) == plan["app"] and not j.get("fanout_parent")
+            and j.get("workload") != "digest"]
+    job_ids = {str(j.get("job_id")) for j in jobs}
+    ui = api_pages(ctx, "/api/results/ui", window, "jobs")
+    cold = api_pages(ctx, "/api/results", dict(window, workload="cold-start"), "results")
+    digest: dict = {"app": plan["app"], "days": plan["days"], **window,
+                    "workloads": workload_rates(jobs),
+                    "flows": flow_rates(ui or [], plan["app"]),
+                    "cold_start": cold_start_trends(cold or [], job_ids),
+                    "failures": [{"job_id": j.get("job_id"), "workload": j.get("workload"),
+                                  "error": j.get("last_error")} for j in jobs
+                                 if j.get("status") == "failed"][:20]}
+    digest["flaky"] = [f["flow"] for f in digest["flows"] if f["flaky"]]
+    soak = api_get(ctx, "/api/results/soak", dict(window, limit=10000)) or {}
+    digest["soak"] = soak_trends(soak.get("series") or [], job_ids)
+    if plan["model"]:
+        bench = api_get(ctx, "/api/results/bench", dict(window, model=plan["model"])) or {}
+        digest["bench"] = bench.get("rows") or []
+    return digest
+
+
+def digest_tables(digest: dict) -> list[tuple[str, list[str], list[list[object]]]]:
+    """(heading, columns, rows) of each section; the Markdown and the HTML both come from it."""
+    def rate(value: float | None) -> str:
+        return "n/a" if value is None else f"{value * 100:.0f}%"
+
+    def trend_cells(t: dict | None) -> list[object]:
+        if not t:
+            return ["", "", "", ""]
+        change = "" if t["change_pct"] is None else f"{t['change_pct']:+.1f}%"
+        return [t["first"], t["last"], t["median"], change]
+
+    sections = [
+        ("Jobs by workload", ["workload", "jobs", "done", "failed", "cancelled", "pass rate"],
+         [[w["workload"], w["jobs"], w["done"], w["failed"], w["cancelled"],
+           rate(w["pass_rate"])] for w in digest["workloads"]]),
+        ("UI flows", ["flow", "runs", "passed", "failed", "pass rate", "flaky"],
+         [[f["flow"], f["runs"], f["pass"], f["fail"], rate(f["pass_rate"]),
+           "yes" if f["flaky"] else ""] for f in digest["flows"]]),
+        ("Cold start (p50 ms)", ["device", "state", "samples", "first", "last", "median",
+                                 "change"],
+         [[c["device_id"], c["state"], c["samples"], *trend_cells(c)]
+          for c in digest["cold_start"]]),
+        ("Soak (memory MB)", ["device", "jobs", "passes", "errors", "first", "last", "median",
+                              "change"],
+         [[s["device_id"], s["jobs"], s["passes"], s["errors"], *trend_cells(s["memory"])]
+          for s in digest["soak"]]),
+        ("Failed jobs", ["job", "workload", "error"],
+         [[f["job_id"], f["workload"], f["error"] or ""] for f in digest["failures"]]),
+    ]
+    if "bench" in digest:
+        sections.append(("Benchmarks", ["device", "model", "runs", "decode tok/s (median)"],
+                         [[b.get("device_id"), b.get("model"), b.get("runs"),
+                           (b.get("decode_tok_s") or {}).get("median")]
+                          for b in digest["bench"]]))
+    return sections
+
+
+def digest_period(days: int) -> str:
+    return "the last day" if days == 1 else f"the last {days} days"
+
+
+def digest_markdown(digest: dict) -> str:
+    def cell(value: object) -> str:
+        return " ".join(str(value).split()).replace("|", "\\|")
+
+    lines = [f"# {cell(digest['app'])}: {digest_period(digest['days'])}", "",
+             f"{digest['from']} to {digest['to']}.", ""]
+    if digest["flaky"]:
+        lines += ["Flaky flows (passed and failed in this window): " +
+                  ", ".join(cell(f) for f in digest["flaky"]) + ".", ""]
+    for heading, columns, rows in digest_tables(digest):
+        lines += [f"## {heading}", ""]
+        if not rows:
+            lines += ["None in this window.", ""]
+            continue
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def digest_html(digest: dict) -> str:
+    def esc(value: object) -> str:
+        return html.escape("" if value is None else str(value))
+
+    title = f"{esc(digest['app'])}: {digest_period(digest['days'])}"
+    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8">',
+             f"<title>{title}</title>",
+             "<style>body{font:15px system-ui,sans-serif;margin:2em;max-width:70em}"
+             "table{border-collapse:collapse;margin-bottom:1.5em}"
+             "td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}</style>",
+             "</head><body>", f"<h1>{title}</h1>",
+             f"<p>{esc(digest['from'])} to {esc(digest['to'])}.</p>"]
+    if digest["flaky"]:
+        parts.append("<p>Flaky flows (passed and failed in this window): " +
+                     ", ".join(esc(f) for f in digest["flaky"]) + ".</p>")
+    for heading, columns, rows in digest_tables(digest):
+        parts.append(f"<h2>{esc(heading)}</h2>")
+        if not rows:
+            parts.append("<p>None in this window.</p>")
+            continue
+        parts.append("<table><tr>" + "".join(f"<th>{esc(c)}</th>" for c in columns) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(v)}</td>" for v in row) + "</tr>"
+                  for row in rows]
+        parts.append("</table>")
+    return "\n".join([*parts, "</body></html>", ""])
+
+
+def wl_digest(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = digest_plan(ctx)
+    digest = collect_digest(ctx, plan)
+    ctx.post(ctx.row(1, True, {"jobs": sum(w["jobs"] for w in digest["workloads"]),
+                               "flows": len(digest["flows"])}, step="read the collector"))
+    stem = "digest-" + re.sub(r"[^A-Za-z0-9._-]+", "_", plan["app"])[:60]
+    artifacts = [upload_bytes(ctx, digest_markdown(digest).encode("utf-8"), stem + ".md"),
+                 upload_bytes(ctx, digest_html(digest).encode("utf-8"), stem + ".html")]
+    closed = sum(w["done"] + w["failed"] for w in digest["workloads"])
+    done = sum(w["done"] for w in digest["workloads"])
+    metrics = drop_none({"jobs": sum(w["jobs"] for w in digest["workloads"]),
+                         "pass_rate": round(done / closed, 3) if closed else None,
+                         "flows": len(digest["flows"]), "flaky_flows": len(digest["flaky"]),
+                         "failed_jobs": len(digest["failures"])})
+    return final(True, None, metrics, artifacts, digest=digest)
+
+
+# --- archive: sign and package a build with this machine's own tools and credentials ---
+#
+# A job names a credential item (`account`); the secret lives only on this machine:
+# STATE/credentials/<account>.json (mode 0600, like an ssh key), or on macOS a Keychain generic
+# password with service "fleet-agent" and that account holding the same JSON. Secrets reach the
+# tools in 0600 files in the job's scratch directory (passwords as bundletool's and apksigner's
+# file: form), never on a command line another user could read with ps.
+
+ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+KEYCHAIN_SERVICE = "fleet-agent"
+EXPORT_METHODS = ("app-store", "app-store-connect", "ad-hoc", "development", "enterprise",
+                  "release-testing", "debugging")
+BUILD_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}$")
+PUBLISH_TEXT = re.compile(r"^[\x20-\x7e]{1,200}$")  # what an HTTP header can carry
+
+
+def credentials_path(runtime: Runtime, account: str) -> str:
+    return os.path.join(runtime.state_dir, "credentials", account + ".json")
+
+
+def credential_item(runtime: Runtime, account: str) -> dict:
+    """The credential item named `account` from this machine's store (a Refusal naming where
+    to put it when there is none)."""
+    path = credentials_path(runtime, account)
+    text = None
+    if os.path.isfile(path):
+        mode = os.stat(path).st_mode & 0o777
+        if mode & 0o077:
+            raise Refusal(f"the credential file {path} can be read by others (mode "
+                          f"{mode:o}); make it private with chmod 600")
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read(1 << 20)
+    elif runtime.tools.get("security"):
+        found = run_cmd([runtime.tools["security"], "find-generic-password", "-s",
+                         KEYCHAIN_SERVICE, "-a", account, "-w"], timeout=30)
+        text = found.out if found.ok else None
+    if text is None:
+        raise Refusal(f"this executor has no credential item {account!r}: put it in {path} "
+                      "(mode 0600)" + (", or in the Keychain as a generic password with "
+                                       f"service {KEYCHAIN_SERVICE} and account {account}"
+                                       if runtime.tools.get("security") else ""))
+    try:
+        item = json.loads(text)
+    except ValueError:
+        raise Refusal(f"the credential item {account!r} is not a JSON object") from None
+    if not isinstance(item, dict):
+        raise Refusal(f"the credential item {account!r} is not a JSON object")
+    return item
+
+
+def secret_file(ctx: JobContext, name: str, data: bytes) -> str:
+    path = os.path.join(ctx.workdir, "secret-" + name)
+    atomic_write(path, data, 0o600)
+    return path
+
+
+def source_kind(path: str) -> str:
+    """aab, apk or xcarchive, from what the archive holds."""
+    try:
+        with zipfile.ZipFile(path) as bundle:
+            names = bundle.namelist()[:100_000]
+    except zipfile.BadZipFile:
+        raise Refusal("params.source is not an .aab, an .apk or a zipped .xcarchive") from None
+    if "BundleConfig.pb" in names or any(n.startswith("base/manifest/") for n in names):
+        return "aab"
+    if "AndroidManifest.xml" in names:
+        return "apk"
+    if any(".xcarchive/" in n for n in names):
+        return "xcarchive"
+    raise Refusal("params.source is not an .aab, an .apk or a zipped .xcarchive")
+
+
+def item_field(item: dict, account: str, name: str, default: str | None = None) -> str:
+    value = item.get(name, default)
+    if not isinstance(value, str) or not value:
+        raise Refusal(f"the credential item {account!r} has no {name}")
+    return value
+
+
+def keystore_files(ctx: JobContext, item: dict, account: str) -> dict:
+    """The signing key's files: the keystore (a path on this machine, or keystore_b64) and the
+    two passwords, each in a private file."""
+    if isinstance(item.get("keystore_b64"), str):
+        try:
+            keystore = secret_file(ctx, "keystore", base64.b64decode(item["keystore_b64"]))
+        except (binascii.Error, ValueError):
+            raise Refusal(f"the credential item {account!r} has a keystore_b64 that is not "
+                          "base64") from None
+    else:
+        keystore = item_field(item, account, "keystore")
+        if not os.path.isabs(keystore) or not os.path.isfile(keystore):
+            raise Refusal(f"the keystore of the credential item {account!r} ({keystore}) is "
+                          "not a file on this machine")
+    store_pass = item_field(item, account, "keystore_password")
+    return {"keystore": keystore, "alias": item_field(item, account, "key_alias"),
+            "store_pass": secret_file(ctx, "ks-pass", store_pass.encode("utf-8")),
+            "key_pass": secret_file(ctx, "key-pass", item_field(
+                item, account, "key_password", store_pass).encode("utf-8"))}
+
+
+def bundletool_argv(runtime: Runtime) -> list[str]:
+    tool = tool_ready(runtime.tools, "bundletool")
+    if not tool:
+        raise Refusal("an .aab needs bundletool on this executor (--bundletool, or java with "
+                      "--bundletool pointing at bundletool's .jar)")
+    return [runtime.tools["java"], "-jar", tool] if tool.endswith(".jar") else [tool]
+
+
+def android_archive_argv(runtime: Runtime, ctx: JobContext, kind: str, source: str,
+                         keys: dict, out: str) -> list[str]:
+    if kind == "aab":
+        mode = text_param(ctx.params, "mode", "default", re.compile(r"^(default|universal)$"),
+                          "default or universal")
+        return [*bundletool_argv(runtime), "build-apks", "--bundle=" + source,
+                "--output=" + out, "--ks=" + keys["keystore"],
+                "--ks-pass=file:" + keys["store_pass"], "--ks-key-alias=" + keys["alias"],
+                "--key-pass=file:" + keys["key_pass"], "--mode=" + mode]
+    if not runtime.tools.get("apksigner"):
+        raise Refusal("an .apk is signed with apksigner (Android's build-tools), which this "
+                      "executor does not have on PATH")
+    return [runtime.tools["apksigner"], "sign", "--ks", keys["keystore"], "--ks-pass",
+            "file:" + keys["store_pass"], "--ks-key-alias", keys["alias"], "--key-pass",
+            "file:" + keys["key_pass"], "--out", out, source]
+
+
+def export_options(ctx: JobContext, item: dict, account: str) -> str:
+    """ExportOptions.plist for xcodebuild -exportArchive (values checked: they go into XML)."""
+    method = text_param(ctx.params, "method", item.get("method") or "app-store",
+                        re.compile("^(" + "|".join(EXPORT_METHODS) + ")$"),
+                        "one of " + ", ".join(EXPORT_METHODS))
+    team = item_field(item, account, "team_id")
+    if not re.match(r"^[A-Z0-9]{10}$", team):
+        raise Refusal(f"the team_id of the credential item {account!r} is not a team id")
+    plist = ('<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict>'
+             f"<key>method</key><string>{method}</string>"
+             f"<key>teamID</key><string>{team}</string>"
+             "<key>destination</key><string>export</string></dict></plist>\n")
+    path = os.path.join(ctx.workdir, "ExportOptions.plist")
+    atomic_write(path, plist.encode("utf-8"))
+    return path
+
+
+def ios_archive_argv(runtime: Runtime, ctx: JobContext, source: str, item: dict,
+                     account: str, out_dir: str) -> list[str]:
+    if not runtime.tools.get("xcodebuild"):
+        raise Refusal("an .xcarchive is exported with xcodebuild, which this executor does "
+                      "not have (a Mac with Xcode)")
+    unpacked = os.path.join(ctx.workdir, "xcarchive")
+    os.makedirs(unpacked)
+    safe_unzip(source, unpacked)
+    archive = next((os.path.join(d, n) for d, dirs, _ in os.walk(unpacked) for n in dirs
+                    if n.endswith(".xcarchive")), None)
+    if archive is None:
+        raise Refusal("the source zip holds no .xcarchive folder")
+    if isinstance(item.get("api_key_p8"), str):
+        key_path = secret_file(ctx, "AuthKey.p8", item["api_key_p8"].encode("utf-8"))
+    else:
+        key_path = item_field(item, account, "api_key_path")
+    return [runtime.tools["xcodebuild"], "-exportArchive", "-archivePath", archive,
+            "-exportPath", out_dir, "-exportOptionsPlist", export_options(ctx, item, account),
+            "-allowProvisioningUpdates", "-authenticationKeyPath", key_path,
+            "-authenticationKeyID", item_field(item, account, "api_key_id"),
+            "-authenticationKeyIssuerID", item_field(item, account, "api_issuer_id")]
+
+
+def archive_plan(ctx: JobContext) -> dict:
+    app_spec = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
+    build = ctx.params.get("build", app_spec.get("build"))
+    if build is not None and (not isinstance(build, str) or not BUILD_LABEL.match(build)):
+        raise Refusal(f"params.build must be a build label such as 1.4.2+57; the job gave "
+                      f"{shown(build)}")
+    return {"source": sha_param(ctx.params, "source"),
+            "app": text_param(ctx.params, "app", app_spec.get("name"), PUBLISH_TEXT,
+                              "the app's name in printable ASCII (what the archive is "
+                              "published under)"),
+            "account": text_param(ctx.params, "account", None, ACCOUNT,
+                                  "the name of a credential item on this executor "
+                                  "(letters, digits, . _ -)"),
+            "build": build, "timeout_s": number_param(ctx.params, "timeout_s", 1800, 1, 86400)}
+
+
+def run_archive_tool(ctx: JobContext, argv: list[str], timeout: float) -> float:
+    log_path = os.path.join(ctx.workdir, "archive.log")
+    code, wall_ms, _ = run_watched(argv, ctx, timeout, log_path, cwd=ctx.workdir)
+    ctx.check()
+    said = read_tail(log_path, 2000).decode("utf-8", "replace")
+    tool = os.path.basename(argv[0])
+    if code is None:
+        raise Refusal(f"{tool} was stopped after the {timeout:g} s timeout")
+    if code != 0:
+        raise Refusal(f"{tool} exited with status {code}: {tail(said, 300) or 'no message'}")
+    return wall_ms
+
+
+def wl_archive(runtime: Runtime, ctx: JobContext) -> dict:
+    plan = archive_plan(ctx)
+    item = credential_item(runtime, plan["account"])
+    source = ctx.fetch(plan["source"], ".zip")
+    kind = source_kind(source)
+    out = os.path.join(ctx.workdir, "out")
+    os.makedirs(out)
+    try:
+        if kind == "xcarchive":
+            argv = ios_archive_argv(runtime, ctx, source, item, plan["account"], out)
+        else:
+            copy = os.path.join(ctx.workdir, "source." + kind)  # the tools read the extension
+            shutil.copyfile(source, copy)
+            target = os.path.join(out, "app." + ("apks" if kind == "aab" else "apk"))
+            argv = android_archive_argv(runtime, ctx, kind, copy,
+                                        keystore_files(ctx, item, plan["account"]), target)
+        ctx.post(ctx.row(1, True, {}, step=f"signing the {kind} with {os.path.basename(argv[0])}"))
+        wall_ms = run_archive_tool(ctx, argv, plan["timeout_s"])
+    finally:
+        for name in os.listdir(ctx.workdir):
+            if name.startswith("secret-"):
+                os.unlink(os.path.join(ctx.workdir, name))
+    return publish_archive(ctx, plan, kind, out, wall_ms)
+
+
+def publish_archive(ctx: JobContext, plan: dict, kind: str, out: str, wall_ms: float) -> dict:
+    built = sorted(glob.glob(os.path.join(out, "*.ipa" if kind == "xcarchive" else "*.ap*")))
+    if not built:
+        raise Refusal(f"the {kind} tool finished but left nothing to publish in its output")
+    headers = {"x-artifact-app": plan["app"],
+               "x-artifact-build": plan["build"] or plan["source"][:12],
+               "x-artifact-platform": "ios" if kind == "xcarchive" else "android"}
+    name = f"{plan['app']}-{headers['x-artifact-build']}{os.path.splitext(built[0])[1]}"
+    sha = upload_file(ctx, built[0], name, headers)
+    return final(True, None, {"archive_ms": round(wall_ms, 1),
+                              "bytes": os.path.getsize(built[0])}, [sha], source_kind=kind,
+                 published=headers)
+
+
 HOST_WORKLOADS = {"install": wl_install, "ui-test": wl_ui_test, "cold-start": wl_cold_start,
-                  "web-test": wl_web_test, "web-shots": wl_web_shots}
+                  "web-test": wl_web_test, "web-shots": wl_web_shots, "app-soak": wl_soak,
+                  "soak": wl_soak, "a11y-audit": wl_a11y_audit,
+                  "locale-shots": wl_locale_shots, "drain": wl_drain,
+                  "web-audit": wl_web_audit, "web-unfurl": wl_web_unfurl,
+                  "digest": wl_digest, "archive": wl_archive}
+
+
+# --------------------------------------------------------------------------------------------
+# Host executor: what it declares, and the devices attached to it
+# --------------------------------------------------------------------------------------------
+#
+# An executor tells each collector what it can run (POST /executors/register) so the queue can
+# offer it only those host jobs, and registers each attached device (POST /devices/register,
+# with no capabilities: nothing polls for them) so the shelf shows them and rows filed under
+# their ids have a device to belong to. Both at start and every --beacon-s (60 s) after.
+
+DRIVES_DEVICES = (("adb",), ("xcrun",))
+# Each host capability and what it needs: alternatives, any one of which is enough, each a set
+# of tools (keys of TOOL_NAMES) all needed; () means the standard library is enough.
+HOST_NEEDS = (
+    ("install", DRIVES_DEVICES),
+    ("cold-start", DRIVES_DEVICES),
+    ("ui-test:flow_runner", (("adb", "flow_runner"), ("xcrun", "flow_runner"))),
+    ("ui-test:native_bundle", (("adb", "native_bundle"), ("xcrun", "native_bundle"))),
+    ("app-soak", DRIVES_DEVICES),
+    ("soak", DRIVES_DEVICES),
+    # Android's UI tree comes from uiautomator; a simulator's from the flow runner.
+    ("a11y-audit", (("adb",), ("xcrun", "flow_runner"))),
+    ("locale-shots", DRIVES_DEVICES),
+    ("drain", (("adb",), ("ioreg",))),  # an Android device's battery, or this Mac's own
+    ("web-test", (("chromium",),)),
+    ("web-shots", (("chromium",), ("adb",))),
+    ("web-audit", (("chromium",),)),
+    ("web-unfurl", ((),)),
+    ("digest", ((),)),
+    ("archive", (("bundletool",), ("xcodebuild",), ("apksigner",))),
+)
+TOOL_FLAGS = {"adb": "--adb", "xcrun": "--xcrun", "chromium": "--chromium",
+              "flow_runner": "--flow-runner", "native_bundle": "--native-bundle",
+              "bundletool": "--bundletool"}
+
+
+def tool_ready(tools: dict, key: str) -> str | None:
+    """The tool's path when it can run here: a bundletool .jar also needs java."""
+    path = tools.get(key)
+    if path and key in JAR_TOOLS and path.endswith(".jar") and not tools.get("java"):
+        return None
+    return path
+
+
+def host_capability_reasons(tools: dict) -> list[tuple[str, str]]:
+    """(capability, the tools that make it possible) for what this executor declares."""
+    found = []
+    for capability, alternatives in HOST_NEEDS:
+        for needs in alternatives:
+            if all(tool_ready(tools, key) for key in needs):
+                found.append((capability, ", ".join(str(tools[k]) for k in needs)
+                              or "standard library"))
+                break
+    return found
+
+
+def tool_wanted(key: str) -> str:
+    return f"{key} ({TOOL_FLAGS.get(key, 'on PATH')})"
+
+
+def host_missing(tools: dict) -> list[tuple[str, str]]:
+    """(capability, what it would need) for the host workloads this executor does not declare."""
+    declared = {cap for cap, _ in host_capability_reasons(tools)}
+    return [(capability, "needs " + ", or ".join(
+        " and ".join(tool_wanted(key) for key in needs) for needs in alternatives))
+        for capability, alternatives in HOST_NEEDS if capability not in declared]
+
+
+def executor_registration(runtime: Runtime) -> dict:
+    return {"name": runtime.reporter_id, "capabilities": runtime.capabilities(), "slots": 1,
+            "agent": "fleet_agent " + AGENT_VERSION}
+
+
+def register_executor(runtime: Runtime, collector: Collector) -> None:
+    """POST /executors/register; a collector that answers 404 has no such route, which is
+    remembered (and said once) so it is not asked again. Unreachable is the caller's."""
+    with runtime.presence_lock:
+        if collector.url in runtime.no_executor_route:
+            return
+    try:
+        collector.call_json("POST", "/executors/register", executor_registration(runtime))
+    except HttpError as exc:
+        if exc.status != 404:
+            log.warning("collector %s refused this executor's registration: %s", collector.url,
+                        exc.message)
+            return
+        with runtime.presence_lock:
+            runtime.no_executor_route.add(collector.url)
+        log.info("collector %s does not take executor registrations; it will offer this "
+                 "executor every host job", collector.url)
+
+
+ANDROID_KINDS = {"tablet": "tablet", "tv": "tv", "watch": "watch", "automotive": "car"}
+SIM_KINDS = (("iPad", "tablet"), ("Apple TV", "tv"), ("Watch", "watch"), ("Vision", "headset"))
+
+
+def android_props(adb: str, serial: str) -> dict[str, str]:
+    """`getprop` of one device as a dict ([ro.product.model]: [Pixel 8] lines)."""
+    result = run_cmd([adb, "-s", serial, "shell", "getprop"], timeout=20)
+    found = re.findall(r"(?m)^\[([^\]]+)\]: \[([^\]]*)\]", result.out if result.ok else "")
+    return dict(found)
+
+
+def attached_descriptor(runtime: Runtime, target: dict) -> dict:
+    """The descriptor an attached device is registered with (what a match can select on)."""
+    descriptor = {"model": target.get("model"), "os": target.get("os"),
+                  "platform": target["platform"], "kind": None, "serial": target["device_id"],
+                  "attached_to": runtime.reporter_id, "simulator": False,
+                  "emulator": bool(target.get("emulator"))}
+    if target["platform"] == "android":
+        props = android_props(runtime.tools["adb"], target["device_id"])
+        release = props.get("ro.build.version.release")
+        character = props.get("ro.build.characteristics", "")
+        descriptor.update(
+            model=props.get("ro.product.model") or target.get("model"),
+            os=f"Android {release}" if release else None,
+            kind=next((k for word, k in ANDROID_KINDS.items() if word in character), "phone"))
+    else:
+        name = str(target.get("model") or "")
+        descriptor.update(simulator=True, kind=next(
+            (k for word, k in SIM_KINDS if word in name), "phone" if "iPhone" in name else None))
+    return descriptor
+
+
+def register_attached(runtime: Runtime, collector: Collector, targets: list[dict]) -> int:
+    """Register each attached device (best effort: a failure never stops the executor);
+    returns how many the collector took."""
+    taken = 0
+    for target in targets:
+        body = {"device_id": target["device_id"], "descriptor": target["descriptor"],
+                "capabilities": []}
+        try:
+            collector.register(body)
+            taken += 1
+        except HttpError as exc:
+            log.warning("collector %s refused attached device %s: %s", collector.url,
+                        target["device_id"], exc.message)
+        except Unreachable as exc:
+            log.debug("attached device %s not registered with %s: %s", target["device_id"],
+                      collector.url, exc)
+    return taken
+
+
+class Presence(threading.Thread):
+    """Host mode: every --beacon-s, the executor's registration and its attached devices to
+    every collector. Its failures are told like other outages and never stop a claim."""
+
+    def __init__(self, runtime: Runtime, collectors: list[Collector]):
+        super().__init__(name="presence", daemon=True)
+        self.rt = runtime
+        self.collectors = collectors
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.round()
+            except Exception:  # a surprise must not end the thread that keeps presence
+                log.exception("the executor's registration round failed")
+            if self.rt.stopping.wait(self.rt.cfg.beacon_s):
+                return
+
+    def round(self) -> None:
+        targets = [dict(t, descriptor=attached_descriptor(self.rt, t))
+                   for t in attached_targets(self.rt)]
+        for collector in self.collectors:
+            try:
+                register_executor(self.rt, collector)
+            except Unreachable as exc:
+                self.rt.outage(collector.url).failed(exc, self.rt.cfg.beacon_s)
+                continue
+            register_attached(self.rt, collector, targets)
 
 
 # --------------------------------------------------------------------------------------------
@@ -4107,7 +6163,14 @@ TOOL_NAMES = {
     "whisper-cli": ("whisper-cli",),
     "git": ("git",),
     **{key: (key,) for key, _, _ in BUILD_TOOLCHAINS.values()},
+    # archive and drain on the executor host
+    "bundletool": ("bundletool",),
+    "apksigner": ("apksigner",),
+    "java": ("java",),
+    "ioreg": ("ioreg",),
+    "security": ("security",),
 }
+JAR_TOOLS = ("bundletool",)  # may be given as a .jar: then java runs it
 
 
 def find_tools(explicit: dict, probe: Probe) -> dict:
@@ -4116,9 +6179,11 @@ def find_tools(explicit: dict, probe: Probe) -> dict:
     for key, names in TOOL_NAMES.items():
         for candidate in ([explicit[key]] if explicit.get(key) else []) + list(names):
             path = candidate if os.path.isabs(candidate) else probe.which(candidate)
-            # A .py script (llama.cpp's converter) need not be executable: Python runs it.
+            # A .py script (llama.cpp's converter) need not be executable: Python runs it;
+            # nor a .jar (bundletool): java does.
             if path and os.path.isfile(path) and (os.access(path, os.X_OK) or (
-                    key in SCRIPT_TOOLS and path.endswith(".py"))):
+                    key in SCRIPT_TOOLS and path.endswith(".py")) or (
+                    key in JAR_TOOLS and path.endswith(".jar"))):
                 found[key] = path
                 break
     return found
@@ -4151,6 +6216,8 @@ class Runtime:
         self.current: JobContext | None = None
         self._outages: dict[str, Outage] = {}
         self._outages_lock = threading.Lock()
+        self.presence_lock = threading.Lock()
+        self.no_executor_route: set[str] = set()  # collectors that answered 404 to register
 
     def outage(self, url: str) -> Outage:
         """The reachability record of one collector, shared by its link and the job's lease
@@ -4163,7 +6230,7 @@ class Runtime:
     @staticmethod
     def explicit_tools(cfg: argparse.Namespace) -> dict:
         return {"llama-bench": cfg.llama_bench, "adb": cfg.adb, "xcrun": cfg.xcrun,
-                "chromium": cfg.chromium,
+                "chromium": cfg.chromium, "bundletool": cfg.bundletool,
                 "flow_runner": cfg.flow_runner, "native_bundle": cfg.native_bundle,
                 **explicit_device_tools(cfg)}
 
@@ -4181,17 +6248,7 @@ class Runtime:
         return caps + [cap for cap, _ in workload_capabilities(self.tools, build_repos)]
 
     def host_capabilities(self) -> list[str]:
-        tools = self.tools
-        drives_devices = bool(tools.get("adb") or tools.get("xcrun"))
-        caps = []
-        if drives_devices:
-            caps += ["install", "cold-start"]
-            caps += ["ui-test:" + kind for kind in SUITE_KINDS if tools.get(kind)]
-        if tools.get("chromium"):
-            caps.append("web-test")
-        if tools.get("chromium") or tools.get("adb"):
-            caps.append("web-shots")
-        return caps
+        return [cap for cap, _ in host_capability_reasons(self.tools)]
 
     def implements(self, workload: str) -> bool:
         return any(c == workload or c.startswith(workload + ":") for c in self.capabilities())
@@ -4321,7 +6378,8 @@ class Link(threading.Thread):
         super().__init__(name="link-" + collector.url, daemon=True)
         self.rt = runtime
         self.collector = collector
-        self.registered = runtime.mode == "host"  # executors are not devices; nothing to register
+        # An executor is not a device: it registers as an executor (register_executor).
+        self.registered = False
         self.last_beacon = 0.0
         self.last_busy: tuple[str, str] | None = None
         self.running_job = False
@@ -4363,11 +6421,7 @@ class Link(threading.Thread):
             self.rt.stopping.wait(0.5)
             return
         if not self.registered:
-            reply = self.collector.register(self.rt.registration())
-            log.info("registered with %s as %s (capabilities %s)", self.collector.url,
-                     self.rt.reporter_id, reply.get("capabilities", self.rt.capabilities()))
-            self.registered = True
-            self.outage.recovered()
+            self.register()
         self.beacon_if_due()
         timeout = self.rt.cfg.poll_timeout_s
         if self.rt.mode == "host":
@@ -4377,6 +6431,19 @@ class Link(threading.Thread):
         self.outage.recovered()  # the poll answered (a no-op unless it was the first call)
         if spec:
             self.take(spec)
+
+    def register(self) -> None:
+        """Before the first poll, so the collector knows what this agent can run."""
+        if self.rt.mode == "host":
+            register_executor(self.rt, self.collector)
+            log.info("executor %s polling %s (capabilities %s)", self.rt.reporter_id,
+                     self.collector.url, ", ".join(self.rt.capabilities()) or "none")
+        else:
+            reply = self.collector.register(self.rt.registration())
+            log.info("registered with %s as %s (capabilities %s)", self.collector.url,
+                     self.rt.reporter_id, reply.get("capabilities", self.rt.capabilities()))
+        self.registered = True
+        self.outage.recovered()
 
     def beacon_if_due(self, busy: tuple[str, str] | None = None, force: bool = False) -> None:
         if self.rt.mode == "host":
@@ -4468,9 +6535,9 @@ def _shown(default: object) -> str:
 
 
 TOOL_HELP = {"llama-bench": "llama.cpp's benchmark tool (benchmark:llama.cpp, thermal:llama.cpp)",
-             "adb": "Android's adb (install, cold-start, web-shots)",
+             "adb": "Android's adb (the host workloads on Android devices)",
              "xcrun": "Xcode's xcrun (iOS simulators)",
-             "chromium": "a Chromium or Chrome for web-test and web-shots",
+             "chromium": "a Chromium or Chrome for web-test, web-shots and web-audit",
              "flow-runner": "the flow_runner suite tool (ui-test)",
              "native-bundle": "the native_bundle suite tool (ui-test)",
              "llama-cli": "llama.cpp's llama-completion or llama-cli (batch, pipeline, llm-eval)",
@@ -4479,7 +6546,9 @@ TOOL_HELP = {"llama-bench": "llama.cpp's benchmark tool (benchmark:llama.cpp, th
              "llama-quantize": "llama.cpp's llama-quantize (model-convert)",
              "llama-convert": "llama.cpp's convert_hf_to_gguf.py (model-convert)",
              "llama-mtmd-cli": "llama.cpp's llama-mtmd-cli (vision-eval)",
-             "whisper-cli": "whisper.cpp's whisper-cli (speech-eval)"}
+             "whisper-cli": "whisper.cpp's whisper-cli (speech-eval)",
+             "bundletool": "Android's bundletool, an executable or a .jar run with java "
+                           "(archive of an .aab)"}
 
 OPTIONS = (
     Option("--collector", "FLEET_AGENT_COLLECTOR", None,
@@ -4550,9 +6619,9 @@ def build_parser() -> argparse.ArgumentParser:
         action.env, action.shown, action.meaning = option.env, option.shown, option.help
         action.literal = option.literal
     for flag, help_text in (
-            ("--allow-private-urls", "Let vantage and dataset-prep reach private, loopback and "
-                                     "link-local addresses (refused by default: a job could "
-                                     "otherwise probe this machine's LAN)."),
+            ("--allow-private-urls", "Let vantage, dataset-prep and web-unfurl reach private, "
+                                     "loopback and link-local addresses (refused by default: a "
+                                     "job could otherwise probe this machine's LAN)."),
             ("--print-descriptor", "Print the device id, descriptor, capabilities, vitals and "
                                    "tools as JSON and exit."),
             ("--describe", "Print the descriptor and the capabilities this machine would declare "
@@ -4620,6 +6689,8 @@ def serve(runtime: Runtime) -> int:
     log.info("fleet_agent %s as %s (%s mode), capabilities: %s", AGENT_VERSION,
              runtime.reporter_id, runtime.mode, ", ".join(runtime.capabilities()) or "none")
     Flusher(runtime).start()
+    if runtime.mode == "host":
+        Presence(runtime, [link.collector for link in links]).start()
     for link in links:
         link.start()
     while not runtime.stopping.wait(0.5):

@@ -82,7 +82,8 @@ def test_host_executor_drives_attached_devices(procs, fakes):
                                           "platform": "tvos"}),
         host_job("gone", "cold-start", targets={"device_id": "R9-missing"},
                  params={"app_id": "com.example.shop"}),
-        host_job("soak", "app-soak", params={"flow": "x", "duration_s": 1, "interval_s": 1}),
+        host_job("no-tool", "archive", params={"source": "a" * 64, "app": "shop",
+                                               "account": "play"}),
     ]
     for spec in jobs:
         collector.enqueue(spec)
@@ -140,8 +141,9 @@ def test_host_executor_drives_attached_devices(procs, fakes):
     assert final["no-tv"]["status"] == "failed"
     assert final["no-tv"]["last_error"] == "no tvos targets are attached to this executor"
     assert final["gone"]["last_error"] == "device R9-missing is not attached to this executor"
-    assert final["soak"]["status"] == "failed"
-    assert "does not implement the workload 'app-soak'" in final["soak"]["last_error"]
+    # no bundletool, xcodebuild or apksigner here: archive is not declared, and refused
+    assert final["no-tool"]["status"] == "failed"
+    assert "does not implement the workload 'archive'" in final["no-tool"]["last_error"]
 
 
 def test_a_host_build_with_the_wrong_hash_is_not_installed(procs, fakes):

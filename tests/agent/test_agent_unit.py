@@ -722,8 +722,9 @@ def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
     cfg = fa.parse_args(["--collector", http_stub.url, "--state-dir", str(tmp_path / "state"),
                          "--executor", "host", "--name", "bench-host"])
     runtime = fa.Runtime(cfg, fa.Probe(env={"PATH": str(bin_dir)}))
-    assert runtime.capabilities() == ["install", "cold-start", "ui-test:flow_runner",
-                                      "web-test", "web-shots"]
+    assert runtime.capabilities() == [
+        "install", "cold-start", "ui-test:flow_runner", "app-soak", "soak", "a11y-audit",
+        "locale-shots", "drain", "web-test", "web-shots", "web-audit", "web-unfurl", "digest"]
     apk = b"PK fake apk"
     sha = hashlib.sha256(apk).hexdigest()
     http_stub.blobs[sha] = apk
@@ -740,7 +741,7 @@ def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
     assert result["states"]["warm"]["p95_ms"] == 440
     _, result = run_spec(fa, runtime, http_stub, {
         "job_id": "u", "workload": "ui-test", "executor": "host",
-        "suite": {"kind": "flow_runner", "flows": "f"}, "app": {"platform": "android"}})
+        "suite": {"kind": "flow_runner", "flows": "flows/"}, "app": {"platform": "android"}})
     assert result["error"] == "1 of 3 flows failed: checkout", result
     _, result = run_spec(fa, runtime, http_stub, {
         "job_id": "w", "workload": "web-shots", "executor": "host",
@@ -748,3 +749,16 @@ def test_host_workloads_through_execute(fa, tmp_path, http_stub, monkeypatch):
         "params": {"browser": ["chromium", "android-device", "firefox"], "settle_s": 0}})
     assert result["ok"] is False and result["error"] == "firefox is not installed on this executor"
     assert len(result["artifacts"]) == 3
+
+
+def test_a_workloads_fields_cannot_change_what_a_row_is(fa, tmp_path):
+    """A workload may name the device a row is about and add fields of its own; schema, kind,
+    job_id and iter stay the row's (a field called kind once made the collector refuse the
+    final row, and the job stayed claimed)."""
+    runtime = make_runtime(fa, tmp_path)
+    ctx = fa.JobContext(runtime, fa.Collector("http://127.0.0.1:9"),
+                        {"schema": 1, "job_id": "j", "workload": "self-check"}, "unit-1")
+    row = ctx.row(3, True, {"n": 1}, kind="apk", job_id="other", iter=7, schema=2,
+                  device_id="R5CT", source_kind="apk")
+    assert (row["schema"], row["kind"], row["job_id"], row["iter"]) == (1, "result", "j", 3)
+    assert row["device_id"] == "R5CT" and row["source_kind"] == "apk"

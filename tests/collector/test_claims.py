@@ -132,7 +132,7 @@ async def test_exclusive_lock(client):
     await client.post("/jobs", json=job("after"))
     # The exclusive job waits while the device runs something else; the next one is offered.
     assert (await claim_and_finish(client, "d"))["job_id"] == "after"
-    await finish(client, "drive", "d", executor="mac")  # the executor files it under d
+    await finish(client, "drive", "d", executor="mac")  # the executor's row about d
     await client.post("/jobs", json=job("later"))
     assert (await claim(client, "d"))["job_id"] == "excl"
     # While the lock is held nothing else is offered, to the device or to drive it.

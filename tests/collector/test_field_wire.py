@@ -77,7 +77,8 @@ def test_constrained_jobs_run_for_an_agent_of_the_original_wire(collector):
 
 def test_host_jobs_and_specs_in_the_original_names(collector):
     ci = FieldAgent(collector.url, "ci-script")
-    runner = FieldAgent(collector.url, "iphone-15", executor="mac-mini")
+    # The job-wide rows of the original's executors are filed as host:<name>.
+    runner = FieldAgent(collector.url, "host:mac-mini", executor="mac-mini")
     assert runner.poll() is None  # the executor is known from its poll
     app = runner.upload(b"the app build")
     reply = ci.enqueue({

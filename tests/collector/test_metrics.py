@@ -60,7 +60,7 @@ async def _seed(api: Api, db_path: Any) -> None:
     await api.call("POST", "/jobs", job("w1", depends_on=["q1"]), 201)
     await api.call("POST", "/jobs", job("e1", targets={"device_id": "d2"},
                                         lease={"max_attempts": 2}), 201)
-    await api.call("POST", "/jobs", job("e2", targets={"device_id": "d4"},
+    await api.call("POST", "/jobs", job("e2", targets={"device_id": "d2"},
                                         lease={"max_attempts": 1}), 201)
     await api.call("POST", "/api/jobs/x1/cancel")
     # d1 runs two jobs to the end (one fails) and holds a third, claimed 100 s after it became
@@ -74,12 +74,17 @@ async def _seed(api: Api, db_path: Any) -> None:
     age_rows(db_path, "UPDATE jobs SET updated_at = updated_at - 100 WHERE job_id = 'c1'")
     assert await api.poll("d1") == "c1"
     await api.call("POST", "/results", result_row("c1", "d1", iteration=0))
-    # d2 and d4 let their leases lapse: e1 is requeued (and claimed again), e2 fails. (A device
-    # holds one claimed job at a time.)
-    assert [await api.poll("d2"), await api.poll("d4")] == ["e1", "e2"]
-    age_rows(db_path, "UPDATE jobs SET lease_deadline = lease_deadline - 100000 "
-                      "WHERE job_id IN ('e1', 'e2')")
-    await api.call("POST", "/jobs/sweep")  # or the sweep loop got there first
+    # d2 lets a lease lapse twice: e2 fails on its only attempt, then e1 is requeued (and
+    # claimed again). A device holds one claimed job at a time, so one lapses after the other.
+    lapse = ("UPDATE jobs SET lease_deadline = lease_deadline - 100000 "
+             "WHERE status = 'claimed' AND claimed_by = 'd2'")
+    assert await api.poll("d2") == "e1"
+    age_rows(db_path, "UPDATE jobs SET priority = 1 WHERE job_id = 'e2'")
+    age_rows(db_path, lapse)
+    await api.call("POST", "/jobs/sweep")  # e1 requeued (or the sweep loop got there first)
+    assert await api.poll("d2") == "e2"
+    age_rows(db_path, lapse)
+    await api.call("POST", "/jobs/sweep")  # e2 failed
     assert await api.poll("d2") == "e1"
 
 

@@ -181,10 +181,10 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
             assert client.get("/jobs/a")[1]["status"] == "claimed"
         finally:
             _chattr("-i", *frozen)
-        # Writable again: a finishes (a device holds one job at a time), b is taken.
-        assert client.post("/results", result_row("a", "d0", 1, final=True, ok=True))[0] == 200
         status, _ = client.post("/jobs", job("b"))
         assert status == 201
+        # writes work again: the refused row goes in now, and d0 (one job at a time) takes b
+        assert client.post("/results", result_row("a", "d0", 0, final=True, ok=True))[0] == 200
         assert client.get("/devices/d0/next-job")[1]["job_id"] == "b"
     finally:
         assert proc.stop() == 0

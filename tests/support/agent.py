@@ -87,9 +87,15 @@ def python38() -> str | None:
 class Recorder:
     def __init__(self) -> None:
         self.posts: list[dict] = []
+        self.calls: list[tuple[str, str, object]] = []  # (method, path, JSON body) of each
         self.blobs: dict[str, bytes] = {}
+        self.headers: dict[str, dict] = {}  # upload headers by sha256
         self.status = 200
         self.refuse_arrays = False  # answer an array body 400, like a collector before arrays
+        self.missing: set[str] = set()  # paths answered 404, like a collector without them
+
+    def bodies(self, path: str) -> list:
+        return [body for _, where, body in list(self.calls) if where == path]
 
 
 @pytest.fixture
@@ -109,7 +115,11 @@ def http_stub():
 
         def do_GET(self):
             sha = self.path.rsplit("/", 1)[-1]
-            if self.path.startswith("/artifacts/") and sha in recorder.blobs:
+            recorder.calls.append(("GET", self.path, None))
+            if self.path.startswith("/executor/next-job"):
+                time.sleep(0.2)  # a long poll that ends with nothing to do
+                self._reply(204, b"")
+            elif self.path.startswith("/artifacts/") and sha in recorder.blobs:
                 self._reply(200, recorder.blobs[sha], "application/octet-stream")
             else:
                 self._reply(404, b'{"error": "no such artifact"}')
@@ -119,7 +129,12 @@ def http_stub():
             if self.path == "/artifacts":
                 sha = hashlib.sha256(body).hexdigest()
                 recorder.blobs[sha] = body
+                recorder.headers[sha] = {k.lower(): v for k, v in self.headers.items()}
                 self._reply(200, json.dumps({"sha256": sha}).encode())
+                return
+            recorder.calls.append(("POST", self.path, json.loads(body)))
+            if self.path in recorder.missing:
+                self._reply(404, b'{"error": "no such route"}')
                 return
             if recorder.status != 200:
                 self._reply(recorder.status, b'{"error": "refused by the stub"}')
@@ -355,7 +370,7 @@ def procs(tmp_path):
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
-FAKE_ADB = r'''
+FAKE_ADB = r"""
 state_dir = os.environ["FAKE_ADB_DIR"]
 args = sys.argv[1:]
 with open(os.path.join(state_dir, "calls.jsonl"), "a") as log:
@@ -363,6 +378,8 @@ with open(os.path.join(state_dir, "calls.jsonl"), "a") as log:
 devices = {"R5CT1234ABC": "SM_S911B", "emulator-5554": "sdk_gphone64_x86_64"}
 if os.environ.get("FAKE_ADB_EMPTY"):
     devices = {}
+if os.environ.get("FAKE_ADB_ONLY"):
+    devices = {k: v for k, v in devices.items() if k == os.environ["FAKE_ADB_ONLY"]}
 if args[:2] == ["devices", "-l"]:
     print("List of devices attached")
     for serial, model in devices.items():
@@ -374,21 +391,89 @@ if args[0] != "-s" or args[1] not in devices:
     sys.exit(1)
 serial, rest = args[1], args[2:]
 state_file = os.path.join(state_dir, serial + ".state")
+device_file = os.path.join(state_dir, serial + ".json")
+logcat_file = os.path.join(state_dir, serial + ".logcat")
+UI_TREE = (
+    "<?xml version='1.0' encoding='UTF-8' standalone='yes' ?>\n<hierarchy rotation=\"0\">\n"
+    '<node index="0" text="" resource-id="" class="android.widget.FrameLayout" '
+    'content-desc="" clickable="false" bounds="[0,0][1080,2400]">\n'
+    '<node index="0" text="Checkout" resource-id="com.example.shop:id/checkout" '
+    'class="android.widget.Button" content-desc="" clickable="true" '
+    'bounds="[100,200][700,400]" />\n'
+    '<node index="1" text="" resource-id="com.example.shop:id/close" '
+    'class="android.widget.ImageButton" content-desc="" clickable="true" '
+    'bounds="[980,40][1050,110]" />\n'
+    '<node index="2" text="" resource-id="com.example.shop:id/cart" '
+    'class="android.widget.FrameLayout" content-desc="" clickable="true" '
+    'bounds="[100,500][400,700]">\n'
+    '<node index="0" text="Cart" resource-id="" class="android.widget.TextView" '
+    'content-desc="" clickable="false" bounds="[120,520][380,680]" />\n</node>\n'
+    '<node index="3" text="" resource-id="com.example.shop:id/email" '
+    'class="android.widget.EditText" content-desc="" hint="Email" clickable="true" '
+    'bounds="[100,800][1000,950]" />\n</node>\n</hierarchy>\n')
 def set_state(value):
     open(state_file, "w").write(value)
 def get_state():
     return open(state_file).read() if os.path.exists(state_file) else "cold"
-if rest[0] == "install":
-    import hashlib
-    data = open(rest[-1], "rb").read()
-    with open(os.path.join(state_dir, "installed.jsonl"), "a") as log:
-        log.write(json.dumps([serial, hashlib.sha256(data).hexdigest(), rest[-1]]) + "\n")
-    print("Performing Streamed Install")
-    print("Success")
-elif rest[:2] == ["exec-out", "screencap"]:
-    sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\n" + serial.encode())
-elif rest[0] == "shell":
-    cmd = rest[1:]
+def load():
+    return json.load(open(device_file)) if os.path.exists(device_file) else {}
+def save(device):
+    json.dump(device, open(device_file, "w"))
+def props():
+    device = load()
+    return {"ro.product.model": devices[serial].replace("_", " "),
+            "ro.build.version.release": "14",
+            "ro.build.version.sdk": os.environ.get("FAKE_ADB_SDK", "34"),
+            "ro.build.characteristics": "emulator" if serial.startswith("emulator") else "phone",
+            "ro.product.locale": "en-US", "persist.sys.locale": device.get("locale", ""),
+            "sys.boot_completed": "1"}
+def launches():
+    counter = os.path.join(state_dir, serial + ".launches")
+    return int(open(counter).read()) if os.path.exists(counter) else 0
+def on_launch(n):
+    # FAKE_CRASH_AT / FAKE_ANR_AT = "<serial>:<launch number>" puts that fault in the log.
+    with open(logcat_file, "a") as log:
+        if os.environ.get("FAKE_CRASH_AT") == f"{serial}:{n}":
+            log.write("E/AndroidRuntime( 4242): FATAL EXCEPTION: main\n"
+                      "E/AndroidRuntime( 4242): Process: com.example.shop, PID: 4242\n"
+                      "E/AndroidRuntime( 4242): java.lang.IllegalStateException: cart is null\n")
+        if os.environ.get("FAKE_ANR_AT") == f"{serial}:{n}":
+            log.write("E/ActivityManager(  612): ANR in com.example.shop "
+                      "(com.example.shop/.MainActivity)\n")
+def battery():
+    device = load()
+    if device.get("unplugged"):  # the level falls by one each time it is read off the charger
+        device["level"] = max(1, device.get("level", 80) - 1)
+        save(device)
+    plugged = "false" if device.get("unplugged") else "true"
+    return ("Current Battery Service state:\n  AC powered: false\n  USB powered: " + plugged +
+            "\n  Wireless powered: false\n  Max charging current: 500000\n  status: 2\n"
+            "  health: 2\n  present: true\n  level: " + str(device.get("level", 80)) +
+            "\n  scale: 100\n  voltage: 4100\n  temperature: 285\n  technology: Li-ion")
+def launch(cmd):
+    n = launches()
+    open(os.path.join(state_dir, serial + ".launches"), "w").write(str(n + 1))
+    on_launch(n + 1)
+    base = {"cold": 800, "warm": 400, "hot": 150}.get(get_state(), 100)
+    total = base + (n % 5) * 10
+    print("Starting: Intent { cmp=" + cmd[-1] + " }")
+    print("Status: ok")
+    print("LaunchState: " + get_state().upper())
+    print("Activity: " + cmd[-1])
+    print(f"TotalTime: {total}")
+    print(f"WaitTime: {total + 4}")
+    print("Complete")
+    set_state("foreground")
+def meminfo(package):
+    if not launches():
+        print("No process found for: " + package)
+        return
+    print("Applications Memory Usage (in Kilobytes):")
+    print(f"** MEMINFO in pid 4242 [{package}] **")
+    print(f"           TOTAL PSS:    {50000 + 1500 * launches()}            "
+          "TOTAL RSS:   120000       TOTAL SWAP PSS:       12")
+def shell(cmd):
+    device = load()
     if cmd[:3] == ["cmd", "package", "resolve-activity"]:
         print("priority=0 preferredOrder=0 match=0x108000 specificIndex=-1 isDefault=true")
         print(cmd[-1] + "/.MainActivity")
@@ -399,33 +484,106 @@ elif rest[0] == "shell":
     elif cmd[:3] == ["input", "keyevent", "KEYCODE_BACK"]:
         set_state("warm")
     elif cmd[:2] == ["am", "start"] and "-W" in cmd:
-        counter = os.path.join(state_dir, serial + ".launches")
-        n = int(open(counter).read()) if os.path.exists(counter) else 0
-        open(counter, "w").write(str(n + 1))
-        base = {"cold": 800, "warm": 400, "hot": 150}[get_state()]
-        total = base + (n % 5) * 10
-        print("Starting: Intent { cmp=" + cmd[-1] + " }")
-        print("Status: ok")
-        print("LaunchState: " + get_state().upper())
-        print("Activity: " + cmd[-1])
-        print(f"TotalTime: {total}")
-        print(f"WaitTime: {total + 4}")
-        print("Complete")
-        set_state("foreground")
+        launch(cmd)
     elif cmd[:2] == ["am", "start"]:
         print("Starting: Intent { act=android.intent.action.VIEW }")
+    elif cmd == ["getprop"]:
+        for key, value in props().items():
+            print(f"[{key}]: [{value}]")
+    elif cmd[0] == "getprop":
+        print(props().get(cmd[1], ""))
+    elif cmd[:2] == ["setprop", "persist.sys.locale"]:
+        if os.environ.get("FAKE_ADB_NO_ROOT"):
+            print("Failed to set property 'persist.sys.locale'", file=sys.stderr)
+            sys.exit(1)
+        device["locale"] = cmd[2]
+    elif cmd[:2] == ["setprop", "ctl.restart"]:
+        device["restarts"] = device.get("restarts", 0) + 1
+    elif cmd == ["pidof", "system_server"]:
+        print(1000 + device.get("restarts", 0))
+    elif cmd == ["pm", "path", "android"]:
+        print("package:/system/framework/framework-res.apk")
+    elif cmd[:3] == ["cmd", "locale", "get-app-locales"]:
+        print(f"Locales for {cmd[3]} for user 0 are [{device.get('app_locale', '')}]")
+    elif cmd[:3] == ["cmd", "locale", "set-app-locales"]:
+        # the device's shell reads '' as an empty word: the app follows the system again
+        device["app_locale"] = "" if cmd[5] == "''" else cmd[5]
+    elif cmd[:4] == ["settings", "get", "system", "font_scale"]:
+        print(device.get("font_scale", "null"))
+    elif cmd[:4] == ["settings", "put", "system", "font_scale"]:
+        device["font_scale"] = cmd[4]
+    elif cmd[:4] == ["settings", "delete", "system", "font_scale"]:
+        device.pop("font_scale", None)
+    elif cmd[:2] == ["wm", "density"]:
+        print("Physical density: 420")
+    elif cmd[:2] == ["uiautomator", "dump"]:
+        device["dump"] = cmd[2]
+        print("UI hierchary dumped to: " + cmd[2])
+    elif cmd[:2] == ["dumpsys", "battery"] and len(cmd) == 3:
+        device["unplugged"] = cmd[2] == "unplug"
+        device.setdefault("level", 80)
+    elif cmd == ["dumpsys", "battery"]:
+        print(battery())
+        return
+    elif cmd == ["cat", "/sys/class/power_supply/battery/current_now"]:
+        print("-420000")
+    elif cmd[:2] == ["dumpsys", "meminfo"]:
+        meminfo(cmd[2])
     else:
         print("unknown shell command", file=sys.stderr)
         sys.exit(1)
+    save(device)
+if rest[0] == "install":
+    import hashlib
+    data = open(rest[-1], "rb").read()
+    with open(os.path.join(state_dir, "installed.jsonl"), "a") as log:
+        log.write(json.dumps([serial, hashlib.sha256(data).hexdigest(), rest[-1]]) + "\n")
+    print("Performing Streamed Install")
+    print("Success")
+elif rest[:2] == ["exec-out", "screencap"]:
+    device = load()
+    sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\n" + json.dumps(
+        [serial, device.get("app_locale") or device.get("locale", ""),
+         device.get("font_scale", "")]).encode())
+elif rest[:2] == ["exec-out", "cat"]:
+    if load().get("dump") != rest[2]:
+        print(f"cat: {rest[2]}: No such file or directory")
+        sys.exit(1)
+    sys.stdout.write(UI_TREE)
+elif rest[:2] == ["logcat", "-c"]:
+    open(logcat_file, "w").close()
+elif rest[:2] == ["logcat", "-d"]:
+    print("--------- beginning of main")
+    if os.path.exists(logcat_file):
+        sys.stdout.write(open(logcat_file).read())
+elif rest[0] == "shell":
+    shell(rest[1:])
 else:
     print("unknown adb command", file=sys.stderr)
     sys.exit(1)
-'''
+"""
 
-FAKE_XCRUN = r'''
+FAKE_XCRUN = r"""
+state_dir = os.environ["FAKE_ADB_DIR"]
 args = sys.argv[1:]
-with open(os.path.join(os.environ["FAKE_ADB_DIR"], "xcrun.jsonl"), "a") as log:
+with open(os.path.join(state_dir, "xcrun.jsonl"), "a") as log:
     log.write(json.dumps(args) + "\n")
+sim_file = os.path.join(state_dir, "sim.json")
+sim = json.load(open(sim_file)) if os.path.exists(sim_file) else {}
+def save():
+    json.dump(sim, open(sim_file, "w"))
+def defaults(verb, key):
+    if verb == "read":
+        if key not in sim:
+            print(f"The domain/default pair of (kCFPreferencesAnyApplication, {key}) does "
+                  "not exist", file=sys.stderr)
+            sys.exit(1)
+        print('(\n    "' + sim[key] + '"\n)')
+    elif verb == "write":
+        sim[key] = args[-1]
+    elif verb == "delete":
+        sim.pop(key, None)
+    save()
 if args[:4] == ["simctl", "list", "-j", "devices"]:
     print(json.dumps({"devices": {"com.apple.CoreSimulator.SimRuntime.iOS-17-2": [
         {"udid": "5A1B-SIM", "name": "iPhone 15", "state": "Booted", "isAvailable": True}]}}))
@@ -434,23 +592,72 @@ elif args[:2] == ["simctl", "install"]:
         print("An error was encountered processing the command: not an app bundle",
               file=sys.stderr)
         sys.exit(2)
-elif args[:2] in (["simctl", "launch"], ["simctl", "terminate"]):
-    print(args[3] + ": 4242")
+elif args[:2] == ["simctl", "launch"]:
+    sim["running"] = args[3]
+    save()
+    print(args[3] + f": {os.getppid()}")
+elif args[:2] == ["simctl", "terminate"]:
+    sim.pop("running", None)
+    save()
+elif args[:2] == ["simctl", "io"] and args[3] == "screenshot":
+    open(args[4], "wb").write(b"\x89PNG\r\n\x1a\n" + json.dumps(
+        [args[2], sim.get("AppleLanguages", ""), sim.get("content_size", "large")]).encode())
+    print("Wrote screenshot to: " + args[4])
+elif args[:2] == ["simctl", "ui"] and args[3] == "content_size":
+    if len(args) == 5:
+        sim["content_size"] = args[4]
+        save()
+    else:
+        print(sim.get("content_size", "large"))
+elif args[:2] == ["simctl", "spawn"] and args[3:5] == ["launchctl", "list"]:
+    # The app's process: the executor that runs this fake (a real process ps can read).
+    print("PID\tStatus\tLabel")
+    print("-\t0\tcom.apple.Preferences")
+    if sim.get("running") and not os.environ.get("FAKE_SIM_CRASH"):
+        print(f"{os.getppid()}\t0\tUIKitApplication:{sim['running']}[a1b2][rb-legacy]")
+elif args[:2] == ["simctl", "spawn"] and args[3] == "defaults":
+    defaults(args[4], args[6])
 else:
     sys.exit(2)
-'''
+"""
 
-FAKE_FLOW_RUNNER = r'''
+FAKE_FLOW_RUNNER = r"""
 args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
-flows = [{"name": "login", "ok": True, "duration_ms": 1200},
-         {"name": "checkout", "ok": False, "duration_ms": 900, "error": "Pay button not found"},
-         {"name": "logout", "ok": True, "duration_ms": 300}]
+if os.environ.get("FAKE_ADB_DIR"):
+    with open(os.path.join(os.environ["FAKE_ADB_DIR"], "flows.jsonl"), "a") as log:
+        log.write(json.dumps(sys.argv[1:]) + "\n")
+if "--hierarchy" in args:  # a simulator's UI tree, in Maestro's shape
+    close = {"attributes": {"accessibilityText": "", "text": "", "resource-id": "close",
+                            "bounds": "[350,50][380,80]", "clickable": "true"}, "children": []}
+    buy = {"attributes": {"accessibilityText": "Buy now", "bounds": "[20,600][370,660]",
+                          "clickable": "true"}, "children": []}
+    json.dump({"attributes": {"bounds": "[0,0][393,852]"}, "children": [close, buy]},
+              open(args["--hierarchy"], "w"))
+    sys.exit(0)
+if args["--flows"] == "flows/":  # checkout is flaky: it fails on the 1st, 3rd ... run
+    runs = os.path.join(os.environ.get("FAKE_ADB_DIR", "."), "suite-runs")
+    run = (int(open(runs).read()) if os.path.exists(runs) else 0) + 1
+    open(runs, "w").write(str(run))
+    flows = [{"name": "login", "ok": True, "duration_ms": 1200},
+             {"name": "checkout", "ok": run % 2 == 0, "duration_ms": 900,
+              "error": None if run % 2 == 0 else "Pay button not found"},
+             {"name": "logout", "ok": True, "duration_ms": 300}]
+else:  # one flow file: it starts the app (as a real flow does) and passes unless named broken
+    import shutil
+    import subprocess
+    adb = shutil.which("adb")
+    if args["--platform"] == "android" and adb:
+        subprocess.run([adb, "-s", args["--device"], "shell", "am", "start", "-W", "-n",
+                        "com.example.shop/.MainActivity"], capture_output=True, check=False)
+    name = os.path.basename(args["--flows"])
+    flows = [{"name": name, "ok": "broken" not in name, "duration_ms": 250,
+              "error": None if "broken" not in name else "Assertion failed: Cart is visible"}]
 with open(args["--report"], "w") as fh:
     json.dump({"device": args["--device"], "flows": flows}, fh)
-sys.exit(1)
-'''
+sys.exit(0 if all(f["ok"] for f in flows) else 1)
+"""
 
-FAKE_CHROMIUM = r'''
+FAKE_CHROMIUM = r"""
 shot = [a for a in sys.argv if a.startswith("--screenshot=")]
 if shot:
     open(shot[0].split("=", 1)[1], "wb").write(b"\x89PNG\r\n\x1a\nchromium")
@@ -459,7 +666,71 @@ elif "--dump-dom" in sys.argv:
     print("<html><head></head><body>Hello shelf</body></html>")
 else:
     sys.exit(2)
-'''
+"""
+
+# Android's bundletool and apksigner, Xcode's xcodebuild, macOS's ioreg: archive and drain.
+
+FAKE_BUNDLETOOL = r"""
+import zipfile
+with open(os.path.join(os.environ["FAKE_ADB_DIR"], "bundletool.jsonl"), "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+if sys.argv[1] != "build-apks":
+    sys.exit(2)
+args = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+password = open(args["--ks-pass"].split("file:", 1)[1]).read()
+if password != os.environ.get("FAKE_KS_PASS", "s3cret") or not os.path.isfile(args["--ks"]):
+    print("[BT:1.15.6] Error: Incorrect keystore password.", file=sys.stderr)
+    sys.exit(1)
+with zipfile.ZipFile(args["--output"], "w") as apks:
+    apks.writestr("toc.pb", "table of contents")
+    name = "universal.apk" if args.get("--mode") == "universal" else "splits/base-master.apk"
+    apks.writestr(name, open(args["--bundle"], "rb").read())
+"""
+
+FAKE_APKSIGNER = r"""
+with open(os.path.join(os.environ["FAKE_ADB_DIR"], "apksigner.jsonl"), "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+password = open(args["--ks-pass"].split("file:", 1)[1]).read()
+if password != os.environ.get("FAKE_KS_PASS", "s3cret"):
+    print("Failed to load signer: keystore password was incorrect", file=sys.stderr)
+    sys.exit(1)
+open(args["--out"], "wb").write(open(sys.argv[-1], "rb").read() + b"signed")
+"""
+
+FAKE_XCODEBUILD = r"""
+with open(os.path.join(os.environ["FAKE_ADB_DIR"], "xcodebuild.jsonl"), "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+args, words = {}, sys.argv[2:]
+for number, word in enumerate(words):  # -flag value, or a -flag alone
+    if word.startswith("-"):
+        following = words[number + 1] if number + 1 < len(words) else "-"
+        args[word] = True if following.startswith("-") else following
+plist = open(args["-exportOptionsPlist"]).read()
+key = open(args["-authenticationKeyPath"]).read()
+if sys.argv[1] != "-exportArchive" or "<key>teamID</key>" not in plist or \
+        not key.startswith("-----BEGIN PRIVATE KEY"):
+    print("error: exportArchive: No signing certificate found", file=sys.stderr)
+    sys.exit(70)
+app = os.path.basename(args["-archivePath"]).replace(".xcarchive", "")
+open(os.path.join(args["-exportPath"], app + ".ipa"), "wb").write(b"PK ipa of " + app.encode())
+print("** EXPORT SUCCEEDED **")
+"""
+
+FAKE_IOREG = r"""
+state = os.path.join(os.environ["FAKE_ADB_DIR"], "mac-battery")
+level = int(open(state).read()) if os.path.exists(state) else 91
+open(state, "w").write(str(level - 2))
+print("+-o AppleSmartBattery  <class AppleSmartBattery, id 0x100000a2f, registered>")
+print("    {")
+print(f'      "CurrentCapacity" = {level}')
+print('      "MaxCapacity" = 100')
+print('      "Temperature" = 3012')
+print('      "Amperage" = -1250')
+print('      "ExternalConnected" = ' + ("Yes" if os.environ.get("FAKE_MAC_ON_AC") else "No"))
+print('      "IsCharging" = No')
+print("    }")
+"""
 
 
 # --- running one device job in-process, rows going to a stub collector (device workloads) ---
@@ -476,10 +747,25 @@ def device_runtime(fa, tmp_path: Path, *flags: str, root: Path | None = None,
     return fa.Runtime(cfg, here)
 
 
+def host_runtime(fa, tmp_path: Path, bin_dir: Path, *flags: str, name: str = "bench-host"):
+    """A host-mode Runtime (executor `name`) whose tools are looked up in bin_dir only."""
+    cfg = fa.parse_args(["--collector", "http://127.0.0.1:9", "--state-dir",
+                         str(tmp_path / "state"), "--executor", "host", "--name", name, *flags])
+    return fa.Runtime(cfg, fa.Probe(env={"PATH": str(bin_dir)}))
+
+
+def job_context(fa, runtime, url: str, spec: dict):
+    """The context a claimed job runs in: a device job as device unit-1, a host job as the
+    executor."""
+    executor = "host" if runtime.mode == "host" else "device"
+    reporter = runtime.reporter_id if executor == "host" else "unit-1"
+    return fa.JobContext(runtime, fa.Collector(url), {"schema": 1, "executor": executor, **spec},
+                         reporter)
+
+
 def run_job(fa, runtime, url: str, spec: dict):
     """(context, final result) of one job run through Runtime.execute."""
-    ctx = fa.JobContext(runtime, fa.Collector(url), {"schema": 1, "executor": "device", **spec},
-                        "unit-1")
+    ctx = job_context(fa, runtime, url, spec)
     return ctx, runtime.execute(ctx)
 
 
@@ -488,8 +774,7 @@ class JobThread(threading.Thread):
 
     def __init__(self, fa, runtime, url: str, spec: dict) -> None:
         super().__init__(daemon=True)
-        self.ctx = fa.JobContext(runtime, fa.Collector(url),
-                                 {"schema": 1, "executor": "device", **spec}, "unit-1")
+        self.ctx = job_context(fa, runtime, url, spec)
         self.runtime = runtime
         self.result: dict | None = None
 

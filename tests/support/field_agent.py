@@ -62,11 +62,9 @@ class FieldAgent:
         return dict(spec) if status == 200 else None
 
     def post_row(self, job_id: str, **fields: Any) -> dict[str, Any]:
-        """A single result for a job, as the field agents post it: no iter. A host executor files
-        it under its device's id and names itself in `executor`."""
+        """A single result for a job, as the field agents post it: no iter."""
         row = {"schema": 1, "kind": "result", "job_id": job_id, "device_id": self.device_id,
-               "final": True, "ok": True,
-               **({"executor": self.executor} if self.executor else {}), **fields}
+               "final": True, "ok": True, **fields}
         assert "iter" not in row
         return dict(self._ok(self.http.post("/results", row)))
 

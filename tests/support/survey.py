@@ -3,11 +3,12 @@ for what a person would notice at a glance.
 
 A page fails when the document scrolls sideways, when its visible text shows raw data
 (`undefined`, `NaN`, `null`, `None`, `[object Object]`, or JSON outside a <pre>/<code> block
-meant for it), when the console reports an error, or when a request fails or is answered with a
-status the page did not expect. Each page leaves a screenshot `survey-<page>-<width>.png`.
+meant for it; for the control plane also an ISO timestamp), when a wide table does not keep its
+first column in view, when the console reports an error, or when a request fails or is answered
+with a status the page did not expect. Each page leaves a screenshot `survey-<page>-<width>.png`.
 
-`STOPS` lists the pages per service; another service's pages are added as another entry with its
-own (name, path) list, and the test that runs them starts that service.
+`STOPS` lists the pages per service (the collector's, the control plane's); each service's test
+starts that service with data and without, and visits its list.
 """
 
 from __future__ import annotations
@@ -115,7 +116,51 @@ COLLECTOR: list[Stop] = [
     Stop("runner", "/runner", "#log >> text=enrolled as"),
 ]
 
-STOPS: dict[str, list[Stop]] = {"collector": COLLECTOR}
+
+
+def _ready(selector: str) -> str:
+    """`selector`, once no panel of the control plane's page says it is loading."""
+    return f"html:not(:has([aria-busy=true])) {selector}"
+
+
+def _simulate(page: Any, width: int) -> list[str]:
+    """Run the simulation as the form offers it (a repository typed in when the daemon knows
+    none) and wait for its comparison, or for the daemon's sentence about why there is none."""
+    repo = page.locator("#simulate input[name=repo]")
+    if not repo.input_value():
+        repo.fill("octo/app")
+    page.locator("#simulate button[type=submit]").click()
+    page.wait_for_selector(_ready("#simulation :is(table, .failed, .unavailable)"))
+    if page.locator("#simulation .unavailable").count():
+        return ["the simulation says it is not available on a daemon that offers it"]
+    return []
+
+
+CONTROLPLANE: list[Stop] = [
+    Stop("runners", "/#/", _ready("#runners"), fits=("#runners .table-wrap",)),
+    Stop("menu", "/#/", _ready("#runners"),
+         act=_menu("button.menu-toggle", "nav a:has-text('Settings')")),
+    Stop("runner", "/#/runner/app-build-1", _ready("main[data-screen=runner] "
+                                                   ":is(#runner-title, .empty)")),
+    Stop("runner-agent", "/#/runner/pi-runner-1", _ready("main[data-screen=runner] "
+                                                         ":is(#remote, .empty)")),
+    Stop("analytics", "/#/analytics", _ready("#analytics :is(table, .empty, .failed)"),
+         fits=("#analytics .table-wrap",), labels=("#analytics .u-legend .u-label",)),
+    Stop("repo", "/#/repo/octo%2Fapp", _ready("#repo-detail :is(.figures, .failed)"),
+         absent=True),
+    Stop("concurrency", "/#/concurrency", _ready("#concurrency :is(ul, .empty, .failed)")),
+    Stop("simulate", "/#/simulate", _ready("#simulate form"), absent=True, act=_simulate,
+         labels=("#simulation .u-legend .u-label",)),
+    Stop("forecast", "/#/forecast", _ready("#forecast :is(table, .empty, .failed)")),
+    Stop("hosts", "/#/hosts", _ready("#admission .capped > :is(p, ul, div)"),
+         fits=("#hosts .table-wrap",)),
+    Stop("billing", "/#/billing", _ready("#billing :is(table, p)")),
+    Stop("settings", "/#/settings", _ready("#settings table")),
+]
+
+STOPS: dict[str, list[Stop]] = {"collector": COLLECTOR, "controlplane": CONTROLPLANE}
+# Screenshot names: survey-<prefix><page>-<width>.png (survey-<prefix>empty-... without data).
+PREFIX = {"collector": "", "controlplane": "cp-"}
 
 CHECKS = (Path(__file__).parent / "survey_checks.js").read_text()
 
@@ -154,8 +199,10 @@ def watching(page: Any, requests: Requests) -> Iterator[None]:
         page.remove_listener("response", requests.answered)
 
 
-def visit(context: Any, base: str, stop: Stop, width: int, empty: bool) -> list[str]:
-    """Open one page in a fresh tab, check it, keep its screenshot; the problems found."""
+def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
+          prefix: str = "", times: bool = False) -> list[str]:
+    """Open one page in a fresh tab, check it, keep its screenshot; the problems found.
+    `times`: an ISO timestamp in the visible text is raw data too."""
     from tests.support.browser import Watch
 
     page = context.new_page()
@@ -173,8 +220,8 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool) -> list[
                 page.wait_for_load_state("networkidle", timeout=3000)
             if stop.act:
                 problems += stop.act(page, width)
-            problems += check(page, stop, width, empty)
-            shot(page, f"survey-{'empty-' if empty else ''}{stop.name}-{width}")
+            problems += check(page, stop, width, empty, times)
+            shot(page, f"survey-{prefix}{'empty-' if empty else ''}{stop.name}-{width}")
         # A 404 the page expected is still logged by the browser as a console error.
         problems += [e for e in watch.errors
                      if not (expected and "status of 404" in e)]
@@ -183,13 +230,13 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool) -> list[
     return [f"{stop.path} at {width} px: {p}" for p in problems + requests.problems]
 
 
-def check(page: Any, stop: Stop, width: int, empty: bool) -> list[str]:
+def check(page: Any, stop: Stop, width: int, empty: bool, times: bool = False) -> list[str]:
     problems: list[str] = []
     sideways = run_check(page, "sideways")
     if sideways:
         problems.append(f"the document scrolls sideways ({sideways[0]} px wide in "
                         f"{sideways[1]} px)")
-    problems += run_check(page, "visibleRaw") + run_check(page, "cutText")
+    problems += run_check(page, "visibleRaw", {"times": times}) + run_check(page, "cutText")
     problems += run_check(page, "keptColumn")
     if width >= 1000:
         for selector in stop.fits:

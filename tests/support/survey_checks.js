@@ -7,9 +7,12 @@
     return root.scrollWidth > root.clientWidth ? [root.scrollWidth, root.clientWidth] : null;
   },
 
-  // Raw data that leaked into what a person reads; JSON is fine inside <pre> and <code>.
-  visibleRaw() {
-    const raw = /\b(undefined|NaN|null|None)\b|\[object Object\]|\{"/;
+  // Raw data that leaked into what a person reads; JSON is fine inside <pre> and <code>. With
+  // times: true an ISO timestamp ("2026-11-26T03:39:14Z") counts as raw too: times are for
+  // reading as "3 min ago" or a local date, the exact one in a title.
+  visibleRaw({ times = false } = {}) {
+    const raw = times ? /\b(undefined|NaN|null|None)\b|\[object Object\]|\{"|\b\d{4}-\d\d-\d\dT\d\d:\d\d/
+      : /\b(undefined|NaN|null|None)\b|\[object Object\]|\{"/;
     const found = [];
     const look = (text, where) => {
       const m = raw.exec(text || "");

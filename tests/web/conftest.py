@@ -10,6 +10,10 @@ Fixtures:
   test-artifacts/screenshots/.
 - `seeded`: a collector process with devices, jobs in every status, results, schedules,
   artifacts, alerts and topics (tests/support/web_seed.py), shared by the session.
+- `cp_busy`, `cp_empty`: control-plane daemons for looking only (no test acts on them): runners
+  on three hosts with weeks of history, admission and autoscale decisions
+  (tests/support/cp_fixtures.busy_scene), and one with no runner and no history; shared by
+  the session.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from tests.support.browser import (
     Watch,
     skip_reason,
 )
+from tests.support import cp_fakes
 from tests.support.collector import CollectorProcess
+from tests.support.cp_fixtures import UiDaemon, busy_scene, empty_scene
+from tests.support.fake_github import FakeGitHub
 from tests.support.web_seed import seed
 
 @pytest.fixture(scope="module")
@@ -78,3 +85,28 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeededCollector
         yield SeededCollector(proc, seed(proc.client))
     finally:
         proc.stop()
+
+
+@pytest.fixture(scope="session")
+def cp_github() -> Iterator[FakeGitHub]:
+    fake = FakeGitHub()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+@pytest.fixture(scope="session")
+def cp_busy(tmp_path_factory: pytest.TempPathFactory, cp_github: FakeGitHub
+            ) -> Iterator[UiDaemon]:
+    daemon = busy_scene(tmp_path_factory.mktemp("cp-busy"), cp_github)
+    yield daemon
+    daemon.stop()
+    cp_fakes.kill_all_listeners(daemon.host.root)
+
+
+@pytest.fixture(scope="session")
+def cp_empty(tmp_path_factory: pytest.TempPathFactory, cp_github: FakeGitHub
+             ) -> Iterator[UiDaemon]:
+    daemon = empty_scene(tmp_path_factory.mktemp("cp-empty"), cp_github)
+    yield daemon
+    daemon.stop()

@@ -2,11 +2,13 @@
 real `python -m fleet_min controlplane` over fake runners, the fake systemctl on PATH and the
 fake GitHub API.
 
-It loads every screen and finds no console error (a 404 from an analysis endpoint that this
-daemon does not offer yet is allowed only when its screen says "not available"), enters the
-token and drains a runner through the confirmation dialog, sees the state change arrive through
-the stream, checks the keyboard path, the phone layout and the dark theme, that read-only mode
-draws no action button, and that the page reconnects by itself after the daemon restarts.
+It loads every screen and finds no console error, enters the token and drains a runner through
+the confirmation dialog, sees the state change arrive through the stream, checks the keyboard
+path, the phone layout, its menu and the dark theme, that read-only mode draws no action button,
+and that the page reconnects by itself after the daemon restarts. Over a daemon with weeks of
+history (tests/web/conftest.py's cp_busy) it reads the analysis screens: plain figures with
+units, the duration and queue-time charts, relative times with the exact time on hover; and a
+simulation of a repository without history shows the daemon's own sentence.
 Screenshots go to test-artifacts/screenshots/ for a person to look at.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,26 +25,29 @@ import pytest
 
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import REPO_ROOT, Daemon, agent_token
-from tests.support.fake_github import FakeGitHub
 from tests.support.cp_fixtures import (
     BUSY_RUNNER,
     DRAIN_RUNNER,
     LOG_SECRET,
     UiDaemon,
+    heartbeat,
     make_host,
     populate,
 )
+from tests.support.fake_github import FakeGitHub
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update",
                  "--disable-sync"]
 SHOTS = REPO_ROOT / "test-artifacts" / "screenshots"
-# Analysis routes another change is adding to the daemon. Until one lands it answers 404, and
-# its panel must say "not available" instead of failing.
+# Analysis routes: a daemon without one answers 404 "no such route", and its panel must then say
+# "not available" instead of failing.
 ANALYSIS = {"/api/analytics", "/api/concurrency", "/api/billing", "/api/autoscale",
             "/api/admission", "/api/simulate", "/api/forecast", "/api/repo"}
-SCREENS = ["analytics", "simulate", "forecast", "hosts", "settings"]
+SCREENS = ["analytics", "concurrency", "simulate", "forecast", "hosts", "billing", "settings"]
+# What a person must never read on a screen: raw JSON, ISO timestamps, missing values.
+RAW = re.compile(r'\{"|\d{4}-\d\d-\d\dT\d\d:\d\d|\b(undefined|NaN|null|None)\b|\[object Object\]')
 WAIT_MS = 15_000
 
 UI_DIR = REPO_ROOT / "fleet_min" / "web" / "controlplane"
@@ -56,7 +60,8 @@ if CHROMIUM.exists():
 
 
 class Console:
-    """Every console error and page error of one page; 404s of analysis routes noted apart."""
+    """Every console error and page error of one page; 404s of analysis routes noted apart
+    (allowed when the screen says "not available", or shows the daemon's sentence about it)."""
 
     def __init__(self, page: Page) -> None:
         self.errors: list[str] = []
@@ -86,17 +91,6 @@ def shot(page: Page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"controlplane-{name}.png"), full_page=True)
 
 
-def heartbeat(daemon: UiDaemon, host: str, runners: list[str] | None = None) -> None:
-    """A remote agent reports, so the Hosts screen has more than this host."""
-    body = json.dumps({"host": host, "runners": [{"name": name, "repo": "octo/shelf"}
-                                                 for name in runners or ["pi-runner-1"]],
-                       "load": [0.4, 0.3, 0.2], "capacity": {"ceiling": 2, "busy": 1}}).encode()
-    request = urllib.request.Request(f"{daemon.url}/api/host/heartbeat", data=body, headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {daemon.token}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        assert response.status == 200
-
-
 @pytest.fixture(scope="module")
 def github() -> Iterator[FakeGitHub]:
     fake = FakeGitHub()
@@ -118,7 +112,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, github: FakeGitHub) -> Iterat
     host = make_host(tmp_path_factory.mktemp("cp-ui"), github)
     populate(host)
     daemon = UiDaemon(host).start()
-    heartbeat(daemon, "pi-shelf-2")
+    heartbeat(daemon.url, daemon.token, "pi-shelf-2")
     yield daemon
     daemon.stop()
     fakes.kill_all_listeners(host.root)
@@ -150,8 +144,10 @@ def visit(page: Page, console: Console, screen: str) -> None:
     expect(main.locator("[aria-busy=true]")).to_have_count(0, timeout=WAIT_MS)
     if screen == "simulate":
         page.get_by_role("button", name="Simulate").click()
-        expect(page.locator("#simulation .unavailable, #simulation table, #simulation .auto, "
+        expect(page.locator("#simulation .unavailable, #simulation table, "
                             "#simulation .failed")).not_to_have_count(0, timeout=WAIT_MS)
+        console.notes.update(["/api/simulate"] if page.locator("#simulation .failed").count()
+                             else [])
     if screen == "hosts":
         expect(page.locator('tr[data-host="pi-shelf-2"]')).to_be_visible()
     if screen == "settings":
@@ -344,7 +340,8 @@ def test_hosts_screen_fits_a_laptop_screen(tmp_path: Path, github: FakeGitHub,
     daemon = UiDaemon(host, {"FLEET_AUTOSCALE": "on"}).start()
     try:
         for n in range(11):
-            heartbeat(daemon, f"pi-{n:02d}", [f"pi-{n:02d}-r{k}" for k in range(3)])
+            heartbeat(daemon.url, daemon.token, f"pi-{n:02d}",
+                      [f"pi-{n:02d}-r{k}" for k in range(3)])
         page, console = open_page(browser, daemon.url + "/#/hosts",
                                   viewport={"width": 1280, "height": 800})
         expect(page.locator("#hosts tbody tr")).to_have_count(12, timeout=WAIT_MS)
@@ -362,50 +359,127 @@ def test_hosts_screen_fits_a_laptop_screen(tmp_path: Path, github: FakeGitHub,
         fakes.kill_all_listeners(host.root)
 
 
-SAMPLES: dict[str, Any] = {
-    "/api/analytics": {"days": 30, "repos": [
-        {"repo": "octo/app", "jobs": 120, "p50_s": 95, "p95_s": 410, "failure_rate_pct": 4.2},
-        {"repo": "octo/web", "jobs": 40, "p50_s": 300, "p95_s": 1210, "failure_rate_pct": 12.5}],
-        "browser_test": {"install_p50_s": 21, "queue_p50_s": 12, "jobs": 9}},
-    "/api/forecast": {"generated_at": "2025-01-01T00:00:00Z", "repos": [
-        {"repo": "octo/app", "expected_jobs": 6.5, "p90_jobs": 10},
-        {"repo": "octo/web", "expected_jobs": 1.5, "p90_jobs": 3}]},
-    "/api/simulate": {"repo": "octo/app", "sloSec": 300, "results": [
-        {"runners": n, "p50_queue_s": 600 / n, "p95_queue_s": 1800 / n, "slo_met_pct": 50 + 12 * n}
-        for n in (1, 2, 3, 4)]},
-}
+def readable(page: Page, where: str = "main") -> str:
+    """The text a person reads in `where`, checked for raw data (JSON, ISO times, null...)."""
+    text = page.locator(where).inner_text()
+    found = RAW.search(text)
+    if found:
+        context = text[max(0, found.start() - 80):found.end() + 80]
+        raise AssertionError(f"raw data {found.group(0)!r} in {where}: ...{context}...")
+    return text
+
+
+DURATION = re.compile(r"^\d+ (s|min|min \d+ s|h|h \d+ min|d|d \d+ h)$")
+
+
+def analytics_reads_as_figures(page: Page) -> None:
+    page.get_by_role("navigation", name="Screens").get_by_role("link", name="Analytics").click()
+    row = page.locator('#analytics tr[data-repo="octo/app"]')
+    expect(row).to_be_visible(timeout=WAIT_MS)
+    heads = page.locator("#analytics thead th").all_inner_texts()
+    assert {"Duration p50", "Duration p90", "Queue p50", "Failure rate", "Outcomes"} <= set(heads)
+    cells = row.locator("td").all_inner_texts()
+    assert DURATION.match(cells[heads.index("Duration p50") - 1]), cells
+    assert re.search(r"success \d+(,\d{3})* \(\d+\.\d %\)", row.inner_text()), row.inner_text()
+    chart = page.locator("#analytics figure", has_text="Job duration by repository")
+    expect(chart.locator("canvas").first).to_be_visible()
+    when = page.locator("#history time").first
+    expect(when).to_have_text(re.compile(r"(ago|just now)$"))
+    assert when.get_attribute("title") and "T" not in (when.get_attribute("title") or "T")
+    readable(page)
+    shot(page, "analytics-busy")
+    row.get_by_role("link", name="octo/app").click()
+    expect(page.locator("#repo-title")).to_have_text("octo/app")
+    expect(page.locator("#repo-workflows tbody tr").first).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#repo-detail .figures")).to_contain_text("Failure rate")
+    readable(page)
 
 
 @needs_chromium
 @pytest.mark.slow
-def test_analysis_screens_draw_tables_and_charts(live: UiDaemon, browser: Browser) -> None:
-    """Where the daemon does not answer an analysis route yet, the page is given an answer of
-    the documented kind instead (only for that route), so the tables and charts are drawn."""
-    page, console = open_page(browser, live.url + "/#/hosts")
-    stood_in: set[str] = set()
+def test_analysis_screens_read_as_figures_and_charts(cp_busy: UiDaemon, browser: Browser) -> None:
+    """Over weeks of history, every analysis screen is a table of plain figures (durations with
+    units, outcomes as counts and shares) or a chart, with local relative times: Analytics with
+    its duration chart, a repository, concurrency findings, the simulation with its queue-time
+    chart, the forecast, the hosts with autoscale and admission decisions, billing."""
+    page, console = open_page(browser, cp_busy.url)
+    expect(runner_row(page, BUSY_RUNNER)).to_be_visible(timeout=WAIT_MS)
+    analytics_reads_as_figures(page)
 
-    def sample_if_missing(route: Any) -> None:
-        path = urlparse(route.request.url).path
-        real = route.fetch()
-        if real.status != 404:
-            route.fulfill(response=real)
-            return
-        stood_in.add(path)
-        route.fulfill(status=200, content_type="application/json", body=json.dumps(SAMPLES[path]))
+    page.get_by_role("link", name="Concurrency").click()
+    expect(page.locator("#concurrency li[data-kind]")).not_to_have_count(0, timeout=WAIT_MS)
+    readable(page)
 
-    for path in SAMPLES:
-        page.route(f"**{path}*", sample_if_missing)
-    for screen, panel in (("analytics", "#analytics"), ("forecast", "#forecast"),
-                          ("simulate", "#simulation")):
-        visit(page, console, screen)
-        if f"/api/{screen}" not in stood_in:
-            continue
-        expect(page.locator(f"{panel} canvas").first).to_be_visible()
-        expect(page.locator(f"{panel} tbody tr")).not_to_have_count(0)
-        if screen == "analytics":
-            expect(page.locator("#analytics")).to_contain_text("Browser tests")
-            expect(page.locator("#analytics canvas")).to_have_count(2)  # durations, failures
-        shot(page, f"{screen}-sample")
+    page.get_by_role("link", name="Simulate").click()
+    expect(page.locator("#simulate input[name=repo]")).to_have_value("octo/app")
+    page.get_by_role("button", name="Simulate").click()
+    expect(page.locator('#simulation tr[data-runners="2"]')).to_be_visible(timeout=WAIT_MS)
+    chart = page.locator("#simulation figure", has_text="Queue time by runner count")
+    expect(chart.locator("canvas").first).to_be_visible()
+    expect(page.locator("#simulation")).to_contain_text("Replayed")
+    readable(page)
+    shot(page, "simulate-busy")
+
+    page.get_by_role("link", name="Forecast").click()
+    expect(page.locator('#forecast tr[data-repo="octo/app"]')).to_be_visible(timeout=WAIT_MS)
+    readable(page)
+
+    page.get_by_role("link", name="Hosts").click()
+    expect(page.locator('#hosts tr[data-host="edge"]')).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#autoscale li[data-outcome]").first).to_contain_text(
+        "duplicate", timeout=WAIT_MS)
+    expect(page.locator('#admission li[data-decision="released"]').first).to_contain_text(
+        "waited")
+    readable(page)
+
+    page.get_by_role("link", name="Billing").click()
+    expect(page.locator("#billing")).to_contain_text("1,234 min", timeout=WAIT_MS)
+    readable(page)
+    assert console.errors == []
+    page.context.close()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_simulate_shows_the_daemons_sentence(live: UiDaemon, browser: Browser) -> None:
+    """The form as pre-filled, for a repository without finished jobs: the daemon's 404 says why
+    ("no recorded jobs ... to replay") and the page shows that, not "not available"."""
+    page, console = open_page(browser, live.url + "/#/simulate")
+    expect(page.locator("#simulate input[name=repo]")).to_have_value("octo/app",
+                                                                     timeout=WAIT_MS)
+    page.get_by_role("button", name="Simulate").click()
+    expect(page.locator("#simulation .failed")).to_contain_text(
+        "No recorded jobs of octo/app in the last 30 days to replay.", timeout=WAIT_MS)
+    expect(page.locator("#simulation .unavailable")).to_have_count(0)
+    assert console.errors == []
+    page.context.close()
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_phone_navigation_folds_into_a_menu(live: UiDaemon, browser: Browser) -> None:
+    """At 390 px the screens hide behind Menu; a tap opens them, choosing one goes there and
+    folds the menu again; no screen scrolls the document sideways."""
+    page, console = open_page(browser, live.url, viewport={"width": 390, "height": 844},
+                              is_mobile=True, has_touch=True)
+    expect(runner_row(page, BUSY_RUNNER)).to_be_visible(timeout=WAIT_MS)
+    menu = page.locator("button.menu-toggle")
+    settings = page.get_by_role("navigation", name="Screens").get_by_role("link", name="Settings")
+    expect(menu).to_be_visible()
+    expect(settings).to_be_hidden()
+    for screen in SCREENS:
+        menu.tap()
+        expect(menu).to_have_attribute("aria-expanded", "true")
+        link = page.get_by_role("navigation", name="Screens").get_by_role(
+            "link", name=screen.title())
+        link.tap()
+        expect(page.locator(f'main[data-screen="{screen}"]')).to_be_visible()
+        expect(menu).to_have_attribute("aria-expanded", "false")
+        expect(settings).to_be_hidden()
+        expect(page.locator("main [aria-busy=true]")).to_have_count(0, timeout=WAIT_MS)
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"{screen}: the document is {width} px wide"
+    shot(page, "phone-menu")
     assert console.errors == []
     page.context.close()
 

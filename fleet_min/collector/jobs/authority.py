@@ -40,13 +40,21 @@ REBIND_AFTER_S = 900.0
 SEEN_EVERY_S = 60.0  # an executor binding's seen_at is rewritten at most this often
 
 
+HOST_PREFIX = "host:"  # the original's executors post their job-wide rows as host:<name>
+
+
 def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
-    """Who a result row speaks for (see the module docstring)."""
+    """Who a result row speaks for (see the module docstring). On a host job, `host:<name>` in
+    `device_id` is the executor <name>: the executors already in the field file the rows about
+    no particular device that way."""
+    device_id = str(body["device_id"])
     if job["executor"] == Executor.HOST:
         executor = body.get("executor")
         if isinstance(executor, str) and executor:
             return executor
-    return str(body["device_id"])
+        if device_id.startswith(HOST_PREFIX) and len(device_id) > len(HOST_PREFIX):
+            return device_id[len(HOST_PREFIX):]
+    return device_id
 
 
 def holds(job: sqlite3.Row, speaker: str) -> bool:

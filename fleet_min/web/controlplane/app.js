@@ -1,28 +1,43 @@
 // The control-plane UI: a shell (header, token, screens), the live snapshot from /api/stream,
-// and hash routes: #/ overview, #/runner/<name>, #/analytics, #/simulate, #/forecast,
-// #/hosts, #/settings. Plain ES modules, no build step; text is always rendered as text.
-import { html, render, useEffect, useRef } from "./js/html.js";
+// and hash routes: #/ overview, #/runner/<name>, #/analytics, #/repo/<owner/project>,
+// #/concurrency, #/simulate, #/forecast, #/hosts, #/billing, #/settings. Plain ES modules, no
+// build step; text is always rendered as text.
+import { html, render, useEffect, useRef, useState } from "./js/html.js";
 import { state, set, subscribe, recordSnapshot, dismissToast } from "./js/store.js";
 import { getJSON } from "./js/api.js";
 import { TokenBox, ConfirmDialog } from "./js/actions.js";
 import { Overview } from "./views/overview.js";
 import { RunnerView } from "./views/runner.js";
-import { Analytics, Simulate, Forecast, Hosts } from "./views/analysis.js";
+import { Analytics, RepoView } from "./views/analytics.js";
+import { Concurrency, Billing } from "./views/github.js";
+import { Simulate } from "./views/simulate.js";
+import { Forecast } from "./views/forecast.js";
+import { Hosts } from "./views/hosts.js";
 import { Settings } from "./views/settings.js";
-import { ago } from "./js/format.js";
+import { ago, sentence } from "./js/format.js";
 
 const SCREENS = [
   { name: "overview", label: "Runners", view: Overview },
   { name: "analytics", label: "Analytics", view: Analytics },
+  { name: "concurrency", label: "Concurrency", view: Concurrency },
   { name: "simulate", label: "Simulate", view: Simulate },
   { name: "forecast", label: "Forecast", view: Forecast },
   { name: "hosts", label: "Hosts", view: Hosts },
+  { name: "billing", label: "Billing", view: Billing },
   { name: "settings", label: "Settings", view: Settings },
 ];
+// Pages about one thing, and the tab they belong under.
+const DETAILS = { runner: "overview", repo: "analytics" };
 
 function parseRoute() {
   const [, name = "", ...rest] = window.location.hash.replace(/^#/, "").split("/");
-  if (name === "runner" && rest.length) return { name: "runner", arg: decodeURIComponent(rest.join("/")) };
+  if (DETAILS[name] && rest.length) {
+    try {
+      return { name, arg: decodeURIComponent(rest.join("/")) };
+    } catch {
+      return { name: "overview", arg: "" }; // a mangled link: the overview rather than nothing
+    }
+  }
   return { name: SCREENS.some((s) => s.name === name) ? name : "overview", arg: "" };
 }
 
@@ -32,19 +47,37 @@ function Conn() {
   return html`<span class=${`badge conn ${state.conn}`} id="conn" role="status" title=${since}>${labels[state.conn] || state.conn}</span>`;
 }
 
+// The screens' tabs; on a phone they fold behind a Menu button that opens them as a list
+// (a tap, no hover), and choosing a screen folds them again.
 function Nav() {
-  const current = state.route.name === "runner" ? "overview" : state.route.name;
-  const nav = useRef(null);
-  useEffect(() => nav.current?.querySelector("[aria-current=page]")?.scrollIntoView({ block: "nearest", inline: "nearest" }), [current]);
-  return html`<nav class="tabs" aria-label="Screens" ref=${nav}>${SCREENS.map((s) => html`<a href=${`#/${s.name === "overview" ? "" : s.name}`}
-    aria-current=${s.name === current ? "page" : undefined}>${s.label}</a>`)}</nav>`;
+  const current = DETAILS[state.route.name] || state.route.name;
+  const [open, setOpen] = useState(false);
+  const toggle = useRef(null);
+  useEffect(() => setOpen(false), [state.route.name, state.route.arg]);
+  useEffect(() => {
+    if (!open) return undefined;
+    const close = (event) => {
+      if (event.key !== "Escape") return;
+      setOpen(false);
+      toggle.current?.focus(); // focus was maybe on a link that is hidden now
+    };
+    document.addEventListener("keydown", close);
+    return () => document.removeEventListener("keydown", close);
+  }, [open]);
+  const label = SCREENS.find((s) => s.name === current)?.label || "Screens";
+  return html`<nav class=${`tabs${open ? " open" : ""}`} aria-label="Screens">
+    <button type="button" class="menu-toggle" ref=${toggle} aria-expanded=${open ? "true" : "false"} aria-controls="screen-links"
+      onClick=${() => setOpen(!open)}><span class="menu-icon" aria-hidden="true"></span>Menu <span class="menu-current">· ${label}</span></button>
+    <div class="tab-links" id="screen-links">${SCREENS.map((s) => html`<a href=${`#/${s.name === "overview" ? "" : s.name}`}
+      aria-current=${s.name === current ? "page" : undefined} onClick=${() => setOpen(false)}>${s.label}</a>`)}</div>
+  </nav>`;
 }
 
 function Toasts() {
   return html`<div class="toasts" role="status" aria-live="polite">${state.toasts.map((t) => html`<div class=${`toast ${t.kind}`} key=${t.id}>
     <div class="toast-head"><strong>${t.title}</strong>
       <button type="button" class="close" aria-label="Dismiss" onClick=${() => dismissToast(t.id)}>×</button></div>
-    ${t.detail?.error ? html`<p>${t.detail.error}</p>` : null}
+    ${t.detail?.error ? html`<p>${sentence(t.detail.error)}</p>` : null}
     ${t.detail?.command ? html`<p class="small"><code>${t.detail.command}</code> → exit ${t.detail.code} in ${t.detail.durationMs} ms</p>` : null}
     ${t.detail?.output ? html`<pre>${t.detail.output}</pre>` : null}
   </div>`)}</div>`;
@@ -55,7 +88,7 @@ function App() {
   const first = useRef(true);
   const { route } = state;
   useEffect(() => {
-    const screen = route.name === "runner" ? `runner ${route.arg}` : route.name;
+    const screen = DETAILS[route.name] ? `${route.name} ${route.arg}` : route.name;
     document.title = `${screen} · ${state.snap?.host?.name || "control plane"} · fleet-min`;
     if (first.current) first.current = false;
     else main.current?.focus({ preventScroll: false });
@@ -73,7 +106,8 @@ function App() {
     </header>
     <${Nav} />
     <main id="main" ref=${main} tabindex="-1" data-screen=${route.name}>
-      ${route.name === "runner" ? html`<${RunnerView} key=${route.arg} name=${route.arg} />` : html`<${screen.view} />`}
+      ${route.name === "runner" ? html`<${RunnerView} key=${route.arg} name=${route.arg} />`
+        : route.name === "repo" ? html`<${RepoView} key=${route.arg} name=${route.arg} />` : html`<${screen.view} />`}
     </main>
     <${Toasts} />
     <${ConfirmDialog} />`;

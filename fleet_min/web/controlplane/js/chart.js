@@ -44,7 +44,7 @@ function axis(extra = {}) {
   return { stroke: css("--muted"), grid: { stroke: css("--grid"), width: 1 }, ticks: { stroke: css("--grid") }, ...extra };
 }
 
-function Plot({ build, data, label, height }) {
+function Plot({ build, data, label, height, caption }) {
   const box = useRef(null);
   const plot = useRef(null);
   const theme = useTheme();
@@ -67,26 +67,27 @@ function Plot({ build, data, label, height }) {
   useEffect(() => {
     if (plot.current) plot.current.setData(data);
   }, [data]);
-  return html`<figure class="chart" role="img" aria-label=${label}><div ref=${box}></div></figure>`;
+  return html`<figure class="chart">${caption ? html`<figcaption>${label}</figcaption>` : null}<div ref=${box} role="img" aria-label=${label}></div></figure>`;
 }
 
 // series: [{label, values, unit?}], x: unix seconds.
-export function TimeChart({ x, series, label, height = 180, yRange, minSpan = 600 }) {
+export function TimeChart({ x, series, label, height = 180, yRange, minSpan = 600, caption = true }) {
   const build = {
     key: series.map((s) => s.label).join("|"),
     opts: () => ({
-      series: [{}, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, scale: s.scale || "y", value: (u, v) => (v == null ? "–" : `${v.toFixed(2)}${s.unit || ""}`) }))],
+      series: [{ value: (u, v) => (v == null ? "–" : new Date(v * 1000).toLocaleTimeString()) }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, scale: s.scale || "y", value: (u, v) => (v == null ? "–" : `${v.toFixed(2)}${s.unit || ""}`) }))],
       axes: [axis({ space: 70 }), axis({ scale: "y", size: 50 }), ...(series.some((s) => s.scale === "pct") ? [axis({ scale: "pct", side: 1, grid: { show: false }, values: (u, v) => v.map((n) => `${n}%`) })] : [])],
       // at least `minSpan` seconds wide, so a young history does not read in milliseconds
       scales: { x: { time: true, range: (u, lo, hi) => [Math.min(lo, hi - minSpan), hi] }, y: yRange ? { range: yRange } : {}, pct: { range: [0, 100] } },
       cursor: { drag: { x: false, y: false } },
     }),
   };
-  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} caption=${caption} />`;
 }
 
 // categories: names on the x axis; series: [{label, values}] drawn as grouped bars.
-export function BarChart({ categories, series, label, height = 220, unit = "" }) {
+// format: a value as a person reads it in the legend (e.g. durations as "7 min 37 s").
+export function BarChart({ categories, series, label, height = 220, unit = "", format, caption = true }) {
   const n = series.length;
   const build = {
     key: `${categories.join("|")}#${series.map((s) => s.label).join("|")}`,
@@ -104,7 +105,7 @@ export function BarChart({ categories, series, label, height = 220, unit = "" })
             size: { unit: 1, values: () => [slot * 0.9] },
           } }),
           points: { show: false },
-          value: (u, v) => (v == null ? "–" : `${Number(v).toFixed(1)}${unit}`),
+          value: (u, v) => (v == null ? "–" : format ? format(v) : `${Number(v).toFixed(1)}${unit}`),
         };
       })],
       axes: [axis({ splits: () => categories.map((_, i) => i), values: () => categories.map((c) => (c.length > 18 ? `${c.slice(0, 17)}…` : c)), grid: { show: false } }),
@@ -113,19 +114,19 @@ export function BarChart({ categories, series, label, height = 220, unit = "" })
       cursor: { drag: { x: false, y: false }, points: { show: false } },
     }),
   };
-  return html`<${Plot} build=${build} data=${[categories.map((_, i) => i), ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+  return html`<${Plot} build=${build} data=${[categories.map((_, i) => i), ...series.map((s) => s.values)]} label=${label} height=${height} caption=${caption} />`;
 }
 
 // x is a number (runner counts): lines of several series, for the simulation comparison.
-export function LineChart({ x, series, label, height = 220, xLabel, unit = "" }) {
+export function LineChart({ x, series, label, height = 220, xLabel, unit = "", format, caption = true }) {
   const build = {
     key: series.map((s) => s.label).join("|"),
     opts: () => ({
-      series: [{ label: xLabel || "x" }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : `${Number(v).toFixed(1)}${unit}`) }))],
+      series: [{ label: xLabel || "x", value: (u, v) => (v == null ? "–" : String(v)) }, ...series.map((s, i) => ({ label: s.label, stroke: css(PALETTE[i % PALETTE.length]), width: 2, points: { show: true, size: 7 }, value: (u, v) => (v == null ? "–" : format ? format(v) : `${Number(v).toFixed(1)}${unit}`) }))],
       axes: [axis({ label: xLabel, splits: () => x }), axis({ size: 56, ...stepsFor(unit), values: (u, v) => v.map((n) => tick(n, unit)) })],
       scales: { x: { time: false, range: [Math.min(...x) - 0.5, Math.max(...x) + 0.5] }, y: { range: (u, lo, hi) => [0, Math.max(1, hi * 1.1)] } },
       cursor: { drag: { x: false, y: false } },
     }),
   };
-  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} />`;
+  return html`<${Plot} build=${build} data=${[x, ...series.map((s) => s.values)]} label=${label} height=${height} caption=${caption} />`;
 }

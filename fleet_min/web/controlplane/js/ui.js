@@ -1,7 +1,8 @@
-// Shared pieces of the screens: panels, badges, tables, the "not available" note, a fetch hook.
-import { html, useState, useEffect, useCallback } from "./html.js";
+// Shared pieces of the screens: panels, badges, tables, times, the "not available" note and
+// the fetch hook with its four faces (loading, not offered, failed, loaded).
+import { html, useState, useEffect, useCallback, useRef } from "./html.js";
 import { getJSON, isMissing } from "./api.js";
-import { any, DASH } from "./format.js";
+import { ago, when, sentence, DASH } from "./format.js";
 
 export function Panel({ title, id, tools, wide, children }) {
   const headingId = id ? `${id}-title` : undefined;
@@ -20,7 +21,7 @@ const STATE_KIND = {
 };
 export const StateBadge = ({ state }) => html`<${Badge} kind=${`state ${STATE_KIND[state] || ""}`}>${state || "unknown"}<//>`;
 
-export const SEVERITY_KIND = { critical: "bad", warning: "warn", info: "info" };
+export const SEVERITY_KIND = { critical: "bad", error: "bad", warning: "warn", info: "info" };
 
 export function Chips({ items, empty = DASH }) {
   if (!items || !items.length) return html`<span class="muted">${empty}</span>`;
@@ -31,9 +32,22 @@ export function KV({ rows }) {
   return html`<dl class="kv">${rows.filter(Boolean).map(([k, v]) => html`<div><dt>${k}</dt><dd>${v ?? DASH}</dd></div>`)}</dl>`;
 }
 
+// Headline figures: a few big numbers with what they are, side by side.
+export function Figures({ items }) {
+  return html`<dl class="figures">${items.filter(Boolean).map(([k, v, sub]) => html`<div class="figure">
+    <dt>${k}</dt><dd>${v ?? DASH}${sub ? html`<span class="figure-sub">${sub}</span>` : null}</dd></div>`)}</dl>`;
+}
+
 export function Meter({ value, max = 100, low, high, label }) {
   if (value === null || value === undefined) return html`<span class="muted">${DASH}</span>`;
   return html`<meter min="0" max=${max} low=${low} high=${high} optimum="0" value=${value} aria-label=${label}></meter>`;
+}
+
+// An instant as "3 min ago" (or "in 20 min"), its exact local time on hover.
+export function Time({ at, prefix = "" }) {
+  if (at === null || at === undefined || at === "") return html`<span class="muted">${DASH}</span>`;
+  const iso = typeof at === "number" ? new Date(at * 1000).toISOString() : at;
+  return html`<time datetime=${iso} title=${when(at)}>${prefix}${ago(at)}</time>`;
 }
 
 export function Empty({ children }) {
@@ -43,66 +57,70 @@ export function Empty({ children }) {
 export function NotAvailable({ what, path }) {
   return html`<div class="unavailable" role="note">
     <strong>${what}: not available on this daemon.</strong>
-    <span> It does not answer <code>${path}</code> (404). The screen fills in by itself once the daemon offers it.</span>
+    <span> It does not answer <code>${path}</code>. The screen fills in by itself once the daemon offers it.</span>
   </div>`;
 }
 
-export function Failed({ error, retry }) {
-  return html`<div class="failed" role="alert">Could not load: ${error.message}
+// The daemon's own sentence (or why no answer came), and a way to ask again.
+export function Failed({ error, retry, what }) {
+  return html`<div class="failed" role="alert">${what ? `${what}: ` : ""}${sentence(error?.message) || "The daemon's answer could not be read."}
     ${retry ? html` <button type="button" class="link" onClick=${retry}>Try again</button>` : null}</div>`;
 }
 
-// GET a path when the screen shows, again when `key` changes or reload() is called.
+// GET a path when the screen shows, again when `key` changes (a refresh) or reload() is called.
+// A refresh while the last request is still on its way waits for that one rather than
+// cancelling it (on a slow host every refresh would otherwise cancel the one before); only a
+// new path or leaving the screen cancels a request.
 export function useFetch(path, key) {
   const [result, setResult] = useState({ loading: true, data: null, error: null, missing: false });
   const [nonce, setNonce] = useState(0);
+  const inflight = useRef(null);
+  useEffect(() => () => inflight.current?.abort.abort(), []);
   useEffect(() => {
-    if (!path) return undefined;
-    const abort = new AbortController();
+    if (!path || inflight.current?.path === path) return;
+    inflight.current?.abort.abort();
+    const mine = { path, abort: new AbortController() };
+    inflight.current = mine;
     setResult((r) => ({ ...r, loading: true }));
-    getJSON(path, { signal: abort.signal })
-      .then((data) => setResult({ loading: false, data, error: null, missing: false }))
+    getJSON(path, { signal: mine.abort.signal })
+      .then((data) => setResult({ loading: false, data: data ?? {}, error: null, missing: false }))
       .catch((error) => {
         if (error.name === "AbortError") return;
         setResult({ loading: false, data: null, error, missing: isMissing(error) });
+      })
+      .finally(() => {
+        if (inflight.current === mine) inflight.current = null;
       });
-    return () => abort.abort();
   }, [path, key, nonce]);
   const reload = useCallback(() => setNonce((n) => n + 1), []);
   return { ...result, reload };
 }
 
-// Loading / 404 / error / content, the four faces of every fetched panel.
+// Loading / not offered / error / content, the four faces of every fetched panel.
 export function Loaded({ res, what, path, children }) {
   if (res.missing) return html`<${NotAvailable} what=${what} path=${path} />`;
   if (res.error) return html`<${Failed} error=${res.error} retry=${res.reload} />`;
-  if (!res.data) return html`<p class="muted" aria-busy="true">Loading…</p>`;
+  if (!res.data) return html`<p class="muted" aria-busy="true">Loading ${what.toLowerCase()}…</p>`;
   return children(res.data);
 }
 
-// A table of rows whose fields are not known in advance (endpoints still taking shape).
-export function AutoTable({ rows, columns, caption, limit = 200 }) {
-  if (!rows || !rows.length) return html`<${Empty}>Nothing recorded.<//>`;
-  const cols = columns || [...new Set(rows.flatMap((r) => (r && typeof r === "object" ? Object.keys(r) : [])))].slice(0, 12);
-  return html`<div class="table-wrap"><table>
-    ${caption ? html`<caption>${caption}</caption>` : null}
-    <thead><tr>${cols.map((c) => html`<th scope="col">${String(c).replaceAll("_", " ")}</th>`)}</tr></thead>
-    <tbody>${rows.slice(0, limit).map((r) => html`<tr>${cols.map((c) => html`<td>${any(r?.[c])}</td>`)}</tr>`)}</tbody>
-  </table></div>`;
-}
+const cellClass = (c) => (c.num ? "num" : c.prose ? "prose" : undefined);
 
-// Any JSON value laid out for reading: scalars as a definition list, lists of objects as tables.
-export function AutoView({ data, depth = 0 }) {
-  if (data === null || typeof data !== "object") return html`<p>${any(data)}</p>`;
-  if (Array.isArray(data)) {
-    return data.every((x) => x && typeof x === "object" && !Array.isArray(x))
-      ? html`<${AutoTable} rows=${data} />` : html`<p>${any(data)}</p>`;
-  }
-  const scalars = Object.entries(data).filter(([, v]) => v === null || typeof v !== "object" || (Array.isArray(v) && v.every((x) => typeof x !== "object")));
-  const nested = Object.entries(data).filter(([k]) => !scalars.some(([s]) => s === k));
-  return html`<div class="auto">
-    ${scalars.length ? html`<${KV} rows=${scalars.map(([k, v]) => [k.replaceAll("_", " "), any(v)])} />` : null}
-    ${nested.map(([k, v]) => html`<div class="auto-sub"><h3>${k.replaceAll("_", " ")}</h3>
-      ${depth < 3 ? html`<${AutoView} data=${v} depth=${depth + 1} />` : html`<pre>${JSON.stringify(v, null, 2)}</pre>`}</div>`)}
-  </div>`;
+// A table of known columns: [{label, cell(row), num?, prose?, title?}] (num: figures, right-aligned;
+// prose: sentences, given room to read rather than a word per line). The first column names the
+// row (a <th>), stays in view when the table scrolls sideways in its own box, and the box can
+// be scrolled from the keyboard.
+export function Table({ columns, rows, label, rowKey, rowAttrs, cls = "", limit = 500 }) {
+  const shown = rows.slice(0, limit);
+  return html`<div class="table-wrap" tabindex="0" role="region" aria-label=${label}>
+    <table class=${cls}>
+      <thead><tr>${columns.map((c) => html`<th scope="col" class=${cellClass(c)} title=${c.title}>${c.label}</th>`)}</tr></thead>
+      <tbody>${shown.map((row, i) => html`<tr key=${rowKey ? rowKey(row) : i} ...${rowAttrs ? rowAttrs(row) : {}}>
+        ${columns.map((c, j) => (j === 0
+    ? html`<th scope="row" data-label=${c.label}>${c.cell(row)}</th>`
+    : html`<td class=${cellClass(c)} data-label=${c.label}>${c.cell(row)}</td>`))}
+      </tr>`)}</tbody>
+    </table>
+  </div>
+  ${rows.length > shown.length ? html`<p class="muted small">The first ${shown.length} of ${rows.length} are shown.</p>` : null}`;
 }

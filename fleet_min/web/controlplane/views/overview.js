@@ -2,10 +2,10 @@
 // runs and why they wait), the runners by group with their actions, and the runs in flight.
 import { html } from "../js/html.js";
 import { state } from "../js/store.js";
-import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, SEVERITY_KIND } from "../js/ui.js";
+import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Time, SEVERITY_KIND } from "../js/ui.js";
 import { RunnerActions, HostActions } from "../js/actions.js";
 import { TimeChart } from "../js/chart.js";
-import { dur, ago, mb, kb, num, pct, DASH } from "../js/format.js";
+import { dur, mb, kb, num, pct, DASH } from "../js/format.js";
 
 const SEVERITY_ORDER = { critical: 0, warning: 1, info: 2 };
 
@@ -55,9 +55,12 @@ function githubLine(gh) {
   if (!gh) return DASH;
   if (!gh.token) return "no token: registrations and queued runs are unknown";
   const rate = gh.rate_limit || {};
-  const failing = Object.entries(gh.repos || {}).filter(([, r]) => r.error);
-  return `${rate.remaining ?? "?"} of ${rate.limit ?? "?"} requests left`
-    + (failing.length ? `; ${failing.length} repositories failing` : "; every repository refreshed");
+  const repos = Object.values(gh.repos || {});
+  const failing = repos.filter((r) => r?.error).length;
+  const left = typeof rate.remaining === "number" ? `${num(rate.remaining)} of ${num(rate.limit)} requests left` : "no request made yet";
+  const state = !repos.length ? "no repository watched yet"
+    : failing ? `${failing} of ${repos.length} repositories failing` : "every repository refreshed";
+  return `${left}; ${state}`;
 }
 
 function LoadChart() {
@@ -92,14 +95,15 @@ function Queue({ snap }) {
 
 function RunnerRow({ r, snap }) {
   const drift = driftOf(snap, r.name);
-  const gh = r.registration === "registered" ? `${r.registered?.status || "?"}${r.registered?.busy ? ", busy" : ""}` : r.registration;
+  const gh = r.registration === "registered" ? `${r.registered?.status || "registered"}${r.registered?.busy ? ", busy" : ""}`
+    : r.registration || "not known";
   // An agent's runner: its processes are that host's to know; say where it runs instead.
   const procs = r.remote ? `on ${r.host}${r.stale ? " (no recent report)" : ""}`
     : r.listener ? `listener ${kb(r.listener.rss_kb)}, up ${dur(r.listener.uptime_s)}` : "no listener";
   return html`<tr data-runner=${r.name} data-state=${r.state} data-host=${r.host}>
     <th scope="row" data-label="Runner"><a href=${`#/runner/${encodeURIComponent(r.name)}`}>${r.name}</a>${r.remote
       ? html` <${Badge} kind=${r.stale ? "warn" : "info"} title=${`reported by agent host ${r.host}; actions are forwarded to it`}>${r.host}<//>` : null}</th>
-    <td data-label="State"><span><${StateBadge} state=${r.state} />${r.draining && r.draining_since ? html` <span class="muted small">since ${ago(r.draining_since)}</span>` : null}</span></td>
+    <td data-label="State"><span><${StateBadge} state=${r.state} />${r.draining && r.draining_since ? html` <span class="muted small"><${Time} at=${r.draining_since} prefix="since " /></span>` : null}</span></td>
     <td data-label="Service"><span>${r.service?.active || DASH}${r.service?.sub && r.service.sub !== r.service.active ? ` (${r.service.sub})` : ""}</span></td>
     <td data-label="GitHub"><span>${gh}</span></td>
     <td data-label="Labels"><${Chips} items=${r.custom_labels?.length ? r.custom_labels : r.labels} /></td>
@@ -143,8 +147,8 @@ function Runs({ snap }) {
       <tbody>${runs.map((run) => html`<tr>
         <td data-label="Run"><span><a href=${run.url} rel="noopener noreferrer" target="_blank">${run.name || "run"} #${run.id}</a>${run.branch ? html` <span class="muted small">${run.branch}</span>` : null}</span></td>
         <td data-label="Repository"><span>${run.repo}</span></td>
-        <td data-label="Status"><span><${Badge} kind=${run.status === "queued" ? "warn" : "busy"}>${run.status}<//></span></td>
-        <td data-label="Age"><span>${ago(run.created_at)}</span></td>
+        <td data-label="Status"><span><${Badge} kind=${run.status === "queued" ? "warn" : "busy"}>${(run.status || "unknown").replaceAll("_", " ")}<//></span></td>
+        <td data-label="Age"><span><${Time} at=${run.created_at} /></span></td>
         <td data-label="Jobs"><span>${(run.jobs || []).map((j) => html`<div>${j.name}: ${j.runner ? html`on <a href=${`#/runner/${encodeURIComponent(j.runner)}`}>${j.runner}</a>` : html`<span class="muted">wants ${(j.labels || []).join(", ")}</span>`}</div>`)}</span></td>
       </tr>`)}</tbody></table></div>` : html`<${Empty}>No run is queued or in progress.<//>`}
   <//>`;

@@ -3,10 +3,10 @@
 import { html } from "../js/html.js";
 import { state, readOnly, toast } from "../js/store.js";
 import { download } from "../js/api.js";
-import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Loaded, useFetch, SEVERITY_KIND } from "../js/ui.js";
+import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Loaded, Time, useFetch, SEVERITY_KIND } from "../js/ui.js";
 import { RunnerActions } from "../js/actions.js";
 import { driftOf } from "./overview.js";
-import { dur, ago, when, kb, bytes, pct, DASH } from "../js/format.js";
+import { dur, kb, bytes, pct, DASH } from "../js/format.js";
 
 const REFRESH_MS = 15000;
 
@@ -34,7 +34,7 @@ function Facts({ r }) {
       ["Labels", html`<${Chips} items=${r.labels} />`],
       ["Host", r.remote ? `${r.host} (agent host${r.stale ? ", no recent report" : ""})` : r.host],
       ["GitHub", registration(r)],
-      ["Draining", r.draining ? `since ${when(r.draining_since)}` : "no"],
+      ["Draining", r.draining ? (r.draining_since ? html`<${Time} at=${r.draining_since} prefix="since " />` : "yes") : "no"],
     ]} />
   <//>`;
 }
@@ -69,8 +69,8 @@ function Jobs({ jobs }) {
       <thead><tr><th scope="col">Job</th><th scope="col">Workflow</th><th scope="col">Outcome</th><th scope="col">Started</th><th scope="col">Took</th></tr></thead>
       <tbody>${jobs.map((j) => html`<tr>
         <td>${j.name} <span class="muted small">#${j.run_id}</span></td><td>${j.workflow || DASH}</td>
-        <td><${Badge} kind=${j.conclusion === "success" ? "ok" : j.conclusion ? "bad" : "busy"}>${j.conclusion || j.status}<//></td>
-        <td>${ago(j.started_at)}</td><td>${dur(j.duration_s)}</td></tr>`)}</tbody>
+        <td><${Badge} kind=${j.conclusion === "success" ? "ok" : j.conclusion ? "bad" : "busy"}>${(j.conclusion || j.status || "unknown").replaceAll("_", " ")}<//></td>
+        <td><${Time} at=${j.started_at} /></td><td>${dur(j.duration_s)}</td></tr>`)}</tbody>
     </table></div>` : html`<${Empty}>No job recorded for this runner yet.<//>`}
   <//>`;
 }
@@ -78,7 +78,7 @@ function Jobs({ jobs }) {
 function Events({ events }) {
   return html`<${Panel} id="events" title="Events">
     ${events.length ? html`<ul class="list compact">${events.map((e) => html`<li>
-      <time datetime=${e.at} title=${when(e.at)}>${ago(e.at)}</time> <${Badge}>${e.kind}<//> <span>${e.message}</span></li>`)}</ul>`
+      <${Time} at=${e.at} /> <${Badge}>${e.kind}<//> <span>${e.message}</span></li>`)}</ul>`
       : html`<${Empty}>No event recorded yet.<//>`}
   <//>`;
 }
@@ -87,7 +87,7 @@ function Diag({ d }) {
   return html`<${Panel} id="diag" title="Diagnostic log" wide>
     <${KV} rows=${[
       ["Files", `${d.files ?? 0}${d.total_bytes ? ` (${bytes(d.total_bytes)})` : ""}`],
-      ["Latest", d.latest ? `${d.latest.name}, written ${ago(d.latest.modified_at)}` : DASH],
+      ["Latest", d.latest ? html`${d.latest.name}, written <${Time} at=${d.latest.modified_at} />` : DASH],
       ["Errors / warnings", `${d.errors ?? 0} / ${d.warnings ?? 0}`],
       d.last_error ? ["Last error", html`<code class="wrap">${d.last_error}</code>`] : null,
     ]} />

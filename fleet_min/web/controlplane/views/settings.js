@@ -42,6 +42,15 @@ function Editor({ s, onSaved }) {
   </form>`;
 }
 
+function range(s) {
+  if (s.choices?.length) return s.choices.join(", ");
+  const has = (v) => typeof v === "number";
+  if (has(s.min) && has(s.max)) return `${any(s.min)} to ${any(s.max)}`;
+  if (has(s.min)) return `at least ${any(s.min)}`;
+  if (has(s.max)) return `at most ${any(s.max)}`;
+  return "any";
+}
+
 export function Settings() {
   const [nonce, setNonce] = useState(0);
   const res = useFetch("/api/settings", nonce);
@@ -53,7 +62,7 @@ export function Settings() {
         <th scope="row" data-label="Setting"><span><code>${s.key}</code><div class="muted small">${s.help}</div></span></th>
         <td data-label="Value"><${Editor} key=${`${s.key}:${s.value}`} s=${s} onSaved=${() => setNonce((n) => n + 1)} /></td>
         <td data-label="Default"><span>${any(s.default)}</span></td>
-        <td data-label="Range"><span>${s.choices ? s.choices.join(", ") : `${any(s.min)} – ${any(s.max)}`}</span></td>
+        <td data-label="Range"><span>${range(s)}</span></td>
         <td data-label="Source"><span><${Badge} kind=${s.source === "stored" ? "info" : ""}>${s.source}<//>${s.env ? html` <span class="muted small">${s.env}</span>` : null}</span></td>
       </tr>`)}</tbody></table></div>`}<//>
   <//></div>`;
