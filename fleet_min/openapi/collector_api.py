@@ -2,9 +2,9 @@
 (fleet_min/openapi/collector.json).
 
 Sources: shared/spec/collector-api.md, shared/spec/decisions.md and docs/collector*.md for the
-shapes; the route registrations (collector/app.py and each feature's setup()) for the routes and
-the statuses they really return. tests/contract/test_routes_documented.py fails when this table
-and the router disagree; the schemathesis run checks every reply against it.
+shapes; the route registrations (collector/http/app.py and each feature's setup()) for the routes
+and the statuses they really return. tests/contract/test_routes_documented.py fails when this
+table and the router disagree; the schemathesis run checks every reply against it.
 """
 
 from __future__ import annotations
