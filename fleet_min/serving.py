@@ -22,10 +22,15 @@ import logging
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from fleet_min import dirlock
+from fleet_min.db import StorageError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -147,3 +152,36 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
                 sock.close()
     assert stopper.why is not None  # only a signal ends the wait
     return stopper.why
+
+
+def run(name: str, directory: Path, shown: str, what: str, hosts: Sequence[str], port: int,
+        make_app: Callable[[], web.Application], *, grace_s: float,
+        announce: Callable[[list[tuple[str, int]]], None], log_file: str = "",
+        **runner_kwargs: Any) -> int:
+    """A service's whole life, the same for both: own its directory (`what` names it in a
+    refusal, `shown` as the person gave it), bind, build the app, run until a signal, and say
+    how it ended. The exit code: 0 after a signal, 1 when it could not start."""
+    log = logging.getLogger(f"fleet_min.{name}")
+    try:
+        dirlock.hold(directory, name, shown=shown)  # held until the process ends
+        sockets = bind(hosts, port)
+    except (dirlock.DirectoryInUse, BindError) as exc:
+        return _refuse(name, str(exc))
+    except OSError as exc:
+        return _refuse(name, f"cannot use the {what} {shown}: {reason(exc)}")
+    try:
+        why = asyncio.run(serve(make_app(), sockets, name=name, grace_s=grace_s,
+                                announce=announce, **runner_kwargs))
+    except StorageError as exc:
+        log.error("%s", exc)
+        # The log went to a file: the person at the terminal is told too.
+        return _refuse(name, str(exc)) if log_file else 1
+    except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
+        return _refuse(name, f"cannot start: {reason(exc)}: {exc.filename}")
+    log.info("%s stopped (%s)", name, why)
+    return 0
+
+
+def _refuse(name: str, sentence: str) -> int:
+    print(f"fleet-min {name}: {sentence}", file=sys.stderr)
+    return 1

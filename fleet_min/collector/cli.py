@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from fleet_min import dirlock, jsonio, logs, serving
+from fleet_min import jsonio, logs, serving
 from fleet_min.config import (
     COLLECTOR_SETTINGS,
     CollectorConfig,
@@ -21,7 +21,6 @@ from fleet_min.config import (
     help_epilog,
     resolve,
 )
-from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.collector")
 
@@ -77,35 +76,13 @@ def _announce(config: CollectorConfig, fast: bool) -> Callable[[list[tuple[str, 
 
 def _serve(app: web.Application, config: CollectorConfig, fast: bool) -> int:
     """Own the data directory, bind, run until a signal; the exit code."""
-    try:
-        # Held until the process ends; named as the person gave it.
-        dirlock.hold(Path(config.data_dir), "collector", shown=config.data_dir)
-        sockets = serving.bind(config.bind, config.port)
-    except (dirlock.DirectoryInUse, serving.BindError) as exc:
-        print(f"fleet-min collector: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"fleet-min collector: cannot use the data directory {config.data_dir}: "
-              f"{serving.reason(exc)}", file=sys.stderr)
-        return 1
-    try:
-        why = asyncio.run(serving.serve(
-            app, sockets, name="collector", grace_s=config.stop_grace_s,
-            announce=_announce(config, fast),
-            # A client that goes away ends its handler at once: a held long poll or stream is
-            # released (and counted out of stream_clients) without waiting for a write.
-            handler_cancellation=True))
-    except StorageError as exc:
-        log.error("%s", exc)
-        if config.log_file:  # the log went to a file; the person at the terminal is told too
-            print(f"fleet-min collector: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
-        print(f"fleet-min collector: cannot start: {serving.reason(exc)}: {exc.filename}",
-              file=sys.stderr)
-        return 1
-    log.info("collector stopped (%s)", why)
-    return 0
+    return serving.run(
+        "collector", Path(config.data_dir), config.data_dir, "data directory", config.bind,
+        config.port, lambda: app, grace_s=config.stop_grace_s,
+        announce=_announce(config, fast), log_file=config.log_file,
+        # A client that goes away ends its handler at once: a held long poll or stream is
+        # released (and counted out of stream_clients) without waiting for a write.
+        handler_cancellation=True)
 
 
 def main(argv: list[str]) -> int:

@@ -4,7 +4,6 @@ prints a token (creating it when missing)."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
@@ -12,12 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_min import dirlock, heap, jsonio, logs, serving
+from fleet_min import heap, jsonio, logs, serving
 from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.federation.link import coordinator_token, coordinator_token_file
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues, live_help
-from fleet_min.db import StorageError
 
 log = logging.getLogger("fleet_min.controlplane")
 
@@ -54,32 +52,12 @@ def _announce(cfg: Any) -> Callable[[list[tuple[str, int]]], None]:
 
 def _run(cfg: Any) -> int:
     """Own the state directory, bind, run until a signal; the exit code."""
-    state = Path(cfg.state_dir).expanduser()
-    try:
-        dirlock.hold(state, "controlplane", shown=cfg.state_dir)  # held until the process ends
-        sockets = serving.bind([cfg.host], cfg.port)
-    except (dirlock.DirectoryInUse, serving.BindError) as exc:
-        print(f"fleet-min controlplane: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"fleet-min controlplane: cannot use the state directory {cfg.state_dir}: "
-              f"{serving.reason(exc)}", file=sys.stderr)
-        return 1
     from fleet_min.controlplane.http.app import create_app
-    try:
-        why = asyncio.run(serving.serve(create_app(cfg), sockets, name="controlplane",
-                                        grace_s=cfg.stop_grace_s, announce=_announce(cfg)))
-    except StorageError as exc:
-        log.error("%s", exc)
-        if cfg.log_file:  # the log went to a file; the person at the terminal is told too
-            print(f"fleet-min controlplane: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # a file of its own it cannot write (a token, the collector id)
-        print(f"fleet-min controlplane: cannot start: {serving.reason(exc)}: {exc.filename}",
-              file=sys.stderr)
-        return 1
-    log.info("controlplane stopped (%s)", why)
-    return 0
+
+    return serving.run("controlplane", Path(cfg.state_dir).expanduser(), cfg.state_dir,
+                       "state directory", [cfg.host], cfg.port, lambda: create_app(cfg),
+                       grace_s=cfg.stop_grace_s, announce=_announce(cfg),
+                       log_file=cfg.log_file)
 
 
 def main(argv: list[str]) -> int:
