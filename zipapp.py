@@ -5,18 +5,22 @@ The dependencies are taken from the installed distributions of this interpreter 
 `pip install .` has been done), following their requirement metadata. Compiled accelerators
 (.so/.pyd) are left out: aiohttp, multidict, yarl, frozenlist and propcache all fall back to their
 pure-Python implementations when the extension cannot be imported, which is the case inside a zip.
-Each vendored distribution's licence files go under `licenses/<name>/`.
+So are files no service reads: type stubs and markers, Cython sources, and aiohttp's test tools
+and gunicorn workers (LEFT_OUT). Each vendored distribution's licence files go under
+`licenses/<name>/`.
 
-The archive is reproducible: entries are sorted, timestamps fixed, and no bytecode is included,
-so the same sources give the same bytes.
+The archive holds sources and no bytecode: `__main__.py` (fleet_min/zipstart.py, with the build's
+digest written in) compiles each module once per Python version and keeps its code in a cache
+folder outside the archive (see that module for where and how it is kept safe).
+
+The archive is reproducible: entries are sorted, timestamps fixed, and nothing in it depends on
+the Python that built it, so the same sources give the same bytes.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
-import marshal
 import re
 import stat
 import sys
@@ -27,17 +31,13 @@ from pathlib import Path, PurePosixPath
 ROOT = Path(__file__).resolve().parent
 RUNTIME = ("aiohttp", "aiosqlite", "PyYAML")
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
-SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pyi", ".h", ".pyc")
-MAIN = """\
-import sys
-
-if sys.version_info < (3, 11):
-    sys.exit("fleet.pyz needs Python 3.11 or newer")
-
-from fleet_min.cli import main
-
-sys.exit(main())
-"""
+SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pxi", ".pyi", ".h",
+                 ".pyc", "py.typed")
+# Vendored modules no service imports: aiohttp's pytest tools and its gunicorn workers (gunicorn
+# is not in the archive, so they could not run anyway).
+LEFT_OUT = frozenset({"aiohttp/test_utils.py", "aiohttp/pytest_plugin.py", "aiohttp/worker.py"})
+START = ROOT / "fleet_min" / "zipstart.py"  # becomes __main__.py
+BUILD_ID_LINE = 'BUILD_ID = ""'
 
 
 def _marker_holds(requirement: str) -> bool:
@@ -89,7 +89,7 @@ def _dist_entries(dist: metadata.Distribution) -> dict[str, bytes]:
             continue
         if top in ("bin", "share") or top.endswith((".pth", ".data")):
             continue
-        if str(file).endswith(SKIP_SUFFIXES):
+        if str(file).endswith(SKIP_SUFFIXES) or str(file) in LEFT_OUT:
             continue
         entries["/".join(parts)] = path.read_bytes()
     return entries
@@ -99,36 +99,32 @@ def _project_entries() -> dict[str, bytes]:
     entries: dict[str, bytes] = {}
     package = ROOT / "fleet_min"
     for path in sorted(package.rglob("*")):
-        if path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc":
+        if (path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc"
+                or path == START):
             continue
         entries[path.relative_to(ROOT).as_posix()] = path.read_bytes()
     return entries
 
 
-def _bytecode(entries: dict[str, bytes]) -> dict[str, bytes]:
-    """A `.pyc` beside every module, so a start does not compile ~390 modules from source.
-
-    zipimport reads `name.pyc` next to `name.py`. These are unchecked hash-based pycs (PEP 552):
-    their bytes depend only on the source and this Python's version, so the build stays
-    reproducible; another Python version sees a foreign magic number and compiles the source.
-    """
-    compiled = {}
-    for name, source in entries.items():
-        if not name.endswith(".py"):
-            continue
-        code = compile(source, f"fleet.pyz/{name}", "exec", dont_inherit=True)
-        header = (importlib.util.MAGIC_NUMBER + (0b01).to_bytes(4, "little")
-                  + importlib.util.source_hash(source))
-        compiled[name + "c"] = header + marshal.dumps(code)
-    return compiled
+def _main_entry(entries: dict[str, bytes]) -> bytes:
+    """zipstart.py with BUILD_ID set to a digest of the other entries and of itself: the name of
+    this build's bytecode cache folder, so no two different archives share one."""
+    source = START.read_text(encoding="utf-8")
+    if source.count(BUILD_ID_LINE) != 1:
+        raise RuntimeError(f"{START} must hold the line {BUILD_ID_LINE!r} exactly once")
+    digest = hashlib.sha256(source.encode())
+    for name in sorted(entries):
+        digest.update(b"%s\0%d\0" % (name.encode(), len(entries[name])))
+        digest.update(entries[name])
+    return source.replace(BUILD_ID_LINE, f'BUILD_ID = "{digest.hexdigest()[:32]}"').encode()
 
 
 def build(output: Path) -> str:
-    entries = {"__main__.py": MAIN.encode()}
+    entries: dict[str, bytes] = {}
     for dist in runtime_distributions():
         entries.update(_dist_entries(dist))
     entries.update(_project_entries())
-    entries.update(_bytecode(entries))
+    entries["__main__.py"] = _main_entry(entries)
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.with_suffix(".tmp")
     with open(tmp, "wb") as raw:

@@ -237,12 +237,17 @@ def _client_process(kind: str, url: str, topic: str, clients: int, events: int,
 
 
 async def _publish(url: str, topic: str, events: int, rate: float,
-                   payload_bytes: int) -> list[float]:
+                   payload_bytes: int) -> tuple[list[float], list[float]]:
     """Publish at `rate`; the POST round trips (commit and fan-out included, as the reply
-    follows both)."""
+    follows both). Meanwhile a probe asks for an unknown /api path (a 404 from the middleware,
+    no database) every PROBE_S on its own connection: its round trips show how long the
+    collector's event loop is held at a time, the fan-out's stalls included."""
     http = Http(url.removeprefix("http://"))
     pad = "x" * max(0, payload_bytes)
-    round_trips = []
+    round_trips: list[float] = []
+    probes: list[float] = []
+    done = asyncio.Event()
+    prober = asyncio.create_task(_probe(url, probes, done))
     for n in range(events):
         started = time.monotonic()
         status, body = await http.request("POST", f"/api/events/{topic}",
@@ -251,8 +256,25 @@ async def _publish(url: str, topic: str, events: int, rate: float,
         if status != 201:
             raise RuntimeError(f"publishing answered {status}: {body[:200]!r}")
         await asyncio.sleep(max(0.0, 1 / rate - (time.monotonic() - started)))
+    done.set()
+    await prober
     http.close()
-    return round_trips
+    return round_trips, probes
+
+
+PROBE_S = 0.005
+
+
+async def _probe(url: str, probes: list[float], done: asyncio.Event) -> None:
+    http = Http(url.removeprefix("http://"))
+    while not done.is_set():
+        started = time.monotonic()
+        status, _body = await http.request("GET", "/api/bench-probe-404")
+        if status != 404:
+            raise RuntimeError(f"the probe answered {status}")
+        probes.append(time.monotonic() - started)
+        await asyncio.sleep(PROBE_S)
+    http.close()
 
 
 def _health(url: str) -> dict[str, Any]:
@@ -292,7 +314,8 @@ def run(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
     health = _health(url)
     rss_connected = memory_kib(pid)["VmRSS"] if pid else None
     cpu_before = cpu_seconds(pid) if pid else None
-    round_trips = asyncio.run(_publish(url, topic, args.events, args.rate, args.payload))
+    round_trips, probes = asyncio.run(_publish(url, topic, args.events, args.rate,
+                                               args.payload))
     outcomes = [out.get(timeout=timeout_s + 180) for _ in workers]
     for worker in workers:
         worker.join()
@@ -315,6 +338,9 @@ def run(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:
         "fanout_p99_ms": _ms(_percentile(fanout, 0.99)),
         "post_p50_ms": _ms(_percentile(round_trips, 0.50)),
         "post_p99_ms": _ms(_percentile(round_trips, 0.99)),
+        "probe_p50_ms": _ms(_percentile(probes, 0.50)),
+        "probe_p99_ms": _ms(_percentile(probes, 0.99)),
+        "probe_max_ms": _ms(max(probes) if probes else None),
         "dropped_clients": after.get("stream_dropped_clients", 0)
                            - health.get("stream_dropped_clients", 0),
         "server_rss_kib_before": rss_before, "server_rss_kib_connected": rss_connected,
@@ -363,6 +389,9 @@ def main() -> None:
          "event's `at` (after the commit) to receipt"),
         ("POST round trip p50/p99 ms", f"{figures['post_p50_ms']}/{figures['post_p99_ms']}",
          "commit (synchronous=FULL) and fan-out, before the reply"),
+        ("loop probe p50/p99/max ms",
+         f"{figures['probe_p50_ms']}/{figures['probe_p99_ms']}/{figures['probe_max_ms']}",
+         f"a 404 every {PROBE_S * 1000:g} ms meanwhile: how long the loop is held"),
         ("CPU s collector/clients", f"{figures['server_cpu_s_publishing']}/"
          f"{figures['client_cpu_s']}", f"{figures['client']} client; load avg "
          f"{figures['loadavg_before']} at start"),

@@ -88,9 +88,11 @@ def pyz(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _bare(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """Run with no checkout on the path: -I ignores PYTHONPATH and the current directory."""
+    """Run with no checkout on the path: -I ignores PYTHONPATH and the current directory. The
+    pyz keeps its bytecode cache under the test's folder, not the user's home."""
     return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=60,
-                          env={**os.environ, "PYTHONPATH": "", **env})
+                          env={**os.environ, "PYTHONPATH": "",
+                               "XDG_CACHE_HOME": str(cwd / "cache"), **env})
 
 
 @pytest.mark.slow
@@ -101,7 +103,8 @@ def test_pyz_runs_both_services_and_the_backup(pyz: Path, tmp_path: Path) -> Non
     helped = _bare([*python, "controlplane", "--help"], tmp_path)
     assert helped.returncode == 0 and "--root" in helped.stdout
     proc = CollectorProcess(tmp_path / "data", argv=[*python, "collector"], cwd=tmp_path,
-                            env={"PYTHONPATH": ""}).start()
+                            env={"PYTHONPATH": "", "XDG_CACHE_HOME": str(tmp_path / "cache")}
+                            ).start()
     try:
         assert proc.client.get("/api/health")[1]["ok"] is True
         backup = _bare([*python, "collector", "backup", str(tmp_path / "b"), "--data",
@@ -114,6 +117,7 @@ def test_pyz_runs_both_services_and_the_backup(pyz: Path, tmp_path: Path) -> Non
                            str(tmp_path), "--state", str(tmp_path / "cp")],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           cwd=tmp_path, env={**os.environ, "PYTHONPATH": "", "GH_TOKEN": "",
+                                             "XDG_CACHE_HOME": str(tmp_path / "cache"),
                                              "FLEET_GITHUB_API": f"http://127.0.0.1:{port}"})
     try:
         assert cp.stdout is not None

@@ -157,7 +157,9 @@ def test_zipapp_runs_with_no_checkout_on_the_path(tmp_path):
     # -S: no site-packages at all, -I: no PYTHONPATH, no user site, no current directory.
     proc = CollectorProcess(tmp_path / "data", argv=[sys.executable, "-I", "-S",
                                                      str(elsewhere / "fleet.pyz"), "collector"],
-                            cwd=elsewhere, env={"PYTHONPATH": ""}).start()
+                            cwd=elsewhere, env={"PYTHONPATH": "",
+                                                "XDG_CACHE_HOME": str(tmp_path / "cache")}
+                            ).start()
     try:
         client = proc.client
         health = client.get("/api/health")[1]

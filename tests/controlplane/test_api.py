@@ -15,6 +15,7 @@ from typing import Any
 
 from fleet_min.controlplane.http.app import create_app
 from tests.support import cp_fakes as fakes
+from tests.support.collector import ROOT as REPO_ROOT
 from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
 SECRET_LINE = ("[2026-01-01 00:00:00Z ERR  Runner] auth failed "
@@ -52,10 +53,25 @@ async def test_index_and_public_files(client: Any) -> None:
     assert (await client.get("/public/app.css")).status == 200
 
 
+async def test_the_ui_libraries_come_from_the_shared_vendor_folder(client: Any) -> None:
+    """Every library file the UI names under vendor/ is served from fleet_min/web/vendor/ (the
+    collector's copy, the only one), byte for byte."""
+    ui = REPO_ROOT / "fleet_min" / "web" / "controlplane"
+    named = {m.group(1) for path in ui.rglob("*") if path.suffix in (".js", ".html")
+             for m in re.finditer(r"/vendor/([\w./-]+\.(?:js|css))", path.read_text())}
+    assert {"preact/preact.module.js", "htm/htm.module.js", "uplot/uPlot.esm.js"} <= named
+    for name in sorted(named):
+        resp = await client.get(f"/public/vendor/{name}")
+        assert resp.status == 200, name
+        assert await resp.read() == (REPO_ROOT / "fleet_min" / "web" / "vendor" / name
+                                     ).read_bytes()
+
+
 async def test_public_paths_cannot_escape(client: Any) -> None:
     for path in ("/public/../controlplane/app.py", "/public/%2e%2e/%2e%2e/db.py",
                  "/public/..%2f..%2fdb.py", "/public/.hidden", "/public/nothing.js",
-                 "/public/a\\b", "/public//etc/passwd"):
+                 "/public/a\\b", "/public//etc/passwd", "/public/vendor/../controlplane/app.js",
+                 "/public/vendor/..%2f..%2fdb.py", "/public/vendor/", "/public/vendor/.x"):
         resp = await client.get(path)
         assert resp.status == 404, path
         assert "error" in await resp.json()

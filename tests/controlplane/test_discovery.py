@@ -91,7 +91,7 @@ def test_each_kind_of_change_is_seen(tmp_path: Path) -> None:
     assert [r.name for r in cache.discover([])] == ["renamed", "r2"]
     (path / ".runner").unlink()
     assert [r.name for r in cache.discover([])] == ["r2"]
-    assert path not in cache._known and other in cache._known
+    assert str(path) not in cache._known and str(other) in cache._known
 
 
 def test_a_fresh_runner_is_read_every_time(tmp_path: Path) -> None:
@@ -174,3 +174,17 @@ def test_attach_all_matches_the_per_runner_scan() -> None:
             _attach_one_by_one(runner, procs)
         attach_all(got, procs)
         assert _fields(got) == _fields(expected), procs
+
+
+def test_runners_come_in_path_order_part_by_part(tmp_path: Path) -> None:
+    """Sorted as paths are (`a/b` before `a-b`, since `a` < `a-b`), not as strings ('-' sorts
+    before '/'), and a cached discovery keeps that order."""
+    root = tmp_path / "root"
+    for rel, name in (("a-b", "dash"), ("a/b", "nested"), ("a.c", "dot"), ("A", "upper")):
+        path = fakes.make_install(root / rel)
+        fakes.write_runner_file(path, name, "octo/app")
+    expected = ["upper", "nested", "dash", "dot"]
+    assert [r.name for r in discover(root, [])] == expected
+    cache = Discovery(root, racy_ns=0)
+    assert [r.name for r in cache.discover([])] == expected
+    assert [r.name for r in cache.discover([])] == expected

@@ -16,7 +16,7 @@ import os
 import re
 import stat
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,6 +29,11 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
 _MAX_DEPTH = 3
+# Joined by concatenation (os.path.join was a sixth of a cached discovery); a folder here never
+# ends with a separator (str of a Path, or a scandir entry's path).
+_RUNNER_FILE = os.sep + ".runner"
+_WATCHED = tuple(os.sep + name for name in (
+    SERVICE_FILE, DRAIN_MARKER, os.path.join("bin", "Runner.Listener.deps.json")))
 
 
 def valid_name(name: str) -> bool:
@@ -154,15 +159,16 @@ def load_runner(path: Path, root: Path) -> Runner | None:
                   unit_hint=_unit_hint(path))
 
 
-def _runner_dirs(root: Path) -> list[tuple[Path, os.stat_result]]:
-    """Every directory under root (to _MAX_DEPTH) holding a `.runner` file, sorted by path,
-    with that file's stat."""
-    found: list[tuple[Path, os.stat_result]] = []
-    stack = [(root, 0)]
+def _runner_dirs(root: Path) -> list[tuple[str, os.stat_result]]:
+    """Every directory under root (to _MAX_DEPTH) holding a `.runner` file, sorted by path (as
+    Path orders them: part by part), with that file's stat. Plain strings, not Path objects: at
+    a thousand runners, building and comparing Paths cost more than the walk's system calls."""
+    found: list[tuple[str, os.stat_result]] = []
+    stack = [(str(root), 0)]
     while stack:
         here, depth = stack.pop()
         try:
-            marker = os.stat(os.path.join(here, ".runner"))
+            marker = os.stat(here + _RUNNER_FILE)
         except (OSError, ValueError):
             marker = None
         if marker is not None and stat.S_ISREG(marker.st_mode):
@@ -177,8 +183,8 @@ def _runner_dirs(root: Path) -> list[tuple[Path, os.stat_result]]:
         for entry in entries:
             # Symlinked directories are skipped so discovery cannot leave the root.
             if entry.is_dir(follow_symlinks=False) and not entry.name.startswith("."):
-                stack.append((Path(entry.path), depth + 1))
-    return sorted(found, key=lambda item: item[0])
+                stack.append((entry.path, depth + 1))
+    return sorted(found, key=lambda item: item[0].split(os.sep))
 
 
 def discover(root: Path, procs: list[Proc]) -> list[Runner]:
@@ -220,11 +226,11 @@ class Discovery:
     def __init__(self, root: Path, racy_ns: int = RACY_NS) -> None:
         self.root = root
         self.racy_ns = racy_ns
-        self._known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        self._known: dict[str, tuple[_Signature, Runner | None]] = {}
         self.reads = 0  # runners whose files were read (not served from the cache)
 
     def discover(self, procs: list[Proc]) -> list[Runner]:
-        known: dict[Path, tuple[_Signature, Runner | None]] = {}
+        known: dict[str, tuple[_Signature, Runner | None]] = {}
         runners = []
         seen: set[str] = set()
         for path, marker in _runner_dirs(self.root):
@@ -235,26 +241,35 @@ class Discovery:
                 template = cached[1]
             else:
                 self.reads += 1
-                template, cacheable = _load(path, self.root)
+                template, cacheable = _load(Path(path), self.root)
                 if cacheable and not _racy(signature, self.racy_ns):
                     known[path] = (signature, template)
             if template is None or template.name in seen:
                 continue
             seen.add(template.name)
-            runners.append(replace(template, labels=list(template.labels),
-                                   staged=list(template.staged), listener=None, workers=[]))
+            runners.append(_fresh(template))
         self._known = known  # replaced whole: runners gone from the root are forgotten
         attach_all(runners, procs)
         return runners
 
 
-def _signature(path: Path, marker: os.stat_result) -> _Signature:
-    folder = str(path)
+def _fresh(template: Runner) -> Runner:
+    """A copy of a cached runner with its own lists and no processes yet. Copied field by field
+    through __dict__: dataclasses.replace (which calls __init__ through keyword arguments) was
+    a tenth of a cached discovery at a thousand runners."""
+    runner = object.__new__(Runner)
+    runner.__dict__.update(template.__dict__)
+    runner.labels = list(template.labels)
+    runner.staged = list(template.staged)
+    runner.listener = None
+    runner.workers = []
+    return runner
+
+
+def _signature(folder: str, marker: os.stat_result) -> _Signature:
     return (_stat_key(folder, follow=False),
             (marker.st_ino, marker.st_size, marker.st_mtime_ns, marker.st_ctime_ns),
-            _stat_key(os.path.join(folder, SERVICE_FILE)),
-            _stat_key(os.path.join(folder, DRAIN_MARKER)),
-            _stat_key(os.path.join(folder, "bin", "Runner.Listener.deps.json")))
+            *[_stat_key(folder + name) for name in _WATCHED])
 
 
 def _racy(signature: _Signature, racy_ns: int) -> bool:
