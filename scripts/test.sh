@@ -2,7 +2,8 @@
 # Install everything the tests need on a fresh machine, then run the whole suite.
 #   bash scripts/test.sh            the full suite (what CI runs)
 #   bash scripts/test.sh --fast     the fast lane: no browser, no process fleets or fault loops,
-#                                   no long fuzzing (tests/conftest.py says what it leaves out)
+#                                   no long fuzzing (tests/conftest.py says what it leaves out),
+#                                   in FLEET_TEST_WORKERS (4) pytest-xdist workers
 # Any other arguments go to pytest (a file, -k EXPR, -x, ...).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,4 +33,8 @@ fi
 # The test and dev tools and every dependency at the versions the suite passes with (see the
 # file's header for how to refresh them on purpose).
 python3 -m pip install --quiet --constraint constraints.txt --editable ".[test,fast]"
+# The fast lane's tests mostly wait on sockets and child processes, so four workers fill two cores.
+if [ "${1:-}" = "--fast" ]; then
+  exec python3 -m pytest "$@" -n "${FLEET_TEST_WORKERS:-4}"
+fi
 exec python3 -m pytest "$@"

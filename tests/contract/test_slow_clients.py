@@ -24,6 +24,9 @@ import pytest
 from tests.support.live import LiveCollector, SlowProbes
 from tests.support.raw_http import send, status_of
 
+# Each probe waits out a server's keep-alive bound (75 s): a fault loop, out of the fast lane.
+pytestmark = pytest.mark.slow
+
 ENDED = ("closed", "answered 4")
 
 
