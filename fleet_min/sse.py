@@ -52,6 +52,13 @@ _KEEPALIVE = b": keep-alive\n\n"
 FAN_OUT_SLICE = 64
 
 
+def _chunk(frame: bytes) -> tuple[bytes, int]:
+    """An SSE frame as one HTTP/1.1 chunk, and the length of the chunk's head: clients on a
+    chunked response take the chunk, others the frame inside it."""
+    head = f"{len(frame):x}\r\n".encode()
+    return head + frame + b"\r\n", len(head)
+
+
 class _Event:
     __slots__ = ("_head", "_wire", "at", "event", "id")
 
@@ -66,17 +73,14 @@ class _Event:
         """The frame as one HTTP/1.1 chunk, encoded once and shared by every client."""
         if self._wire is None:
             payload = {"at": iso(self.at), **self.event}
-            frame = (f"id: {self.id}\nevent: {self.event['type']}\n"
-                     f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode()
-            head = f"{len(frame):x}\r\n".encode()
-            self._wire = head + frame + b"\r\n"
-            self._head = len(head)
+            self._wire, self._head = _chunk(
+                (f"id: {self.id}\nevent: {self.event['type']}\n"
+                 f"data: {json.dumps(payload, separators=(',', ':'))}\n\n").encode())
         return self._wire
 
     def frame(self) -> memoryview:
         """The bare SSE frame (no chunk framing), a view into the same bytes."""
-        wire = self.wire()
-        return memoryview(wire)[self._head:-2]
+        return memoryview(self.wire())[self._head:-2]
 
 
 class _State:
@@ -93,15 +97,11 @@ class _State:
 
     def wire(self) -> bytes:
         if self._wire is None:
-            frame = b"data: " + self.payload + b"\n\n"
-            head = f"{len(frame):x}\r\n".encode()
-            self._wire = head + frame + b"\r\n"
-            self._head = len(head)
+            self._wire, self._head = _chunk(b"data: " + self.payload + b"\n\n")
         return self._wire
 
     def frame(self) -> memoryview:
-        wire = self.wire()
-        return memoryview(wire)[self._head:-2]
+        return memoryview(self.wire())[self._head:-2]
 
 
 _Item = _Event | _State
