@@ -11,7 +11,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 import urllib.request
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from fleet_min import dirlock
 from tests.support.collector import ROOT, CollectorProcess, free_port, job
 from tests.support.life import (
     HANG_S,
+    acknowledged_until_stopped,
     fleet_min,
     half_sent,
     lines,
@@ -212,29 +212,15 @@ def test_a_signal_cuts_a_half_sent_upload_and_keeps_no_part_of_it(tmp_path: Path
 
 def test_a_signal_during_many_posts_keeps_every_acknowledged_job(tmp_path: Path) -> None:
     proc = CollectorProcess(tmp_path / "data", env={"FLEET_SQLITE_SYNCHRONOUS": "FULL"}).start()
-    acked: list[str] = []
-    enough = threading.Event()
 
-    def post(worker: int) -> None:
-        for n in range(100_000):
-            job_id = f"w{worker}-{n}"
-            try:
-                status, _ = proc.client.post("/jobs", job(job_id), timeout=HANG_S)
-            except OSError:
-                return  # the collector stopped listening
-            if status != 201:
-                return
-            acked.append(job_id)
-            if len(acked) >= 300:
-                enough.set()
+    def post(worker: int, n: int) -> str | None:
+        job_id = f"w{worker}-{n}"
+        status, _ = proc.client.post("/jobs", job(job_id), timeout=HANG_S)
+        return job_id if status == 201 else None
 
-    workers = [threading.Thread(target=post, args=(n,)) for n in range(12)]
-    for worker in workers:
-        worker.start()
-    assert enough.wait(HANG_S * 3)
-    assert stop_with(proc, signal.SIGTERM) == 0
-    for worker in workers:
-        worker.join(HANG_S)
+    acked, code = acknowledged_until_stopped(post, workers=12, enough=300,
+                                             stop=lambda: stop_with(proc, signal.SIGTERM))
+    assert code == 0
     assert "collector stopped (SIGTERM)" in proc.log()
     conn = sqlite3.connect(tmp_path / "data" / "fleet.sqlite3")
     try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import threading
 from typing import Any
 
 import pytest
@@ -17,6 +16,7 @@ from tests.support.collector import HttpClient, free_port
 from tests.support.controlplane import Daemon, Host
 from tests.support.life import (
     HANG_S,
+    acknowledged_until_stopped,
     fleet_min,
     half_sent,
     lines,
@@ -103,31 +103,16 @@ def test_a_signal_stops_it_with_streams_and_a_half_sent_request(host: Host, sig:
 def test_a_signal_during_many_changes_keeps_every_acknowledged_one(host: Host) -> None:
     daemon = Daemon(host)
     client, headers = HttpClient(daemon.url), daemon.headers()
-    acked: list[int] = []
-    enough = threading.Event()
 
-    def change(worker: int) -> None:
-        for n in range(10_000):
-            value = 30 + worker * 10_000 + n
-            try:
-                status, _ = client.post("/api/settings", {"key": "stuck_queue_s",
-                                                          "value": value},
-                                        headers=headers, timeout=HANG_S)
-            except OSError:
-                return  # it stopped listening
-            if status != 200:
-                return
-            acked.append(value)
-            if len(acked) >= 100:
-                enough.set()
+    def change(worker: int, n: int) -> int | None:
+        value = 30 + worker * 10_000 + n
+        status, _ = client.post("/api/settings", {"key": "stuck_queue_s", "value": value},
+                                headers=headers, timeout=HANG_S)
+        return value if status == 200 else None
 
-    workers = [threading.Thread(target=change, args=(n,)) for n in range(6)]
-    for worker in workers:
-        worker.start()
-    assert enough.wait(HANG_S * 3)
-    assert stop_with(daemon, signal.SIGTERM) == 0
-    for worker in workers:
-        worker.join(HANG_S)
+    acked, code = acknowledged_until_stopped(change, workers=6, enough=100,
+                                             stop=lambda: stop_with(daemon, signal.SIGTERM))
+    assert code == 0
     conn = sqlite3.connect(host.state / "controlplane.db")
     try:
         # Each acknowledged change wrote its audit row in a transaction of its own. (The row

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,3 +93,35 @@ def signal_and_wait(proc: subprocess.Popen[Any], sig: int, timeout: float = HANG
 
 def read_text(path: Path) -> Callable[[], str]:
     return lambda: path.read_text(errors="replace") if path.exists() else ""
+
+
+def acknowledged_until_stopped(write: Callable[[int, int], Any | None], workers: int,
+                               enough: int, stop: Callable[[], int]) -> tuple[list[Any], int]:
+    """Writers in `workers` threads call write(worker, n) for n = 0, 1, ... and keep what each
+    call returns (an acknowledged write) until a call returns None or raises OSError (the server
+    stopped listening). Once `enough` writes are acknowledged, stop() is called (it signals the
+    server and waits for its exit code); the threads are joined and the acknowledged writes and
+    the exit code returned. The caller checks that every acknowledged write was kept."""
+    acked: list[Any] = []
+    reached = threading.Event()
+
+    def writer(worker: int) -> None:
+        for n in range(1_000_000):
+            try:
+                done = write(worker, n)
+            except OSError:
+                return
+            if done is None:
+                return
+            acked.append(done)
+            if len(acked) >= enough:
+                reached.set()
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(workers)]
+    for thread in threads:
+        thread.start()
+    assert reached.wait(HANG_S * 3), f"only {len(acked)} of {enough} writes acknowledged"
+    code = stop()
+    for thread in threads:
+        thread.join(HANG_S)
+    return acked, code
