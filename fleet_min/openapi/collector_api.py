@@ -122,6 +122,7 @@ ARTIFACT = obj({
 
 SCHEDULE = obj({
     "id": STR, "cron": STR, "enabled": BOOL, "last_run": null(TIME), "next_run": null(TIME),
+    "missed": BOOL, "missed_detail": null(STR),
     "template": obj(), "last_skip": null(STR), "last_slot": null(TIME), "created_at": TIME,
     "updated_at": TIME})
 
@@ -169,6 +170,7 @@ def _components() -> dict[str, Schema]:
             "job_id": STR, "workload": STR, "lease_deadline": null(TIME)}))})]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
+        "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
         "Alert": ALERT,
         "TopicEvent": TOPIC_EVENT,
         "Stats": STATS,
@@ -522,12 +524,29 @@ def _automation() -> list[Route]:
     tag = "automation"
     no_schedule = "no schedule with that id"
     return [
-        guarded("POST", "/api/schedules", "Create a schedule (disabled)",
+        guarded("POST", "/api/schedules", "Create a schedule (disabled unless enabled is true)",
                 {201: json_reply(ref("Schedule"))},
                 {**JSON_ERRORS, 409: "the id exists"},
                 body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
-                               "enabled?": enum(False)}, closed=True),
+                               "enabled?": BOOL}, closed=True),
                           "a cron expression and a job spec without job_id"), tag=tag),
+        guarded("POST", "/schedules", "Create or replace a schedule (the original's route)",
+                {201: json_reply(ref("ScheduleOk"), "created"),
+                 200: json_reply(ref("ScheduleOk"), "replaced")},
+                JSON_ERRORS,
+                body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
+                               "enabled?": BOOL}, closed=True),
+                          "a cron expression and a job spec without job_id"), tag=tag),
+        Route("GET", "/schedules", "Schedules as a bare array (the original's route)",
+              {200: json_reply(arr(ref("Schedule")))}, tag=tag),
+        guarded("PATCH", "/schedules/{id}", "Change cron, enabled or template (the original's "
+                "route)", {200: json_reply(ref("ScheduleOk"))},
+                {**JSON_ERRORS, 404: no_schedule},
+                body=Body(obj({"cron?": STR, "enabled?": BOOL, "template?": obj()}, closed=True,
+                              minProperties=1), "fields to change"), tag=tag),
+        guarded("DELETE", "/schedules/{id}", "Delete a schedule (the original's route)",
+                {200: json_reply(obj({"ok": OK_TRUE, "id": STR, "deleted": enum(True)}))},
+                {404: no_schedule, 503: STORAGE}, tag=tag),
         Route("GET", "/api/schedules", "List schedules",
               {200: json_reply(obj({"schedules": arr(ref("Schedule"))}))}, tag=tag),
         Route("GET", "/api/schedules/{id}", "One schedule", {200: json_reply(ref("Schedule"))},

@@ -81,6 +81,10 @@ class Automation:
     def _identity(self) -> dict[str, str]:
         return {"collector": self.service.collector_id, "name": self.service.name}
 
+    def view(self) -> schedules.View:
+        """What schedule records are read against now."""
+        return schedules.View(now(), self.settings.tz, self.settings.thresholds.schedule_late_s)
+
     async def schedule_tick(self) -> schedules.TickReport:
         report: schedules.TickReport = await self.service.transact(
             schedules.tick, now(), tz=self.settings.tz)
@@ -150,25 +154,49 @@ def _check_ci_target(ci: ci_status.CiSettings, body: dict[str, Any]) -> None:
 
 def _routes(automation: Automation) -> list[web.RouteDef]:
     service = automation.service
-    tz = automation.settings.tz
     ci = ci_status.settings(service.config)
 
     async def create(request: web.Request) -> web.Response:
         body = await read_json_object(request)
         _check_ci_target(ci, body)
-        return json_response(await service.transact(schedules.create, body, now()), status=201)
+        view = automation.view()
+        return json_response(await service.transact(schedules.create, body, view.now, view=view),
+                             status=201)
 
-    async def listing(request: web.Request) -> web.Response:
-        return json_response(await schedules.list_schedules(service.db))
-
-    async def get_one(request: web.Request) -> web.Response:
-        return json_response(await schedules.get_schedule(service.db, request.match_info["id"]))
-
-    async def patch(request: web.Request) -> web.Response:
+    async def put(request: web.Request) -> web.Response:
+        """The original's POST /schedules: create or replace, `{"ok": true, ...record}`."""
         body = await read_json_object(request)
         _check_ci_target(ci, body)
-        return json_response(await service.transact(
-            schedules.update, request.match_info["id"], body, now(), tz=tz))
+        view = automation.view()
+        created, record = await service.transact(schedules.put, body, view.now, view=view)
+        return json_response({"ok": True, **record}, status=201 if created else 200)
+
+    async def listing(request: web.Request) -> web.Response:
+        return json_response(await schedules.list_schedules(service.db, automation.view()))
+
+    async def bare_listing(request: web.Request) -> web.Response:
+        """The original's GET /schedules: the records as a bare array."""
+        listed = await schedules.list_schedules(service.db, automation.view())
+        return json_response(listed["schedules"])
+
+    async def get_one(request: web.Request) -> web.Response:
+        return json_response(await schedules.get_schedule(service.db, request.match_info["id"],
+                                                          automation.view()))
+
+    async def patched(request: web.Request) -> dict[str, Any]:
+        body = await read_json_object(request)
+        _check_ci_target(ci, body)
+        view = automation.view()
+        record: dict[str, Any] = await service.transact(
+            schedules.update, request.match_info["id"], body, view.now, view=view)
+        return record
+
+    async def patch(request: web.Request) -> web.Response:
+        return json_response(await patched(request))
+
+    async def patch_ok(request: web.Request) -> web.Response:
+        """The original's PATCH /schedules/{id}: the record with `"ok": true`."""
+        return json_response({"ok": True, **await patched(request)})
 
     async def delete(request: web.Request) -> web.Response:
         return json_response(await service.transact(schedules.delete, request.match_info["id"]))
@@ -211,6 +239,11 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
         web.post("/api/schedules/{id}/run", run_now),
         web.get("/api/schedules/{id}/history", history),
         web.post("/schedules/tick", schedule_tick),
+        # The original collector's routes, used by its scripts: the same records and rules.
+        web.post("/schedules", put),
+        web.get("/schedules", bare_listing),
+        web.patch("/schedules/{id}", patch_ok),
+        web.delete("/schedules/{id}", delete),
         web.get("/api/alerts", alert_list),
         web.post("/api/alerts/tick", alert_tick),
         web.post("/api/alerts/{alert_id}/ack", alert_ack),
