@@ -70,6 +70,7 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("POST", "/schedules", "create or replace a schedule (the original's route)"),
     rule("PATCH DELETE", "/schedules/{}", "enable, change or delete a schedule (the original's "
          "route)"),
+    rule("*", "/api/templates*", "save, change, delete or enqueue from a job template"),
     rule("POST", "/api/alerts/{}/ack", "acknowledge an alert"),
     rule("POST", "/api/alerts/{}/snooze", "snooze an alert"),
     rule("*", "/api/alerts/{}/*", "any other change to an alert"),

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from aiohttp import web
 
 from fleet_min.collector.access import ci_status
-from fleet_min.collector.automation import alerts, schedules
+from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
@@ -251,10 +251,56 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
     ]
 
 
+def _template_routes(service: Service) -> list[web.RouteDef]:
+    """Job templates: the enqueue form's saved specs."""
+    ci = ci_status.settings(service.config)
+
+    def check_ci(spec: Any) -> None:
+        _check_ci_target(ci, {"template": spec})
+
+    async def listing(request: web.Request) -> web.Response:
+        return json_response(await job_templates.list_templates(service.db))
+
+    async def get_one(request: web.Request) -> web.Response:
+        return json_response(await job_templates.get_template(service.db,
+                                                              request.match_info["id"]))
+
+    async def put(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        check_ci(body.get("spec"))
+        created, record = await service.transact(job_templates.put, body, now())
+        return json_response({"ok": True, **record}, status=201 if created else 200)
+
+    async def patch(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        check_ci(body.get("spec"))
+        return json_response(await service.transact(
+            job_templates.update, request.match_info["id"], body, now()))
+
+    async def delete(request: web.Request) -> web.Response:
+        return json_response(await service.transact(job_templates.delete,
+                                                    request.match_info["id"]))
+
+    async def enqueue(request: web.Request) -> web.Response:
+        body = await read_json_object(request) if request.can_read_body else {}
+        return json_response(await service.transact(
+            job_templates.enqueue, request.match_info["id"], body, now()), status=201)
+
+    return [
+        web.get("/api/templates", listing),
+        web.post("/api/templates", put),
+        web.get("/api/templates/{id}", get_one),
+        web.patch("/api/templates/{id}", patch),
+        web.delete("/api/templates/{id}", delete),
+        web.post("/api/templates/{id}/enqueue", enqueue),
+    ]
+
+
 def setup(app: web.Application, service: Service) -> None:
     """Wire this feature: its routes and health fields, and its loops as a cleanup context."""
     automation = Automation(service, load_settings(service.config))
     app.router.add_routes(_routes(automation))
+    app.router.add_routes(_template_routes(service))
     service.health_extras.append(lambda: {
         "scheduler_tz": automation.settings.tz_name or "local",
         "alert_webhook": automation.sender is not None})
