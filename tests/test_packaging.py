@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -96,6 +97,17 @@ def _bare(argv: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.slow
+def _serves_the_agent_and_a_qr_code(port: int) -> None:
+    """The agent is package data (a link to agent/fleet_agent.py in the tree) and the QR codes
+    come from segno: both must be inside what was built."""
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"{base}/agent/fleet_agent.py", timeout=30) as reply:
+        assert reply.read() == (ROOT / "agent" / "fleet_agent.py").read_bytes()
+    with urllib.request.urlopen(f"{base}/api/enroll/qr?text=http%3A%2F%2Fpi%3A8788",
+                                timeout=30) as reply:
+        assert reply.headers["Content-Type"].startswith("image/svg+xml")
+
+
 def test_pyz_runs_both_services_and_the_backup(pyz: Path, tmp_path: Path) -> None:
     python = [sys.executable, "-I", "-S", str(pyz)]
     version = _bare([*python, "--version"], tmp_path)
@@ -107,6 +119,7 @@ def test_pyz_runs_both_services_and_the_backup(pyz: Path, tmp_path: Path) -> Non
                             ).start()
     try:
         assert proc.client.get("/api/health")[1]["ok"] is True
+        _serves_the_agent_and_a_qr_code(proc.port)
         backup = _bare([*python, "collector", "backup", str(tmp_path / "b"), "--data",
                         str(tmp_path / "data")], tmp_path)
         assert backup.returncode == 0, backup.stderr
@@ -166,6 +179,7 @@ def test_pip_install_gives_a_fleet_min_script(tmp_path: Path) -> None:
         where = _bare([sys.executable, "-c", "import fleet_min; print(fleet_min.__file__)"],
                       elsewhere, **env)
         assert where.stdout.startswith(str(target)), where.stdout  # not the checkout
+        _serves_the_agent_and_a_qr_code(proc.port)
     finally:
         assert proc.stop() == 0
 

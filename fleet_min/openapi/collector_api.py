@@ -122,8 +122,13 @@ ARTIFACT = obj({
 
 SCHEDULE = obj({
     "id": STR, "cron": STR, "enabled": BOOL, "last_run": null(TIME), "next_run": null(TIME),
+    "missed": BOOL, "missed_detail": null(STR),
     "template": obj(), "last_skip": null(STR), "last_slot": null(TIME), "created_at": TIME,
     "updated_at": TIME})
+
+JOB_TEMPLATE = obj({
+    "id": STR, "name": null(STR), "workload": STR, "executor": STR, "spec": obj(),
+    "created_at": TIME, "updated_at": TIME})
 
 ALERT = obj({
     "id": INT, "rule": STR, "subject": STR, "state": enum("open", "resolved"),
@@ -169,6 +174,9 @@ def _components() -> dict[str, Schema]:
             "job_id": STR, "workload": STR, "lease_deadline": null(TIME)}))})]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
+        "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
+        "JobTemplate": JOB_TEMPLATE,
+        "JobTemplateOk": {"allOf": [JOB_TEMPLATE, obj({"ok": OK_TRUE})]},
         "Alert": ALERT,
         "TopicEvent": TOPIC_EVENT,
         "Stats": STATS,
@@ -518,16 +526,63 @@ def _artifacts() -> list[Route]:
     ]
 
 
+def _templates(tag: str) -> list[Route]:
+    no_template = "no job template with that id"
+    body = obj({"id": SCHEDULE_ID, "name?": null(STR), "spec": obj()}, closed=True)
+    return [
+        Route("GET", "/api/templates", "Job templates, ordered by id",
+              {200: json_reply(obj({"templates": arr(ref("JobTemplate"))}))}, tag=tag),
+        guarded("POST", "/api/templates", "Save a job template (create, or replace by id)",
+                {201: json_reply(ref("JobTemplateOk"), "created"),
+                 200: json_reply(ref("JobTemplateOk"), "replaced")}, JSON_ERRORS,
+                body=Body(body, "an id, a name and a job spec without job_id"), tag=tag),
+        Route("GET", "/api/templates/{id}", "One job template",
+              {200: json_reply(ref("JobTemplate"))}, {404: no_template}, tag=tag),
+        guarded("PATCH", "/api/templates/{id}", "Change a template's name or spec",
+                {200: json_reply(ref("JobTemplate"))}, {**JSON_ERRORS, 404: no_template},
+                body=Body(obj({"name?": null(STR), "spec?": obj()}, closed=True,
+                              minProperties=1), "fields to change"), tag=tag),
+        guarded("DELETE", "/api/templates/{id}", "Delete a job template (its jobs stay)",
+                {200: json_reply(obj({"ok": OK_TRUE, "id": STR, "deleted": enum(True)}))},
+                {404: no_template, 503: STORAGE}, tag=tag),
+        guarded("POST", "/api/templates/{id}/enqueue", "Enqueue a job from a template",
+                {201: json_reply(obj({"ok": OK_TRUE, "template_id": STR, "job_id": STR,
+                                      "status": JOB_STATUS}))},
+                {**JSON_ERRORS, 404: no_template, 409: "the job id exists",
+                 422: "no agent declares the workload", 503: STORAGE},
+                body=Body(obj({"job_id?": STR}, closed=True),
+                          "optional: the job id (default <id>-<YYYYMMDDHHMMSS>)",
+                          required=False), tag=tag),
+    ]
+
+
 def _automation() -> list[Route]:
     tag = "automation"
     no_schedule = "no schedule with that id"
     return [
-        guarded("POST", "/api/schedules", "Create a schedule (disabled)",
+        guarded("POST", "/api/schedules", "Create a schedule (disabled unless enabled is true)",
                 {201: json_reply(ref("Schedule"))},
                 {**JSON_ERRORS, 409: "the id exists"},
                 body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
-                               "enabled?": enum(False)}, closed=True),
+                               "enabled?": BOOL}, closed=True),
                           "a cron expression and a job spec without job_id"), tag=tag),
+        guarded("POST", "/schedules", "Create or replace a schedule (the original's route)",
+                {201: json_reply(ref("ScheduleOk"), "created"),
+                 200: json_reply(ref("ScheduleOk"), "replaced")},
+                JSON_ERRORS,
+                body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
+                               "enabled?": BOOL}, closed=True),
+                          "a cron expression and a job spec without job_id"), tag=tag),
+        Route("GET", "/schedules", "Schedules as a bare array (the original's route)",
+              {200: json_reply(arr(ref("Schedule")))}, tag=tag),
+        guarded("PATCH", "/schedules/{id}", "Change cron, enabled or template (the original's "
+                "route)", {200: json_reply(ref("ScheduleOk"))},
+                {**JSON_ERRORS, 404: no_schedule},
+                body=Body(obj({"cron?": STR, "enabled?": BOOL, "template?": obj()}, closed=True,
+                              minProperties=1), "fields to change"), tag=tag),
+        guarded("DELETE", "/schedules/{id}", "Delete a schedule (the original's route)",
+                {200: json_reply(obj({"ok": OK_TRUE, "id": STR, "deleted": enum(True)}))},
+                {404: no_schedule, 503: STORAGE}, tag=tag),
         Route("GET", "/api/schedules", "List schedules",
               {200: json_reply(obj({"schedules": arr(ref("Schedule"))}))}, tag=tag),
         Route("GET", "/api/schedules/{id}", "One schedule", {200: json_reply(ref("Schedule"))},
@@ -558,6 +613,7 @@ def _automation() -> list[Route]:
               params=(query("limit", integer(1, 500), "default 50"),), tag=tag),
         Route("POST", "/schedules/tick", "Fire due schedules now",
               {200: json_reply(ref("TickReport"))}, {503: STORAGE}, tag=tag),
+        *_templates(tag),
         Route("GET", "/api/alerts", "Alerts: open, then newest",
               {200: json_reply(obj({"alerts": arr(ref("Alert"))}))}, {400: BAD_QUERY},
               params=(query("state", STR, "open, resolved or all"),
@@ -637,6 +693,32 @@ def _access() -> list[Route]:
     ]
 
 
+def _enrolment() -> list[Route]:
+    tag = "enrolment"
+    base = obj({"url": STR, "address": STR, "kind": enum("lan", "mesh", "name", "loopback",
+                                                          "other"),
+                "via": STR, "command": STR})
+    build = obj({"sha256": STR, "name": null(STR), "app": STR, "build": null(STR),
+                 "platform": null(STR), "size": integer(0), "created_at": TIME,
+                 "filename": STR, "download": STR})
+    return [
+        Route("GET", "/api/enroll", "What adding a device needs: addresses, devices, builds",
+              {200: json_reply(obj({"port": INT, "hostname": STR, "bases": arr(base),
+                                    "agent": obj({"path": STR, "options": STR}),
+                                    "runner_app": STR, "runner_apk": null(build),
+                                    "known_device_ids": arr(STR), "pools": arr(STR)}))},
+              {400: BAD_QUERY},
+              params=(query("app", STR, "the runner's app name (default "
+                            "fleet-runner-android)"),), tag=tag),
+        Route("GET", "/api/enroll/qr", "A QR code as SVG (black on white, quiet zone)",
+              {200: text_reply("SVG", "image/svg+xml")}, {400: "no text, or over 512 characters"},
+              params=(query("text", STR, "what the code says", required=True),), tag=tag),
+        Route("GET", "/agent/fleet_agent.py", "The agent, to copy onto a device",
+              {200: text_reply("the agent's source", "text/x-python"),
+               304: empty_reply("not modified")}, tag=tag),
+    ]
+
+
 def _pages() -> list[Route]:
     tag = "pages"
     page = {200: html_reply("the page"), 304: empty_reply("the client's copy is current")}
@@ -697,7 +779,7 @@ def service() -> Service:
             "type": "apiKey", "in": "header", "name": "X-Fleet-Token",
             "description": "Needed only when the collector runs with FLEET_DASH_TOKEN set."}},
         routes=[*_agents(), *_jobs(), *_devices(), *_reads(), *_artifacts(), *_automation(),
-                *_topics(), *_access(), *_pages()],
+                *_topics(), *_access(), *_enrolment(), *_pages()],
         tags=[("agents", "what the agent calls"), ("jobs", "the queue"),
               ("devices", "the registry"), ("reads", "listings, views, health, stream"),
               ("artifacts", "the content-addressed store"),

@@ -72,7 +72,9 @@ async def test_create_list_get_new_schedules_are_disabled(api):
     created = await create(api, cron="*/15 6-18 * * mon-fri")
     assert set(created) >= {"id", "cron", "enabled", "last_run", "next_run", "template",
                             "last_skip", "created_at", "updated_at"}
-    assert created["enabled"] is False and created["next_run"] is None
+    # Disabled: next_run is when it would run if enabled now (the scheduler keeps none).
+    assert created["enabled"] is False and created["missed"] is False
+    assert created["next_run"] > datetime.now(UTC).strftime("%Y-%m-%dT%H:%M")
     assert created["last_run"] is None and created["template"] == TEMPLATE
     listing = await (await api.get("/api/schedules")).json()
     assert [s["id"] for s in listing["schedules"]] == ["nightly"]
@@ -97,7 +99,7 @@ async def test_create_list_get_new_schedules_are_disabled(api):
         **TEMPLATE, "params": {"prompt_tokens": "${jobs.other.metrics.n}"}}}, "depends_on"),
     ({"id": "-a", "cron": "@daily", "template": TEMPLATE}, "id is required"),
     ({"cron": "@daily", "template": TEMPLATE}, "id is required"),
-    ({"id": "a", "cron": "@daily", "template": TEMPLATE, "enabled": True}, "start disabled"),
+    ({"id": "a", "cron": "@daily", "template": TEMPLATE, "enabled": "yes"}, "true or false"),
     ({"id": "a", "cron": "@daily", "template": TEMPLATE, "colour": 1}, "not a schedule field"),
 ])
 async def test_create_refusals_are_400_and_store_nothing(api, body, words):
@@ -123,7 +125,9 @@ async def test_enable_sets_next_run_and_disable_clears_it(api):
     patched = await (await api.patch("/api/schedules/nightly", json={"cron": "0 0 1 * *"})).json()
     assert patched["cron"] == "0 0 1 * *" and patched["next_run"] < enabled["next_run"]
     disabled = await (await api.patch("/api/schedules/nightly", json={"enabled": False})).json()
-    assert disabled["enabled"] is False and disabled["next_run"] is None
+    assert disabled["enabled"] is False
+    # The listing still says when it would run; the scheduler holds no due minute for it.
+    assert disabled["next_run"] == patched["next_run"]
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [
@@ -148,6 +152,64 @@ async def test_unknown_schedule_is_404_everywhere(api):
         resp = await api.request(method, path, json={"enabled": True})
         assert resp.status == 404, (method, path)
         assert "nope" in (await resp.json())["error"]
+
+
+async def test_create_enabled_sets_next_run(api):
+    resp = await api.post("/api/schedules", json={"id": "on", "cron": "@daily",
+                                                  "template": TEMPLATE, "enabled": True})
+    assert resp.status == 201, await resp.text()
+    record = await resp.json()
+    tomorrow = datetime.fromtimestamp(datetime.now(UTC).timestamp() + 86400, UTC)
+    assert record["enabled"] is True
+    assert record["next_run"] == tomorrow.strftime("%Y-%m-%dT00:00:00.000000Z")
+    listed = (await (await api.get("/api/schedules")).json())["schedules"]
+    assert [s["next_run"] for s in listed] == [record["next_run"]]
+
+
+async def test_the_original_routes_create_replace_toggle_and_delete(api, db_path):
+    bad = await api.post("/schedules", json={"id": "old", "cron": "not a cron", "template": {}})
+    assert bad.status == 400 and "cron" in (await bad.json())["error"]
+    assert await (await api.get("/schedules")).json() == []
+    resp = await api.post("/schedules", json={"id": "old", "cron": "* * * * *",
+                                              "enabled": True, "template": TEMPLATE})
+    assert resp.status == 201, await resp.text()
+    created = await resp.json()
+    assert created["ok"] is True and created["id"] == "old" and created["enabled"] is True
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    fired = (await tick(api))["fired"]  # the latest due minute only
+    assert len(fired) == 1 and fired[0]["job_id"].startswith("old-2026")
+    off = await api.patch("/schedules/old", json={"enabled": False})
+    assert off.status == 200
+    assert (await off.json())["ok"] is True and (await off.json())["enabled"] is False
+    listed = await (await api.get("/schedules")).json()
+    assert [(s["id"], s["enabled"], s["missed"]) for s in listed] == [("old", False, False)]
+    assert isinstance(listed[0]["next_run"], str)
+    # The same id again replaces its cron and template (the original's upsert): 200, not 409.
+    again = await api.post("/schedules", json={"id": "old", "cron": "@hourly",
+                                               "template": TEMPLATE})
+    assert again.status == 200
+    assert (await again.json())["cron"] == "@hourly"
+    gone = await api.delete("/schedules/old")
+    assert gone.status == 200 and (await gone.json())["ok"] is True
+    assert (await api.delete("/schedules/old")).status == 404
+    assert (await api.patch("/schedules/old", json={"enabled": True})).status == 404
+
+
+async def test_a_listing_says_which_schedules_are_missed(api, db_path):
+    await create(api, "late")
+    await enable(api, "late")
+    await create(api, "idle")
+    fresh = {s["id"]: s["missed"] for s in (await (await api.get("/api/schedules")).json())[
+        "schedules"]}
+    assert fresh == {"idle": False, "late": False}
+    # Due ten minutes ago and not run (the scheduler was stopped): missed, with the reason.
+    age_rows(db_path, "UPDATE schedules SET next_run = ? WHERE id = 'late'",
+             (datetime.now(UTC).timestamp() - 600,))
+    listed = {s["id"]: s for s in (await (await api.get("/api/schedules")).json())["schedules"]}
+    assert listed["late"]["missed"] is True and "has not run" in listed["late"]["missed_detail"]
+    assert listed["idle"]["missed"] is False and listed["idle"]["missed_detail"] is None
+    one = await (await api.get("/api/schedules/late")).json()
+    assert one["missed"] is True
 
 
 async def test_tick_fires_the_due_minute_once(api, db_path):
@@ -329,7 +391,8 @@ def make(conn, cron: str, now: float, schedule_id: str = "s") -> None:
     effects = Effects()
     in_transaction(conn, schedules.create, {"id": schedule_id, "cron": cron,
                                             "template": TEMPLATE}, now, effects)
-    in_transaction(conn, schedules.update, schedule_id, {"enabled": True}, now, effects, tz=UTC)
+    in_transaction(conn, schedules.update, schedule_id, {"enabled": True}, now, effects,
+                   view=schedules.View(now, UTC))
 
 
 def run_tick(conn, now: float) -> schedules.TickReport:
@@ -386,7 +449,8 @@ def test_a_refused_enqueue_leaves_no_job_and_no_effects(conn):
     effects = Effects()
     in_transaction(conn, schedules.create, {"id": "b", "cron": "* * * * *", "template": {
         "schema": 1, "workload": "batch", "executor": "device"}}, now, effects)
-    in_transaction(conn, schedules.update, "b", {"enabled": True}, now, effects, tz=UTC)
+    in_transaction(conn, schedules.update, "b", {"enabled": True}, now, effects,
+                   view=schedules.View(now, UTC))
     effects = Effects()
     report = in_transaction(conn, schedules.tick, now + 60, effects, tz=UTC)
     assert len(report.failed) == 1 and job_ids(conn) == []

@@ -99,6 +99,7 @@ def collector_state(base: str) -> dict[str, Any]:
     topics = [{k: t[k] for k in ("topic", "count", "last_seq")}
               for t in _get(base, "/api/events")["topics"]]
     return {"overview": overview, "jobs": jobs, "devices": devices, "schedules": schedules,
+            "templates": _get(base, "/api/templates")["templates"],
             "artifacts": _get(base, "/api/artifacts"), "topics": topics}
 
 
@@ -279,6 +280,7 @@ def test_nesting_and_lone_surrogates_are_refused_by_name(service: str, request: 
 # Per-route corpus: bodies that parse but break a rule. Every one must be refused with 400.
 HUGE = 10**400  # past float: float(HUGE) raises OverflowError
 JOB = job("hostile-job", targets={"device_id": "pixel-7"})
+SPEC = {"schema": 1, "workload": "benchmark", "executor": "device"}  # a template: no job_id
 COLLECTOR_BODIES: dict[str, list[Any]] = {
     "POST /devices/register": [
         {}, {"device_id": ""}, {"device_id": "../../etc/passwd"}, {"device_id": "a\u0000b"},
@@ -367,7 +369,7 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
         {"id": "s1", "cron": "\u00b2 * * * *", "template": {}},
         {"id": "s1", "cron": "@daily", "template": JOB},
         {"id": "s1", "cron": "@daily", "template": {"schema": 1, "workload": "benchmark",
-                                                     "executor": "device"}, "enabled": True},
+                                                     "executor": "device"}, "enabled": "yes"},
         {"id": "s1", "cron": "@daily", "template": {"schema": 1, "workload": "benchmark",
                                                      "executor": "device",
                                                      "targets": {"match": "a ~ '(a|a)*'"}}},
@@ -377,6 +379,33 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
     "PATCH /api/schedules/{id}": [{}, {"cron": {}}, {"cron": []}, {"cron": "61 * * * *"},
                                   {"enabled": "yes"}, {"template": []},
                                   {"template": {**JOB}}, {"id": "renamed"}],
+    "POST /schedules": [
+        {}, {"id": "../x", "cron": "* * * * *", "template": SPEC},
+        {"id": "s1", "cron": "99 * * * *", "template": SPEC},
+        {"id": "s1", "cron": "@daily", "template": JOB},
+        {"id": "s1", "cron": "@daily", "template": SPEC, "enabled": "yes"},
+        {"id": "s1", "cron": "@daily", "template": {**SPEC, "targets": {"match": "a ~ '(a|a)*'"}}},
+        # An id that exists goes to the replace path: its refusals change nothing either.
+        {"id": "weekly-selfcheck", "cron": "@daily"},
+        {"id": "weekly-selfcheck", "cron": "@daily", "template": []},
+        {"id": "weekly-selfcheck", "cron": "61 * * * *", "template": SPEC},
+        {"id": "weekly-selfcheck", "cron": "@daily", "template": SPEC, "x": 1},
+    ],
+    "PATCH /schedules/{id}": [{}, {"cron": {}}, {"cron": "61 * * * *"}, {"enabled": "yes"},
+                              {"template": []}, {"template": {**JOB}}, {"id": "renamed"}],
+    "POST /api/templates": [
+        {}, {"id": "../x", "spec": SPEC}, {"id": "t1"}, {"id": "t1", "spec": JOB},
+        {"id": "t1", "spec": []}, {"id": "t1", "spec": {**SPEC, "password": "hunter2"}},
+        {"id": "t1", "spec": {**SPEC, "targets": {"match": "(" * 40 + "a" + ")" * 40}}},
+        {"id": "t1", "spec": SPEC, "name": "x" * 201}, {"id": "t1", "spec": SPEC, "name": 5},
+        {"id": "t1", "spec": SPEC, "colour": 1}, {"id": "a\u0000b", "spec": SPEC},
+        {"id": "weekly-selfcheck", "spec": {**SPEC, "schema": 2}},
+    ],
+    "PATCH /api/templates/{id}": [{}, {"spec": []}, {"spec": JOB}, {"name": 5},
+                                  {"name": "x" * 201}, {"id": "renamed"}],
+    "POST /api/templates/{id}/enqueue": [{"job_id": 5}, {"job_id": "../x"},
+                                         {"job_id": "x" * 5000}, {"colour": 1}, [],
+                                         {"job_id": "a\u0000b"}],
     "POST /api/alerts/{alert_id}/snooze": [{}, {"duration_s": "1"}, {"minutes": -1},
                                            {"duration_s": 1, "minutes": 1},
                                            {"duration_s": 1e999}, {"duration_s": HUGE},

@@ -77,6 +77,8 @@ COLLECTOR: list[Stop] = [
          act=_menu("button.menu-toggle", "nav#nav a:has-text('Artifacts')")),
     Stop("devices", "/dash/devices", NOTHING_LOADING),
     Stop("devices-expired", "/dash/devices?expired=1", NOTHING_LOADING),
+    Stop("enroll", "/dash/devices/new", "#enroll-qr",
+         fits=("section[aria-labelledby=enroll-agent]",)),
     Stop("device", "/dash/devices/galaxy-s23", NOTHING_LOADING, absent=True),
     Stop("jobs", "/dash/jobs", NOTHING_LOADING),
     Stop("jobs-failed", "/dash/jobs?status=failed", NOTHING_LOADING),

@@ -148,6 +148,11 @@ def artifacts_and_schedules(c: HttpClient, s: Seeded) -> None:
         "schema": 1, "workload": "self-check", "executor": "device"}}))
     ok(c.post("/api/schedules/nightly-bench/run"))
     s.schedule = "nightly-bench"
+    ok(c.post("/api/templates", {"id": "sbc-bench", "name": "SBC benchmark", "spec": {
+        "schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
+        "params": {"prompt_tokens": 16, "gen_tokens": 8}, "targets": {"pool": "sbc"}}}))
+    ok(c.post("/api/templates", {"id": "weekly-selfcheck", "name": None, "spec": {
+        "schema": 1, "workload": "self-check", "executor": "device"}}))
 
 
 def alerts_and_topics(c: HttpClient) -> None:

@@ -67,6 +67,10 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("PATCH DELETE", "/api/devices/{}", "edit or forget a device"),
     rule("*", "/api/devices/{}/*", "any other change to a device"),
     rule("*", "/api/schedules*", "create, change, enable, run or delete a schedule"),
+    rule("POST", "/schedules", "create or replace a schedule (the original's route)"),
+    rule("PATCH DELETE", "/schedules/{}", "enable, change or delete a schedule (the original's "
+         "route)"),
+    rule("*", "/api/templates*", "save, change, delete or enqueue from a job template"),
     rule("POST", "/api/alerts/{}/ack", "acknowledge an alert"),
     rule("POST", "/api/alerts/{}/snooze", "snooze an alert"),
     rule("*", "/api/alerts/{}/*", "any other change to an alert"),

@@ -586,6 +586,8 @@ def _holders(conn: sqlite3.Connection) -> Iterator[Holder]:
         yield Holder("waiting", row["job_id"], row["named"])
     for row in conn.execute("SELECT id, template FROM schedules"):
         yield Holder("schedule", row["id"], row["template"] + _latest_text(conn, row["template"]))
+    for row in conn.execute("SELECT id, spec FROM job_templates"):
+        yield Holder("template", row["id"], row["spec"] + _latest_text(conn, row["spec"]))
 
 
 def _latest_text(conn: sqlite3.Connection, template: str) -> str:
@@ -617,6 +619,7 @@ _HOLD_SENTENCES = {
     "result": "live job {} lists it in its results",
     "waiting": "waiting job {} will read it from a dependency's results",
     "schedule": "schedule {} uses it in its template",
+    "template": "job template {} names it in its spec",
 }
 
 

@@ -30,7 +30,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from fleet_min.collector.automation.schedules import slot_time
+from fleet_min.collector.automation.schedules import missed_reason
 from fleet_min.collector.jobs import rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import JobStatus
@@ -216,28 +216,13 @@ def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
 
 def schedule_missed(schedules: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
     """Enabled and due minute long past without a run; or its latest due run came late or
-    failed to enqueue (held until a later due minute runs on time)."""
+    failed to enqueue (held until a later due minute runs on time). The rule itself is
+    schedules.missed_reason, which the schedule listings' `missed` reads too."""
     found = []
     for schedule in schedules:
-        if not schedule.get("enabled"):
-            continue
-        next_run = schedule.get("next_run")
-        if next_run is not None and now - next_run > th.schedule_late_s:
-            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
-                                 f"schedule {schedule['id']} was due at {iso(next_run)} and has "
-                                 f"not run ({_minutes(now - next_run)} late)"))
-            continue
-        due, at = slot_time(schedule.get("last_slot")), schedule.get("run_at")
-        if due is None or at is None:
-            continue
-        if schedule.get("run_outcome") == "failed":
-            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
-                                 f"schedule {schedule['id']} could not enqueue its run due at "
-                                 f"{iso(due)}: {(schedule.get('run_detail') or '')[:300]}"))
-        elif at - due > th.schedule_late_s:
-            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"],
-                                 f"schedule {schedule['id']} ran {_minutes(at - due)} late for "
-                                 f"its due minute {iso(due)} (was the collector down?)"))
+        reason = missed_reason(schedule, now, th.schedule_late_s)
+        if reason is not None:
+            found.append(Finding(AlertRule.SCHEDULE_MISSED, schedule["id"], reason))
     return found
 
 

@@ -20,6 +20,7 @@ import json
 import math
 import re
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any, cast
@@ -37,7 +38,12 @@ PLACEHOLDER_JOB_ID = "schedule-template"
 MISSED_RECORDED = 100   # missed minutes written to schedule_runs one by one; the rest counted
 MISSED_COUNTED = 1000   # beyond this many, the count says "more than"
 HISTORY_LIMIT = 50
+LATE_S = 300.0          # this late without a run is missed (FLEET_ALERT_SCHEDULE_LATE_S)
 EDITABLE = ("cron", "enabled", "template")
+# A schedule with its latest handled run, which is what "missed" reads.
+SELECT = ("SELECT s.*, r.at AS run_at, r.outcome AS run_outcome, r.detail AS run_detail "
+          "FROM schedules s LEFT JOIN schedule_runs r "
+          "ON r.schedule_id = s.id AND r.slot = s.last_slot")
 _MISSED = ("missed: the collector was not running (or its clock jumped) at this due minute; "
            "only the most recent due minute runs")
 
@@ -87,13 +93,26 @@ def slot_time(slot: str | None) -> float | None:
     return datetime.strptime(slot, "%Y%m%d%H%M").replace(tzinfo=UTC).timestamp()
 
 
-def schedule_record(row: sqlite3.Row) -> dict[str, Any]:
+@dataclass(frozen=True)
+class View:
+    """What a record is read against: the time, the cron's time zone, the lateness that counts
+    as missed."""
+
+    now: float
+    tz: tzinfo | None = None
+    late_s: float = LATE_S
+
+
+def schedule_record(row: sqlite3.Row, view: View) -> dict[str, Any]:
+    missed = missed_reason(row, view.now, view.late_s)
     return {
         "id": row["id"],
         "cron": row["cron"],
         "enabled": bool(row["enabled"]),
         "last_run": iso(row["last_run"]),
-        "next_run": iso(row["next_run"]) if row["enabled"] else None,
+        "next_run": iso(row["next_run"] if row["enabled"] else _would_run(row, view)),
+        "missed": missed is not None,
+        "missed_detail": missed,
         "template": json.loads(row["template"]),
         "last_skip": row["last_skip"],
         "last_slot": iso(slot_time(row["last_slot"])),
@@ -102,8 +121,43 @@ def schedule_record(row: sqlite3.Row) -> dict[str, Any]:
     }
 
 
+def _would_run(row: sqlite3.Row, view: View) -> float | None:
+    """For a disabled schedule: the due minute enabling it now would give (listings show when it
+    would run; the scheduler itself keeps next_run NULL while disabled)."""
+    try:
+        return _first_run(parse(row["cron"]), row["last_slot"], view.now, view.tz)
+    except CronError:
+        return None
+
+
+def missed_reason(row: sqlite3.Row | Mapping[str, Any], now: float, late_s: float) -> str | None:
+    """Why an enabled schedule counts as missed, or None: its due minute is over late_s past
+    without a run, or its latest due run came late or could not enqueue (held until a later due
+    minute runs on time). The schedule-missed alert and the listings' `missed` read this."""
+    if not row["enabled"]:
+        return None
+    next_run = row["next_run"]
+    if next_run is not None and now - next_run > late_s:
+        return (f"schedule {row['id']} was due at {iso(next_run)} and has not run "
+                f"({_minutes(now - next_run)} late)")
+    due, at = slot_time(row["last_slot"]), row["run_at"]
+    if due is None or at is None:
+        return None
+    if row["run_outcome"] == "failed":
+        return (f"schedule {row['id']} could not enqueue its run due at {iso(due)}: "
+                f"{(row['run_detail'] or '')[:300]}")
+    if at - due > late_s:
+        return (f"schedule {row['id']} ran {_minutes(at - due)} late for its due minute "
+                f"{iso(due)} (was the collector down?)")
+    return None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min"
+
+
 def _row(conn: sqlite3.Connection, schedule_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM schedules WHERE id = ?", (schedule_id,)).fetchone()
+    row = conn.execute(SELECT + " WHERE s.id = ?", (schedule_id,)).fetchone()
     if row is None:
         raise NotFound(f"no schedule {schedule_id!r}")
     return row
@@ -119,29 +173,52 @@ def _first_run(cron: Cron, row_last_slot: str | None, now: float, tz: tzinfo | N
 # create, update, delete
 
 
-def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: Effects
-           ) -> dict[str, Any]:
+def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: Effects,
+           view: View | None = None) -> dict[str, Any]:
+    """A new schedule, disabled unless the body says `"enabled": true`."""
+    view = view or View(now)
     unknown = sorted(set(body) - {"id", "cron", "template", "enabled"})
     if unknown:
         raise BadRequest(f"{unknown[0][:60]} is not a schedule field; send id, cron and template")
     schedule_id = check_id(body.get("id"))
     cron = check_cron(body.get("cron"))
     template = check_template(body.get("template"))
-    if body.get("enabled", False) is not False:
-        raise BadRequest("new schedules start disabled; create it, then enable it with "
-                         "PATCH /api/schedules/{id} {\"enabled\": true}")
+    enabled = body.get("enabled", False)
+    if not isinstance(enabled, bool):
+        raise BadRequest("enabled must be true or false (new schedules start disabled unless "
+                         "it is true)")
     if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone():
         raise Conflict(f"schedule {schedule_id!r} already exists")
+    next_run = _first_run(cron, None, now, view.tz) if enabled else None
     conn.execute(
-        "INSERT INTO schedules (id, cron, enabled, template, created_at, updated_at) "
-        "VALUES (?, ?, 0, ?, ?, ?)",
-        (schedule_id, cron.text, json.dumps(template), now, now))
-    effects.emit("schedule", schedule_id=schedule_id, action="created")
-    return schedule_record(_row(conn, schedule_id))
+        "INSERT INTO schedules (id, cron, enabled, template, next_run, created_at, updated_at) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (schedule_id, cron.text, int(enabled), json.dumps(template), next_run, now, now))
+    effects.emit("schedule", schedule_id=schedule_id, action="created", enabled=enabled)
+    return schedule_record(_row(conn, schedule_id), view)
+
+
+def put(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: Effects,
+        view: View | None = None) -> tuple[bool, dict[str, Any]]:
+    """Create, or replace the cron, template and enabled flag of the schedule with this id (the
+    original's POST /schedules). Returns whether it was created, and the record."""
+    view = view or View(now)
+    schedule_id = check_id(body.get("id"))
+    if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone() is None:
+        return True, create(conn, body, now, effects, view)
+    unknown = sorted(set(body) - {"id", "cron", "template", "enabled"})
+    if unknown:
+        raise BadRequest(f"{unknown[0][:60]} is not a schedule field; send id, cron and template")
+    if "cron" not in body or "template" not in body:
+        raise BadRequest("id, cron and template are required")
+    changes = {"cron": body["cron"], "template": body["template"],
+               "enabled": body.get("enabled", False)}
+    return False, update(conn, schedule_id, changes, now, effects, view)
 
 
 def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], now: float,
-           effects: Effects, tz: tzinfo | None = None) -> dict[str, Any]:
+           effects: Effects, view: View | None = None) -> dict[str, Any]:
+    view = view or View(now)
     unknown = sorted(set(changes) - set(EDITABLE))
     if unknown:
         raise BadRequest(f"{unknown[0][:60]} cannot be changed; editable fields are cron, "
@@ -158,7 +235,7 @@ def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], 
     if not enabled:
         next_run = None
     elif cron is not None or not row["enabled"]:
-        next_run = _first_run(cron or parse(row["cron"]), row["last_slot"], now, tz)
+        next_run = _first_run(cron or parse(row["cron"]), row["last_slot"], now, view.tz)
     conn.execute(
         "UPDATE schedules SET cron = ?, enabled = ?, template = ?, next_run = ?, updated_at = ? "
         "WHERE id = ?",
@@ -166,7 +243,7 @@ def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], 
          json.dumps(template) if template is not None else row["template"], next_run, now,
          schedule_id))
     effects.emit("schedule", schedule_id=schedule_id, action="updated", enabled=enabled)
-    return schedule_record(_row(conn, schedule_id))
+    return schedule_record(_row(conn, schedule_id), view)
 
 
 def delete(conn: sqlite3.Connection, schedule_id: str, effects: Effects) -> dict[str, Any]:
@@ -395,21 +472,22 @@ def latest_due(cron: Cron, after: float, current: float, tz: tzinfo | None) -> f
 # reads
 
 
-async def list_schedules(db: Database) -> dict[str, Any]:
-    rows = await db.read("SELECT * FROM schedules ORDER BY id")
-    return {"schedules": [schedule_record(row) for row in rows]}
+async def list_schedules(db: Database, view: View) -> dict[str, Any]:
+    rows = await db.read(SELECT + " ORDER BY s.id")
+    return {"schedules": [schedule_record(row, view) for row in rows]}
 
 
-async def get_schedule(db: Database, schedule_id: str) -> dict[str, Any]:
-    row = await db.read_one("SELECT * FROM schedules WHERE id = ?", (schedule_id,))
+async def get_schedule(db: Database, schedule_id: str, view: View) -> dict[str, Any]:
+    row = await db.read_one(SELECT + " WHERE s.id = ?", (schedule_id,))
     if row is None:
         raise NotFound(f"no schedule {schedule_id!r}")
-    return schedule_record(row)
+    return schedule_record(row, view)
 
 
 async def history(db: Database, schedule_id: str, limit: int = HISTORY_LIMIT) -> dict[str, Any]:
     """The schedule's runs (fired, skipped, failed) and the jobs it created, newest first."""
-    await get_schedule(db, schedule_id)
+    if await db.read_one("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)) is None:
+        raise NotFound(f"no schedule {schedule_id!r}")
     runs = await db.read(
         "SELECT r.*, j.status AS job_status FROM schedule_runs r "
         "LEFT JOIN jobs j ON j.job_id = r.job_id "

@@ -20,7 +20,7 @@ from zoneinfo import ZoneInfo
 from aiohttp import web
 
 from fleet_min.collector.access import ci_status
-from fleet_min.collector.automation import alerts, schedules
+from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
@@ -80,6 +80,10 @@ class Automation:
 
     def _identity(self) -> dict[str, str]:
         return {"collector": self.service.collector_id, "name": self.service.name}
+
+    def view(self) -> schedules.View:
+        """What schedule records are read against now."""
+        return schedules.View(now(), self.settings.tz, self.settings.thresholds.schedule_late_s)
 
     async def schedule_tick(self) -> schedules.TickReport:
         report: schedules.TickReport = await self.service.transact(
@@ -150,25 +154,49 @@ def _check_ci_target(ci: ci_status.CiSettings, body: dict[str, Any]) -> None:
 
 def _routes(automation: Automation) -> list[web.RouteDef]:
     service = automation.service
-    tz = automation.settings.tz
     ci = ci_status.settings(service.config)
 
     async def create(request: web.Request) -> web.Response:
         body = await read_json_object(request)
         _check_ci_target(ci, body)
-        return json_response(await service.transact(schedules.create, body, now()), status=201)
+        view = automation.view()
+        return json_response(await service.transact(schedules.create, body, view.now, view=view),
+                             status=201)
 
-    async def listing(request: web.Request) -> web.Response:
-        return json_response(await schedules.list_schedules(service.db))
-
-    async def get_one(request: web.Request) -> web.Response:
-        return json_response(await schedules.get_schedule(service.db, request.match_info["id"]))
-
-    async def patch(request: web.Request) -> web.Response:
+    async def put(request: web.Request) -> web.Response:
+        """The original's POST /schedules: create or replace, `{"ok": true, ...record}`."""
         body = await read_json_object(request)
         _check_ci_target(ci, body)
-        return json_response(await service.transact(
-            schedules.update, request.match_info["id"], body, now(), tz=tz))
+        view = automation.view()
+        created, record = await service.transact(schedules.put, body, view.now, view=view)
+        return json_response({"ok": True, **record}, status=201 if created else 200)
+
+    async def listing(request: web.Request) -> web.Response:
+        return json_response(await schedules.list_schedules(service.db, automation.view()))
+
+    async def bare_listing(request: web.Request) -> web.Response:
+        """The original's GET /schedules: the records as a bare array."""
+        listed = await schedules.list_schedules(service.db, automation.view())
+        return json_response(listed["schedules"])
+
+    async def get_one(request: web.Request) -> web.Response:
+        return json_response(await schedules.get_schedule(service.db, request.match_info["id"],
+                                                          automation.view()))
+
+    async def patched(request: web.Request) -> dict[str, Any]:
+        body = await read_json_object(request)
+        _check_ci_target(ci, body)
+        view = automation.view()
+        record: dict[str, Any] = await service.transact(
+            schedules.update, request.match_info["id"], body, view.now, view=view)
+        return record
+
+    async def patch(request: web.Request) -> web.Response:
+        return json_response(await patched(request))
+
+    async def patch_ok(request: web.Request) -> web.Response:
+        """The original's PATCH /schedules/{id}: the record with `"ok": true`."""
+        return json_response({"ok": True, **await patched(request)})
 
     async def delete(request: web.Request) -> web.Response:
         return json_response(await service.transact(schedules.delete, request.match_info["id"]))
@@ -211,6 +239,11 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
         web.post("/api/schedules/{id}/run", run_now),
         web.get("/api/schedules/{id}/history", history),
         web.post("/schedules/tick", schedule_tick),
+        # The original collector's routes, used by its scripts: the same records and rules.
+        web.post("/schedules", put),
+        web.get("/schedules", bare_listing),
+        web.patch("/schedules/{id}", patch_ok),
+        web.delete("/schedules/{id}", delete),
         web.get("/api/alerts", alert_list),
         web.post("/api/alerts/tick", alert_tick),
         web.post("/api/alerts/{alert_id}/ack", alert_ack),
@@ -218,10 +251,56 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
     ]
 
 
+def _template_routes(service: Service) -> list[web.RouteDef]:
+    """Job templates: the enqueue form's saved specs."""
+    ci = ci_status.settings(service.config)
+
+    def check_ci(spec: Any) -> None:
+        _check_ci_target(ci, {"template": spec})
+
+    async def listing(request: web.Request) -> web.Response:
+        return json_response(await job_templates.list_templates(service.db))
+
+    async def get_one(request: web.Request) -> web.Response:
+        return json_response(await job_templates.get_template(service.db,
+                                                              request.match_info["id"]))
+
+    async def put(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        check_ci(body.get("spec"))
+        created, record = await service.transact(job_templates.put, body, now())
+        return json_response({"ok": True, **record}, status=201 if created else 200)
+
+    async def patch(request: web.Request) -> web.Response:
+        body = await read_json_object(request)
+        check_ci(body.get("spec"))
+        return json_response(await service.transact(
+            job_templates.update, request.match_info["id"], body, now()))
+
+    async def delete(request: web.Request) -> web.Response:
+        return json_response(await service.transact(job_templates.delete,
+                                                    request.match_info["id"]))
+
+    async def enqueue(request: web.Request) -> web.Response:
+        body = await read_json_object(request) if request.can_read_body else {}
+        return json_response(await service.transact(
+            job_templates.enqueue, request.match_info["id"], body, now()), status=201)
+
+    return [
+        web.get("/api/templates", listing),
+        web.post("/api/templates", put),
+        web.get("/api/templates/{id}", get_one),
+        web.patch("/api/templates/{id}", patch),
+        web.delete("/api/templates/{id}", delete),
+        web.post("/api/templates/{id}/enqueue", enqueue),
+    ]
+
+
 def setup(app: web.Application, service: Service) -> None:
     """Wire this feature: its routes and health fields, and its loops as a cleanup context."""
     automation = Automation(service, load_settings(service.config))
     app.router.add_routes(_routes(automation))
+    app.router.add_routes(_template_routes(service))
     service.health_extras.append(lambda: {
         "scheduler_tz": automation.settings.tz_name or "local",
         "alert_webhook": automation.sender is not None})

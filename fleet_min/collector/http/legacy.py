@@ -230,7 +230,8 @@ def overview(data: Mapping[str, Any], schedules: Sequence[Mapping[str, Any]],
     failures = table(("Job", "Workload", "Error", "Finished"), (
         (job_link(r["job_id"]), r["workload"], r["last_error"], short_time(r["finished_at"]))
         for r in data["recent_failures"]), "No failures.")
-    upcoming = sorted((s for s in schedules if s.get("next_run")), key=lambda s: s["next_run"])
+    upcoming = sorted((s for s in schedules if s.get("enabled") and s.get("next_run")),
+                      key=lambda s: s["next_run"])
     nexts = table(("Schedule", "Cron", "Next run"), (
         (s["id"], s["cron"], short_time(s["next_run"])) for s in upcoming[:8]),
         "No enabled schedule.")

@@ -19,6 +19,7 @@ from aiohttp import web
 from fleet_min.collector.artifacts import store as artifacts
 from fleet_min.collector.automation import alerts, schedules
 from fleet_min.collector.http import legacy
+from fleet_min.collector.http.automation import load_settings as automation_settings
 from fleet_min.collector.insight import result_views
 from fleet_min.collector.jobs import views
 from fleet_min.collector.service import Service
@@ -107,6 +108,9 @@ class Legacy:
         self.service = service
         self.db = service.db
 
+    def schedule_view(self) -> schedules.View:
+        return schedules.View(now(), automation_settings(self.service.config).tz)
+
     def page(self, title: str, active: str, content: str, refresh_s: int | None = None,
              status: int = 200) -> web.Response:
         text = legacy.page(title, active, content, self.service.name, refresh_s)
@@ -115,7 +119,7 @@ class Legacy:
 
     async def overview(self, request: web.Request) -> web.Response:
         data = await views.overview(self.db, now())
-        listed = await schedules.list_schedules(self.db)
+        listed = await schedules.list_schedules(self.db, self.schedule_view())
         opened = await alerts.list_alerts(self.db, alerts.AlertState.OPEN, None, 50, now())
         content = legacy.overview(data, listed["schedules"], opened["alerts"])
         return self.page("Overview", "", content, refresh_s=30)
@@ -147,7 +151,7 @@ class Legacy:
         return self.page("Results", "/results", legacy.bench(data, ui))
 
     async def schedules(self, request: web.Request) -> web.Response:
-        listed = await schedules.list_schedules(self.db)
+        listed = await schedules.list_schedules(self.db, self.schedule_view())
         return self.page("Schedules", "/schedules", legacy.schedules(listed["schedules"]))
 
     async def alerts(self, request: web.Request) -> web.Response:

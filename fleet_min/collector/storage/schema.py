@@ -323,4 +323,14 @@ MIGRATIONS: list[str] = [
         slots INTEGER NOT NULL DEFAULT 1        -- jobs it may hold at once (?slots= on its poll)
     );
     """,
+    # 8: job templates, the enqueue form's saved specs (automation/job_templates.py).
+    """
+    CREATE TABLE job_templates (
+        id TEXT PRIMARY KEY,
+        name TEXT,
+        spec TEXT NOT NULL,                     -- a job spec without job_id, neutral form
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    """,
 ]

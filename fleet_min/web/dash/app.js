@@ -8,6 +8,7 @@ import { onNotify } from "./lib/notify.js";
 import { sentence } from "./lib/format.js";
 import { Overview } from "./screens/overview.js";
 import { Devices, DeviceDetail } from "./screens/devices.js";
+import { Enroll } from "./screens/enroll.js";
 import { Jobs, JobDetail } from "./screens/jobs.js";
 import { Enqueue } from "./screens/enqueue.js";
 import { Results } from "./screens/results.js";
@@ -25,7 +26,7 @@ const NAV = [
 ];
 
 const ROUTES = [
-  ["/", Overview], ["/devices", Devices], ["/devices/:id", DeviceDetail],
+  ["/", Overview], ["/devices", Devices], ["/devices/new", Enroll], ["/devices/:id", DeviceDetail],
   ["/jobs", Jobs], ["/jobs/new", Enqueue], ["/jobs/:id", JobDetail], ["/results", Results],
   ["/schedules", Schedules], ["/schedules/:id", ScheduleDetail],
   ["/artifacts", Artifacts], ["/artifacts/:sha", ArtifactDetail], ["/alerts", Alerts],

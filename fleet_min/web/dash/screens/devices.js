@@ -29,7 +29,8 @@ export function Devices({ query }) {
   const res = useResource(() => get("/api/devices", { expired: expired ? "1" : "" }), [expired],
     (e) => e.type === "device" || e.type === "beacon", 2000);
   const update = (next) => setQuery({ q: text, status, expired: expired ? "1" : "", ...next });
-  return html`<${Page} title="Devices" subtitle="Everything that registered: agents on devices and browser runners.">
+  return html`<${Page} title="Devices" subtitle="Everything that registered: agents on devices and browser runners."
+    actions=${currentPeer() ? null : html`<${Link} to="/devices/new" class="btn primary" id="add-device">Add a device<//>`}>
     <form class="filters" onSubmit=${(e) => e.preventDefault()} role="search">
       <label>Search <input type="search" value=${text} placeholder="id, name, model, pool…"
         onInput=${(e) => { setText(e.target.value); update({ q: e.target.value }); }} /></label>

@@ -1,11 +1,12 @@
 // Enqueue a job: a form that builds the job spec, with a live count of matching devices
-// (POST /api/jobs/preview-targets) as targets change.
+// (POST /api/jobs/preview-targets) as targets change, and the saved job templates (/api/templates):
+// load one into the form, enqueue one as it is, save the form's spec as one.
 import { html, useState, useEffect, useMemo } from "../lib/core.js";
-import { post, currentPeer } from "../lib/api.js";
+import { get, post, del, seg, currentPeer } from "../lib/api.js";
 import { navigate, href } from "../lib/router.js";
 import { notify } from "../lib/notify.js";
-import { useAction } from "../lib/hooks.js";
-import { Page, Section, Json, DeviceLink, Empty } from "../lib/ui.js";
+import { useAction, useResource } from "../lib/hooks.js";
+import { Page, Section, Json, DeviceLink, Empty, Loaded, Action, ConfirmButton } from "../lib/ui.js";
 import { WorkloadList, HOST_WORKLOADS } from "../lib/workloads.js";
 
 const BENCH_PARAMS = [["prompt_tokens", 128], ["gen_tokens", 32], ["warmup_iters", 1], ["measure_iters", 3]];
@@ -20,20 +21,47 @@ function initialForm() {
     job_id: newId(), workload: "benchmark", executor: "device", backend: "synthetic",
     match: "", device_id: "", pool: "", fanout: false, priority: "0", ttl_s: "", max_attempts: "",
     preemptible: false, params: Object.fromEntries(BENCH_PARAMS.map(([k, v]) => [k, String(v)])),
-    paramsJson: "{}",
+    paramsJson: "{}", extra: {},
   };
 }
 
+// A saved spec back into the form; the fields the form has no input for (app, suite, model,
+// constraints, other targets) ride along in `extra` and come back out in buildSpec.
+function specToForm(spec) {
+  const { schema: _s, job_id: _j, workload, executor, backend, targets, params, fanout, priority,
+    lease, preemptible, ...rest } = spec;
+  const f = { ...initialForm(), workload: workload || "", executor: executor || "device", backend: backend || "",
+    priority: String(priority ?? 0), preemptible: preemptible === true, extra: rest };
+  const { match, device_id: deviceId, pool, ...otherTargets } = targets || {};
+  Object.assign(f, { match: match || "", device_id: deviceId || "", pool: pool || "" });
+  if (Object.keys(otherTargets).length) f.extra.targets = otherTargets;
+  if (fanout === true) f.fanout = true;
+  else if (fanout !== undefined && fanout !== false) f.extra.fanout = fanout;
+  const { ttl_s: ttl, max_attempts: attempts, ...otherLease } = lease || {};
+  Object.assign(f, { ttl_s: ttl === undefined ? "" : String(ttl), max_attempts: attempts === undefined ? "" : String(attempts) });
+  if (Object.keys(otherLease).length) f.extra.lease = otherLease;
+  if (f.workload === "benchmark") {
+    const known = Object.fromEntries(BENCH_PARAMS.map(([k]) => [k, params?.[k] === undefined ? "" : String(params[k])]));
+    const others = Object.fromEntries(Object.entries(params || {}).filter(([k]) => !(k in known)));
+    f.params = known;
+    if (Object.keys(others).length) f.extra.params = others;
+  } else {
+    f.paramsJson = JSON.stringify(params || {}, null, 2);
+  }
+  return f;
+}
+
 function buildSpec(f) {
-  const spec = { schema: 1, job_id: f.job_id.trim(), workload: f.workload.trim(), executor: f.executor };
+  const { targets: extraTargets, lease: extraLease, params: extraParams, ...extra } = f.extra || {};
+  const spec = { ...extra, schema: 1, job_id: f.job_id.trim(), workload: f.workload.trim(), executor: f.executor };
   if (f.backend.trim()) spec.backend = f.backend.trim();
-  const targets = {};
+  const targets = { ...extraTargets };
   if (f.match.trim()) targets.match = f.match.trim();
   if (f.device_id.trim()) targets.device_id = f.device_id.trim();
   if (f.pool.trim()) targets.pool = f.pool.trim();
   if (Object.keys(targets).length) spec.targets = targets;
   if (f.workload.trim() === "benchmark") {
-    spec.params = Object.fromEntries(Object.entries(f.params).filter(([, v]) => v !== "").map(([k, v]) => [k, Number(v)]));
+    spec.params = { ...extraParams, ...Object.fromEntries(Object.entries(f.params).filter(([, v]) => v !== "").map(([k, v]) => [k, Number(v)])) };
   } else {
     let params;
     try { params = JSON.parse(f.paramsJson || "{}"); } catch { throw new Error("params is not valid JSON"); }
@@ -41,7 +69,7 @@ function buildSpec(f) {
   }
   if (f.fanout) spec.fanout = true;
   if (f.priority !== "" && Number(f.priority) !== 0) spec.priority = Number(f.priority);
-  const lease = {};
+  const lease = { ...extraLease };
   if (f.ttl_s !== "") lease.ttl_s = Number(f.ttl_s);
   if (f.max_attempts !== "") lease.max_attempts = Number(f.max_attempts);
   if (Object.keys(lease).length) spec.lease = lease;
@@ -86,7 +114,49 @@ function MatchCount({ state, spec }) {
   </div>`;
 }
 
-export function Enqueue() {
+function withoutJobId(spec) {
+  const { job_id: _drop, ...template } = spec;
+  return template;
+}
+
+// The saved templates: load one into the form, enqueue one as saved, delete one; and save the
+// form's spec (without its job id) under an id.
+function Templates({ spec, onLoad }) {
+  const res = useResource(() => get("/api/templates", null, { local: true }), [], (e) => e.type === "template");
+  const [run, busy] = useAction(notify);
+  const [id, setId] = useState("");
+  const [name, setName] = useState("");
+  const save = async (e) => {
+    e.preventDefault();
+    const r = await run(() => post("/api/templates", { id: id.trim(), name: name.trim() || null, spec: withoutJobId(spec) }),
+      (x) => `Saved the template ${x.id}.`);
+    if (r) { setId(""); setName(""); res.reload(); }
+  };
+  const enqueue = async (t) => {
+    const r = await run(() => post(`/api/templates/${seg(t.id)}/enqueue`), (x) => `Enqueued ${x.job_id} (${x.status}).`);
+    if (r) navigate(href(`/jobs/${encodeURIComponent(r.job_id)}`));
+  };
+  const remove = (t) => run(() => del(`/api/templates/${seg(t.id)}`), `Deleted the template ${t.id}; its jobs are kept.`)
+    .then((r) => r && res.reload());
+  return html`<${Loaded} res=${res}>${(d) => html`
+    ${d.templates.length ? html`<ul class="plain template-list" aria-label="Saved templates">${d.templates.map((t) => html`<li data-template=${t.id}>
+      <span class="grow"><strong>${t.name || t.id}</strong> <span class="muted small">${t.name ? `${t.id} · ` : ""}${t.workload} · ${t.executor}</span></span>
+      <${Action} onClick=${() => onLoad(t)} disabled=${busy}>Load<//>
+      <${Action} onClick=${() => enqueue(t)} disabled=${busy}>Enqueue<//>
+      <${ConfirmButton} small label="Delete" question=${`Delete the template ${t.id}?`} onConfirm=${() => remove(t)} />
+    </li>`)}</ul>` : html`<${Empty}>No saved templates yet: save the form's spec below to reuse it.<//>`}
+    <form class="form inline-form" onSubmit=${save} aria-label="Save as template" id="save-template">
+      <div class="grid two tight">
+        <label>Template id <input name="template_id" required value=${id} onInput=${(e) => setId(e.target.value)}
+          placeholder="nightly-pi-bench" /></label>
+        <label>Name <input name="template_name" value=${name} onInput=${(e) => setName(e.target.value)} placeholder="optional" /></label>
+      </div>
+      <p class="hint">Saves the spec on the right without its job id; saving an existing id replaces it.</p>
+      <button type="submit" class="btn" disabled=${busy || !spec}>Save as template</button>
+    </form>`}<//>`;
+}
+
+export function Enqueue({ query }) {
   const [f, setF] = useState(initialForm);
   const [run, busy] = useAction(notify);
   const { spec, problem } = useMemo(() => {
@@ -103,6 +173,13 @@ export function Enqueue() {
     });
   };
   const setParam = (k) => (e) => setF((old) => ({ ...old, params: { ...old.params, [k]: e.target.value } }));
+  const load = (t) => { setF(specToForm(t.spec)); notify(`Loaded the template ${t.id} into the form.`, "ok"); };
+  const wanted = query?.get("template");
+  useEffect(() => {
+    if (!wanted || currentPeer()) return;
+    get(`/api/templates/${seg(wanted)}`, null, { local: true }).then((t) => setF(specToForm(t.spec)))
+      .catch((err) => notify(err.message, "error", err.status));
+  }, [wanted]);
   const submit = async (e) => {
     e.preventDefault();
     if (!spec) return;
@@ -149,6 +226,7 @@ export function Enqueue() {
       </form>
       <div class="stack">
         <${Section} title="Matching devices" id="enq-count"><${MatchCount} state=${count} spec=${spec} /><//>
+        <${Section} title="Saved templates" id="enq-templates"><${Templates} spec=${spec} onLoad=${load} /><//>
         <${Section} title="Spec" id="enq-spec">${spec ? html`<${Json} value=${spec} />` : null}<//>
       </div>
     </div>

@@ -1,4 +1,5 @@
-// Schedules: list with enable/disable and run now, create from a template, one schedule's
+// Schedules: list with enable/disable, run now and whether one is missed; create from a preset,
+// a saved job template or an existing job; one schedule's cron and template edited in place, its
 // history of runs and jobs.
 import { html, useState } from "../lib/core.js";
 import { get, post, patch, del, seg, currentPeer } from "../lib/api.js";
@@ -34,6 +35,8 @@ function useScheduleActions() {
 function CreateSchedule({ onCreated }) {
   const [preset, setPreset] = useState("bench");
   const [id, setId] = useState("");
+  const [enabled, setEnabled] = useState(false);
+  const saved = useResource(() => get("/api/templates", null, { local: true }), [], (e) => e.type === "template");
   const [cron, setCron] = useState(PRESETS.bench.cron);
   const [text, setText] = useState(JSON.stringify(PRESETS.bench.template, null, 2));
   const [fromJob, setFromJob] = useState("");
@@ -42,6 +45,8 @@ function CreateSchedule({ onCreated }) {
   const choose = (key) => {
     setPreset(key);
     if (PRESETS[key]) { setCron(PRESETS[key].cron); setText(JSON.stringify(PRESETS[key].template, null, 2)); }
+    const template = key.startsWith("tpl:") && (saved.data?.templates || []).find((t) => `tpl:${t.id}` === key);
+    if (template) setText(JSON.stringify(template.spec, null, 2));
   };
   const copyJob = async () => {
     try {
@@ -56,14 +61,15 @@ function CreateSchedule({ onCreated }) {
     let template;
     try { template = JSON.parse(text); } catch { setProblem("the template is not valid JSON"); return; }
     setProblem(null);
-    const r = await run(() => post("/api/schedules", { id: id.trim(), cron: cron.trim(), template }),
-      (x) => `Created ${x.id}; it starts disabled.`);
+    const r = await run(() => post("/api/schedules", { id: id.trim(), cron: cron.trim(), template, enabled }),
+      (x) => (x.enabled ? `Created ${x.id}; it first runs at ${x.next_run}.` : `Created ${x.id}; it starts disabled.`));
     if (r) { setId(""); onCreated(r); }
   };
   return html`<form class="form" onSubmit=${submit} aria-label="New schedule">
     <div class="grid three tight">
       <label>Template <select value=${preset} onChange=${(e) => choose(e.target.value)}>
         ${Object.entries(PRESETS).map(([k, p]) => html`<option value=${k}>${p.label}</option>`)}
+        ${(saved.data?.templates || []).map((t) => html`<option value=${`tpl:${t.id}`}>Saved template: ${t.name || t.id}</option>`)}
         <option value="job">Copy an existing job</option></select></label>
       <label>Id <input required value=${id} onInput=${(e) => setId(e.target.value)} placeholder="nightly-bench" pattern="[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}" /></label>
       <label>Cron <input required class="mono" value=${cron} onInput=${(e) => setCron(e.target.value)} placeholder="0 3 * * *" /></label>
@@ -71,7 +77,8 @@ function CreateSchedule({ onCreated }) {
     ${preset === "job" ? html`<div class="row"><label>Job id <input value=${fromJob} onInput=${(e) => setFromJob(e.target.value)} /></label>
       <button type="button" class="btn" onClick=${copyJob} disabled=${!fromJob.trim()}>Copy its spec</button></div>` : null}
     <label>Job template (a job spec without job_id) <textarea class="mono" rows="10" onInput=${(e) => setText(e.target.value)}>${text}</textarea></label>
-    <p class="hint">Minute hour day-of-month month day-of-week, or @hourly, @daily, @weekly, @monthly. New schedules start disabled.</p>
+    <p class="hint">Minute hour day-of-month month day-of-week, or @hourly, @daily, @weekly, @monthly.</p>
+    <label class="check"><input type="checkbox" name="enabled" checked=${enabled} onChange=${(e) => setEnabled(e.target.checked)} /> Enable it at once (otherwise it starts disabled; it never fires in the minute it is enabled)</label>
     ${problem ? html`<p class="bad" role="alert">${problem}</p>` : null}
     <div class="row"><button type="submit" class="btn primary" disabled=${busy}>Create schedule</button></div>
   </form>`;
@@ -88,7 +95,7 @@ export function Schedules() {
       head=${["Schedule", "Cron", "Workload", "State", "Next run", "Last run", "Last skip", ""]}
       rows=${d.schedules.map((s) => html`<tr>
         <td><${Link} to=${`/schedules/${encodeURIComponent(s.id)}`}>${s.id}<//></td><td class="mono">${s.cron}</td>
-        <td>${s.template?.workload}</td><td><${Pill} status=${s.enabled ? "enabled" : "disabled"} /></td>
+        <td>${s.template?.workload}</td><td><${Pill} status=${s.enabled ? "enabled" : "disabled"} />${s.missed ? html` <span title=${s.missed_detail}><${Pill} status="missed" /></span>` : null}</td>
         <td><${Ago} iso=${s.next_run} /></td><td><${Ago} iso=${s.last_run} /></td>
         <td class="small">${s.last_skip || ""}</td>
         <td class="actions-cell"><${Action} onClick=${() => toggle(s)} disabled=${busy}>${s.enabled ? "Disable" : "Enable"}<//>
@@ -96,15 +103,31 @@ export function Schedules() {
   <//>`;
 }
 
-function EditCron({ schedule, run, reload }) {
+// The cron and the template, edited in place; only what changed is sent.
+function EditSchedule({ schedule, run, reload }) {
+  const original = JSON.stringify(schedule.template, null, 2);
   const [cron, setCron] = useState(schedule.cron);
+  const [text, setText] = useState(original);
+  const [problem, setProblem] = useState(null);
   const submit = async (e) => {
     e.preventDefault();
-    if (await run(() => patch(`/api/schedules/${seg(schedule.id)}`, { cron }), "Cron saved.")) reload();
+    const changes = {};
+    if (cron.trim() !== schedule.cron) changes.cron = cron.trim();
+    if (text !== original) {
+      try { changes.template = JSON.parse(text); } catch { setProblem("the template is not valid JSON"); return; }
+    }
+    setProblem(null);
+    if (await run(() => patch(`/api/schedules/${seg(schedule.id)}`, changes), "Schedule saved.")) reload();
   };
-  if (currentPeer()) return null;
-  return html`<form class="inline" onSubmit=${submit}><label>Cron <input class="mono" value=${cron} onInput=${(e) => setCron(e.target.value)} /></label>
-    <button type="submit" class="btn" disabled=${cron === schedule.cron}>Save</button></form>`;
+  const unchanged = cron.trim() === schedule.cron && text === original;
+  return html`<form class="form" onSubmit=${submit} aria-label="Edit the schedule" id="edit-schedule">
+    <label>Cron <input name="cron" class="mono" value=${cron} onInput=${(e) => setCron(e.target.value)} /></label>
+    <label>Job template (a job spec without job_id) <textarea name="template" class="mono" rows="8"
+      onInput=${(e) => setText(e.target.value)}>${text}</textarea></label>
+    ${problem ? html`<p class="bad" role="alert">${problem}</p>` : null}
+    <div class="row"><button type="submit" class="btn" disabled=${unchanged}>Save changes</button>
+      <button type="button" class="btn" disabled=${unchanged} onClick=${() => { setCron(schedule.cron); setText(original); setProblem(null); }}>Undo</button></div>
+  </form>`;
 }
 
 export function ScheduleDetail({ id }) {
@@ -135,13 +158,15 @@ export function ScheduleDetail({ id }) {
         <${Section} title="Schedule" id="sch-info">
           <${Fields} pairs=${[
             ["State", html`<${Pill} status=${schedule.enabled ? "enabled" : "disabled"} />`],
+            schedule.missed ? ["Missed", html`<span class="bad" id="sch-missed">${schedule.missed_detail}</span>`] : null,
             ["Cron", html`<span class="mono">${schedule.cron}</span>`],
-            ["Next run", html`<${Ago} iso=${schedule.next_run} />`], ["Last run", html`<${Ago} iso=${schedule.last_run} />`],
+            [schedule.enabled ? "Next run" : "Would run", html`<${Ago} iso=${schedule.next_run} />`], ["Last run", html`<${Ago} iso=${schedule.last_run} />`],
             ["Last skip", schedule.last_skip], ["Created", html`<${Ago} iso=${schedule.created_at} />`],
           ]} />
-          <${EditCron} schedule=${schedule} run=${run} reload=${res.reload} />
         <//>
-        <${Section} title="Job template" id="sch-template"><${Json} value=${schedule.template} /><//>
+        <${Section} title="Cron and job template" id="sch-template">${currentPeer()
+          ? html`<${Json} value=${schedule.template} />`
+          : html`<${EditSchedule} key=${schedule.updated_at} schedule=${schedule} run=${run} reload=${res.reload} />`}<//>
       </div>
       ${history ? html`
         <${Section} title="Runs" id="sch-runs">

@@ -1,0 +1,160 @@
+"""Enrolment: what a person adding a device needs to point it at this collector.
+
+The hard part of enrolling a phone is typing the collector's address on a touch keyboard, so
+the "add a device" page shows the addresses worth encoding (as a one-line command and a QR
+code). They come from what the collector is bound to, never from the request: a browser that
+reached the dashboard through an SSH tunnel sees 127.0.0.1, which no phone can use.
+
+- A specific FLEET_BIND address is listed as is; 0.0.0.0 lists this machine's IPv4 interface
+  addresses (Linux: SIOCGIFADDR per interface; elsewhere the address that routes to the LAN).
+- Exact FLEET_ALLOWED_HOSTS names (patterns cannot be typed) and the mDNS name, when
+  advertising, follow as names.
+- Order: LAN, mesh (100.64.0.0/10: works from anywhere on the tailnet), names, loopback (a
+  simulator on this machine only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import socket
+import struct
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from fleet_min.collector.access import mdns
+from fleet_min.db import Database
+from fleet_min.timeutil import iso
+
+RUNNER_APP = "fleet-runner-android"  # x-artifact-app of the phone runner builds
+AGENT_PATH = "/agent/fleet_agent.py"
+QR_TEXT_MAX = 512
+SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
+ORDER = {"lan": 0, "mesh": 1, "name": 2, "other": 3, "loopback": 4}
+MESH = ipaddress.ip_network("100.64.0.0/10")
+
+
+@dataclass(frozen=True)
+class Base:
+    address: str      # an IP address or a host name
+    kind: str         # lan, mesh, name, loopback, other
+    via: str          # the interface, "bind", "allowed-hosts" or "mdns"
+
+
+def kind_of(address: str) -> str:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return "name"
+    if ip.is_loopback:
+        return "loopback"
+    if isinstance(ip, ipaddress.IPv4Address) and ip in MESH:
+        return "mesh"
+    if ip.is_private or ip.is_link_local:
+        return "lan"
+    return "other"
+
+
+def interface_addresses() -> list[tuple[str, str]]:
+    """(interface, IPv4 address) of each interface that has one; empty where the ioctl is not
+    Linux's (the caller falls back to the routed address)."""
+    try:
+        import fcntl  # not on Windows
+        names = socket.if_nameindex()
+    except (ImportError, OSError):
+        return []
+    found = []
+    for _, name in names:
+        with contextlib.suppress(OSError), socket.socket(socket.AF_INET,
+                                                         socket.SOCK_DGRAM) as probe:
+            packed = fcntl.ioctl(probe.fileno(), SIOCGIFADDR,
+                                 struct.pack("256s", name.encode()[:15]))
+            found.append((name, socket.inet_ntoa(packed[20:24])))
+    return found
+
+
+def bound_bases(bind: Iterable[str]) -> list[Base]:
+    """The addresses the collector answers on, as a device would type them."""
+    bases: list[Base] = []
+    for text in bind:
+        try:
+            ip = ipaddress.ip_address(text)
+        except ValueError:
+            bases.append(Base(text, kind_of(text), "bind"))
+            continue
+        if not ip.is_unspecified:
+            bases.append(Base(str(ip), kind_of(str(ip)), "bind"))
+        elif isinstance(ip, ipaddress.IPv4Address):
+            found = [(n, a) for n, a in interface_addresses()
+                     if not ipaddress.ip_address(a).is_loopback]
+            if not found:
+                found = [("routed", a) for a in mdns.advertised_addresses(["0.0.0.0"])]
+            bases.extend(Base(a, kind_of(a), name) for name, a in found)
+            bases.append(Base("127.0.0.1", "loopback", "lo"))
+    return bases
+
+
+def name_bases(allowed_hosts: Iterable[str], mdns_name: str | None) -> list[Base]:
+    names = [Base(h, "name", "allowed-hosts") for h in allowed_hosts
+             if "*" not in h and h != "localhost"]
+    if mdns_name:
+        names.append(Base(mdns_name, "name", "mdns"))
+    return names
+
+
+def url_of(address: str, port: int) -> str:
+    host = f"[{address}]" if ":" in address else address
+    return f"http://{host}:{port}"
+
+
+def command_for(url: str) -> str:
+    """The one line that fetches the agent from this collector and starts it against it."""
+    return (f"curl -fsSL {url}{AGENT_PATH} -o fleet_agent.py && "
+            f"python3 fleet_agent.py --collector {url}")
+
+
+def describe(bases: Iterable[Base], port: int) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    out = []
+    for base in sorted(bases, key=lambda b: ORDER.get(b.kind, 3)):
+        url = url_of(base.address, port)
+        if url in seen:
+            continue
+        seen.add(url)
+        out.append({"url": url, "address": base.address, "kind": base.kind, "via": base.via,
+                    "command": command_for(url)})
+    return out
+
+
+async def runner_build(db: Database, app: str) -> dict[str, Any] | None:
+    """The newest published build of `app`: the order is queue.latest_build's, the one `latest`
+    in a job spec resolves by."""
+    row = await db.read_one("SELECT sha256, name, app, build, platform, size, created_at "
+                            "FROM artifacts WHERE app = ? ORDER BY created_at DESC, rowid DESC "
+                            "LIMIT 1", (app,))
+    if row is None:
+        return None
+    sha = row["sha256"]
+    filename = row["name"] or f"{app}-{row['build'] or sha[:12]}"
+    return {"sha256": row["sha256"], "name": row["name"], "app": row["app"],
+            "build": row["build"], "platform": row["platform"], "size": row["size"],
+            "created_at": iso(row["created_at"]), "filename": filename,
+            "download": f"/artifacts/{row['sha256']}"}
+
+
+async def known_devices(db: Database) -> tuple[list[str], list[str]]:
+    """The ids of the devices already registered, and the pools in use (overrides first)."""
+    rows = await db.read("SELECT device_id, COALESCE(pools_override, pools) AS pools "
+                         "FROM devices ORDER BY device_id")
+    pools: set[str] = set()
+    for row in rows:
+        with contextlib.suppress(ValueError, TypeError):
+            pools.update(p for p in _json_list(row["pools"]) if isinstance(p, str))
+    return [row["device_id"] for row in rows], sorted(pools)
+
+
+def _json_list(text: str) -> list[Any]:
+    value = json.loads(text)
+    return value if isinstance(value, list) else []

@@ -1,0 +1,1 @@
+../../../agent/fleet_agent.py

@@ -1,0 +1,112 @@
+"""Enrolment over HTTP against real collectors: the addresses agents can reach it at, the devices
+known, the newest phone runner build, the QR code, and the agent served from the package (fetched
+with curl and started, as the one-line command does)."""
+
+from __future__ import annotations
+
+import ipaddress
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleet_min.collector.access import enrolment
+from tests.support.collector import CollectorProcess, registration
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = ROOT / "agent" / "fleet_agent.py"
+
+
+async def upload(api, data: bytes, **headers: str) -> str:
+    resp = await api.post("/artifacts", data=data, headers={
+        "content-type": "application/octet-stream",
+        **{f"x-artifact-{k}": v for k, v in headers.items()}})
+    assert resp.status == 201, await resp.text()
+    return str((await resp.json())["sha256"])
+
+
+async def test_enroll_lists_addresses_names_devices_and_the_runner_build(collector_factory):
+    api = await collector_factory(bind=("127.0.0.1", "192.168.7.20", "100.101.102.103"),
+                                  port=8788, allowed_hosts=("shelf.lan", "*.example.lan"))
+    empty = await (await api.get("/api/enroll")).json()
+    assert empty["runner_apk"] is None and empty["known_device_ids"] == []
+    await api.post("/devices/register", json=registration("pixel-7", pools=["phones"]))
+    await api.post("/devices/register", json=registration("pi-4", pools=["sbc"]))
+    await upload(api, b"runner 1", app="fleet-runner-android", build="1", name="runner-1.apk")
+    newest = await upload(api, b"runner 2", app="fleet-runner-android", build="2",
+                          name="runner-2.apk")
+    await upload(api, b"another app", app="shelf-app", build="9", name="shelf.apk")
+    got = await (await api.get("/api/enroll")).json()
+    assert got["port"] == 8788 and got["runner_app"] == "fleet-runner-android"
+    assert [(b["url"], b["kind"], b["via"]) for b in got["bases"]] == [
+        ("http://192.168.7.20:8788", "lan", "bind"),
+        ("http://100.101.102.103:8788", "mesh", "bind"),
+        ("http://shelf.lan:8788", "name", "allowed-hosts"),
+        ("http://127.0.0.1:8788", "loopback", "bind")]
+    assert got["bases"][0]["command"] == (
+        "curl -fsSL http://192.168.7.20:8788/agent/fleet_agent.py -o fleet_agent.py && "
+        "python3 fleet_agent.py --collector http://192.168.7.20:8788")
+    apk = got["runner_apk"]
+    assert apk["sha256"] == newest and apk["build"] == "2" and apk["filename"] == "runner-2.apk"
+    assert apk["download"] == f"/artifacts/{newest}" and apk["size"] == len(b"runner 2")
+    assert (await (await api.get(apk["download"])).read()) == b"runner 2"
+    assert sorted(got["known_device_ids"]) == ["pi-4", "pixel-7"]
+    assert got["pools"] == ["phones", "sbc"]
+    other = await (await api.get("/api/enroll?app=shelf-app")).json()
+    assert other["runner_apk"]["name"] == "shelf.apk"
+    assert (await api.get("/api/enroll?app=" + "x" * 201)).status == 400
+
+
+def test_every_interface_address_listed_for_0_0_0_0_is_this_machines():
+    bases = enrolment.bound_bases(["0.0.0.0"])
+    assert bases[-1] == enrolment.Base("127.0.0.1", "loopback", "lo")
+    for base in bases:
+        ipaddress.IPv4Address(base.address)
+        # Only an address of this machine can be bound.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind((base.address, 0))
+
+
+def test_an_ipv6_bind_is_bracketed_and_the_mdns_name_follows():
+    bases = enrolment.bound_bases(["fd7a:115c:a1e0::5"]) + enrolment.name_bases(
+        ["*", "localhost", "pi.lan"], "fleet-abc.local")
+    described = enrolment.describe(bases, 8788)
+    assert [d["url"] for d in described] == [
+        "http://[fd7a:115c:a1e0::5]:8788", "http://pi.lan:8788", "http://fleet-abc.local:8788"]
+
+
+async def test_the_qr_code_is_an_svg_and_bad_text_is_400(client):
+    resp = await client.get("/api/enroll/qr", params={"text": "http://192.168.7.20:8788"})
+    assert resp.status == 200 and resp.content_type == "image/svg+xml"
+    svg = await resp.text()
+    assert svg.startswith("<svg") and 'class="qr"' in svg and "<path" in svg
+    # Quiet zone of 4 modules around a version-2 code (25 modules): 33 units square.
+    assert 'viewBox="0 0 33 33"' in svg
+    assert (await client.get("/api/enroll/qr")).status == 400
+    too_long = await client.get("/api/enroll/qr", params={"text": "x" * 513})
+    assert too_long.status == 400 and "512" in (await too_long.json())["error"]
+
+
+async def test_the_agent_is_served_from_the_package(client):
+    resp = await client.get("/agent/fleet_agent.py")
+    assert resp.status == 200 and resp.content_type == "text/x-python"
+    assert await resp.read() == AGENT.read_bytes()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the one-line command needs curl")
+def test_the_one_line_command_fetches_and_starts_the_agent(tmp_path):
+    proc = CollectorProcess(tmp_path / "data").start()
+    try:
+        base = f"http://127.0.0.1:{proc.port}"
+        fetched = subprocess.run(["curl", "-fsSL", f"{base}/agent/fleet_agent.py", "-o",
+                                  str(tmp_path / "fleet_agent.py")], timeout=30)
+        assert fetched.returncode == 0
+        assert (tmp_path / "fleet_agent.py").read_bytes() == AGENT.read_bytes()
+        started = subprocess.run([sys.executable, str(tmp_path / "fleet_agent.py"), "--help"],
+                                 capture_output=True, text=True, timeout=60, cwd=tmp_path)
+        assert started.returncode == 0 and "--collector" in started.stdout
+    finally:
+        assert proc.stop() == 0
