@@ -10,7 +10,16 @@ from aiohttp import web
 
 from fleet_min import heap, validate
 from fleet_min.collector.access import ci_status
-from fleet_min.collector.http import access, artifacts, automation, insight, metrics, openapi, pages
+from fleet_min.collector.http import (
+    access,
+    artifacts,
+    automation,
+    insight,
+    metrics,
+    openapi,
+    pages,
+    visual,
+)
 from fleet_min.collector.jobs import compat, devices, queue, results, rules, specs, views
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.kinds import Executor, ResultKind
@@ -35,7 +44,7 @@ SERVICE = web.AppKey("service", Service)
 # Each feature module wires itself in setup(app, service): its routes, middlewares and hooks,
 # and its loops as a cleanup context (started after the service's, stopped before it). Access
 # control comes first: it may add a middleware.
-FEATURES = (access, artifacts, automation, insight, metrics, pages, openapi)
+FEATURES = (access, artifacts, visual, automation, insight, metrics, pages, openapi)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 
