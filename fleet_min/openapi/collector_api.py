@@ -93,7 +93,8 @@ JOB_FIELDS: dict[str, Schema] = {
     "lease_ttl_s": INT, "lease_deadline": null(TIME), "last_error": null(STR),
     "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
     "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
-    "warnings": arr(STR), "spec": obj()}
+    "warnings": arr(STR), "spec": obj(),
+    "pool?": null(STR)}  # targets.pool; GET /jobs/{id} and the /api/jobs listings
 JOB_RECORD = obj(JOB_FIELDS)
 
 JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
@@ -333,7 +334,7 @@ def _devices() -> list[Route]:
     tag = "devices"
     return [
         Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
-              {200: json_reply(obj({"devices": arr(ref("Device"))}))},
+              {200: json_reply(obj({"devices": arr(ref("Device")), "pools": arr(STR)}))},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
                                             "devices"),), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",

@@ -44,6 +44,10 @@ async def test_job_list_reports_status_workload_and_pool_facets(client):
     assert everything["workloads"] == ["benchmark", "self-check"]
     assert everything["pools"] == ["lab", "shelf"]
 
+    lab = await (await client.get("/api/jobs?pool=lab")).json()
+    assert [(j["job_id"], j["pool"]) for j in lab["jobs"]] == [("a", "lab")]
+    assert (await (await client.get("/api/jobs/b")).json())["pool"] == "shelf"
+
     # The counts follow the other filters but not the status one: the filter UI shows what
     # each status button would find.
     failed = await (await client.get("/api/jobs?status=failed&pool=lab")).json()
@@ -109,6 +113,14 @@ async def test_device_rows_say_whether_they_are_simulators(client):
                      "emulator-5554": True}
     one = await (await client.get("/api/devices/iphone-sim-1")).json()
     assert one["simulator"] is True
+
+
+async def test_device_list_offers_the_pool_facet(client):
+    await client.post("/devices/register", json=registration("d1", pools=["phones", "lab"]))
+    await client.post("/devices/register", json=registration("d2", pools=["lab"]))
+    await client.patch("/api/devices/d2", json={"pools": ["bench"]})  # the override counts
+    listing = await (await client.get("/api/devices")).json()
+    assert listing["pools"] == ["bench", "lab", "phones"]
 
 
 # -- job detail -------------------------------------------------------------------------------

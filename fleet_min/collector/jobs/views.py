@@ -84,15 +84,21 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "
                          "LIMIT ? OFFSET ?", [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
-    return {"jobs": [queue.job_record(r) for r in rows], "page": page, "per_page": PER_PAGE,
+    return {"jobs": [_listed(r) for r in rows], "page": page, "per_page": PER_PAGE,
             "total": total, "pages": max(1, -(-total // PER_PAGE)), **facets}
+
+
+def _listed(row: Any) -> dict[str, Any]:
+    """A job as the /api listings show it: the record plus `pool` (targets.pool, what the
+    pool filter matches), so a filtered list shows why each row is in it."""
+    return {**queue.job_record(row), "pool": row["pool"]}
 
 
 async def get_job(db: Database, job_id: str) -> dict[str, Any]:
     row = await db.read_one("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    return queue.job_record(row)
+    return _listed(row)
 
 
 async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
@@ -230,7 +236,9 @@ async def list_devices(db: Database, now: float, include_expired: bool) -> dict[
     records = [device_record(r, now) for r in rows]
     if not include_expired:
         records = [r for r in records if not r["expired"]]
-    return {"devices": records}
+    # The facet the pool filter offers: every effective pool of the devices listed.
+    pools = sorted({pool for record in records for pool in record["pools"]})
+    return {"devices": records, "pools": pools}
 
 
 async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]:
