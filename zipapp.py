@@ -29,7 +29,7 @@ from importlib import metadata
 from pathlib import Path, PurePosixPath
 
 ROOT = Path(__file__).resolve().parent
-RUNTIME = ("aiohttp", "aiosqlite", "PyYAML", "segno")
+RUNTIME = ("aiohttp", "aiosqlite", "PyYAML", "pypng", "segno")
 FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pxi", ".pyi", ".h",
                  ".pyc", "py.typed")

@@ -36,6 +36,9 @@ def test_the_archive_holds_no_bytecode_and_names_its_build(pyz: Path) -> None:
         main = archive.read("__main__.py").decode()
     assert not [n for n in names if n.endswith(".pyc")]
     assert "fleet_min/cli.py" in names and "aiohttp/web.py" in names
+    # pypng, the visual review's PNG decoder, with its licence; not its command-line scripts.
+    assert "png.py" in names and any(n.startswith("licenses/pypng/") for n in names)
+    assert not [n for n in names if n.startswith("bin/")]
     assert 'BUILD_ID = ""' not in main and "BUILD_ID = \"" in main
 
 

@@ -93,7 +93,8 @@ JOB_FIELDS: dict[str, Schema] = {
     "lease_ttl_s": INT, "lease_deadline": null(TIME), "last_error": null(STR),
     "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
     "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
-    "warnings": arr(STR), "spec": obj()}
+    "warnings": arr(STR), "spec": obj(),
+    "pool?": null(STR)}  # targets.pool; GET /jobs/{id} and the /api/jobs listings
 JOB_RECORD = obj(JOB_FIELDS)
 
 JOB_LINK = obj({"job_id": STR, "status": null(JOB_STATUS)})
@@ -107,7 +108,8 @@ RESULT_RECORD = obj({
 
 DEVICE = obj({
     "device_id": STR, "name": null(STR), "notes": null(STR), "descriptor": obj(),
-    "platform": null(STR), "kind": null(STR), "pools": arr(STR), "reported_pools": arr(STR),
+    "platform": null(STR), "kind": null(STR), "simulator": BOOL, "pools": arr(STR),
+    "reported_pools": arr(STR),
     "pools_override": null(arr(STR)), "capabilities": null(arr(STR)),
     "status": enum("online", "stale", "offline"), "temporary": BOOL, "ttl_s": null(INT),
     "expired": BOOL, "first_seen": TIME, "last_seen": TIME, "last_seen_age_s": NUM,
@@ -152,7 +154,11 @@ def _components() -> dict[str, Schema]:
             "results": arr({"allOf": [ref("ResultRecord"), obj({"payload": obj(
                 description="the row as posted (rebuilt from what is stored), for the "
                             "clients already in the field")})]}),
-            "artifacts": arr(STR),
+            "parent": null(STR),
+            "artifacts": arr(obj({"sha256": HEX64, "role": enum("input", "output"),
+                                  "in_store": BOOL, "name": null(STR), "size": null(INT),
+                                  "url": STR})),
+            "derived_timeline": arr(obj({"at": TIME, "event": STR, "detail": null(STR)})),
             "children": arr(obj({"job_id": STR, "status": JOB_STATUS, "claimed_by": null(STR),
                                  "last_error": null(STR), "target_device": null(STR)})),
             "attempts": arr(obj({"attempt": INT, "claimed_by": null(STR), "claimed_at": null(TIME),
@@ -286,7 +292,8 @@ def _jobs() -> list[Route]:
         Route("GET", "/jobs/{job_id}", "A job row with its spec",
               {200: json_reply(ref("JobRecord"))}, {404: NO_JOB}, tag=tag),
         Route("GET", "/api/jobs", "List jobs, newest first, 50 a page",
-              {200: json_reply(paged("jobs", ref("JobRecord")))}, {400: BAD_QUERY},
+              {200: json_reply(paged("jobs", ref("JobRecord"), status_counts=map_of(
+                  integer(0)), workloads=arr(STR), pools=arr(STR)))}, {400: BAD_QUERY},
               params=(query("status", STR, "comma-separated statuses"),
                       query("workload", STR, "exact workload"),
                       query("executor", STR, "device or host"),
@@ -335,7 +342,7 @@ def _devices() -> list[Route]:
     tag = "devices"
     return [
         Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
-              {200: json_reply(obj({"devices": arr(ref("Device"))}))},
+              {200: json_reply(obj({"devices": arr(ref("Device")), "pools": arr(STR)}))},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
                                             "devices"),), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",
@@ -480,6 +487,8 @@ def _artifacts() -> list[Route]:
               {400: "not a SHA-256", 404: "no such artifact",
                416: "the range lies outside the artifact"},
               params=(header("Range", STR, "bytes=a-b, bytes=a-, bytes=-n"),
+                      query("filename", STR, "a name for Content-Disposition: attachment "
+                                             "(letters, digits, . - _ kept)"),
                       header("If-None-Match", STR, "an ETag list"),
                       header("If-Range", STR, "an ETag")), tag=tag),
         Route("HEAD", "/artifacts/{sha256}", "The headers of a download, without the bytes", {
@@ -488,7 +497,9 @@ def _artifacts() -> list[Route]:
               {400: "not a SHA-256", 404: "no such artifact", 416: "range not satisfiable"},
               params=(header("Range", STR, "a byte range"),), tag=tag),
         Route("GET", "/api/artifacts", "List artifacts, newest first",
-              {200: json_reply(page)}, {400: BAD_QUERY},
+              {200: json_reply(paged("artifacts", {"allOf": [ref("Artifact"), obj({
+                  "on_disk": BOOL, "references": integer(0)})]}, bytes=integer(0)))},
+              {400: BAD_QUERY},
               params=(query("app", STR, "exact app"), query("platform", STR, "exact platform"),
                       query("name", STR, "substring of the name"),
                       query("pinned", enum("true", "false", "1", "0", "yes", "no"), "pinned"),
@@ -553,6 +564,44 @@ def _templates(tag: str) -> list[Route]:
                 body=Body(obj({"job_id?": STR}, closed=True),
                           "optional: the job id (default <id>-<YYYYMMDDHHMMSS>)",
                           required=False), tag=tag),
+    ]
+
+
+def _visual() -> list[Route]:
+    tag = "visual"
+    name = string(minLength=1, maxLength=200)
+    baseline = obj({"suite": STR, "page": STR, "profile": STR, "sha256": HEX64,
+                    "accepted_at": TIME, "accepted_from_job": null(STR)})
+    history = obj({"job_id": STR, "created_at": null(TIME), "sha256": null(STR),
+                   "ok": null(BOOL), "diff_pct": null(NUM)})
+    cell = obj({"page": STR, "profile": STR,
+                "status": enum("missing", "new", "pass", "diverged", "error", "pending"),
+                "ok": null(BOOL), "diff_pct": null(NUM), "note": null(STR),
+                "sha256": null(STR), "diff_sha256": null(STR), "baseline_sha256": null(HEX64),
+                "history": arr(history)})
+    run = obj({"job_id": STR, "status": JOB_STATUS, "created_at": null(TIME)})
+    return [
+        Route("GET", "/api/visual/suites", "Suites with baselines or recent screenshots",
+              {200: json_reply(obj({"suites": arr(STR)}))}, {}, tag=tag),
+        Route("GET", "/api/visual/matrix", "A suite's latest run, page x profile, judged",
+              {200: json_reply(obj({"suite": STR, "threshold_pct": NUM, "latest": null(run),
+                                    "runs": arr(run), "pages": arr(STR),
+                                    "profiles": arr(STR), "cells": arr(cell)}))},
+              {400: BAD_QUERY},
+              params=(query("suite", name, "the suite (required)"),
+                      query("runs", integer(1, 25), "runs to read, history included (10)"),
+                      query("threshold", NUM, "percent of pixels that may differ (0.1)")),
+              tag=tag),
+        Route("GET", "/api/visual/baselines", "The baselines' pointers",
+              {200: json_reply(obj({"baselines": arr(baseline)}))}, {},
+              params=(query("suite", STR, "only this suite"),), tag=tag),
+        guarded("POST", "/api/visual/baselines/accept", "Accept a capture as its slot's baseline",
+                {201: json_reply({"allOf": [baseline, obj({"ok": OK_TRUE,
+                                                           "replaced": null(HEX64)})]})},
+                {**JSON_ERRORS, 404: "no artifact with that hash is stored"},
+                body=Body(obj({"suite": name, "page": name, "profile": name, "sha256": HEX64,
+                               "job_id?": null(name)}, closed=True),
+                          "the slot and the capture"), tag=tag),
     ]
 
 
@@ -778,11 +827,12 @@ def service() -> Service:
         security_schemes={"dashToken": {
             "type": "apiKey", "in": "header", "name": "X-Fleet-Token",
             "description": "Needed only when the collector runs with FLEET_DASH_TOKEN set."}},
-        routes=[*_agents(), *_jobs(), *_devices(), *_reads(), *_artifacts(), *_automation(),
-                *_topics(), *_access(), *_enrolment(), *_pages()],
+        routes=[*_agents(), *_jobs(), *_devices(), *_reads(), *_artifacts(), *_visual(),
+                *_automation(), *_topics(), *_access(), *_enrolment(), *_pages()],
         tags=[("agents", "what the agent calls"), ("jobs", "the queue"),
               ("devices", "the registry"), ("reads", "listings, views, health, stream"),
               ("artifacts", "the content-addressed store"),
+              ("visual", "visual review: screenshots against baselines"),
               ("automation", "schedules and alerts"), ("topics", "pipeline topics"),
               ("access", "peers"), ("pages", "HTML pages and their files")],
         fallbacks=[{"path": "/api/{tail}", "methods": ["*"], "status": 404,

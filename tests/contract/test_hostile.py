@@ -357,6 +357,14 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
                                          {"reason": "x" * 501}, {"reason": 5}],
     "POST /api/artifacts/{sha256}/baseline": [{}, {"accepted": "true"}, {"accepted": 1},
                                               {"accepted": None}],
+    "POST /api/visual/baselines/accept": [
+        {}, {"suite": "s", "page": "p", "profile": "c"},
+        {"suite": "", "page": "p", "profile": "c", "sha256": "a" * 64},
+        {"suite": "s" * 201, "page": "p", "profile": "c", "sha256": "a" * 64},
+        {"suite": "s", "page": "p\u0000", "profile": "c", "sha256": "a" * 64},
+        {"suite": "s", "page": "p", "profile": ["c"], "sha256": "a" * 64},
+        {"suite": "s", "page": "p", "profile": "c", "sha256": "../../etc/passwd"},
+        {"suite": "s", "page": "p", "profile": "c", "sha256": "a" * 64, "job_id": 5}],
     "POST /api/schedules": [
         {}, {"id": "../x", "cron": "* * * * *", "template": JOB},
         {"id": "s1", "cron": "99 * * * *", "template": {"schema": 1, "workload": "benchmark",

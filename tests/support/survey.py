@@ -65,6 +65,20 @@ def _menu(button: str, link: str) -> Callable[[Any, int], list[str]]:
     return open_menu
 
 
+def _review(page: Any, width: int) -> list[str]:
+    """Open the diverged cell of the review grid and its difference view (seeded by
+    web_seed.shelf_visual); nothing to open on a collector without screenshots."""
+    cells = page.locator(".cell-btn[aria-label*=diverged]")
+    if not cells.count():
+        return []
+    cells.first.click()
+    page.locator("div.visual-review button[role=tab]:has-text('Difference')").click()
+    page.wait_for_selector("div.visual-review figcaption:has-text('pixels differ')")
+    if not page.locator("div.visual-review figcaption:has-text('4800 of 64000')").count():
+        return ["the difference view does not count the seeded stripe (24 x 200 pixels)"]
+    return []
+
+
 ARTIFACT = hashlib.sha256(APP_BUILD).hexdigest()
 DASH_READY = "#page-title"
 NOTHING_LOADING = ":root:not(:has(.loading))"  # no "Loading…" line left on the screen
@@ -96,6 +110,8 @@ COLLECTOR: list[Stop] = [
     Stop("artifacts-pinned", "/dash/artifacts?tab=pinned", NOTHING_LOADING),
     Stop("artifacts-gc", "/dash/artifacts?tab=gc", NOTHING_LOADING),
     Stop("artifact", f"/dash/artifacts/{ARTIFACT}", NOTHING_LOADING, absent=True),
+    Stop("visual", "/dash/visual", NOTHING_LOADING, fits=(".visual-grid",)),
+    Stop("visual-diff", "/dash/visual?suite=shop.example", NOTHING_LOADING, act=_review),
     Stop("alerts", "/dash/alerts", NOTHING_LOADING),
     Stop("alerts-all", "/dash/alerts?state=all", NOTHING_LOADING),
     Stop("topics", "/dash/topics", NOTHING_LOADING),

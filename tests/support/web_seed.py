@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.support.collector import HttpClient, beacon, job, registration, result_row
+from tests.support.images import png_bytes, with_stripe
 
 
 @dataclass
@@ -275,6 +276,49 @@ def shelf_artifacts(c: HttpClient) -> None:
             "x-artifact-platform": "android"})
 
 
+SHOTS_URL = "http://shop.example/pricing"
+
+
+def shots_run(c: HttpClient, job_id: str, shots: dict[str, bytes | None]) -> dict[str, str]:
+    """A web-shots job as a host executor runs it: a row per profile with its PNG."""
+    ok(c.post("/jobs", job(job_id, workload="web-shots", executor="host",
+                           targets={"url": SHOTS_URL, "executor": "shots-host"},
+                           params={"browser": ["chromium", "android-device"]})))
+    status, spec = c.get("/executor/next-job?name=shots-host", timeout=10)
+    assert status == 200 and spec["job_id"] == job_id, (status, spec)
+    hashes = {}
+    for number, (profile, image) in enumerate(shots.items(), 1):
+        browser, _, serial = profile.partition("@")
+        sha = upload(c.base, image, **{"x-artifact-name": f"shot-{job_id}-{number}.png"}) \
+            if image is not None else None
+        if sha:
+            hashes[profile] = sha
+        ok(c.post("/results", result_row(
+            job_id, "shots-host", number, ok=sha is not None, executor="shots-host",
+            browser=browser, serial=serial or None, artifacts=[sha] if sha else [],
+            error=None if sha else "no Android device is attached for the android-device "
+                                   "profile")))
+    ok(c.post("/results", result_row(job_id, "shots-host", 0, final=True, ok=True,
+                                     executor="shots-host")))
+    return hashes
+
+
+def shelf_visual(c: HttpClient) -> None:
+    """Two runs of a web-shots suite: the first accepted as the baselines, the second with one
+    profile diverged, one matching, one that failed to capture and one new."""
+    first = shots_run(c, "shots-pricing-1", {"chromium": png_bytes(320, 200),
+                                             "android-device@R5CT30XYZ9K": png_bytes(108, 240),
+                                             "android-device@emulator-5554": png_bytes(108, 240)})
+    for profile, sha in first.items():
+        ok(c.post("/api/visual/baselines/accept", {
+            "suite": "shop.example", "page": "/pricing", "profile": profile, "sha256": sha,
+            "job_id": "shots-pricing-1"}), 201)
+    shots_run(c, "shots-pricing-2", {"chromium": png_bytes(320, 200, with_stripe(24)),
+                                     "android-device@R5CT30XYZ9K": png_bytes(108, 240),
+                                     "android-device@emulator-5554": None,
+                                     "webkit": png_bytes(320, 200)})
+
+
 def seed_shelf(c: HttpClient) -> Seeded:
     """Everything `seed` puts in, and a busier shelf on top: a dozen devices with long names,
     dozens of jobs in every status, benchmarks of four models, failures with long sentences
@@ -283,5 +327,6 @@ def seed_shelf(c: HttpClient) -> Seeded:
     shelf_devices(c, s)
     shelf_jobs(c, s)
     shelf_artifacts(c)
+    shelf_visual(c)
     ok(c.post("/api/alerts/tick"))
     return s

@@ -75,6 +75,7 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("POST", "/api/alerts/{}/snooze", "snooze an alert"),
     rule("*", "/api/alerts/{}/*", "any other change to an alert"),
     rule("*", "/api/artifacts*", "delete an artifact, pin, unpin, accept a baseline"),
+    rule("*", "/api/visual*", "accept a capture as a visual baseline"),
     rule("*", "/api/system/retention*", "prune old rows (a dry run is guarded too)"),
 )
 

@@ -123,6 +123,21 @@ def check_accepted(body: Mapping[str, Any]) -> bool:
     return accepted
 
 
+_FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+MAX_FILENAME_CHARS = 120
+
+
+def download_name(raw: str | None) -> str | None:
+    """The `?filename=` of a download made safe for a Content-Disposition header, or None for
+    no header: only letters, digits, dot, dash and underscore survive (no quote, CR, LF,
+    separator or space can reach the header or the saving browser's path), leading dots go (no
+    hidden or parent names), and the rest is cut at MAX_FILENAME_CHARS."""
+    if not raw:
+        return None
+    name = _FILENAME_UNSAFE.sub("", raw[:4 * MAX_FILENAME_CHARS]).lstrip(".")
+    return name[:MAX_FILENAME_CHARS] or None
+
+
 def byte_range(header: str | None, size: int) -> tuple[int, int] | None:
     """The inclusive (first, last) byte range a Range header asks for, or None for the whole.
 
@@ -458,6 +473,19 @@ class ArtifactStore:
                                   "schedules": await schedules_naming(self.db, sha256)},
                 "produced_by": await producing_results(self.db, sha256)}
 
+    async def listing(self, query: Mapping[str, str]) -> dict[str, Any]:
+        """GET /api/artifacts: a page of rows, each with `on_disk` (the bytes are in the
+        store's directory now) and `references` (see reference_counts)."""
+        page = await list_artifacts(self.db, query)
+        items = page["artifacts"]
+        shas = [item["sha256"] for item in items]
+        present = await asyncio.to_thread(lambda: {sha: self.path(sha).is_file() for sha in shas})
+        counts = await reference_counts(self.db, shas)
+        for item in items:
+            item["on_disk"] = present[item["sha256"]]
+            item["references"] = counts.get(item["sha256"], 0)
+        return page
+
     async def gc_candidates(self, query: Mapping[str, str]) -> dict[str, Any]:
         page = _page(query)
         candidates = await self.db.write(gc_candidates)
@@ -552,6 +580,11 @@ def unpin(conn: sqlite3.Connection, sha256: str, effects: Effects) -> dict[str, 
 def set_baseline(conn: sqlite3.Connection, sha256: str, accepted: bool,
                  effects: Effects) -> dict[str, Any]:
     _row(conn, sha256)
+    slots = conn.execute("SELECT suite, page, profile FROM visual_baselines WHERE sha256 = ? "
+                         "LIMIT 1", (sha256,)).fetchone()
+    if not accepted and slots is not None:
+        raise Conflict(f"artifact {sha256[:12]} is the visual baseline of {slots[0]}/{slots[1]} "
+                       f"({slots[2]}); accept another capture for that slot first")
     conn.execute("UPDATE artifacts SET baseline = ? WHERE sha256 = ?", (int(accepted), sha256))
     effects.emit("artifact", action="baseline", sha256=sha256, accepted=accepted)
     return record(_row(conn, sha256))
@@ -679,6 +712,25 @@ async def list_artifacts(db: Database, query: Mapping[str, str]) -> dict[str, An
                          [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total, size = (totals[0], totals[1]) if totals else (0, 0)
     return _paged([record(r) for r in rows], total, page, bytes=size)
+
+
+async def reference_counts(db: Database, shas: list[str]) -> dict[str, int]:
+    """How many jobs (of any status: history counts here, unlike the holds that block a
+    delete) name each hash in their spec or list it in a result row, plus the schedules whose
+    template names it. One query for a page of at most PER_PAGE hashes; each hash costs a scan
+    of the jobs, results and schedules text, bounded by retention."""
+    if not shas:
+        return {}
+    marks = ",".join("?" * len(shas))
+    rows = await db.read(
+        "SELECT a.sha256, "
+        "(SELECT COUNT(*) FROM jobs j WHERE instr(j.spec, a.sha256) > 0)"
+        " + (SELECT COUNT(DISTINCT r.job_id) FROM results r WHERE r.artifacts != '[]'"
+        "    AND instr(r.artifacts, a.sha256) > 0 AND NOT EXISTS (SELECT 1 FROM jobs j2"
+        "    WHERE j2.job_id = r.job_id AND instr(j2.spec, a.sha256) > 0))"
+        " + (SELECT COUNT(*) FROM schedules s WHERE instr(s.template, a.sha256) > 0) AS n "
+        f"FROM artifacts a WHERE a.sha256 IN ({marks})", shas)
+    return {row["sha256"]: int(row["n"]) for row in rows}
 
 
 async def naming_jobs(db: Database, sha256: str, limit: int = 50) -> list[dict[str, Any]]:

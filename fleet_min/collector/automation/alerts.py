@@ -433,13 +433,17 @@ MAX_SNOOZE_S = 30 * 86400
 
 
 def snooze_seconds(body: Mapping[str, Any]) -> float:
-    """`{"duration_s": n}` or `{"minutes": n}`; 0 lifts a snooze."""
+    """`{"duration_s": n}` (0 lifts a snooze) or `{"minutes": n}` (at least 1)."""
     given = [k for k in ("duration_s", "minutes") if k in body]
     if len(given) != 1 or set(body) - {"duration_s", "minutes"}:
         raise BadRequest('send one of {"duration_s": <seconds>} or {"minutes": <minutes>}')
     value = body[given[0]]
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise BadRequest(f"{given[0]} must be a number")
+    if given[0] == "minutes" and value < 1:
+        # The original's rule: a snooze in minutes is at least one; lifting one says so plainly.
+        raise BadRequest('a snooze in minutes lasts at least 1 minute; send {"duration_s": 0} '
+                         "to lift one")
     seconds = value * (60 if given[0] == "minutes" else 1)  # no float(): 10**400 overflows it
     if not 0 <= seconds <= MAX_SNOOZE_S:
         raise BadRequest("a snooze lasts from 0 seconds (lift it) to 30 days")

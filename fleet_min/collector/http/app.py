@@ -19,6 +19,7 @@ from fleet_min.collector.http import (
     metrics,
     openapi,
     pages,
+    visual,
 )
 from fleet_min.collector.jobs import compat, devices, queue, results, rules, specs, views
 from fleet_min.collector.jobs.claims import Claimant
@@ -44,7 +45,7 @@ SERVICE = web.AppKey("service", Service)
 # Each feature module wires itself in setup(app, service): its routes, middlewares and hooks,
 # and its loops as a cleanup context (started after the service's, stopped before it). Access
 # control comes first: it may add a middleware.
-FEATURES = (access, artifacts, automation, enrolment, insight, metrics, pages, openapi)
+FEATURES = (access, artifacts, visual, automation, enrolment, insight, metrics, pages, openapi)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 

@@ -178,14 +178,18 @@ async def download(request: web.Request) -> web.StreamResponse:
                                        "bytes")
         response.headers.update({**headers, "Content-Range": f"bytes */{opened.size}"})
         return response
-    return ArtifactResponse(opened, span)
+    sent = ArtifactResponse(opened, span)
+    filename = artifacts.download_name(request.query.get("filename"))
+    if filename is not None:
+        sent.headers["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return sent
 
 
 # -- records --------------------------------------------------------------------------------------
 
 
 async def api_list(request: web.Request) -> web.Response:
-    return json_response(await artifacts.list_artifacts(store_of(request).db, request.query))
+    return json_response(await store_of(request).listing(request.query))
 
 
 async def api_gc_candidates(request: web.Request) -> web.Response:

@@ -180,6 +180,7 @@ def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
         "descriptor": device.descriptor,
         "platform": row["platform"],
         "kind": row["kind"],
+        "simulator": rules.is_simulator(device.device_id, device.descriptor),
         "pools": device.pools,
         "reported_pools": _loads(row["pools"], []),
         "pools_override": _loads(row["pools_override"], None),

@@ -113,6 +113,23 @@ def is_expired(ttl_s: int | None, last_seen: float, now: float) -> bool:
     return ttl_s is not None and now - last_seen > ttl_s
 
 
+def is_simulator(device_id: str, descriptor: dict[str, Any]) -> bool:
+    """A virtual device (an iOS simulator, an Android emulator), so it stays out of hardware
+    comparisons: the host executor's descriptor says so (`simulator`, `emulator`), or `kind` or
+    `soc` is `simulator`, or the model names one ("iPhone 16 Simulator"), or the id follows a
+    naming convention (`-sim-` inside, as the original's fleet names them; `emulator-<port>`,
+    adb's serial of an emulator)."""
+    if descriptor.get("simulator") is True or descriptor.get("emulator") is True:
+        return True
+    if "simulator" in (str(descriptor.get("kind") or "").lower(),
+                       str(descriptor.get("soc") or "").lower()):
+        return True
+    if "simulator" in str(descriptor.get("model") or "").lower():
+        return True
+    lowered = device_id.lower()
+    return "-sim-" in lowered or lowered.startswith("emulator-")
+
+
 def infer_platform(os_name: Any) -> str:
     """The spec's rule when `platform` is omitted: ios if the os looks like iOS, else android."""
     text = str(os_name or "").strip().lower()

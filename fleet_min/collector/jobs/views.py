@@ -6,6 +6,7 @@ Every filter is a bound parameter; pages are 50 rows. Times in and out are ISO-8
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,17 +28,10 @@ def _paged(total: int, page: int, key: str, items: list[Any]) -> dict[str, Any]:
             "pages": max(1, -(-total // PER_PAGE)), key: items}
 
 
-async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+def _job_filters(query: Mapping[str, str]) -> tuple[list[str], list[Any]]:
+    """The WHERE terms of GET /api/jobs other than status (the facets count under these)."""
     where: list[str] = ["1 = 1"]
     params: list[Any] = []
-    status = query.get("status")
-    if status:
-        wanted = [s for s in status.split(",") if s]
-        bad = [s for s in wanted if s not in JOB_STATUSES]
-        if bad:
-            raise BadRequest(f"status {bad[0]!r} is not one of {', '.join(JOB_STATUSES)}")
-        where.append(f"status IN ({','.join('?' * len(wanted))})")
-        params += wanted
     for name, column in (("workload", "workload"), ("executor", "executor"), ("pool", "pool")):
         if query.get(name):
             where.append(f"{column} = ?")
@@ -50,21 +44,61 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         pattern = "%" + like_escape(query["q"]) + "%"
         params += [pattern, pattern]
     time_range(query, "created_at", where, params)
+    return where, params
+
+
+def _status_filter(query: Mapping[str, str]) -> tuple[str | None, list[str]]:
+    status = query.get("status")
+    if not status:
+        return None, []
+    wanted = [s for s in status.split(",") if s]
+    bad = [s for s in wanted if s not in JOB_STATUSES]
+    if bad:
+        raise BadRequest(f"status {bad[0]!r} is not one of {', '.join(JOB_STATUSES)}")
+    return f"status IN ({','.join('?' * len(wanted))})", wanted
+
+
+async def _facets(db: Database, clause: str, params: list[Any]) -> dict[str, Any]:
+    """What the filter controls offer: the count of each status under the other filters, and
+    every workload and pool any job has named (a short list: open sets, but few in practice)."""
+    counts = dict.fromkeys(JOB_STATUSES, 0)
+    for row in await db.read(f"SELECT status, COUNT(*) AS n FROM jobs WHERE {clause} "
+                             "GROUP BY status", params):
+        counts[row["status"]] = row["n"]
+    workloads = await db.read("SELECT DISTINCT workload FROM jobs ORDER BY workload LIMIT 500")
+    pools = await db.read("SELECT DISTINCT pool FROM jobs WHERE pool IS NOT NULL "
+                          "ORDER BY pool LIMIT 500")
+    return {"status_counts": counts, "workloads": [r[0] for r in workloads],
+            "pools": [r[0] for r in pools]}
+
+
+async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    where, params = _job_filters(query)
+    status_clause, statuses = _status_filter(query)
     page = page_param(query)
+    facets = await _facets(db, " AND ".join(where), params)
+    if status_clause:
+        where, params = [*where, status_clause], [*params, *statuses]
     clause = " AND ".join(where)
     total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)
     rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "
                          "LIMIT ? OFFSET ?", [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
-    return {"jobs": [queue.job_record(r) for r in rows], "page": page, "per_page": PER_PAGE,
-            "total": total, "pages": max(1, -(-total // PER_PAGE))}
+    return {"jobs": [_listed(r) for r in rows], "page": page, "per_page": PER_PAGE,
+            "total": total, "pages": max(1, -(-total // PER_PAGE)), **facets}
+
+
+def _listed(row: Any) -> dict[str, Any]:
+    """A job as the /api listings show it: the record plus `pool` (targets.pool, what the
+    pool filter matches), so a filtered list shows why each row is in it."""
+    return {**queue.job_record(row), "pool": row["pool"]}
 
 
 async def get_job(db: Database, job_id: str) -> dict[str, Any]:
     row = await db.read_one("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
     if row is None:
         raise NotFound(f"no job {job_id!r}")
-    return queue.job_record(row)
+    return _listed(row)
 
 
 async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
@@ -83,17 +117,78 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
                                "JOIN jobs j ON j.job_id = d.job_id WHERE d.depends_on = ?",
                                (job_id,))
     rows = [{**result_record(r), "payload": result_payload(r)} for r in results]
+    tried = [{"attempt": a["attempt"], "claimed_by": a["claimed_by"],
+              "claimed_at": iso(a["claimed_at"]), "ended_at": iso(a["ended_at"]),
+              "outcome": a["outcome"], "error": a["error"]} for a in attempts]
     record.update({
+        "parent": record["parent_job_id"],
         "results": rows,
-        "artifacts": sorted({sha for row in rows for sha in row["artifacts"]}),
+        "artifacts": await _job_artifacts(db, record["spec"], rows),
         "children": [dict(c) for c in children],
-        "attempts": [{"attempt": a["attempt"], "claimed_by": a["claimed_by"],
-                      "claimed_at": iso(a["claimed_at"]), "ended_at": iso(a["ended_at"]),
-                      "outcome": a["outcome"], "error": a["error"]} for a in attempts],
+        "attempts": tried,
         "depends_on": [dict(d) for d in deps],
         "dependents": [dict(d) for d in dependents],
+        "derived_timeline": derived_timeline(record, tried, rows),
     })
     return record
+
+
+_HASH_IN_TEXT = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(?![0-9a-f])")
+
+
+async def _job_artifacts(db: Database, spec: dict[str, Any], rows: list[dict[str, Any]]
+                         ) -> list[dict[str, Any]]:
+    """Each artifact the job touches with its role: `input` when its spec names the hash (a
+    model, an app build, params.input_sha256, resume_from), `output` when a result row lists it
+    (in `artifacts`, or in a field such as test.artifacts); `in_store` says whether the bytes
+    are here, with the stored name and size."""
+    roles: dict[str, str] = {sha: "input" for sha in
+                             _HASH_IN_TEXT.findall(json.dumps(spec).lower())}
+    for row in rows:
+        payload = row["payload"]
+        named = list(row["artifacts"]) + _HASH_IN_TEXT.findall(
+            json.dumps({k: v for k, v in payload.items() if k not in ("artifacts", "metrics")}))
+        for sha in named:
+            roles.setdefault(sha, "output")
+    if not roles:
+        return []
+    shas = sorted(roles)[:500]
+    stored = {r["sha256"]: r for r in await db.read(
+        f"SELECT sha256, name, size FROM artifacts WHERE sha256 IN ({','.join('?' * len(shas))})",
+        shas)}
+    return [{"sha256": sha, "role": roles[sha], "in_store": sha in stored,
+             "name": stored[sha]["name"] if sha in stored else None,
+             "size": stored[sha]["size"] if sha in stored else None,
+             "url": f"/artifacts/{sha}"}
+            for sha in sorted(shas, key=lambda h: (roles[h] != "input", h))]
+
+
+def derived_timeline(job: dict[str, Any], attempts: list[dict[str, Any]],
+                     rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The job's life as events in time order, derived from its row, its attempts and its
+    results (nothing stored for it): created, each claim and how it ended, the first result
+    row, the final row, and the close."""
+    events = [{"at": job["created_at"], "event": "created", "detail": job["workload"]}]
+    for attempt in attempts:
+        events.append({"at": attempt["claimed_at"], "event": "claimed",
+                       "detail": f"attempt {attempt['attempt']} by {attempt['claimed_by']}"})
+        if attempt["ended_at"] and attempt["outcome"]:
+            events.append({"at": attempt["ended_at"], "event": f"attempt {attempt['outcome']}",
+                           "detail": attempt["error"]})
+    if rows:
+        first = min(rows, key=lambda r: r["created_at"] or "")
+        events.append({"at": first["created_at"], "event": "first result",
+                       "detail": f"{first['device_id']} iteration {first['iter']}"})
+    for row in rows:
+        if row["final"]:
+            verdict = "ok" if row["ok"] else (row["error"] or "not ok")
+            events.append({"at": row["created_at"], "event": "final result",
+                           "detail": f"{row['device_id']}: {verdict}"})
+    if job["finished_at"]:
+        events.append({"at": job["finished_at"], "event": job["status"],
+                       "detail": job["last_error"]})
+    # ISO-8601 UTC strings of one format sort as times; a stable sort keeps causes first.
+    return sorted((e for e in events if e["at"]), key=lambda e: e["at"])
 
 
 def result_payload(row: Any) -> dict[str, Any]:
@@ -141,7 +236,9 @@ async def list_devices(db: Database, now: float, include_expired: bool) -> dict[
     records = [device_record(r, now) for r in rows]
     if not include_expired:
         records = [r for r in records if not r["expired"]]
-    return {"devices": records}
+    # The facet the pool filter offers: every effective pool of the devices listed.
+    pools = sorted({pool for record in records for pool in record["pools"]})
+    return {"devices": records, "pools": pools}
 
 
 async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]:

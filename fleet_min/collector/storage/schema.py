@@ -333,4 +333,29 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
+    # 9: visual review. A baseline is a pointer from a (suite, page, profile) slot to an
+    # artifact (which keeps artifacts.baseline = 1 while a slot points at it, so GC spares it);
+    # visual_diffs caches the comparison of a capture with a baseline, computed on first view.
+    """
+    CREATE TABLE visual_baselines (
+        suite TEXT NOT NULL,
+        page TEXT NOT NULL,
+        profile TEXT NOT NULL,
+        sha256 TEXT NOT NULL,
+        accepted_at REAL NOT NULL,
+        accepted_from_job TEXT,
+        PRIMARY KEY (suite, page, profile)
+    );
+    CREATE INDEX visual_baselines_sha ON visual_baselines(sha256);
+    CREATE TABLE visual_diffs (
+        baseline TEXT NOT NULL,
+        capture TEXT NOT NULL,
+        diff_pct REAL,                          -- null when they could not be compared
+        width INTEGER,
+        height INTEGER,
+        error TEXT,                             -- why not, a sentence
+        computed_at REAL NOT NULL,
+        PRIMARY KEY (baseline, capture)
+    );
+    """,
 ]

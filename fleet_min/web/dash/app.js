@@ -14,6 +14,7 @@ import { Enqueue } from "./screens/enqueue.js";
 import { Results } from "./screens/results.js";
 import { Schedules, ScheduleDetail } from "./screens/schedules.js";
 import { Artifacts, ArtifactDetail } from "./screens/artifacts.js";
+import { Visual } from "./screens/visual.js";
 import { Alerts } from "./screens/alerts.js";
 import { Topics, TopicDetail } from "./screens/topics.js";
 import { System } from "./screens/system.js";
@@ -21,7 +22,7 @@ import { Peers } from "./screens/peers.js";
 
 const NAV = [
   ["/", "Overview"], ["/devices", "Devices"], ["/jobs", "Jobs"], ["/results", "Results"],
-  ["/schedules", "Schedules"], ["/artifacts", "Artifacts"], ["/alerts", "Alerts"],
+  ["/schedules", "Schedules"], ["/artifacts", "Artifacts"], ["/visual", "Visual review"], ["/alerts", "Alerts"],
   ["/topics", "Topics"], ["/system", "System"], ["/peers", "Peers"],
 ];
 
@@ -29,7 +30,7 @@ const ROUTES = [
   ["/", Overview], ["/devices", Devices], ["/devices/new", Enroll], ["/devices/:id", DeviceDetail],
   ["/jobs", Jobs], ["/jobs/new", Enqueue], ["/jobs/:id", JobDetail], ["/results", Results],
   ["/schedules", Schedules], ["/schedules/:id", ScheduleDetail],
-  ["/artifacts", Artifacts], ["/artifacts/:sha", ArtifactDetail], ["/alerts", Alerts],
+  ["/artifacts", Artifacts], ["/artifacts/:sha", ArtifactDetail], ["/visual", Visual], ["/alerts", Alerts],
   ["/topics", Topics], ["/topics/:topic", TopicDetail], ["/system", System], ["/peers", Peers],
 ];
 

@@ -184,9 +184,10 @@ export function JobDetail({ id }) {
       <div class="grid two">
         <${Section} title="Chain and children" id="job-chain"><${Chain} job=${job} /><//>
         <${Section} title="Artifacts" id="job-artifacts">
-          ${job.artifacts.length ? html`<ul class="plain">${job.artifacts.map((sha) => html`<li class="mono">
-            <${Link} to=${`/artifacts/${sha}`} title=${sha}>${shortSha(sha)}…<//> · <a href=${`/artifacts/${sha}`} download>download</a></li>`)}</ul>`
-            : html`<${Empty}>No artifacts in the result rows.<//>`}
+          ${job.artifacts.length ? html`<ul class="plain">${job.artifacts.map((a) => html`<li>
+            <span class="badge">${a.role}</span> <${Link} to=${`/artifacts/${a.sha256}`} title=${a.sha256} class="mono">${a.name || `${shortSha(a.sha256)}…`}<//>
+            ${a.in_store ? html` · <a href=${`/artifacts/${a.sha256}`} download>download</a>` : html` · <span class="muted">not in this store</span>`}</li>`)}</ul>`
+            : html`<${Empty}>No artifacts named by the spec or the result rows.<//>`}
         <//>
       </div>
       <${Section} title="Attempts" id="job-attempts">

@@ -1,0 +1,74 @@
+"""How much two screenshots differ: the share of pixels that are not the same.
+
+PNG decoding is pypng's (one pure-Python module, so fleet.pyz carries it as it carries aiohttp's
+pure-Python build). Both images are read a row at a time, side by side, so memory stays at two
+rows however large the screenshot (an interlaced PNG is the exception: pypng assembles it whole;
+screenshot tools do not write them). Every format PNG allows is compared as 8-bit RGBA, so a
+palette or a 16-bit image compares with an RGB one.
+
+A pixel differs when any of its four channels differs: screenshots of the same build on the same
+profile are pixel-identical, and any tolerance would hide a one-pixel border that moved. Rows are
+compared as whole byte strings first (the common case: equal), and a row that differs is counted
+pixel by pixel as arrays of 32-bit words, which the interpreter compares in C.
+"""
+
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import png
+
+MAX_PIXELS = 40_000_000  # 8K by 5K; past it a screenshot is not what this compares
+BUDGET_S = 20.0  # a comparison that takes longer gives up (a slow Pi, a huge image)
+
+
+class NotComparable(Exception):
+    """The two files cannot be compared; the message is a sentence for the review page."""
+
+
+@dataclass(frozen=True)
+class Difference:
+    width: int
+    height: int
+    differing: int  # pixels
+
+    @property
+    def pct(self) -> float:
+        total = self.width * self.height
+        return round(100.0 * self.differing / total, 4) if total else 0.0
+
+
+def _open(file: BinaryIO, which: str) -> tuple[int, int, Any]:
+    try:
+        width, height, rows, _info = png.Reader(file=file).asRGBA8()
+    except (png.Error, ValueError, EOFError) as exc:
+        raise NotComparable(f"the {which} is not a PNG image pypng can read ({exc})") from None
+    if width * height > MAX_PIXELS:
+        raise NotComparable(f"the {which} has {width}x{height} pixels, more than the "
+                            f"{MAX_PIXELS:,} this compares")
+    return width, height, rows
+
+
+def compare(baseline: BinaryIO, capture: BinaryIO, budget_s: float = BUDGET_S) -> Difference:
+    """The difference of two open PNG files. Images of different sizes differ in every pixel
+    (a layout that grew is a change to review, not a crop to line up)."""
+    width, height, base_rows = _open(baseline, "baseline")
+    cap_width, cap_height, cap_rows = _open(capture, "capture")
+    if (width, height) != (cap_width, cap_height):
+        return Difference(cap_width, cap_height, cap_width * cap_height)
+    deadline = time.monotonic() + budget_s
+    differing = 0
+    try:
+        for base_row, cap_row in zip(base_rows, cap_rows, strict=True):
+            a, b = bytes(base_row), bytes(cap_row)
+            if a != b:
+                differing += sum(map(int.__ne__, array("I", a), array("I", b)))
+            if time.monotonic() > deadline:
+                raise NotComparable(f"comparing {width}x{height} pixels took longer than "
+                                    f"{budget_s:g} s")
+    except (png.Error, ValueError, EOFError) as exc:
+        raise NotComparable(f"a screenshot is cut short or damaged ({exc})") from None
+    return Difference(width, height, differing)

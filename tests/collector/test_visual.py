@@ -1,0 +1,211 @@
+"""Visual review over HTTP against a real collector: screenshot rows become a matrix of
+suite x page x profile; accepting a capture makes it the baseline; captures are judged new,
+pass or diverged by their pixels."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from fleet_min.collector.artifacts import visual
+from tests.support.collector import job, result_row
+from tests.support.images import png_bytes, with_stripe
+
+URL = "http://shop.test/pricing?plan=pro"
+SUITE, PAGE = "shop.test", "/pricing?plan=pro"
+
+
+async def upload(client, data: bytes, name: str = "shot.png") -> str:
+    resp = await client.post("/artifacts", data=data, headers={
+        "content-type": "application/octet-stream", "x-artifact-name": name})
+    assert resp.status == 201, await resp.text()
+    return (await resp.json())["sha256"]
+
+
+async def shots_run(client, job_id: str, shots: list[tuple[str, bytes | None]],
+                    workload: str = "web-shots", **spec) -> list[str | None]:
+    """A screenshot job as the agent's host executor runs it: claimed by executor `mac`, a row
+    per profile (its PNG its artifact), then the final row. Returns the captures' hashes."""
+    spec.setdefault("targets", {"url": URL})
+    assert (await client.post("/jobs", json=job(job_id, workload, "host", **spec))).status == 201
+    claimed = await client.get("/executor/next-job?name=mac")
+    assert (await claimed.json())["job_id"] == job_id
+    hashes: list[str | None] = []
+    for number, (profile, image) in enumerate(shots, 1):
+        sha = await upload(client, image) if image is not None else None
+        hashes.append(sha)
+        row = result_row(job_id, "mac", number, executor="mac", ok=sha is not None,
+                         browser=profile, artifacts=[sha] if sha else [],
+                         error=None if sha else "Chromium could not screenshot")
+        assert (await client.post("/results", json=row)).status == 200
+    await client.post("/results", json=result_row(job_id, "mac", 0, executor="mac", final=True,
+                                                  ok=True))
+    return hashes
+
+
+async def get(client, path: str, status: int = 200):
+    resp = await client.get(path)
+    assert resp.status == status, await resp.text()
+    return await resp.json()
+
+
+async def accept(client, sha: str, page: str = PAGE, profile: str = "chromium",
+                 suite: str = SUITE, status: int = 201):
+    resp = await client.post("/api/visual/baselines/accept", json={
+        "suite": suite, "page": page, "profile": profile, "sha256": sha, "job_id": "run-1"})
+    assert resp.status == status, await resp.text()
+    return await resp.json()
+
+
+def by_profile(matrix) -> dict[str, dict]:
+    return {cell["profile"]: cell for cell in matrix["cells"]}
+
+
+async def test_captures_become_new_then_pass_or_diverged_against_the_baseline(client, db_path):
+    picture = png_bytes(40, 20)
+    [first, missing] = await shots_run(client, "run-1", [("chromium", picture),
+                                                          ("android-device", None)])
+    assert missing is None
+    assert await get(client, "/api/visual/suites") == {"suites": [SUITE]}
+    matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")
+    assert matrix["latest"]["job_id"] == "run-1"
+    assert matrix["pages"] == [PAGE] and matrix["profiles"] == ["chromium", "android-device"]
+    cells = by_profile(matrix)
+    assert cells["chromium"]["status"] == "new" and cells["chromium"]["sha256"] == first
+    assert cells["chromium"]["baseline_sha256"] is None
+    assert cells["android-device"]["status"] == "missing"
+
+    accepted = await accept(client, first)
+    assert accepted["sha256"] == first and accepted["accepted_at"].endswith("Z")
+    listed = await get(client, f"/api/visual/baselines?suite={SUITE}")
+    assert [(b["page"], b["profile"], b["sha256"]) for b in listed["baselines"]] == [
+        (PAGE, "chromium", first)]
+
+    # The same pixels in other bytes (RGB, no alpha) pass; a stripe of 4 of 40 columns is
+    # 10 % of the pixels, over the 0.1 % threshold.
+    same = png_bytes(40, 20, alpha=False)
+    [second] = await shots_run(client, "run-2", [("chromium", same)])
+    cell = by_profile(await get(client, f"/api/visual/matrix?suite={SUITE}"))["chromium"]
+    assert second != first
+    assert (cell["status"], cell["diff_pct"], cell["baseline_sha256"]) == ("pass", 0.0, first)
+    [third] = await shots_run(client, "run-3", [("chromium", png_bytes(40, 20, with_stripe(4)))])
+    matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")
+    cell = by_profile(matrix)["chromium"]
+    assert (cell["status"], cell["diff_pct"], cell["sha256"]) == ("diverged", 10.0, third)
+    assert [h["job_id"] for h in cell["history"]] == ["run-2", "run-1"]
+    assert [r["job_id"] for r in matrix["runs"]] == ["run-3", "run-2", "run-1"]
+    # A looser threshold lets the same difference pass; the comparison is kept, not redone.
+    loose = by_profile(await get(client, f"/api/visual/matrix?suite={SUITE}&threshold=15"))
+    assert loose["chromium"]["status"] == "pass"
+    with sqlite3.connect(db_path) as conn:
+        kept = conn.execute("SELECT baseline, capture, diff_pct FROM visual_diffs "
+                            "ORDER BY diff_pct").fetchall()
+    assert kept == [(first, second, 0.0), (first, third, 10.0)]
+
+
+async def test_accepting_replaces_the_pointer_and_keeps_baselines_out_of_collection(client):
+    old = await upload(client, png_bytes(8, 8))
+    new = await upload(client, png_bytes(8, 8, with_stripe(2)))
+    await accept(client, old)
+    replaced = await accept(client, new)
+    assert replaced["replaced"] == old
+    listed = await get(client, "/api/visual/baselines")
+    assert [b["sha256"] for b in listed["baselines"]] == [new]  # one slot, never duplicates
+
+    records = {a["sha256"]: a for a in (await get(client, "/api/artifacts"))["artifacts"]}
+    assert records[new]["baseline"] is True and records[old]["baseline"] is False
+    candidates = {a["sha256"] for a in
+                  (await get(client, "/api/artifacts/gc-candidates"))["artifacts"]}
+    assert new not in candidates and old in candidates
+    refused = await client.delete(f"/api/artifacts/{new}")
+    assert refused.status == 409
+    dropped = await client.post(f"/api/artifacts/{new}/baseline", json={"accepted": False})
+    assert dropped.status == 409
+    assert f"visual baseline of {SUITE}/{PAGE} (chromium)" in (await dropped.json())["error"]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    ({"suite": "s", "page": "p", "profile": "c", "sha256": "0" * 64}, 404, "no artifact"),
+    ({"suite": "s", "page": "p", "profile": "c", "sha256": "XYZ"}, 400, "64 lowercase hex"),
+    ({"page": "p", "profile": "c", "sha256": "0" * 64}, 400, "suite is required"),
+    ({"suite": "s", "page": "p\n", "profile": "c", "sha256": "0" * 64}, 400, "control"),
+    ({"suite": "s", "page": "p", "profile": "x" * 201, "sha256": "0" * 64}, 400, "profile"),
+    ({"suite": "s", "page": "p", "profile": "c", "sha256": "0" * 64, "pinned": True}, 400,
+     "pinned is not a field"),
+    ([], 400, "JSON object"),
+])
+async def test_accept_refusals_change_nothing(client, body, status, words):
+    resp = await client.post("/api/visual/baselines/accept", json=body)
+    assert resp.status == status
+    assert words in (await resp.json())["error"]
+    assert (await get(client, "/api/visual/baselines")) == {"baselines": []}
+
+
+@pytest.mark.parametrize(("query", "words"), [
+    ("", "suite is required"), ("?suite=s&runs=0", "runs must be"),
+    ("?suite=s&runs=26", "runs must be"), ("?suite=s&runs=9999999999", "runs must be"),
+    ("?suite=s&threshold=nan", "threshold"), ("?suite=s&threshold=-1", "threshold"),
+])
+async def test_matrix_query_refusals(client, query, words):
+    body = await get(client, f"/api/visual/matrix{query}", status=400)
+    assert words in body["error"]
+
+
+async def test_an_unknown_suite_has_an_empty_matrix(client):
+    matrix = await get(client, "/api/visual/matrix?suite=nothing")
+    assert matrix["latest"] is None and matrix["cells"] == []
+
+
+async def test_a_capture_that_is_not_a_png_is_an_error_cell(client):
+    baseline = await upload(client, png_bytes(8, 8))
+    await accept(client, baseline, page="/", suite="site.test")
+    await shots_run(client, "odd", [("chromium", b"<html>not a picture</html>")],
+                    targets={"url": "http://site.test/"})
+    cell = by_profile(await get(client, "/api/visual/matrix?suite=site.test"))["chromium"]
+    assert cell["status"] == "error" and "not a PNG image" in cell["note"]
+
+
+async def test_rows_with_a_shot_block_name_their_own_slot(client):
+    """The original's executors stamp each row with shot {suite, page, profile, sha256} and
+    may report the difference they measured themselves (metrics.diff_pct)."""
+    capture = await upload(client, b"bytes an executor compared")
+    baseline = await upload(client, b"its baseline")
+    await accept(client, baseline, suite="nightly", page="home", profile="chromium")
+    await client.post("/jobs", json=job("orig", "web-shots", "host",
+                                        targets={"url": URL}, suite={"flows": "nightly"}))
+    await client.get("/executor/next-job?name=mac")
+    for device, profile, pct in (("web:chromium", "chromium", 4.2), ("web:webkit", "webkit",
+                                                                       None)):
+        row = result_row("orig", device, 1, executor="mac", ok=pct is None,
+                         shot={"suite": "nightly", "page": "home", "profile": profile,
+                               "sha256": capture},
+                         metrics={"diff_pct": pct} if pct is not None else {})
+        assert (await client.post("/results", json=row)).status == 200
+    assert "nightly" in (await get(client, "/api/visual/suites"))["suites"]
+    cells = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))
+    assert (cells["chromium"]["status"], cells["chromium"]["diff_pct"]) == ("diverged", 4.2)
+    assert (cells["webkit"]["status"], cells["webkit"]["baseline_sha256"]) == ("new", None)
+
+
+@pytest.mark.parametrize(("workload", "spec", "row", "slot"), [
+    ("web-shots", {"targets": {"url": "https://a.test/x"}, "params": {"page": "landing"}},
+     {"browser": "android-device", "serial": "R5CT", "device_id": "mac"},
+     ("a.test", "landing", "android-device@R5CT")),
+    ("web-shots", {"targets": {"url": "https://a.test"}, "params": {"suite": "marketing"}},
+     {"browser": "chromium"}, ("marketing", "/", "chromium")),
+    ("locale-shots", {"app": {"name": "shop"}}, {"locale": "de-DE", "device_id": "emulator-5554"},
+     ("shop", "de-DE", "emulator-5554")),
+    ("locale-shots", {"params": {"app_id": "com.example.shop"}},
+     {"locale": "ja-JP", "device_id": "R5CT"}, ("com.example.shop", "ja-JP", "R5CT")),
+    ("a11y-audit", {}, {"step": "checkout", "variant": "largest", "device_id": "R5CT"},
+     ("a11y-audit", "checkout", "largest@R5CT")),
+    ("a11y-audit", {}, {"device_id": "R5CT"}, None),  # not a screen row
+])
+def test_row_slots_follow_the_documented_convention(workload, spec, row, slot):
+    suite = visual.job_suite(workload, spec, None)
+    assert visual.row_slot(workload, spec, suite, row) == slot
+
+
+def test_a_schedule_names_the_suite_when_nothing_else_does():
+    assert visual.job_suite("locale-shots", {}, "nightly-locales") == "nightly-locales"
