@@ -189,3 +189,18 @@ async def test_the_listing_says_what_each_executor_does_and_what_is_attached(
     assert seen["lab"]["status"] == "busy"
     assert seen["lab"]["jobs"] == [{"job_id": "cold", "workload": "cold-start"}]
 
+
+
+async def test_a_host_fan_out_reaches_only_the_executors_that_would_take_it(collector_factory):
+    client = await collector_factory(long_poll_s=0.05)
+    await register(client, "web", capabilities=["web-shots"])
+    await register(client, "phones", capabilities=["cold-start"])
+    for name in ("web", "phones", "never-said"):
+        assert await executor_claim(client, name) is None  # seen polling
+    reply = await enqueue(client, host("shots", "web-shots", fanout=True,
+                                       params={"browser": ["chromium"]}))
+    assert reply["fanout"] == ["shots--never-said", "shots--web"]  # not phones: never offered
+    preview = await (await client.post("/api/jobs/preview-targets", json={
+        "workload": "web-shots", "executor": "host", "fanout": True})).json()
+    assert preview["executors"] == ["never-said", "web"]
+    assert await executor_claim(client, "web") == "shots--web"

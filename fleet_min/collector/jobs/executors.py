@@ -133,19 +133,21 @@ def _decoded(text: str) -> tuple[str, ...]:
 
 
 # Executors that polled within EXECUTOR_RECENT_S, or hold a claimed host job now (a busy
-# executor with one slot does not poll until its job is done), in name order. One parameter:
-# the horizon (recent_since).
-RECENT_SQL = ("SELECT name FROM executors WHERE last_poll >= ? UNION "
-              "SELECT claimed_by FROM jobs WHERE status = 'claimed' AND executor = 'host' "
-              "ORDER BY 1")
+# executor with one slot does not poll until its job is done), in name order, each with what
+# it declared (NULL: no opinion). One parameter: the horizon (recent_since).
+RECENT_SQL = ("SELECT r.name, e.capabilities FROM (SELECT name FROM executors "
+              "WHERE last_poll >= ? UNION SELECT claimed_by FROM jobs "
+              "WHERE status = 'claimed' AND executor = 'host') r "
+              "LEFT JOIN executors e ON e.name = r.name ORDER BY r.name")
 
 
 def recent_since(now: float) -> float:
     return now - rules.EXECUTOR_RECENT_S
 
 
-def recent(conn: sqlite3.Connection, now: float) -> list[str]:
-    return [row[0] for row in conn.execute(RECENT_SQL, (recent_since(now),))]
+def recent(conn: sqlite3.Connection, now: float) -> list[tuple[str, list[str] | None]]:
+    return [(row[0], decoded(row[1]))
+            for row in conn.execute(RECENT_SQL, (recent_since(now),))]
 
 
 # -- the listing (GET /api/executors) -----------------------------------------------------------

@@ -390,12 +390,16 @@ def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> lis
     return pick_executors(executors.recent(conn, now), spec)
 
 
-def pick_executors(names: list[str], spec: JobSpec) -> list[str]:
-    """Of the executors seen recently (executors.RECENT_SQL), those a host fan-out of this spec
-    reaches: every one, or only the one targets.executor names. Names that cannot end a job id
-    (<job_id>--<name>: letters, digits and . _ : @ -) are left out."""
+def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec) -> list[str]:
+    """Of the executors seen recently (executors.recent: each name with what it declared),
+    those a host fan-out of this spec reaches: every one that would be offered the job (it
+    declared the workload or its pairing, or never said), or only the one targets.executor
+    names. Names that cannot end a job id (<job_id>--<name>: letters, digits and . _ : @ -)
+    are left out."""
     wanted = (spec.get("targets") or {}).get("executor")
-    return [name for name in names if (not wanted or name == wanted)
+    variant = rules.spec_variant(spec)
+    return [name for name, capabilities in seen if (not wanted or name == wanted)
+            and rules.offers(capabilities, spec["workload"], variant)
             and validate.is_job_id(f"{spec['job_id']}--{name}")]
 
 

@@ -176,7 +176,8 @@ async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, 
     executors."""
     if spec["executor"] == Executor.HOST:
         rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
-        names = queue.pick_executors([row[0] for row in rows], spec)
+        names = queue.pick_executors(
+            [(row[0], executors.decoded(row[1])) for row in rows], spec)
         return {"count": len(names), "devices": [], "executors": names}
     chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now)
     return {"count": len(chosen), "devices": [
