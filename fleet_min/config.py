@@ -196,6 +196,7 @@ class CollectorConfig:
     log_level: str
     stop_grace_s: float
     max_artifact_bytes: int
+    max_mirror_bytes: int
     schedule_tz: str
     schedule_tick_s: float
     alert_tick_s: float
@@ -259,6 +260,8 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
     Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, byte_size,
             "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "
             "length is refused before the body is sent)."),
+    Setting("max_mirror_bytes", "FLEET_MAX_MIRROR_BYTES", 1 << 20, byte_size,
+            "Largest live-mirror frame accepted by POST /api/jobs/{id}/mirror (413 above it)."),
     # scheduler and alerts
     Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", timezone_name,
             "IANA time zone cron expressions are read in; empty means the host's local time."),

@@ -91,6 +91,14 @@ async def read_json(request: web.Request, limit: int | None = None) -> Any:
     return value
 
 
+async def read_bytes(request: web.Request, limit: int) -> bytes | bytearray:
+    """A whole binary request body, refused with 413 past the limit (a declared length past it
+    before the body is read)."""
+    if request.content_length is not None and request.content_length > limit:
+        raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+    return await _read_body(request, limit)
+
+
 async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
     content = request.content
     if content.is_eof():  # the whole body came with the headers: the usual small JSON body

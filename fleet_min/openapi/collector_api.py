@@ -231,6 +231,19 @@ def _agents() -> list[Route]:
             "pools": arr(STR)}), "the effective capabilities and pools")},
             {**JSON_ERRORS, 403: MESH_403},
             body=Body(ref("Registration"), "the registration body"), tag=tag),
+        Route("POST", "/executors/register", "Register (upsert) a host executor",
+              {200: json_reply(obj({"ok": OK_TRUE, "name": STR,
+                                    "capabilities": null(arr(STR)), "slots": integer(1, 64)}),
+                               "what the executor is offered now: its capabilities (null: "
+                               "every host job) and slots")},
+              {**JSON_ERRORS, 403: MESH_403},
+              body=Body(obj({"name": string(minLength=1, maxLength=200),
+                             "capabilities?": arr(string(minLength=1, maxLength=200),
+                                                  maxItems=100),
+                             "slots?": integer(1, 64),
+                             "agent?": string(maxLength=200)}),
+                        "capabilities omitted: no opinion at the first registration, the "
+                        "previous list after it; an empty list: nothing"), tag=tag),
         Route("GET", "/devices/{device_id}/next-job", "Long-poll for a device job", next_job,
               {403: MESH_403, 404: "the device is not registered; register first",
                503: STORAGE}, tag=tag),
@@ -268,6 +281,29 @@ def _agents() -> list[Route]:
             {**JSON_ERRORS, 403: MESH_403, 404: NO_JOB,
              409: "the caller is not the claimant, or a result row exists"},
             body=Body(obj({"device_id": string(minLength=1)}), "the claimant"), tag=tag),
+        Route("POST", "/locks/acquire", "Lock devices for a running host job",
+              {200: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "granted": arr(STR),
+                                    "refused": arr(STR)}),
+                               "granted: the devices the job holds now (those it held already "
+                               "among them); refused: those another job holds")},
+              {**JSON_ERRORS, 403: MESH_403, 404: NO_JOB,
+               409: "the job is not a claimed host job, or the executor named is not its "
+                    "claimant"},
+              body=Body(obj({"job_id": string(minLength=1, maxLength=200),
+                             "device_ids": arr(string(minLength=1, maxLength=200),
+                                               minItems=1, maxItems=100),
+                             "executor?": string(minLength=1, maxLength=200)}),
+                        "the job, the devices, and the executor speaking (omitted: the job's "
+                        "claimant)"), tag=tag),
+        Route("POST", "/locks/release", "Give back every device lock a host job holds",
+              {200: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "released": integer(0)}),
+                               "how many locks were released (0 for a job no longer claimed)")},
+              {**JSON_ERRORS, 403: MESH_403, 404: NO_JOB,
+               409: "the executor named is not the job's claimant"},
+              body=Body(obj({"job_id": string(minLength=1, maxLength=200),
+                             "executor?": string(minLength=1, maxLength=200)}),
+                        "the job, and the executor speaking (omitted: the job's claimant)"),
+              tag=tag),
     ]
 
 
@@ -312,9 +348,32 @@ def _jobs() -> list[Route]:
                 tag=tag),
         guarded("POST", "/api/jobs/{job_id}/cancel", "Cancel a queued, waiting or claimed job",
                 {200: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "was": JOB_STATUS,
-                                      "cascaded": arr(STR)}))},
+                                      "cascaded": arr(STR), "locks_released": integer(0)}))},
                 {404: NO_JOB, 409: "the job is closed already", 503: STORAGE},
                 tag=tag),
+        Route("POST", "/api/jobs/{job_id}/mirror", "Post a live-mirror frame of a running "
+              "host job (kept in memory, newest only)",
+              {204: empty_reply("kept: viewers get it as their next frame")},
+              {400: "the frame is empty or not a whole JPEG (FF D8 FF ... FF D9)", 403: MESH_403,
+               404: NO_JOB, 413: "larger than FLEET_MAX_MIRROR_BYTES (1 MiB by default)",
+               409: "the job is not a claimed host job, or the poster is not its claimant (or "
+                    "names no executor and no attached device)"},
+              params=(query("executor", string(minLength=1, maxLength=200),
+                            "the executor posting (or the X-Fleet-Executor header)"),
+                      query("device_id", string(minLength=1, maxLength=200),
+                            "naming no executor: the attached device the frame shows"),
+                      header("X-Fleet-Executor", string(maxLength=200),
+                             "the executor posting")),
+              body=Body({"type": "string", "format": "binary"}, "one JPEG image",
+                        media="image/jpeg"), tag=tag),
+        Route("GET", "/api/jobs/{job_id}/mirror", "Watch a running host job's live mirror",
+              {200: Reply("the frames as they come, newest only, as "
+                          "multipart/x-mixed-replace parts (an <img> shows it); it ends when "
+                          "the job leaves its claim",
+                          {"multipart/x-mixed-replace": {"type": "string",
+                                                         "format": "binary"}})},
+              {404: "no such job, or it is not running (its mirror ended with its run)"},
+              tag=tag),
         guarded("POST", "/api/jobs/{job_id}/retry", "Clone a failed or cancelled job as <id>-rN",
                 {201: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "retry_of": STR,
                                       "status": JOB_STATUS, "fanout?": arr(STR)}))},
@@ -341,6 +400,20 @@ def _jobs() -> list[Route]:
 def _devices() -> list[Route]:
     tag = "devices"
     return [
+        Route("GET", "/api/executors", "List host executors: status, capabilities, attached "
+              "devices, the jobs they hold",
+              {200: json_reply(obj({"executors": arr(obj({
+                  "name": STR, "status": enum("polling", "busy", "idle", "offline"),
+                  "capabilities": null(arr(STR)), "slots": INT, "agent": null(STR),
+                  "attached": arr(obj({"device_id": STR, "status": STR})),
+                  "jobs": arr(obj({"job_id": STR, "workload": STR})),
+                  "first_seen": TIME, "last_seen": TIME,
+                  "registered_at": null(TIME)}))}))}, tag=tag),
+        Route("GET", "/api/locks", "List device locks: the job, its holder, when it expires",
+              {200: json_reply(obj({"locks": arr(obj({
+                  "device_id": STR, "job_id": STR, "holder": null(STR),
+                  "executor": null(enum("device", "host")), "acquired_at": TIME,
+                  "expires_at": null(TIME)}))}))}, tag=tag),
         Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
               {200: json_reply(obj({"devices": arr(ref("Device")), "pools": arr(STR)}))},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
@@ -358,7 +431,8 @@ def _devices() -> list[Route]:
                 tag=tag),
         guarded("DELETE", "/api/devices/{device_id}", "Forget a device (its results stay)",
                 {200: json_reply(obj({"ok": OK_TRUE, "device_id": STR, "forgotten": enum(True)}))},
-                {404: NO_DEVICE, 503: STORAGE},
+                {404: NO_DEVICE, 409: "a running job holds the device locked (named)",
+                 503: STORAGE},
                 tag=tag),
         Route("GET", "/api/devices/{device_id}/beacons", "A device's beacon history",
               {200: json_reply(obj({"device_id": STR, "truncated": BOOL,

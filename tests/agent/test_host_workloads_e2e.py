@@ -197,15 +197,21 @@ def test_the_host_workloads_through_a_real_collector(procs, tmp_path, website):
         assert status_code == 200, device
         assert device["descriptor"]["attached_to"] == "lab-mac"
         assert device["capabilities"] == []
-    told = [line for line in agent.log().splitlines()
-            if "does not take executor registrations" in line]
-    assert len(told) == 1  # this collector has no such route yet: asked once, said once
+    # the executor registered what it declares, and is listed with its attached devices
+    status_code, listed = collector.get("/api/executors")
+    assert status_code == 200, listed
+    (lab,) = [e for e in listed["executors"] if e["name"] == "lab-mac"]
+    assert "cold-start" in lab["capabilities"] and lab["agent"].startswith("fleet_agent ")
+    assert {d["device_id"] for d in lab["attached"]} == {"R5CT1234ABC", "emulator-5554",
+                                                          "5A1B-SIM"}
+    assert "does not take executor registrations" not in agent.log()
 
 
-@pytest.mark.xfail(strict=True, reason="collector-side executor capabilities land separately")
 def test_each_executor_is_offered_only_what_it_declared(procs, tmp_path):
     collector = procs.collector()
     phones = fake_tools(tmp_path / "phones", {"adb": FAKE_ADB})
+    # only its fake adb: a browser installed on this machine would make it declare web-test
+    phones["PATH"] = str(tmp_path / "phones" / "fake-bin")
     web = fake_tools(tmp_path / "web", {"chromium": FAKE_CHROMIUM})
     procs.agent([collector], "phones", "--executor", "host", "--name", "phones", env=phones)
     cold = {"app_id": "com.example.shop", "launches": 1}

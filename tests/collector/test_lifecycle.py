@@ -254,7 +254,8 @@ async def test_cancel_queued_claimed_and_waiting(client):
     await client.post("/jobs", json=[job("q"), job("w", depends_on=["run"]),
                                      job("w2", depends_on=["w"])])
     reply = await (await client.post("/api/jobs/q/cancel")).json()
-    assert reply == {"ok": True, "job_id": "q", "was": "queued", "cascaded": []}
+    assert reply == {"ok": True, "job_id": "q", "was": "queued", "cascaded": [],
+                     "locks_released": 0}
     reply = await (await client.post("/api/jobs/run/cancel")).json()
     assert reply["was"] == "claimed" and set(reply["cascaded"]) == {"w", "w2"}
     row = await status_of(client, "w2")

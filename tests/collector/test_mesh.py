@@ -228,3 +228,31 @@ async def test_a_cached_answer_in_use_is_refreshed_before_it_runs_out(fake_tails
     assert gate.lookups == 2 and not gate._refreshing
     await gate.close()
     assert fake_tailscale.read_text().splitlines() == ["whois --json 100.64.0.5"] * 2
+
+
+async def test_the_executor_routes_hold_to_the_executor_names_binding(
+        collector_factory, monkeypatch, fake_tailscale):
+    """An executor's registration, its locks and its live mirror, from the mesh, speak for the
+    executor name the first node bound (by registering or polling); another node gets 403."""
+    client = await start(collector_factory, monkeypatch, "pi5, laptop")
+    pi5, laptop = {"X-Forwarded-For": "100.64.0.5"}, {"X-Forwarded-For": "100.64.0.6"}
+    body = {"name": "mac", "capabilities": ["soak"]}
+    assert (await client.post("/executors/register", json=body, headers=pi5)).status == 200
+    resp = await client.post("/executors/register", json={"name": "mac", "capabilities": []},
+                             headers=laptop)
+    assert resp.status == 403 and "in use by another mesh node" in (await resp.json())["error"]
+    resp = await client.post("/jobs", json={"schema": 1, "job_id": "soak", "workload": "soak",
+                                            "executor": "host"})
+    assert resp.status == 201
+    resp = await client.get("/executor/next-job?name=mac", headers=pi5)
+    assert (await resp.json())["job_id"] == "soak"
+    lock = {"job_id": "soak", "device_ids": ["d1"]}
+    assert (await client.post("/locks/acquire", json=lock, headers=laptop)).status == 403
+    assert (await client.post("/locks/acquire", json=lock, headers=pi5)).status == 200
+    frame = b"\xff\xd8\xff\xe0" + b"\0" * 16 + b"\xff\xd9"
+    for headers, wanted in ((laptop, 403), (pi5, 204)):
+        resp = await client.post("/api/jobs/soak/mirror?executor=mac", data=frame,
+                                 headers={**headers, "Content-Type": "image/jpeg"})
+        assert resp.status == wanted, await resp.text()
+    listed = await (await client.get("/api/executors")).json()
+    assert listed["executors"][0]["capabilities"] == ["soak"]  # the refused one changed nothing

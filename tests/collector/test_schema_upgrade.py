@@ -236,3 +236,37 @@ async def test_a_version_3_database_learns_its_queued_jobs_variants(collector_fa
             "js-bench": "jssha"}
     finally:
         conn.close()
+
+
+async def test_a_version_7_database_keeps_its_executors_and_learns_ui_test_variants(
+        collector_factory, db_path):
+    """Migration 10 rebuilds executors (a registration needs no poll) keeping the executors
+    seen, and gives a queued ui-test its suite kind as its variant, so an executor that
+    declared ui-test:flow_runner is offered it."""
+    db_path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(db_path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode = WAL")
+        migrate(conn, MIGRATIONS[:7])
+        now = time.time()
+        conn.execute("INSERT INTO executors (name, first_seen, last_poll, slots) "
+                     "VALUES ('old-mac', ?, ?, 3)", (now - 60, now - 60))
+        for job_id, kind in (("flows", "flow_runner"), ("bundle", "native_bundle")):
+            spec = job(job_id, workload="ui-test", executor="host",
+                       app={"id": "com.example"}, suite={"kind": kind, "flows": "f/"})
+            conn.execute(
+                "INSERT INTO jobs (job_id, workload, executor, status, max_attempts, ttl_s, "
+                "spec, created_at, updated_at) VALUES (?, 'ui-test', 'host', 'queued', 3, "
+                "600, ?, ?, ?)", (job_id, json.dumps(spec), now, now))
+    finally:
+        conn.close()
+    client = await collector_factory(long_poll_s=0.05)
+    listed = await (await client.get("/api/executors")).json()
+    assert [(e["name"], e["slots"], e["capabilities"]) for e in listed["executors"]] == [
+        ("old-mac", 3, None)]
+    resp = await client.post("/executors/register", json={
+        "name": "lab", "capabilities": ["ui-test:flow_runner"]})
+    assert resp.status == 200
+    resp = await client.get("/executor/next-job?name=lab")
+    assert (await resp.json())["job_id"] == "flows"
+    assert (await client.get("/executor/next-job?name=lab&slots=2")).status == 204

@@ -98,9 +98,13 @@ def collector_state(base: str) -> dict[str, Any]:
                  for s in _get(base, "/api/schedules")["schedules"]]
     topics = [{k: t[k] for k in ("topic", "count", "last_seq")}
               for t in _get(base, "/api/events")["topics"]]
+    # Registrations only: a poll that was answered (not refused) records its executor.
+    executors = [{k: e[k] for k in ("name", "capabilities", "agent", "registered_at")}
+                 for e in _get(base, "/api/executors")["executors"] if e["registered_at"]]
     return {"overview": overview, "jobs": jobs, "devices": devices, "schedules": schedules,
             "templates": _get(base, "/api/templates")["templates"],
-            "artifacts": _get(base, "/api/artifacts"), "topics": topics}
+            "artifacts": _get(base, "/api/artifacts"), "topics": topics, "executors": executors,
+            "locks": _get(base, "/api/locks")}
 
 
 def controlplane_state(base: str) -> dict[str, Any]:
@@ -293,6 +297,29 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
         {"device_id": "d1", "descriptor": {"ram_mb": -1}},
         {"device_id": "d1", "descriptor": {"ram_mb": 1.5}},
         {"device_id": "d1", "pools": ["p"] * 65},
+    ],
+    "POST /executors/register": [
+        {}, {"name": ""}, {"name": "x" * 201}, {"name": 5}, {"name": ["mac"]},
+        {"name": "mac", "capabilities": "web-test"}, {"name": "mac", "capabilities": [None]},
+        {"name": "mac", "capabilities": [""]}, {"name": "mac", "capabilities": ["c"] * 101},
+        {"name": "mac", "capabilities": {"web-test": True}}, {"name": "mac", "slots": 0},
+        {"name": "mac", "slots": 65}, {"name": "mac", "slots": HUGE},
+        {"name": "mac", "slots": 1e999}, {"name": "mac", "slots": True},
+        {"name": "mac", "slots": "2"}, {"name": "mac", "agent": 7},
+        {"name": "mac", "agent": "a" * 201}, {"name": "mac", "agent": None},
+        {"name": "mac", "slots": None},
+    ],
+    "POST /locks/acquire": [
+        {}, {"job_id": ""}, {"job_id": 5}, {"job_id": "j", "device_ids": "d1"},
+        {"job_id": "j", "device_ids": []}, {"job_id": "j", "device_ids": [None]},
+        {"job_id": "j", "device_ids": [""]}, {"job_id": "j", "device_ids": ["d"] * 101},
+        {"job_id": "j", "device_ids": ["x" * 201]}, {"job_id": "x" * 201, "device_ids": ["d"]},
+        {"job_id": "j", "device_ids": ["d"], "executor": ""},
+        {"job_id": "j", "device_ids": ["d"], "executor": None},
+    ],
+    "POST /locks/release": [
+        {}, {"job_id": ""}, {"job_id": ["j"]}, {"job_id": "j", "executor": 7},
+        {"job_id": "j", "executor": "x" * 201},
     ],
     "POST /results": [
         {}, {"kind": "result"}, {"schema": 1, "kind": "verdict", "device_id": "pixel-7"},

@@ -119,6 +119,10 @@ def queued_and_waiting(c: HttpClient, s: Seeded) -> None:
 
 
 def ui_test(c: HttpClient, s: Seeded) -> None:
+    ok(c.post("/executors/register", {
+        "name": "mac-mini", "slots": 2, "agent": "fleet_agent 0.9.0",
+        "capabilities": ["cold-start", "install", "ui-test:flow_runner", "web-audit",
+                         "web-test"]}))
     ok(c.post("/jobs", job("ui-login", workload="ui-test", executor="host",
                            app={"name": "shelf-app", "build": "41", "sha256": s.artifact},
                            suite={"kind": "flow_runner", "flows": "flows/*.yaml"})))
@@ -220,6 +224,13 @@ def shelf_devices(c: HttpClient, s: Seeded) -> None:
             ok(c.post("/results", beacon(device_id, battery_pct=pct, charging=pct > 90,
                                          thermal="nominal", mem_mb=ram // 3, load=1.2)))
         s.devices.append(device_id)
+    # An emulator the executor mac-mini drives, as it registers it: nothing polls for it.
+    ok(c.post("/devices/register", registration("emulator-5554", capabilities=[], descriptor={
+        "platform": "android", "kind": "phone", "model": "sdk_gphone64_x86_64",
+        "os": "Android 14", "serial": "emulator-5554", "attached_to": "mac-mini",
+        "simulator": False, "emulator": True})))
+    ok(c.post("/executors/register", {"name": "linux-builder-with-a-long-name-01",
+                                      "capabilities": ["build:gradle", "web-shots"]}))
 
 
 def shelf_bench(c: HttpClient, n: int, device_id: str, model: str, failed: bool) -> str:

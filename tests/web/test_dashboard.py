@@ -6,6 +6,7 @@ read-only view. Screenshots go to test-artifacts/screenshots/."""
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ SCREENS = [
     ("/dash", "text=Running", "overview"),
     ("/dash/devices", "a:has-text('Pixel on the shelf')", "devices"),
     ("/dash/devices/pixel-7", "canvas", "device-detail"),
+    ("/dash/executors", "td >> text=mac-mini", "executors"),
     ("/dash/jobs", "td >> text=bench-pi", "jobs"),
     ("/dash/jobs/bench-pi", "#job-status >> text=done", "job-detail"),
     ("/dash/jobs/fan-bench", "text=fan-out child for pi5", "job-fanout"),
@@ -90,6 +92,51 @@ def test_navigation_in_the_page_and_phone_and_dark_layouts(
     dark.keyboard.press("Tab")  # the first stop is the skip link
     assert dark.evaluate("document.activeElement.textContent") == "Skip to content"
     assert page.watch.errors == [] and dark.watch.errors == []
+
+
+def test_a_host_job_names_its_executor_and_the_executors_screen_shows_it(
+        seeded: SeededCollector, open_page: Callable[..., Any]) -> None:
+    page = open_page(seeded.url + "/dash/jobs/ui-login", wait="#job-claimant >> text=mac-mini")
+    assert page.locator("dt:text-is('Executor')").count() == 1
+    page.click("#job-claimant a")
+    row = page.wait_for_selector("#executor-mac-mini")
+    text = row.inner_text()
+    assert "ui-test:flow_runner" in text and "fleet_agent 0.9.0" in text
+    shot(page, "dash-executor-from-job")
+    assert page.watch.errors == []
+
+
+def post_frame(base: str, job_id: str, executor: str, frame: bytes) -> int:
+    request = urllib.request.Request(f"{base}/api/jobs/{job_id}/mirror?executor={executor}",
+                                     data=frame, method="POST",
+                                     headers={"Content-Type": "image/jpeg"})
+    with urllib.request.urlopen(request, timeout=10) as reply:
+        return int(reply.status)
+
+
+def test_the_job_page_shows_the_live_mirror_of_a_running_host_job(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    proc = CollectorProcess(tmp_path / "mirror").start()
+    try:
+        assert proc.client.post("/executors/register", {"name": "lab",
+                                                        "capabilities": ["soak"]})[0] == 200
+        assert proc.client.post("/jobs", job("live-soak", workload="soak", executor="host",
+                                             params={"app_id": "com.example"}))[0] == 201
+        assert proc.client.get("/executor/next-job?name=lab")[0] == 200
+        # A real JPEG: Chromium's own screenshot of a page (the collector's icon).
+        frame = open_page(proc.url + "/favicon.svg").screenshot(type="jpeg", quality=60)
+        page = open_page(proc.url + "/dash/jobs/live-soak", wait="#job-status >> text=claimed")
+        page.wait_for_selector("#mirror-frame")
+        assert post_frame(proc.url, "live-soak", "lab", frame) == 204
+        page.wait_for_function(
+            "() => document.querySelector('#mirror-frame').naturalWidth > 0", timeout=15000)
+        shot(page, "dash-job-mirror")
+        assert proc.client.post("/api/jobs/live-soak/cancel")[0] == 200
+        page.wait_for_selector("#job-status >> text=cancelled")
+        assert page.locator("#mirror-frame").count() == 0
+        assert page.watch.errors == []
+    finally:
+        proc.stop()
 
 
 def test_legacy_pages_load_without_script(seeded: SeededCollector,

@@ -85,7 +85,13 @@ OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
     rule("POST", "/jobs", "enqueue (always open, by the spec)"),
     rule("*", "/jobs/*", "agent release (the mesh allowlist applies) and the lease sweep"),
     rule("POST", "/devices/register", "agent registration (the mesh allowlist applies)"),
+    rule("POST", "/executors/register",
+         "executor registration (the mesh allowlist and name binding apply)"),
     rule("POST", "/results", "agent results and beacons (the mesh allowlist applies)"),
+    rule("POST", "/api/jobs/{}/mirror", "live-mirror frames from a running host job's "
+         "executor (the mesh allowlist and name binding apply)"),
+    rule("POST", "/locks/*", "a host job's device locks, by its claimant (the mesh allowlist "
+         "and name binding apply)"),
     rule("*", "/artifacts*", "artifact upload by agents and CI"),
     rule("POST", "/schedules/tick", "scheduler tick, like POST /jobs/sweep"),
     rule("POST", "/api/alerts/tick", "alert evaluation on demand"),

@@ -18,15 +18,19 @@ from fleet_min.http import CleanupContext, Handler, RequestCheck, json_response
 PEERS = web.AppKey("peers", peers.Peers)
 CI = web.AppKey("ci_status", ci_status.CiReporter)
 MESH = web.AppKey("mesh", mesh.MeshGate)
+UPLOAD_TEMPLATE = "/artifacts"  # the routes whose body is bytes, not JSON: an upload
+MIRROR_TEMPLATE = "/api/jobs/{job_id}/mirror"  # and a live-mirror frame
 # The routes an agent acts through for a device or an executor name: with FLEET_MESH_ALLOW set,
 # a mesh peer must be a listed node, and the node is handed on so the transaction can check it
 # may act for the device or executor the request names (fleet_min.collector.jobs.authority).
 AGENT_ROUTES = frozenset({
     ("POST", "/devices/register"), ("GET", "/devices/{device_id}/next-job"),
-    ("GET", "/executor/next-job"), ("POST", "/results"), ("POST", "/jobs/{job_id}/release")})
+    ("POST", "/executors/register"), ("GET", "/executor/next-job"), ("POST", "/results"),
+    ("POST", "/jobs/{job_id}/release"), ("POST", "/locks/acquire"), ("POST", "/locks/release"),
+    ("POST", MIRROR_TEMPLATE)})
 MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
 HOST_GATE = web.AppKey("host_gate", origin.HostGate)
-UPLOAD_TEMPLATE = "/artifacts"  # the one route whose body is bytes, not JSON
+BODY_TYPES = {UPLOAD_TEMPLATE: origin.BINARY_TYPE, MIRROR_TEMPLATE: "image/jpeg"}
 
 
 def _template(request: web.Request) -> str | None:
@@ -52,7 +56,7 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
         method = request.method.upper()
         if method in guard.MUTATING:  # reads never need the route template
             template = _template(request)
-            wanted = origin.BINARY_TYPE if template == UPLOAD_TEMPLATE else origin.JSON_TYPE
+            wanted = BODY_TYPES.get(template or "", origin.JSON_TYPE)
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
             guard.check(method, template, request.path, headers, token)
 

@@ -17,11 +17,22 @@ from fleet_min.collector.http import (
     enrolment,
     insight,
     metrics,
+    mirror,
     openapi,
     pages,
     visual,
 )
-from fleet_min.collector.jobs import compat, devices, queue, results, rules, specs, views
+from fleet_min.collector.jobs import (
+    compat,
+    devices,
+    executors,
+    locks,
+    queue,
+    results,
+    rules,
+    specs,
+    views,
+)
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.kinds import Executor, ResultKind
 from fleet_min.collector.jobs.specs import JobSpec
@@ -45,7 +56,8 @@ SERVICE = web.AppKey("service", Service)
 # Each feature module wires itself in setup(app, service): its routes, middlewares and hooks,
 # and its loops as a cleanup context (started after the service's, stopped before it). Access
 # control comes first: it may add a middleware.
-FEATURES = (access, artifacts, visual, automation, enrolment, insight, metrics, pages, openapi)
+FEATURES = (access, artifacts, visual, automation, enrolment, insight, metrics, mirror, pages,
+            openapi)
 MAX_BATCH = 1000  # jobs in one POST /jobs array, rows in one POST /results array
 
 
@@ -75,6 +87,26 @@ async def register(request: web.Request) -> web.Response:
     return json_response(reply)
 
 
+async def register_executor(request: web.Request) -> web.Response:
+    body = await read_json_object(request)
+    registration = executors.check_registration(body)
+    reply = await service_of(request).transact(executors.register, registration, now(),
+                                               caller=access.mesh_caller(request))
+    return json_response(reply)
+
+
+async def acquire_locks(request: web.Request) -> web.Response:
+    job_id, device_ids, executor = locks.check_acquire(await read_json_object(request))
+    return json_response(await service_of(request).transact(
+        locks.acquire, job_id, device_ids, executor, now(), caller=access.mesh_caller(request)))
+
+
+async def release_locks(request: web.Request) -> web.Response:
+    job_id, executor = locks.check_release(await read_json_object(request))
+    return json_response(await service_of(request).transact(
+        locks.release, job_id, executor, now(), caller=access.mesh_caller(request)))
+
+
 async def device_next_job(request: web.Request) -> web.StreamResponse:
     return await _poll(request, Claimant(Executor.DEVICE, request.match_info["device_id"]))
 
@@ -94,7 +126,8 @@ async def executor_next_job(request: web.Request) -> web.StreamResponse:
     if not name or len(name) > 200:
         raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
     # How many claimed jobs the executor may hold at once; it is offered none beyond them.
-    slots = int_param(request.query, "slots", 1, 1, rules.MAX_SLOTS)
+    # Omitted (0): the last value it said, by a poll or its registration, else 1.
+    slots = int_param(request.query, "slots", 0, 1, rules.MAX_SLOTS)
     return await _poll(request, Claimant(Executor.HOST, name, slots))
 
 
@@ -267,6 +300,17 @@ async def api_results(request: web.Request) -> web.Response:
     return json_response(await views.list_results(service_of(request).db, request.query))
 
 
+async def api_executors(request: web.Request) -> web.Response:
+    service = service_of(request)
+    return json_response(await views.list_executors(
+        service.db, service.dispatcher.waiting_for(Executor.HOST), service.config.long_poll_s,
+        now()))
+
+
+async def api_locks(request: web.Request) -> web.Response:
+    return json_response(await views.list_locks(service_of(request).db))
+
+
 async def api_overview(request: web.Request) -> web.Response:
     return json_response(await views.overview(service_of(request).db, now()))
 
@@ -301,8 +345,11 @@ def add_routes(app: web.Application) -> None:
     app.router.add_routes([
         web.post("/devices/register", register),
         web.get("/devices/{device_id}/next-job", device_next_job),
+        web.post("/executors/register", register_executor),
         web.get("/executor/next-job", executor_next_job),
         web.post("/results", post_results),
+        web.post("/locks/acquire", acquire_locks),
+        web.post("/locks/release", release_locks),
         web.post("/jobs", post_jobs),
         web.post("/jobs/sweep", sweep),
         web.get("/jobs/{job_id}", get_job),
@@ -310,6 +357,8 @@ def add_routes(app: web.Application) -> None:
         web.get("/api/health", api_health),
         web.get("/api/overview", api_overview),
         web.get("/api/stream", api_stream),
+        web.get("/api/executors", api_executors),
+        web.get("/api/locks", api_locks),
         web.get("/api/devices", api_devices),
         web.get("/api/devices/{device_id}", api_device),
         web.patch("/api/devices/{device_id}", api_patch_device),

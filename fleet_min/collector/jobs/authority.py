@@ -6,7 +6,11 @@ The collector has no credentials by design, so a request proves what it can show
   their `device_id`. A host job's rows speak for a host executor: the row's `executor` field when
   it has one (an executor that files rows under the id of a device attached to it says there
   which executor it is), else its `device_id` (the agent in host mode reports under its own
-  executor name). A row is taken from the claimant of a claimed job for its current attempt
+  executor name). A row under the id of a device attached to an executor, without `executor`
+  (the executors in the field file per-device rows so, and beacon so), speaks for that
+  executor: the one the registered device's descriptor names in `attached_to`, or the
+  claimant of the job that holds a lock on the device. A row is taken from the claimant of a
+  claimed job for its current attempt
   (the one row that may close the job or hand it back), from whoever held an earlier attempt for
   that attempt (a late row: recorded against its attempt, no status change), or as an exact
   repeat of a row already stored (agents re-post their spool).
@@ -55,6 +59,36 @@ def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
         if device_id.startswith(HOST_PREFIX) and len(device_id) > len(HOST_PREFIX):
             return device_id[len(HOST_PREFIX):]
     return device_id
+
+
+def attached_executor(conn: sqlite3.Connection, job: sqlite3.Row, device_id: str) -> str | None:
+    """The executor a row or beacon under a device's id speaks for on a host job: the executor
+    the registered device's descriptor says it is attached to (`attached_to`), else the job's
+    claimant when the job holds a lock on the device (POST /locks/acquire); None otherwise.
+    Asked only when the sender is not the job's claimant: its own rows cost no query."""
+    if job["executor"] != Executor.HOST:
+        return None
+    row = conn.execute(
+        "SELECT json_extract(descriptor, '$.attached_to') FROM devices WHERE device_id = ? "
+        "AND json_valid(descriptor)", (device_id,)).fetchone()
+    if row is not None and isinstance(row[0], str) and row[0]:
+        return str(row[0])
+    if job["claimed_by"] and conn.execute(
+            "SELECT 1 FROM device_locks WHERE device_id = ? AND job_id = ?",
+            (device_id, job["job_id"])).fetchone() is not None:
+        return str(job["claimed_by"])
+    return None
+
+
+def speaker_of(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any]) -> str:
+    """row_speaker, and for a host job's row under the id of a device attached to an executor
+    (the executors in the field file their per-device rows so, without `executor`), that
+    executor."""
+    speaker = row_speaker(job, body)
+    if (job["executor"] == Executor.HOST and speaker == body["device_id"]
+            and speaker != job["claimed_by"]):
+        return attached_executor(conn, job, speaker) or speaker
+    return speaker
 
 
 def holds(job: sqlite3.Row, speaker: str) -> bool:

@@ -36,7 +36,9 @@ _PAGE = 64  # candidate rows read at a time
 class Claimant:
     executor: Executor
     id: str        # device_id, or the host executor's name
-    slots: int = 1  # claimed jobs it may hold at once: 1 for a device, ?slots= for an executor
+    # An executor's ?slots= (0: its poll did not say); the claim reads the last said, stored
+    # with the executor (executors.seen). A device holds one claimed job at a time.
+    slots: int = 1
 
     @cached_property
     def key(self) -> str:
@@ -160,6 +162,7 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
     (a running job that could be preempted) counts as neither held nor holding a lock."""
     workloads: list[str] | None = None
     pairs: list[tuple[str, str]] = []
+    slots = 1  # a device holds one claimed job at a time
     if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
@@ -168,14 +171,19 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
                 and now - device.busy_at < rules.BUSY_STALE_S):
             return None  # it holds a claim with another collector
         routes = rules.declared_routes(device.capabilities)
-        if routes is not None:
-            workloads, pairs = routes
-            if not workloads and not pairs:
-                return None
+    else:
+        # What the executor declared (POST /executors/register) and its slots: one read by
+        # primary key.
+        capabilities, slots = executors.claim_view(conn, claimant.id)
+        routes = rules.declared_routes(capabilities)
+    if routes is not None:
+        workloads, pairs = routes
+        if not workloads and not pairs:
+            return None
     if device is not None and device.holding is not NOT_READ:
         if device.holding is not None and device.holding != ignore_job:
             return None  # a device holds one claimed job at a time
-    elif _holds_its_slots(conn, claimant, ignore_job):
+    elif _holds_its_slots(conn, claimant, slots, ignore_job):
         return None
     for row in _candidates(conn, claimant, workloads, min_priority, pairs):
         if _refusal(conn, row, claimant, device, now, ignore_job) is None:
@@ -183,14 +191,14 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
     return None
 
 
-def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant,
+def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant, slots: int,
                      ignore_job: str | None) -> bool:
     """Does the claimant hold as many claimed jobs as it has slots (a device: one)?"""
     held = conn.execute(
         "SELECT COUNT(*) FROM (SELECT 1 FROM jobs WHERE status = 'claimed' AND claimed_by = ? "
         "AND executor = ? AND job_id != ? LIMIT ?)",
-        (claimant.id, claimant.executor, ignore_job or "", claimant.slots)).fetchone()[0]
-    return bool(held >= claimant.slots)
+        (claimant.id, claimant.executor, ignore_job or "", slots)).fetchone()[0]
+    return bool(held >= slots)
 
 
 def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
@@ -234,7 +242,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
 
 def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effects: Effects,
                 caller: str | None = None) -> tuple[list[str] | None, dict[str, Any] | None]:
-    """A poll's first look: its device's declared capabilities and a claim, in one hop.
+    """A poll's first look: what its device or executor declared and a claim, in one hop.
 
     Raises NotFound for a device that never registered, and Forbidden when `caller` (the mesh
     node the poll came from; None off the mesh) may not act for the claimant.
@@ -243,7 +251,7 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
         if caller is not None:
             authority.bind_executor(conn, claimant.id, caller, now)
         executors.seen(conn, claimant.id, claimant.slots, now)
-        return None, claim(conn, claimant, now, effects)
+        return executors.declared(conn, claimant.id), claim(conn, claimant, now, effects)
     device = load_device(conn, claimant.id)
     if device is None:
         raise NotFound(f"device {claimant.id!r} is not registered; register first "

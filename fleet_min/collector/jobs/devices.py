@@ -14,7 +14,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, NotFound
+from fleet_min.errors import BadRequest, Conflict, NotFound
 from fleet_min.timeutil import iso
 
 
@@ -234,9 +234,14 @@ def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any], effe
 
 
 def forget(conn: sqlite3.Connection, device_id: str, effects: Effects) -> None:
-    """Forget a device; its results and beacon history stay (they belong to jobs)."""
-    cursor = conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
-    if cursor.rowcount == 0:
+    """Forget a device; its results and beacon history stay (they belong to jobs). A device a
+    running job holds locked is refused: the job is using it."""
+    if conn.execute("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)).fetchone() is None:
         raise NotFound(f"no device {device_id!r}")
-    conn.execute("DELETE FROM device_locks WHERE device_id = ?", (device_id,))
+    lock = conn.execute("SELECT job_id FROM device_locks WHERE device_id = ?",
+                        (device_id,)).fetchone()
+    if lock is not None:
+        raise Conflict(f"device {device_id!r} is locked by job {lock[0]}, which is using it; "
+                       "cancel that job or wait until it ends, then forget the device")
+    conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
     effects.emit("device", device_id=device_id, forgotten=True)

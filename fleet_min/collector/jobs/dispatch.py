@@ -35,7 +35,6 @@ from typing import Any
 from fleet_min.collector.jobs import claims, queue, rules
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.effects import Effects, JobRoute, claimant_key
-from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.db import replayable
 from fleet_min.timeutil import now
 
@@ -49,7 +48,7 @@ Job = dict[str, Any]  # a claimed job as the poll's client gets it
 @dataclass(eq=False)
 class Waiter:
     claimant: Claimant
-    capabilities: list[str] | None = None  # declared, for the cheap pre-check
+    capabilities: list[str] | None = None  # its device's or executor's, for the pre-check
     future: asyncio.Future[Job | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     reserved: bool = False
@@ -61,8 +60,7 @@ class Waiter:
             return False
         if job.pin and job.pin != self.claimant.id:
             return False
-        return self.claimant.executor == Executor.HOST or rules.offers(
-            self.capabilities, job.workload, job.variant)
+        return rules.offers(self.capabilities, job.workload, job.variant)
 
 
 class _PollLook:
@@ -151,6 +149,11 @@ class Dispatcher:
     @property
     def waiting(self) -> int:
         return len(self._waiters)
+
+    def waiting_for(self, executor: str) -> set[str]:
+        """The ids of the claimants of this kind with a poll waiting now."""
+        prefix = claimant_key(executor, "")
+        return {key[len(prefix):] for key in self._by_claimant if key.startswith(prefix)}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="dispatcher")

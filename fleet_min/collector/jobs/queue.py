@@ -94,8 +94,19 @@ def _end_attempt(conn: sqlite3.Connection, row: sqlite3.Row, outcome: str, error
         "WHERE job_seq = ? AND ended_at IS NULL", (now, outcome, error, row["seq"]))
 
 
-def _unlock(conn: sqlite3.Connection, job_id: str) -> None:
-    conn.execute("DELETE FROM device_locks WHERE job_id = ?", (job_id,))
+def unlock(conn: sqlite3.Connection, job_id: str, effects: Effects) -> int:
+    """Release the job's device locks; a poll a freed device holds waiting looks again."""
+    freed = conn.execute("DELETE FROM device_locks WHERE job_id = ? RETURNING device_id",
+                         (job_id,)).fetchall()
+    for (device_id,) in freed:
+        effects.claimant_changed(Executor.DEVICE, device_id)
+    return len(freed)
+
+
+def _may_lock(row: sqlite3.Row) -> bool:
+    """Might the job hold device locks: an exclusive job (its claim took one) or a host job
+    (its executor may take some, POST /locks/acquire)? Others cost no DELETE when they end."""
+    return bool(row["exclusive"]) or row["executor"] == Executor.HOST
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,8 +149,7 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
     workload, executor, backend = spec["workload"], spec["executor"], spec.get("backend")
     if rules.is_built_in(workload, executor, backend):
         return
-    names = rules.capability_names(workload, rules.job_variant(workload, backend,
-                                                               spec.get("params")))
+    names = rules.capability_names(workload, rules.spec_variant(spec))
     if executor == Executor.DEVICE:
         # A device that never declared capabilities is offered everything, so it counts.
         row = conn.execute(
@@ -149,10 +159,21 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
             names).fetchone()
         if row:
             return
+    else:
+        # A registered executor that declared nothing (NULL) is offered every host job.
+        row = conn.execute(
+            "SELECT 1 FROM executors WHERE registered_at IS NOT NULL AND capabilities IS NULL "
+            "UNION ALL SELECT 1 FROM executors, json_each(executors.capabilities) "
+            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
+            names).fetchone()
+        if row:
+            return
     wanted = names[-1]
     if executor == Executor.HOST:
-        raise Unprocessable(f"no host executor runs the workload {workload!r}; host workloads are "
-                            f"{', '.join(sorted(rules.HOST_WORKLOADS))}")
+        raise Unprocessable(f"no registered host executor declares {wanted!r}, and it is not a "
+                            "built-in host workload ("
+                            f"{', '.join(sorted(rules.HOST_WORKLOADS))}); start an executor "
+                            "that declares it first")
     raise Unprocessable(f"no registered agent declares the capability {wanted!r} and it is not "
                         "built in; register an agent that declares it first")
 
@@ -295,7 +316,7 @@ def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
     executor = spec["executor"]
     pin = (targets.get("device_id") if executor == Executor.DEVICE
            else targets.get("executor")) or ""
-    variant = rules.job_variant(spec["workload"], spec.get("backend"), spec.get("params"))
+    variant = rules.spec_variant(spec)
     conn.execute(
         """
         INSERT INTO jobs (job_id, workload, executor, backend, variant, status, priority, pin,
@@ -369,12 +390,16 @@ def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> lis
     return pick_executors(executors.recent(conn, now), spec)
 
 
-def pick_executors(names: list[str], spec: JobSpec) -> list[str]:
-    """Of the executors seen recently (executors.RECENT_SQL), those a host fan-out of this spec
-    reaches: every one, or only the one targets.executor names. Names that cannot end a job id
-    (<job_id>--<name>: letters, digits and . _ : @ -) are left out."""
+def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec) -> list[str]:
+    """Of the executors seen recently (executors.recent: each name with what it declared),
+    those a host fan-out of this spec reaches: every one that would be offered the job (it
+    declared the workload or its pairing, or never said), or only the one targets.executor
+    names. Names that cannot end a job id (<job_id>--<name>: letters, digits and . _ : @ -)
+    are left out."""
     wanted = (spec.get("targets") or {}).get("executor")
-    return [name for name in names if (not wanted or name == wanted)
+    variant = rules.spec_variant(spec)
+    return [name for name, capabilities in seen if (not wanted or name == wanted)
+            and rules.offers(capabilities, spec["workload"], variant)
             and validate.is_job_id(f"{spec['job_id']}--{name}")]
 
 
@@ -396,7 +421,7 @@ def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[D
         device = device_from_row(row)
         if targets.get("device_id") and device.device_id != targets["device_id"]:
             continue
-        variant = rules.job_variant(spec["workload"], spec.get("backend"), spec.get("params"))
+        variant = rules.spec_variant(spec)
         if static_refusal(device, spec["workload"], variant, targets.get("pool"),
                           targets.get("match")) is None:
             chosen.append(device)
@@ -434,8 +459,8 @@ def _requeue(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Ef
         (max(0, attempts), now, row["job_id"]) if keep_error
         else (max(0, attempts), now, error, row["job_id"]))
     _end_attempt(conn, row, outcome, error, now)
-    if row["exclusive"]:
-        _unlock(conn, row["job_id"])
+    if _may_lock(row):
+        unlock(conn, row["job_id"], effects)
     effects.job(row["job_id"], JobStatus.QUEUED, row["workload"], row["executor"])
     effects.claimable.append(route_of(row))
     _slot_freed(row, effects)
@@ -526,8 +551,8 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
     while work:
         row, status, error = work.pop()
         _set_status(conn, row["job_id"], status, now, error)
-        if row["exclusive"]:
-            _unlock(conn, row["job_id"])
+        if _may_lock(row):
+            unlock(conn, row["job_id"], effects)
         _slot_freed(row, effects)
         effects.job(row["job_id"], status, row["workload"], row["executor"],
                     **({"last_error": error} if error else {}))
@@ -737,6 +762,10 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
         raise Conflict(f"job {job_id} is already {row['status']}")
     was = row["status"]
     cascaded: list[str] = []
+    # The device locks its closing releases: its own, or a fan-out's children's.
+    locks = conn.execute("SELECT COUNT(*) FROM device_locks WHERE job_id = ? OR job_id IN "
+                         "(SELECT job_id FROM jobs WHERE parent_job_id = ?)",
+                         (job_id, job_id)).fetchone()[0]
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
@@ -750,7 +779,8 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
         _end_attempt(conn, row, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
         cascaded += _close(conn, row, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now, effects)
     cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
-    return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
+    return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded,
+            "locks_released": int(locks)}
 
 
 def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:

@@ -56,7 +56,7 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
                        (device_id, job_id)).fetchone()
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
-    speaker = authority.row_speaker(job, body)
+    speaker = authority.speaker_of(conn, job, body)
     if caller is not None:
         authority.check_speaker(conn, job["executor"], speaker, job["device_node"], caller, now)
     extra = ({} if _ROW_FIELDS.issuperset(body)  # the usual row: nothing else to keep
@@ -201,11 +201,18 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     # A beacon naming an attempt other than the current one is the runner of a lapsed
     # attempt still at work (an old process under the same name): it renews nothing.
     held = job is not None and authority.holds_attempt(job, device_id, body.get("attempt"))
+    speaker = device_id
+    if job is not None and not held and device is not None:
+        # A device attached to the executor holding the job beacons for it (the executors in
+        # the field do): the lease is the executor's.
+        via = authority.attached_executor(conn, job, device_id)
+        if via is not None and authority.holds_attempt(job, via, body.get("attempt")):
+            held, speaker = True, via
     if device is None and not held:
         return _stranger_beacon(conn, device_id, job)
     if caller is not None:
         kind = job["executor"] if held and job is not None else Executor.DEVICE
-        authority.check_speaker(conn, kind, device_id, device["mesh_node"] if device else None,
+        authority.check_speaker(conn, kind, speaker, device["mesh_node"] if device else None,
                                 caller, now)
     beacon = dict(body.get("beacon") or {})
     attached = job_id if held else None

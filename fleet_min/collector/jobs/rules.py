@@ -47,17 +47,26 @@ def is_built_in(workload: str, executor: str, backend: str | None) -> bool:
     return (workload, backend) in BUILT_IN_DEVICE
 
 
-def job_variant(workload: str, backend: str | None, params: Any) -> str | None:
+def job_variant(workload: str, backend: str | None, params: Any, suite: Any = None) -> str | None:
     """What a capability pairing `<workload>:<variant>` names for a job: its backend
-    (benchmark:jssha), or for a build job its toolchain, params.kind (build:gradle)."""
+    (benchmark:jssha), for a build job its toolchain, params.kind (build:gradle), and for a
+    ui-test its suite's kind (ui-test:flow_runner), as host executors declare them."""
     if workload == "build" and isinstance(params, dict) and isinstance(params.get("kind"), str):
         return str(params["kind"])
+    if workload == "ui-test" and isinstance(suite, dict) and isinstance(suite.get("kind"), str):
+        return str(suite["kind"])
     return backend
+
+
+def spec_variant(spec: Mapping[str, Any]) -> str | None:
+    """job_variant of a whole job spec."""
+    return job_variant(spec["workload"], spec.get("backend"), spec.get("params"),
+                       spec.get("suite"))
 
 
 def capability_names(workload: str, variant: str | None) -> tuple[str, ...]:
     """The declarations that satisfy a job: the bare workload, or the pairing with its variant
-    (job_variant: the backend, or a build job's toolchain)."""
+    (job_variant: the backend, a build job's toolchain, a ui-test's suite kind)."""
     return (workload, f"{workload}:{variant}") if variant else (workload,)
 
 

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from fleet_min.collector.jobs import executors, queue, rules
+from fleet_min.collector.jobs import executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
 from fleet_min.collector.jobs.results import result_record
@@ -273,7 +273,8 @@ async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, 
     executors."""
     if spec["executor"] == Executor.HOST:
         rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
-        names = queue.pick_executors([row[0] for row in rows], spec)
+        names = queue.pick_executors(
+            [(row[0], executors.decoded(row[1])) for row in rows], spec)
         return {"count": len(names), "devices": [], "executors": names}
     chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now)
     return {"count": len(chosen), "devices": [
@@ -314,3 +315,42 @@ async def overview(db: Database, now: float) -> dict[str, Any]:
                             for r in failures],
         "now": iso(now),
     }
+
+
+async def list_executors(db: Database, waiting: set[str], hold_s: float,
+                         now: float) -> dict[str, Any]:
+    """Every host executor seen (registered or polled): its status, what it declared, its
+    attached devices and the jobs it holds. `waiting`: names with a poll waiting now."""
+    rows = await db.read(executors.LIST_SQL)
+    held: dict[str, list[dict[str, Any]]] = {}
+    for job in await db.read(executors.HELD_SQL):
+        held.setdefault(job["claimed_by"], []).append(
+            {"job_id": job["job_id"], "workload": job["workload"]})
+    attached: dict[str, list[dict[str, Any]]] = {}
+    for device in await db.read(executors.ATTACHED_SQL):
+        attached.setdefault(str(device["host"]), []).append(
+            {"device_id": device["device_id"],
+             "status": rules.device_status(device["last_seen"], now)})
+    return {"executors": [{
+        "name": row["name"],
+        "status": executors.executor_status(row, row["name"] in held, row["name"] in waiting,
+                                            hold_s, now),
+        "capabilities": executors.decoded(row["capabilities"]),
+        "slots": row["slots"],
+        "agent": row["agent"],
+        "attached": attached.get(row["name"], []),
+        "jobs": held.get(row["name"], []),
+        "first_seen": iso(row["first_seen"]),
+        "last_seen": iso(executors.last_seen(row)),
+        "registered_at": iso(row["registered_at"]) if row["registered_at"] else None,
+    } for row in rows]}
+
+
+async def list_locks(db: Database) -> dict[str, Any]:
+    """Every device lock: the job holding it, its holder (the job's claimant) and when it
+    expires (the job's lease deadline: a lock lasts as long as its job's claim)."""
+    return {"locks": [{
+        "device_id": row["device_id"], "job_id": row["job_id"], "holder": row["claimed_by"],
+        "executor": row["executor"], "acquired_at": iso(row["locked_at"]),
+        "expires_at": iso(row["lease_deadline"]),
+    } for row in await db.read(locks.LIST_SQL)]}

@@ -358,4 +358,30 @@ MIGRATIONS: list[str] = [
         PRIMARY KEY (baseline, capture)
     );
     """,
+    # 10: host executors declare what they run, and their attached devices can be locked.
+    # - executors is rebuilt (SQLite cannot drop NOT NULL) so an executor that registered
+    #   (POST /executors/register) before it ever polled has a row: last_poll NULL until it
+    #   does; capabilities (JSON, NULL = no opinion: offered every host job), agent (what it
+    #   runs) and registered_at (its last registration);
+    # - device_locks by job: a job's locks are released when it closes, goes back or lapses;
+    # - a ui-test job's variant is its suite kind (ui-test:flow_runner), as executors declare it.
+    """
+    CREATE TABLE executors_v10 (
+        name TEXT PRIMARY KEY,
+        first_seen REAL NOT NULL,
+        last_poll REAL,                         -- NULL: registered, never polled
+        slots INTEGER NOT NULL DEFAULT 1,       -- the last ?slots= or registration's slots
+        capabilities TEXT,                      -- JSON array; NULL = no opinion
+        agent TEXT,                             -- e.g. "fleet_agent 0.1.0"
+        registered_at REAL                      -- NULL: never registered
+    );
+    INSERT INTO executors_v10 (name, first_seen, last_poll, slots)
+        SELECT name, first_seen, last_poll, slots FROM executors;
+    DROP TABLE executors;
+    ALTER TABLE executors_v10 RENAME TO executors;
+    CREATE INDEX device_locks_job ON device_locks(job_id);
+    UPDATE jobs SET variant = json_extract(spec, '$.suite.kind')
+        WHERE workload = 'ui-test' AND variant IS NULL
+          AND json_type(spec, '$.suite.kind') = 'text';
+    """,
 ]

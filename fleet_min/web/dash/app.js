@@ -19,15 +19,16 @@ import { Alerts } from "./screens/alerts.js";
 import { Topics, TopicDetail } from "./screens/topics.js";
 import { System } from "./screens/system.js";
 import { Peers } from "./screens/peers.js";
+import { Executors } from "./screens/executors.js";
 
 const NAV = [
-  ["/", "Overview"], ["/devices", "Devices"], ["/jobs", "Jobs"], ["/results", "Results"],
+  ["/", "Overview"], ["/devices", "Devices"], ["/executors", "Executors"], ["/jobs", "Jobs"], ["/results", "Results"],
   ["/schedules", "Schedules"], ["/artifacts", "Artifacts"], ["/visual", "Visual review"], ["/alerts", "Alerts"],
   ["/topics", "Topics"], ["/system", "System"], ["/peers", "Peers"],
 ];
 
 const ROUTES = [
-  ["/", Overview], ["/devices", Devices], ["/devices/new", Enroll], ["/devices/:id", DeviceDetail],
+  ["/", Overview], ["/devices", Devices], ["/devices/new", Enroll], ["/devices/:id", DeviceDetail], ["/executors", Executors],
   ["/jobs", Jobs], ["/jobs/new", Enqueue], ["/jobs/:id", JobDetail], ["/results", Results],
   ["/schedules", Schedules], ["/schedules/:id", ScheduleDetail],
   ["/artifacts", Artifacts], ["/artifacts/:sha", ArtifactDetail], ["/visual", Visual], ["/alerts", Alerts],

@@ -66,6 +66,17 @@ export function DeviceLink({ id, name }) {
   return html`<${Link} to=${`/devices/${encodeURIComponent(id)}`}>${name || id}<//>`;
 }
 
+// A host job's claimant is an executor: its row on the Executors screen.
+export function ExecutorLink({ name }) {
+  if (!name) return html`<span class="muted">–</span>`;
+  return html`<${Link} to=${`/executors?q=${encodeURIComponent(name)}`}>${name}<//>`;
+}
+
+// Who holds (or held) a job: a device, or for a host job the executor.
+export function ClaimantLink({ job, id }) {
+  return job.executor === "host" ? html`<${ExecutorLink} name=${id} />` : html`<${DeviceLink} id=${id} />`;
+}
+
 export function Section({ title, actions, children, id }) {
   return html`<section class="card" aria-labelledby=${id}>
     <div class="card-head"><h2 id=${id}>${title}</h2>${actions ? html`<div class="actions">${actions}</div>` : null}</div>

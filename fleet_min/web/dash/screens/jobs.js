@@ -9,7 +9,7 @@ import { WorkloadList } from "../lib/workloads.js";
 import { metricText, parseTime, shortSha } from "../lib/format.js";
 import {
   Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Json, ConfirmButton,
-  Action, Pager, Link, Empty,
+  Action, Pager, Link, Empty, ClaimantLink,
 } from "../lib/ui.js";
 
 const STATUSES = ["queued", "waiting", "claimed", "done", "failed", "cancelled"];
@@ -64,7 +64,7 @@ export function Jobs({ query }) {
           <td><${Pill} status=${j.status} /></td>
           <td>${j.workload}${j.backend ? html`<span class="muted"> · ${j.backend}</span>` : null}</td>
           <td>${target(j.spec)}</td>
-          <td><${DeviceLink} id=${j.claimed_by} /></td>
+          <td><${ClaimantLink} job=${j} id=${j.claimed_by} /></td>
           <td>${j.attempts}/${j.max_attempts}</td><td>${j.priority}</td>
           <td><${Ago} iso=${j.created_at} /></td>
           <td class="error-text">${j.last_error}</td></tr>`)} />
@@ -167,7 +167,7 @@ export function JobDetail({ id }) {
             ["Status", html`<span id="job-status"><${Pill} status=${job.status} /></span>`],
             ["Last error", job.last_error ? html`<span class="error-text">${job.last_error}</span>` : null],
             ["Target", target(job.spec)],
-            ["Claimed by", html`<${DeviceLink} id=${job.claimed_by} />`],
+            [job.executor === "host" ? "Executor" : "Claimed by", html`<span id="job-claimant"><${ClaimantLink} job=${job} id=${job.claimed_by} /></span>`],
             // In the detail, attempts is the list of attempts (the list view has the count).
             ["Attempts", `${job.attempts.length} of ${job.max_attempts}`],
             ["Lease", job.status === "claimed" && job.lease_deadline
@@ -180,6 +180,11 @@ export function JobDetail({ id }) {
         <//>
         <${Section} title="Timeline" id="job-timeline"><${Timeline} job=${job} /><//>
       </div>
+      ${job.executor === "host" && job.status === "claimed" && !currentPeer() ? html`<${Section} title="Live mirror" id="job-mirror">
+        <p class="muted small">The newest screen frame its executor sends, while the job runs.</p>
+        <img class="mirror" id="mirror-frame" src=${`/api/jobs/${seg(job.job_id)}/mirror`}
+          alt=${`Live screen of job ${job.job_id}, as its executor sends it`} />
+      <//>` : null}
       <${Section} title=${`Result rows (${job.results.length})`} id="job-results"><${Results} rows=${job.results} /><//>
       <div class="grid two">
         <${Section} title="Chain and children" id="job-chain"><${Chain} job=${job} /><//>
@@ -192,7 +197,7 @@ export function JobDetail({ id }) {
       </div>
       <${Section} title="Attempts" id="job-attempts">
         <${Table} label="Attempts" empty="Not claimed yet." head=${["Attempt", "Claimed by", "Claimed", "Ended", "Outcome", "Error"]}
-          rows=${job.attempts.map((a) => html`<tr><td>${a.attempt}</td><td><${DeviceLink} id=${a.claimed_by} /></td>
+          rows=${job.attempts.map((a) => html`<tr><td>${a.attempt}</td><td><${ClaimantLink} job=${job} id=${a.claimed_by} /></td>
             <td><${Ago} iso=${a.claimed_at} /></td><td><${Ago} iso=${a.ended_at} /></td><td>${a.outcome || "running"}</td>
             <td class="error-text">${a.error}</td></tr>`)} />
       <//>

@@ -1,0 +1,95 @@
+"""The live mirror of a running host job over HTTP (fleet_min.collector.insight.mirror).
+
+Routes:
+    POST /api/jobs/{job_id}/mirror   a JPEG frame from the job's executor: 204
+    GET  /api/jobs/{job_id}/mirror   the frames as multipart/x-mixed-replace (an <img> shows it)
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from fleet_min.collector.http import access
+from fleet_min.collector.insight import mirror
+from fleet_min.collector.service import Service
+from fleet_min.http import SECURITY_HEADERS, read_bytes
+from fleet_min.timeutil import now
+
+BOUNDARY = "fleet-frame"
+PART_HEAD = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n".encode()
+# A viewer with no new frame re-checks the job this often, so a stream of a job that ended
+# without a word (a lapsed lease) ends too.
+RECHECK_S = 10.0
+
+
+class Handlers:
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.mirrors = mirror.Mirrors()
+
+    async def post_frame(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["job_id"]
+        executor = request.query.get("executor") or request.headers.get("X-Fleet-Executor")
+        device_id = request.query.get("device_id")
+        body = bytes(await read_bytes(request, self.service.config.max_mirror_bytes))
+        mirror.check_frame(body)
+        await self.service.transact(mirror.check_poster, job_id, executor or None,
+                                    device_id or None, now(),
+                                    caller=access.mesh_caller(request))
+        self.mirrors.put(job_id, body, now())
+        return web.Response(status=204)
+
+    async def view(self, request: web.Request) -> web.StreamResponse:
+        job_id = request.match_info["job_id"]
+        await self._check_viewable(job_id)
+        response = web.StreamResponse(headers={
+            "Content-Type": f"multipart/x-mixed-replace; boundary={BOUNDARY}",
+            "Cache-Control": "no-store", "X-Accel-Buffering": "no", **SECURITY_HEADERS})
+        await response.prepare(request)
+        # Each frame is followed at once by the next boundary and the next part's headers:
+        # Chromium shows a part only once it has read the headers of the part after it.
+        await response.write(PART_HEAD)
+        seq = 0
+        self.mirrors.join(job_id)
+        try:
+            while True:
+                frame = await self.mirrors.next_frame(job_id, seq, RECHECK_S)
+                if frame is mirror.ENDED:
+                    break
+                if frame is None:
+                    if await self._status(job_id) != "claimed":
+                        break
+                    continue
+                assert isinstance(frame, mirror.Frame)
+                # The newest frame each time the viewer has taken the last: never a backlog.
+                await response.write(frame.data + b"\r\n" + PART_HEAD)
+                seq = frame.seq
+        finally:
+            self.mirrors.leave(job_id)
+        return response
+
+    async def _status(self, job_id: str) -> str | None:
+        row = await self.service.db.read_one(mirror.STATUS_SQL, (job_id,))
+        return str(row[0]) if row else None
+
+    async def _check_viewable(self, job_id: str) -> None:
+        refusal = mirror.viewer_refusal(job_id, await self._status(job_id))
+        if refusal is not None:
+            raise refusal
+
+
+def setup(app: web.Application, service: Service) -> None:
+    """Wire the mirror: its routes, its listener (a job that leaves its claim ends its
+    mirror) and, on shutdown, the end of every viewer's stream."""
+    h = Handlers(service)
+    service.listeners.append(h.mirrors.on_event)
+    service.health_extras.append(lambda: {"mirrored_jobs": h.mirrors.jobs})
+    app.router.add_routes([
+        web.post("/api/jobs/{job_id}/mirror", h.post_frame),
+        web.get("/api/jobs/{job_id}/mirror", h.view),
+    ])
+
+    async def end_streams(_app: web.Application) -> None:
+        h.mirrors.close()
+
+    app.on_shutdown.append(end_streams)

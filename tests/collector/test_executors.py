@@ -1,0 +1,206 @@
+"""Host executors the collector knows (issues 23 and 26), each through a real collector
+(in-process, real socket, real SQLite file): registration and its checks, the capability rules
+a host claim follows, the dispatcher's pre-check, and the refusal at enqueue."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.collector import age_rows, job, registration
+
+
+async def register(client, name, status=200, **fields):
+    resp = await client.post("/executors/register", json={"name": name, **fields})
+    body = await resp.json()
+    assert resp.status == status, body
+    return body
+
+
+async def enqueue(client, spec, status=201):
+    resp = await client.post("/jobs", json=spec)
+    body = await resp.json()
+    assert resp.status == status, body
+    return body
+
+
+async def executor_claim(client, name, query=""):
+    resp = await client.get(f"/executor/next-job?name={name}{query}")
+    assert resp.status in (200, 204), await resp.text()
+    return None if resp.status == 204 else (await resp.json())["job_id"]
+
+
+def host(job_id, workload, **fields):
+    return job(job_id, workload=workload, executor="host", **fields)
+
+
+def ui_test(job_id, kind):
+    return host(job_id, "ui-test", app={"id": "com.example.shop"},
+                suite={"kind": kind, "flows": "flows/"})
+
+
+# -- registration ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body, words", [
+    ({}, "name is required"),
+    ({"name": ""}, "name is required"),
+    ({"name": "x" * 201}, "name is required"),
+    ({"name": 7}, "name is required"),
+    ({"name": "mac", "capabilities": "web-test"}, "capabilities must be a list"),
+    ({"name": "mac", "capabilities": ["web-test", 3]}, "capabilities must be a list"),
+    ({"name": "mac", "capabilities": [""]}, "capabilities must be a list"),
+    ({"name": "mac", "capabilities": [f"c{i}" for i in range(101)]},
+     "capabilities must be a list"),
+    ({"name": "mac", "slots": 0}, "slots must be an integer from 1 to 64"),
+    ({"name": "mac", "slots": 65}, "slots must be an integer from 1 to 64"),
+    ({"name": "mac", "slots": True}, "slots must be an integer from 1 to 64"),
+    ({"name": "mac", "agent": ["fleet_agent"]}, "agent must be a string"),
+])
+async def test_a_registration_is_checked_and_a_refusal_changes_nothing(client, body, words):
+    resp = await client.post("/executors/register", json=body)
+    assert resp.status == 400
+    assert words in (await resp.json())["error"]
+    listed = await (await client.get("/api/executors")).json()
+    assert listed["executors"] == []
+
+
+async def test_omitted_capabilities_keep_the_list_and_an_empty_one_means_nothing(client):
+    first = await register(client, "mac", capabilities=["web-test", "digest"], slots=2,
+                           agent="fleet_agent 0.9.0")
+    assert first["capabilities"] == ["digest", "web-test"] and first["slots"] == 2
+    again = await register(client, "mac")  # omitted: the list is kept
+    assert again["capabilities"] == ["digest", "web-test"] and again["slots"] == 2
+    await enqueue(client, host("page", "web-test"))
+    assert await executor_claim(client, "mac") == "page"
+    await register(client, "mac", capabilities=[])
+    await enqueue(client, host("page-2", "web-test"))
+    assert await executor_claim(client, "mac") is None  # it runs nothing now
+    await register(client, "never-said")  # no opinion: offered every host job
+    assert await executor_claim(client, "never-said") == "page-2"
+
+
+# -- the claim rules ---------------------------------------------------------------------------
+
+
+async def test_each_executor_is_offered_only_the_host_jobs_it_declared(collector_factory):
+    client = await collector_factory(long_poll_s=0.05)
+    await register(client, "phones", capabilities=["cold-start", "ui-test:flow_runner"],
+                   slots=8)
+    await register(client, "web", capabilities=["web-test"], slots=8)
+    await enqueue(client, host("page", "web-test"))
+    await enqueue(client, ui_test("flows", "flow_runner"))
+    await enqueue(client, ui_test("bundle", "native_bundle"))  # nobody declared it
+    await enqueue(client, host("cold", "cold-start", params={"app_id": "com.example.shop"}))
+    await enqueue(client, host("pinned", "web-test", targets={"executor": "phones"}))
+    phones = [await executor_claim(client, "phones", "&slots=8") for _ in range(4)]
+    assert phones == ["flows", "cold", None, None]  # a pin does not override what it declared
+    assert await executor_claim(client, "web", "&slots=8") == "page"
+    assert await executor_claim(client, "web", "&slots=8") is None  # pinned to phones
+    detail = await (await client.get("/api/jobs/bundle")).json()
+    assert detail["status"] == "queued"
+
+
+async def test_a_waiting_poll_that_could_not_take_a_job_does_not_keep_it_from_another(
+        collector_factory):
+    client = await collector_factory(long_poll_s=30)
+    await register(client, "phones", capabilities=["cold-start"])
+    await register(client, "web", capabilities=["web-test"])
+    phones = asyncio.create_task(client.get("/executor/next-job?name=phones"))
+    await asyncio.sleep(0.3)
+    web = asyncio.create_task(client.get("/executor/next-job?name=web"))
+    await asyncio.sleep(0.3)
+    await enqueue(client, host("page", "web-test"))
+    # The pre-check knows what each declared, so the page goes to the waiting web executor at
+    # once (not to the first poll, which would refuse it, leaving web to wait out its hold).
+    resp = await asyncio.wait_for(web, 10)
+    assert resp.status == 200 and (await resp.json())["job_id"] == "page"
+    assert not phones.done()
+    phones.cancel()
+
+
+async def test_a_host_workload_nobody_declares_is_refused_at_enqueue(client):
+    spec = host("apk", "build", params={"repo": "shop", "kind": "gradle"})
+    refused = await enqueue(client, spec, status=422)
+    assert "build:gradle" in refused["error"]
+    await register(client, "linux", capabilities=["build:gradle"])
+    await enqueue(client, spec)
+    assert await executor_claim(client, "linux") == "apk"
+
+
+async def test_the_last_slots_seen_win_and_a_poll_without_registration_still_works(client):
+    assert await executor_claim(client, "bare", "&slots=3") is None
+    await register(client, "bare", slots=5)
+    bare = (await listed(client))["bare"]
+    assert bare["slots"] == 5 and bare["capabilities"] is None
+    assert await executor_claim(client, "bare") is None  # says nothing: 5 stands
+    assert (await listed(client))["bare"]["slots"] == 5
+    assert await executor_claim(client, "bare", "&slots=2") is None
+    assert (await listed(client))["bare"]["slots"] == 2
+
+
+# -- the listing -------------------------------------------------------------------------------
+
+
+def attached(device_id, executor):
+    return registration(device_id, capabilities=[], descriptor={
+        "platform": "android", "serial": device_id, "attached_to": executor,
+        "simulator": False})
+
+
+async def listed(client):
+    resp = await client.get("/api/executors")
+    assert resp.status == 200
+    return {e["name"]: e for e in (await resp.json())["executors"]}
+
+
+async def test_the_listing_says_what_each_executor_does_and_what_is_attached(
+        collector_factory, db_path):
+    client = await collector_factory(long_poll_s=30)
+    await register(client, "lab", capabilities=["cold-start"], slots=2,
+                   agent="fleet_agent 0.9.0")
+    await register(client, "old", capabilities=["web-test"])
+    await register(client, "quiet", capabilities=["digest"])
+    for device_id in ("R5CT1234ABC", "emulator-5554"):
+        resp = await client.post("/devices/register", json=attached(device_id, "lab"))
+        assert resp.status == 200
+    await client.post("/devices/register", json=registration("pi"))  # attached to nobody
+    age_rows(db_path, "UPDATE executors SET registered_at = registered_at - 600, "
+             "first_seen = first_seen - 600 WHERE name = 'old'")
+    age_rows(db_path, "UPDATE executors SET registered_at = registered_at - 120, "
+             "first_seen = first_seen - 120 WHERE name = 'quiet'")
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 600 "
+             "WHERE device_id = 'emulator-5554'")
+    poll = asyncio.create_task(client.get("/executor/next-job?name=lab&slots=2"))
+    await asyncio.sleep(0.3)
+    seen = await listed(client)
+    assert (seen["lab"]["status"], seen["old"]["status"], seen["quiet"]["status"]) == (
+        "polling", "offline", "idle")
+    assert seen["lab"]["capabilities"] == ["cold-start"] and seen["lab"]["slots"] == 2
+    assert seen["lab"]["agent"] == "fleet_agent 0.9.0" and seen["lab"]["jobs"] == []
+    assert seen["lab"]["attached"] == [
+        {"device_id": "R5CT1234ABC", "status": "online"},
+        {"device_id": "emulator-5554", "status": "stale"}]
+    assert seen["old"]["attached"] == [] and "pi" not in seen
+    await enqueue(client, host("cold", "cold-start", params={"app_id": "com.example.shop"}))
+    assert (await asyncio.wait_for(poll, 10)).status == 200
+    seen = await listed(client)
+    assert seen["lab"]["status"] == "busy"
+    assert seen["lab"]["jobs"] == [{"job_id": "cold", "workload": "cold-start"}]
+
+
+
+async def test_a_host_fan_out_reaches_only_the_executors_that_would_take_it(collector_factory):
+    client = await collector_factory(long_poll_s=0.05)
+    await register(client, "web", capabilities=["web-shots"])
+    await register(client, "phones", capabilities=["cold-start"])
+    for name in ("web", "phones", "never-said"):
+        assert await executor_claim(client, name) is None  # seen polling
+    reply = await enqueue(client, host("shots", "web-shots", fanout=True,
+                                       params={"browser": ["chromium"]}))
+    assert reply["fanout"] == ["shots--never-said", "shots--web"]  # not phones: never offered
+    preview = await (await client.post("/api/jobs/preview-targets", json={
+        "workload": "web-shots", "executor": "host", "fanout": True})).json()
+    assert preview["executors"] == ["never-said", "web"]
+    assert await executor_claim(client, "web") == "shots--web"

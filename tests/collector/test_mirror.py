@@ -1,0 +1,149 @@
+"""The live mirror of a running host job (issue 26), through a real collector (in-process,
+real socket, real SQLite file): frames posted by a real HTTP client, read back by a viewer on
+the multipart stream; the checks on a frame and its poster; the newest frame only, for a slow
+viewer too; nothing served once the job closes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.collector import job, registration
+
+HOLD = "soak"
+
+
+def jpeg(marker: bytes, size: int = 64) -> bytes:
+    """A frame the collector takes as JPEG (its markers; the collector never decodes it)."""
+    return b"\xff\xd8\xff\xe0" + marker + b"\0" * max(0, size - len(marker) - 6) + b"\xff\xd9"
+
+
+async def post_frame(client, job_id, body, query="?executor=lab", headers=None):
+    resp = await client.post(f"/api/jobs/{job_id}/mirror{query}", data=body,
+                             headers={"Content-Type": "image/jpeg", **(headers or {})})
+    text = await resp.text()
+    return resp.status, text
+
+
+async def running(client, job_id="run", executor="lab"):
+    resp = await client.post("/jobs", json=job(job_id, workload="soak", executor="host",
+                                               params={"app_id": "com.example"}))
+    assert resp.status == 201
+    resp = await client.get(f"/executor/next-job?name={executor}")
+    assert resp.status == 200 and (await resp.json())["job_id"] == job_id
+
+
+PART_HEAD = b"--fleet-frame\r\nContent-Type: image/jpeg\r\n\r\n"
+
+
+class Frames:
+    """The viewer's side of the multipart stream: frame after frame, each ended by the next
+    boundary and part head, which the collector sends right after each frame."""
+
+    END = b"\r\n" + PART_HEAD
+
+    def __init__(self, response) -> None:
+        self.response = response
+        self.buffer = b""
+
+    async def next(self) -> bytes:
+        while (at := self.buffer.find(self.END)) < 0:
+            chunk = await self.response.content.read(1 << 16)
+            assert chunk, "the stream ended"
+            self.buffer += chunk
+        frame, self.buffer = self.buffer[:at], self.buffer[at + len(self.END):]
+        return frame
+
+    async def ended(self) -> bool:
+        return await self.response.content.read() == b""
+
+
+async def view(client, job_id="run") -> Frames:
+    viewer = await client.get(f"/api/jobs/{job_id}/mirror")
+    assert viewer.status == 200
+    assert viewer.headers["Content-Type"] == "multipart/x-mixed-replace; boundary=fleet-frame"
+    assert await asyncio.wait_for(viewer.content.readexactly(len(PART_HEAD)), 10) == PART_HEAD
+    return Frames(viewer)
+
+
+@pytest.fixture
+async def mirror(collector_factory):
+    return await collector_factory(max_mirror_bytes=2 << 20)
+
+
+async def test_a_viewer_sees_the_newest_frame_and_the_stream_ends_with_the_job(mirror):
+    await running(mirror)
+    assert (await post_frame(mirror, "run", jpeg(b"one")))[0] == 204
+    viewer = await view(mirror)
+    assert b"one" in await asyncio.wait_for(viewer.next(), 10)
+    assert (await post_frame(mirror, "run", jpeg(b"two"), query="",
+                             headers={"X-Fleet-Executor": "lab"}))[0] == 204
+    assert b"two" in await asyncio.wait_for(viewer.next(), 10)
+    health = await (await mirror.get("/api/health")).json()
+    assert health["mirrored_jobs"] == 1
+    resp = await mirror.post("/api/jobs/run/cancel")
+    assert resp.status == 200
+    assert await asyncio.wait_for(viewer.ended(), 10)  # the stream ended
+    resp = await mirror.get("/api/jobs/run/mirror")
+    assert resp.status == 404 and "live mirror ended" in (await resp.json())["error"]
+    assert (await (await mirror.get("/api/health")).json())["mirrored_jobs"] == 0
+    status, text = await post_frame(mirror, "run", jpeg(b"late"))
+    assert status == 409 and "only a running host job is mirrored" in text
+
+
+async def test_a_slow_viewer_gets_the_newest_frame_not_a_backlog(mirror):
+    await running(mirror)
+    assert (await post_frame(mirror, "run", jpeg(b"frame-0", 1 << 20)))[0] == 204
+    viewer = await view(mirror)
+    # The viewer reads nothing while 40 frames of 1 MiB come: far more than the socket
+    # buffers between them hold (a few MiB on loopback).
+    for i in range(1, 40):
+        assert (await post_frame(mirror, "run", jpeg(b"frame-%d" % i, 1 << 20)))[0] == 204
+        await asyncio.sleep(0.02)
+    seen = []
+    while not seen or seen[-1] != b"frame-39":
+        part = await asyncio.wait_for(viewer.next(), 20)
+        seen.append(part[4:12].rstrip(b"\0"))
+    assert len(seen) < 30, seen  # frames in between were skipped, not queued
+    viewer.response.close()
+
+
+async def test_a_device_attached_to_the_claimant_may_post_its_frames(mirror):
+    await mirror.post("/devices/register", json=registration("R5CT", capabilities=[], descriptor={
+        "platform": "android", "serial": "R5CT", "attached_to": "lab"}))
+    await mirror.post("/devices/register", json=registration("loose"))
+    await running(mirror)
+    assert (await post_frame(mirror, "run", jpeg(b"x"), query="?device_id=R5CT"))[0] == 204
+    status, text = await post_frame(mirror, "run", jpeg(b"x"), query="?device_id=loose")
+    assert status == 409 and "name the executor" in text
+
+
+@pytest.mark.parametrize("body, query, wanted, words", [
+    (b"", "?executor=lab", 400, "the frame is empty"),
+    (b"\x89PNG\r\n\x1a\n....", "?executor=lab", 400, "not a JPEG"),
+    (b"\xff\xd8\xff\xe0 cut short", "?executor=lab", 400, "not a JPEG"),
+    (jpeg(b"big", (2 << 20) + 1), "?executor=lab", 413, "larger than"),
+    (jpeg(b"x"), "?executor=rig", 409, "not by 'rig'"),
+    (jpeg(b"x"), "", 409, "name the executor"),
+])
+async def test_a_frame_is_checked_before_it_is_kept(mirror, body, query, wanted, words):
+    await running(mirror)
+    status, text = await post_frame(mirror, "run", body, query=query)
+    assert status == wanted and words in text, text
+    assert (await (await mirror.get("/api/health")).json())["mirrored_jobs"] == 0
+
+
+async def test_only_a_running_host_job_is_mirrored(mirror):
+    assert (await post_frame(mirror, "nope", jpeg(b"x")))[0] == 404
+    assert (await mirror.get("/api/jobs/nope/mirror")).status == 404
+    await mirror.post("/jobs", json=job("queued-soak", workload="soak", executor="host"))
+    status, text = await post_frame(mirror, "queued-soak", jpeg(b"x"))
+    assert status == 409 and "is queued" in text
+    resp = await mirror.get("/api/jobs/queued-soak/mirror")
+    assert resp.status == 404 and "queued" in (await resp.json())["error"]
+    await mirror.post("/devices/register", json=registration("d1"))
+    await mirror.post("/jobs", json=job("bench", targets={"device_id": "d1"}))
+    await mirror.get("/devices/d1/next-job")
+    status, text = await post_frame(mirror, "bench", jpeg(b"x"))
+    assert status == 409 and "device job" in text
