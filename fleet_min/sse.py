@@ -37,6 +37,7 @@ from typing import Any
 
 from aiohttp import hdrs, web
 
+from fleet_min.http import SECURITY_HEADERS
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger(__name__)
@@ -340,9 +341,11 @@ async def stream(request: web.Request, hub: EventHub,
     """Serve one client until it leaves, is dropped, or the service stops. `hello` gives the
     fields of the first event (None: no hello, as for a hub of states); `headers` are added to
     the response's own."""
+    # The middleware adds the security headers to a response it is handed back, which a stream
+    # is only after it ends: they are set here, before the head is sent.
     response = web.StreamResponse(headers={
         "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "X-Accel-Buffering": "no", **(headers or {})})
+        "X-Accel-Buffering": "no", **SECURITY_HEADERS, **(headers or {})})
     await response.prepare(request)
     transport = request.transport
     if request.method == hdrs.METH_HEAD or transport is None or transport.is_closing():

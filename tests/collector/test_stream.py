@@ -38,6 +38,9 @@ async def test_hello_on_connect(client):
         assert reader.hello_retry is not None and int(reader.hello_retry) > 0
         assert reader.response is not None
         assert reader.response.headers["Cache-Control"] == "no-cache"
+        # sent with the head, before any event: a stream is never framed or sniffed
+        assert reader.response.headers["X-Content-Type-Options"] == "nosniff"
+        assert reader.response.headers["X-Frame-Options"] == "DENY"
 
 
 async def test_every_write_path_emits_its_documented_event(client):
