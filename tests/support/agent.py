@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.support.collector import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_FILE = REPO / "agent" / "fleet_agent.py"
@@ -61,12 +62,6 @@ def write_tree(root: Path, files: dict[str, str | bytes]) -> Path:
         else:
             target.write_text(content)
     return root
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @functools.lru_cache(maxsize=1)

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -33,8 +34,36 @@ def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM,
         return proc.wait()
 
 
+# Ports handed to servers the tests start come from below Linux's range for outgoing connections
+# (32768-60999 by default), so no client socket of a test running beside it takes the port
+# between this check and the server's bind; each pytest-xdist worker has a slice of its own, and
+# within a process the ports are handed out in turn, never twice in a row.
+_PORT_SLICE = 1800
+
+
+def _port_sequence() -> Iterator[int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:]
+    low = 12000 + (int(worker) % 11 if worker.isdigit() else 0) * _PORT_SLICE
+    start = random.randrange(_PORT_SLICE)
+    while True:
+        for offset in range(_PORT_SLICE):
+            yield low + (start + offset) % _PORT_SLICE
+
+
+_PORTS = _port_sequence()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port nothing on 127.0.0.1 listens on now (see above for why it stays free)."""
+    for _ in range(_PORT_SLICE):
+        port = next(_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # the whole slice taken: let the kernel choose
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 

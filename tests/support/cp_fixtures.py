@@ -19,7 +19,6 @@ from __future__ import annotations
 import itertools
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,10 @@ from typing import Any
 
 from tests.support import cp_fakes as fakes
 from tests.support import history_gen
-from tests.support.collector import stop_process
+from tests.support.collector import (
+    free_port,
+    stop_process,
+)
 from tests.support.controlplane import REPO_ROOT, Host
 from tests.support.fake_github import FakeGitHub
 
@@ -39,12 +41,6 @@ from tests.support.fake_github import FakeGitHub
 LOG_SECRET = "ghp_" + "Zq8" * 12
 BUSY_RUNNER = "app-build-1"
 DRAIN_RUNNER = "app-build-2"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _ago(minutes: float) -> str:
