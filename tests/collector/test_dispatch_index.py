@@ -1,6 +1,7 @@
 """The dispatcher finds the waiting polls that could take a job through its index (by claimant,
-by executor and declared workload), never by walking every waiting poll; and when the poll it
-asked first cannot take a job, it asks the next one instead of leaving the job to a later poll.
+by executor and declared workload), never by walking every waiting poll; when the poll it asked
+first cannot take a job, it asks the next one instead of leaving the job to a later poll; and a
+beacon wakes a waiting poll only when its last look was refused something a beacon can change.
 """
 
 from __future__ import annotations
@@ -9,10 +10,11 @@ import asyncio
 from dataclasses import dataclass
 
 from fleet_min.collector.jobs.claims import Claimant
-from fleet_min.collector.jobs.dispatch import WaitingPolls, Waiter
+from fleet_min.collector.jobs.dispatch import Waiter, WaitingPolls
 from fleet_min.collector.jobs.effects import JobRoute
 from fleet_min.collector.jobs.kinds import Executor
-from tests.support.collector import job, registration, wait_for_polls
+from fleet_min.collector.http.app import SERVICE
+from tests.support.collector import beacon, job, registration, wait_for_polls
 
 
 @dataclass(eq=False)
@@ -94,3 +96,42 @@ async def test_a_job_the_first_poll_cannot_take_goes_to_the_next_waiting_poll(co
     assert (await answer.json())["job_id"] == "j"
     assert not polls[0].done()
     polls[0].cancel()
+
+
+async def test_a_beacon_wakes_no_poll_whose_claimant_has_nothing_queued(collector_factory):
+    client = await collector_factory(long_poll_s=30)
+    dispatcher = client.server.app[SERVICE].dispatcher
+    await client.post("/devices/register", json=registration("d"))
+    poll = asyncio.create_task(client.get("/devices/d/next-job"))
+    await wait_for_polls(client, 1)
+    await asyncio.sleep(0.2)  # its first look found nothing queued for d
+    passes = dispatcher.passes
+    for _ in range(5):
+        assert (await client.post("/results", json=beacon("d", ac=True))).status == 200
+    assert dispatcher.passes == passes  # no claim made: it would look at the same empty queue
+    # A job d is refused for now (it needs AC power): the next beacon meeting it wakes the poll.
+    spec = job("needs-ac", targets={"device_id": "d"}, constraints={"require_ac": True})
+    await client.post("/results", json=beacon("d", ac=False))
+    assert (await client.post("/jobs", json=spec)).status == 201
+    await asyncio.sleep(0.2)
+    assert not poll.done()
+    await client.post("/results", json=beacon("d", ac=True))
+    answer = await asyncio.wait_for(poll, 10)
+    assert (await answer.json())["job_id"] == "needs-ac"
+
+
+async def test_a_beacon_clearing_a_busy_flag_wakes_the_poll(collector_factory):
+    """Busy with another collector's job, the device is offered nothing; the beacon that
+    clears the flag wakes its waiting poll, which takes the job queued meanwhile."""
+    client = await collector_factory(long_poll_s=30)
+    await client.post("/devices/register", json=registration("d"))
+    busy = {"job_id": "elsewhere", "collector": "other-collector"}
+    await client.post("/results", json=beacon("d", busy=busy))
+    await client.post("/jobs", json=job("j", targets={"device_id": "d"}))
+    poll = asyncio.create_task(client.get("/devices/d/next-job"))
+    await wait_for_polls(client, 1)
+    await asyncio.sleep(0.2)
+    assert not poll.done()
+    await client.post("/results", json=beacon("d"))
+    answer = await asyncio.wait_for(poll, 10)
+    assert (await answer.json())["job_id"] == "j"

@@ -250,6 +250,9 @@ class Dispatcher:
         self._polls = WaitingPolls()
         self._jobs: list[JobRoute] = []
         self._claimants: set[str] = set()
+        # Claimants with a poll waiting whose last claim found nothing queued for them at all:
+        # their beacons wake nobody (a job that could be theirs is offered when it is queued).
+        self._nothing_queued: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._hand_backs: set[asyncio.Task[None]] = set()
@@ -278,6 +281,7 @@ class Dispatcher:
                 if not waiter.future.done():
                     waiter.future.set_result(None)
             self._polls.clear()
+            self._nothing_queued.clear()
         await asyncio.gather(*self._hand_backs, return_exceptions=True)
 
     # -- a poll ---------------------------------------------------------------------------
@@ -373,6 +377,8 @@ class Dispatcher:
 
     def _remove(self, waiter: Waiter) -> None:
         self._polls.remove(waiter)
+        if not self._polls.has_claimant(waiter.claimant.key):
+            self._nothing_queued.discard(waiter.claimant.key)
 
     # -- inside a transaction ---------------------------------------------------------------
 
@@ -436,16 +442,31 @@ class Dispatcher:
             elif waiter.missed:
                 self.offer([], [waiter.claimant.key])
 
-    def offer(self, jobs: list[JobRoute], claimants: list[str]) -> None:
-        """Jobs a commit made claimable, and claimants whose constraints may now hold (a
-        beacon, an edit, a freed slot): the dispatch loop claims for the waiters that could
-        take them."""
+    def looked(self, outcomes: list[tuple[str, bool]]) -> None:
+        """Claims that found no job, each with whether anything stood in the way (see
+        claims.claim): a claimant with nothing queued for it at all is not woken by a beacon."""
+        for key, stood_in_the_way in outcomes:
+            if stood_in_the_way:
+                self._nothing_queued.discard(key)
+            elif self._polls.has_claimant(key):
+                self._nothing_queued.add(key)
+
+    def offer(self, jobs: list[JobRoute], claimants: Iterable[str],
+              beacons: Iterable[str] = ()) -> None:
+        """Jobs a commit made claimable, claimants whose constraints may now hold (an edit, a
+        freed slot) and claimants that beaconed: the dispatch loop claims for the waiters that
+        could take them."""
         if jobs:
             self._jobs.extend(jobs)
             self._wake.set()
         # Only claimants with a poll waiting: one that polls later looks for itself, after the
         # change committed. (Every closed job names its claimant here, mostly with no poll.)
         waiting = [key for key in claimants if self._polls.has_claimant(key)]
+        # A beacon changes only what a claim was refused for: with nothing queued for the
+        # claimant, it would look at the same empty queue (with thousands of agents beaconing,
+        # that was a claim transaction a beacon).
+        waiting += [key for key in beacons if self._polls.has_claimant(key)
+                    and key not in self._nothing_queued]
         if waiting:
             self._claimants.update(waiting)
             self._wake.set()
