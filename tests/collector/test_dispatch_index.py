@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from fleet_min.collector.http.app import SERVICE
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.dispatch import Waiter, WaitingPolls
 from fleet_min.collector.jobs.effects import JobRoute
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.collector.http.app import SERVICE
 from tests.support.collector import beacon, job, registration, wait_for_polls
 
 
