@@ -51,6 +51,7 @@ class ClientRun:
     outcomes: list[Any]  # what each client process put on `out`, in the order they finished
     wall_s: float
     server_cpu_s: float
+    server_main_cpu_s: float = 0.0  # the server's main thread alone (its event loop's)
 
 
 def run_clients(target: Callable[..., None], per_process: list[tuple[Any, ...]], pid: int,
@@ -71,13 +72,15 @@ def run_clients(target: Callable[..., None], per_process: list[tuple[Any, ...]],
     for _ in workers:
         ready.get(timeout=120)
     cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
+    main_before = main_thread_cpu_seconds(pid)
     go.set()
     outcomes = [out.get(timeout=wait_s) for _ in workers]
     wall = time.monotonic() - wall_before
     cpu = cpu_seconds(pid) - cpu_before
+    main = main_thread_cpu_seconds(pid) - main_before
     for worker in workers:
         worker.join()
-    return ClientRun(outcomes, wall, cpu)
+    return ClientRun(outcomes, wall, cpu, main)
 
 
 def memory_kib(pid: int) -> dict[str, int]:

@@ -111,3 +111,15 @@ def test_retention_smoke():
     assert result["beacons_kept"] == 20 * 1440 * 2  # the --quick window: two days
     for key in ("largest_mib", "final_mib", "slowest_transaction_ms", "longest_loop_stall_ms"):
         assert isinstance(result[key], (int, float)), key
+
+
+def test_agents_smoke():
+    records = run_bench("agents")
+    rounds = [r for r in records if r.get("figure") == "round"]
+    assert {(r["server"], r["agents"]) for r in rounds} == {
+        (server, agents) for server in ("bare", "collector") for agents in (20, 60)}
+    assert all(r["errors"] == 0 for r in rounds), rounds
+    result = figure(records, "agents")
+    assert result["agents"] == [20, 60]
+    for key in ("cpu_shares", "us_per_beacon", "rss_mib", "kib_per_agent"):
+        assert all(isinstance(value, float) for value in result[key]), key

@@ -271,8 +271,10 @@ class Service:
             self._notify(event)
         for event in effects.unstreamed:
             self._notify(event)
-        if effects.claimable or effects.claimants:
-            self.dispatcher.offer(effects.claimable, effects.claimants)
+        if effects.looked:
+            self.dispatcher.looked(effects.looked)
+        if effects.claimable or effects.claimants or effects.beacons:
+            self.dispatcher.offer(effects.claimable, effects.claimants, effects.beacons)
 
     def _notify(self, event: dict[str, Any]) -> None:
         for listener in self.listeners:

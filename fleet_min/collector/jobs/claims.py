@@ -160,16 +160,24 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
                    ignore_job: str | None = None) -> sqlite3.Row | None:
     """The first queued job this claimant may take now, in claim order, or None. `ignore_job`
     (a running job that could be preempted) counts as neither held nor holding a lock."""
+    return _find(conn, claimant, now, device, min_priority, ignore_job)[0]
+
+
+def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Device | None,
+          min_priority: int | None = None, ignore_job: str | None = None
+          ) -> tuple[sqlite3.Row | None, bool]:
+    """find_claimable, and whether anything stood in the way when it found nothing: a queued
+    job it was refused, a busy flag, a job held (False: nothing queued it could be offered)."""
     workloads: list[str] | None = None
     pairs: list[tuple[str, str]] = []
     slots = 1  # a device holds one claimed job at a time
     if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
-            return None
+            return None, True
         if (device.busy_job_id and device.busy_at is not None
                 and now - device.busy_at < rules.BUSY_STALE_S):
-            return None  # it holds a claim with another collector
+            return None, True  # it holds a claim with another collector
         routes = rules.declared_routes(device.capabilities)
     else:
         # What the executor declared (POST /executors/register) and its slots: one read by
@@ -179,16 +187,18 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
     if routes is not None:
         workloads, pairs = routes
         if not workloads and not pairs:
-            return None
+            return None, False
     if device is not None and device.holding is not NOT_READ:
         if device.holding is not None and device.holding != ignore_job:
-            return None  # a device holds one claimed job at a time
+            return None, True  # a device holds one claimed job at a time
     elif _holds_its_slots(conn, claimant, slots, ignore_job):
-        return None
+        return None, True
+    refused = False
     for row in _candidates(conn, claimant, workloads, min_priority, pairs):
         if _refusal(conn, row, claimant, device, now, ignore_job) is None:
-            return row
-    return None
+            return row, True
+        refused = True
+    return None, refused
 
 
 def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant, slots: int,
@@ -210,8 +220,9 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
             return None
         if touch_due(device.last_seen, now):
             touch(conn, claimant.id, now)
-    row = find_claimable(conn, claimant, now, device=device)
+    row, stood_in_the_way = _find(conn, claimant, now, device)
     if row is None:
+        effects.looked.append((claimant.key, stood_in_the_way))
         return None
     deadline = now + row["ttl_s"]
     attempt = row["attempts"] + 1

@@ -13,7 +13,9 @@ its hold runs out. Nothing re-queries on a timer. Jobs reach waiting polls two w
 
 The waiters are picked by cheap checks in memory (executor, pin, declared workload); each claim
 runs the full rules against fresh rows, so the pre-check only decides who is asked, never who
-gets a job.
+gets a job. The waiting polls are indexed (`WaitingPolls`) by claimant and by declared workload,
+so a wake-up looks only at the polls that could take its jobs: with thousands of agents holding
+polls, a beacon's wake-up costs the same as with one.
 
 A waiter being claimed for is "reserved": its poll does not time out from under a claim in
 flight. Every claim ends by releasing it (with the job, with nothing, or with its failure), so
@@ -26,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
+import itertools
 import logging
 import sqlite3
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +49,14 @@ Transact = Callable[..., Awaitable[Any]]
 Job = dict[str, Any]  # a claimed job as the poll's client gets it
 
 
+_arrivals = itertools.count()
+
+
 @dataclass(eq=False)
 class Waiter:
     claimant: Claimant
     capabilities: list[str] | None = None  # its device's or executor's, for the pre-check
+    seq: int = field(default_factory=_arrivals.__next__)  # arrival order: first come, first served
     future: asyncio.Future[Job | None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     reserved: bool = False
@@ -61,6 +69,111 @@ class Waiter:
         if job.pin and job.pin != self.claimant.id:
             return False
         return rules.offers(self.capabilities, job.workload, job.variant)
+
+
+Bucket = tuple[str, str | None]  # (executor, declared workload); None: offered any workload
+
+
+def _buckets(waiter: Waiter) -> list[Bucket]:
+    """Where a waiter is filed for jobs pinned to nobody: under each workload it declared, or
+    under None when it takes any (it never said, or it is a host executor)."""
+    executor = waiter.claimant.executor
+    if executor == Executor.HOST or waiter.capabilities is None:
+        return [(executor, None)]
+    return [(executor, name) for name in rules.declared_workloads(waiter.capabilities) or ()]
+
+
+class WaitingPolls:
+    """The waiting polls, in arrival order, by claimant, and by (executor, declared workload):
+    a wake-up reads only the polls that could take its jobs, never every poll."""
+
+    __slots__ = ("_all", "_by_bucket", "_by_claimant", "_filed")
+
+    def __init__(self) -> None:
+        self._all: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
+        self._by_claimant: dict[str, dict[Waiter, None]] = {}
+        self._by_bucket: dict[Bucket, dict[Waiter, None]] = {}
+        self._filed: dict[Waiter, list[Bucket]] = {}
+
+    def __len__(self) -> int:
+        return len(self._all)
+
+    def __contains__(self, waiter: Waiter) -> bool:
+        return waiter in self._all
+
+    def __iter__(self) -> Iterator[Waiter]:
+        return iter(self._all)
+
+    def has_claimant(self, key: str) -> bool:
+        return key in self._by_claimant
+
+    def add(self, waiter: Waiter) -> None:
+        self._all[waiter] = None
+        self._by_claimant.setdefault(waiter.claimant.key, {})[waiter] = None
+        self._file(waiter)
+
+    def remove(self, waiter: Waiter) -> None:
+        if waiter not in self._all:
+            return
+        del self._all[waiter]
+        _discard(self._by_claimant, waiter.claimant.key, waiter)
+        for bucket in self._filed.pop(waiter):
+            _discard(self._by_bucket, bucket, waiter)
+
+    def refile(self, waiter: Waiter) -> None:
+        """The waiter's declared capabilities changed (its look read them)."""
+        if waiter in self._all:
+            for bucket in self._filed.pop(waiter):
+                _discard(self._by_bucket, bucket, waiter)
+            self._file(waiter)
+
+    def clear(self) -> None:
+        self._all.clear()
+        self._by_claimant.clear()
+        self._by_bucket.clear()
+        self._filed.clear()
+
+    def _file(self, waiter: Waiter) -> None:
+        buckets = self._filed[waiter] = _buckets(waiter)
+        for bucket in buckets:
+            self._by_bucket.setdefault(bucket, {})[waiter] = None
+
+    def of_claimants(self, keys: Iterable[str]) -> list[Waiter]:
+        return [w for key in keys for w in self._by_claimant.get(key, ())]
+
+    def could_take_any(self, jobs: list[JobRoute]) -> Iterator[Waiter]:
+        """The waiting polls that might take one of these jobs, first come first served, read
+        lazily: a caller that needs one poll stops at the first."""
+        sources: dict[object, Iterable[Waiter]] = {}
+        for job in jobs:
+            if job.pin:
+                key = claimant_key(job.executor, job.pin)
+                sources[key] = self._by_claimant.get(key, ())
+            else:
+                for bucket in ((job.executor, job.workload), (job.executor, None)):
+                    sources[bucket] = self._by_bucket.get(bucket, ())
+        # A bucket filed after a look may hold a later arrival before an earlier one: the merge
+        # then yields nearly, not strictly, in arrival order, which is all fairness needs here.
+        # Read synchronously: nothing adds or removes a poll while a caller walks this.
+        found = [source for source in sources.values() if source]
+        merged: Iterable[Waiter] = (found[0] if len(found) == 1
+                                    else heapq.merge(*found, key=_arrival))
+        seen: set[Waiter] = set()
+        for waiter in merged:
+            if waiter not in seen and any(waiter.could_take(job) for job in jobs):
+                seen.add(waiter)
+                yield waiter
+
+
+def _arrival(waiter: Waiter) -> int:
+    return waiter.seq
+
+
+def _discard(index: dict[Any, dict[Waiter, None]], key: Any, waiter: Waiter) -> None:
+    same = index[key]
+    del same[waiter]
+    if not same:
+        del index[key]
 
 
 class _PollLook:
@@ -132,12 +245,12 @@ class Handouts:
 class Dispatcher:
     def __init__(self, transact: Transact) -> None:
         self._transact = transact
-        self._waiters: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
-        # The same waiters by claimant: a pinned job (the usual case) is looked up among its own
-        # claimant's polls, not checked against every poll that is waiting.
-        self._by_claimant: dict[str, dict[Waiter, None]] = {}
+        self._polls = WaitingPolls()
         self._jobs: list[JobRoute] = []
         self._claimants: set[str] = set()
+        # Claimants with a poll waiting whose last claim found nothing queued for them at all:
+        # their beacons wake nobody (a job that could be theirs is offered when it is queued).
+        self._nothing_queued: set[str] = set()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._hand_backs: set[asyncio.Task[None]] = set()
@@ -148,7 +261,7 @@ class Dispatcher:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self._polls)
 
     def waiting_for(self, executor: str) -> set[str]:
         """The ids of the claimants of this kind with a poll waiting now."""
@@ -167,11 +280,11 @@ class Dispatcher:
                 self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
-            for waiter in list(self._waiters):
+            for waiter in list(self._polls):
                 if not waiter.future.done():
                     waiter.future.set_result(None)
-            self._waiters.clear()
-            self._by_claimant.clear()
+            self._polls.clear()
+            self._nothing_queued.clear()
         await asyncio.gather(*self._hand_backs, return_exceptions=True)
 
     # -- a poll ---------------------------------------------------------------------------
@@ -239,7 +352,9 @@ class Dispatcher:
             if poll.job is not None:
                 self._hand_back(poll.job, waiter.claimant)
             raise
-        waiter.capabilities = capabilities
+        if capabilities != waiter.capabilities:
+            waiter.capabilities = capabilities
+            self._polls.refile(waiter)
         return job
 
     def _hand_back(self, job: Job, claimant: Claimant) -> None:
@@ -261,18 +376,12 @@ class Dispatcher:
         if self.closed:
             waiter.future.set_result(None)
             return
-        self._waiters[waiter] = None
-        self._by_claimant.setdefault(waiter.claimant.key, {})[waiter] = None
+        self._polls.add(waiter)
 
     def _remove(self, waiter: Waiter) -> None:
-        if waiter not in self._waiters:
-            return
-        del self._waiters[waiter]
-        key = waiter.claimant.key
-        same = self._by_claimant[key]
-        del same[waiter]
-        if not same:
-            del self._by_claimant[key]
+        self._polls.remove(waiter)
+        if not self._polls.has_claimant(waiter.claimant.key):
+            self._nothing_queued.discard(waiter.claimant.key)
 
     # -- inside a transaction ---------------------------------------------------------------
 
@@ -306,7 +415,7 @@ class Dispatcher:
         for an inline claim; and whether that was every waiting poll that could take one."""
         chosen: list[Waiter] = []
         everyone = True
-        for waiter in self._could_take_any(jobs):
+        for waiter in self._polls.could_take_any(jobs):
             if len(chosen) == len(jobs):
                 everyone = False
                 break
@@ -319,17 +428,6 @@ class Dispatcher:
             waiter.reserved = True
             chosen.append(waiter)
         return chosen, everyone
-
-    def _could_take_any(self, jobs: list[JobRoute]) -> list[Waiter]:
-        """The waiting polls that might take one of these jobs, first come first served."""
-        pinned = {claimant_key(job.executor, job.pin) for job in jobs if job.pin}
-        if len(pinned) < len(jobs):  # a job for any claimant: every poll is a candidate
-            return [w for w in self._waiters if any(w.could_take(job) for job in jobs)]
-        same = [w for key in pinned for w in self._by_claimant.get(key, ())]
-        if len(pinned) > 1:
-            arrival = {w: i for i, w in enumerate(self._waiters)} if same else {}
-            same.sort(key=arrival.__getitem__)
-        return [w for w in same if any(w.could_take(job) for job in jobs)]
 
     # -- after a commit ---------------------------------------------------------------------
 
@@ -347,16 +445,31 @@ class Dispatcher:
             elif waiter.missed:
                 self.offer([], [waiter.claimant.key])
 
-    def offer(self, jobs: list[JobRoute], claimants: list[str]) -> None:
-        """Jobs a commit made claimable, and claimants whose constraints may now hold (a
-        beacon, an edit, a freed slot): the dispatch loop claims for the waiters that could
-        take them."""
+    def looked(self, outcomes: list[tuple[str, bool]]) -> None:
+        """Claims that found no job, each with whether anything stood in the way (see
+        claims.claim): a claimant with nothing queued for it at all is not woken by a beacon."""
+        for key, stood_in_the_way in outcomes:
+            if stood_in_the_way:
+                self._nothing_queued.discard(key)
+            elif self._polls.has_claimant(key):
+                self._nothing_queued.add(key)
+
+    def offer(self, jobs: list[JobRoute], claimants: Iterable[str],
+              beacons: Iterable[str] = ()) -> None:
+        """Jobs a commit made claimable, claimants whose constraints may now hold (an edit, a
+        freed slot) and claimants that beaconed: the dispatch loop claims for the waiters that
+        could take them."""
         if jobs:
             self._jobs.extend(jobs)
             self._wake.set()
         # Only claimants with a poll waiting: one that polls later looks for itself, after the
         # change committed. (Every closed job names its claimant here, mostly with no poll.)
-        waiting = [key for key in claimants if key in self._by_claimant]
+        waiting = [key for key in claimants if self._polls.has_claimant(key)]
+        # A beacon changes only what a claim was refused for: with nothing queued for the
+        # claimant, it would look at the same empty queue (with thousands of agents beaconing,
+        # that was a claim transaction a beacon).
+        waiting += [key for key in beacons if self._polls.has_claimant(key)
+                    and key not in self._nothing_queued]
         if waiting:
             self._claimants.update(waiting)
             self._wake.set()
@@ -385,15 +498,23 @@ class Dispatcher:
             except Exception:  # keep serving; the next wake-up retries
                 log.exception("dispatch failed")
 
-    def _chosen(self, jobs: list[JobRoute], keys: set[str]) -> list[Waiter]:
-        chosen: list[Waiter] = []
+    def _chosen(self, jobs: list[JobRoute], keys: set[str], tried: set[Waiter]) -> list[Waiter]:
+        """The waiters to claim for, first come first served: every poll of the claimants in
+        `keys`, and one poll not tried yet for each job (reserved ones count: their claim in
+        flight looks again). Read from the index, never by walking every waiting poll."""
+        wanted = {w: None for w in self._polls.of_claimants(keys)}
         budget = len(jobs)
-        takers = set(self._could_take_any(jobs)) if jobs else set()
-        for waiter in self._waiters:
-            wanted = waiter.claimant.key in keys
-            if not wanted and budget > 0 and waiter in takers:
-                wanted, budget = True, budget - 1
-            if not wanted:
+        if budget:
+            for waiter in self._polls.could_take_any(jobs):
+                if waiter in wanted or waiter in tried:
+                    continue
+                wanted[waiter] = None
+                budget -= 1
+                if not budget:
+                    break
+        chosen: list[Waiter] = []
+        for waiter in sorted(wanted, key=_arrival) if len(wanted) > 1 else wanted:
+            if waiter in tried:
                 continue
             if waiter.reserved:
                 waiter.missed = True
@@ -405,7 +526,7 @@ class Dispatcher:
         remaining = list(jobs)
         tried: set[Waiter] = set()
         while True:
-            chosen = [w for w in self._chosen(remaining, keys) if w not in tried]
+            chosen = self._chosen(remaining, keys, tried)
             if not chosen:
                 return
             tried.update(chosen)

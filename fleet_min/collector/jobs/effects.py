@@ -38,6 +38,11 @@ class Effects:
     unstreamed: list[dict[str, Any]] = field(default_factory=list)
     claimable: list[JobRoute] = field(default_factory=list)
     claimants: list[str] = field(default_factory=list)  # see claimant_changed
+    beacons: list[str] = field(default_factory=list)  # see beaconed
+    # (claimant key, whether anything stood in its way) for each claim that found no job: see
+    # fleet_min.collector.jobs.claims.claim. A poll whose claimant had nothing queued for it at
+    # all is not woken by its beacons (only a new job can change that answer).
+    looked: list[tuple[str, bool]] = field(default_factory=list)
     # For the metrics (fleet_min.collector.insight.telemetry): how long each job claimed here
     # had been claimable, in seconds, and what became of the job of each lapsed lease swept.
     claim_waits: list[float] = field(default_factory=list)
@@ -49,22 +54,27 @@ class Effects:
         self.unstreamed.clear()
         self.claimable.clear()
         self.claimants.clear()
+        self.beacons.clear()
+        self.looked.clear()
         self.claim_waits.clear()
         self.lease_expiries.clear()
 
     def mark(self) -> tuple[int, ...]:
         """Where each record stands now, for `rewind`."""
         return (len(self.events), len(self.unstreamed), len(self.claimable), len(self.claimants),
-                len(self.claim_waits), len(self.lease_expiries))
+                len(self.beacons), len(self.looked), len(self.claim_waits),
+                len(self.lease_expiries))
 
     def rewind(self, mark: tuple[int, ...]) -> None:
         """Forget what was recorded since `mark` (its statements were rolled back to a
         savepoint: nothing of it happened)."""
-        events, unstreamed, claimable, claimants, waits, expiries = mark
+        events, unstreamed, claimable, claimants, beacons, looked, waits, expiries = mark
         del self.events[events:]
         del self.unstreamed[unstreamed:]
         del self.claimable[claimable:]
         del self.claimants[claimants:]
+        del self.beacons[beacons:]
+        del self.looked[looked:]
         del self.claim_waits[waits:]
         del self.lease_expiries[expiries:]
 
@@ -79,3 +89,9 @@ class Effects:
         """A claimant may be offered a job it could not take before (a beacon that may meet a
         constraint, an edit of its pools, a slot freed): a poll it holds waiting looks again."""
         self.claimants.append(claimant_key(executor, claimant_id))
+
+    def beaconed(self, executor: str, claimant_id: str) -> None:
+        """A claimant beaconed: a poll it holds waiting looks again if its last look was
+        refused something a beacon may change (a constraint, a busy flag), not when there was
+        nothing queued for it at all."""
+        self.beacons.append(claimant_key(executor, claimant_id))

@@ -227,7 +227,7 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
             (now, stored, now, busy.get("job_id") if busy else None,
              busy.get("collector") if busy else None, now if busy else None, device_id))
         # A new beacon can satisfy a collector-enforced constraint; a cleared busy flag frees it.
-        effects.claimant_changed(Executor.DEVICE, device_id)
+        effects.beaconed(Executor.DEVICE, device_id)
     renewed, preempt = False, False
     if held and job is not None:
         queue.extend_lease(conn, job, now)
