@@ -273,8 +273,6 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
 
 
 @replayable
-
-
 def claim_many(conn: sqlite3.Connection, claimants: list[Claimant], now: float,
                effects: Effects) -> list[dict[str, Any] | None]:
     """Claims for several waiting long polls in one transaction (the dispatcher's batch)."""

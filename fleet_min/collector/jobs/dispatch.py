@@ -76,9 +76,9 @@ Bucket = tuple[str, str | None]  # (executor, declared workload); None: offered 
 
 def _buckets(waiter: Waiter) -> list[Bucket]:
     """Where a waiter is filed for jobs pinned to nobody: under each workload it declared, or
-    under None when it takes any (it never said, or it is a host executor)."""
+    under None when it takes any (it never said: a device or a host executor alike)."""
     executor = waiter.claimant.executor
-    if executor == Executor.HOST or waiter.capabilities is None:
+    if waiter.capabilities is None:
         return [(executor, None)]
     return [(executor, name) for name in rules.declared_workloads(waiter.capabilities) or ()]
 
@@ -106,6 +106,10 @@ class WaitingPolls:
 
     def has_claimant(self, key: str) -> bool:
         return key in self._by_claimant
+
+    def claimant_keys(self) -> Iterator[str]:
+        """The keys of the claimants with a poll waiting."""
+        return iter(self._by_claimant)
 
     def add(self, waiter: Waiter) -> None:
         self._all[waiter] = None
@@ -266,7 +270,8 @@ class Dispatcher:
     def waiting_for(self, executor: str) -> set[str]:
         """The ids of the claimants of this kind with a poll waiting now."""
         prefix = claimant_key(executor, "")
-        return {key[len(prefix):] for key in self._by_claimant if key.startswith(prefix)}
+        return {key[len(prefix):] for key in self._polls.claimant_keys()
+                if key.startswith(prefix)}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="dispatcher")
