@@ -107,6 +107,15 @@ def publish_fields(headers: Mapping[str, str]) -> dict[str, str]:
     return fields
 
 
+def wants_unpin(body: Mapping[str, Any]) -> bool:
+    """The original's clients pin and unpin through one route: `{"pinned": false}` unpins,
+    `{"pinned": true, "reason": ...}` pins like ours."""
+    pinned = body.get("pinned", True)
+    if not isinstance(pinned, bool):
+        raise BadRequest('pinned must be true or false: {"pinned": false} unpins')
+    return not pinned
+
+
 def check_reason(body: Mapping[str, Any]) -> str:
     reason = body.get("reason")
     if not isinstance(reason, str) or not reason.strip():
@@ -490,8 +499,10 @@ class ArtifactStore:
         page = _page(query)
         candidates = await self.db.write(gc_candidates)
         start = (page - 1) * PER_PAGE
-        return _paged(candidates[start:start + PER_PAGE], len(candidates), page,
-                      bytes=sum(c["size"] for c in candidates))
+        shown = candidates[start:start + PER_PAGE]
+        # `candidates` and `count` are the original's names for this page and the total.
+        return _paged(shown, len(candidates), page, bytes=sum(c["size"] for c in candidates),
+                      candidates=shown, count=len(candidates))
 
     async def stored_bytes(self) -> int:
         row = await self.db.read_one("SELECT COALESCE(SUM(size), 0) FROM artifacts")
