@@ -159,9 +159,11 @@ def _job_head(job: Any) -> dict[str, Any]:
 
 
 def _newest_by_device(rows: list[Any]) -> dict[str, Any]:
+    """Each device's newest row; a host executor's own `host:` summary is not a device."""
     newest: dict[str, Any] = {}
     for row in rows:  # oldest first: the last row of a device wins
-        newest[row["device_id"]] = row
+        if not row["device_id"].startswith("host:"):
+            newest[row["device_id"]] = row
     return newest
 
 
