@@ -319,6 +319,21 @@ async def test_gc_candidates_count_and_unpinning_through_the_pin_route(client):
     assert bad.status in (400, 404)
 
 
+async def test_gc_candidates_never_offer_what_a_closed_job_named(client):
+    model = b"fake-gguf-model" * 1000
+    sha = hashlib.sha256(model).hexdigest()
+    await client.post("/artifacts", data=model, headers={
+        "content-type": "application/octet-stream", "x-artifact-name": "smoke.gguf"})
+    await client.post("/devices/register", json=registration("d1"))
+    await run_benchmark(client, "d1", "bench", 10.0,
+                        model={"name": "smoke-model", "format": "gguf", "quant": "Q4_K_M",
+                               "sha256": sha})
+    gc = await get(client, "/api/artifacts/gc-candidates?days=0")
+    # Ours lets a closed job's input go; the original's list keeps it.
+    assert [a["sha256"] for a in gc["artifacts"]] == [sha]
+    assert gc["candidates"] == [] and gc["count"] == 0
+
+
 # -- CI status reports and the topic cursor poll -------------------------------------------------
 
 

@@ -500,9 +500,13 @@ class ArtifactStore:
         candidates = await self.db.write(gc_candidates)
         start = (page - 1) * PER_PAGE
         shown = candidates[start:start + PER_PAGE]
-        # `candidates` and `count` are the original's names for this page and the total.
+        # The original's list, `candidates` with its `count`, is more cautious than ours: it
+        # never offers what any job ever named, closed jobs included. Ours (`artifacts`) lets
+        # a closed job's inputs go; its clients keep theirs.
+        named = await reference_counts(self.db, [c["sha256"] for c in shown])
+        never_named = [c for c in shown if not named.get(c["sha256"])]
         return _paged(shown, len(candidates), page, bytes=sum(c["size"] for c in candidates),
-                      candidates=shown, count=len(candidates))
+                      candidates=never_named, count=len(never_named))
 
     async def stored_bytes(self) -> int:
         row = await self.db.read_one("SELECT COALESCE(SUM(size), 0) FROM artifacts")
