@@ -207,6 +207,7 @@ class CollectorConfig:
     alert_battery_pct: float
     alert_thermal_states: tuple[str, ...]
     alert_schedule_late_s: float
+    alert_regression_pct: float
     alert_data_bytes: int
     alert_log_bytes: int
     alert_free_bytes: int
@@ -284,6 +285,9 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
             "Beacon thermal values that raise thermal-critical."),
     Setting("alert_schedule_late_s", "FLEET_ALERT_SCHEDULE_LATE_S", 300.0, positive_float,
             "How late a due schedule run must be to raise schedule-missed."),
+    Setting("alert_regression_pct", "FLEET_ALERT_REGRESSION_PCT", 20.0, positive_float,
+            "A benchmark whose decode tok/s falls this many percent under the median of its "
+            "earlier runs (same device and configuration) raises benchmark-regressed."),
     Setting("alert_data_bytes", "FLEET_ALERT_DATA_BYTES", 16 << 30, byte_size,
             "Database plus artifacts size that raises disk-size."),
     Setting("alert_log_bytes", "FLEET_ALERT_LOG_BYTES", 1 << 30, byte_size,

@@ -115,7 +115,8 @@ DEVICE = obj({
     "expired": BOOL, "first_seen": TIME, "last_seen": TIME, "last_seen_age_s": NUM,
     "last_beacon": null(obj()), "last_beacon_at": null(TIME),
     "busy": null(obj({"job_id": STR, "collector": null(STR), "at": null(TIME)})),
-    "address": null(STR)})
+    "address": null(STR),
+    "beacon": null(obj()), "last_net": null(enum("lan", "mesh", "loopback", "name", "other"))})
 
 ARTIFACT = obj({
     "sha256": HEX64, "size": integer(0), "created_at": TIME, "name": null(STR), "app": null(STR),
@@ -136,6 +137,7 @@ ALERT = obj({
     "id": INT, "rule": STR, "subject": STR, "state": enum("open", "resolved"),
     "seen_count": integer(1), "first_seen": TIME, "last_seen": TIME, "resolved_at": null(TIME),
     "acked_at": null(TIME), "snoozed_until": null(TIME), "muted": BOOL, "detail": null(STR),
+    "status": enum("open", "acked", "snoozed", "resolved"),
     "webhook_state": null(enum("pending", "delivered", "failed"))})
 
 TOPIC_EVENT = obj({"seq": INT, "at": TIME, "source": null(STR), "payload": ANY})
@@ -177,7 +179,8 @@ def _components() -> dict[str, Schema]:
         "ResultRecord": RESULT_RECORD,
         "Device": DEVICE,
         "DeviceDetail": {"allOf": [ref("Device"), obj({"running": arr(obj({
-            "job_id": STR, "workload": STR, "lease_deadline": null(TIME)}))})]},
+            "job_id": STR, "workload": STR, "lease_deadline": null(TIME)})),
+            "jobs": arr(ref("JobRecord")), "benchmarks": arr(ref("ResultRecord"))})]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
         "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
@@ -195,8 +198,9 @@ def _components() -> dict[str, Schema]:
                                              "status": JOB_STATUS})),
                            "skipped": arr(obj({"schedule_id": STR, "slot": STR, "reason": STR})),
                            "failed": arr(obj({"schedule_id": STR, "slot": STR, "error": STR}))}),
-        "Retention": obj({"ok": BOOL, "apply": BOOL, "policy": obj(), "tables": map_of(obj()),
-                          "reclaim?": obj()}),
+        "Retention": obj({"ok": BOOL, "apply": BOOL, "dry_run": BOOL, "policy": obj(),
+                          "tables": map_of(obj()), "reclaim?": obj(),
+                          "would_delete?": map_of(integer(0))}),
     }
     embed_schema("job", "JobSpec", schemas)
     embed_schema("result", "ResultRow", schemas)
@@ -325,6 +329,9 @@ def _jobs() -> list[Route]:
         Route("POST", "/jobs/sweep", "Run the lease sweep now", {200: json_reply(obj({
             "ok": OK_TRUE, "requeued": arr(STR), "failed": arr(STR)}))}, {503: STORAGE},
               tag=tag),
+        guarded("POST", "/api/system/sweep", "Run the lease sweep now (the original's route)",
+                {200: json_reply(obj({"ok": OK_TRUE, "requeued": arr(STR),
+                                      "failed": arr(STR)}))}, {503: STORAGE}, tag=tag),
         Route("GET", "/jobs/{job_id}", "A job row with its spec",
               {200: json_reply(ref("JobRecord"))}, {404: NO_JOB}, tag=tag),
         Route("GET", "/api/jobs", "List jobs, newest first, 50 a page",
@@ -394,6 +401,12 @@ def _jobs() -> list[Route]:
               tag=tag),
         Route("GET", "/api/jobs/{job_id}/ci-status", "Commit statuses posted for a job",
               {200: json_reply(ref("CiStatus"))}, {404: NO_JOB}, tag=tag),
+        Route("GET", "/status-reports", "Recorded commit statuses, newest first (the original's)",
+              {200: json_reply(arr(obj({
+                  "id": INT, "job_id": STR, "target": STR,
+                  "state": enum("pending", "success", "failure", "error"),
+                  "description": null(STR), "at": TIME, "posted": enum(0, 1), "detail": STR,
+                  "dry_run": BOOL})))}, tag=tag),
     ]
 
 
@@ -437,9 +450,13 @@ def _devices() -> list[Route]:
         Route("GET", "/api/devices/{device_id}/beacons", "A device's beacon history",
               {200: json_reply(obj({"device_id": STR, "truncated": BOOL,
                                     "beacons": arr(obj({"at": TIME,
+                                                        "job_id": null(STR)})),
+                                    "samples": arr(obj({"at": TIME, "ts": TIME,
                                                         "job_id": null(STR)}))}))},
-              {400: BAD_QUERY, 404: NO_DEVICE},
-              params=(query("since", STR, "ISO-8601 time"),), tag=tag),
+              {400: BAD_QUERY, 404: "no such device and no beacon history under its id"},
+              params=(query("since", STR, "ISO-8601 time"),
+                      query("hours", integer(1, 8760), "the last hours (when since is not "
+                            "given)")), tag=tag),
     ]
 
 
@@ -451,13 +468,17 @@ def _reads() -> list[Route]:
             "uptime_s": NUM, "now": TIME, "node": STR, "pid": INT, "stream_clients": integer(0),
             "guard": BOOL}))}, tag=tag),
         Route("GET", "/api/overview", "Fleet overview in one call", {200: json_reply(obj({
-            "devices": obj({"total": INT, "online": INT, "stale": INT, "offline": INT}),
+            "devices": obj({"total": INT, "online": INT, "stale": INT, "offline": INT,
+                            "low_battery_devices": arr(STR)}),
             "queue": map_of(integer(0)),
+            "schedules": obj({"total": integer(0), "enabled": integer(0)}),
+            "generated_at": TIME,
             "running": arr(obj({"job_id": STR, "workload": STR, "claimed_by": null(STR),
                                 "claimed_at": null(TIME), "lease_deadline": null(TIME),
                                 "progress": obj({"rows": INT, "last_iter": null(INT)})})),
             "recent_failures": arr(obj({"job_id": STR, "workload": STR,
-                                        "last_error": null(STR), "finished_at": null(TIME)})),
+                                        "last_error": null(STR), "finished_at": null(TIME),
+                                        "attempts": integer(0), "max_attempts": integer(1)})),
             "now": TIME}))}, tag=tag),
         Route("GET", "/api/stream", "Live events (server-sent events)",
               {200: sse_reply("a hello event, then job, device, result, beacon, topic, alert, "
@@ -482,15 +503,34 @@ def _reads() -> list[Route]:
             "database": obj(), "tables": map_of(integer(0)), "artifacts": obj(),
             "log": null(obj()), "ci_status": obj({"armed": BOOL, "repos": null(arr(STR)),
                                                   "posting": BOOL, "problem": null(STR)}),
-            "retention": obj()}))},
+            "retention": obj(),
+            "db": obj({"path": STR, "size_bytes": null(INT), "counts": map_of(integer(0))}),
+            "ci": obj({"armed": BOOL})}))},
               tag=tag),
         guarded("POST", "/api/system/retention", "Prune old beacons, topic events, alerts",
                 {200: json_reply(ref("Retention"), "a dry run, or what was deleted")},
                 JSON_ERRORS,
-                body=Body(obj({"apply?": BOOL}, closed=True),
-                          "{} or {\"apply\": false} is a dry run", required=False),
+                body=Body(obj({"apply?": BOOL,
+                               "beacon_days?": {"type": "number", "minimum": 1,
+                                                "maximum": 36500},
+                               "event_days?": {"type": "number", "minimum": 1,
+                                               "maximum": 36500},
+                               "alert_days?": {"type": "number", "minimum": 1,
+                                               "maximum": 36500}}, closed=True),
+                          "{} or {\"apply\": false} is a dry run; the windows in days apply "
+                          "to this run only", required=False),
                 tag=tag),
     ]
+
+
+UI_RUN = obj({"job_id": STR, "device_id": STR, "build": STR, "ok": null(BOOL),
+              "passed": null(integer(0)), "failed": null(integer(0)), "at": TIME})
+
+
+def job_run(device: dict[str, Any]) -> dict[str, Any]:
+    """A job of the original's per-run views, with a row per device."""
+    return obj({"job_id": STR, "workload": STR, "status": JOB_STATUS, "created_at": TIME,
+                "finished_at": null(TIME), "devices": arr(device)})
 
 
 def _result_views(tag: str) -> list[Route]:
@@ -502,14 +542,23 @@ def _result_views(tag: str) -> list[Route]:
     return [
         Route("GET", "/api/results/bench", "Benchmark figures per device, model, mem_method",
               {200: json_reply(obj({"workload": STR, "metrics": arr(STR), "truncated": BOOL,
-                                    "rows": arr(bench_row)}))}, {400: BAD_QUERY},
+                                    "rows": arr(bench_row), "configs": arr(obj({
+                                        "config": STR, "model": null(STR), "quant": null(STR),
+                                        "backend": null(STR), "devices": arr(obj({
+                                            "device_id": STR, "runs": integer(1),
+                                            "latest": obj({"job_id": STR, "at": TIME})}))}))}))},
+              {400: BAD_QUERY},
               params=(*common, query("model", STR, "model name"),
                       query("workload", STR, "default benchmark"), *times), tag=tag),
         Route("GET", "/api/results/ui", "UI-test jobs with their flows",
               {200: json_reply(paged("jobs", obj({
                   "job_id": STR, "status": JOB_STATUS, "app": ANY, "last_error": null(STR),
                   "created_at": TIME, "finished_at": null(TIME), "pass": integer(0),
-                  "fail": integer(0), "flows": arr(obj())}), workload=STR))}, {400: BAD_QUERY},
+                  "fail": integer(0), "flows": arr(obj())}), workload=STR,
+                  runs=arr(UI_RUN), devices=arr(STR), matrix=arr(obj({
+                      "build": STR, "cells": arr(obj({"device": STR,
+                                                      "latest": null(UI_RUN)}))}))))},
+              {400: BAD_QUERY},
               params=(*common, query("workload", STR, "default ui-test"), *times,
                       query("page", integer(1, 1_000_000), "page number")), tag=tag),
         Route("GET", "/api/results/drain", "Battery drain per hour from beacons",
@@ -517,24 +566,32 @@ def _result_views(tag: str) -> list[Route]:
                                     "from": TIME, "to": TIME, "max_gap_s": NUM,
                                     "devices": arr(obj({"device_id": STR,
                                                         "drain_pct_per_h": null(NUM),
-                                                        "series": arr(obj())}))}))},
+                                                        "series": arr(obj())})),
+                                    "runs": arr(job_run(obj({
+                                        "device_id": STR, "pct_per_h": null(NUM),
+                                        "pct_per_h_inferred": BOOL})))}))},
               {400: BAD_QUERY},
               params=(*common, query("hours", integer(1, 168), "window, default 24")), tag=tag),
         Route("GET", "/api/results/soak", "Memory and errors over a soak",
               {200: json_reply(obj({"workloads": arr(STR), "truncated": BOOL,
                                     "series": arr(obj({"device_id": STR, "mem_method": null(STR),
-                                                       "points": arr(obj())}))}))},
+                                                       "points": arr(obj())})),
+                                    "runs": arr(job_run(obj({"device_id": STR,
+                                                             "rows": integer(1)})))}))},
               {400: BAD_QUERY},
               params=(*common, query("workload", enum("app-soak", "soak"), "default both"),
                       *times, query("limit", integer(1, 10_000), "points, default 2000")),
               tag=tag),
+        Route("GET", "/api/results/vision", "Vision jobs with each device's newest row",
+              {200: json_reply(obj({"workload": enum("vision"), "runs": arr(job_run(obj({
+                  "device_id": STR, "rows": integer(1)})))}))}, {400: BAD_QUERY},
+              params=(query("limit", integer(1, 200), "jobs, default 50"),), tag=tag),
     ]
 
 
 def _artifacts() -> list[Route]:
     tag = "artifacts"
     headers = {"ETag": STR, "Cache-Control": STR, "Accept-Ranges": STR}
-    page = paged("artifacts", ref("Artifact"), bytes=integer(0))
     return [
         Route("POST", "/artifacts", "Upload bytes (streamed, hashed, stored by SHA-256)",
               {201: json_reply(obj({"sha256": HEX64, "size": integer(0), "existed": BOOL,
@@ -581,7 +638,9 @@ def _artifacts() -> list[Route]:
                             "accepted baseline"),
                       query("page", integer(1, 1_000_000), "page number")), tag=tag),
         Route("GET", "/api/artifacts/gc-candidates", "Unreferenced, unpinned artifacts",
-              {200: json_reply(page)}, {400: BAD_QUERY, 503: STORAGE},
+              {200: json_reply(paged("artifacts", ref("Artifact"), bytes=integer(0),
+                                     candidates=arr(ref("Artifact")), count=integer(0)))},
+              {400: BAD_QUERY, 503: STORAGE},
               params=(query("page", integer(1, 1_000_000), "page number"),), tag=tag),
         Route("GET", "/api/artifacts/{sha256}", "One artifact with what holds it",
               {200: json_reply({"allOf": [ref("Artifact"), obj({
@@ -598,7 +657,10 @@ def _artifacts() -> list[Route]:
         guarded("POST", "/api/artifacts/{sha256}/pin", "Pin an artifact with a reason",
                 {200: json_reply(ref("Artifact"))},
                 {**JSON_ERRORS, 404: "no such artifact"},
-                body=Body(obj({"reason": string(minLength=1, maxLength=500)}), "why it is kept"),
+                body=Body({"oneOf": [
+                    obj({"reason": string(minLength=1, maxLength=500), "pinned?": enum(True)}),
+                    obj({"pinned": enum(False)})]},
+                    "why it is kept; the original's {\"pinned\": false} unpins"),
                 tag=tag),
         guarded("DELETE", "/api/artifacts/{sha256}/pin", "Unpin an artifact",
                 {200: json_reply(ref("Artifact"))},
@@ -738,8 +800,11 @@ def _automation() -> list[Route]:
               {200: json_reply(ref("TickReport"))}, {503: STORAGE}, tag=tag),
         *_templates(tag),
         Route("GET", "/api/alerts", "Alerts: open, then newest",
-              {200: json_reply(obj({"alerts": arr(ref("Alert"))}))}, {400: BAD_QUERY},
-              params=(query("state", STR, "open, resolved or all"),
+              {200: json_reply(obj({"alerts": arr(ref("Alert")), "webhook": BOOL,
+                                    "thresholds": obj({"scheduleLateS": NUM})}))},
+              {400: BAD_QUERY},
+              params=(query("state", STR, "open, resolved or all; or a comma-separated list of "
+                            "open, acked, snoozed, resolved (the original's statuses)"),
                       query("rule", STR, "rule name"),
                       query("limit", integer(1, 1000), "default 200")), tag=tag),
         Route("POST", "/api/alerts/tick", "Evaluate the alert rules now",
@@ -762,7 +827,8 @@ def _automation() -> list[Route]:
 
 def _topics() -> list[Route]:
     tag = "topics"
-    published = {201: json_reply(obj({"ok": OK_TRUE, "topic": STR, "seq": INT, "at": TIME}))}
+    published = {201: json_reply(obj({"ok": OK_TRUE, "topic": STR, "seq": INT, "id": INT,
+                                      "at": TIME}))}
     errors = {400: "the topic name or source is malformed, or the body is not JSON",
               413: "the payload is over 64 KiB", 503: STORAGE}
     source = query("source", string(maxLength=200), "the device or job publishing")
@@ -790,6 +856,12 @@ def _topics() -> list[Route]:
                       query("wait_s", {"type": "number", "minimum": 0, "maximum": 25},
                             "seconds to wait, default the long-poll hold"),
                       query("limit", integer(1, 500), "default 100")), tag=tag),
+        Route("GET", "/events/{topic}/poll", "The next event after a cursor (the original's)", {
+            200: json_reply({"allOf": [ref("TopicEvent"), obj({"topic": STR, "id": INT})]}),
+            204: empty_reply("nothing arrived within wait_s")}, {400: BAD_QUERY},
+              params=(query("after", integer(0, 2**62), "the id of the last event read"),
+                      query("wait_s", {"type": "number", "minimum": 0, "maximum": 25},
+                            "seconds to wait, default the long-poll hold")), tag=tag),
     ]
 
 
@@ -872,6 +944,8 @@ def _pages() -> list[Route]:
         Route("GET", "/dash/legacy/jobs/{job_id}", "Legacy job page", {**legacy, 404: missing},
               tag=tag),
         Route("GET", "/dash/legacy/results", "Legacy results page", legacy, tag=tag),
+        Route("GET", "/dash/legacy/bench", "Legacy benchmark page (by configuration)", legacy,
+              tag=tag),
         Route("GET", "/dash/legacy/schedules", "Legacy schedules page", legacy, tag=tag),
         Route("GET", "/dash/legacy/alerts", "Legacy alerts page", legacy, tag=tag),
         Route("GET", "/dash/legacy/artifacts", "Legacy artifacts page",

@@ -137,7 +137,8 @@ async def test_derived_status_thresholds(client, db_path):
            for d in (await (await client.get("/api/devices")).json())["devices"]}
     assert got == {"on": "online", "st": "stale", "off": "offline"}
     overview = await (await client.get("/api/overview")).json()
-    assert overview["devices"] == {"total": 3, "online": 1, "stale": 1, "offline": 1}
+    assert overview["devices"] == {"total": 3, "online": 1, "stale": 1, "offline": 1,
+                                   "low_battery_devices": []}
 
 
 async def test_register_refuses_bad_bodies(client):

@@ -327,3 +327,28 @@ async def statuses(db: Database, job_id: str, armed: bool) -> dict[str, Any]:
                           "at": iso(r["at"]), "dry_run": bool(r["dry_run"]),
                           "http_status": r["http_status"], "error": r["error"]}
                          for r in rows]}
+
+
+REPORTS_LIMIT = 200  # newest rows GET /status-reports answers
+
+
+async def recent_reports(db: Database) -> list[dict[str, Any]]:
+    """GET /status-reports, the original's listing: every job's recorded statuses, newest
+    first, a bare array. `posted` is 1 when the statuses API accepted it (0 for a dry run or a
+    refusal) and `detail` says which, as the original's dashboard shows them."""
+    rows = await db.read("SELECT * FROM ci_statuses ORDER BY id DESC LIMIT ?", (REPORTS_LIMIT,))
+    return [_report(r) for r in rows]
+
+
+def _report(row: Any) -> dict[str, Any]:
+    accepted = not row["dry_run"] and row["http_status"] is not None and \
+        200 <= row["http_status"] < 300
+    if row["dry_run"]:
+        detail = "dry run: CI status posting is not armed on this collector"
+    elif row["error"]:
+        detail = str(row["error"])
+    else:
+        detail = f"posted (the statuses API answered {row['http_status']})"
+    return {"id": row["id"], "job_id": row["job_id"], "target": row["target"],
+            "state": row["state"], "description": row["description"], "at": iso(row["at"]),
+            "posted": 1 if accepted else 0, "detail": detail, "dry_run": bool(row["dry_run"])}

@@ -77,6 +77,7 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("*", "/api/artifacts*", "delete an artifact, pin, unpin, accept a baseline"),
     rule("*", "/api/visual*", "accept a capture as a visual baseline"),
     rule("*", "/api/system/retention*", "prune old rows (a dry run is guarded too)"),
+    rule("POST", "/api/system/sweep", "requeue or fail expired claims on demand"),
 )
 
 # Mutating routes that stay open on purpose: agents and scripts use them, and the spec keeps

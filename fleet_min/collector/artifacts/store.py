@@ -107,6 +107,15 @@ def publish_fields(headers: Mapping[str, str]) -> dict[str, str]:
     return fields
 
 
+def wants_unpin(body: Mapping[str, Any]) -> bool:
+    """The original's clients pin and unpin through one route: `{"pinned": false}` unpins,
+    `{"pinned": true, "reason": ...}` pins like ours."""
+    pinned = body.get("pinned", True)
+    if not isinstance(pinned, bool):
+        raise BadRequest('pinned must be true or false: {"pinned": false} unpins')
+    return not pinned
+
+
 def check_reason(body: Mapping[str, Any]) -> str:
     reason = body.get("reason")
     if not isinstance(reason, str) or not reason.strip():
@@ -490,8 +499,14 @@ class ArtifactStore:
         page = _page(query)
         candidates = await self.db.write(gc_candidates)
         start = (page - 1) * PER_PAGE
-        return _paged(candidates[start:start + PER_PAGE], len(candidates), page,
-                      bytes=sum(c["size"] for c in candidates))
+        shown = candidates[start:start + PER_PAGE]
+        # The original's list, `candidates` with its `count`, is more cautious than ours: it
+        # never offers what any job ever named, closed jobs included. Ours (`artifacts`) lets
+        # a closed job's inputs go; its clients keep theirs.
+        named = await reference_counts(self.db, [c["sha256"] for c in shown])
+        never_named = [c for c in shown if not named.get(c["sha256"])]
+        return _paged(shown, len(candidates), page, bytes=sum(c["size"] for c in candidates),
+                      candidates=never_named, count=len(never_named))
 
     async def stored_bytes(self) -> int:
         row = await self.db.read_one("SELECT COALESCE(SUM(size), 0) FROM artifacts")

@@ -16,6 +16,8 @@ Rules and default thresholds (environment FLEET_ALERT_*; docs/collector-automati
   low-battery       fresh beacon with battery_pct under 15 and not charging
   schedule-missed   enabled, its due minute over 5 min past without a run (or run late, failed)
   disk-size         database + artifacts, or logs, over a size; or free disk space under one
+  benchmark-regressed  a device's newest benchmark run (per configuration: model, quant,
+                    backend) decodes 20% or more under the median of its earlier runs (3 to 10)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import shutil
 import sqlite3
+import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min.collector.automation.schedules import missed_reason
+from fleet_min.collector.insight import result_runs
 from fleet_min.collector.jobs import rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import JobStatus
@@ -47,6 +51,7 @@ class AlertRule(StrEnum):
     LOW_BATTERY = "low-battery"
     SCHEDULE_MISSED = "schedule-missed"
     DISK_SIZE = "disk-size"
+    BENCHMARK_REGRESSED = "benchmark-regressed"
 
 
 class AlertState(StrEnum):
@@ -76,6 +81,7 @@ class Thresholds:
     battery_pct: float = 15.0
     thermal_states: frozenset[str] = frozenset(THERMAL_STATES)
     schedule_late_s: float = 300.0
+    regression_pct: float = 20.0
     data_bytes: int = 16 * GIB
     log_bytes: int = 1 * GIB
     free_bytes: int = 1 * GIB
@@ -104,6 +110,7 @@ class Snapshot:
     schedules: list[Row] = field(default_factory=list)
     sizes: Sizes = field(default_factory=Sizes)
     artifact_bytes: int = 0
+    benchmarks: list[Row] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -252,6 +259,37 @@ def disk_size(sizes: Sizes, artifact_bytes: int, th: Thresholds) -> list[Finding
     return found
 
 
+REGRESSION_HISTORY = (3, 10)  # earlier runs a benchmark's median needs, and reads at most
+REGRESSION_WINDOW_S = 30 * 86400.0  # benchmark runs older than this are not read
+REGRESSION_ROWS = 50_000  # newest benchmark summaries a tick reads
+
+
+def benchmark_regressed(runs: Iterable[Row], th: Thresholds) -> list[Finding]:
+    """Runs (device_id, config, decode_tok_s), oldest first: a device whose newest run of a
+    configuration decodes regression_pct or more under the median of its earlier ones. The
+    subject is `<device_id> <config>`: a device's configurations alert apart."""
+    history: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        value = run.get("decode_tok_s")
+        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+            history.setdefault((run["device_id"], run["config"]), []).append(float(value))
+    least, most = REGRESSION_HISTORY
+    found = []
+    for (device_id, config), values in sorted(history.items()):
+        earlier = values[-most - 1:-1]
+        if len(earlier) < least:
+            continue
+        median = statistics.median(earlier)
+        newest = values[-1]
+        if median > 0 and newest <= median * (1 - th.regression_pct / 100):
+            found.append(Finding(
+                AlertRule.BENCHMARK_REGRESSED, f"{device_id} {config}",
+                f"{device_id} decoded {newest:g} tok/s with {config}, "
+                f"{(1 - newest / median) * 100:.0f}% under the median {median:g} of its "
+                f"{len(earlier)} earlier runs"))
+    return found
+
+
 def evaluate(snapshot: Snapshot, now: float, th: Thresholds) -> list[Finding]:
     """Every rule over one snapshot: the findings that hold right now."""
     return [
@@ -262,6 +300,7 @@ def evaluate(snapshot: Snapshot, now: float, th: Thresholds) -> list[Finding]:
         *low_battery(snapshot.devices, now, th),
         *schedule_missed(snapshot.schedules, now, th),
         *disk_size(snapshot.sizes, snapshot.artifact_bytes, th),
+        *benchmark_regressed(snapshot.benchmarks, th),
     ]
 
 
@@ -293,7 +332,26 @@ def gather(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes) -
             "WHERE s.enabled = 1"),
         sizes=sizes,
         artifact_bytes=int(artifacts),
+        benchmarks=_benchmark_runs(rows(
+            "SELECT r.device_id, json_extract(r.metrics, '$.decode_tok_s') AS decode_tok_s, "
+            "json_extract(j.spec, '$.model.name') AS model, "
+            "json_extract(j.spec, '$.model.quant') AS quant, j.backend "
+            "FROM results r JOIN jobs j ON j.job_id = r.job_id "
+            "WHERE r.workload = 'benchmark' AND r.iter = 0 AND r.final = 1 AND r.ok = 1 "
+            "AND r.preempted = 0 AND r.created_at >= ? ORDER BY r.created_at DESC, r.id DESC "
+            "LIMIT ?", (now - REGRESSION_WINDOW_S, REGRESSION_ROWS))),
     )
+
+
+def _benchmark_runs(newest_first: list[Row]) -> list[Row]:
+    """Summary rows oldest first, each named by its configuration as the bench view names it."""
+    def text(value: Any) -> str | None:
+        return value if isinstance(value, str) else None
+
+    return [{"device_id": row["device_id"], "decode_tok_s": row["decode_tok_s"],
+             "config": result_runs.config_label(text(row["model"]), text(row["quant"]),
+                                                text(row["backend"]))}
+            for row in reversed(newest_first)]
 
 
 def measure(data_dir: Path, log_paths: Iterable[Path]) -> Sizes:
@@ -406,9 +464,31 @@ def alert_record(row: sqlite3.Row | Row, now: float) -> dict[str, Any]:
         "acked_at": iso(row["acked_at"]),
         "snoozed_until": iso(snoozed) if snoozed and snoozed > now else None,
         "muted": bool(row["acked_at"]) or bool(snoozed and snoozed > now),
+        "status": original_status(row, now),
         "detail": row["detail"],
         "webhook_state": row["webhook_state"],
     }
+
+
+def original_status(row: sqlite3.Row | Row, now: float) -> str:
+    """The original's four-valued name for an alert's state: open, acked, snoozed (while the
+    snooze lasts), resolved. `state` keeps our two values (open while the condition holds)."""
+    if row["state"] == AlertState.RESOLVED:
+        return "resolved"
+    if row["acked_at"] is not None:
+        return "acked"
+    snoozed = row["snoozed_until"]
+    return "snoozed" if snoozed and snoozed > now else "open"
+
+
+def thresholds_record(th: Thresholds) -> dict[str, Any]:
+    """The thresholds the rules read, in the original's camel-case names (GET /api/alerts):
+    the same values the rules and the schedule listings use, not copies of their defaults."""
+    return {"offlineS": th.offline_s, "beaconFreshS": th.beacon_fresh_s,
+            "stuckFactor": th.stuck_factor, "failedWindowS": th.failed_window_s,
+            "batteryPct": th.battery_pct, "thermalStates": sorted(th.thermal_states),
+            "scheduleLateS": th.schedule_late_s, "regressionPct": th.regression_pct,
+            "dataBytes": th.data_bytes, "logBytes": th.log_bytes, "freeBytes": th.free_bytes}
 
 
 def _alert(conn: sqlite3.Connection, alert_id: int) -> sqlite3.Row:
@@ -463,13 +543,32 @@ def snooze(conn: sqlite3.Connection, alert_id: int, seconds: float, now: float,
 
 
 STATES = (AlertState.OPEN, AlertState.RESOLVED, "all")  # what GET /api/alerts?state= takes
+# The original's filter: a comma-separated list of its four statuses (original_status).
+STATUSES = ("open", "acked", "snoozed", "resolved")
+
+
+def _status_filter(state: str, now: float) -> tuple[str, list[Any]]:
+    """`?state=open,acked,snoozed,resolved` (two or more, or acked or snoozed alone) selects by
+    the original's status; one of our values keeps its meaning (open includes muted rows)."""
+    wanted = [part for part in state.split(",") if part]
+    bad = [part for part in wanted if part not in STATUSES]
+    if bad or not wanted:
+        raise BadRequest("state must be open, resolved or all (default: open and recent), or a "
+                         "comma-separated list of open, acked, snoozed, resolved")
+    terms = {
+        "open": ("(state = 'open' AND acked_at IS NULL AND "
+                 "(snoozed_until IS NULL OR snoozed_until <= ?))", [now]),
+        "acked": ("(state = 'open' AND acked_at IS NOT NULL)", []),
+        "snoozed": ("(state = 'open' AND acked_at IS NULL AND snoozed_until > ?)", [now]),
+        "resolved": ("state = 'resolved'", []),
+    }
+    chosen = [terms[part] for part in dict.fromkeys(wanted)]
+    return "(" + " OR ".join(t[0] for t in chosen) + ")", [p for t in chosen for p in t[1]]
 
 
 async def list_alerts(db: Database, state: str | None, rule: str | None, limit: int,
                       now: float) -> dict[str, Any]:
     """Open alerts (open first) plus those resolved in the last day, unless state says."""
-    if state is not None and state not in STATES:
-        raise BadRequest("state must be open, resolved or all (default: open and recent)")
     if rule is not None and rule not in RULES:
         raise BadRequest(f"rule must be one of {', '.join(RULES)}")
     filters: dict[str | None, tuple[str, list[Any]]] = {
@@ -478,7 +577,7 @@ async def list_alerts(db: Database, state: str | None, rule: str | None, limit: 
         AlertState.RESOLVED: ("state = 'resolved'", []),
         "all": ("1 = 1", []),
     }
-    where, params = filters[state]
+    where, params = filters[state] if state in filters else _status_filter(str(state), now)
     if rule is not None:
         where, params = f"{where} AND rule = ?", [*params, rule]
     rows = await db.read(f"SELECT * FROM alerts WHERE {where} "

@@ -107,6 +107,10 @@ async def api_peer_proxy(request: web.Request) -> web.Response:
                                  "Cache-Control": "no-store"})
 
 
+async def status_reports(request: web.Request) -> web.Response:
+    return json_response(await ci_status.recent_reports(request.app[CI].db))
+
+
 async def api_job_ci_status(request: web.Request) -> web.Response:
     reporter = request.app[CI]
     return json_response(await ci_status.statuses(reporter.db, request.match_info["job_id"],
@@ -128,6 +132,7 @@ def setup(app: web.Application, service: Service) -> None:
     app.router.add_get("/api/peers", api_peers)
     app.router.add_route("*", "/api/peers/{peer_id}/{tail:.*}", api_peer_proxy)
     app.router.add_get("/api/jobs/{job_id}/ci-status", api_job_ci_status)
+    app.router.add_get("/status-reports", status_reports)
     app.cleanup_ctx.append(_running(service, known, reporter, advertiser))
 
 

@@ -293,7 +293,7 @@ async def api_delete_device(request: web.Request) -> web.Response:
 
 async def api_device_beacons(request: web.Request) -> web.Response:
     return json_response(await views.device_beacons(
-        service_of(request).db, request.match_info["device_id"], request.query))
+        service_of(request).db, request.match_info["device_id"], request.query, now()))
 
 
 async def api_results(request: web.Request) -> web.Response:
@@ -312,7 +312,9 @@ async def api_locks(request: web.Request) -> web.Response:
 
 
 async def api_overview(request: web.Request) -> web.Response:
-    return json_response(await views.overview(service_of(request).db, now()))
+    service = service_of(request)
+    return json_response(await views.overview(service.db, now(),
+                                              service.config.alert_battery_pct))
 
 
 async def api_health(request: web.Request) -> web.Response:
@@ -352,6 +354,7 @@ def add_routes(app: web.Application) -> None:
         web.post("/locks/release", release_locks),
         web.post("/jobs", post_jobs),
         web.post("/jobs/sweep", sweep),
+        web.post("/api/system/sweep", sweep),  # the original's guarded route for the same
         web.get("/jobs/{job_id}", get_job),
         web.post("/jobs/{job_id}/release", release),
         web.get("/api/health", api_health),

@@ -207,7 +207,10 @@ async def api_delete(request: web.Request) -> web.Response:
 def _setup_mutations(service: Service) -> list[web.RouteDef]:
     async def api_pin(request: web.Request) -> web.Response:
         sha256 = _sha(request)
-        reason = artifacts.check_reason(await read_json_object(request))
+        body = await read_json_object(request)
+        if artifacts.wants_unpin(body):
+            return json_response(await service.transact(artifacts.unpin, sha256))
+        reason = artifacts.check_reason(body)
         return json_response(await service.transact(artifacts.pin, sha256, reason))
 
     async def api_unpin(request: web.Request) -> web.Response:

@@ -52,6 +52,7 @@ def load_settings(config: CollectorConfig) -> AutomationSettings:
         battery_pct=config.alert_battery_pct,
         thermal_states=frozenset(s.lower() for s in config.alert_thermal_states),
         schedule_late_s=config.alert_schedule_late_s,
+        regression_pct=config.alert_regression_pct,
         data_bytes=config.alert_data_bytes,
         log_bytes=config.alert_log_bytes,
         free_bytes=config.alert_free_bytes)
@@ -215,9 +216,13 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
 
     async def alert_list(request: web.Request) -> web.Response:
         limit = query_int(request, "limit", 200, 1, 1000)
-        return json_response(await alerts.list_alerts(
+        listing = await alerts.list_alerts(
             service.db, request.query.get("state") or None, request.query.get("rule") or None,
-            limit, now()))
+            limit, now())
+        # The original's listing also says whether a webhook is set and what the rules read.
+        listing["webhook"] = automation.settings.webhook is not None
+        listing["thresholds"] = alerts.thresholds_record(automation.settings.thresholds)
+        return json_response(listing)
 
     async def alert_ack(request: web.Request) -> web.Response:
         return json_response(await service.transact(alerts.ack, _alert_id(request), now()))

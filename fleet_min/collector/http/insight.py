@@ -5,7 +5,9 @@ Routes:
     GET  /api/events                                 topics with counts and recent payloads
     GET  /api/events/{topic}?limit=&before=          newest events of a topic
     GET  /api/events/{topic}/next?after=&wait_s=     long poll: 200 with events, or 204
+    GET  /events/{topic}/poll?after=&wait_s=         the original's poll: one event, or 204
     GET  /api/results/bench | ui | drain | soak      shaped result views
+    GET  /api/results/vision                         the original's vision runs
     GET  /api/system                                 what the collector holds on disk
     POST /api/system/retention {"apply": bool}       dry run by default
 """
@@ -74,6 +76,17 @@ class Handlers:
             return web.Response(status=204)
         return json_response({"topic": topic, "events": events, "cursor": events[-1]["seq"]})
 
+    async def poll_event(self, request: web.Request) -> web.Response:
+        """The original's cursor poll: the one event after ?after=<id> (200, the event with
+        its `id`), waiting up to wait_s for it, or 204 when none came."""
+        topic = topics.check_topic(request.match_info["topic"])
+        after = query_int(request, "after", 0, 0, 2**62)
+        wait_s = _wait_s(request, self.service.config.long_poll_s)
+        events = await topics.next_events(self.db, self.waiters, topic, after, 1, wait_s)
+        if not events:
+            return web.Response(status=204)
+        return json_response({"topic": topic, "id": events[0]["seq"], **events[0]})
+
     # -- result views and system ---------------------------------------------------------------
 
     async def results_bench(self, request: web.Request) -> web.Response:
@@ -88,19 +101,17 @@ class Handlers:
     async def results_soak(self, request: web.Request) -> web.Response:
         return json_response(await result_views.soak(self.db, request.query))
 
+    async def results_vision(self, request: web.Request) -> web.Response:
+        return json_response(await result_views.vision(self.db, request.query))
+
     async def get_system(self, request: web.Request) -> web.Response:
         return json_response(await system.system_info(
             self.db, self.service.data_dir, self.service.started_at, now(), self.retention))
 
     async def post_retention(self, request: web.Request) -> web.Response:
         body = await read_json_object(request) if request.body_exists else {}
-        if set(body) - {"apply"}:
-            raise BadRequest('only "apply" is accepted: {"apply": false} reports what would '
-                             'be deleted, {"apply": true} deletes it')
-        apply_changes = body.get("apply", False)
-        if not isinstance(apply_changes, bool):
-            raise BadRequest("apply must be true or false")
-        return json_response(await self.retention.run(apply_changes, now()))
+        apply_changes, settings = system.retention_request(body, self.retention.settings)
+        return json_response(await self.retention.run(apply_changes, now(), settings))
 
 
 def _wait_s(request: web.Request, default: float) -> float:
@@ -130,10 +141,12 @@ def setup(app: web.Application, service: Service) -> None:
         web.post("/events/{topic}", h.publish_topic),
         web.get("/api/events/{topic}", h.recent_events),
         web.get("/api/events/{topic}/next", h.next_events),
+        web.get("/events/{topic}/poll", h.poll_event),
         web.get("/api/results/bench", h.results_bench),
         web.get("/api/results/ui", h.results_ui),
         web.get("/api/results/drain", h.results_drain),
         web.get("/api/results/soak", h.results_soak),
+        web.get("/api/results/vision", h.results_vision),
         web.get("/api/system", h.get_system),
         web.post("/api/system/retention", h.post_retention),
     ])

@@ -25,6 +25,8 @@ VOID = frozenset({"input", "meta", "link", "br"})
 # The alert rules whose subject is a device (linked to its page).
 DEVICE_RULES = frozenset({AlertRule.DEVICE_OFFLINE, AlertRule.THERMAL_CRITICAL,
                           AlertRule.LOW_BATTERY})
+BENCH_PAGE_ROWS = 500  # configuration x device rows on the legacy bench page
+DEVICE_COUNTS = ("online", "stale", "offline")  # the overview's counts (not its device lists)
 DASH = "\u2013"  # an en dash: "nothing here", and ranges
 # Parts of a job spec shown on its page as key/value lines (the whole spec is below, as JSON).
 SPEC_PARTS = (("model", "Model"), ("constraints", "Constraints"), ("lease", "Lease"),
@@ -221,26 +223,56 @@ def counts(values: Mapping[str, int], link_path: str | None = None) -> Markup:
 
 
 def overview(data: Mapping[str, Any], schedules: Sequence[Mapping[str, Any]],
-             alerts: Sequence[Mapping[str, Any]]) -> Markup:
-    devices = {k: v for k, v in data["devices"].items() if k != "total"}
+             alerts: Sequence[Mapping[str, Any]], recent: Sequence[Mapping[str, Any]] = (),
+             bench_data: Mapping[str, Any] | None = None) -> Markup:
+    devices = {k: v for k, v in data["devices"].items() if k in DEVICE_COUNTS}
+    queue = {k: v for k, v in data["queue"].items() if k in JOB_STATUSES}
     running = table(("Job", "Workload", "Device", "Rows", "Lease until"), (
         (job_link(r["job_id"]), r["workload"], device_link(r["claimed_by"]),
          r["progress"]["rows"], short_time(r["lease_deadline"])) for r in data["running"]),
         "No job is running.")
-    failures = table(("Job", "Workload", "Error", "Finished"), (
-        (job_link(r["job_id"]), r["workload"], r["last_error"], short_time(r["finished_at"]))
-        for r in data["recent_failures"]), "No failures.")
+    failures = table(("Job", "Workload", "Outcome", "Error", "Finished"), (
+        (job_link(r["job_id"]), r["workload"], gave_up(r), r["last_error"],
+         short_time(r["finished_at"])) for r in data["recent_failures"]), "No failures.")
     upcoming = sorted((s for s in schedules if s.get("enabled") and s.get("next_run")),
                       key=lambda s: s["next_run"])
     nexts = table(("Schedule", "Cron", "Next run"), (
         (s["id"], s["cron"], short_time(s["next_run"])) for s in upcoming[:8]),
         "No enabled schedule.")
     return (section(f"Devices ({data['devices']['total']})", counts(devices))
-            + section("Queue", counts(data["queue"], "/jobs"))
+            + section("Queue", counts(queue, "/jobs"))
             + section("Running", running) + section("Recent failures", failures)
+            + section("Recent jobs", job_table(recent))
+            + section("Latest benchmarks", bench_summary(bench_data or {"configs": []})
+                      + tag("p", link("/bench", "All benchmarks by configuration")))
             + section("Open alerts",
                       alert_table([a for a in alerts if a["state"] == AlertState.OPEN]))
             + section("Next schedules", nexts))
+
+
+def gave_up(failure: Mapping[str, Any]) -> str | None:
+    """The original's sentence for a job that used every attempt it had."""
+    attempts, most = failure.get("attempts"), failure.get("max_attempts")
+    if isinstance(attempts, int) and isinstance(most, int) and attempts >= most:
+        return f"gave up after {attempts}/{most} attempts"
+    return None
+
+
+def tok_s(value: Any) -> str | None:
+    return None if value is None else f"{value:g} tok/s"
+
+
+def bench_summary(data: Mapping[str, Any], limit: int = 10) -> Markup:
+    """Each configuration's newest run per device, decode and prefill apart, in tok/s."""
+    cells = [(c, d) for c in data["configs"] for d in c["devices"]]
+    cells.sort(key=lambda cd: cd[1]["latest"]["at"] or "", reverse=True)
+    return table(("Configuration", "Device", "Decode", "Prefill", "Memory", "Job", "When"), (
+        (c["config"], device_link(d["device_id"]), tok_s(d["latest"]["decode_tok_s"]),
+         tok_s(d["latest"]["prefill_tok_s"]),
+         join([d["latest"]["peak_mem_mb"] if d["latest"]["peak_mem_mb"] is not None else DASH,
+               f" MB ({d['latest']['mem_method']})" if d["latest"]["mem_method"] else ""]),
+         job_link(d["latest"]["job_id"]), short_time(d["latest"]["at"]))
+        for c, d in cells[:limit]), "No benchmark results.")
 
 
 def device_table(devices: Sequence[Mapping[str, Any]]) -> Markup:

@@ -25,12 +25,14 @@ from fleet_min.collector.jobs import views
 from fleet_min.collector.service import Service
 from fleet_min.errors import Refused
 from fleet_min.http import Handler, static_file
-from fleet_min.timeutil import now
+from fleet_min.timeutil import iso, now
 
 PACKAGE = "fleet_min"
 SERVED = ("dash", "runner", "vendor")  # folders of web/ reachable under /static
 IMMUTABLE = "public, max-age=31536000, immutable"
 REVALIDATE = "no-cache"
+RECENT_JOBS = 20  # newest jobs on the legacy overview
+RECENT_BENCH_S = 7 * 86400  # benchmark runs the legacy overview summarises
 
 
 def _walk(node: Traversable) -> list[Traversable]:
@@ -121,7 +123,12 @@ class Legacy:
         data = await views.overview(self.db, now())
         listed = await schedules.list_schedules(self.db, self.schedule_view())
         opened = await alerts.list_alerts(self.db, alerts.AlertState.OPEN, None, 50, now())
-        content = legacy.overview(data, listed["schedules"], opened["alerts"])
+        recent = await views.list_jobs(self.db, {})
+        # The last week only: this page reloads every 30 s, the bench page reads everything.
+        since = iso(now() - RECENT_BENCH_S) or ""
+        benches = await result_views.bench(self.db, {"from": since})
+        content = legacy.overview(data, listed["schedules"], opened["alerts"],
+                                  recent["jobs"][:RECENT_JOBS], benches)
         return self.page("Overview", "", content, refresh_s=30)
 
     async def devices(self, request: web.Request) -> web.Response:
@@ -149,6 +156,12 @@ class Legacy:
         data = await result_views.bench(self.db, {})
         ui = await result_views.ui(self.db, {})
         return self.page("Results", "/results", legacy.bench(data, ui))
+
+    async def bench(self, request: web.Request) -> web.Response:
+        """The original's benchmark page: every configuration's newest run per device."""
+        data = await result_views.bench(self.db, {})
+        return self.page("Fleet Benchmarks", "/results",
+                         legacy.bench_summary(data, limit=legacy.BENCH_PAGE_ROWS))
 
     async def schedules(self, request: web.Request) -> web.Response:
         listed = await schedules.list_schedules(self.db, self.schedule_view())
@@ -197,6 +210,7 @@ class Legacy:
             web.get(base + "/jobs", page(self.jobs)),
             web.get(base + "/jobs/{job_id}", page(self.job)),
             web.get(base + "/results", page(self.results)),
+            web.get(base + "/bench", page(self.bench)),
             web.get(base + "/schedules", page(self.schedules)),
             web.get(base + "/alerts", page(self.alerts)),
             web.get(base + "/artifacts", page(self.artifacts)),

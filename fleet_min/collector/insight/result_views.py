@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_min.collector.insight import result_runs
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
 from fleet_min.query import int_param, time_range
@@ -85,6 +86,7 @@ class _Run:
     model: str | None
     backend: str | None
     device_name: str | None
+    quant: str | None = None
     iterations: list[dict[str, Any]] = field(default_factory=list)
     summaries: list[dict[str, Any]] = field(default_factory=list)
     last_at: float = 0.0
@@ -116,14 +118,27 @@ async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     rows = await db.read(
         f"""
         SELECT r.job_id, r.device_id, r.iter, r.attempt, r.metrics, r.created_at, j.backend,
-               {model_sql} AS model, d.name AS device_name
+               {model_sql} AS model, d.name AS device_name,
+               json_extract(j.spec, '$.model.quant') AS quant
         FROM results r JOIN jobs j ON j.job_id = r.job_id
         LEFT JOIN devices d ON d.device_id = r.device_id
         WHERE {where.where} ORDER BY r.created_at DESC LIMIT ?
         """, [*where.params, BENCH_ROW_CAP + 1])
     runs = _bench_runs(rows[:BENCH_ROW_CAP])
     return {"workload": workload, "metrics": list(BENCH_METRICS),
-            "rows": _bench_groups(runs.items()), "truncated": len(rows) > BENCH_ROW_CAP}
+            "rows": _bench_groups(runs.items()), "truncated": len(rows) > BENCH_ROW_CAP,
+            "configs": result_runs.bench_configs(_config_runs(runs))}
+
+
+def _config_runs(runs: dict[tuple[str, str, int], _Run]) -> Iterable[dict[str, Any]]:
+    """Each run flattened for the original's by-configuration grouping."""
+    for (job_id, device_id, _attempt), run in runs.items():
+        yield {"config": result_runs.config_label(run.model, run.quant, run.backend),
+               "model": run.model, "quant": run.quant, "backend": run.backend,
+               "device_id": device_id, "device_name": run.device_name, "job_id": job_id,
+               "last_at": run.last_at, "mem_method": run.mem_method,
+               **{m: result_runs.headline(run.summaries, run.iterations, m)
+                  for m in result_runs.RUN_METRICS}}
 
 
 def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str, int], _Run]:
@@ -133,7 +148,8 @@ def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str, int], _Run]:
         run = runs.get(key)
         if run is None:
             model = row["model"] if isinstance(row["model"], str) else None
-            run = runs[key] = _Run(model, row["backend"], row["device_name"])
+            quant = row["quant"] if isinstance(row["quant"], str) else None
+            run = runs[key] = _Run(model, row["backend"], row["device_name"], quant)
         metrics = json.loads(row["metrics"])
         if isinstance(metrics, dict):
             (run.iterations if row["iter"] >= 1 else run.summaries).append(metrics)
@@ -177,14 +193,16 @@ async def ui(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
                                   jobs_where.params)
     jobs = await db.read(
         f"""SELECT j.job_id, j.status, j.last_error, j.created_at, j.finished_at,
-                   json_extract(j.spec, '$.app.name') AS app
+                   json_extract(j.spec, '$.app.name') AS app,
+                   json_extract(j.spec, '$.app.build') AS build
             FROM jobs j WHERE {jobs_where.where} ORDER BY j.seq DESC LIMIT ? OFFSET ?""",
         [*jobs_where.params, UI_PER_PAGE, (page - 1) * UI_PER_PAGE])
     flows = await _ui_flows(db, [j["job_id"] for j in jobs], query.get("device"))
     total = total_row[0] if total_row else 0
     return {"workload": workload, "page": page, "per_page": UI_PER_PAGE, "total": total,
             "pages": max(1, -(-total // UI_PER_PAGE)),
-            "jobs": [_ui_job(j, flows.get(j["job_id"], {})) for j in jobs]}
+            "jobs": [_ui_job(j, flows.get(j["job_id"], {})) for j in jobs],
+            **await result_runs.ui_runs(db, jobs)}
 
 
 def _flow_name(extra: dict[str, Any], iteration: int) -> str:
@@ -298,7 +316,8 @@ async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str,
             state.add_segment(last[0], at, last[1] - pct)
     return {"metric": "drain_pct_per_h", "hours": hours, "from": iso(start), "to": iso(now),
             "max_gap_s": DRAIN_MAX_GAP_S,
-            "devices": [_drain_record(devices[d], start, now) for d in sorted(devices)]}
+            "devices": [_drain_record(devices[d], start, now) for d in sorted(devices)],
+            "runs": await result_runs.drain_runs(db, query)}
 
 
 def _rate(drop: float, covered_s: float) -> float | None:
@@ -357,7 +376,13 @@ async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     return {"workloads": wanted, "truncated": len(rows) > limit, "series": [
         _soak_series(device_id, method, points)
         for (device_id, method), points in sorted(series.items(),
-                                                  key=lambda i: (i[0][0], str(i[0][1])))]}
+                                                  key=lambda i: (i[0][0], str(i[0][1])))],
+            "runs": await result_runs.job_runs(db, wanted, {})}
+
+
+async def vision(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
+    """The original's vision view: vision jobs, newest first, each device's newest row."""
+    return {"workload": "vision", "runs": await result_runs.job_runs(db, ["vision"], query)}
 
 
 def _soak_series(device_id: str, method: str | None, points: list[dict[str, Any]]

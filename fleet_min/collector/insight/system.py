@@ -11,6 +11,7 @@ wal_checkpoint(TRUNCATE) so the write-ahead log shrinks to nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -23,6 +24,7 @@ from typing import Any
 
 from fleet_min import timeutil
 from fleet_min.db import Database
+from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -156,15 +158,23 @@ async def system_info(db: Database, data_dir: Path, started_at: float, now: floa
     artifacts_dir = data_dir / "artifacts"
     store = (await asyncio.to_thread(tree_size, artifacts_dir) if artifacts_dir.is_dir()
              else {"count": 0, "size_bytes": 0})
+    database = await database_figures(db)
+    tables = await row_counts(db)
+    ci = settings.ci_status or {"armed": False, "repos": None, "posting": False,
+                                "problem": None}
     return {
         "uptime_s": round(now - started_at, 3), "started_at": iso(started_at), "now": iso(now),
         "data_dir": str(data_dir),
-        "database": await database_figures(db),
-        "tables": await row_counts(db),
-        "artifacts": {"path": str(artifacts_dir), **store},
+        "database": database,
+        "tables": tables,
+        # The original's names for the same figures: db.counts, artifacts.files, ci.armed.
+        "db": {"path": database["path"], "size_bytes": database["size_bytes"],
+               "counts": tables},
+        "artifacts": {"path": str(artifacts_dir), **store, "files": store["count"],
+                      "bytes": store["size_bytes"]},
         "log": log_figures(settings.log_file),
-        "ci_status": settings.ci_status or {"armed": False, "repos": None, "posting": False,
-                                            "problem": None},
+        "ci_status": ci,
+        "ci": {"armed": bool(ci.get("armed"))},
         "retention": {**policy(settings), "last_run": retention.last_run,
                       "next_run": iso(retention.next_run)},
     }
@@ -189,7 +199,41 @@ async def dry_run(db: Database, settings: Settings, now: float) -> dict[str, Any
             count = row[0] if row else 0
         tables[rule.table] = {"retain_days": rule.days(settings), "older_than": iso(cutoff),
                               "would_delete": count}
-    return {"ok": True, "apply": False, "policy": policy(settings), "tables": tables}
+    # dry_run and would_delete are the original's names for the same report.
+    return {"ok": True, "apply": False, "dry_run": True, "policy": policy(settings),
+            "tables": tables, "would_delete": {
+                ORIGINAL_NAMES[table]: figures["would_delete"]
+                for table, figures in tables.items()}}
+
+
+# The original's names for the tables, and for the windows its clients send in a request.
+ORIGINAL_NAMES = {"beacons": "beacons", "topic_events": "events", "alerts": "alerts"}
+WINDOW_FIELDS = {"beacon_days": "retain_beacons_days", "event_days": "retain_events_days",
+                 "alert_days": "retain_alerts_days"}
+MAX_WINDOW_DAYS = 36500
+
+
+def retention_request(body: dict[str, Any], settings: Settings) -> tuple[bool, Settings]:
+    """Read POST /api/system/retention: `apply` (false unless true) and, in the original's
+    shape, windows in days for this run only (beacon_days, event_days, alert_days)."""
+    unknown = sorted(set(body) - {"apply", *WINDOW_FIELDS})
+    if unknown:
+        raise BadRequest(f"{unknown[0]!r} is not accepted: send \"apply\" (false reports what "
+                         "would be deleted, true deletes it) and optionally beacon_days, "
+                         "event_days, alert_days")
+    apply_changes = body.get("apply", False)
+    if not isinstance(apply_changes, bool):
+        raise BadRequest("apply must be true or false")
+    windows: dict[str, Any] = {}
+    for name, setting in WINDOW_FIELDS.items():
+        if name not in body:
+            continue
+        days = body[name]
+        if isinstance(days, bool) or not isinstance(days, int | float) or not (
+                1 <= days <= MAX_WINDOW_DAYS):
+            raise BadRequest(f"{name} must be a number of days from 1 to {MAX_WINDOW_DAYS}")
+        windows[setting] = float(days)
+    return apply_changes, dataclasses.replace(settings, **windows)
 
 
 class _Slowest:
@@ -255,7 +299,8 @@ async def apply(db: Database, settings: Settings, now: float,
         tables[rule.table] = {"retain_days": rule.days(settings), "older_than": iso(cutoff),
                               "deleted": deleted}
     reclaimed = await reclaim(db, slowest)
-    return {"ok": True, "apply": True, "policy": policy(settings), "tables": tables,
+    return {"ok": True, "apply": True, "dry_run": False, "policy": policy(settings),
+            "tables": tables,
             "reclaim": reclaimed, **slowest.report()}
 
 
@@ -285,11 +330,14 @@ class Retention:
         self.next_run: float | None = None  # set while the automatic loop is waiting
         self._lock = asyncio.Lock()
 
-    async def run(self, apply_changes: bool, now: float) -> dict[str, Any]:
+    async def run(self, apply_changes: bool, now: float, settings: Settings | None = None
+                  ) -> dict[str, Any]:
+        """One run under the configured windows, or under `settings` (a request's own)."""
+        settings = settings or self.settings
         async with self._lock:
             if not apply_changes:
-                return await dry_run(self.db, self.settings, now)
-            report = await apply(self.db, self.settings, now)
+                return await dry_run(self.db, settings, now)
+            report = await apply(self.db, settings, now)
             self.last_run = {"at": iso(now), "deleted": {
                 table: figures["deleted"] for table, figures in report["tables"].items()}}
             return report

@@ -74,7 +74,8 @@ def publish(conn: sqlite3.Connection, topic: str, payload_text: str, source: str
     else:
         event["payload_omitted"] = True
     effects.emit("topic", **event)
-    return {"ok": True, "topic": topic, "seq": seq, "at": iso(now)}
+    # `id` is the original's name for the cursor (its clients poll with ?after=<id>).
+    return {"ok": True, "topic": topic, "seq": seq, "id": seq, "at": iso(now)}
 
 
 # -- reads -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
+from fleet_min.collector.access import enrolment
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
@@ -194,10 +195,15 @@ def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
         "last_seen_age_s": round(max(0.0, now - device.last_seen), 3),
         "last_beacon": beacon,
         "last_beacon_at": iso(device.last_beacon_at),
+        # The original's clients read the last beacon as `beacon` (an alias, docs/api.md).
+        "beacon": beacon,
         "busy": ({"job_id": row["busy_job_id"], "collector": row["busy_collector"],
                   "at": iso(row["busy_at"])} if row["busy_job_id"] else None),
         "address": row["address"],
+        # The network the registration came from, as the original names it (lan, mesh, ...).
+        "last_net": enrolment.kind_of(row["address"]) if row["address"] else None,
     }
+
 
 
 EDITABLE = ("name", "notes", "pools")

@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fleet_min.collector.automation import alerts
 from fleet_min.collector.jobs import executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
@@ -17,7 +18,7 @@ from fleet_min.collector.jobs.results import result_record
 from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.db import Database, like_escape
 from fleet_min.errors import BadRequest, NotFound
-from fleet_min.query import page_param, time_param, time_range
+from fleet_min.query import int_param, page_param, time_param, time_range
 from fleet_min.timeutil import iso
 
 PER_PAGE = 50
@@ -250,21 +251,46 @@ async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]
                             "WHERE status = 'claimed' AND claimed_by = ?", (device_id,))
     record["running"] = [{"job_id": r["job_id"], "workload": r["workload"],
                           "lease_deadline": iso(r["lease_deadline"])} for r in running]
+    record.update(await device_history(db, device_id))
     return record
 
 
-async def device_beacons(db: Database, device_id: str, query: Mapping[str, str]
+DEVICE_HISTORY = 50  # recent jobs and benchmark rows on a device's detail
+
+
+async def device_history(db: Database, device_id: str) -> dict[str, Any]:
+    """The device detail's history as the original shows it: `jobs`, the newest jobs it
+    claimed, was pinned to or reported on; `benchmarks`, its newest benchmark summary rows."""
+    jobs = await db.read(
+        "SELECT * FROM jobs WHERE is_group = 0 AND (claimed_by = ? OR target_device = ? OR "
+        "job_id IN (SELECT job_id FROM results WHERE device_id = ?)) ORDER BY seq DESC LIMIT ?",
+        (device_id, device_id, device_id, DEVICE_HISTORY))
+    benches = await db.read(
+        "SELECT * FROM results WHERE device_id = ? AND workload = 'benchmark' AND iter = 0 "
+        "ORDER BY created_at DESC, id DESC LIMIT ?", (device_id, DEVICE_HISTORY))
+    return {"jobs": [_listed(r) for r in jobs],
+            "benchmarks": [result_record(r) for r in benches]}
+
+
+async def device_beacons(db: Database, device_id: str, query: Mapping[str, str], now: float
                          ) -> dict[str, Any]:
-    if await db.read_one("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)) is None:
-        raise NotFound(f"no device {device_id!r}")
     since = time_param(query, "since") or 0.0
+    if query.get("hours") and not query.get("since"):
+        since = now - int_param(query, "hours", 24, 1, 24 * 365) * 3600
     limit = 1000
     rows = await db.read("SELECT job_id, at, body FROM beacons WHERE device_id = ? AND at >= ? "
                          "ORDER BY at DESC LIMIT ?", (device_id, since, limit))
+    # A forgotten device's history stays (forget keeps beacons): 404 only when there is none.
+    if not rows and await db.read_one("SELECT 1 FROM devices WHERE device_id = ?",
+                                      (device_id,)) is None:
+        raise NotFound(f"no device {device_id!r}")
     # The record's own time and job come last: a beacon's fields of the same name do not win.
     beacons = [{**json.loads(r["body"]), "at": iso(r["at"]), "job_id": r["job_id"]}
                for r in reversed(rows)]
-    return {"device_id": device_id, "beacons": beacons, "truncated": len(rows) == limit}
+    # `samples` (with `ts`) is the original's name for the same list, oldest first.
+    samples = [{**b, "ts": b["at"]} for b in beacons]
+    return {"device_id": device_id, "beacons": beacons, "samples": samples,
+            "truncated": len(rows) == limit}
 
 
 async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, Any]:
@@ -282,12 +308,14 @@ async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, 
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
 
 
-async def overview(db: Database, now: float) -> dict[str, Any]:
-    devices = await db.read("SELECT last_seen, ttl_s FROM devices")
+async def overview(db: Database, now: float, battery_pct: float = 15.0) -> dict[str, Any]:
+    devices = await db.read("SELECT * FROM devices")
     by_status = dict.fromkeys((s.value for s in DeviceStatus), 0)
     for row in devices:
         if not rules.is_expired(row["ttl_s"], row["last_seen"], now):
             by_status[rules.device_status(row["last_seen"], now)] += 1
+    low = [f.subject for f in alerts.low_battery(
+        [dict(r) for r in devices], now, alerts.Thresholds(battery_pct=battery_pct))]
     counts = dict.fromkeys(JOB_STATUSES, 0)
     for row in await db.read("SELECT status, COUNT(*) AS n FROM jobs WHERE is_group = 0 "
                              "GROUP BY status"):
@@ -303,17 +331,20 @@ async def overview(db: Database, now: float) -> dict[str, Any]:
         "WHERE j.status = 'claimed' GROUP BY r.job_id, r.device_id")
     rows_by_job = {r["job_id"]: {"rows": r["rows"], "last_iter": r["iter"]} for r in progress}
     return {
-        "devices": {"total": sum(by_status.values()), **by_status},
-        "queue": counts,
+        "devices": {"total": sum(by_status.values()), **by_status, "low_battery_devices": low},
+        "queue": {**counts, **await _closed_24h(db, now)},
+        "schedules": await _schedule_counts(db),
         "running": [{"job_id": r["job_id"], "workload": r["workload"],
                      "claimed_by": r["claimed_by"], "claimed_at": iso(r["claimed_at"]),
                      "lease_deadline": iso(r["lease_deadline"]),
                      "progress": rows_by_job.get(r["job_id"], {"rows": 0, "last_iter": None})}
                     for r in running],
         "recent_failures": [{"job_id": r["job_id"], "workload": r["workload"],
-                             "last_error": r["last_error"], "finished_at": iso(r["finished_at"])}
+                             "last_error": r["last_error"], "finished_at": iso(r["finished_at"]),
+                             "attempts": r["attempts"], "max_attempts": r["max_attempts"]}
                             for r in failures],
         "now": iso(now),
+        "generated_at": iso(now),  # the original's name for `now`
     }
 
 
@@ -354,3 +385,21 @@ async def list_locks(db: Database) -> dict[str, Any]:
         "executor": row["executor"], "acquired_at": iso(row["locked_at"]),
         "expires_at": iso(row["lease_deadline"]),
     } for row in await db.read(locks.LIST_SQL)]}
+
+
+async def _closed_24h(db: Database, now: float) -> dict[str, int]:
+    """Jobs closed in the last day, by outcome: the original's done_24h, failed_24h and
+    cancelled_24h beside our all-time counts."""
+    closed = {"done_24h": 0, "failed_24h": 0, "cancelled_24h": 0}
+    for row in await db.read("SELECT status, COUNT(*) AS n FROM jobs WHERE is_group = 0 AND "
+                             "finished_at >= ? AND status IN ('done', 'failed', 'cancelled') "
+                             "GROUP BY status", (now - 86400,)):
+        closed[f"{row['status']}_24h"] = row["n"]
+    return closed
+
+
+async def _schedule_counts(db: Database) -> dict[str, int]:
+    row = await db.read_one("SELECT COUNT(*) AS total, COALESCE(SUM(enabled), 0) AS enabled "
+                            "FROM schedules")
+    total, enabled = (row["total"], row["enabled"]) if row else (0, 0)
+    return {"total": total, "enabled": enabled}

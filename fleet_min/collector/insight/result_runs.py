@@ -1,0 +1,202 @@
+"""The result views in the original's shapes, added beside ours (docs/collector-insight.md,
+"The original's shapes"): bench `configs`, ui `runs`, `devices` and `matrix`, drain and soak
+`runs`, and the vision view. They read the same rows as result_views and only group them
+differently, so a script written against the original reads our collector unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from fleet_min.db import Database
+from fleet_min.query import int_param
+from fleet_min.timeutil import iso
+
+RUNS_LIMIT = 200  # jobs a drain, soak or vision listing reads, newest first
+RUN_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "peak_mem_mb")
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _object(text: str | None) -> dict[str, Any]:
+    value = json.loads(text) if text else {}
+    return value if isinstance(value, dict) else {}
+
+
+# -- bench: by configuration -------------------------------------------------------------------
+
+
+def config_label(model: str | None, quant: str | None, backend: str | None) -> str:
+    """The original's configuration name: "<model> <quant> · <backend>", parts it lacks left
+    out (a synthetic run has no model: just its backend)."""
+    left = " ".join(part for part in (model, quant) if part)
+    return " · ".join(part for part in (left, backend) if part) or "unnamed"
+
+
+def headline(summaries: list[dict[str, Any]], iterations: list[dict[str, Any]],
+             metric: str) -> float | None:
+    """A run's figure for one metric: its summary row's when it sent one (what the device
+    reported for the run), else the median of its iterations."""
+    for metrics in summaries:
+        value = _number(metrics.get(metric))
+        if value is not None:
+            return value
+    values = [v for v in (_number(m.get(metric)) for m in iterations) if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def bench_configs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Group runs (dicts with config, device_id, job_id, last_at and the metrics) by
+    configuration, then device: each device's newest run is its `latest`, with its count."""
+    by_config: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        by_config[run["config"]][run["device_id"]].append(run)
+    out = []
+    for config in sorted(by_config):
+        devices = []
+        for device_id, members in sorted(by_config[config].items()):
+            newest = max(members, key=lambda r: r["last_at"])
+            devices.append({"device_id": device_id, "device_name": newest["device_name"],
+                            "runs": len(members), "latest": {
+                                "job_id": newest["job_id"], "at": iso(newest["last_at"]),
+                                "mem_method": newest["mem_method"],
+                                **{m: newest[m] for m in RUN_METRICS}}})
+        first = next(iter(by_config[config].values()))[0]
+        out.append({"config": config, "model": first["model"], "quant": first["quant"],
+                    "backend": first["backend"], "devices": devices})
+    return out
+
+
+# -- ui: runs and the build x device matrix ----------------------------------------------------
+
+
+def _counts(extra: dict[str, Any]) -> tuple[int | None, int | None]:
+    test = extra.get("test")
+    if not isinstance(test, dict):
+        return None, None
+    passed, failed = _number(test.get("passed")), _number(test.get("failed"))
+    return (None if passed is None else int(passed)), (None if failed is None else int(failed))
+
+
+async def ui_runs(db: Database, jobs: list[Any]) -> dict[str, Any]:
+    """One run per (job, device) of the listed jobs: the device's newest row, final or not (a
+    host executor files each device's verdict as a row of its own). An executor's own
+    `host:` summary row is not a device and is left out."""
+    builds = {j["job_id"]: j for j in jobs}
+    if not builds:
+        return {"runs": [], "devices": [], "matrix": []}
+    rows = await db.read(
+        "SELECT job_id, device_id, ok, error, extra, created_at FROM results "
+        "WHERE job_id IN (SELECT value FROM json_each(?)) AND preempted = 0 "
+        "AND device_id NOT LIKE 'host:%' ORDER BY created_at, id", (json.dumps(list(builds)),))
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        passed, failed = _counts(_object(row["extra"]))
+        job = builds[row["job_id"]]
+        latest[(row["job_id"], row["device_id"])] = {
+            "job_id": row["job_id"], "device_id": row["device_id"],
+            "build": " ".join(p for p in (job["app"], job["build"]) if p) or row["job_id"],
+            "ok": None if row["ok"] is None else bool(row["ok"]), "passed": passed,
+            "failed": failed, "error": row["error"], "at": iso(row["created_at"])}
+    runs = sorted(latest.values(), key=lambda r: r["at"] or "", reverse=True)
+    devices = sorted({r["device_id"] for r in runs})
+    return {"runs": runs, "devices": devices, "matrix": _matrix(runs, devices)}
+
+
+def _matrix(runs: list[dict[str, Any]], devices: list[str]) -> list[dict[str, Any]]:
+    """Rows by build (newest run first), a cell per device: its newest run of that build."""
+    by_build: dict[str, dict[str, dict[str, Any]]] = {}
+    for run in runs:  # newest first: the first run seen for a cell is its latest
+        by_build.setdefault(run["build"], {}).setdefault(run["device_id"], run)
+    return [{"build": build, "cells": [{"device": d, "latest": cells.get(d)} for d in devices]}
+            for build, cells in by_build.items()]
+
+
+# -- drain, soak and vision: per job -----------------------------------------------------------
+
+
+async def _jobs_with_rows(db: Database, workloads: list[str], query: Mapping[str, str]
+                          ) -> tuple[list[Any], dict[str, list[Any]]]:
+    limit = int_param(query, "limit", 50, 1, RUNS_LIMIT)
+    jobs = await db.read(
+        "SELECT job_id, workload, status, created_at, finished_at FROM jobs "
+        f"WHERE workload IN ({','.join('?' * len(workloads))}) AND is_group = 0 "
+        "ORDER BY seq DESC LIMIT ?", [*workloads, limit])
+    rows: dict[str, list[Any]] = defaultdict(list)
+    if jobs:
+        for row in await db.read(
+                "SELECT job_id, device_id, iter, ok, error, metrics, created_at FROM results "
+                "WHERE job_id IN (SELECT value FROM json_each(?)) AND preempted = 0 "
+                "ORDER BY created_at, id", (json.dumps([j["job_id"] for j in jobs]),)):
+            rows[row["job_id"]].append(row)
+    return jobs, rows
+
+
+def drain_rate(metrics: dict[str, Any]) -> tuple[float | None, bool]:
+    """A drain row's rate in percent per hour and whether it was inferred: the named field
+    `drain_pct_per_h`, else the legacy rows' `decode_tok_s` (the original's runner once filed
+    the rate under the benchmark's field), flagged so a chart can mark it."""
+    named = _number(metrics.get("drain_pct_per_h"))
+    if named is not None:
+        return named, False
+    legacy = _number(metrics.get("decode_tok_s"))
+    return legacy, legacy is not None
+
+
+def _job_head(job: Any) -> dict[str, Any]:
+    return {"job_id": job["job_id"], "workload": job["workload"], "status": job["status"],
+            "created_at": iso(job["created_at"]), "finished_at": iso(job["finished_at"])}
+
+
+def _newest_by_device(rows: list[Any]) -> dict[str, Any]:
+    """Each device's newest row; a host executor's own `host:` summary is not a device."""
+    newest: dict[str, Any] = {}
+    for row in rows:  # oldest first: the last row of a device wins
+        if not row["device_id"].startswith("host:"):
+            newest[row["device_id"]] = row
+    return newest
+
+
+async def drain_runs(db: Database, query: Mapping[str, str]) -> list[dict[str, Any]]:
+    jobs, rows = await _jobs_with_rows(db, ["drain"], query)
+    out = []
+    for job in jobs:
+        devices = []
+        for device_id, row in sorted(_newest_by_device(rows[job["job_id"]]).items()):
+            metrics = _object(row["metrics"])
+            rate, inferred = drain_rate(metrics)
+            devices.append({"device_id": device_id, "pct_per_h": rate,
+                            "pct_per_h_inferred": inferred,
+                            "battery_start_pct": _number(metrics.get("battery_start_pct")),
+                            "battery_end_pct": _number(metrics.get("battery_end_pct")),
+                            "ok": None if row["ok"] is None else bool(row["ok"]),
+                            "at": iso(row["created_at"])})
+        out.append({**_job_head(job), "devices": devices})
+    return out
+
+
+async def job_runs(db: Database, workloads: list[str], query: Mapping[str, str]
+                   ) -> list[dict[str, Any]]:
+    """Soak and vision runs: each job with each device's newest row (its metrics and verdict)
+    and how many rows it filed."""
+    jobs, rows = await _jobs_with_rows(db, workloads, query)
+    out = []
+    for job in jobs:
+        filed = rows[job["job_id"]]
+        devices = [{"device_id": device_id, "rows": sum(r["device_id"] == device_id
+                                                         for r in filed),
+                    "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"],
+                    "metrics": _object(row["metrics"]), "at": iso(row["created_at"])}
+                   for device_id, row in sorted(_newest_by_device(filed).items())]
+        out.append({**_job_head(job), "devices": devices})
+    return out
