@@ -26,6 +26,7 @@ from typing import Any
 
 from fleet_min.collector.access import mdns
 from fleet_min.db import Database
+from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
 RUNNER_APP = "fleet-runner-android"  # x-artifact-app of the phone runner builds
@@ -33,7 +34,6 @@ AGENT_PATH = "/agent/fleet_agent.py"
 QR_TEXT_MAX = 512
 SIOCGIFADDR = 0x8915  # Linux's ioctl for an interface's IPv4 address
 ORDER = {"lan": 0, "mesh": 1, "name": 2, "other": 3, "loopback": 4}
-MESH = ipaddress.ip_network("100.64.0.0/10")
 
 
 @dataclass(frozen=True)
@@ -41,20 +41,6 @@ class Base:
     address: str      # an IP address or a host name
     kind: str         # lan, mesh, name, loopback, other
     via: str          # the interface, "bind", "allowed-hosts" or "mdns"
-
-
-def kind_of(address: str) -> str:
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return "name"
-    if ip.is_loopback:
-        return "loopback"
-    if isinstance(ip, ipaddress.IPv4Address) and ip in MESH:
-        return "mesh"
-    if ip.is_private or ip.is_link_local:
-        return "lan"
-    return "other"
 
 
 def interface_addresses() -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ from aiohttp import web
 
 from fleet_min import heap, validate
 from fleet_min.collector.access import ci_status
+from fleet_min.collector.automation import alerts
 from fleet_min.collector.http import (
     access,
     artifacts,
@@ -313,8 +314,12 @@ async def api_locks(request: web.Request) -> web.Response:
 
 async def api_overview(request: web.Request) -> web.Response:
     service = service_of(request)
-    return json_response(await views.overview(service.db, now(),
-                                              service.config.alert_battery_pct))
+    threshold = alerts.Thresholds(battery_pct=service.config.alert_battery_pct)
+
+    def low_battery(devices: list[dict[str, Any]], at: float) -> list[str]:
+        return [found.subject for found in alerts.low_battery(devices, at, threshold)]
+
+    return json_response(await views.overview(service.db, now(), low_battery))
 
 
 async def api_health(request: web.Request) -> web.Response:

@@ -11,11 +11,11 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector.access import enrolment
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.errors import BadRequest, Conflict, NotFound
+from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
 
@@ -201,7 +201,7 @@ def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
                   "at": iso(row["busy_at"])} if row["busy_job_id"] else None),
         "address": row["address"],
         # The network the registration came from, as the original names it (lan, mesh, ...).
-        "last_net": enrolment.kind_of(row["address"]) if row["address"] else None,
+        "last_net": kind_of(row["address"]) if row["address"] else None,
     }
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from fleet_min.collector.automation import alerts
 from fleet_min.collector.jobs import executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
@@ -308,14 +307,19 @@ async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, 
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
 
 
-async def overview(db: Database, now: float, battery_pct: float = 15.0) -> dict[str, Any]:
+LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
+
+
+async def overview(db: Database, now: float, low_battery: LowBattery | None = None
+                   ) -> dict[str, Any]:
+    """The fleet at a glance. `low_battery` names the devices whose battery is low (the
+    low-battery alert's rule, passed in by the caller so the queue's room needs no alerts)."""
     devices = await db.read("SELECT * FROM devices")
     by_status = dict.fromkeys((s.value for s in DeviceStatus), 0)
     for row in devices:
         if not rules.is_expired(row["ttl_s"], row["last_seen"], now):
             by_status[rules.device_status(row["last_seen"], now)] += 1
-    low = [f.subject for f in alerts.low_battery(
-        [dict(r) for r in devices], now, alerts.Thresholds(battery_pct=battery_pct))]
+    low = low_battery([dict(r) for r in devices], now) if low_battery else []
     counts = dict.fromkeys(JOB_STATUSES, 0)
     for row in await db.read("SELECT status, COUNT(*) AS n FROM jobs WHERE is_group = 0 "
                              "GROUP BY status"):
