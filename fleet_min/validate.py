@@ -392,8 +392,9 @@ _FANOUT = _Rule(_fanout_errors,
 
 
 _NAME = _string(1, 100)
-SUITE_KINDS = ("flow_runner", "native_bundle")
-SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle"}
+SUITE_KINDS = ("flow_runner", "native_bundle", "browser_runner")
+SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle",
+                      "playwright": "browser_runner"}
 _CI_TARGET = _Check(lambda v: isinstance(v, str) and _CI_STATUS.fullmatch(v) is not None,
                     "of the form owner/repo@<commit sha, 7 to 40 lowercase hex digits>")
 _JOB_FIELDS: dict[str, Rule] = {

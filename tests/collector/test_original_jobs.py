@@ -1,0 +1,80 @@
+"""Jobs as the original tools' clients and executors shape them (docs/api.md,
+"Compatibility"), over real HTTP against a real collector: the bodies here are the ones those
+clients send, written out field by field."""
+
+from __future__ import annotations
+
+from tests.support.collector import job, registration, result_row
+
+SHA_A = "a" * 64
+
+
+async def post(client, path, body=None):
+    resp = await client.post(path, json=body)
+    return resp.status, (await resp.json() if resp.status != 204 else None)
+
+
+async def get(client, path):
+    resp = await client.get(path)
+    return resp.status, (await resp.json() if resp.status != 204 else None)
+
+
+def web_job(job_id, workload="web-test", **fields):
+    return job(job_id, workload, "host", suite={"kind": "playwright", "flows": "aliquant"},
+               targets={"executor": "web-1", "url": "http://127.0.0.1:4173"},
+               lease={"ttl_s": 900, "max_attempts": 1}, **fields)
+
+
+# -- browser suites and their verdict rows -------------------------------------------------------
+
+
+async def test_a_playwright_web_test_runs_with_browser_verdict_rows(client):
+    status, reply = await post(client, "/jobs", web_job(
+        "web", app={"name": "aliquant-web", "build": "smoke"}, params={"browser": "chromium"}))
+    assert status == 201, reply
+    status, claimed = await get(client, "/executor/next-job?name=web-1")
+    assert claimed["job_id"] == "web"
+    assert claimed["targets"]["url"] == "http://127.0.0.1:4173"
+    assert claimed["suite"]["kind"] == "browser_runner"  # stored in the neutral form
+    status, row = await post(client, "/results", {
+        "schema": 1, "kind": "result", "job_id": "web", "device_id": "web:chromium", "ok": True,
+        "test": {"passed": 1, "failed": 0}})
+    assert status == 200, row
+    status, closed = await post(client, "/results", {
+        "schema": 1, "kind": "result", "job_id": "web", "device_id": "host:web-1", "ok": True,
+        "final": True})
+    assert closed["status"] == "done"
+    _, shown = await get(client, "/api/jobs/web")
+    browser = [r for r in shown["results"] if r["device_id"] == "web:chromium"]
+    assert browser[0]["payload"]["test"] == {"passed": 1, "failed": 0}
+    _, devices = await get(client, "/api/devices")
+    assert not [d for d in devices["devices"] if d["device_id"].startswith("web:")]
+
+
+async def test_web_shots_keep_per_page_and_per_profile_rows(client):
+    assert (await post(client, "/jobs", web_job("shots", "web-shots")))[0] == 201
+    await get(client, "/executor/next-job?name=web-1")
+    for iteration in (1, 0):
+        status, _ = await post(client, "/results", {
+            "schema": 1, "kind": "result", "job_id": "shots", "device_id": "web:chromium",
+            "iter": iteration, "ok": True, "test": {"passed": 1, "failed": 0}})
+        assert status == 200
+    await post(client, "/results", {"schema": 1, "kind": "result", "job_id": "shots",
+                                    "device_id": "host:web-1", "ok": True, "final": True})
+    _, shown = await get(client, "/api/jobs/shots")
+    assert shown["status"] == "done"
+    assert len([r for r in shown["results"] if r["device_id"] == "web:chromium"]) == 2
+
+
+async def test_a_browser_row_speaks_only_while_an_executor_holds_the_job(client):
+    await post(client, "/jobs", web_job("unheld", "web-audit"))
+    status, reply = await post(client, "/results", {
+        "schema": 1, "kind": "result", "job_id": "unheld", "device_id": "web:audit", "ok": True,
+        "metrics": {"issues_error": 0}})
+    assert status == 409 and "nobody holds it" in reply["error"]
+    # And a device job's rows still speak for their device_id alone.
+    await client.post("/devices/register", json=registration("d"))
+    await post(client, "/jobs", job("bench", targets={"device_id": "d"}))
+    await get(client, "/devices/d/next-job")
+    status, _ = await post(client, "/results", result_row("bench", "web:chromium", 0, ok=True))
+    assert status == 409
