@@ -78,3 +78,32 @@ async def test_a_browser_row_speaks_only_while_an_executor_holds_the_job(client)
     await get(client, "/devices/d/next-job")
     status, _ = await post(client, "/results", result_row("bench", "web:chromium", 0, ok=True))
     assert status == 409
+
+
+# -- credentials named by environment variable ---------------------------------------------------
+
+
+def signing_in_job(job_id, credentials):
+    return job(job_id, "ui-test", "host", app={"name": "greenfolio-ios", "build": "local"},
+               suite={"kind": "xcuitest", "project": "/tmp/x.xcodeproj", "scheme": "X",
+                      "credentials": credentials},
+               targets={"executor": "never", "device_kind": "device"},
+               lease={"ttl_s": 600, "max_attempts": 1})
+
+
+async def test_a_job_names_the_variables_its_credentials_are_read_from(client):
+    status, reply = await post(client, "/jobs", signing_in_job("signin", {
+        "account": "showcase@greenfol.io", "email_var": "GREENFOLIO_TEST_EMAIL",
+        "password_var": "GREENFOLIO_TEST_PASSWORD", "token_env": "CI_TOKEN"}))
+    assert status == 201, reply
+    _, shown = await get(client, "/api/jobs/signin")
+    assert shown["spec"]["suite"]["credentials"]["account"] == "showcase@greenfol.io"
+    assert shown["spec"]["suite"]["credentials"]["password_var"] == "GREENFOLIO_TEST_PASSWORD"
+
+
+async def test_a_secret_under_a_variable_key_is_still_refused(client):
+    for credentials in ({"password_var": "hunter2"}, {"password_var": "sk-live xyz"},
+                        {"token_env": {"value": "ghp_abc"}}, {"password": "HUNTER2"}):
+        status, reply = await post(client, "/jobs", signing_in_job("leak", credentials))
+        assert status == 400 and "looks like a secret" in reply["error"], credentials
+    assert (await get(client, "/api/jobs/leak"))[0] == 404
