@@ -107,3 +107,59 @@ async def test_a_secret_under_a_variable_key_is_still_refused(client):
         status, reply = await post(client, "/jobs", signing_in_job("leak", credentials))
         assert status == 400 and "looks like a secret" in reply["error"], credentials
     assert (await get(client, "/api/jobs/leak"))[0] == 404
+
+
+# -- enqueue, preview, cancel and the job record -------------------------------------------------
+
+
+async def test_post_api_jobs_enqueues_like_post_jobs(client):
+    status, reply = await post(client, "/api/jobs", job("via-api"))
+    assert status == 201 and reply == {"ok": True, "job_id": "via-api", "status": "queued"}
+    assert (await post(client, "/api/jobs", job("via-api")))[0] == 409
+    status, reply = await post(client, "/api/jobs", [job("a1"), job("a2")])
+    assert status == 201 and [j["job_id"] for j in reply["jobs"]] == ["a1", "a2"]
+    assert (await get(client, "/jobs/a2"))[1]["status"] == "queued"
+
+
+async def test_preview_without_a_workload_counts_what_fan_out_then_enqueues(client):
+    for device_id, ram in (("big", 8000), ("mid", 4096), ("small", 2000)):
+        await client.post("/devices/register", json=registration(
+            device_id, pools=["shelf"],
+            descriptor={"model": "P", "ram_mb": ram, "os": "android-14"}))
+    status, preview = await post(client, "/api/jobs/preview-targets",
+                                 {"targets": {"pool": "shelf", "match": "ram_mb >= 4000"}})
+    assert status == 200, preview
+    assert preview["count"] == 2 and {d["device_id"] for d in preview["devices"]} == {
+        "big", "mid"}
+    status, fan = await post(client, "/api/jobs", job(
+        "fan", fanout=True, targets={"pool": "shelf", "match": "ram_mb >= 4000"}))
+    assert status == 201 and len(fan["fanout"]) == preview["count"]
+    status, bad = await post(client, "/api/jobs/preview-targets",
+                             {"targets": {"match": "ram_mb >>> 4"}})
+    assert status == 400 and "targets.match" in bad["error"]
+
+
+async def test_a_cancel_keeps_the_operators_reason(client):
+    await post(client, "/jobs", job("q1", targets={"pool": "nobody"}))
+    status, reply = await post(client, "/api/jobs/q1/cancel", {"reason": "smoke"})
+    assert status == 200 and reply["was"] == "queued"
+    assert (await get(client, "/api/jobs/q1"))[1]["last_error"] == "smoke"
+    await post(client, "/jobs", job("q2", targets={"pool": "nobody"}))
+    assert (await post(client, "/api/jobs/q2/cancel", {}))[0] == 200
+    assert (await get(client, "/api/jobs/q2"))[1]["last_error"] == "cancelled by an operator"
+    await post(client, "/jobs", job("q3", targets={"pool": "nobody"}))
+    for bad in ({"reason": ""}, {"reason": 7}, {"why": "x"}, ["smoke"], {"reason": "x" * 501}):
+        status, reply = await post(client, "/api/jobs/q3/cancel", bad)
+        assert status == 400 and reply["error"], bad
+    assert (await get(client, "/api/jobs/q3"))[1]["status"] == "queued"
+
+
+async def test_the_job_record_names_the_executor_a_host_job_wants(client):
+    app = {"name": "x", "build": "1", "sha256": "0" * 64}
+    await post(client, "/jobs", job("pinned", "install", "host", app=app,
+                                    targets={"executor": "mac-xcode"}))
+    await post(client, "/jobs", job("anyone", "install", "host", app=app))
+    assert (await get(client, "/api/jobs/pinned"))[1]["wants_executor"] == "mac-xcode"
+    assert (await get(client, "/api/jobs/anyone"))[1]["wants_executor"] is None
+    listed = {j["job_id"]: j for j in (await get(client, "/api/jobs"))[1]["jobs"]}
+    assert listed["pinned"]["wants_executor"] == "mac-xcode"

@@ -71,6 +71,8 @@ def job_record(row: sqlite3.Row) -> dict[str, Any]:
         "finished_at": iso(row["finished_at"]),
         "warnings": json.loads(row["warnings"]) if row["warnings"] else [],
         "spec": json.loads(row["spec"]),
+        # The executor a host job is pinned to (targets.executor), as the original shows it.
+        "wants_executor": (row["pin"] or None) if row["executor"] == Executor.HOST else None,
     }
 
 
@@ -386,8 +388,11 @@ def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[
     return select_targets(conn.execute(DEVICES_NEWEST_FIRST).fetchall(), spec, now)
 
 
-def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[Device]:
-    """Of device rows (newest-seen first), those a fan-out of this spec reaches."""
+def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float, *,
+                   any_workload: bool = False) -> list[Device]:
+    """Of device rows (newest-seen first), those a fan-out of this spec reaches (with
+    any_workload, whatever they declare: a preview of targets alone)."""
+    workload = None if any_workload else spec["workload"]
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
     for row in rows:
@@ -397,7 +402,7 @@ def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[D
         if targets.get("device_id") and device.device_id != targets["device_id"]:
             continue
         variant = rules.job_variant(spec["workload"], spec.get("backend"), spec.get("params"))
-        if static_refusal(device, spec["workload"], variant, targets.get("pool"),
+        if static_refusal(device, workload, variant, targets.get("pool"),
                           targets.get("match")) is None:
             chosen.append(device)
     fanout = spec.get("fanout")
@@ -729,7 +734,11 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
 CANCELLED_BY_OPERATOR = "cancelled by an operator"  # the error of a job an operator cancelled
 
 
-def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
+def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects, *,
+           reason: str | None = None) -> dict[str, Any]:
+    """Cancel an open job (a fan-out parent with its open children); its last_error is the
+    operator's reason when one was given."""
+    why = reason or CANCELLED_BY_OPERATOR
     row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
@@ -740,15 +749,15 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
-            _end_attempt(conn, child, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
+            _end_attempt(conn, child, AttemptOutcome.CANCELLED, why, now)
             cascaded.append(child["job_id"])
-            cascaded += _close(conn, child, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now,
+            cascaded += _close(conn, child, JobStatus.CANCELLED, why, now,
                                effects)
         row = job_row(conn, job_id)
         assert row is not None
     if row["status"] not in FINAL:
-        _end_attempt(conn, row, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
-        cascaded += _close(conn, row, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now, effects)
+        _end_attempt(conn, row, AttemptOutcome.CANCELLED, why, now)
+        cascaded += _close(conn, row, JobStatus.CANCELLED, why, now, effects)
     cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
     return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded}
 
