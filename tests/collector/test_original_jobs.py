@@ -163,3 +163,48 @@ async def test_the_job_record_names_the_executor_a_host_job_wants(client):
     assert (await get(client, "/api/jobs/anyone"))[1]["wants_executor"] is None
     listed = {j["job_id"]: j for j in (await get(client, "/api/jobs"))[1]["jobs"]}
     assert listed["pinned"]["wants_executor"] == "mac-xcode"
+
+
+# -- app.sha256 "latest" -------------------------------------------------------------------------
+
+
+async def publish(client, body, app, build):
+    resp = await client.post("/artifacts", data=body, headers={
+        "content-type": "application/octet-stream", "x-artifact-name": f"{build}.apk",
+        "x-artifact-app": app, "x-artifact-build": build, "x-artifact-platform": "android"})
+    assert resp.status == 201
+    return (await resp.json())["sha256"]
+
+
+LATEST_APP = {"name": "smoke-app", "build": "latest", "sha256": "latest"}
+
+
+def install_latest(job_id):
+    return job(job_id, "install", "host", app=dict(LATEST_APP), targets={"executor": "never"},
+               lease={"ttl_s": 600, "max_attempts": 1})
+
+
+async def test_latest_records_the_build_it_resolved_to(client):
+    older = await publish(client, b"older", "smoke-app", "1.0.0")
+    newer = await publish(client, b"newer", "smoke-app", "1.1.0")
+    assert (await post(client, "/jobs", install_latest("now")))[0] == 201
+    app = (await get(client, "/api/jobs/now"))[1]["spec"]["app"]
+    assert app == {"name": "smoke-app", "build": "1.1.0", "sha256": newer}
+    # A schedule's run resolves the same way (the original's POST /schedules, then run now).
+    template = {k: v for k, v in install_latest("x").items() if k != "job_id"}
+    status, _ = await post(client, "/schedules", {"id": "nightly", "cron": "0 3 * * *",
+                                                  "enabled": True, "template": template})
+    assert status == 201
+    status, run = await post(client, "/api/schedules/nightly/run", {})
+    assert status == 201, run
+    app = (await get(client, f"/api/jobs/{run['job_id']}"))[1]["spec"]["app"]
+    assert app["build"] == "1.1.0" and app["sha256"] == newer
+    # A revert publishes the older bytes again under a new build: they are the latest now.
+    assert await publish(client, b"older", "smoke-app", "1.2-revert") == older
+    await post(client, "/jobs", install_latest("reverted"))
+    app = (await get(client, "/api/jobs/reverted"))[1]["spec"]["app"]
+    assert app["build"] == "1.2-revert" and app["sha256"] == older
+    # A build the client named itself is kept.
+    await post(client, "/jobs", {**install_latest("named"),
+                                 "app": {**LATEST_APP, "build": "nightly-7"}})
+    assert (await get(client, "/api/jobs/named"))[1]["spec"]["app"]["build"] == "nightly-7"

@@ -218,16 +218,22 @@ def _cycle_sentence(path: list[str], back_to: str) -> str:
 
 
 def _resolve_latest(conn: sqlite3.Connection, spec: JobSpec) -> JobSpec:
+    """app.sha256 "latest" becomes the newest published build's hash; an app.build that is
+    absent or also "latest" becomes that build's own build string (when it was published with
+    one), so the stored spec says which build ran, never the word."""
     app = spec.get("app")
     if not isinstance(app, dict) or app.get("sha256") != "latest":
         return spec
     name = app.get("name")
-    row = conn.execute("SELECT sha256 FROM artifacts WHERE app = ? "
+    row = conn.execute("SELECT sha256, build FROM artifacts WHERE app = ? "
                        "ORDER BY created_at DESC, rowid DESC LIMIT 1", (name,)).fetchone()
     if row is None:
         raise BadRequest(f"app.sha256 is 'latest' but no build of app {name!r} has been "
                          "published; upload one with the x-artifact-app header first")
-    return {**spec, "app": {**app, "sha256": row["sha256"]}}
+    resolved = {**app, "sha256": row["sha256"]}
+    if app.get("build", "latest") == "latest" and row["build"]:
+        resolved["build"] = row["build"]
+    return {**spec, "app": resolved}
 
 
 def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
