@@ -224,8 +224,11 @@ def _agents() -> list[Route]:
     next_job = {200: json_reply(ref("ClaimedJob"), "a job was claimed; its lease is running"),
                 204: empty_reply("the long poll (FLEET_LONG_POLL_S, 25 s) ended with nothing "
                                  "to do")}
+    # A final row that closed its job adds promoted and failed; one that handed it back,
+    # preempted and resume_from (the original's clients read them).
     stored_row = obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS,
-                      "attempt": integer(1)})
+                      "attempt": integer(1), "promoted?": arr(STR), "failed?": arr(STR),
+                      "preempted?": BOOL, "resume_from?": null(STR)})
     return [
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),

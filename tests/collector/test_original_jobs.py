@@ -208,3 +208,64 @@ async def test_latest_records_the_build_it_resolved_to(client):
     await post(client, "/jobs", {**install_latest("named"),
                                  "app": {**LATEST_APP, "build": "nightly-7"}})
     assert (await get(client, "/api/jobs/named"))[1]["spec"]["app"]["build"] == "nightly-7"
+
+
+# -- chains and preemption, as the final row's reply tells them ----------------------------------
+
+
+def chain_job(job_id, **fields):
+    return job(job_id, "chain-wl", targets={"device_id": "chain-dev"}, **fields)
+
+
+async def test_a_closing_row_names_the_waiters_it_promoted_and_failed(client):
+    await client.post("/devices/register",
+                      json=registration("chain-dev", capabilities=["chain-wl"]))
+    await post(client, "/jobs", chain_job("build"))
+    status, waiting = await post(client, "/jobs", chain_job(
+        "install", depends_on=["build"], params={"budget_s": "${jobs.build.metrics.build_s}"}))
+    assert status == 201 and waiting["status"] == "waiting"
+    assert (await get(client, "/devices/chain-dev/next-job"))[1]["job_id"] == "build"
+    status, closed = await post(client, "/results", result_row(
+        "build", "chain-dev", 0, final=True, ok=True, metrics={"build_s": 91}))
+    assert status == 200 and closed["status"] == "done"
+    assert closed["promoted"] == ["install"] and closed["failed"] == []
+    assert (await get(client, "/api/jobs/install"))[1]["spec"]["params"]["budget_s"] == 91
+    await post(client, "/api/jobs/install/cancel")
+    # A failed dependency: the reply lists every waiter it failed, down the chain.
+    await post(client, "/jobs", chain_job("faildep"))
+    await post(client, "/jobs", chain_job("failwait", depends_on=["faildep"]))
+    await post(client, "/jobs", chain_job("beyond", depends_on=["failwait"]))
+    assert (await get(client, "/devices/chain-dev/next-job"))[1]["job_id"] == "faildep"
+    status, broke = await post(client, "/results", result_row(
+        "faildep", "chain-dev", 0, final=True, ok=False, error="compile error"))
+    assert broke["status"] == "failed" and broke["promoted"] == []
+    assert sorted(broke["failed"]) == ["beyond", "failwait"]
+    failwait = (await get(client, "/api/jobs/failwait"))[1]
+    assert failwait["status"] == "failed" and "faildep" in failwait["last_error"]
+
+
+async def test_a_dependency_on_itself_is_refused_as_a_cycle(client):
+    await client.post("/devices/register",
+                      json=registration("chain-dev", capabilities=["chain-wl"]))
+    status, reply = await post(client, "/jobs", chain_job("self", depends_on=["self"]))
+    assert status == 400 and "cycle" in reply["error"] and "self" in reply["error"]
+    assert (await get(client, "/api/jobs/self"))[0] == 404
+
+
+async def test_a_preempted_final_row_says_so_and_names_the_checkpoint(client):
+    await client.post("/devices/register",
+                      json=registration("marathon", capabilities=["long-wl"]))
+    await post(client, "/jobs", job("long", "long-wl", preemptible=True, params={"hours": 6},
+                                    targets={"device_id": "marathon"}))
+    claimed = (await get(client, "/devices/marathon/next-job"))[1]
+    assert claimed["job_id"] == "long" and claimed["preemptible"] is True
+    checkpoint = await client.post("/artifacts", data=b"checkpoint after 2 hours")
+    sha = (await checkpoint.json())["sha256"]
+    status, stood = await post(client, "/results", result_row(
+        "long", "marathon", 0, final=True, ok=True, preempted=True, artifacts=[sha],
+        metrics={"hours_done": 2}))
+    assert status == 200 and stood["status"] == "queued"
+    assert stood["preempted"] is True and stood["resume_from"] == sha
+    shown = (await get(client, "/jobs/long"))[1]
+    assert shown["status"] == "queued" and shown["attempts"] == 0
+    assert shown["spec"]["params"]["resume_from"] == sha

@@ -167,7 +167,7 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[JobSpec]) -> list[Jo
     for spec in specs:
         deps = spec.get("depends_on") or []
         if spec["job_id"] in deps:
-            raise BadRequest(f"job {spec['job_id']} depends on itself")
+            raise BadRequest(f"job {spec['job_id']} depends on itself, a dependency cycle")
         outside = [d for d in deps if d not in by_id]
         if outside:
             found = {row[0] for row in conn.execute(
@@ -504,13 +504,24 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
 # closing, promotion, cascades
 
 
+@dataclass
+class Closed:
+    """What a final row settled: the job's status, the waiters it queued and the other jobs it
+    failed (waiters down the chain, a fan-out parent)."""
+
+    status: str
+    promoted: list[str]
+    failed: list[str]
+
+
 def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, error: str | None,
-                      now: float, effects: Effects) -> str:
+                      now: float, effects: Effects) -> Closed:
     outcome = JobStatus.DONE if ok else JobStatus.FAILED
     message = None if ok else (error or "the device reported a failure without a reason")
     _end_attempt(conn, row, outcome, message, now)
-    _close(conn, row, outcome, message, now, effects)
-    return outcome
+    promoted: list[str] = []
+    failed = _close(conn, row, outcome, message, now, effects, promoted)
+    return Closed(outcome, promoted, failed)
 
 
 def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], now: float,
@@ -525,9 +536,10 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
 
 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
-           now: float, effects: Effects) -> list[str]:
-    """Close a job and then whatever its closing settles: waiters promoted or failed, fan-out
-    parents closed. The ids of the other jobs this closed (failed or cancelled) come back.
+           now: float, effects: Effects, promoted: list[str] | None = None) -> list[str]:
+    """Close a job and then whatever its closing settles: waiters promoted (their ids added to
+    `promoted` when given) or failed, fan-out parents closed. The ids of the other jobs this
+    closed (failed or cancelled) come back.
 
     A work list, not recursion: a chain of 10,000 dependents (clients shape the chains) closes
     in one transaction without 10,000 nested calls."""
@@ -547,7 +559,7 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
         groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
         if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
             if status == JobStatus.DONE:
-                work.extend(_promote_waiters(conn, row["job_id"], now, effects))
+                work.extend(_promote_waiters(conn, row["job_id"], now, effects, promoted))
             else:
                 groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
                                            closed)
@@ -558,7 +570,8 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
     return closed
 
 
-def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects
+def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects,
+                     promoted: list[str] | None = None
                      ) -> list[tuple[sqlite3.Row, str, str | None]]:
     """Queue the waiters of a job just done whose every dependency is done; the waiters whose
     template references cannot be resolved come back, to be failed by the caller."""
@@ -577,6 +590,8 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         if waiter["is_group"]:
             _set_status(conn, waiter["job_id"], JobStatus.QUEUED, now)
             effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
+            if promoted is not None:
+                promoted.append(waiter["job_id"])
             continue
         spec = json.loads(waiter["spec"])
         try:
@@ -587,6 +602,8 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
                      "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
         effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
+        if promoted is not None:
+            promoted.append(waiter["job_id"])
         fresh = job_row(conn, waiter["job_id"])
         assert fresh is not None
         effects.claimable.append(route_of(fresh))
