@@ -269,3 +269,23 @@ async def test_a_preempted_final_row_says_so_and_names_the_checkpoint(client):
     shown = (await get(client, "/jobs/long"))[1]
     assert shown["status"] == "queued" and shown["attempts"] == 0
     assert shown["spec"]["params"]["resume_from"] == sha
+
+
+# -- capabilities at enqueue ---------------------------------------------------------------------
+
+
+async def test_an_unknown_workload_no_agent_declares_is_refused_at_enqueue(client):
+    # An agent that never declared capabilities: offered everything, but it cannot know a
+    # workload name the spec does not define.
+    await client.post("/devices/register", json=registration("legacy"))
+    status, reply = await post(client, "/jobs", job("orphan", "teleport"))
+    assert status == 422 and "teleport" in reply["error"]
+    assert (await get(client, "/api/jobs/orphan"))[0] == 404
+    # A workload the spec names is still accepted for it, and it claims it.
+    assert (await post(client, "/jobs", job("old", "pipeline",
+                                            targets={"device_id": "legacy"})))[0] == 201
+    assert (await get(client, "/devices/legacy/next-job"))[1]["job_id"] == "old"
+    # Once an agent declares the new name, the job is accepted and goes to that agent.
+    await client.post("/devices/register", json=registration("novel", capabilities=["teleport"]))
+    assert (await post(client, "/jobs", job("novel-job", "teleport")))[0] == 201
+    assert (await get(client, "/devices/novel/next-job"))[1]["job_id"] == "novel-job"

@@ -143,10 +143,12 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
     names = rules.capability_names(workload, rules.job_variant(workload, backend,
                                                                spec.get("params")))
     if executor == Executor.DEVICE:
-        # A device that never declared capabilities is offered everything, so it counts.
+        # A device that never declared capabilities is offered everything, so it counts for
+        # the workloads the spec names (rules.SPEC_DEVICE_WORKLOADS), not for a name of its own.
+        undeclared = ("SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
+                      if workload in rules.SPEC_DEVICE_WORKLOADS else "")
         row = conn.execute(
-            "SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
-            "SELECT 1 FROM devices, json_each(devices.capabilities) "
+            f"{undeclared}SELECT 1 FROM devices, json_each(devices.capabilities) "
             f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
             names).fetchone()
         if row:
