@@ -289,3 +289,12 @@ async def test_an_unknown_workload_no_agent_declares_is_refused_at_enqueue(clien
     await client.post("/devices/register", json=registration("novel", capabilities=["teleport"]))
     assert (await post(client, "/jobs", job("novel-job", "teleport")))[0] == 201
     assert (await get(client, "/devices/novel/next-job"))[1]["job_id"] == "novel-job"
+
+
+async def test_a_workload_of_the_spec_on_another_executor_still_counts_an_undeclared_agent(client):
+    await client.post("/devices/register", json=registration("legacy"))
+    status, reply = await post(client, "/jobs", job("drain-1", "drain",
+                                                    targets={"pool": "unclaimable"}))
+    assert status == 201, reply
+    shown = (await get(client, "/jobs/drain-1"))[1]
+    assert shown["lease_ttl_s"] == 14400 and shown["max_attempts"] == 3

@@ -144,9 +144,9 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
                                                                spec.get("params")))
     if executor == Executor.DEVICE:
         # A device that never declared capabilities is offered everything, so it counts for
-        # the workloads the spec names (rules.SPEC_DEVICE_WORKLOADS), not for a name of its own.
+        # the workloads the spec names (rules.SPEC_WORKLOADS), not for a name of its own.
         undeclared = ("SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
-                      if workload in rules.SPEC_DEVICE_WORKLOADS else "")
+                      if workload in rules.SPEC_WORKLOADS else "")
         row = conn.execute(
             f"{undeclared}SELECT 1 FROM devices, json_each(devices.capabilities) "
             f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
