@@ -197,7 +197,7 @@ async def api_job_detail(request: web.Request) -> web.Response:
 
 
 async def api_cancel(request: web.Request) -> web.Response:
-    reason = cancel_reason(await read_json(request) if request.can_read_body else None)
+    reason = cancel_reason(await read_json(request) if request.can_read_body else {})
     return json_response(await service_of(request).transact(
         queue.cancel, request.match_info["job_id"], now(), reason=reason))
 
@@ -205,7 +205,7 @@ async def api_cancel(request: web.Request) -> web.Response:
 def cancel_reason(body: Any) -> str | None:
     """The optional body of a cancel: {"reason": "<why>"} (the original's clients send one),
     kept as the job's last_error; no body, {} or a null reason keep the default sentence."""
-    if body is None or body == {}:
+    if body == {}:
         return None
     if not isinstance(body, dict) or set(body) - {"reason"}:
         raise BadRequest('a cancel takes no body or {"reason": "<why, up to 500 characters>"}')
