@@ -392,8 +392,9 @@ _FANOUT = _Rule(_fanout_errors,
 
 
 _NAME = _string(1, 100)
-SUITE_KINDS = ("flow_runner", "native_bundle")
-SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle"}
+SUITE_KINDS = ("flow_runner", "native_bundle", "browser_runner")
+SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle",
+                      "playwright": "browser_runner"}
 _CI_TARGET = _Check(lambda v: isinstance(v, str) and _CI_STATUS.fullmatch(v) is not None,
                     "of the form owner/repo@<commit sha, 7 to 40 lowercase hex digits>")
 _JOB_FIELDS: dict[str, Rule] = {
@@ -630,6 +631,11 @@ _SECRET_PAIRS = frozenset({
 # A key whose last word is one of these names a credential (the agent resolves it locally).
 _NAMING_WORDS = frozenset({"name", "ref", "id", "item"})
 _WORD = re.compile(r"[A-Z]+(?=[A-Z][a-z])|[A-Z]?[a-z]+|[A-Z]+|[0-9]+")
+# A key whose last word is one of these names the environment variable the agent reads the
+# credential from (password_var: "APP_TEST_PASSWORD"); its value must look like one, so a secret
+# put there by mistake (password_var: "hunter2") is still refused.
+_VARIABLE_WORDS = frozenset({"var", "env"})
+_VARIABLE_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
 
 
 @lru_cache(maxsize=4096)
@@ -640,6 +646,12 @@ def _names_a_secret(key: str) -> bool:
     if any(w in _SECRET_WORDS for w in words):
         return True
     return any(pair in _SECRET_PAIRS for pair in pairwise(words))
+
+
+def _names_a_variable(key: str, value: object) -> bool:
+    """Is this secret-like key one that names an environment variable, holding a name?"""
+    return (isinstance(value, str) and _VARIABLE_NAME.fullmatch(value) is not None
+            and _WORD.findall(key)[-1].lower() in _VARIABLE_WORDS)
 
 
 # Where a value sits, in constant space: (first steps, last steps, depth). A path deeper than
@@ -681,7 +693,8 @@ def scan_keys_and_strings(doc: object) -> tuple[bool, bool]:
         items: Iterable[object]
         if isinstance(value, dict):
             for key in value:
-                if isinstance(key, str) and _names_a_secret(key):
+                if (isinstance(key, str) and _names_a_secret(key)
+                        and not _names_a_variable(key, value[key])):
                     return True, True
             items = value.values()
         elif isinstance(value, list):
@@ -703,7 +716,9 @@ def find_secret_keys(doc: object) -> list[str]:
     secret, password, passwd, apikey, bearer (and a few plurals and spellings) or two neighbouring
     words are api+key, access+key, private+key or credential+value. Keys ending in a naming word
     (_name, _ref, _id, _item) are exempt: they name a credential. Plurals such as max_tokens are
-    not secrets. Paths come in document order, like "params.env[1].GITHUB_TOKEN".
+    not secrets. A key ending in _var or _env (password_var) names the environment variable the
+    agent reads a credential from and is not a secret while its value is such a name (capitals,
+    digits and _). Paths come in document order, like "params.env[1].GITHUB_TOKEN".
     """
     if not scan_keys_and_strings(doc)[0]:
         return []  # the usual case, found without keeping track of paths
@@ -717,7 +732,8 @@ def find_secret_keys(doc: object) -> list[str]:
         children: list[tuple[_Where, object, bool]] = []
         if isinstance(value, dict):
             for key, item in value.items():
-                secret = isinstance(key, str) and _names_a_secret(key)
+                secret = (isinstance(key, str) and _names_a_secret(key)
+                          and not _names_a_variable(key, item))
                 if secret or isinstance(item, dict | list):
                     children.append((_step(where, "." + _join("", key)), item, secret))
         elif isinstance(value, list):

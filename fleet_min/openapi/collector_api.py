@@ -94,6 +94,7 @@ JOB_FIELDS: dict[str, Schema] = {
     "parent_job_id": null(STR), "template_id": null(STR), "fanout_parent": BOOL,
     "created_at": TIME, "updated_at": TIME, "claimed_at": null(TIME), "finished_at": null(TIME),
     "warnings": arr(STR), "spec": obj(),
+    "wants_executor": null(STR),  # a host job's targets.executor (the original's field)
     "pool?": null(STR)}  # targets.pool; GET /jobs/{id} and the /api/jobs listings
 JOB_RECORD = obj(JOB_FIELDS)
 
@@ -227,8 +228,11 @@ def _agents() -> list[Route]:
     next_job = {200: json_reply(ref("ClaimedJob"), "a job was claimed; its lease is running"),
                 204: empty_reply("the long poll (FLEET_LONG_POLL_S, 25 s) ended with nothing "
                                  "to do")}
+    # A final row that closed its job adds promoted and failed; one that handed it back,
+    # preempted and resume_from (the original's clients read them).
     stored_row = obj({"ok": OK_TRUE, "duplicate": BOOL, "job_id": STR, "status": JOB_STATUS,
-                      "attempt": integer(1)})
+                      "attempt": integer(1), "promoted?": arr(STR), "failed?": arr(STR),
+                      "preempted?": BOOL, "resume_from?": null(STR)})
     return [
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
@@ -326,6 +330,13 @@ def _jobs() -> list[Route]:
               body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
                                                         maxItems=1000)]},
                         "one job spec, or an array of up to 1000"), tag=tag),
+        Route("POST", "/api/jobs", "POST /jobs under the name the original's clients use",
+              {201: json_reply({"anyOf": [enqueued, batch]}, "stored")},
+              {**JSON_ERRORS, 409: "a job_id exists already (or repeats in the array)",
+               422: "no registered agent declares the workload, or a fan-out matches nothing"},
+              body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
+                                                        maxItems=1000)]},
+                        "one job spec, or an array of up to 1000"), tag=tag),
         Route("POST", "/jobs/sweep", "Run the lease sweep now", {200: json_reply(obj({
             "ok": OK_TRUE, "requeued": arr(STR), "failed": arr(STR)}))}, {503: STORAGE},
               tag=tag),
@@ -356,7 +367,12 @@ def _jobs() -> list[Route]:
         guarded("POST", "/api/jobs/{job_id}/cancel", "Cancel a queued, waiting or claimed job",
                 {200: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "was": JOB_STATUS,
                                       "cascaded": arr(STR), "locks_released": integer(0)}))},
-                {404: NO_JOB, 409: "the job is closed already", 503: STORAGE},
+                {**JSON_ERRORS, 404: NO_JOB, 409: "the job is closed already",
+                 503: STORAGE},
+                body=Body(obj({"reason?": null(string(minLength=1, maxLength=500))},
+                              closed=True),
+                          "optional: the operator's reason, kept as the job's last_error",
+                          required=False),
                 tag=tag),
         Route("POST", "/api/jobs/{job_id}/mirror", "Post a live-mirror frame of a running "
               "host job (kept in memory, newest only)",
@@ -393,11 +409,12 @@ def _jobs() -> list[Route]:
                   "device_id": STR, "platform": ANY, "model": ANY, "pools": arr(STR)})),
                   "executors?": arr(STR)}))},
               JSON_ERRORS,
-              body=Body(obj({"workload": ref("name"), "executor?": enum("device", "host"),
+              body=Body(obj({"workload?": ref("name"), "executor?": enum("device", "host"),
                              "backend?": ref("name"), "params?": obj(), "targets?": ANY,
                              "fanout?": ANY}),
                         "a spec, or its workload, executor, backend, params (a build's kind), "
-                        "targets and fanout"),
+                        "targets and fanout; without a workload, every device the targets "
+                        "reach, whatever it declares"),
               tag=tag),
         Route("GET", "/api/jobs/{job_id}/ci-status", "Commit statuses posted for a job",
               {200: json_reply(ref("CiStatus"))}, {404: NO_JOB}, tag=tag),

@@ -527,6 +527,20 @@ def test_an_executor_name_is_bound_to_the_first_node_that_uses_it(mesh_collector
     assert c.get("/executor/next-job?name=mac-mini", headers=MAC)[0] == 403
 
 
+def test_a_browser_row_answers_to_the_node_of_the_executor_holding_the_job(mesh_collector):
+    """A web:<browser> row (the original's executors file each browser's verdict so) speaks for
+    the executor holding the host job: from the mesh, only that executor's node may post it."""
+    c = mesh_collector.client
+    assert c.post("/jobs", job("w", workload="web-test", executor="host"))[0] == 201
+    assert c.get("/executor/next-job?name=web-runner", headers=MAC)[1]["job_id"] == "w"
+    browser = result_row("w", "web:chromium", 0, ok=True, test={"passed": 1, "failed": 0})
+    status, reply = c.post("/results", browser, headers=LAPTOP)
+    assert status == 403 and "in use by another mesh node" in reply["error"]
+    assert c.get("/api/results?job=w")[1]["total"] == 0
+    assert c.post("/results", browser, headers=MAC)[0] == 200
+    assert c.get("/api/results?job=w")[1]["total"] == 1
+
+
 def test_a_device_id_equal_to_an_executor_name_does_not_borrow_its_authority(mesh_collector):
     """Device "mac-mini" registered from pi5; executor "mac-mini" bound to mac. Each job kind
     answers to its own claimant's node."""

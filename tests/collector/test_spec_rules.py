@@ -205,7 +205,9 @@ async def test_an_unknown_param_of_a_table_workload_comes_back_as_a_warning(clie
     clean = await enqueue(client, job("clean", params={"prompt_tokens": 8}))
     assert "warnings" not in clean
     assert (await (await client.get("/jobs/clean")).json())["warnings"] == []
-    # A workload outside the spec's table takes any params; arrays warn per job.
+    # A workload outside the spec's table takes any params; arrays warn per job. (An agent
+    # must declare such a workload before it is accepted.)
+    await client.post("/devices/register", json=registration("e", capabilities=["custom-thing"]))
     batch = await enqueue(client, [job("mine", workload="custom-thing", params={"x": 1}),
                                    job("cold", workload="cold-start", executor="host",
                                        params={"lanches": 3})])

@@ -368,10 +368,14 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
         {**JOB, "app": {"name": "a", "sha256": "latest"}},
         {**JOB, "depends_on": ["hostile-job"]},
     ],
+    "POST /api/jobs/{job_id}/cancel": [{"reason": ""}, {"reason": "   "}, {"reason": 5},
+                                       {"reason": "x" * 501}, {"why": "x"}, [], "smoke"],
     "PATCH /api/jobs/{job_id}": [{}, {"priority": HUGE}, {"priority": "1"}, {"priority": True},
                                  {"priority": 1, "status": "done"}, {"priority": 1.5},
                                  {"status": "done"}, {"priority": None}],
-    "POST /api/jobs/preview-targets": [{}, {"workload": 5}, {"workload": ""},
+    # {} is the original's preview of every device: no longer refused.
+    "POST /api/jobs/preview-targets": [{"targets": {"pool": 5}}, {"workload": 5},
+                                       {"workload": ""},
                                        {"workload": "benchmark", "targets": "x"},
                                        {"workload": "benchmark", "executor": "root"},
                                        {"workload": "benchmark",
@@ -448,8 +452,9 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
                                            {"minutes": HUGE}, {"duration_s": True},
                                            {"duration_s": 10**7}],
 }
+COLLECTOR_BODIES["POST /api/jobs"] = COLLECTOR_BODIES["POST /jobs"]  # the same route
 EXPECTED_OTHER = {  # refusals that are not 400, by the API's rules
-    ("POST /jobs", 3): 409, ("POST /api/schedules", 12): 409,
+    ("POST /jobs", 3): 409, ("POST /api/jobs", 3): 409, ("POST /api/schedules", 12): 409,
 }
 
 

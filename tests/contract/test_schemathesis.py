@@ -70,9 +70,10 @@ def generation_copy(doc: dict[str, Any]) -> dict[str, Any]:
     schemas = doc["components"]["schemas"]
     if "JobSpec" in schemas:
         schemas["JobSpecRequest"] = {k: v for k, v in schemas["JobSpec"].items() if k != "allOf"}
-        body = doc["paths"]["/jobs"]["post"]["requestBody"]["content"]["application/json"]
-        body["schema"] = json.loads(json.dumps(body["schema"]).replace(
-            "#/components/schemas/JobSpec\"", "#/components/schemas/JobSpecRequest\""))
+        for path in ("/jobs", "/api/jobs"):  # the same route under two names
+            body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+            body["schema"] = json.loads(json.dumps(body["schema"]).replace(
+                "#/components/schemas/JobSpec\"", "#/components/schemas/JobSpecRequest\""))
     return doc
 
 

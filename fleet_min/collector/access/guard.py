@@ -84,6 +84,7 @@ GUARDED: tuple[RouteRule, ...] = (
 # POST /jobs open. A tick only does early what the service's own loop would do anyway.
 OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
     rule("POST", "/jobs", "enqueue (always open, by the spec)"),
+    rule("POST", "/api/jobs", "enqueue: the original clients' name for POST /jobs"),
     rule("*", "/jobs/*", "agent release (the mesh allowlist applies) and the lease sweep"),
     rule("POST", "/devices/register", "agent registration (the mesh allowlist applies)"),
     rule("POST", "/executors/register",

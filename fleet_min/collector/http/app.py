@@ -231,8 +231,24 @@ async def api_job_detail(request: web.Request) -> web.Response:
 
 
 async def api_cancel(request: web.Request) -> web.Response:
+    reason = cancel_reason(await read_json(request) if request.can_read_body else {})
     return json_response(await service_of(request).transact(
-        queue.cancel, request.match_info["job_id"], now()))
+        queue.cancel, request.match_info["job_id"], now(), reason=reason))
+
+
+def cancel_reason(body: Any) -> str | None:
+    """The optional body of a cancel: {"reason": "<why>"} (the original's clients send one),
+    kept as the job's last_error; no body, {} or a null reason keep the default sentence."""
+    if body == {}:
+        return None
+    if not isinstance(body, dict) or set(body) - {"reason"}:
+        raise BadRequest('a cancel takes no body or {"reason": "<why, up to 500 characters>"}')
+    reason = body.get("reason")
+    if reason is None:
+        return None
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > 500:
+        raise BadRequest("reason must be a sentence of 1 to 500 characters")
+    return reason.strip()
 
 
 async def api_retry(request: web.Request) -> web.Response:
@@ -259,10 +275,14 @@ async def api_preview_targets(request: web.Request) -> web.Response:
         "schema": 1, "job_id": "preview", "executor": body.get("executor", Executor.DEVICE),
         **{k: body[k] for k in ("workload", "backend", "params", "targets", "fanout")
            if k in body}}
-    if "workload" not in preview:
-        raise BadRequest("workload is required to preview targets")
+    # Without a workload the preview counts what the targets reach, whatever the devices
+    # declare (the original's form); the placeholder only lets the rest of the spec be checked.
+    any_workload = "workload" not in preview
+    if any_workload:
+        preview["workload"] = "preview"
     spec = check_job_spec(preview)
-    return json_response(await views.preview_targets(service_of(request).db, spec, now()))
+    return json_response(await views.preview_targets(service_of(request).db, spec, now(),
+                                                     any_workload=any_workload))
 
 
 # -- devices, results, health ------------------------------------------------------------------
@@ -374,6 +394,7 @@ def add_routes(app: web.Application) -> None:
         web.get("/api/devices/{device_id}/beacons", api_device_beacons),
         web.get("/api/results", api_results),
         web.get("/api/jobs", api_jobs),
+        web.post("/api/jobs", post_jobs),  # the original's clients enqueue here
         web.post("/api/jobs/preview-targets", api_preview_targets),
         web.get("/api/jobs/{job_id}", api_job_detail),
         web.patch("/api/jobs/{job_id}", api_patch_job),

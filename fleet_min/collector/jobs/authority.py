@@ -45,12 +45,17 @@ SEEN_EVERY_S = 60.0  # an executor binding's seen_at is rewritten at most this o
 
 
 HOST_PREFIX = "host:"  # the original's executors post their job-wide rows as host:<name>
+# ... and the verdict of each browser (or web tool) they drive as web:<browser> (web:chromium).
+WEB_PREFIX = "web:"
 
 
 def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
     """Who a result row speaks for (see the module docstring). On a host job, `host:<name>` in
     `device_id` is the executor <name>: the executors already in the field file the rows about
-    no particular device that way."""
+    no particular device that way. `web:<browser>` is a browser the executor holding the job
+    drives, not a device anyone registers, so only that executor can be speaking: the row
+    speaks for the current claimant (on the mesh, check_speaker still holds the caller to the
+    claimant's node). On a job nobody holds it speaks for nobody and is refused."""
     device_id = str(body["device_id"])
     if job["executor"] == Executor.HOST:
         executor = body.get("executor")
@@ -58,6 +63,9 @@ def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
             return executor
         if device_id.startswith(HOST_PREFIX) and len(device_id) > len(HOST_PREFIX):
             return device_id[len(HOST_PREFIX):]
+        if (device_id.startswith(WEB_PREFIX) and len(device_id) > len(WEB_PREFIX)
+                and job["status"] == JobStatus.CLAIMED and job["claimed_by"]):
+            return str(job["claimed_by"])
     return device_id
 
 

@@ -45,10 +45,11 @@ class Claimant:
         return claimant_key(self.executor, self.id)
 
 
-def static_refusal(device: Device, workload: str, variant: str | None, pool: str | None,
-                   match: str | None) -> str | None:
-    """Why a device can never take such a job regardless of time (None when it can)."""
-    if not rules.offers(device.capabilities, workload, variant):
+def static_refusal(device: Device, workload: str | None, variant: str | None,
+                   pool: str | None, match: str | None) -> str | None:
+    """Why a device can never take such a job regardless of time (None when it can); with no
+    workload, only the pool and the match expression are asked."""
+    if workload is not None and not rules.offers(device.capabilities, workload, variant):
         return "capability not declared"
     if pool and pool not in device.pools:
         return f"not in pool {pool}"

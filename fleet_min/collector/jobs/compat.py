@@ -2,7 +2,8 @@
 "Compatibility"): the names they send beside ours, turned into the neutral form once, when a
 document is accepted, so that nothing stored or shown carries them.
 
-- suite kinds `maestro` and `xcuitest` are `flow_runner` and `native_bundle`;
+- suite kinds `maestro`, `xcuitest` and `playwright` are `flow_runner`, `native_bundle` and
+  `browser_runner`;
 - `report_to.github_status` is `report_to.ci_status`;
 - a result row without `iter` is iteration 0.
 

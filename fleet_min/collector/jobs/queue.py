@@ -71,6 +71,8 @@ def job_record(row: sqlite3.Row) -> dict[str, Any]:
         "finished_at": iso(row["finished_at"]),
         "warnings": json.loads(row["warnings"]) if row["warnings"] else [],
         "spec": json.loads(row["spec"]),
+        # The executor a host job is pinned to (targets.executor), as the original shows it.
+        "wants_executor": (row["pin"] or None) if row["executor"] == Executor.HOST else None,
     }
 
 
@@ -151,10 +153,12 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
         return
     names = rules.capability_names(workload, rules.spec_variant(spec))
     if executor == Executor.DEVICE:
-        # A device that never declared capabilities is offered everything, so it counts.
+        # A device that never declared capabilities is offered everything, so it counts for
+        # the workloads the spec names (rules.SPEC_WORKLOADS), not for a name of its own.
+        undeclared = ("SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
+                      if workload in rules.SPEC_WORKLOADS else "")
         row = conn.execute(
-            "SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
-            "SELECT 1 FROM devices, json_each(devices.capabilities) "
+            f"{undeclared}SELECT 1 FROM devices, json_each(devices.capabilities) "
             f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
             names).fetchone()
         if row:
@@ -186,7 +190,7 @@ def _dependency_order(conn: sqlite3.Connection, specs: list[JobSpec]) -> list[Jo
     for spec in specs:
         deps = spec.get("depends_on") or []
         if spec["job_id"] in deps:
-            raise BadRequest(f"job {spec['job_id']} depends on itself")
+            raise BadRequest(f"job {spec['job_id']} depends on itself, a dependency cycle")
         outside = [d for d in deps if d not in by_id]
         if outside:
             found = {row[0] for row in conn.execute(
@@ -237,16 +241,22 @@ def _cycle_sentence(path: list[str], back_to: str) -> str:
 
 
 def _resolve_latest(conn: sqlite3.Connection, spec: JobSpec) -> JobSpec:
+    """app.sha256 "latest" becomes the newest published build's hash; an app.build that is
+    absent or also "latest" becomes that build's own build string (when it was published with
+    one), so the stored spec says which build ran, never the word."""
     app = spec.get("app")
     if not isinstance(app, dict) or app.get("sha256") != "latest":
         return spec
     name = app.get("name")
-    row = conn.execute("SELECT sha256 FROM artifacts WHERE app = ? "
+    row = conn.execute("SELECT sha256, build FROM artifacts WHERE app = ? "
                        "ORDER BY created_at DESC, rowid DESC LIMIT 1", (name,)).fetchone()
     if row is None:
         raise BadRequest(f"app.sha256 is 'latest' but no build of app {name!r} has been "
                          "published; upload one with the x-artifact-app header first")
-    return {**spec, "app": {**app, "sha256": row["sha256"]}}
+    resolved = {**app, "sha256": row["sha256"]}
+    if app.get("build", "latest") == "latest" and row["build"]:
+        resolved["build"] = row["build"]
+    return {**spec, "app": resolved}
 
 
 def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
@@ -411,8 +421,11 @@ def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[
     return select_targets(conn.execute(DEVICES_NEWEST_FIRST).fetchall(), spec, now)
 
 
-def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[Device]:
-    """Of device rows (newest-seen first), those a fan-out of this spec reaches."""
+def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float, *,
+                   any_workload: bool = False) -> list[Device]:
+    """Of device rows (newest-seen first), those a fan-out of this spec reaches (with
+    any_workload, whatever they declare: a preview of targets alone)."""
+    workload = None if any_workload else spec["workload"]
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
     for row in rows:
@@ -422,7 +435,7 @@ def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float) -> list[D
         if targets.get("device_id") and device.device_id != targets["device_id"]:
             continue
         variant = rules.spec_variant(spec)
-        if static_refusal(device, spec["workload"], variant, targets.get("pool"),
+        if static_refusal(device, workload, variant, targets.get("pool"),
                           targets.get("match")) is None:
             chosen.append(device)
     fanout = spec.get("fanout")
@@ -518,13 +531,24 @@ def sweep(conn: sqlite3.Connection, now: float, effects: Effects) -> Swept:
 # closing, promotion, cascades
 
 
+@dataclass
+class Closed:
+    """What a final row settled: the job's status, the waiters it queued and the other jobs it
+    failed (waiters down the chain, a fan-out parent)."""
+
+    status: str
+    promoted: list[str]
+    failed: list[str]
+
+
 def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, error: str | None,
-                      now: float, effects: Effects) -> str:
+                      now: float, effects: Effects) -> Closed:
     outcome = JobStatus.DONE if ok else JobStatus.FAILED
     message = None if ok else (error or "the device reported a failure without a reason")
     _end_attempt(conn, row, outcome, message, now)
-    _close(conn, row, outcome, message, now, effects)
-    return outcome
+    promoted: list[str] = []
+    failed = _close(conn, row, outcome, message, now, effects, promoted)
+    return Closed(outcome, promoted, failed)
 
 
 def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], now: float,
@@ -539,9 +563,10 @@ def preempted(conn: sqlite3.Connection, row: sqlite3.Row, artifacts: list[str], 
 
 
 def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str | None,
-           now: float, effects: Effects) -> list[str]:
-    """Close a job and then whatever its closing settles: waiters promoted or failed, fan-out
-    parents closed. The ids of the other jobs this closed (failed or cancelled) come back.
+           now: float, effects: Effects, promoted: list[str] | None = None) -> list[str]:
+    """Close a job and then whatever its closing settles: waiters promoted (their ids added to
+    `promoted` when given) or failed, fan-out parents closed. The ids of the other jobs this
+    closed (failed or cancelled) come back.
 
     A work list, not recursion: a chain of 10,000 dependents (clients shape the chains) closes
     in one transaction without 10,000 nested calls."""
@@ -561,7 +586,7 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
         groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
         if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
             if status == JobStatus.DONE:
-                work.extend(_promote_waiters(conn, row["job_id"], now, effects))
+                work.extend(_promote_waiters(conn, row["job_id"], now, effects, promoted))
             else:
                 groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
                                            closed)
@@ -572,7 +597,8 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
     return closed
 
 
-def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects
+def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects,
+                     promoted: list[str] | None = None
                      ) -> list[tuple[sqlite3.Row, str, str | None]]:
     """Queue the waiters of a job just done whose every dependency is done; the waiters whose
     template references cannot be resolved come back, to be failed by the caller."""
@@ -591,6 +617,8 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         if waiter["is_group"]:
             _set_status(conn, waiter["job_id"], JobStatus.QUEUED, now)
             effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
+            if promoted is not None:
+                promoted.append(waiter["job_id"])
             continue
         spec = json.loads(waiter["spec"])
         try:
@@ -601,6 +629,8 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
         conn.execute("UPDATE jobs SET spec = ?, status = 'queued', updated_at = ? "
                      "WHERE job_id = ?", (json.dumps(spec), now, waiter["job_id"]))
         effects.job(waiter["job_id"], JobStatus.QUEUED, waiter["workload"], waiter["executor"])
+        if promoted is not None:
+            promoted.append(waiter["job_id"])
         fresh = job_row(conn, waiter["job_id"])
         assert fresh is not None
         effects.claimable.append(route_of(fresh))
@@ -754,7 +784,11 @@ def release(conn: sqlite3.Connection, job_id: str, device_id: str, now: float,
 CANCELLED_BY_OPERATOR = "cancelled by an operator"  # the error of a job an operator cancelled
 
 
-def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -> dict[str, Any]:
+def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects, *,
+           reason: str | None = None) -> dict[str, Any]:
+    """Cancel an open job (a fan-out parent with its open children); its last_error is the
+    operator's reason when one was given."""
+    why = reason or CANCELLED_BY_OPERATOR
     row = job_row(conn, job_id)
     if row is None:
         raise NotFound(f"no job {job_id!r}")
@@ -769,15 +803,15 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) 
     if row["is_group"]:
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
-            _end_attempt(conn, child, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
+            _end_attempt(conn, child, AttemptOutcome.CANCELLED, why, now)
             cascaded.append(child["job_id"])
-            cascaded += _close(conn, child, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now,
+            cascaded += _close(conn, child, JobStatus.CANCELLED, why, now,
                                effects)
         row = job_row(conn, job_id)
         assert row is not None
     if row["status"] not in FINAL:
-        _end_attempt(conn, row, AttemptOutcome.CANCELLED, CANCELLED_BY_OPERATOR, now)
-        cascaded += _close(conn, row, JobStatus.CANCELLED, CANCELLED_BY_OPERATOR, now, effects)
+        _end_attempt(conn, row, AttemptOutcome.CANCELLED, why, now)
+        cascaded += _close(conn, row, JobStatus.CANCELLED, why, now, effects)
     cascaded = [j for j in dict.fromkeys(cascaded) if j != job_id]
     return {"ok": True, "job_id": job_id, "was": was, "cascaded": cascaded,
             "locks_released": int(locks)}

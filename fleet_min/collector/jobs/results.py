@@ -75,8 +75,10 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     final = bool(body.get("final"))
     effects.emit(ResultKind.RESULT, job_id=job_id, device_id=device_id, iter=iteration, final=final,
                  attempt=attempt)
-    status = _settle(conn, job, body, now, effects) if final else job["status"]
-    return _reply(job, status, attempt, duplicate=False)
+    if not final:
+        return _reply(job, job["status"], attempt, duplicate=False)
+    status, settled = _settle(conn, job, body, now, effects)
+    return {**_reply(job, status, attempt, duplicate=False), **settled}
 
 
 def _reply(job: sqlite3.Row, status: str, attempt: int | None, *, duplicate: bool
@@ -86,13 +88,18 @@ def _reply(job: sqlite3.Row, status: str, attempt: int | None, *, duplicate: boo
 
 
 def _settle(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], now: float,
-            effects: Effects) -> str:
-    """The claimant's final row: the job's new status."""
+            effects: Effects) -> tuple[str, dict[str, Any]]:
+    """The claimant's final row: the job's new status, and what the reply adds about it (as
+    the original's clients read it): a hand-back says so and names the checkpoint it resumes
+    from; a closing row lists the waiters it queued (`promoted`) and the jobs it failed."""
     if body.get("preempted"):
-        queue.preempted(conn, job, list(body.get("artifacts") or []), now, effects)
-        return JobStatus.QUEUED
-    return queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"), now,
-                                   effects)
+        artifacts = list(body.get("artifacts") or [])
+        queue.preempted(conn, job, artifacts, now, effects)
+        return JobStatus.QUEUED, {"preempted": True,
+                                  "resume_from": artifacts[0] if artifacts else None}
+    closed = queue.close_from_result(conn, job, bool(body.get("ok")), body.get("error"), now,
+                                     effects)
+    return closed.status, {"promoted": closed.promoted, "failed": closed.failed}
 
 
 def _late_row(conn: sqlite3.Connection, job: sqlite3.Row, body: dict[str, Any], speaker: str,

@@ -18,6 +18,15 @@ HOST_WORKLOADS = frozenset({
     "install", "ui-test", "cold-start", "app-soak", "a11y-audit", "locale-shots", "web-test",
     "web-shots", "web-audit", "web-unfurl", "drain", "archive", "digest", "soak",
 })
+# The workloads the spec names (its parameter table, host ones included, and its capability
+# list). An agent that never declared capabilities is offered every job, and counts at enqueue
+# as able to run these; a workload name beyond them (a newer agent's own) is accepted only once
+# an agent has declared it, since an agent that says nothing cannot know a name it never heard of.
+SPEC_WORKLOADS = HOST_WORKLOADS | frozenset({
+    "benchmark", "thermal", "batch", "pipeline", "vision-eval", "speech-eval", "embed-eval",
+    "vantage", "model-convert", "dataset-prep", "serve", "shell", "self-check", "build",
+    "llm-eval",
+})
 # Device workloads accepted with no agent registered: the reference synthetic benchmark.
 BUILT_IN_DEVICE = frozenset({("benchmark", "synthetic")})
 

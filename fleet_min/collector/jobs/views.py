@@ -292,16 +292,18 @@ async def device_beacons(db: Database, device_id: str, query: Mapping[str, str],
             "truncated": len(rows) == limit}
 
 
-async def preview_targets(db: Database, spec: JobSpec, now: float) -> dict[str, Any]:
+async def preview_targets(db: Database, spec: JobSpec, now: float, *,
+                          any_workload: bool = False) -> dict[str, Any]:
     """What a fan-out of this spec would reach now, as queue.fanout_devices and
     queue.fanout_executors would choose: the devices (newest seen first), or for a host job the
-    executors."""
+    executors. With any_workload, the devices are not asked whether they run the workload."""
     if spec["executor"] == Executor.HOST:
         rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
         names = queue.pick_executors(
             [(row[0], executors.decoded(row[1])) for row in rows], spec)
         return {"count": len(names), "devices": [], "executors": names}
-    chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now)
+    chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now,
+                                  any_workload=any_workload)
     return {"count": len(chosen), "devices": [
         {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
