@@ -397,6 +397,10 @@ def _jobs() -> list[Route]:
                                                          "format": "binary"}})},
               {404: "no such job, or it is not running (its mirror ended with its run)"},
               tag=tag),
+        Route("GET", "/api/jobs/{job_id}/mirror/status", "Whether a job's live mirror has a "
+              "frame to show (any id answers)",
+              {200: json_reply(obj({"streaming": BOOL, "frame_at": null(TIME),
+                                    "viewers": integer(0)}))}, tag=tag),
         guarded("POST", "/api/jobs/{job_id}/retry", "Clone a failed or cancelled job as <id>-rN",
                 {201: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "retry_of": STR,
                                       "status": JOB_STATUS, "fanout?": arr(STR)}))},

@@ -74,9 +74,14 @@ async def mirror(collector_factory):
 
 async def test_a_viewer_sees_the_newest_frame_and_the_stream_ends_with_the_job(mirror):
     await running(mirror)
+    status = await (await mirror.get("/api/jobs/run/mirror/status")).json()
+    assert status == {"streaming": False, "frame_at": None, "viewers": 0}
     assert (await post_frame(mirror, "run", jpeg(b"one")))[0] == 204
     viewer = await view(mirror)
     assert b"one" in await asyncio.wait_for(viewer.next(), 10)
+    status = await (await mirror.get("/api/jobs/run/mirror/status")).json()
+    assert status["streaming"] is True and status["frame_at"].endswith("Z")
+    assert status["viewers"] == 1
     assert (await post_frame(mirror, "run", jpeg(b"two"), query="",
                              headers={"X-Fleet-Executor": "lab"}))[0] == 204
     assert b"two" in await asyncio.wait_for(viewer.next(), 10)
@@ -88,6 +93,8 @@ async def test_a_viewer_sees_the_newest_frame_and_the_stream_ends_with_the_job(m
     resp = await mirror.get("/api/jobs/run/mirror")
     assert resp.status == 404 and "live mirror ended" in (await resp.json())["error"]
     assert (await (await mirror.get("/api/health")).json())["mirrored_jobs"] == 0
+    status = await (await mirror.get("/api/jobs/run/mirror/status")).json()
+    assert status["streaming"] is False  # nothing is kept past the job
     status, text = await post_frame(mirror, "run", jpeg(b"late"))
     assert status == 409 and "only a running host job is mirrored" in text
 

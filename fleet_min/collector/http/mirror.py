@@ -3,6 +3,7 @@
 Routes:
     POST /api/jobs/{job_id}/mirror   a JPEG frame from the job's executor: 204
     GET  /api/jobs/{job_id}/mirror   the frames as multipart/x-mixed-replace (an <img> shows it)
+    GET  /api/jobs/{job_id}/mirror/status   whether a frame is held for the job (any id: 200)
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from aiohttp import web
 from fleet_min.collector.http import access
 from fleet_min.collector.insight import mirror
 from fleet_min.collector.service import Service
-from fleet_min.http import SECURITY_HEADERS, read_bytes
-from fleet_min.timeutil import now
+from fleet_min.http import SECURITY_HEADERS, json_response, read_bytes
+from fleet_min.timeutil import iso, now
 
 BOUNDARY = "fleet-frame"
 PART_HEAD = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n".encode()
@@ -38,6 +39,14 @@ class Handlers:
                                     caller=access.mesh_caller(request))
         self.mirrors.put(job_id, body, now())
         return web.Response(status=204)
+
+    async def status(self, request: web.Request) -> web.Response:
+        """Whether the job has a frame to show now, as the original's dashboards ask before
+        opening a viewer; any id answers, since a job without a frame is simply not streaming."""
+        frame = self.mirrors.newest(request.match_info["job_id"])
+        return json_response({"streaming": frame is not None,
+                              "frame_at": iso(frame.at) if frame else None,
+                              "viewers": self.mirrors.viewers(request.match_info["job_id"])})
 
     async def view(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
@@ -87,6 +96,7 @@ def setup(app: web.Application, service: Service) -> None:
     app.router.add_routes([
         web.post("/api/jobs/{job_id}/mirror", h.post_frame),
         web.get("/api/jobs/{job_id}/mirror", h.view),
+        web.get("/api/jobs/{job_id}/mirror/status", h.status),
     ])
 
     async def end_streams(_app: web.Application) -> None:

@@ -97,6 +97,10 @@ class Mirrors:
             entry.closed = True
             entry.changed.set()
 
+    def viewers(self, job_id: str) -> int:
+        entry = self._jobs.get(job_id)
+        return entry.viewers if entry else 0
+
     def join(self, job_id: str) -> None:
         """A viewer starts watching the job (before its first frame, perhaps)."""
         self._jobs.setdefault(job_id, _Job()).viewers += 1
