@@ -51,13 +51,26 @@ async def test_enroll_lists_addresses_names_devices_and_the_runner_build(collect
         "python3 fleet_agent.py --collector http://192.168.7.20:8788")
     apk = got["runner_apk"]
     assert apk["sha256"] == newest and apk["build"] == "2" and apk["filename"] == "runner-2.apk"
-    assert apk["download"] == f"/artifacts/{newest}" and apk["size"] == len(b"runner 2")
-    assert (await (await api.get(apk["download"])).read()) == b"runner 2"
+    assert apk["download"] == f"/artifacts/{newest}?filename=runner-2.apk"
+    assert apk["size"] == len(b"runner 2")
+    download = await api.get(apk["download"])
+    assert await download.read() == b"runner 2"
+    assert 'filename="runner-2.apk"' in download.headers["Content-Disposition"]
     assert sorted(got["known_device_ids"]) == ["pi-4", "pixel-7"]
     assert got["pools"] == ["phones", "sbc"]
     other = await (await api.get("/api/enroll?app=shelf-app")).json()
     assert other["runner_apk"]["name"] == "shelf.apk"
     assert (await api.get("/api/enroll?app=" + "x" * 201)).status == 400
+
+
+async def test_a_runner_build_named_as_the_original_names_it_is_offered(collector_factory):
+    """The original's runner builds arrive with no app header, named fleet-runner-<build>.apk."""
+    api = await collector_factory()
+    sha = await upload(api, b"runner from the original", name="fleet-runner-42.apk")
+    await upload(api, b"some other apk", name="shelf.apk")
+    apk = (await (await api.get("/api/enroll")).json())["runner_apk"]
+    assert apk["sha256"] == sha and apk["name"] == "fleet-runner-42.apk"
+    assert apk["download"].endswith("?filename=fleet-runner-42.apk")
 
 
 def test_every_interface_address_listed_for_0_0_0_0_is_this_machines():

@@ -73,6 +73,16 @@ async def test_device_rows_carry_the_beacon_and_the_network_they_came_from(clien
     assert row["last_net"] == "loopback"  # the test client connects over 127.0.0.1
 
 
+async def test_a_device_with_an_override_still_shows_the_pools_it_reported(client):
+    await client.post("/devices/register", json={"device_id": "pixel", "descriptor": PIXEL,
+                                                 "pools": ["ml-capable"]})
+    resp = await client.patch("/api/devices/pixel", json={"pools": ["shelf-top"]})
+    assert resp.status == 200
+    detail = await get(client, "/api/devices/pixel")
+    assert detail["pools"] == ["shelf-top"]
+    assert detail["pools_reported"] == detail["reported_pools"] == ["ml-capable"]
+
+
 async def test_device_detail_lists_its_jobs_and_benchmarks(client):
     await client.post("/devices/register", json={"device_id": "pixel", "descriptor": PIXEL})
     await client.post("/devices/register", json={"device_id": "other", "descriptor": PIXEL})

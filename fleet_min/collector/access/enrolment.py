@@ -23,6 +23,7 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from fleet_min.collector.access import mdns
 from fleet_min.db import Database
@@ -117,9 +118,12 @@ def describe(bases: Iterable[Base], port: int) -> list[dict[str, Any]]:
 async def runner_build(db: Database, app: str) -> dict[str, Any] | None:
     """The newest published build of `app`: the order is queue.latest_build's, the one `latest`
     in a job spec resolves by."""
+    # The original's runner builds arrive with no app header, named fleet-runner-<build>.apk.
+    by_name = (" OR (app IS NULL AND name LIKE 'fleet-runner%.apk')" if app == RUNNER_APP
+               else "")
     row = await db.read_one("SELECT sha256, name, app, build, platform, size, created_at "
-                            "FROM artifacts WHERE app = ? ORDER BY created_at DESC, rowid DESC "
-                            "LIMIT 1", (app,))
+                            f"FROM artifacts WHERE app = ?{by_name} "
+                            "ORDER BY created_at DESC, rowid DESC LIMIT 1", (app,))
     if row is None:
         return None
     sha = row["sha256"]
@@ -127,7 +131,7 @@ async def runner_build(db: Database, app: str) -> dict[str, Any] | None:
     return {"sha256": row["sha256"], "name": row["name"], "app": row["app"],
             "build": row["build"], "platform": row["platform"], "size": row["size"],
             "created_at": iso(row["created_at"]), "filename": filename,
-            "download": f"/artifacts/{row['sha256']}"}
+            "download": f"/artifacts/{sha}?filename={quote(filename, safe='')}"}
 
 
 async def known_devices(db: Database) -> tuple[list[str], list[str]]:

@@ -184,6 +184,7 @@ def device_record(row: sqlite3.Row, now: float) -> dict[str, Any]:
         "simulator": rules.is_simulator(device.device_id, device.descriptor),
         "pools": device.pools,
         "reported_pools": _loads(row["pools"], []),
+        "pools_reported": _loads(row["pools"], []),  # the original's name for the same list
         "pools_override": _loads(row["pools_override"], None),
         "capabilities": device.capabilities,
         "status": rules.device_status(device.last_seen, now),

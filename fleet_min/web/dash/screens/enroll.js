@@ -43,7 +43,7 @@ function Runner({ apk, app }) {
     return html`<p class="muted">No build of <code>${app}</code> in the artifact store yet. Upload one with the
       header <code>x-artifact-app: ${app}</code> and it is offered here.</p>`;
   }
-  const link = `${apk.download}?filename=${encodeURIComponent(apk.filename)}`;
+  const link = apk.download;  // carries ?filename= already
   return html`<p><a href=${link} download=${apk.filename} id="runner-download"><strong>${apk.filename}</strong></a>
     <span class="muted"> ${bytes(apk.size)} · build ${apk.build || "–"} · <${Ago} iso=${apk.created_at} /></span></p>
     <p class="hint">Open that link on the phone itself (scan the code above, then browse to /dash/devices/new), or sideload
