@@ -398,9 +398,9 @@ def _jobs() -> list[Route]:
               {404: "no such job, or it is not running (its mirror ended with its run)"},
               tag=tag),
         Route("GET", "/api/jobs/{job_id}/mirror/status", "Whether a job's live mirror has a "
-              "frame to show (any id answers)",
+              "frame to show",
               {200: json_reply(obj({"streaming": BOOL, "frame_at": null(TIME),
-                                    "viewers": integer(0)}))}, tag=tag),
+                                    "viewers": integer(0)}))}, {404: NO_JOB}, tag=tag),
         guarded("POST", "/api/jobs/{job_id}/retry", "Clone a failed or cancelled job as <id>-rN",
                 {201: json_reply(obj({"ok": OK_TRUE, "job_id": STR, "retry_of": STR,
                                       "status": JOB_STATUS, "fanout?": arr(STR)}))},

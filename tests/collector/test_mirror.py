@@ -95,6 +95,7 @@ async def test_a_viewer_sees_the_newest_frame_and_the_stream_ends_with_the_job(m
     assert (await (await mirror.get("/api/health")).json())["mirrored_jobs"] == 0
     status = await (await mirror.get("/api/jobs/run/mirror/status")).json()
     assert status["streaming"] is False  # nothing is kept past the job
+    assert (await mirror.get("/api/jobs/nobody/mirror/status")).status == 404
     status, text = await post_frame(mirror, "run", jpeg(b"late"))
     assert status == 409 and "only a running host job is mirrored" in text
 

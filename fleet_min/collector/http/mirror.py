@@ -3,7 +3,7 @@
 Routes:
     POST /api/jobs/{job_id}/mirror   a JPEG frame from the job's executor: 204
     GET  /api/jobs/{job_id}/mirror   the frames as multipart/x-mixed-replace (an <img> shows it)
-    GET  /api/jobs/{job_id}/mirror/status   whether a frame is held for the job (any id: 200)
+    GET  /api/jobs/{job_id}/mirror/status   whether a frame is held for the job
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from aiohttp import web
 from fleet_min.collector.http import access
 from fleet_min.collector.insight import mirror
 from fleet_min.collector.service import Service
+from fleet_min.errors import NotFound
 from fleet_min.http import SECURITY_HEADERS, json_response, read_bytes
 from fleet_min.timeutil import iso, now
 
@@ -42,11 +43,15 @@ class Handlers:
 
     async def status(self, request: web.Request) -> web.Response:
         """Whether the job has a frame to show now, as the original's dashboards ask before
-        opening a viewer; any id answers, since a job without a frame is simply not streaming."""
-        frame = self.mirrors.newest(request.match_info["job_id"])
+        opening a viewer (a job of any status answers; an unknown one is 404, like every
+        other job route)."""
+        job_id = request.match_info["job_id"]
+        if await self._status(job_id) is None:
+            raise NotFound(f"no job {job_id!r}")
+        frame = self.mirrors.newest(job_id)
         return json_response({"streaming": frame is not None,
                               "frame_at": iso(frame.at) if frame else None,
-                              "viewers": self.mirrors.viewers(request.match_info["job_id"])})
+                              "viewers": self.mirrors.viewers(job_id)})
 
     async def view(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
