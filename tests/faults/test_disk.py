@@ -61,9 +61,10 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
             ledger.enqueued.add(f"before{n}")
         for _ in range(5):
             _work_one(client, "d0", ledger)
-        # artifacts until the store says the disk is full
+        # artifacts until the store says the disk is full: each a whole MiB, so the store's
+        # write meets the full disk while the database still has room for its next pages
         for _ in range(200):
-            status, reply = upload(proc.url, os.urandom(256 << 10))
+            status, reply = upload(proc.url, os.urandom(1 << 20))
             answers[status] = answers.get(status, 0) + 1
             if status == 201:
                 ledger.artifacts[reply["sha256"]] = b""
@@ -100,7 +101,8 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
         # space returns: the same collector takes writes again
         (small_disk / "filler").unlink()
         for sha in list(ledger.artifacts)[:8]:
-            assert client.request("DELETE", f"/api/artifacts/{sha}")[0] == 200
+            deleted = client.request("DELETE", f"/api/artifacts/{sha}")
+            assert deleted[0] == 200, deleted
             del ledger.artifacts[sha]
         status, _ = client.post("/jobs", job("after"))
         assert status == 201

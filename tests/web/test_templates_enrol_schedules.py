@@ -32,7 +32,7 @@ def test_save_load_and_enqueue_templates_from_the_form(seeded: SeededCollector,
     assert saved["spec"]["targets"] == {"pool": "phones"}
     # Loading a template puts its spec back into the form.
     page.click("[data-template=sbc-bench] button:has-text('Load')")
-    page.wait_for_function("document.querySelector('input[name=pool]').value === 'sbc'")
+    page.wait_for_function("() => document.querySelector('input[name=pool]').value === 'sbc'")
     assert page.input_value("input[name=workload]") == "benchmark"
     assert page.input_value("input[name=prompt_tokens]") == "16"
     shot(page, "enqueue-templates")
@@ -43,7 +43,7 @@ def test_save_load_and_enqueue_templates_from_the_form(seeded: SeededCollector,
     assert client.get(f"/jobs/{job_id}")[1]["template_id"] == "form-selfcheck"
     # ?template= opens the form with it loaded.
     page.goto(seeded.url + "/dash/jobs/new?template=form-selfcheck")
-    page.wait_for_function("document.querySelector('input[name=pool]').value === 'phones'")
+    page.wait_for_function("() => document.querySelector('input[name=pool]').value === 'phones'")
     assert page.watch.errors == []
 
 
@@ -52,7 +52,7 @@ def test_add_a_device_shows_the_command_a_qr_code_and_who_arrives(
     page = open_page(seeded.url + "/dash/devices", wait="#add-device")
     page.click("#add-device")
     page.wait_for_selector("#enroll-qr")
-    page.wait_for_function("document.querySelector('#enroll-qr').naturalWidth > 0")
+    page.wait_for_function("() => document.querySelector('#enroll-qr').naturalWidth > 0")
     url = page.inner_text("#enroll-url")
     assert url.startswith("http://")
     command = page.inner_text("section[aria-labelledby=enroll-agent] pre")
@@ -65,7 +65,7 @@ def test_add_a_device_shows_the_command_a_qr_code_and_who_arrives(
     page.wait_for_selector("#enroll-arrived >> text=new-on-the-shelf")
     shot(page, "enroll")
     phone = open_page(seeded.url + "/dash/devices/new", viewport=PHONE, wait="#enroll-qr")
-    phone.wait_for_function("document.querySelector('#enroll-qr').naturalWidth > 0")
+    phone.wait_for_function("() => document.querySelector('#enroll-qr').naturalWidth > 0")
     box = phone.locator("#enroll-qr").bounding_box()
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     shot(phone, "enroll-phone")
