@@ -45,10 +45,8 @@ import multiprocessing
 import os
 import random
 import resource
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,14 +55,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     ROOT,
     Http,
+    bare_script_server,
     cpu_seconds,
     emit,
-    free_port,
     main_thread_cpu_seconds,
     memory_kib,
     server,
     table,
-    wait_http,
 )
 
 FD_RESERVE = 200       # descriptors the server needs besides the polls (files, beacon pools)
@@ -117,22 +114,8 @@ def serve_bare(port: int, hold: float) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-@contextlib.contextmanager
-def bare_server(hold: float) -> Iterator[tuple[str, int]]:
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-bare", str(port), str(hold)],
-                            env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/api/health")
-        yield f"127.0.0.1:{port}", proc.pid
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def bare_server(hold: float) -> contextlib.AbstractContextManager[tuple[str, int]]:
+    return bare_script_server(__file__, str(hold))
 
 
 # -- clients -------------------------------------------------------------------------------------

@@ -175,3 +175,23 @@ class Http:
     def close(self) -> None:
         if self.writer:
             self.writer.close()
+
+
+@contextlib.contextmanager
+def bare_script_server(script: str, *args: str) -> Iterator[tuple[str, int]]:
+    """Run a bench's own bare aiohttp server (`script --serve-bare PORT ARGS...`, answering
+    GET /api/health once it listens) for the block: its address and pid."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, script, "--serve-bare", str(port), *args],
+                            env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/health")
+        yield f"127.0.0.1:{port}", proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
