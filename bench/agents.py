@@ -44,7 +44,6 @@ import json
 import multiprocessing
 import os
 import random
-import resource
 import sys
 import time
 from pathlib import Path
@@ -60,6 +59,8 @@ from bench.common import (
     emit,
     main_thread_cpu_seconds,
     memory_kib,
+    raise_nofile,
+    serve_bare_polls,
     server,
     table,
 )
@@ -71,47 +72,11 @@ JOB_CONNECTIONS = 4
 WINDOWS = ("main", "quiet", "burst")
 
 
-def raise_nofile() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-
-
 # -- the bare ceiling server ---------------------------------------------------------------------
 
 
 def serve_bare(port: int, hold: float) -> None:
-    from aiohttp import web
-
-    with contextlib.suppress(ImportError):
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    held = [0]
-
-    async def next_job(request: web.Request) -> web.Response:
-        held[0] += 1
-        try:
-            await asyncio.sleep(hold)
-        finally:
-            held[0] -= 1
-        return web.Response(status=204)
-
-    async def answer(request: web.Request) -> web.Response:
-        await request.read()
-        return web.json_response({"ok": True}, status=201 if request.path == "/jobs" else 200)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "waiting_polls": held[0]})
-
-    app = web.Application()
-    app.router.add_get("/devices/{device_id}/next-job", next_job)
-    app.router.add_post("/devices/register", answer)
-    app.router.add_post("/results", answer)
-    app.router.add_post("/jobs", answer)
-    app.router.add_get("/api/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_bare_polls(port, hold, ("/devices/register", "/results", "/jobs"))
 
 
 def bare_server(hold: float) -> contextlib.AbstractContextManager[tuple[str, int]]:

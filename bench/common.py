@@ -12,12 +12,13 @@ import contextlib
 import json
 import multiprocessing
 import os
+import resource
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,3 +196,52 @@ def bare_script_server(script: str, *args: str) -> Iterator[tuple[str, int]]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def raise_nofile(needed: int | None = None) -> int:
+    """Raise this process's descriptor limit (inherited by the servers it starts) to `needed`,
+    or to the hard limit when None; the limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if needed is None:
+        if hard == resource.RLIM_INFINITY:
+            return soft
+        needed = hard
+    if soft < needed:
+        target = needed if hard == resource.RLIM_INFINITY else min(hard, needed)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def serve_bare_polls(port: int, hold: float, posts: Iterable[str] = ()) -> None:
+    """The ceiling server of the poll benches: a bare aiohttp app whose long poll only sleeps
+    `hold` and answers 204, with GET /api/health (the polls held) and each path of `posts`
+    answered {"ok": true} after reading its body (201 for /jobs), doing no work."""
+    from aiohttp import web
+
+    with contextlib.suppress(ImportError):
+        import uvloop  # type: ignore[import-not-found]
+
+        uvloop.install()
+    held = [0]
+
+    async def next_job(request: web.Request) -> web.Response:
+        held[0] += 1
+        try:
+            await asyncio.sleep(hold)
+        finally:
+            held[0] -= 1
+        return web.Response(status=204)
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response({"ok": True}, status=201 if request.path == "/jobs" else 200)
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "waiting_polls": held[0]})
+
+    app = web.Application()
+    app.router.add_get("/devices/{device_id}/next-job", next_job)
+    for path in posts:
+        app.router.add_post(path, answer)
+    app.router.add_get("/api/health", health)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)

@@ -28,7 +28,6 @@ import contextlib
 import json
 import multiprocessing
 import os
-import resource
 import statistics
 import sys
 import time
@@ -43,20 +42,14 @@ from bench.common import (
     cpu_seconds,
     emit,
     memory_kib,
+    raise_nofile,
+    serve_bare_polls,
     server,
     table,
 )
 
 REGISTER_CONNECTIONS = 8
 CONNECT_GATE = 32  # connects in flight per client process (the listen backlog is 128)
-
-
-def raise_nofile(needed: int) -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < needed:
-        target = hard if hard == resource.RLIM_INFINITY else min(hard, max(needed, soft))
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -68,29 +61,7 @@ def percentile(values: list[float], fraction: float) -> float:
 
 
 def serve_bare(port: int, hold: float) -> None:
-    from aiohttp import web
-
-    with contextlib.suppress(ImportError):
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    held = [0]
-
-    async def next_job(request: web.Request) -> web.Response:
-        held[0] += 1
-        try:
-            await asyncio.sleep(hold)
-        finally:
-            held[0] -= 1
-        return web.Response(status=204)
-
-    async def health(request: web.Request) -> web.Response:
-        return web.json_response({"ok": True, "waiting_polls": held[0]})
-
-    app = web.Application()
-    app.router.add_get("/devices/{device_id}/next-job", next_job)
-    app.router.add_get("/api/health", health)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    serve_bare_polls(port, hold)
 
 
 def bare_server(hold: float) -> contextlib.AbstractContextManager[tuple[str, int]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 
@@ -75,7 +76,7 @@ def _line(name: str, names: Sequence[str], values: Sequence[str], value: float,
 # -- families --------------------------------------------------------------------------------
 
 
-class Family:
+class Family(ABC):
     kind = "untyped"
 
     def __init__(self, name: str, help_text: str, labels: Sequence[str] = ()) -> None:
@@ -101,8 +102,9 @@ class Family:
         out.append(f"# TYPE {self.name} {self.kind}")
         self.samples(out)
 
+    @abstractmethod
     def samples(self, out: list[str]) -> None:
-        raise NotImplementedError
+        """Append this family's sample lines (each kind writes its own)."""
 
 
 class _Value:
