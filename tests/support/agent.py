@@ -385,6 +385,11 @@ if args[0] != "-s" or args[1] not in devices:
     print(f"adb: device '{args[1]}' not found", file=sys.stderr)
     sys.exit(1)
 serial, rest = args[1], args[2:]
+# One call at a time per device, as one adb server serialises a device's state here: the
+# executor's presence thread reads getprop while a job writes the same JSON file.
+import fcntl
+device_lock = open(os.path.join(state_dir, serial + ".lock"), "a")
+fcntl.flock(device_lock, fcntl.LOCK_EX)
 state_file = os.path.join(state_dir, serial + ".state")
 device_file = os.path.join(state_dir, serial + ".json")
 logcat_file = os.path.join(state_dir, serial + ".logcat")
@@ -564,6 +569,9 @@ args = sys.argv[1:]
 with open(os.path.join(state_dir, "xcrun.jsonl"), "a") as log:
     log.write(json.dumps(args) + "\n")
 sim_file = os.path.join(state_dir, "sim.json")
+import fcntl  # one call at a time, so a presence round never reads a half-written sim.json
+sim_lock = open(os.path.join(state_dir, "sim.lock"), "a")
+fcntl.flock(sim_lock, fcntl.LOCK_EX)
 sim = json.load(open(sim_file)) if os.path.exists(sim_file) else {}
 def save():
     json.dump(sim, open(sim_file, "w"))
