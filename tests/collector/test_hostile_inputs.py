@@ -69,11 +69,15 @@ async def test_cancel_fails_a_chain_of_10000_in_one_request(client):
     reply = await resp.json()
     assert reply["was"] == "queued" and len(reply["cascaded"]) == 9_999
     assert reply["cascaded"][:2] == ["c-1", "c-2"] and reply["cascaded"][-1] == "c-9999"
-    for job_id in ("c-1", "c-5000", "c-9999"):
-        row = await job_of(client, job_id)
-        # One short sentence naming the root, the same at the end of the chain as at its head.
+    head = await job_of(client, "c-1")
+    assert head["status"] == "failed"
+    assert head["last_error"] == "dependency 'c-0' was cancelled: cancelled by an operator"
+    for number in (5000, 9999):
+        row = await job_of(client, f"c-{number}")
+        # One short sentence naming the job it waited on and the root, however far along.
         assert row["status"] == "failed"
-        assert row["last_error"] == "dependency 'c-0' was cancelled: cancelled by an operator"
+        assert row["last_error"] == (f"dependency 'c-{number - 1}' failed: dependency 'c-0' "
+                                     "was cancelled: cancelled by an operator")
     overview = await (await client.get("/api/overview")).json()
     assert overview["queue"]["failed"] == 9_999 and overview["queue"]["cancelled"] == 1
     # The collector goes on: the sweep, a fresh enqueue, the listings.
@@ -91,7 +95,8 @@ async def test_a_failed_final_row_fails_the_chain_with_a_bounded_error(client):
     assert (await resp.json())["status"] == "failed"
     tail = await job_of(client, "f-1499")
     assert tail["status"] == "failed"
-    assert tail["last_error"] == "dependency 'f-0' failed: " + "x" * 197 + "..."
+    assert tail["last_error"] == ("dependency 'f-1498' failed: dependency 'f-0' failed: "
+                                  + "x" * 197 + "...")
 
 
 async def test_the_sweep_fails_a_lapsed_root_and_its_chain(client, db_path):
@@ -102,7 +107,8 @@ async def test_the_sweep_fails_a_lapsed_root_and_its_chain(client, db_path):
     assert resp.status == 200, await resp.text()
     assert (await resp.json())["failed"] == ["s-0"]
     tail = await job_of(client, "s-999")
-    assert tail["status"] == "failed" and tail["last_error"].startswith("dependency 's-0' failed")
+    assert tail["status"] == "failed" and tail["last_error"].startswith(
+        "dependency 's-998' failed: dependency 's-0' failed")
     again = await client.post("/jobs/sweep")
     assert again.status == 200 and (await again.json()) == {"ok": True, "requeued": [],
                                                             "failed": []}

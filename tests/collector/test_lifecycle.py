@@ -338,6 +338,18 @@ async def test_unresolvable_reference_fails_the_waiter(client):
     assert row["status"] == "failed" and "cannot be resolved" in row["last_error"]
 
 
+async def test_a_diamond_names_each_waiter_once_through_the_root_when_it_can(client):
+    await client.post("/jobs", json=[job("a"), job("c", depends_on=["a"]),
+                                     job("b", depends_on=["a"]),
+                                     job("join", depends_on=["c", "b"]),
+                                     job("both", depends_on=["c", "a"])])
+    reply = await (await client.post("/api/jobs/a/cancel")).json()
+    assert sorted(reply["cascaded"]) == ["b", "both", "c", "join"]
+    root = "dependency 'a' was cancelled: cancelled by an operator"
+    assert (await status_of(client, "both"))["last_error"] == root
+    assert (await status_of(client, "join"))["last_error"] == f"dependency 'b' failed: {root}"
+
+
 async def test_failed_dependency_fails_the_whole_chain(client):
     await client.post("/devices/register", json=registration("d"))
     await client.post("/jobs", json=[job("a"), job("b", depends_on=["a"]),
@@ -346,9 +358,11 @@ async def test_failed_dependency_fails_the_whole_chain(client):
     await client.post("/results", json=result_row("a", "d", 0, final=True, ok=False,
                                                   error="disk full"))
     b, c = await status_of(client, "b"), await status_of(client, "c")
-    # Both name the job where the failure started: the text does not grow along the chain.
+    # Each names the job it waited on and the one where the failure started: the text does
+    # not grow along the chain.
     assert b["status"] == "failed" and b["last_error"] == "dependency 'a' failed: disk full"
-    assert c["status"] == "failed" and c["last_error"] == "dependency 'a' failed: disk full"
+    assert c["status"] == "failed" and c["last_error"] == (
+        "dependency 'b' failed: dependency 'a' failed: disk full")
     assert (await status_of(client, "side"))["status"] == "queued"
 
 

@@ -637,28 +637,35 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
     return unresolvable
 
 
-# Every waiting job that depends on a job, directly or through other waiting jobs: a job
-# reached twice (a diamond) is kept once, so the walk is linear in the dependency edges.
+# Every waiting job that depends on a job, directly or through other waiting jobs, with the
+# dependency it waited on (`via`). The walk keeps each (job, via) edge once, so a diamond costs
+# its edges, not its paths. A job reached through several waits is named once: through the
+# root when it waits on it directly, else through the first of its dependencies by id.
 _FAIL_DEPENDENTS = """
-WITH RECURSIVE doomed(job_id) AS (
-    SELECT d.job_id FROM job_deps d JOIN jobs j ON j.job_id = d.job_id
+WITH RECURSIVE doomed(job_id, via) AS (
+    SELECT d.job_id, d.depends_on FROM job_deps d JOIN jobs j ON j.job_id = d.job_id
     WHERE d.depends_on = :root AND j.status = 'waiting'
     UNION
-    SELECT d.job_id FROM doomed JOIN job_deps d ON d.depends_on = doomed.job_id
+    SELECT d.job_id, d.depends_on FROM doomed JOIN job_deps d ON d.depends_on = doomed.job_id
     JOIN jobs j ON j.job_id = d.job_id WHERE j.status = 'waiting'
+), named(job_id, via) AS (
+    SELECT job_id, MIN(CASE WHEN via = :root THEN '' ELSE via END) FROM doomed GROUP BY job_id
 )
-UPDATE jobs SET status = 'failed', updated_at = :now, finished_at = :now, last_error = :error,
-    lease_deadline = NULL
-WHERE job_id IN (SELECT job_id FROM doomed)
-RETURNING seq, job_id, workload, executor, parent_job_id
+UPDATE jobs SET status = 'failed', updated_at = :now, finished_at = :now, lease_deadline = NULL,
+    last_error = CASE WHEN named.via = '' THEN :error
+                      ELSE 'dependency ''' || named.via || ''' failed: ' || :error END
+FROM named WHERE jobs.job_id = named.job_id
+RETURNING seq, jobs.job_id AS job_id, workload, executor, parent_job_id, last_error
 """
 
 
 def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: str | None,
                      now: float, effects: Effects, closed: list[str]) -> list[str]:
-    """Fail every job waiting on `root`, however long the chain, in one statement; each gets
-    the same short sentence naming the root, and its id is added to `closed`. The fan-out
-    parents to settle come back.
+    """Fail every job waiting on `root`, however long the chain, in one statement, and add
+    their ids to `closed`. Each gets one short sentence: a direct dependent names the root and
+    its reason; one further along names the dependency it waited on, then the root and its
+    reason, so the text stays two names long however long the chain. The fan-out parents to
+    settle come back.
 
     Only the first CASCADE_EVENTS of them get a job event on the live stream, then one
     `cascade` event counts them all: 10,000 events in one burst to each of hundreds of stream
@@ -667,12 +674,13 @@ def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: st
     rows = conn.execute(_FAIL_DEPENDENTS, {"root": root, "now": now, "error": reason}).fetchall()
     rows.sort(key=lambda r: r["seq"])  # RETURNING comes in no promised order
     for r in rows[:CASCADE_EVENTS]:
-        effects.job(r["job_id"], JobStatus.FAILED, r["workload"], r["executor"], last_error=reason)
+        effects.job(r["job_id"], JobStatus.FAILED, r["workload"], r["executor"],
+                    last_error=r["last_error"])
     if len(rows) > CASCADE_EVENTS:
         effects.unstreamed.extend(
             {"type": "job", "job_id": r["job_id"], "status": JobStatus.FAILED,
-             "workload": r["workload"],
-             "executor": r["executor"], "last_error": reason} for r in rows[CASCADE_EVENTS:])
+             "workload": r["workload"], "executor": r["executor"],
+             "last_error": r["last_error"]} for r in rows[CASCADE_EVENTS:])
         effects.emit("cascade", job_id=root, failed=len(rows), streamed=CASCADE_EVENTS,
                      last_error=reason)
     doomed = {r["job_id"] for r in rows}
