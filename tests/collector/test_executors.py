@@ -120,6 +120,37 @@ async def test_a_waiting_poll_that_could_not_take_a_job_does_not_keep_it_from_an
     phones.cancel()
 
 
+async def test_a_host_job_for_an_attached_device_goes_to_the_executor_that_drives_it(
+        collector_factory):
+    client = await collector_factory(long_poll_s=3)  # lab-a's empty direct poll waits it out
+    for name in ("lab-a", "lab-b"):
+        await register(client, name, capabilities=["cold-start"])
+    assert (await client.post("/devices/register",
+                              json=attached("R5CT1234ABC", "lab-b"))).status == 200
+    cold = {"app_id": "com.example.shop"}
+    # lab-a polls first: a job for lab-b's phone passes it by and reaches lab-b's poll at once
+    first = asyncio.create_task(client.get("/executor/next-job?name=lab-a"))
+    await asyncio.sleep(0.3)
+    second = asyncio.create_task(client.get("/executor/next-job?name=lab-b"))
+    await asyncio.sleep(0.3)
+    await enqueue(client, host("phone", "cold-start", params=cold,
+                               targets={"device_id": "R5CT1234ABC"}))
+    resp = await asyncio.wait_for(second, 10)
+    assert resp.status == 200 and (await resp.json())["job_id"] == "phone"
+    assert not first.done()
+    first.cancel()
+    # polled directly, the same: lab-a is passed over, the job stays queued for lab-b
+    await enqueue(client, host("again", "cold-start", params=cold,
+                               targets={"device_id": "R5CT1234ABC"}))
+    assert await executor_claim(client, "lab-a") is None
+    assert (await (await client.get("/api/jobs/again")).json())["status"] == "queued"
+    assert await executor_claim(client, "lab-b", "&slots=2") == "again"
+    # a device no executor registered goes to whichever executor asks
+    await enqueue(client, host("loose", "cold-start", params=cold,
+                               targets={"device_id": "unknown-serial"}))
+    assert await executor_claim(client, "lab-a") == "loose"
+
+
 async def test_a_host_workload_nobody_declares_is_refused_at_enqueue(client):
     spec = host("apk", "build", params={"repo": "shop", "kind": "gradle"})
     refused = await enqueue(client, spec, status=422)

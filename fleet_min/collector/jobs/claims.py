@@ -135,11 +135,28 @@ def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
     return None
 
 
+def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) -> str | None:
+    """Why a host executor may not take a job pinned to this device: the device is registered
+    as attached to another executor (executors register what they drive, with
+    descriptor.attached_to, at start and every beacon). A device registered by no executor, or
+    not registered at all, goes to any executor."""
+    found = conn.execute("SELECT json_extract(descriptor, '$.attached_to') AS host "
+                         "FROM devices WHERE device_id = ?", (device_id,)).fetchone()
+    host = found["host"] if found else None
+    if isinstance(host, str) and host and host != executor:
+        return f"device {device_id} is attached to executor {host}"
+    return None
+
+
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
              device: Device | None, now: float, ignore_job: str | None) -> str | None:
     if claimant.executor == Executor.DEVICE:
         assert device is not None
         why = static_refusal(device, row["workload"], row["variant"], row["pool"], row["match"])
+        if why:
+            return why
+    elif row["target_device"]:
+        why = attachment_refusal(conn, row["target_device"], claimant.id)
         if why:
             return why
     # Most specs carry no constraints; only those are decoded here.
