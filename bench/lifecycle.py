@@ -23,19 +23,27 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Http, cpu_seconds, emit, main_thread_cpu_seconds, server, table
 
 
-async def _agent(address: str, device: str, stop_at: float, counter: list[int]) -> None:
+async def _agent(address: str, device: str, stop_at: float, counter: list[int],
+                 interval: float = 0.0, stopped: Any = None) -> None:
+    """One agent's job after job until stop_at (or until `stopped`, an Event, is set); with an
+    `interval`, a job starts at most every that many seconds (a paced background load)."""
     http = Http(address)
     await http.request("POST", "/devices/register", {
         "device_id": device, "descriptor": {"platform": "linux"},
         "capabilities": ["benchmark"]})
     n = 0
-    while time.monotonic() < stop_at:
+    next_start = time.monotonic()
+    while time.monotonic() < stop_at and not (stopped is not None and stopped.is_set()):
+        if interval:
+            next_start += interval
+            await asyncio.sleep(max(0.0, next_start - time.monotonic()))
         n += 1
         job_id = f"{device}-{n}"
         status, _ = await http.request("POST", "/jobs", {
