@@ -167,7 +167,8 @@ def _components() -> dict[str, Schema]:
             "attempts": arr(obj({"attempt": INT, "claimed_by": null(STR), "claimed_at": null(TIME),
                                  "ended_at": null(TIME), "outcome": null(STR),
                                  "error": null(STR)})),
-            "depends_on": arr(JOB_LINK), "dependents": arr(JOB_LINK),
+            "depends_on": arr(ref("jobId")), "dependencies": arr(JOB_LINK),
+            "dependents": arr(JOB_LINK),
             "ci_status?": ref("CiStatus")}}),
         # Not allOf JobSpec: the spec refuses fields of its own it does not know (attempt).
         "ClaimedJob": obj({

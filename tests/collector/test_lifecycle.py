@@ -338,6 +338,20 @@ async def test_unresolvable_reference_fails_the_waiter(client):
     assert row["status"] == "failed" and "cannot be resolved" in row["last_error"]
 
 
+async def test_the_detail_lists_dependencies_in_the_specs_order_with_their_status(client):
+    await client.post("/jobs", json=[job("z"), job("a"), job("w", depends_on=["z", "a"])])
+    waiter = await (await client.get("/api/jobs/w")).json()
+    assert waiter["depends_on"] == ["z", "a"]  # ids, as the spec lists them
+    assert waiter["dependencies"] == [{"job_id": "z", "status": "queued"},
+                                      {"job_id": "a", "status": "queued"}]
+    assert waiter["dependents"] == []
+    first = await (await client.get("/api/jobs/z")).json()
+    assert first["depends_on"] == [] and first["dependencies"] == []
+    assert first["dependents"] == [{"job_id": "w", "status": "waiting"}]
+    page = await (await client.get("/dash/legacy/jobs/w")).text()  # the legacy page reads them
+    assert page.count("depends on") == 2 and "/dash/legacy/jobs/z" in page
+
+
 async def test_a_diamond_names_each_waiter_once_through_the_root_when_it_can(client):
     await client.post("/jobs", json=[job("a"), job("c", depends_on=["a"]),
                                      job("b", depends_on=["a"]),

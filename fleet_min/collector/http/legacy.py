@@ -367,7 +367,7 @@ def job(j: Mapping[str, Any]) -> Markup:
         (r["attempt"], device_link(r["device_id"]), r["iter"], r["ok"], r["final"],
          metrics(r["metrics"]), r["error"]) for r in j["results"]), "No result rows.")
     chain = table(("Job", "Status", "Relation"), [
-        *((job_link(d["job_id"]), pill(d["status"]), "depends on") for d in j["depends_on"]),
+        *((job_link(d["job_id"]), pill(d["status"]), "depends on") for d in j["dependencies"]),
         *((job_link(d["job_id"]), pill(d["status"]), "waits for this") for d in j["dependents"]),
         *((job_link(c["job_id"]), pill(c["status"]), "fan-out child") for c in j["children"])],
         "No dependencies or children.")

@@ -113,6 +113,8 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
     deps = await db.read("SELECT d.depends_on AS job_id, j.status FROM job_deps d "
                          "LEFT JOIN jobs j ON j.job_id = d.depends_on WHERE d.job_id = ?",
                          (job_id,))
+    listed = {dep: n for n, dep in enumerate((record["spec"] or {}).get("depends_on") or [])}
+    deps = sorted(deps, key=lambda d: listed.get(d["job_id"], len(listed)))
     dependents = await db.read("SELECT d.job_id, j.status FROM job_deps d "
                                "JOIN jobs j ON j.job_id = d.job_id WHERE d.depends_on = ?",
                                (job_id,))
@@ -126,7 +128,10 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
         "artifacts": await _job_artifacts(db, record["spec"], rows),
         "children": [dict(c) for c in children],
         "attempts": tried,
-        "depends_on": [dict(d) for d in deps],
+        # The ids as the spec lists them (the spec's own shape, and the original's), and each
+        # with its status beside them.
+        "depends_on": [d["job_id"] for d in deps],
+        "dependencies": [dict(d) for d in deps],
         "dependents": [dict(d) for d in dependents],
         "derived_timeline": derived_timeline(record, tried, rows),
     })

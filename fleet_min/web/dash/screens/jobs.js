@@ -103,7 +103,7 @@ function Results({ rows }) {
 
 function Chain({ job }) {
   const rows = [
-    ...job.depends_on.map((d) => ({ ...d, rel: "depends on" })),
+    ...job.dependencies.map((d) => ({ ...d, rel: "depends on" })),
     ...job.dependents.map((d) => ({ ...d, rel: "waits for this job" })),
     ...(job.parent_job_id ? [{ job_id: job.parent_job_id, status: "", rel: "fan-out parent" }] : []),
     ...job.children.map((c) => ({ ...c, rel: `fan-out child${c.target_device ? ` for ${c.target_device}` : ""}` })),
@@ -157,7 +157,7 @@ export function JobDetail({ id }) {
     return related.current.has(e.job_id) || e.job_id.startsWith(`${id}--`);
   });
   const j = res.data;
-  if (j) related.current = new Set([id, ...j.children.map((c) => c.job_id), ...j.depends_on.map((d) => d.job_id), ...j.dependents.map((d) => d.job_id)]);
+  if (j) related.current = new Set([id, ...j.children.map((c) => c.job_id), ...j.dependencies.map((d) => d.job_id), ...j.dependents.map((d) => d.job_id)]);
   return html`<${Page} title=${id} subtitle=${j ? html`<span class="status-line"><${Pill} status=${j.status} /> <span>${j.workload}${j.backend ? ` · ${j.backend}` : ""} · ${j.executor}</span></span>` : "Job"}
     actions=${j ? html`<${JobActions} job=${j} reload=${res.reload} />` : null}>
     <${Loaded} res=${res}>${(job) => html`
