@@ -23,6 +23,7 @@ from tests.support.agent import (
     http_bytes,
     make_tool,
     python38,
+    wait_for,
 )
 
 pytestmark = pytest.mark.slow
@@ -229,3 +230,29 @@ def test_each_executor_is_offered_only_what_it_declared(procs, tmp_path):
     procs.agent([collector], "web", "--executor", "host", "--name", "web", env=web)
     page = collector.wait_status("page", ("done", "failed"), 30)
     assert page["status"] == "done" and page["claimed_by"] == "web"
+
+
+def test_a_job_for_a_phone_goes_to_the_executor_it_is_plugged_into(procs, tmp_path):
+    collector = procs.collector()
+    for name, serial in (("lab-a", "emulator-5554"), ("lab-b", "R5CT1234ABC")):
+        env = fake_tools(tmp_path / name, {"adb": FAKE_ADB})
+        env.update(PATH=str(tmp_path / name / "fake-bin"), FAKE_ADB_ONLY=serial)
+        procs.agent([collector], name, "--executor", "host", "--name", name,
+                                  env=env)
+    for name, serial in (("lab-a", "emulator-5554"), ("lab-b", "R5CT1234ABC")):
+        # each executor's presence round registers its phone as attached to it
+        wait_for(lambda serial=serial: collector.get(f"/api/devices/{serial}")[0] == 200,
+                 30, what=f"{serial} registered by its executor")
+        assert collector.get(f"/api/devices/{serial}")[1]["descriptor"]["attached_to"] == name
+    cold = {"app_id": "com.example.shop", "launches": 1}
+    jobs = [host_job(f"cold-{serial}-{n}", "cold-start", targets={"device_id": serial},
+                     params=cold) for n in range(3)
+            for serial in ("emulator-5554", "R5CT1234ABC")]
+    for spec in jobs:
+        collector.enqueue(spec)
+    status = wait_all(collector, jobs, timeout=90)
+    for spec in jobs:
+        serial = spec["targets"]["device_id"]
+        row = status[spec["job_id"]]
+        assert row["status"] == "done", row
+        assert row["claimed_by"] == ("lab-a" if serial == "emulator-5554" else "lab-b"), row
