@@ -42,6 +42,13 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return _stat_cpu(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
+def pin_process(pid: int, cores: set[int]) -> None:
+    """Keep a running process, every thread it has now, on these cores (threads it starts
+    later inherit the mask of the thread that starts them)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cores)
+
+
 def _stat_cpu(stat: Path) -> float:
     fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK

@@ -27,7 +27,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, main_thread_cpu_seconds, server, table
+from bench.common import (
+    Http,
+    cpu_seconds,
+    emit,
+    main_thread_cpu_seconds,
+    pin_process,
+    server,
+    table,
+)
 
 
 async def _agent(address: str, device: str, stop_at: float, counter: list[int],
@@ -61,7 +69,10 @@ async def _agent(address: str, device: str, stop_at: float, counter: list[int],
 
 
 def _client_process(address: str, prefix: str, agents: int, seconds: float,
-                    out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+                    out: multiprocessing.Queue,  # type: ignore[type-arg]
+                    cores: set[int] | None = None) -> None:
+    if cores:
+        os.sched_setaffinity(0, cores)
     counter = [0]
     start_cpu = time.process_time()
 
@@ -74,13 +85,15 @@ def _client_process(address: str, prefix: str, agents: int, seconds: float,
     out.put((counter[0], time.process_time() - start_cpu))
 
 
-def load(address: str, pid: int, prefix: str, agents: int, procs: int, seconds: float
-         ) -> dict[str, float]:
-    """One slice of load against a running server: its CPU, jobs and wall time."""
+def load(address: str, pid: int, prefix: str, agents: int, procs: int, seconds: float,
+         client_cores: set[int] | None = None) -> dict[str, float]:
+    """One slice of load against a running server: its CPU, jobs and wall time; the client
+    processes run on `client_cores` when given."""
     queue: multiprocessing.Queue = multiprocessing.Queue()  # type: ignore[type-arg]
     per_proc = [agents // procs + (1 if i < agents % procs else 0) for i in range(procs)]
     workers = [multiprocessing.Process(target=_client_process,
-                                       args=(address, f"{prefix}-{i}", n, seconds, queue))
+                                       args=(address, f"{prefix}-{i}", n, seconds, queue,
+                                             client_cores))
                for i, n in enumerate(per_proc) if n]
     cpu_before, wall_before = cpu_seconds(pid), time.monotonic()
     main_before = main_thread_cpu_seconds(pid)
@@ -103,19 +116,24 @@ def _summary(slices: list[dict[str, float]]) -> dict[str, float]:
             "server_main_thread_ms_per_job": 1000 * total["server_main_thread_cpu_s"] / jobs}
 
 
-def measure_round(r: int, agents: int, procs: int, seconds: float, slices: int
-                  ) -> tuple[dict[str, float], dict[str, float]]:
+def measure_round(r: int, agents: int, procs: int, seconds: float, slices: int,
+                  pin: bool = False) -> tuple[dict[str, float], dict[str, float]]:
     """One round: the bare server and the collector (fresh ones), both running, loaded in turn
     in `slices` slices each (bare, collector, collector, bare, ...), so that both are measured
     across the same minute of this machine; each slice loads one server alone."""
     got: dict[str, list[dict[str, float]]] = {"bare": [], "collector": []}
     with server("bare") as bare, server("collector") as ours:
         running = {"bare": bare, "collector": ours}
+        client_cores = None
+        if pin:  # each server on the first core, every client process on the second
+            for _, pid in running.values():
+                pin_process(pid, {0})
+            client_cores = {1}
         for n in range(slices):
             for kind in ("bare", "collector") if n % 2 == 0 else ("collector", "bare"):
                 address, pid = running[kind]
                 got[kind].append(load(address, pid, f"{kind}{r}s{n}", agents, procs,
-                                      seconds / slices))
+                                      seconds / slices, client_cores))
     return _summary(got["bare"]), _summary(got["collector"])
 
 
@@ -127,6 +145,8 @@ def main() -> None:
     parser.add_argument("--slices", type=int, default=3,
                         help="each server's seconds of a round come in this many turns")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pin", action="store_true",
+                        help="the server on core 0, the clients on core 1 (two cores or more)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
@@ -135,7 +155,8 @@ def main() -> None:
     collectors: list[dict[str, float]] = []
     ratios: list[float] = []
     for r in range(args.rounds):
-        bare, ours = measure_round(r, args.agents, args.procs, args.seconds, args.slices)
+        bare, ours = measure_round(r, args.agents, args.procs, args.seconds, args.slices,
+                                   args.pin)
         emit({"bench": "lifecycle", "round": r, "server": "bare", "slices": args.slices, **bare})
         emit({"bench": "lifecycle", "round": r, "server": "collector", "synchronous": "FULL",
               "slices": args.slices, **ours})
@@ -151,8 +172,8 @@ def main() -> None:
           "bare_jobs_per_s": med(bares, "jobs_per_s"), "jobs_per_s": med(collectors, "jobs_per_s"),
           "bare_cpu_ms_per_job": med(bares, "server_cpu_ms_per_job"),
           "cpu_ms_per_job": med(collectors, "server_cpu_ms_per_job"), "cpu_ratio": ratio,
-          "cpu_ratios": ratios, "target_ratio": ">= 0.5", "target_jobs_per_s": 4000,
-          "cores": os.cpu_count()})
+          "cpu_ratios": ratios, "pinned": args.pin, "target_ratio": ">= 0.5",
+          "target_jobs_per_s": 4000, "cores": os.cpu_count()})
     table([
         ("bare server jobs/s", f"{med(bares, 'jobs_per_s'):.0f}",
          "the load generator's ceiling"),
