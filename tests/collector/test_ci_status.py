@@ -1,4 +1,5 @@
-"""report_to.ci_status on host jobs, posted to a local fake of GitHub's commit-status API."""
+"""report_to.ci_status on host and device jobs and fan-outs, posted to a local fake of GitHub's
+commit-status API."""
 
 from __future__ import annotations
 
@@ -159,6 +160,45 @@ async def test_device_jobs_and_jobs_without_a_target_report_nothing(
     plain = await (await client.get("/api/jobs/plain-host/ci-status")).json()
     assert plain["target"] is None and plain["statuses"] == []
     assert (await client.get("/api/jobs/nope/ci-status")).status == 404
+
+
+async def test_a_device_job_reports_like_a_host_job(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/devices/register", json=registration("pixel"))
+    await client.post("/jobs", json=job("bench", report_to={"ci_status": TARGET}))
+    claimed = await client.get("/devices/pixel/next-job")
+    assert (await claimed.json())["job_id"] == "bench"
+    await client.post("/results", json=result_row("bench", "pixel", final=True, ok=False,
+                                                  error="decode fell 30 %"))
+    calls = await github.wait_for(2)
+    assert [(c["state"], c["context"]) for c in calls] == [
+        ("pending", "fleet-min/benchmark"), ("failure", "fleet-min/benchmark")]
+    assert calls[1]["description"] == "benchmark failed: decode fell 30 %"
+
+
+async def test_a_fan_out_reports_once_under_its_parent(collector_factory, monkeypatch, github):
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    for device in ("pixel", "galaxy"):
+        await client.post("/devices/register", json=registration(device))
+    resp = await client.post("/jobs", json=job("sweep", fanout=True,
+                                               report_to={"ci_status": TARGET}))
+    assert sorted((await resp.json())["fanout"]) == ["sweep--galaxy", "sweep--pixel"]
+    for device in ("pixel", "galaxy"):  # two claims: one pending, the parent's
+        claimed = await client.get(f"/devices/{device}/next-job")
+        assert (await claimed.json())["job_id"] == f"sweep--{device}"
+    await client.post("/results", json=result_row("sweep--pixel", "pixel", final=True,
+                                                  ok=True))
+    await client.post("/results", json=result_row("sweep--galaxy", "galaxy", final=True,
+                                                  ok=False, error="thermal throttling"))
+    parent = await recorded(client, "sweep", 2)
+    assert [s["state"] for s in parent["statuses"]] == ["pending", "failure"]
+    calls = await github.wait_for(2)
+    await asyncio.sleep(0.3)  # nothing more comes: no child posts one of its own
+    assert [c["state"] for c in github.calls] == ["pending", "failure"]
+    assert calls[1]["description"].startswith("benchmark failed: 1 of 2 fan-out children")
+    for child in ("sweep--pixel", "sweep--galaxy"):
+        assert (await (await client.get(f"/api/jobs/{child}/ci-status")).json())[
+            "statuses"] == []
 
 
 async def test_the_token_is_never_logged(collector_factory, monkeypatch, github, caplog):

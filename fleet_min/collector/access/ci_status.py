@@ -1,4 +1,4 @@
-"""Commit statuses for host jobs that name `report_to.ci_status` ("owner/repo@sha").
+"""Commit statuses for jobs that name `report_to.ci_status` ("owner/repo@sha").
 
 A job event after commit drives it: `claimed` posts `pending`, `done`/`failed`/`cancelled` post
 `success`/`failure`/`error`. Posting is armed only when a token is set; otherwise each status is
@@ -13,8 +13,8 @@ checks again before posting; with a token and no list nothing is posted, and eac
 recorded with the reason instead. Without a token and without a list, dry runs are recorded as
 before.
 
-Only host jobs report (the spec names them; fan-out is for device jobs only, so a reporting job
-never has fan-out children).
+Host and device jobs report alike (the spec names host jobs; the original collector's clients
+send it on device jobs too). A fan-out reports once, under its parent (see _report_for).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-from fleet_min.collector.jobs.kinds import Executor, JobStatus
+from fleet_min.collector.jobs.kinds import JobStatus
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, NotFound
@@ -200,7 +200,7 @@ class CiReporter:
         One worker resolves events in the order they happened, so a job's `pending` can never
         be queued behind its terminal status.
         """
-        if event.get("type") != "job" or event.get("executor") != Executor.HOST:
+        if event.get("type") != "job":
             return
         status = event.get("status")
         if status != JobStatus.CLAIMED and status not in TERMINAL:
@@ -223,10 +223,22 @@ class CiReporter:
                 self._queue(report)
 
     async def _report_for(self, job_id: str, status: str, error: str | None) -> Report | None:
-        row = await self.db.read_one("SELECT workload, spec FROM jobs WHERE job_id = ?",
-                                     (job_id,))
+        """The status a job's event posts, if any. A fan-out reports once, as its parent: the
+        first child's claim posts the parent's `pending`, and the parent's own close its
+        terminal state; a child's close posts nothing (children share the commit and the
+        context, so each would overwrite the others)."""
+        row = await self.db.read_one("SELECT workload, spec, parent_job_id FROM jobs "
+                                     "WHERE job_id = ?", (job_id,))
         if row is None:
             return None
+        if row["parent_job_id"]:
+            if status != JobStatus.CLAIMED:
+                return None
+            job_id = row["parent_job_id"]
+            row = await self.db.read_one("SELECT workload, spec, parent_job_id FROM jobs "
+                                         "WHERE job_id = ?", (job_id,))
+            if row is None:
+                return None
         target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
         if not isinstance(target, str) or not target:
             return None
