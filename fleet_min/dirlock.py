@@ -48,14 +48,16 @@ def lock_file(directory: Path, role: str) -> Path:
     return directory / f"{role.split()[0]}.lock"
 
 
-def hold(directory: Path, role: str, shown: str | None = None) -> DirLock:
-    """Take the directory for this process, creating it when missing.
+def hold(directory: Path, role: str, shown: str | None = None, *, mode: int = 0o700
+         ) -> DirLock:
+    """Take the directory for this process, creating it with `mode` when missing (so that a
+    fresh start has nothing to tighten and say so).
 
     `role` names this holder in a refusal ("collector", "collector restore"); `shown` is how the
     directory is named in messages (default: as given). Raises DirectoryInUse when another
     process holds it, OSError when the directory cannot be made or the file cannot be opened.
     """
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=mode, parents=True, exist_ok=True)
     path = lock_file(directory, role)
     if fcntl is None:
         log.warning("cannot lock %s on this platform (no fcntl): make sure only one %s uses it",

@@ -157,13 +157,14 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
 def run(name: str, directory: Path, shown: str, what: str, hosts: Sequence[str], port: int,
         make_app: Callable[[], web.Application], *, grace_s: float,
         announce: Callable[[list[tuple[str, int]]], None], log_file: str = "",
-        **runner_kwargs: Any) -> int:
-    """A service's whole life, the same for both: own its directory (`what` names it in a
-    refusal, `shown` as the person gave it), bind, build the app, run until a signal, and say
-    how it ended. The exit code: 0 after a signal, 1 when it could not start."""
+        dir_mode: int = 0o700, **runner_kwargs: Any) -> int:
+    """A service's whole life, the same for both: own its directory (made with `dir_mode` when
+    missing; `what` names it in a refusal, `shown` as the person gave it), bind, build the app,
+    run until a signal, and say how it ended. The exit code: 0 after a signal, 1 when it could
+    not start."""
     log = logging.getLogger(f"fleet_min.{name}")
     try:
-        dirlock.hold(directory, name, shown=shown)  # held until the process ends
+        dirlock.hold(directory, name, shown=shown, mode=dir_mode)  # held until the process ends
         sockets = bind(hosts, port)
     except (dirlock.DirectoryInUse, BindError) as exc:
         return _refuse(name, str(exc))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from fleet_min import jsonio, logs, serving
+from fleet_min import filemodes, jsonio, logs, serving
 from fleet_min.config import (
     COLLECTOR_SETTINGS,
     CollectorConfig,
@@ -80,6 +80,7 @@ def _serve(app: web.Application, config: CollectorConfig, fast: bool) -> int:
         "collector", Path(config.data_dir), config.data_dir, "data directory", config.bind,
         config.port, lambda: app, grace_s=config.stop_grace_s,
         announce=_announce(config, fast), log_file=config.log_file,
+        dir_mode=filemodes.COLLECTOR_DIR,
         # A client that goes away ends its handler at once: a held long poll or stream is
         # released (and counted out of stream_clients) without waiting for a write.
         handler_cancellation=True)

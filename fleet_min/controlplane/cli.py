@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fleet_min import heap, jsonio, logs, serving
+from fleet_min import filemodes, heap, jsonio, logs, serving
 from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
 from fleet_min.controlplane.federation.link import coordinator_token, coordinator_token_file
@@ -57,7 +57,7 @@ def _run(cfg: Any) -> int:
     return serving.run("controlplane", Path(cfg.state_dir).expanduser(), cfg.state_dir,
                        "state directory", [cfg.host], cfg.port, lambda: create_app(cfg),
                        grace_s=cfg.stop_grace_s, announce=_announce(cfg),
-                       log_file=cfg.log_file)
+                       log_file=cfg.log_file, dir_mode=filemodes.CONTROLPLANE_DIR)
 
 
 def main(argv: list[str]) -> int:

@@ -54,6 +54,8 @@ def test_a_new_data_directory_has_nothing_for_others(tmp_path: Path) -> None:
             assert (data / name).exists(), name
         assert mode(data) == 0o750 and mode(data / "fleet.sqlite3") == 0o640
         assert loose_entries(data) == {}
+        # made with its mode, not made loose and then tightened with a warning on a first start
+        assert "tightened" not in proc.log(), proc.log()
         assert proc.client.post("/jobs", job("j1"))[0] == 201
         sha = upload(proc, b"an unreleased build")
         assert (data / "artifacts" / sha[:2] / sha).exists()

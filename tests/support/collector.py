@@ -165,7 +165,8 @@ class CollectorProcess:
     def start(self, wait: bool = True) -> CollectorProcess:
         env = {**os.environ, "FLEET_LONG_POLL_S": "2", "FLEET_SWEEP_S": "1",
                "PYTHONPATH": str(ROOT), **self.extra_env}
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        # The collector makes its data directory itself (with its mode); the log sits beside it.
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [*self.argv, "--port", str(self.port), "--data", str(self.data_dir),

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_min import dirlock
+from fleet_min import dirlock, filemodes
 from fleet_min.timeutil import iso
 
 DB_NAME = "fleet.sqlite3"
@@ -283,7 +283,7 @@ def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
         raise BackupError(f"the backup is at schema version {version}, newer than this program "
                           f"knows ({known_schema_version()}); restore it with a newer fleet-min")
     try:
-        lock = dirlock.hold(data_dir, "collector restore")
+        lock = dirlock.hold(data_dir, "collector restore", mode=filemodes.COLLECTOR_DIR)
     except dirlock.DirectoryInUse as exc:
         raise BackupError(f"{exc}; stop it first") from None
     try:
