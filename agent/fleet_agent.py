@@ -28,6 +28,7 @@ import http.client
 import ipaddress
 import json
 import logging
+import math
 import os
 import platform
 import queue
@@ -5481,8 +5482,10 @@ def digest_plan(ctx: JobContext) -> dict:
     if model is not None and (not isinstance(model, str) or not APP_NAME.match(model)):
         raise Refusal(f"params.model must be a model name; the job gave {shown(model)}")
     end = time.time()
+    # Whole seconds on the wire: the end rounds up, so a row stored in the second the digest
+    # started (a job that closed just before it) is inside the window.
     return {"app": app, "days": days, "model": model,
-            "from": iso_utc(end - days * 86400), "to": iso_utc(end)}
+            "from": iso_utc(end - days * 86400), "to": iso_utc(math.ceil(end))}
 
 
 def iso_utc(seconds: float) -> str:

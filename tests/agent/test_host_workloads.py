@@ -6,10 +6,12 @@ battery level, crashes on a given launch, a UI tree with a small unlabeled butto
 
 from __future__ import annotations
 
+import calendar
 import io
 import json
 import os
 import shutil
+import time
 import types
 import zipfile
 from pathlib import Path
@@ -619,6 +621,17 @@ def test_digest_trends_run_oldest_first(fa):
     (trend,) = fa.cold_start_trends(rows, {"c1", "c2"})
     assert (trend["first"], trend["last"], trend["samples"], trend["change_pct"]) == (
         800, 900, 2, 12.5)
+
+
+def test_the_digest_window_ends_no_earlier_than_its_start(fa):
+    # Whole seconds on the wire: the end rounds up, or a row stored in the second the digest
+    # started (the job that closed just before it) fell outside the window.
+    started = time.time()
+    plan = fa.digest_plan(types.SimpleNamespace(params={"app": "shop", "days": 1}))
+    end = calendar.timegm(time.strptime(plan["to"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert started <= end < started + 1.001
+    begin = calendar.timegm(time.strptime(plan["from"], "%Y-%m-%dT%H:%M:%SZ"))
+    assert started - 86400 - 1 < begin <= started - 86400
 
 
 def test_digest_reports_escape_what_they_quote(fa):
