@@ -151,6 +151,29 @@ async def test_a_host_job_for_an_attached_device_goes_to_the_executor_that_drive
     assert await executor_claim(client, "lab-a") == "loose"
 
 
+async def test_pins_that_contradict_an_attachment_are_refused_or_narrowed(collector_factory):
+    client = await collector_factory(long_poll_s=0.05)
+    for name in ("lab-a", "lab-b"):
+        await register(client, name, capabilities=["cold-start"])
+        assert await executor_claim(client, name) is None  # seen polling
+    assert (await client.post("/devices/register",
+                              json=attached("R5CT1234ABC", "lab-b"))).status == 200
+    cold = {"app_id": "com.example.shop"}
+    # naming the other executor could never be offered: refused, naming both, nothing stored
+    refused = await enqueue(client, host("stuck", "cold-start", params=cold, targets={
+        "device_id": "R5CT1234ABC", "executor": "lab-a"}), status=400)
+    assert "'lab-a'" in refused["error"] and "attached to executor 'lab-b'" in refused["error"]
+    assert (await client.get("/jobs/stuck")).status == 404
+    # a fan-out for the phone has one child: for the executor it is plugged into
+    spec = host("each", "cold-start", params=cold, fanout=True,
+                targets={"device_id": "R5CT1234ABC"})
+    preview = await (await client.post("/api/jobs/preview-targets", json={
+        **spec, "job_id": "preview"})).json()
+    assert preview["executors"] == ["lab-b"]
+    assert (await enqueue(client, spec))["fanout"] == ["each--lab-b"]
+    assert await executor_claim(client, "lab-b") == "each--lab-b"
+
+
 async def test_a_host_workload_nobody_declares_is_refused_at_enqueue(client):
     spec = host("apk", "build", params={"repo": "shop", "kind": "gradle"})
     refused = await enqueue(client, spec, status=422)

@@ -140,10 +140,8 @@ def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) 
     as attached to another executor (executors register what they drive, with
     descriptor.attached_to, at start and every beacon). A device registered by no executor, or
     not registered at all, goes to any executor."""
-    found = conn.execute("SELECT json_extract(descriptor, '$.attached_to') AS host "
-                         "FROM devices WHERE device_id = ?", (device_id,)).fetchone()
-    host = found["host"] if found else None
-    if isinstance(host, str) and host and host != executor:
+    host = executors.attached_to(conn, device_id)
+    if host is not None and host != executor:
         return f"device {device_id} is attached to executor {host}"
     return None
 

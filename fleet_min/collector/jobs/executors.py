@@ -150,6 +150,23 @@ def recent(conn: sqlite3.Connection, now: float) -> list[tuple[str, list[str] | 
             for row in conn.execute(RECENT_SQL, (recent_since(now),))]
 
 
+# The executor a registered device is attached to (its descriptor's attached_to), if any.
+ATTACHED_TO_SQL = ("SELECT json_extract(descriptor, '$.attached_to') FROM devices "
+                   "WHERE device_id = ?")
+
+
+def attached_host(value: Any) -> str | None:
+    """attached_to as read by ATTACHED_TO_SQL: the executor's name, or None."""
+    return value if isinstance(value, str) and value else None
+
+
+def attached_to(conn: sqlite3.Connection, device_id: str) -> str | None:
+    """The executor a host job pinned to this device must go to: the one the registered
+    device says it is attached to; None for a device no executor registered, or none at all."""
+    row = conn.execute(ATTACHED_TO_SQL, (device_id,)).fetchone()
+    return attached_host(row[0]) if row else None
+
+
 # -- the listing (GET /api/executors) -----------------------------------------------------------
 
 POLL_ENDED_S = 60.0      # "polling": a poll waits now, or one ended this recently

@@ -270,6 +270,8 @@ def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
         return _store_fanout(conn, spec, now, effects, template_id)
+    if parent is None:
+        _check_pins_agree(conn, spec)
     status, last_error, spec = _initial_status(conn, spec)
     warnings = validate.param_warnings(spec)
     route = _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent,
@@ -281,6 +283,20 @@ def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects
     if warnings:
         reply["warnings"] = warnings
     return reply
+
+
+def _check_pins_agree(conn: sqlite3.Connection, spec: JobSpec) -> None:
+    """A host job that names both an executor and a device attached to another could never be
+    offered (see claims.attachment_refusal): refused, naming both, rather than left queued."""
+    targets = spec.get("targets") or {}
+    wanted, device = targets.get("executor"), targets.get("device_id")
+    if spec["executor"] != Executor.HOST or not wanted or not device:
+        return
+    host = executors.attached_to(conn, device)
+    if host is not None and host != wanted:
+        raise BadRequest(f"job {spec['job_id']}: targets.executor is {wanted!r} but device "
+                         f"{device} is attached to executor {host!r}; name that one, or "
+                         "leave targets.executor out")
 
 
 def _initial_status(conn: sqlite3.Connection, spec: JobSpec) -> tuple[str, str | None, JobSpec]:
@@ -390,25 +406,31 @@ _NO_FANOUT_TARGET = {
     "device_id": "fan-out matched no registered device that can run {workload!r}; check "
                  "targets and capabilities with POST /api/jobs/preview-targets",
     "executor": "fan-out found no host executor to run {workload!r}: none polled in the last "
-                "15 minutes (or the one targets.executor names did not); start one with "
+                "15 minutes (or the one targets.executor names did not, or the one the device "
+                "of targets.device_id is attached to); start one with "
                 "fleet_agent.py --executor host",
 }
 
 
 def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[str]:
     """The executors a host fan-out creates children for (equal to the preview)."""
-    return pick_executors(executors.recent(conn, now), spec)
+    device = (spec.get("targets") or {}).get("device_id")
+    return pick_executors(executors.recent(conn, now), spec,
+                          executors.attached_to(conn, device) if device else None)
 
 
-def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec) -> list[str]:
+def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec,
+                   attached: str | None = None) -> list[str]:
     """Of the executors seen recently (executors.recent: each name with what it declared),
     those a host fan-out of this spec reaches: every one that would be offered the job (it
     declared the workload or its pairing, or never said), or only the one targets.executor
-    names. Names that cannot end a job id (<job_id>--<name>: letters, digits and . _ : @ -)
-    are left out."""
+    names, and only `attached`, the executor targets.device_id is attached to, when it is (a
+    child for any other would never be offered). Names that cannot end a job id
+    (<job_id>--<name>: letters, digits and . _ : @ -) are left out."""
     wanted = (spec.get("targets") or {}).get("executor")
     variant = rules.spec_variant(spec)
     return [name for name, capabilities in seen if (not wanted or name == wanted)
+            and (not attached or name == attached)
             and rules.offers(capabilities, spec["workload"], variant)
             and validate.is_job_id(f"{spec['job_id']}--{name}")]
 

@@ -304,8 +304,11 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
     executors. With any_workload, the devices are not asked whether they run the workload."""
     if spec["executor"] == Executor.HOST:
         rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
+        device = (spec.get("targets") or {}).get("device_id")
+        found = await db.read_one(executors.ATTACHED_TO_SQL, (device,)) if device else None
         names = queue.pick_executors(
-            [(row[0], executors.decoded(row[1])) for row in rows], spec)
+            [(row[0], executors.decoded(row[1])) for row in rows], spec,
+            executors.attached_host(found[0]) if found else None)
         return {"count": len(names), "devices": [], "executors": names}
     chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now,
                                   any_workload=any_workload)
