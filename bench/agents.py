@@ -60,6 +60,7 @@ from bench.common import (
     main_thread_cpu_seconds,
     memory_kib,
     raise_nofile,
+    register_devices,
     serve_bare_polls,
     server,
     table,
@@ -131,20 +132,6 @@ def beacon_body(device: str, rng: random.Random) -> dict[str, Any]:
     return {"schema": 1, "kind": "beacon", "device_id": device, "beacon": {
         "battery_pct": rng.randint(40, 100), "on_ac": True, "load_1m": round(rng.random(), 2),
         "idle_s": rng.randint(0, 3600), "mem_mb": 3500}}
-
-
-async def _register(address: str, devices: list[str]) -> None:
-    async def worker(mine: list[str]) -> None:
-        http = Http(address)
-        for device in mine:
-            status, body = await http.request("POST", "/devices/register", {
-                "device_id": device, "descriptor": {"platform": "linux"},
-                "capabilities": ["benchmark"]})
-            if status != 200:
-                raise RuntimeError(f"register answered {status}: {body[:200]!r}")
-        http.close()
-
-    await asyncio.gather(*(worker(devices[i::8]) for i in range(8)))
 
 
 async def _open(address: str, count: int) -> list[Http]:
@@ -233,7 +220,7 @@ def _client(address: str, devices: list[str], register: bool, procs: int, seed: 
     rng = random.Random(seed)
     loop = asyncio.new_event_loop()
     if register:
-        loop.run_until_complete(_register(address, devices))
+        loop.run_until_complete(register_devices(address, devices))
     conns = loop.run_until_complete(_open(address, len(devices)))
     ready.put(True)
     plan = Plan(start.get(), args)

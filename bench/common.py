@@ -252,3 +252,18 @@ def serve_bare_polls(port: int, hold: float, posts: Iterable[str] = ()) -> None:
         app.router.add_post(path, answer)
     app.router.add_get("/api/health", health)
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+async def register_devices(address: str, devices: list[str], connections: int = 8) -> None:
+    """Register each device (declaring benchmark) over `connections` keep-alive connections."""
+    async def worker(mine: list[str]) -> None:
+        http = Http(address)
+        for device in mine:
+            status, body = await http.request("POST", "/devices/register", {
+                "device_id": device, "descriptor": {"platform": "linux"},
+                "capabilities": ["benchmark"]})
+            if status != 200:
+                raise RuntimeError(f"register answered {status}: {body[:200]!r}")
+        http.close()
+
+    await asyncio.gather(*(worker(devices[i::connections]) for i in range(connections)))

@@ -43,12 +43,12 @@ from bench.common import (
     emit,
     memory_kib,
     raise_nofile,
+    register_devices,
     serve_bare_polls,
     server,
     table,
 )
 
-REGISTER_CONNECTIONS = 8
 CONNECT_GATE = 32  # connects in flight per client process (the listen backlog is 128)
 
 
@@ -69,21 +69,6 @@ def bare_server(hold: float) -> contextlib.AbstractContextManager[tuple[str, int
 
 
 # -- clients -------------------------------------------------------------------------------------
-
-
-async def _register(address: str, devices: list[str]) -> None:
-    async def worker(mine: list[str]) -> None:
-        http = Http(address)
-        for device in mine:
-            status, body = await http.request("POST", "/devices/register", {
-                "device_id": device, "descriptor": {"platform": "linux"},
-                "capabilities": ["benchmark"]})
-            if status != 200:
-                raise RuntimeError(f"register answered {status}: {body[:200]!r}")
-        http.close()
-
-    await asyncio.gather(*(worker(devices[i::REGISTER_CONNECTIONS])
-                           for i in range(REGISTER_CONNECTIONS)))
 
 
 async def _open(address: str, count: int) -> list[Http]:
@@ -119,7 +104,7 @@ def _client(address: str, devices: list[str], register: bool, ready: Any, go: An
     """Register (untimed), then open every connection, then send every poll at once: the
     connect burst is kept apart from the polls so the polls are all held together."""
     if register:
-        asyncio.run(_register(address, devices))
+        asyncio.run(register_devices(address, devices))
     ready.put(True)
     go[0].wait()
     loop = asyncio.new_event_loop()

@@ -6,7 +6,8 @@ holds on it); any other stays refused."""
 
 from __future__ import annotations
 
-from tests.support.collector import job, registration
+from tests.support.collector import attached_registration, executor_claim, registration
+from tests.support.collector import host_job as host
 
 
 async def register(client, name, **fields):
@@ -17,22 +18,6 @@ async def register(client, name, **fields):
 async def enqueue(client, spec):
     resp = await client.post("/jobs", json=spec)
     assert resp.status == 201, await resp.text()
-
-
-async def executor_claim(client, name):
-    resp = await client.get(f"/executor/next-job?name={name}")
-    assert resp.status in (200, 204), await resp.text()
-    return None if resp.status == 204 else (await resp.json())["job_id"]
-
-
-def host(job_id, workload, **fields):
-    return job(job_id, workload=workload, executor="host", **fields)
-
-
-def attached(device_id, executor):
-    return registration(device_id, capabilities=[], descriptor={
-        "platform": "android", "serial": device_id, "attached_to": executor,
-        "simulator": False})
 
 
 async def post(client, body):
@@ -56,7 +41,8 @@ async def test_rows_and_beacons_under_an_attached_devices_id_count_for_its_execu
     await register(client, "lab", capabilities=["cold-start"])
     await register(client, "other", capabilities=["cold-start"])
     for device_id, host_name in (("R5CT1234ABC", "lab"), ("emulator-5554", "other")):
-        resp = await client.post("/devices/register", json=attached(device_id, host_name))
+        resp = await client.post("/devices/register",
+                                 json=attached_registration(device_id, host_name))
         assert resp.status == 200
     await client.post("/devices/register", json=registration("loose-phone"))
     await enqueue(client, host("cold", "cold-start", params={"app_id": "com.example.shop"},

@@ -8,7 +8,13 @@ import asyncio
 
 import pytest
 
-from tests.support.collector import age_rows, job, registration
+from tests.support.collector import (
+    age_rows,
+    attached_registration,
+    executor_claim,
+    registration,
+)
+from tests.support.collector import host_job as host
 
 
 async def register(client, name, status=200, **fields):
@@ -23,16 +29,6 @@ async def enqueue(client, spec, status=201):
     body = await resp.json()
     assert resp.status == status, body
     return body
-
-
-async def executor_claim(client, name, query=""):
-    resp = await client.get(f"/executor/next-job?name={name}{query}")
-    assert resp.status in (200, 204), await resp.text()
-    return None if resp.status == 204 else (await resp.json())["job_id"]
-
-
-def host(job_id, workload, **fields):
-    return job(job_id, workload=workload, executor="host", **fields)
 
 
 def ui_test(job_id, kind):
@@ -126,7 +122,7 @@ async def test_a_host_job_for_an_attached_device_goes_to_the_executor_that_drive
     for name in ("lab-a", "lab-b"):
         await register(client, name, capabilities=["cold-start"])
     assert (await client.post("/devices/register",
-                              json=attached("R5CT1234ABC", "lab-b"))).status == 200
+                              json=attached_registration("R5CT1234ABC", "lab-b"))).status == 200
     cold = {"app_id": "com.example.shop"}
     # lab-a polls first: a job for lab-b's phone passes it by and reaches lab-b's poll at once
     first = asyncio.create_task(client.get("/executor/next-job?name=lab-a"))
@@ -157,7 +153,7 @@ async def test_pins_that_contradict_an_attachment_are_refused_or_narrowed(collec
         await register(client, name, capabilities=["cold-start"])
         assert await executor_claim(client, name) is None  # seen polling
     assert (await client.post("/devices/register",
-                              json=attached("R5CT1234ABC", "lab-b"))).status == 200
+                              json=attached_registration("R5CT1234ABC", "lab-b"))).status == 200
     cold = {"app_id": "com.example.shop"}
     # naming the other executor could never be offered: refused, naming both, nothing stored
     refused = await enqueue(client, host("stuck", "cold-start", params=cold, targets={
@@ -197,12 +193,6 @@ async def test_the_last_slots_seen_win_and_a_poll_without_registration_still_wor
 # -- the listing -------------------------------------------------------------------------------
 
 
-def attached(device_id, executor):
-    return registration(device_id, capabilities=[], descriptor={
-        "platform": "android", "serial": device_id, "attached_to": executor,
-        "simulator": False})
-
-
 async def listed(client):
     resp = await client.get("/api/executors")
     assert resp.status == 200
@@ -217,7 +207,7 @@ async def test_the_listing_says_what_each_executor_does_and_what_is_attached(
     await register(client, "old", capabilities=["web-test"])
     await register(client, "quiet", capabilities=["digest"])
     for device_id in ("R5CT1234ABC", "emulator-5554"):
-        resp = await client.post("/devices/register", json=attached(device_id, "lab"))
+        resp = await client.post("/devices/register", json=attached_registration(device_id, "lab"))
         assert resp.status == 200
     await client.post("/devices/register", json=registration("pi"))  # attached to nobody
     age_rows(db_path, "UPDATE executors SET registered_at = registered_at - 600, "

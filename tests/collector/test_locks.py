@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.collector import age_rows, job, registration, result_row
+from tests.support.collector import age_rows, executor_claim, job, registration, result_row
 
 
 async def call(client, method, path, body=None):
@@ -18,12 +18,6 @@ async def call(client, method, path, body=None):
 async def enqueue(client, spec):
     status, body = await call(client, "POST", "/jobs", spec)
     assert status == 201, body
-
-
-async def executor_claim(client, name):
-    resp = await client.get(f"/executor/next-job?name={name}")
-    assert resp.status in (200, 204), await resp.text()
-    return None if resp.status == 204 else (await resp.json())["job_id"]
 
 
 async def device_claim(client, device_id):

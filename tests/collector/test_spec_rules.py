@@ -9,19 +9,13 @@ import asyncio
 import hashlib
 import sqlite3
 
-from tests.support.collector import age_rows, beacon, job, registration, result_row
+from tests.support.collector import age_rows, beacon, executor_claim, job, registration, result_row
 
 
 async def claim(client, device_id):
     resp = await client.get(f"/devices/{device_id}/next-job")
     assert resp.status in (200, 204), await resp.text()
     return None if resp.status == 204 else await resp.json()
-
-
-async def executor_claim(client, name, query=""):
-    resp = await client.get(f"/executor/next-job?name={name}{query}")
-    assert resp.status in (200, 204), await resp.text()
-    return None if resp.status == 204 else (await resp.json())["job_id"]
 
 
 async def finish(client, job_id, device_id, **fields):

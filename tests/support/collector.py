@@ -91,6 +91,24 @@ def result_row(job_id: str, device_id: str, iteration: int = 0, **fields: Any) -
             "iter": iteration, **fields}
 
 
+def host_job(job_id: str, workload: str, **fields: Any) -> dict[str, Any]:
+    return job(job_id, workload=workload, executor="host", **fields)
+
+
+def attached_registration(device_id: str, executor: str) -> dict[str, Any]:
+    """A device as a host executor registers one attached to it."""
+    return registration(device_id, capabilities=[], descriptor={
+        "platform": "android", "serial": device_id, "attached_to": executor,
+        "simulator": False})
+
+
+async def executor_claim(client: Any, name: str, query: str = "") -> str | None:
+    """A host executor's poll through an in-process client: the job id, or None on 204."""
+    resp = await client.get(f"/executor/next-job?name={name}{query}")
+    assert resp.status in (200, 204), await resp.text()
+    return None if resp.status == 204 else (await resp.json())["job_id"]
+
+
 def beacon(device_id: str, job_id: str | None = None, **fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {"schema": 1, "kind": "beacon", "device_id": device_id,
                             "beacon": fields}

@@ -146,11 +146,7 @@ def check_poster(conn: sqlite3.Connection, job_id: str, executor: str | None,
     if speaker is None:
         raise Conflict("name the executor posting the frame (?executor= or the X-Fleet-Executor "
                        "header), or the attached device it shows (?device_id=)")
-    if caller is not None:
-        authority.check_speaker(conn, Executor.HOST, speaker, None, caller, now)
-    if speaker != job["claimed_by"]:
-        raise Conflict(f"job {job_id} is held by the host executor that claimed it, not by "
-                       f"{speaker!r}; only its claimant mirrors it")
+    authority.check_host_claimant(conn, job, speaker, caller, now, "only its claimant mirrors it")
     return speaker
 
 

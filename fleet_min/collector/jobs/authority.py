@@ -203,3 +203,15 @@ def check_speaker(conn: sqlite3.Connection, executor: str, speaker: str,
         bind_executor(conn, speaker, caller, now)
     else:
         check_device_node(speaker, device_node, caller)
+
+
+def check_host_claimant(conn: sqlite3.Connection, job: sqlite3.Row, speaker: str,
+                        caller: str | None, now: float, only: str) -> None:
+    """A request about a claimed host job (a lock, a mirror frame) speaks for its claimant:
+    the executor name bound to the mesh node it came from, if any, and the one that claimed
+    it; else Conflict, ending with `only` (who may do what)."""
+    if caller is not None:
+        check_speaker(conn, Executor.HOST, speaker, None, caller, now)
+    if speaker != job["claimed_by"]:
+        raise Conflict(f"job {job['job_id']} is held by the host executor that claimed it, not "
+                       f"by {speaker!r}; {only}")

@@ -65,12 +65,8 @@ def _claimant_job(conn: sqlite3.Connection, job_id: str, executor: str | None,
     if job["status"] != JobStatus.CLAIMED:
         raise Conflict(f"job {job_id} is {job['status']}, not claimed: only a running host job "
                        "holds device locks")
-    speaker = executor or job["claimed_by"]
-    if caller is not None:
-        authority.check_speaker(conn, Executor.HOST, speaker, None, caller, now)
-    if speaker != job["claimed_by"]:
-        raise Conflict(f"job {job_id} is held by the host executor that claimed it, not by "
-                       f"{speaker!r}; only the claimant takes or gives back its locks")
+    authority.check_host_claimant(conn, job, executor or job["claimed_by"], caller, now,
+                                  "only the claimant takes or gives back its locks")
     return job
 
 
