@@ -69,6 +69,24 @@ def row_speaker(job: sqlite3.Row, body: dict[str, Any]) -> str:
     return device_id
 
 
+# The executor a registered device is attached to (its descriptor's attached_to), if any; a
+# descriptor that is not JSON (a row from before descriptors were checked) names none.
+ATTACHED_TO_SQL = ("SELECT json_extract(descriptor, '$.attached_to') FROM devices "
+                   "WHERE device_id = ? AND json_valid(descriptor)")
+
+
+def attached_host(value: Any) -> str | None:
+    """attached_to as read by ATTACHED_TO_SQL: the executor's name, or None."""
+    return value if isinstance(value, str) and value else None
+
+
+def attached_to(conn: sqlite3.Connection, device_id: str) -> str | None:
+    """The executor a device is attached to, as it registered (an executor registers what it
+    drives at start and every beacon); None for a device no executor registered, or none."""
+    row = conn.execute(ATTACHED_TO_SQL, (device_id,)).fetchone()
+    return attached_host(row[0]) if row else None
+
+
 def attached_executor(conn: sqlite3.Connection, job: sqlite3.Row, device_id: str) -> str | None:
     """The executor a row or beacon under a device's id speaks for on a host job: the executor
     the registered device's descriptor says it is attached to (`attached_to`), else the job's
@@ -76,11 +94,9 @@ def attached_executor(conn: sqlite3.Connection, job: sqlite3.Row, device_id: str
     Asked only when the sender is not the job's claimant: its own rows cost no query."""
     if job["executor"] != Executor.HOST:
         return None
-    row = conn.execute(
-        "SELECT json_extract(descriptor, '$.attached_to') FROM devices WHERE device_id = ? "
-        "AND json_valid(descriptor)", (device_id,)).fetchone()
-    if row is not None and isinstance(row[0], str) and row[0]:
-        return str(row[0])
+    host = attached_to(conn, device_id)
+    if host is not None:
+        return host
     if job["claimed_by"] and conn.execute(
             "SELECT 1 FROM device_locks WHERE device_id = ? AND job_id = ?",
             (device_id, job["job_id"])).fetchone() is not None:

@@ -140,7 +140,7 @@ def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) 
     as attached to another executor (executors register what they drive, with
     descriptor.attached_to, at start and every beacon). A device registered by no executor, or
     not registered at all, goes to any executor."""
-    host = executors.attached_to(conn, device_id)
+    host = authority.attached_to(conn, device_id)
     if host is not None and host != executor:
         return f"device {device_id} is attached to executor {host}"
     return None

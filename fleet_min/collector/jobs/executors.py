@@ -86,8 +86,8 @@ def register(conn: sqlite3.Connection, reg: Registration, now: float, effects: E
         (reg.name, now, reg.slots or 1, capabilities, reg.agent, now, reg.slots))
     effects.emit("executor", name=reg.name)
     effects.claimant_changed(Executor.HOST, reg.name)
-    return {"ok": True, "name": reg.name, "capabilities": declared(conn, reg.name),
-            "slots": slots_of(conn, reg.name)}
+    capabilities_now, slots = claim_view(conn, reg.name)
+    return {"ok": True, "name": reg.name, "capabilities": capabilities_now, "slots": slots}
 
 
 def seen(conn: sqlite3.Connection, name: str, slots: int, now: float) -> None:
@@ -117,11 +117,6 @@ def claim_view(conn: sqlite3.Connection, name: str) -> tuple[list[str] | None, i
     return (decoded(row[0]), int(row[1])) if row else (None, 1)
 
 
-def slots_of(conn: sqlite3.Connection, name: str) -> int:
-    row = conn.execute("SELECT slots FROM executors WHERE name = ?", (name,)).fetchone()
-    return int(row[0]) if row else 1
-
-
 def decoded(text: str | None) -> list[str] | None:
     return list(_decoded(text)) if text is not None else None
 
@@ -148,23 +143,6 @@ def recent_since(now: float) -> float:
 def recent(conn: sqlite3.Connection, now: float) -> list[tuple[str, list[str] | None]]:
     return [(row[0], decoded(row[1]))
             for row in conn.execute(RECENT_SQL, (recent_since(now),))]
-
-
-# The executor a registered device is attached to (its descriptor's attached_to), if any.
-ATTACHED_TO_SQL = ("SELECT json_extract(descriptor, '$.attached_to') FROM devices "
-                   "WHERE device_id = ?")
-
-
-def attached_host(value: Any) -> str | None:
-    """attached_to as read by ATTACHED_TO_SQL: the executor's name, or None."""
-    return value if isinstance(value, str) and value else None
-
-
-def attached_to(conn: sqlite3.Connection, device_id: str) -> str | None:
-    """The executor a host job pinned to this device must go to: the one the registered
-    device says it is attached to; None for a device no executor registered, or none at all."""
-    row = conn.execute(ATTACHED_TO_SQL, (device_id,)).fetchone()
-    return attached_host(row[0]) if row else None
 
 
 # -- the listing (GET /api/executors) -----------------------------------------------------------

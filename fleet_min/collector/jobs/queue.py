@@ -292,7 +292,7 @@ def _check_pins_agree(conn: sqlite3.Connection, spec: JobSpec) -> None:
     wanted, device = targets.get("executor"), targets.get("device_id")
     if spec["executor"] != Executor.HOST or not wanted or not device:
         return
-    host = executors.attached_to(conn, device)
+    host = authority.attached_to(conn, device)
     if host is not None and host != wanted:
         raise BadRequest(f"job {spec['job_id']}: targets.executor is {wanted!r} but device "
                          f"{device} is attached to executor {host!r}; name that one, or "
@@ -416,7 +416,7 @@ def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> lis
     """The executors a host fan-out creates children for (equal to the preview)."""
     device = (spec.get("targets") or {}).get("device_id")
     return pick_executors(executors.recent(conn, now), spec,
-                          executors.attached_to(conn, device) if device else None)
+                          authority.attached_to(conn, device) if device else None)
 
 
 def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec,

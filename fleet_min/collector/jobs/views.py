@@ -10,7 +10,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fleet_min.collector.jobs import executors, locks, queue, rules
+from fleet_min.collector.jobs import authority, executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
 from fleet_min.collector.jobs.results import result_record
@@ -305,10 +305,10 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
     if spec["executor"] == Executor.HOST:
         rows = await db.read(executors.RECENT_SQL, (executors.recent_since(now),))
         device = (spec.get("targets") or {}).get("device_id")
-        found = await db.read_one(executors.ATTACHED_TO_SQL, (device,)) if device else None
+        found = await db.read_one(authority.ATTACHED_TO_SQL, (device,)) if device else None
         names = queue.pick_executors(
             [(row[0], executors.decoded(row[1])) for row in rows], spec,
-            executors.attached_host(found[0]) if found else None)
+            authority.attached_host(found[0]) if found else None)
         return {"count": len(names), "devices": [], "executors": names}
     chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now,
                                   any_workload=any_workload)
