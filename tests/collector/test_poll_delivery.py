@@ -213,3 +213,49 @@ async def test_claims_undone_inside_an_enqueue_publish_nothing(collector_factory
     assert (await (await client.get("/jobs/for-a")).json())["status"] == "queued"
     for answer in await asyncio.wait_for(asyncio.gather(*polls), 10):
         assert answer.status == 204
+
+
+async def test_holds_of_different_lengths_each_run_out_on_their_own(collector_factory):
+    """The dispatcher keeps one timer per length of hold: polls of a short hold answer before
+    earlier polls of a long one, and a poll that gets a job leaves the others' holds running."""
+    client = await collector_factory(long_poll_s=30)
+    service = client.server.app[SERVICE]
+    dispatcher = service.dispatcher
+    names = ("long-1", "short-1", "long-2", "short-2", "served")
+    for name in names:
+        await client.post("/devices/register", json=registration(name))
+    loop = asyncio.get_running_loop()
+    answered: dict[str, float] = {}
+
+    async def poll(name: str, hold_s: float) -> dict | None:
+        started = loop.time()
+        found = await dispatcher.wait(Claimant("device", name), hold_s)
+        answered[name] = loop.time() - started
+        return found
+
+    polls = {name: asyncio.create_task(poll(name, 2.0 if name.startswith("long") else 0.4))
+             for name in names}
+    await wait_for_polls(client, len(names))
+    await asyncio.sleep(0.1)  # every first look found nothing: each holds on its future
+    await service.transact(queue.enqueue, [job("j", targets={"device_id": "served"})], now())
+    assert (await asyncio.wait_for(polls["served"], 5))["job_id"] == "j"
+    results = await asyncio.wait_for(asyncio.gather(*polls.values()), 10)
+    assert results[:4] == [None, None, None, None]
+    assert answered["served"] < 0.4 <= min(answered["short-1"], answered["short-2"])
+    assert max(answered["short-1"], answered["short-2"]) < 2.0 <= min(answered["long-1"],
+                                                                       answered["long-2"])
+    assert dispatcher.waiting == 0 and dispatcher.holding == 0
+
+
+async def test_many_holds_running_out_together_all_answer(collector_factory):
+    """A thousand polls whose holds end in the same instant are answered by one sweep, none
+    left holding."""
+    client = await collector_factory(long_poll_s=30)
+    dispatcher = client.server.app[SERVICE].dispatcher
+    for i in range(1000):
+        await client.post("/devices/register", json=registration(f"d{i}"))
+    polls = [asyncio.create_task(dispatcher.wait(Claimant("device", f"d{i}"), 0.5))
+             for i in range(1000)]
+    await wait_for_polls(client, 1000)
+    assert await asyncio.wait_for(asyncio.gather(*polls), 20) == [None] * 1000
+    assert dispatcher.waiting == 0 and dispatcher.holding == 0

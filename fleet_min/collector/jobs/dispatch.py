@@ -28,10 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
 import sqlite3
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +54,7 @@ Job = dict[str, Any]  # a claimed job as the poll's client gets it
 _arrivals = itertools.count()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # slots: thousands are held at once
 class Waiter:
     claimant: Claimant
     capabilities: list[str] | None = None  # its device's or executor's, for the pre-check
@@ -74,13 +76,19 @@ class Waiter:
 Bucket = tuple[str, str | None]  # (executor, declared workload); None: offered any workload
 
 
-def _buckets(waiter: Waiter) -> list[Bucket]:
+def _buckets(waiter: Waiter) -> tuple[Bucket, ...]:
     """Where a waiter is filed for jobs pinned to nobody: under each workload it declared, or
     under None when it takes any (it never said: a device or a host executor alike)."""
     executor = waiter.claimant.executor
     if waiter.capabilities is None:
-        return [(executor, None)]
-    return [(executor, name) for name in rules.declared_workloads(waiter.capabilities) or ()]
+        return _any_workload(executor)
+    return tuple((executor, name) for name in rules.declared_workloads(waiter.capabilities) or ())
+
+
+@functools.cache
+def _any_workload(executor: str) -> tuple[Bucket, ...]:
+    """The one bucket of a waiter that takes any workload, shared by all of them."""
+    return ((executor, None),)
 
 
 class WaitingPolls:
@@ -91,9 +99,10 @@ class WaitingPolls:
 
     def __init__(self) -> None:
         self._all: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
-        self._by_claimant: dict[str, dict[Waiter, None]] = {}
+        # Mostly one poll a claimant: a list each, not a dict (64 bytes against 232 a poll).
+        self._by_claimant: dict[str, list[Waiter]] = {}
         self._by_bucket: dict[Bucket, dict[Waiter, None]] = {}
-        self._filed: dict[Waiter, list[Bucket]] = {}
+        self._filed: dict[Waiter, tuple[Bucket, ...]] = {}
 
     def __len__(self) -> int:
         return len(self._all)
@@ -113,14 +122,17 @@ class WaitingPolls:
 
     def add(self, waiter: Waiter) -> None:
         self._all[waiter] = None
-        self._by_claimant.setdefault(waiter.claimant.key, {})[waiter] = None
+        self._by_claimant.setdefault(waiter.claimant.key, []).append(waiter)
         self._file(waiter)
 
     def remove(self, waiter: Waiter) -> None:
         if waiter not in self._all:
             return
         del self._all[waiter]
-        _discard(self._by_claimant, waiter.claimant.key, waiter)
+        same = self._by_claimant[waiter.claimant.key]
+        same.remove(waiter)
+        if not same:
+            del self._by_claimant[waiter.claimant.key]
         for bucket in self._filed.pop(waiter):
             _discard(self._by_bucket, bucket, waiter)
 
@@ -180,6 +192,60 @@ def _discard(index: dict[Any, dict[Waiter, None]], key: Any, waiter: Waiter) -> 
         del index[key]
 
 
+class _Holds:
+    """The polls whose hold is running; each is answered (see `_hold_over`) when it runs out.
+
+    One timer for each length of hold, armed for the earliest deadline, rather than a timer a
+    poll: a timer costs about half a KiB (the loop's handle and its libuv timer), thousands of
+    polls are held at once, and a poll that gets a job stops its hold early. The holds of one
+    length start in order, so their deadlines are in insertion order and the earliest is first.
+    """
+
+    __slots__ = ("_queues", "_timers")
+
+    def __init__(self) -> None:
+        # Ordered dicts: the earliest found, and any poll taken out, in constant time.
+        self._queues: dict[float, OrderedDict[Waiter, float]] = {}
+        self._timers: dict[float, asyncio.TimerHandle] = {}
+
+    def start(self, waiter: Waiter, hold_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + hold_s
+        self._queues.setdefault(hold_s, OrderedDict())[waiter] = deadline
+        if hold_s not in self._timers:
+            self._timers[hold_s] = loop.call_at(deadline, self._sweep, hold_s)
+
+    def stop(self, waiter: Waiter, hold_s: float) -> None:
+        """Take a poll out (it ended before its hold did). Its timer, if armed for it, finds an
+        earlier-due poll or none when it fires, and re-arms or ends."""
+        holding = self._queues.get(hold_s)
+        if holding is not None:
+            holding.pop(waiter, None)
+
+    def __len__(self) -> int:
+        return sum(len(holding) for holding in self._queues.values())
+
+    def clear(self) -> None:
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._queues.clear()
+
+    def _sweep(self, hold_s: float) -> None:
+        del self._timers[hold_s]
+        holding = self._queues.get(hold_s)
+        loop = asyncio.get_running_loop()
+        current = loop.time()
+        while holding:
+            waiter, deadline = next(iter(holding.items()))
+            if deadline > current:
+                self._timers[hold_s] = loop.call_at(deadline, self._sweep, hold_s)
+                return
+            del holding[waiter]
+            _hold_over(waiter)
+        self._queues.pop(hold_s, None)
+
+
 class _PollLook:
     """What a poll's own claim transaction knows of its poll: whether the poll was abandoned
     before the transaction ran, and the job the transaction claimed."""
@@ -200,6 +266,18 @@ def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, pol
         return None, None
     capabilities, poll.job = claims.first_claim(conn, claimant, current, effects, caller)
     return capabilities, poll.job
+
+
+def _hold_over(waiter: Waiter) -> None:
+    """A poll's hold ran out: it answers None, unless a claim for it is in flight; then it is
+    marked expired and the claim's outcome answers it (a job it claimed is delivered, since
+    the claim reserved the poll before the hold ran out)."""
+    if waiter.future.done():
+        return
+    if waiter.reserved:
+        waiter.expired = True
+    else:
+        waiter.future.set_result(None)
 
 
 def _job_on(future: asyncio.Future[Job | None]) -> Job | None:
@@ -250,6 +328,7 @@ class Dispatcher:
     def __init__(self, transact: Transact) -> None:
         self._transact = transact
         self._polls = WaitingPolls()
+        self._holds = _Holds()
         self._jobs: list[JobRoute] = []
         self._claimants: set[str] = set()
         # Claimants with a poll waiting whose last claim found nothing queued for them at all:
@@ -266,6 +345,11 @@ class Dispatcher:
     @property
     def waiting(self) -> int:
         return len(self._polls)
+
+    @property
+    def holding(self) -> int:
+        """Polls whose hold is running (their first look found nothing)."""
+        return len(self._holds)
 
     def waiting_for(self, executor: str) -> set[str]:
         """The ids of the claimants of this kind with a poll waiting now."""
@@ -289,6 +373,7 @@ class Dispatcher:
                 if not waiter.future.done():
                     waiter.future.set_result(None)
             self._polls.clear()
+            self._holds.clear()
             self._nothing_queued.clear()
         await asyncio.gather(*self._hand_backs, return_exceptions=True)
 
@@ -312,13 +397,14 @@ class Dispatcher:
             job = await self._first_look(waiter, caller)
             if job is not None:
                 return job
-            # asyncio.wait, not wait_for: it never cancels the future, so a job set on it just
-            # as the hold ran out is seen below instead of being lost with the cancellation.
-            await asyncio.wait((waiter.future,), timeout=hold_s)
-            if not waiter.future.done() and waiter.reserved:
-                waiter.expired = True  # a claim for this poll is in flight: take its answer
-                await asyncio.wait((waiter.future,))
-            return _job_on(waiter.future)
+            # The hold ends through _Holds rather than asyncio.wait with a timeout: that costs
+            # a set, a closure, a second future, two coroutine frames and a timer per held
+            # poll, some 1.6 KiB each while thousands are held (bench/idle_polls.py).
+            self._holds.start(waiter, hold_s)
+            try:
+                return await waiter.future
+            finally:
+                self._holds.stop(waiter, hold_s)
         except BaseException:
             if (job := _job_on(waiter.future)) is not None:
                 self._hand_back(job, claimant)
