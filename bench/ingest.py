@@ -130,6 +130,9 @@ def post_rows(kind: str, address: str, pid: int, tag: str, args: argparse.Namesp
                # The event loop's thread runs every request and transaction body: a core to
                # itself would carry at most 1e6 / this many rows a second.
                "server_main_us_per_row": 1e6 * run.server_main_cpu_s / max(rows, 1),
+               # Below 1 with rows waiting: the loop's thread waits for COMMITs (see
+               # bench/commit_handoff.py for what a COMMIT's hand-off costs).
+               "loop_busy": run.server_main_cpu_s / wall,
                "client_cpu_s": sum(c for _, c in outcomes)}
     if kind == "collector":
         stats = asyncio.run(_writer_stats(address))
@@ -138,6 +141,9 @@ def post_rows(kind: str, address: str, pid: int, tag: str, args: argparse.Namesp
         figures["mean_group_commit"] = transactions / max(batches, 1)
         figures["mean_rows_per_commit"] = (transactions * args.rows_per_request
                                            / max(batches, 1))
+        # From asking the COMMIT thread for a COMMIT until its answer reached the loop.
+        figures["commit_ms"] = (1000 * (stats.get("commit_s", 0) - stats_before.get("commit_s", 0))
+                                / max(batches, 1))
     return figures
 
 
@@ -159,7 +165,8 @@ def sqlite_ceiling(rows: int, batch: int) -> dict[str, float]:
             conn.execute("COMMIT")
         elapsed = time.perf_counter() - started
         conn.close()
-    return {"rows": rows, "batch": batch, "rows_per_s": rows / elapsed}
+    return {"rows": rows, "batch": batch, "rows_per_s": rows / elapsed,
+            "ms_per_commit": 1000 * elapsed / -(-rows // batch)}
 
 
 def main() -> None:
@@ -209,6 +216,9 @@ def main() -> None:
         "bare_main_us_per_row": med("bare", "server_main_us_per_row"),
         "mean_group_commit": med("collector", "mean_group_commit"),
         "mean_rows_per_commit": med("collector", "mean_rows_per_commit"),
+        "loop_busy": med("collector", "loop_busy"),
+        "commit_ms": med("collector", "commit_ms"),
+        "sqlite_grouped_ms_per_commit": med("sqlite_grouped", "ms_per_commit"),
         "sqlite_grouped_rows_per_s": med("sqlite_grouped", "rows_per_s"),
         "sqlite_one_per_commit_rows_per_s": med("sqlite_one_per_commit", "rows_per_s"),
         "bare_rows_per_s": med("bare", "rows_per_s"),
@@ -225,6 +235,11 @@ def main() -> None:
         ("of which the loop's thread us/row", f"{result['server_main_us_per_row']:.0f}",
          f"a core to itself: at most {1e6 / max(result['server_main_us_per_row'], 1e-9):.0f} "
          f"rows/s (bare server's {result['bare_main_us_per_row']:.0f} us/row)"),
+        ("loop's thread busy", f"{result['loop_busy']:.2f}",
+         "of the wall time; it waits for COMMITs the rest"),
+        ("COMMIT, ask to answer ms", f"{result['commit_ms']:.2f}",
+         f"sqlite3 alone, same batch with its inserts: "
+         f"{result['sqlite_grouped_ms_per_commit']:.2f} ms"),
         ("sqlite3, same batches rows/s", f"{result['sqlite_grouped_rows_per_s']:.0f}",
          "storage ceiling"),
         ("sqlite3, 1 row/commit rows/s", f"{result['sqlite_one_per_commit_rows_per_s']:.0f}",

@@ -84,9 +84,20 @@ def test_idle_polls_smoke():
 def test_ingest_smoke(rows_per_request):
     result = figure(run_bench("ingest", "--rows-per-request", rows_per_request), "ingest")
     for key in ("rows_per_s", "sqlite_grouped_rows_per_s", "bare_rows_per_s",
-                "ratio_to_sqlite", "mean_rows_per_commit"):
+                "ratio_to_sqlite", "mean_rows_per_commit", "loop_busy", "commit_ms",
+                "sqlite_grouped_ms_per_commit"):
         assert isinstance(result[key], float), key
     assert result["rows_per_request"] == int(rows_per_request)
+
+
+def test_commit_handoff_smoke():
+    records = run_bench("commit_handoff")
+    ways = [r["way"] for r in records if r.get("figure") == "way"]
+    assert ways == ["alone", "idle", "busy", "busy, no release"]
+    result = figure(records, "handoff")
+    assert set(result["ways"]) == set(ways)
+    assert all(isinstance(w["median_ms"], float) for w in result["ways"].values())
+    assert isinstance(result["busy_over_alone"], float)
 
 
 def test_startup_smoke():
