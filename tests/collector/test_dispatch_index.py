@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import ClassVar
 
 from fleet_min.collector.http.app import SERVICE
 from fleet_min.collector.jobs.claims import Claimant
@@ -64,6 +65,33 @@ async def test_a_wake_up_looks_only_at_the_polls_that_could_take_its_jobs():
     assert list(polls.could_take_any([_route("q", "w2", pin="d42")])) == [waiters[42]]
     assert list(polls.could_take_any([_route("h", "w0", executor=Executor.HOST)])) == [host]
     assert sum(w.checks for w in (*waiters, anyone)) == 2  # d42, twice
+
+
+@dataclass(eq=False)
+class ComparedWaiter(Waiter):
+    """A real Waiter that counts how often it is compared with another: what finding a poll
+    among others (to remove it) cost."""
+
+    comparisons: ClassVar[list[int]] = [0]
+
+    def __eq__(self, other: object) -> bool:
+        self.comparisons[0] += 1
+        return self is other
+
+    __hash__ = Waiter.__hash__
+
+
+async def test_a_claimant_with_thousands_of_polls_ends_each_without_a_scan():
+    """One claimant (a device lying about its id from many connections) holding 2,000 polls:
+    ending them, in any order, compares no poll with the others."""
+    polls = WaitingPolls()
+    waiters = [ComparedWaiter(Claimant(Executor.DEVICE, "same")) for _ in range(2000)]
+    for waiter in waiters:
+        polls.add(waiter)
+    for waiter in waiters[1::2] + waiters[::2]:
+        polls.remove(waiter)
+    assert len(polls) == 0 and not polls.has_claimant("device:same")
+    assert ComparedWaiter.comparisons[0] < 100  # a scan each: some 500,000
 
 
 async def test_a_poll_filed_again_when_its_declared_workloads_change():

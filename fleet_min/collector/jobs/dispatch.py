@@ -99,8 +99,9 @@ class WaitingPolls:
 
     def __init__(self) -> None:
         self._all: dict[Waiter, None] = {}  # insertion-ordered: first come, first served
-        # Mostly one poll a claimant: a list each, not a dict (64 bytes against 232 a poll).
-        self._by_claimant: dict[str, list[Waiter]] = {}
+        # Dicts, not lists, though a claimant mostly has one poll (a list would save 170 bytes
+        # a poll): one that opens thousands must not make each poll's end cost a scan.
+        self._by_claimant: dict[str, dict[Waiter, None]] = {}
         self._by_bucket: dict[Bucket, dict[Waiter, None]] = {}
         self._filed: dict[Waiter, tuple[Bucket, ...]] = {}
 
@@ -122,17 +123,14 @@ class WaitingPolls:
 
     def add(self, waiter: Waiter) -> None:
         self._all[waiter] = None
-        self._by_claimant.setdefault(waiter.claimant.key, []).append(waiter)
+        self._by_claimant.setdefault(waiter.claimant.key, {})[waiter] = None
         self._file(waiter)
 
     def remove(self, waiter: Waiter) -> None:
         if waiter not in self._all:
             return
         del self._all[waiter]
-        same = self._by_claimant[waiter.claimant.key]
-        same.remove(waiter)
-        if not same:
-            del self._by_claimant[waiter.claimant.key]
+        _discard(self._by_claimant, waiter.claimant.key, waiter)
         for bucket in self._filed.pop(waiter):
             _discard(self._by_bucket, bucket, waiter)
 
