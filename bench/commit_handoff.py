@@ -21,7 +21,8 @@ four ways:
 A thread that waits for the GIL while the holder releases and retakes it at every poll rarely
 wins it: the holder is running and retakes it within microseconds, while the waiter first has to
 be woken and scheduled. The figures show what that adds to each COMMIT. `--switch-interval`
-sets the interpreter's interval for the run (it decides only the last way).
+sets the interpreter's interval for the run: it sets the pace of the last way, and shortens the
+busy one without ending its wait (45 ms at the default 5 ms, 15 ms at 0.5 ms, here).
 """
 
 from __future__ import annotations
