@@ -37,16 +37,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, emit, run_clients, server, table
+from bench.common import Http, emit, percentile, run_clients, server, table
 
 VARIANTS = ("empty", "pinned", "undeclared")
 OTHER_WORKLOADS = ("batch", "self-check", "pipeline", "llm-eval", "serve")
 BATCH = 1000
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def queued_job(variant: str, n: int) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import emit, table
+from bench.common import emit, percentile, table
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 
@@ -140,11 +140,6 @@ def measure(conn: sqlite3.Connection, way: str, batches: int, rows: int, chunk_s
         if committer is not None:
             committer.close()
     return times
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,6 +100,12 @@ def memory_kib(pid: int) -> dict[str, int]:
     return values
 
 
+def percentile(values: list[float], fraction: float) -> float:
+    """The nearest-rank percentile of a non-empty sample (`fraction` 0.5: the median)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
 def emit(record: dict[str, Any]) -> None:
     print(json.dumps(record), flush=True)
 

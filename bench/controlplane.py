@@ -58,7 +58,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, emit, stop_process, table
+from bench.common import ROOT, emit, percentile, stop_process, table
 from fleet_min import jsonio
 from fleet_min.config import resolve
 from fleet_min.controlplane import store
@@ -79,11 +79,6 @@ from tests.support.fake_github import TOKEN, FakeGitHub
 REPOS = 10
 SIM_REPO = "octo/history"
 RUNNER_COUNTS = [1, 2, 4, 8, 16]
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 class Host:

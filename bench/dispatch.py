@@ -42,15 +42,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, emit, server, table
+from bench.common import Http, emit, percentile, server, table
 from bench.lifecycle import _agent as lifecycle_agent
 
 AGENT = "dispatch-agent"
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def commit_floor_ms(commits: int = 200) -> dict[str, float]:

@@ -42,6 +42,7 @@ from bench.common import (
     cpu_seconds,
     emit,
     memory_kib,
+    percentile,
     raise_nofile,
     register_devices,
     serve_bare_polls,
@@ -50,11 +51,6 @@ from bench.common import (
 )
 
 CONNECT_GATE = 32  # connects in flight per client process (the listen backlog is 128)
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
 
 
 # -- the bare ceiling server ---------------------------------------------------------------------
@@ -172,7 +168,7 @@ def run_round(kind: str, address: str, pid: int, args: argparse.Namespace, tag: 
         "peak_waiting": peak["waiting"], "peak_at_s": round(peak["at_s"], 2),
         "answered_204": len(elapsed), "on_time": on_time,
         "errors": sum(1 for s, _ in outcomes if s not in (204,)),
-        "late_p50_s": percentile([e - args.hold for e in elapsed], 0.5),
+        "late_p50_s": percentile([e - args.hold for e in elapsed], 0.5) if elapsed else 0.0,
         "late_max_s": max((e - args.hold for e in elapsed), default=0.0),
         "connect_s": connect_s, "rss_before_kib": before["VmRSS"],
         "rss_connected_kib": connected["VmRSS"], "rss_peak_kib": peak["rss_kib"],

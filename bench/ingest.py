@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import sqlite3
 import statistics
@@ -166,7 +167,7 @@ def sqlite_ceiling(rows: int, batch: int) -> dict[str, float]:
         elapsed = time.perf_counter() - started
         conn.close()
     return {"rows": rows, "batch": batch, "rows_per_s": rows / elapsed,
-            "ms_per_commit": 1000 * elapsed / -(-rows // batch)}
+            "ms_per_commit": 1000 * elapsed / math.ceil(rows / batch)}
 
 
 def main() -> None:

@@ -39,7 +39,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, memory_kib, server, table
+from bench.common import Http, cpu_seconds, emit, memory_kib, percentile, server, table
 
 
 def _record(client: LeanClient | Client, data: dict[str, Any]) -> None:
@@ -288,10 +288,7 @@ def _health(url: str) -> dict[str, Any]:
 
 
 def _percentile(values: list[float], fraction: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+    return percentile(values, fraction) if values else None
 
 
 def run(url: str, pid: int | None, args: argparse.Namespace) -> dict[str, Any]:

@@ -528,9 +528,7 @@ class Dispatcher:
             if job is not None:
                 self._deliver(waiter, job)
             elif waiter.expired:
-                self._remove(waiter)
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
+                self._answer_expired(waiter)
             elif waiter.missed:
                 self.offer([], [waiter.claimant.key])
 
@@ -635,9 +633,7 @@ class Dispatcher:
                     claimed += 1
                     self._deliver(waiter, job)
                 elif waiter.expired:
-                    self._remove(waiter)
-                    if not waiter.future.done():
-                        waiter.future.set_result(None)
+                    self._answer_expired(waiter)
             keys = set()
             # Each claim consumed one claimable job; with jobs left, ask the next waiters.
             remaining = remaining[claimed:]
@@ -650,9 +646,14 @@ class Dispatcher:
         for waiter in waiters:
             waiter.reserved = False
             if waiter.expired:
-                self._remove(waiter)
-                if not waiter.future.done():
-                    waiter.future.set_result(None)
+                self._answer_expired(waiter)
+
+    def _answer_expired(self, waiter: Waiter) -> None:
+        """A poll whose hold ran out while a claim for it was in flight, and the claim brought
+        it nothing: it answers now, with nothing."""
+        self._remove(waiter)
+        if not waiter.future.done():
+            waiter.future.set_result(None)
 
     async def _claim_batch(self, claimants: list[Claimant]) -> list[Job | None]:
         result: list[Job | None] = await self._transact(claims.claim_many, claimants, now())
