@@ -261,3 +261,25 @@ async def test_many_holds_running_out_together_all_answer(collector_factory):
     await wait_for_polls(client, 1000)
     assert await asyncio.wait_for(asyncio.gather(*polls), 20) == [None] * 1000
     assert dispatcher.waiting == 0 and dispatcher.holding == 0
+
+
+async def test_a_hold_ended_early_at_the_head_leaves_the_later_ones_running(collector_factory):
+    """The first poll of a hold length gets a job and leaves; the timer armed for its deadline
+    finds the next poll not yet due, arms itself again, and that poll answers at its own."""
+    client = await collector_factory(long_poll_s=30)
+    service = client.server.app[SERVICE]
+    dispatcher = service.dispatcher
+    for name in ("first", "second"):
+        await client.post("/devices/register", json=registration(name))
+    first = asyncio.create_task(dispatcher.wait(Claimant("device", "first"), 0.6))
+    await wait_for_polls(client, 1)
+    await asyncio.sleep(0.3)  # the second's hold starts well after the first's
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    second = asyncio.create_task(dispatcher.wait(Claimant("device", "second"), 0.6))
+    await wait_for_polls(client, 2)
+    await service.transact(queue.enqueue, [job("j", targets={"device_id": "first"})], now())
+    assert (await asyncio.wait_for(first, 5))["job_id"] == "j"
+    assert await asyncio.wait_for(second, 5) is None
+    assert loop.time() - started >= 0.6
+    assert dispatcher.waiting == 0 and dispatcher.holding == 0
