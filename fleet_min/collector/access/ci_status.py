@@ -164,6 +164,10 @@ class Report:
     description: str
 
 
+# What a job's status report reads of it (and of its parent, for a fan-out's child).
+_REPORTING_JOB = "SELECT workload, spec, parent_job_id FROM jobs WHERE job_id = ?"
+
+
 class CiReporter:
     """Listens to job events and posts commit statuses, one job's statuses strictly in order."""
 
@@ -227,16 +231,14 @@ class CiReporter:
         first child's claim posts the parent's `pending`, and the parent's own close its
         terminal state; a child's close posts nothing (children share the commit and the
         context, so each would overwrite the others)."""
-        row = await self.db.read_one("SELECT workload, spec, parent_job_id FROM jobs "
-                                     "WHERE job_id = ?", (job_id,))
+        row = await self.db.read_one(_REPORTING_JOB, (job_id,))
         if row is None:
             return None
         if row["parent_job_id"]:
             if status != JobStatus.CLAIMED:
                 return None
             job_id = row["parent_job_id"]
-            row = await self.db.read_one("SELECT workload, spec, parent_job_id FROM jobs "
-                                         "WHERE job_id = ?", (job_id,))
+            row = await self.db.read_one(_REPORTING_JOB, (job_id,))
             if row is None:
                 return None
         target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
