@@ -254,6 +254,7 @@ def test_duplicate_offers_the_name_the_daemon_will_use(live: UiDaemon, browser: 
     use_token(page, live.token)
     page.locator(f'button[data-action="runner.duplicate"][data-runner="{BUSY_RUNNER}"]').click()
     dialog = page.locator("dialog.confirm")
+    expect(dialog).to_be_visible()
     expect(dialog.locator('input[name="new_name"]')).to_have_attribute("placeholder",
                                                                       "app-build-3")
     page.keyboard.press("Escape")
@@ -555,3 +556,22 @@ def test_the_ui_keeps_no_copy_of_the_shared_libraries() -> None:
     follow into fleet.pyz."""
     assert SHARED_VENDOR.is_dir() and not (UI_DIR / "vendor").exists()
     assert not [p for p in UI_DIR.rglob("*") if p.is_symlink()]
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_escape_right_after_enter_leaves_no_dialog_open(live: UiDaemon, browser: Browser) -> None:
+    """A keyboard user who opens a confirmation and presses Escape at once is left with nothing
+    open: the dialog opens in the same frame as its content, so no keypress falls between."""
+    page, console = open_page(browser, live.url)
+    use_token(page, live.token)
+    button = page.locator(f'button[data-action="runner.duplicate"][data-runner="{BUSY_RUNNER}"]')
+    dialog = page.locator("dialog.confirm")
+    for _ in range(10):
+        button.focus()
+        page.keyboard.press("Enter")
+        page.keyboard.press("Escape")
+        expect(dialog).to_be_hidden()
+        assert page.evaluate("document.querySelector('dialog.confirm').open") is False
+    assert console.errors == []
+    page.context.close()

@@ -1,7 +1,7 @@
 // Action buttons drawn from GET /api/actions, the token box, and the confirmation dialog.
 // The token stays in this browser (sessionStorage, or localStorage when "remember" is ticked)
 // and goes only to this daemon, in the Authorization header of the calls that need it.
-import { html, useEffect, useRef, useState } from "./html.js";
+import { html, useLayoutEffect, useRef, useState } from "./html.js";
 import { state, set, saveToken, readOnly, toast } from "./store.js";
 import { getJSON, postJSON, isAuth } from "./api.js";
 
@@ -159,7 +159,10 @@ export function ConfirmDialog() {
   const ref = useRef(null);
   const ask = state.confirm;
   const [values, setValues] = useState({});
-  useEffect(() => {
+  // A layout effect opens the dialog in the same commit that renders its content: with a plain
+  // effect there is a frame where the content exists but the dialog is still closed, and a quick
+  // Enter-then-Escape from the keyboard lands in that frame and leaves the dialog open.
+  useLayoutEffect(() => {
     const dialog = ref.current;
     if (!dialog) return;
     if (ask && !dialog.open) {
