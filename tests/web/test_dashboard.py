@@ -133,7 +133,7 @@ def test_the_job_page_shows_the_live_mirror_of_a_running_host_job(
         shot(page, "dash-job-mirror")
         assert proc.client.post("/api/jobs/live-soak/cancel")[0] == 200
         page.wait_for_selector("#job-status >> text=cancelled")
-        assert page.locator("#mirror-frame").count() == 0
+        page.wait_for_selector("#mirror-frame", state="detached")
         assert page.watch.errors == []
     finally:
         proc.stop()
@@ -165,6 +165,8 @@ def test_cancel_from_the_job_page_and_see_it_through_the_stream(
     page.click("button:has-text('Yes, cancel')")
     # The page does not reload after the POST: the job event on the stream updates it.
     page.wait_for_selector("#job-status >> text=cancelled")
+    # The POST's answer (the toast) and the stream's event race; wait for both.
+    page.wait_for_selector(".toast >> text=was queued")
     assert page.locator(".toast >> text=was queued").count() == 1
     assert seeded.proc.client.get(f"/api/jobs/{job_id}")[1]["status"] == "cancelled"
     shot(page, "job-cancelled")
