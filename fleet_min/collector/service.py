@@ -250,8 +250,7 @@ class Service:
             return result
 
         try:
-            result = await self.db.write(run, replay=getattr(fn, "replayable", False),
-                                         rows_only=getattr(fn, "rows_only", False))
+            result = await self.db.write(run, replay=getattr(fn, "replayable", False))
         except BaseException:
             if handouts is not None:
                 handouts.fail()
