@@ -2,7 +2,7 @@
 queue holds 100,000 jobs they cannot take, and on one whose queue is empty (the ceiling).
 
     python bench/claim_cost.py [--jobs 100000] [--agents 8] [--procs 2] [--seconds 4]
-                               [--rounds 3] [--quick]
+                               [--rounds 3] [--tree PATH] [--quick]
 
 Three collector processes run side by side:
 
@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, emit, percentile, run_clients, server, table
+from bench.common import ROOT, Http, emit, percentile, run_clients, server, table
 
 VARIANTS = ("empty", "pinned", "undeclared")
 OTHER_WORKLOADS = ("batch", "self-check", "pipeline", "llm-eval", "serve")
@@ -149,13 +149,15 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase, server and round")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tree", type=Path, default=ROOT,
+                        help="run the collectors from this checkout (default: this one)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.jobs, args.agents, args.seconds, args.rounds = 2000, 2, 0.5, 1
     env = {"FLEET_LONG_POLL_S": "0.001"}
     with contextlib.ExitStack() as stack:
-        servers = {v: stack.enter_context(server("collector", env)) for v in VARIANTS}
+        servers = {v: stack.enter_context(server("collector", env, args.tree)) for v in VARIANTS}
         for variant, (address, _pid) in servers.items():
             started = time.monotonic()
             rate = asyncio.run(load(address, variant, args.jobs))
