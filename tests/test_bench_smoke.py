@@ -134,3 +134,14 @@ def test_agents_smoke():
     assert result["agents"] == [20, 60]
     for key in ("cpu_shares", "us_per_beacon", "rss_mib", "kib_per_agent"):
         assert all(isinstance(value, float) for value in result[key]), key
+
+
+def test_request_costs_smoke():
+    records = run_bench("request_costs")
+    kinds = [r for r in records if r.get("figure") == "kind"]
+    assert {(r["server"], r["kind"]) for r in kinds} == {
+        (server, kind) for server in ("collector", "bare") for kind in ("health", "beacon",
+                                                                        "renewal")}
+    assert all(r["requests"] > 0 and r["unexpected"] == 0 for r in kinds), kinds
+    ratios = [r for r in records if r.get("figure") == "ratio"]
+    assert {r["kind"] for r in ratios} == {"health", "beacon", "renewal"}
