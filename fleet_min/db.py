@@ -63,6 +63,16 @@ def replayable(fn: F) -> F:
     return fn
 
 
+def rows_only(fn: F) -> F:
+    """Mark a transaction function that changes the database only by inserting, updating and
+    deleting rows (no DDL, no PRAGMA that writes, no VACUUM), so that `conn.total_changes`
+    tells whether it wrote anything. When it wrote nothing, and nothing before it in the open
+    transaction did, the writer answers it at once instead of after the next COMMIT (see
+    `_OpenTransaction`): a long poll's look that finds nothing is the common case."""
+    fn.rows_only = True  # type: ignore[attr-defined]
+    return fn
+
+
 def _connect(path: Path, synchronous: str, *, readonly: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
@@ -252,6 +262,7 @@ class _Writer:
         started = time.perf_counter()
         try:
             self.replays += self.open.run(batch)
+            self.open.end_if_clean()
         finally:
             self.run_s += time.perf_counter() - started
         if self.open.outcomes and not self.commit_asked:
@@ -272,6 +283,13 @@ class _OpenTransaction:
     transaction roll back and run again, each write in its own savepoint: rare, and correct
     either way. Once a write that may not run twice has joined, everything after it in the same
     transaction runs in savepoints too, so a later failure never replays it.
+
+    A transaction marked `rows_only` that changes no row while nothing before it in the open
+    transaction has changed any (a long poll's look that finds nothing) read only what is
+    committed already: it is answered at once, with no COMMIT to wait for, and an open
+    transaction left with nothing else in it is ended on the spot (a COMMIT with nothing to
+    write touches no file). A poll renewing its hold then costs no hand-off to the COMMIT
+    thread and back, which on two busy cores cost more than the look itself.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -279,6 +297,8 @@ class _OpenTransaction:
         self.writes: list[_Pending] = []
         self.outcomes: list[_Outcome] = []
         self.guarded = False
+        self.changes_at_begin = 0  # conn.total_changes when the open transaction began
+        self.answered_early = 0  # transactions answered as they ran (they wrote nothing)
 
     def run(self, batch: list[_Pending]) -> int:
         """Run a batch inside the open transaction, opening one if none is open; how many
@@ -288,11 +308,19 @@ class _OpenTransaction:
         try:
             if not conn.in_transaction:
                 conn.execute("BEGIN IMMEDIATE")
+                self.changes_at_begin = conn.total_changes
             self.guarded = self.guarded or not all(item.replay for item in batch)
-            outcomes = _run_bodies(conn, batch, guarded=self.guarded)
-            if outcomes is not None:
-                self.writes.extend(batch)
-                self.outcomes.extend(outcomes)
+            ran = _run_bodies(conn, batch, guarded=self.guarded,
+                              clean_since=self.changes_at_begin)
+            if ran is not None:
+                outcomes, clean = ran
+                # Answered now: they ran before anything was written, so what they read is
+                # committed; their callers resume only after this batch (and any COMMIT on
+                # the spot) has returned to the loop.
+                _resolve_all(outcomes[:clean])
+                self.answered_early += clean
+                self.writes.extend(batch[clean:])
+                self.outcomes.extend(outcomes[clean:])
                 return 0
             # A write failed after writing: undo everything since the last COMMIT, run it again.
             batch = self.writes + batch
@@ -300,9 +328,9 @@ class _OpenTransaction:
             conn.execute("ROLLBACK")
             conn.execute("BEGIN IMMEDIATE")
             self.guarded = True
-            outcomes = _run_bodies(conn, batch, guarded=True)
-            assert outcomes is not None
-            self.writes, self.outcomes = batch, outcomes
+            replayed = _run_bodies(conn, batch, guarded=True, clean_since=None)
+            assert replayed is not None
+            self.writes, self.outcomes = batch, replayed[0]
             return 1
         except Exception as exc:  # the transaction itself failed: nothing of it stands
             failure = _whole_failure(exc, "the write")
@@ -313,6 +341,19 @@ class _OpenTransaction:
                          + [(item.future, None, failure) for item in batch])
             self._discard()
             return 0
+
+    def end_if_clean(self) -> None:
+        """End the open transaction on the spot when nothing in it changed a row and every
+        transaction in it has been answered: there is nothing for a COMMIT to make durable."""
+        conn = self.conn
+        if self.outcomes or not conn.in_transaction or conn.total_changes != self.changes_at_begin:
+            return
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error:  # nothing to lose: end it the other way, the writer must go on
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        self._discard()
 
     def take(self) -> list[_Outcome]:
         """The answers of everything run since the last COMMIT, which is about to happen."""
@@ -331,17 +372,21 @@ class _Pending(NamedTuple):
     args: tuple[Any, ...]
     future: asyncio.Future[Any]
     replay: bool  # may run a second time (see `replayable`)
+    rows_only: bool = False  # total_changes tells whether it wrote (see `rows_only`)
 
 
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
-def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: bool
-                ) -> list[_Outcome] | None:
-    """Run each transaction of a batch inside the open transaction: the outcome of each, or
-    None when an unguarded one failed in a way only a rollback of the whole attempt can undo."""
+def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: bool,
+                clean_since: int | None) -> tuple[list[_Outcome], int] | None:
+    """Run each transaction of a batch inside the open transaction: the outcome of each and how
+    many of the first ones ran with nothing changed since `clean_since` (conn.total_changes when
+    the open transaction began; None counts none), or None when an unguarded one failed in a way
+    only a rollback of the whole attempt can undo."""
     outcomes: list[_Outcome] = []
-    for fn, args, fut, _ in batch:
+    clean = 0
+    for fn, args, fut, _, only_rows in batch:
         if guarded:
             conn.execute("SAVEPOINT tx")
         changes = conn.total_changes
@@ -366,7 +411,9 @@ def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: boo
             # error) even when the statement's error was caught: nothing of the batch stands.
             raise StorageError("the database abandoned the transaction (a full disk or an I/O "
                                "error); the batch was not committed")
-    return outcomes
+        if only_rows and clean == len(outcomes) - 1 and conn.total_changes == clean_since:
+            clean += 1  # total_changes counts rows a savepoint rolled back too: never too many
+    return outcomes, clean
 
 
 # SQLite's answers that mean the storage is at fault (not our SQL): full, read-only, I/O, ...
@@ -473,14 +520,17 @@ class Database:
             await self._reader.close()
             self._reader = None
 
-    async def write(self, fn: Callable[..., T], *args: Any, replay: bool | None = None) -> T:
+    async def write(self, fn: Callable[..., T], *args: Any, replay: bool | None = None,
+                    rows_only: bool | None = None) -> T:
         """Run fn(conn, *args) as one transaction; return its result once committed.
 
         fn runs synchronously, with no await between its statements, in one SQLite transaction
         with the other writes that arrive until its COMMIT starts; the result is returned only
         after that COMMIT has returned (with synchronous=FULL: after it reached the disk).
         `replay` says whether fn may be run a second time (default: whether it is marked
-        `replayable`).
+        `replayable`). A fn marked `rows_only` (or given rows_only=True) that wrote nothing is
+        answered without waiting for a COMMIT when nothing before it in the open transaction
+        wrote either: what it read was committed already.
         """
         writer = self._writer
         if writer is None or writer.closing:
@@ -489,7 +539,9 @@ class Database:
         fut: asyncio.Future[T] = writer.loop.create_future()
         if replay is None:
             replay = getattr(fn, "replayable", False)
-        writer.pending.append(_Pending(fn, args, fut, replay))
+        if rows_only is None:
+            rows_only = getattr(fn, "rows_only", False)
+        writer.pending.append(_Pending(fn, args, fut, replay, rows_only))
         writer.wake.set()
         return await fut
 
@@ -513,13 +565,15 @@ class Database:
 
     @property
     def stats(self) -> dict[str, float]:
-        """Group-commit figures since start: batches (COMMITs), transactions committed, open
-        transactions replayed in savepoints after a failed write, seconds running transaction
-        bodies and from asking for each COMMIT until its answer."""
+        """Group-commit figures since start: batches (COMMITs), transactions committed,
+        transactions answered with no COMMIT (they wrote nothing), open transactions replayed in
+        savepoints after a failed write, seconds running transaction bodies and from asking for
+        each COMMIT until its answer."""
         writer = self._writer
         if writer is None:
-            return {"batches": 0, "transactions": 0, "replays": 0, "run_s": 0.0,
-                    "commit_s": 0.0}
+            return {"batches": 0, "transactions": 0, "answered_early": 0, "replays": 0,
+                    "run_s": 0.0, "commit_s": 0.0}
         return {"batches": writer.batches, "transactions": writer.transactions,
+                "answered_early": writer.open.answered_early,
                 "replays": writer.replays, "run_s": round(writer.run_s, 3),
                 "commit_s": round(writer.commit_s, 3)}

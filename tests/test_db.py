@@ -22,6 +22,7 @@ from fleet_min.db import (
     _resolve_all,
     migrate,
     replayable,
+    rows_only,
 )
 
 SCHEMA = ["CREATE TABLE notes (id INTEGER PRIMARY KEY, text TEXT NOT NULL UNIQUE)"]
@@ -196,7 +197,8 @@ def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 
 def pending(fn: Any, text: str, replay: bool | None = None) -> _Pending:
     replay = getattr(fn, "replayable", False) if replay is None else replay
-    return _Pending(fn, (text,), asyncio.get_running_loop().create_future(), replay)
+    return _Pending(fn, (text,), asyncio.get_running_loop().create_future(), replay,
+                    getattr(fn, "rows_only", False))
 
 
 def committed_texts(conn: sqlite3.Connection) -> set[str]:
@@ -306,3 +308,127 @@ async def test_closing_answers_and_keeps_every_write_already_accepted(tmp_path: 
         assert await texts(again) == {f"late {i}" for i in range(60)}
     finally:
         await again.close()
+
+
+# -- transactions that wrote nothing ---------------------------------------------------------
+
+@replayable
+@rows_only
+def look(conn: sqlite3.Connection, text: str) -> bool:
+    """A long poll's look in small: reads, and writes a row only when there is one to take."""
+    runs[text] += 1
+    return conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone() is not None
+
+
+@replayable
+@rows_only
+def look_or_add(conn: sqlite3.Connection, text: str) -> int | None:
+    """Writes when the note is missing: a look that claims something."""
+    runs[text] += 1
+    if conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone():
+        return None
+    return add(conn, text)
+
+
+@replayable
+def unmarked_look(conn: sqlite3.Connection, text: str) -> bool:
+    """The same read without the mark: the writer cannot tell it wrote nothing (a PRAGMA that
+    frees pages changes the file and no row), so it waits for a COMMIT like any write."""
+    return conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone() is not None
+
+
+async def test_a_look_that_writes_nothing_is_answered_without_a_commit(db: Database) -> None:
+    await db.write(add, "there")
+    before = dict(db.stats)
+    assert await db.write(look, "there") is True
+    assert await db.write(look, "missing") is False
+    assert db.stats["batches"] == before["batches"]  # no COMMIT was asked for
+    assert db.stats["answered_early"] == before["answered_early"] + 2
+    # The empty transaction was ended on the spot: another connection can write at once.
+    other = sqlite3.connect(db.path, timeout=0)
+    try:
+        other.execute("INSERT INTO notes (text) VALUES ('from elsewhere')")
+        other.commit()
+    finally:
+        other.close()
+    assert "from elsewhere" in await texts(db)
+
+
+async def test_a_look_that_writes_waits_for_the_commit_like_any_write(db: Database) -> None:
+    before = db.stats["batches"]
+    assert await db.write(look_or_add, "new") == 1
+    assert db.stats["batches"] == before + 1
+    other = sqlite3.connect(db.path)
+    try:  # on disk by the time the caller heard back
+        assert other.execute("SELECT text FROM notes").fetchall() == [("new",)]
+    finally:
+        other.close()
+
+
+async def test_an_unmarked_transaction_that_writes_nothing_still_waits_for_a_commit(
+        db: Database) -> None:
+    before = dict(db.stats)
+    assert await db.write(unmarked_look, "missing") is False
+    assert db.stats["batches"] == before["batches"] + 1
+    assert db.stats["answered_early"] == before["answered_early"]
+
+
+async def test_a_look_after_a_write_in_the_same_transaction_waits_for_its_commit(
+        db: Database) -> None:
+    """The look reads the write's row before it is durable: answering it early would tell a
+    caller of a row a failed COMMIT could still take away."""
+    runs.clear()
+    write = asyncio.ensure_future(db.write(add, "fresh"))
+    seen = asyncio.ensure_future(db.write(look, "fresh"))
+    assert await seen is True
+    assert write.done() and write.result() == 1  # answered together, by the COMMIT
+    assert db.stats["answered_early"] == 0
+
+
+async def test_a_look_before_a_write_is_answered_before_the_writes_commit(
+        db: Database) -> None:
+    """It read only committed rows, so it need not wait for a COMMIT of what ran after it; the
+    write is still answered only once committed."""
+    seen = asyncio.ensure_future(db.write(look, "later"))
+    write = asyncio.ensure_future(db.write(add, "later"))
+    assert await seen is False
+    assert not write.done()  # its COMMIT is still to come
+    assert await write == 1
+    assert db.stats["answered_early"] == 1 and db.stats["batches"] == 1
+
+
+async def test_a_look_in_a_batch_replayed_after_a_failure_is_answered_once_after_the_commit(
+        conn: sqlite3.Connection) -> None:
+    """[look, add, write-then-refuse] in one batch: the failure rolls everything back and runs
+    it again in savepoints, so the look is not answered from its first run."""
+    runs.clear()
+    txn = _OpenTransaction(conn)
+    batch = [pending(look, "a"), pending(add, "a"), pending(write_then_refuse, "w")]
+    assert txn.run(batch) == 1
+    txn.end_if_clean()
+    assert answers(batch) == ["unanswered"] * 3
+    outcomes = txn.take()
+    conn.execute("COMMIT")
+    _resolve_all(outcomes)
+    seen, added, refused = answers(batch)
+    assert (seen, added) == (False, 1) and isinstance(refused, Refusal)
+    assert runs == {"a": 4, "w": 2} and txn.answered_early == 0
+    assert committed_texts(conn) == {"a"}
+
+
+async def test_looks_answered_early_are_not_run_again_by_a_later_replay(
+        conn: sqlite3.Connection) -> None:
+    runs.clear()
+    txn = _OpenTransaction(conn)
+    first = [pending(look, "x"), pending(add, "a")]
+    assert txn.run(first) == 0
+    assert answers(first)[0] is False  # answered as it ran
+    second = [pending(write_then_refuse, "w")]
+    assert txn.run(second) == 1  # "a" runs again; the look is no longer part of it
+    outcomes = txn.take()
+    conn.execute("COMMIT")
+    _resolve_all(outcomes)
+    seen, added, refused = answers(first + second)
+    assert (seen, added) == (False, 1) and isinstance(refused, Refusal)
+    assert runs == {"x": 1, "a": 2, "w": 2}
+    assert committed_texts(conn) == {"a"}

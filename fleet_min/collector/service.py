@@ -250,7 +250,8 @@ class Service:
             return result
 
         try:
-            result = await self.db.write(run, replay=getattr(fn, "replayable", False))
+            result = await self.db.write(run, replay=getattr(fn, "replayable", False),
+                                         rows_only=getattr(fn, "rows_only", False))
         except BaseException:
             if handouts is not None:
                 handouts.fail()

@@ -215,6 +215,20 @@ async def test_a_claim_rolled_back_is_not_counted(client, db_path):
     assert scrape.value("fleet_collector_jobs", status="queued", workload="benchmark") == 2
 
 
+async def test_a_poll_that_finds_nothing_is_counted_without_a_commit(client):
+    """Its look wrote nothing, so it was answered with no COMMIT to wait for."""
+    await client.post("/devices/register", json=registration("d"))
+    before = parse(await (await client.get("/metrics")).text())
+    poll = asyncio.ensure_future(client.get("/devices/d/next-job"))
+    await wait_for_polls(client, 1)
+    after = parse(await (await client.get("/metrics")).text())
+    poll.cancel()
+    assert after.value("fleet_collector_db_unwritten_transactions_total") == \
+        before.value("fleet_collector_db_unwritten_transactions_total") + 1
+    assert after.value("fleet_collector_db_commits_total") == \
+        before.value("fleet_collector_db_commits_total")
+
+
 async def test_the_jobs_count_reads_only_its_covering_index(client, db_path):
     await client.post("/jobs", json=job("a"))
     conn = sqlite3.connect(db_path)

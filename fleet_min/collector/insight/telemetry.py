@@ -182,6 +182,9 @@ class CollectorMetrics:
                   "transactions).", read=lambda: [((), db.stats["batches"])])
         r.counter("fleet_collector_db_transactions_total", "Transactions committed.",
                   read=lambda: [((), db.stats["transactions"])])
+        r.counter("fleet_collector_db_unwritten_transactions_total",
+                  "Transactions that changed nothing, answered without a COMMIT (long polls' "
+                  "looks that found no job).", read=lambda: [((), db.stats["answered_early"])])
         r.gauge("fleet_collector_stream_clients", "Live-stream (SSE) clients connected.",
                 read=lambda: [((), hub.clients)])
         r.gauge("fleet_collector_waiting_polls", "Long polls (devices and host executors) "
