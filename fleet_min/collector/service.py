@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import filemodes, jsonio
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import queue, sightings
 from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.sightings import Sightings
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Database
@@ -106,6 +107,7 @@ class Service:
                            filemodes.COLLECTOR_FILE)
         self.hub = EventHub()
         self.dispatcher = Dispatcher(self.transact)
+        self.sightings = Sightings()
         self.collector_id = ""
         self.instance = uuid.uuid4().hex
         self.name = config.name or socket.gethostname()
@@ -150,9 +152,11 @@ class Service:
                      len(swept.failed))
         self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
         self._tasks.append(asyncio.create_task(self._clock_loop(), name="clock-watch"))
+        self._tasks.append(asyncio.create_task(self._sightings_loop(), name="sightings"))
 
     async def stop(self) -> None:
-        """Answer open long polls, stop the loops, close the database."""
+        """Answer open long polls, stop the loops, write the last sightings, close the
+        database."""
         await self.dispatcher.close()
         self.hub.close()
         tasks = list(self._tasks)
@@ -162,6 +166,11 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        if len(self.sightings):
+            try:
+                await self.write_sightings()
+            except Exception:  # the database is failing: stopping must go on
+                log.exception("the last sightings of devices were not written")
         await self.db.close()
 
     async def _sweep_loop(self) -> None:
@@ -190,6 +199,7 @@ class Service:
                     "times are moved with it", jump)
         effects = Effects()
         await self.db.write(rebase_clock, jump, effects)
+        self.sightings.shift(jump)
         self.apply(effects)
 
     async def _clock_loop(self) -> None:
@@ -199,6 +209,26 @@ class Service:
                 await self.check_clock()
             except Exception:
                 log.exception("clock check failed")
+
+    async def _sightings_loop(self) -> None:
+        while True:
+            await asyncio.sleep(sightings.FLUSH_EVERY_S)
+            try:
+                await self.write_sightings()
+            except Exception:
+                log.exception("writing devices' last_seen failed; it is tried again in %s s",
+                              sightings.FLUSH_EVERY_S)
+
+    async def write_sightings(self) -> None:
+        """Write the devices seen by polls since the last time (see jobs.sightings)."""
+        seen = self.sightings.take()
+        if not seen:
+            return
+        try:
+            await self.db.write(sightings.record, seen)
+        except BaseException:
+            self.sightings.note(seen)  # kept for the next try (newer sightings win)
+            raise
 
     def spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         """A background task owned by the service (cancelled when it stops, if its feature did
@@ -272,6 +302,8 @@ class Service:
             self._notify(event)
         for event in effects.unstreamed:
             self._notify(event)
+        if effects.sightings:
+            self.sightings.note(effects.sightings)
         if effects.looked:
             self.dispatcher.looked(effects.looked)
         if effects.claimable or effects.claimants or effects.beacons:

@@ -19,7 +19,7 @@ from typing import Any
 
 from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, rules
-from fleet_min.collector.jobs.devices import NOT_READ, Device, load_device, touch, touch_due
+from fleet_min.collector.jobs.devices import NOT_READ, Device, load_device, touch_due
 from fleet_min.collector.jobs.effects import Effects, claimant_key
 from fleet_min.collector.jobs.kinds import Executor, JobStatus
 from fleet_min.collector.jobs.match import compiled
@@ -234,8 +234,8 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
-        if touch_due(device.last_seen, now):
-            touch(conn, claimant.id, now)
+        if touch_due(device.last_seen, now):  # written with others later: see jobs.sightings
+            effects.sightings.append((claimant.id, now))
     row, stood_in_the_way = _find(conn, claimant, now, device)
     if row is None:
         effects.looked.append((claimant.key, stood_in_the_way))

@@ -47,6 +47,9 @@ class Effects:
     # had been claimable, in seconds, and what became of the job of each lapsed lease swept.
     claim_waits: list[float] = field(default_factory=list)
     lease_expiries: list[LeaseExpiry] = field(default_factory=list)
+    # (device id, when) for each device a claim's look saw: written to last_seen later, in one
+    # transaction for many (fleet_min.collector.jobs.sightings).
+    sightings: list[tuple[str, float]] = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget everything recorded (the transaction is about to run again)."""
@@ -58,17 +61,18 @@ class Effects:
         self.looked.clear()
         self.claim_waits.clear()
         self.lease_expiries.clear()
+        self.sightings.clear()
 
     def mark(self) -> tuple[int, ...]:
         """Where each record stands now, for `rewind`."""
         return (len(self.events), len(self.unstreamed), len(self.claimable), len(self.claimants),
                 len(self.beacons), len(self.looked), len(self.claim_waits),
-                len(self.lease_expiries))
+                len(self.lease_expiries), len(self.sightings))
 
     def rewind(self, mark: tuple[int, ...]) -> None:
         """Forget what was recorded since `mark` (its statements were rolled back to a
         savepoint: nothing of it happened)."""
-        events, unstreamed, claimable, claimants, beacons, looked, waits, expiries = mark
+        events, unstreamed, claimable, claimants, beacons, looked, waits, expiries, seen = mark
         del self.events[events:]
         del self.unstreamed[unstreamed:]
         del self.claimable[claimable:]
@@ -77,6 +81,7 @@ class Effects:
         del self.looked[looked:]
         del self.claim_waits[waits:]
         del self.lease_expiries[expiries:]
+        del self.sightings[seen:]
 
     def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
         self.events.append({"type": "job", "job_id": job_id, "status": status,
