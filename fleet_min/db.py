@@ -73,21 +73,6 @@ def rows_only(fn: F) -> F:
     return fn
 
 
-def look_only(fn: F) -> F:
-    """Mark a `rows_only` transaction function (it becomes one) whose caller can take an answer
-    read from writes that are not committed yet: when it wrote nothing, the writer answers it at
-    once even when transactions before it in the open transaction wrote.
-
-    For a long poll's look. Its "no job for you now" only sets the poll waiting, and the poll
-    looks again at each offer and each renewal. Should the writes it saw then fail to commit
-    (a full disk; a crash ends the poll with the process), the poll waited on a state that did
-    not stand, as a look an instant earlier could have. Never for a transaction whose answer
-    tells of a write, or that its caller uses to decide one."""
-    fn.rows_only = True  # type: ignore[attr-defined]
-    fn.look_only = True  # type: ignore[attr-defined]
-    return fn
-
-
 def _connect(path: Path, synchronous: str, *, readonly: bool = False) -> sqlite3.Connection:
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
     conn.row_factory = sqlite3.Row
@@ -304,10 +289,7 @@ class _OpenTransaction:
     committed already: it is answered at once, with no COMMIT to wait for, and an open
     transaction left with nothing else in it is ended on the spot (a COMMIT with nothing to
     write touches no file). A poll renewing its hold then costs no hand-off to the COMMIT
-    thread and back, which on two busy cores cost more than the look itself. One marked
-    `look_only` (a long poll's look, whose caller can take an answer that rests on writes not
-    committed yet) is answered as it ran whenever it changed no row itself, wherever it stands
-    in the open transaction; it then leaves the transaction, so a replay never runs it again.
+    thread and back, which on two busy cores cost more than the look itself.
     """
 
     def __init__(self, conn: sqlite3.Connection) -> None:
@@ -331,18 +313,14 @@ class _OpenTransaction:
             ran = _run_bodies(conn, batch, guarded=self.guarded,
                               clean_since=self.changes_at_begin)
             if ran is not None:
-                outcomes, early = ran
-                # Answered now: they wrote nothing, and what they read was committed (or, for
-                # a `look_only` one, may rest on writes not committed yet); their callers
-                # resume only after this batch (and any COMMIT on the spot) has returned to
-                # the loop. Being out of `writes`, they are never run again by a replay.
-                for item, outcome, answered in zip(batch, outcomes, early, strict=True):
-                    if answered:
-                        _resolve(*outcome)
-                        self.answered_early += 1
-                    else:
-                        self.writes.append(item)
-                        self.outcomes.append(outcome)
+                outcomes, clean = ran
+                # Answered now: they ran before anything was written, so what they read is
+                # committed; their callers resume only after this batch (and any COMMIT on
+                # the spot) has returned to the loop.
+                _resolve_all(outcomes[:clean])
+                self.answered_early += clean
+                self.writes.extend(batch[clean:])
+                self.outcomes.extend(outcomes[clean:])
                 return 0
             # A write failed after writing: undo everything since the last COMMIT, run it again.
             batch = self.writes + batch
@@ -352,7 +330,7 @@ class _OpenTransaction:
             self.guarded = True
             replayed = _run_bodies(conn, batch, guarded=True, clean_since=None)
             assert replayed is not None
-            self.writes, self.outcomes = batch, replayed[0]  # none answered early: see there
+            self.writes, self.outcomes = batch, replayed[0]
             return 1
         except Exception as exc:  # the transaction itself failed: nothing of it stands
             failure = _whole_failure(exc, "the write")
@@ -395,23 +373,20 @@ class _Pending(NamedTuple):
     future: asyncio.Future[Any]
     replay: bool  # may run a second time (see `replayable`)
     rows_only: bool = False  # total_changes tells whether it wrote (see `rows_only`)
-    look_only: bool = False  # may be answered from writes not committed yet (see `look_only`)
 
 
 _Outcome = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
 def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: bool,
-                clean_since: int | None) -> tuple[list[_Outcome], list[bool]] | None:
-    """Run each transaction of a batch inside the open transaction: the outcome of each and
-    whether it may be answered before the COMMIT, or None when an unguarded one failed in a way
-    only a rollback of the whole attempt can undo. A `rows_only` one may when nothing changed
-    since `clean_since` (conn.total_changes when the open transaction began), a `look_only` one
-    when it changed nothing itself; with `clean_since` None (a replay) none may."""
+                clean_since: int | None) -> tuple[list[_Outcome], int] | None:
+    """Run each transaction of a batch inside the open transaction: the outcome of each and how
+    many of the first ones ran with nothing changed since `clean_since` (conn.total_changes when
+    the open transaction began; None counts none), or None when an unguarded one failed in a way
+    only a rollback of the whole attempt can undo."""
     outcomes: list[_Outcome] = []
-    early: list[bool] = []
-    clean = clean_since is not None  # everything so far answered early under the first rule
-    for fn, args, fut, _, only_rows, only_looks in batch:
+    clean = 0
+    for fn, args, fut, _, only_rows in batch:
         if guarded:
             conn.execute("SAVEPOINT tx")
         changes = conn.total_changes
@@ -436,11 +411,9 @@ def _run_bodies(conn: sqlite3.Connection, batch: list[_Pending], *, guarded: boo
             # error) even when the statement's error was caught: nothing of the batch stands.
             raise StorageError("the database abandoned the transaction (a full disk or an I/O "
                                "error); the batch was not committed")
-        # total_changes counts rows a savepoint rolled back too: it never says too few.
-        clean = clean and only_rows and conn.total_changes == clean_since
-        early.append(clean or (clean_since is not None and only_looks
-                               and conn.total_changes == changes))
-    return outcomes, early
+        if only_rows and clean == len(outcomes) - 1 and conn.total_changes == clean_since:
+            clean += 1  # total_changes counts rows a savepoint rolled back too: never too many
+    return outcomes, clean
 
 
 # SQLite's answers that mean the storage is at fault (not our SQL): full, read-only, I/O, ...
@@ -548,7 +521,7 @@ class Database:
             self._reader = None
 
     async def write(self, fn: Callable[..., T], *args: Any, replay: bool | None = None,
-                    rows_only: bool | None = None, look_only: bool | None = None) -> T:
+                    rows_only: bool | None = None) -> T:
         """Run fn(conn, *args) as one transaction; return its result once committed.
 
         fn runs synchronously, with no await between its statements, in one SQLite transaction
@@ -557,9 +530,7 @@ class Database:
         `replay` says whether fn may be run a second time (default: whether it is marked
         `replayable`). A fn marked `rows_only` (or given rows_only=True) that wrote nothing is
         answered without waiting for a COMMIT when nothing before it in the open transaction
-        wrote either: what it read was committed already. One marked `look_only` (or given
-        look_only=True) that wrote nothing is answered without waiting for a COMMIT whatever
-        ran before it.
+        wrote either: what it read was committed already.
         """
         writer = self._writer
         if writer is None or writer.closing:
@@ -568,11 +539,9 @@ class Database:
         fut: asyncio.Future[T] = writer.loop.create_future()
         if replay is None:
             replay = getattr(fn, "replayable", False)
-        if look_only is None:
-            look_only = getattr(fn, "look_only", False)
         if rows_only is None:
-            rows_only = look_only or getattr(fn, "rows_only", False)
-        writer.pending.append(_Pending(fn, args, fut, replay, rows_only, look_only))
+            rows_only = getattr(fn, "rows_only", False)
+        writer.pending.append(_Pending(fn, args, fut, replay, rows_only))
         writer.wake.set()
         return await fut
 

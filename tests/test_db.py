@@ -20,7 +20,6 @@ from fleet_min.db import (
     _OpenTransaction,
     _Pending,
     _resolve_all,
-    look_only,
     migrate,
     replayable,
     rows_only,
@@ -199,7 +198,7 @@ def conn(tmp_path: Path) -> Iterator[sqlite3.Connection]:
 def pending(fn: Any, text: str, replay: bool | None = None) -> _Pending:
     replay = getattr(fn, "replayable", False) if replay is None else replay
     return _Pending(fn, (text,), asyncio.get_running_loop().create_future(), replay,
-                    getattr(fn, "rows_only", False), getattr(fn, "look_only", False))
+                    getattr(fn, "rows_only", False))
 
 
 def committed_texts(conn: sqlite3.Connection) -> set[str]:
@@ -338,24 +337,6 @@ def unmarked_look(conn: sqlite3.Connection, text: str) -> bool:
     return conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone() is not None
 
 
-@replayable
-@look_only
-def poll_look(conn: sqlite3.Connection, text: str) -> bool:
-    """`look`, marked as a long poll's look is: its answer may rest on writes not committed."""
-    runs[text] += 1
-    return conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone() is not None
-
-
-@replayable
-@look_only
-def poll_look_or_add(conn: sqlite3.Connection, text: str) -> int | None:
-    """`look_or_add` marked look_only: a poll's look that claims something."""
-    runs[text] += 1
-    if conn.execute("SELECT 1 FROM notes WHERE text = ?", (text,)).fetchone():
-        return None
-    return add(conn, text)
-
-
 async def test_a_look_that_writes_nothing_is_answered_without_a_commit(db: Database) -> None:
     await db.write(add, "there")
     before = dict(db.stats)
@@ -414,50 +395,6 @@ async def test_a_look_before_a_write_is_answered_before_the_writes_commit(
     assert not write.done()  # its COMMIT is still to come
     assert await write == 1
     assert db.stats["answered_early"] == 1 and db.stats["batches"] == 1
-
-
-async def test_a_poll_look_after_a_write_is_answered_before_that_writes_commit(
-        db: Database) -> None:
-    """Unlike `look`, a look_only transaction that wrote nothing is answered as it ran, though
-    the write before it in the open transaction is not committed yet."""
-    runs.clear()
-    write = asyncio.ensure_future(db.write(add, "fresh"))
-    seen = asyncio.ensure_future(db.write(poll_look, "fresh"))
-    assert await seen is True  # it read the write's row, uncommitted
-    assert not write.done()  # the write still waits for its COMMIT
-    assert await write == 1
-    assert db.stats["answered_early"] == 1 and db.stats["batches"] == 1
-
-
-async def test_a_poll_look_that_writes_waits_for_the_commit(db: Database) -> None:
-    write = asyncio.ensure_future(db.write(add, "before"))
-    claimed = asyncio.ensure_future(db.write(poll_look_or_add, "new"))
-    assert await claimed == 2
-    assert write.done() and write.result() == 1  # answered together, by the COMMIT
-    assert db.stats["answered_early"] == 0
-
-
-async def test_poll_looks_answered_after_a_write_are_not_run_again_by_a_replay(
-        conn: sqlite3.Connection) -> None:
-    """[add, look] then [write-then-refuse]: the look is answered as it ran and leaves the
-    open transaction; the refusal's replay runs the add again, not the look. In a replay
-    itself nothing is answered early."""
-    runs.clear()
-    txn = _OpenTransaction(conn)
-    first = [pending(add, "a"), pending(poll_look, "x")]
-    assert txn.run(first) == 0
-    assert answers(first) == ["unanswered", False]
-    second = [pending(write_then_refuse, "w"), pending(poll_look, "y")]
-    assert txn.run(second) == 1
-    assert answers(second) == ["unanswered", "unanswered"]  # the replay answers none early
-    outcomes = txn.take()
-    conn.execute("COMMIT")
-    _resolve_all(outcomes)
-    added, seen, refused, seen_again = answers(first + second)
-    assert (added, seen, seen_again) == (1, False, False) and isinstance(refused, Refusal)
-    # The refusal stopped the first run before "y"; the replay ran it once.
-    assert runs == {"a": 2, "x": 1, "w": 2, "y": 1} and txn.answered_early == 1
-    assert committed_texts(conn) == {"a"}
 
 
 async def test_a_look_in_a_batch_replayed_after_a_failure_is_answered_once_after_the_commit(

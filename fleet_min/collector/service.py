@@ -281,8 +281,7 @@ class Service:
 
         try:
             result = await self.db.write(run, replay=getattr(fn, "replayable", False),
-                                         rows_only=getattr(fn, "rows_only", False),
-                                         look_only=getattr(fn, "look_only", False))
+                                         rows_only=getattr(fn, "rows_only", False))
         except BaseException:
             if handouts is not None:
                 handouts.fail()

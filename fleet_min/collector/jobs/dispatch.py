@@ -41,7 +41,7 @@ from typing import Any
 from fleet_min.collector.jobs import claims, queue, rules
 from fleet_min.collector.jobs.claims import Claimant
 from fleet_min.collector.jobs.effects import Effects, JobRoute, claimant_key
-from fleet_min.db import look_only, replayable
+from fleet_min.db import replayable, rows_only
 from fleet_min.timeutil import now
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ class _PollLook:
 
 
 @replayable
-@look_only
+@rows_only
 def _poll_look(conn: sqlite3.Connection, claimant: Claimant, current: float, poll: _PollLook,
                effects: Effects, caller: str | None = None
                ) -> tuple[list[str] | None, Job | None]:
