@@ -49,6 +49,29 @@ class StorageError(RuntimeError):
     """The database refused a commit (disk full, read-only file, I/O error)."""
 
 
+class StorageOutage:
+    """What a periodic task says while the database refuses its writes: one warning when they
+    start failing and one line when they work again, not a traceback every period (a full
+    disk fails every write until space returns; requests meanwhile get a 503 with a
+    sentence)."""
+
+    def __init__(self, what: str, logger: logging.Logger) -> None:
+        self.what = what
+        self.log = logger
+        self.failing = False
+
+    def failed(self, exc: StorageError) -> None:
+        if not self.failing:
+            self.log.warning("%s cannot write to the database: %s; it is tried again each "
+                             "period", self.what, exc)
+        self.failing = True
+
+    def worked(self) -> None:
+        if self.failing:
+            self.log.info("%s writes to the database again", self.what)
+        self.failing = False
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -26,10 +26,9 @@ from fleet_min import filemodes, jsonio
 from fleet_min.collector.jobs import queue, sightings
 from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
-from fleet_min.collector.jobs.sightings import Sightings
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
-from fleet_min.db import Database
+from fleet_min.db import Database, StorageError, StorageOutage
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -107,7 +106,7 @@ class Service:
                            filemodes.COLLECTOR_FILE)
         self.hub = EventHub()
         self.dispatcher = Dispatcher(self.transact)
-        self.sightings = Sightings()
+        self.sightings = sightings.Sightings()
         self.collector_id = ""
         self.instance = uuid.uuid4().hex
         self.name = config.name or socket.gethostname()
@@ -169,17 +168,24 @@ class Service:
         if len(self.sightings):
             try:
                 await self.write_sightings()
-            except Exception:  # the database is failing: stopping must go on
+            except StorageError as exc:  # a full disk: stopping must go on, in a sentence
+                log.warning("the devices seen in the last second were not written: %s", exc)
+            except Exception:
                 log.exception("the last sightings of devices were not written")
         await self.db.close()
 
     async def _sweep_loop(self) -> None:
+        outage = StorageOutage("the lease sweep", log)
         while True:
             await asyncio.sleep(self.config.sweep_s)
             try:
                 await self.sweep()
+            except StorageError as exc:
+                outage.failed(exc)
             except Exception:
                 log.exception("lease sweep failed; it runs again in %s s", self.config.sweep_s)
+            else:
+                outage.worked()
 
     async def sweep(self) -> queue.Swept:
         """The lease sweep, after making sure no clock jump is pending."""
@@ -211,13 +217,18 @@ class Service:
                 log.exception("clock check failed")
 
     async def _sightings_loop(self) -> None:
+        outage = StorageOutage("the devices' last_seen from their polls", log)
         while True:
             await asyncio.sleep(sightings.FLUSH_EVERY_S)
             try:
-                await self.write_sightings()
+                await self.write_sightings()  # what failed is kept for the next try
+            except StorageError as exc:
+                outage.failed(exc)
             except Exception:
                 log.exception("writing devices' last_seen failed; it is tried again in %s s",
                               sightings.FLUSH_EVERY_S)
+            else:
+                outage.worked()
 
     async def write_sightings(self) -> None:
         """Write the devices seen by polls since the last time (see jobs.sightings)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
     answers: dict[int, int] = {}
     try:
         assert client.post("/devices/register", registration("d0"))[0] == 200
+        # declares a workload nothing queued needs: its polls find nothing and write nothing
+        assert client.post("/devices/register",
+                           registration("watcher", capabilities=["screenshot"]))[0] == 200
         for n in range(20):
             assert client.post("/jobs", job(f"before{n}"))[0] == 201
             ledger.enqueued.add(f"before{n}")
@@ -98,6 +102,13 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
             if status == 503:
                 _sentence(reply)
         assert 500 not in answers
+        # a poll that finds nothing, from a device last seen over a second ago: the write of
+        # its sighting meets the full disk, which the log says once, in a sentence
+        time.sleep(1.1)
+        assert client.get("/devices/watcher/next-job", timeout=10)[0] == 204
+        time.sleep(2.5)
+        said = "the devices' last_seen from their polls cannot write to the database: the disk"
+        assert proc.log().count(said) == 1, proc.log()[-3000:]
         # space returns: the same collector takes writes again
         (small_disk / "filler").unlink()
         for sha in list(ledger.artifacts)[:8]:
@@ -109,6 +120,12 @@ def test_full_disk_gives_clear_errors_and_recovers(small_disk: Path, figures: An
         ledger.enqueued.add("after")
         assert upload(proc.url, b"after the disk was full")[0] == 201
         assert _work_one(client, "d0", ledger) is not None
+        for _ in range(40):  # the kept sighting is written at the next try
+            if "the devices' last_seen from their polls writes to the database again" in proc.log():
+                break
+            time.sleep(0.1)
+        else:
+            pytest.fail("the sighting kept through the full disk was never written")
     finally:
         assert proc.stop() == 0
     _no_traceback(proc.log())
