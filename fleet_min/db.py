@@ -23,7 +23,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, TypeGuard, TypeVar
 
@@ -49,27 +49,33 @@ class StorageError(RuntimeError):
     """The database refused a commit (disk full, read-only file, I/O error)."""
 
 
-class StorageOutage:
-    """What a periodic task says while the database refuses its writes: one warning when they
-    start failing and one line when they work again, not a traceback every period (a full
-    disk fails every write until space returns; requests meanwhile get a 503 with a
-    sentence)."""
+class Periodic:
+    """One periodic task's runs (the lease sweep, the scheduler tick, ...). While the database
+    refuses its writes it says so once, in a sentence, and once when it takes them again, not
+    with a traceback every period: a full disk fails every write until space returns, and
+    requests meanwhile get a 503 with a sentence. Any other failure is logged with its
+    traceback. The task goes on either way."""
 
     def __init__(self, what: str, logger: logging.Logger) -> None:
         self.what = what
         self.log = logger
         self.failing = False
 
-    def failed(self, exc: StorageError) -> None:
-        if not self.failing:
-            self.log.warning("%s cannot write to the database: %s; it is tried again each "
-                             "period", self.what, exc)
-        self.failing = True
-
-    def worked(self) -> None:
-        if self.failing:
-            self.log.info("%s writes to the database again", self.what)
-        self.failing = False
+    async def run(self, work: Callable[[], Awaitable[Any]]) -> None:
+        """One period's work."""
+        try:
+            await work()
+        except StorageError as exc:
+            if not self.failing:
+                self.log.warning("%s cannot write to the database: %s; it is tried again each "
+                                 "period", self.what, exc)
+            self.failing = True
+        except Exception:
+            self.log.exception("%s failed; it runs again at the next period", self.what)
+        else:
+            if self.failing:
+                self.log.info("%s writes to the database again", self.what)
+            self.failing = False
 
 
 F = TypeVar("F", bound=Callable[..., Any])

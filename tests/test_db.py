@@ -5,6 +5,7 @@ savepoints. A real SQLite file in WAL mode, synchronous=FULL."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from fleet_min.db import (
     Database,
+    Periodic,
     StorageError,
     _connect,
     _OpenTransaction,
@@ -432,3 +434,31 @@ async def test_looks_answered_early_are_not_run_again_by_a_later_replay(
     assert (seen, added) == (False, 1) and isinstance(refused, Refusal)
     assert runs == {"x": 1, "a": 2, "w": 2}
     assert committed_texts(conn) == {"a"}
+
+
+async def test_a_periodic_task_says_an_outage_once_and_its_end_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A full disk refuses every period's write: one warning and one line when it ends, not a
+    traceback each time; a bug of ours keeps its traceback every time."""
+    logger = logging.getLogger("tests.periodic")
+    periodic = Periodic("the test task", logger)
+    outcomes: list[BaseException | None] = [StorageError("the disk is full")] * 3 + [None]
+
+    async def work() -> None:
+        outcome = outcomes.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    with caplog.at_level(logging.INFO, logger="tests.periodic"):
+        for _ in range(4):
+            await periodic.run(work)
+        outcomes[:] = [ValueError("a bug"), ValueError("a bug")]
+        await periodic.run(work)
+        await periodic.run(work)
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        ("WARNING", "the test task cannot write to the database: the disk is full; it is tried "
+                    "again each period", False),
+        ("INFO", "the test task writes to the database again", False),
+        ("ERROR", "the test task failed; it runs again at the next period", True),
+        ("ERROR", "the test task failed; it runs again at the next period", True)]

@@ -28,7 +28,7 @@ from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
-from fleet_min.db import Database, StorageError, StorageOutage
+from fleet_min.db import Database, Periodic, StorageError
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -175,17 +175,10 @@ class Service:
         await self.db.close()
 
     async def _sweep_loop(self) -> None:
-        outage = StorageOutage("the lease sweep", log)
+        periodic = Periodic("the lease sweep", log)
         while True:
             await asyncio.sleep(self.config.sweep_s)
-            try:
-                await self.sweep()
-            except StorageError as exc:
-                outage.failed(exc)
-            except Exception:
-                log.exception("lease sweep failed; it runs again in %s s", self.config.sweep_s)
-            else:
-                outage.worked()
+            await periodic.run(self.sweep)
 
     async def sweep(self) -> queue.Swept:
         """The lease sweep, after making sure no clock jump is pending."""
@@ -217,18 +210,10 @@ class Service:
                 log.exception("clock check failed")
 
     async def _sightings_loop(self) -> None:
-        outage = StorageOutage("the devices' last_seen from their polls", log)
+        periodic = Periodic("the devices' last_seen from their polls", log)
         while True:
             await asyncio.sleep(sightings.FLUSH_EVERY_S)
-            try:
-                await self.write_sightings()  # what failed is kept for the next try
-            except StorageError as exc:
-                outage.failed(exc)
-            except Exception:
-                log.exception("writing devices' last_seen failed; it is tried again in %s s",
-                              sightings.FLUSH_EVERY_S)
-            else:
-                outage.worked()
+            await periodic.run(self.write_sightings)  # what failed is kept for the next try
 
     async def write_sightings(self) -> None:
         """Write the devices seen by polls since the last time (see jobs.sightings)."""

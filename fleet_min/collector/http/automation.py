@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import tzinfo
 from pathlib import Path
@@ -24,7 +24,7 @@ from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
-from fleet_min.db import StorageError, StorageOutage
+from fleet_min.db import Periodic
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import json_response, query_int, read_json_object
 from fleet_min.timeutil import now
@@ -108,35 +108,22 @@ class Automation:
         """Ticks after the start-up one: on the period's marks (plus a breath), so a due minute
         fires within a second of coming."""
         period = self.settings.schedule_tick_s
-        schedule_outage = StorageOutage("the scheduler tick", log)
+        periodic = Periodic("the scheduler tick", log)
         while True:
             await asyncio.sleep(period - now() % period + 0.2)
-            await _guarded(schedule_outage, self.schedule_tick)
+            await periodic.run(self.schedule_tick)
 
     async def alert_loop(self) -> None:
-        alert_outage = StorageOutage("the alert tick", log)
+        periodic = Periodic("the alert tick", log)
         while True:
             # The first tick waits one period: after a restart devices need a moment to beacon
             # before their silence means anything.
             await asyncio.sleep(self.settings.alert_tick_s)
-            await _guarded(alert_outage, self.alert_tick)
+            await periodic.run(self.alert_tick)
 
     async def webhook_loop(self) -> None:
         assert self.sender is not None
         await self.sender.run()
-
-
-async def _guarded(outage: StorageOutage, tick: Callable[[], Awaitable[Any]]) -> None:
-    try:
-        await tick()
-    except asyncio.CancelledError:
-        raise
-    except StorageError as exc:
-        outage.failed(exc)
-    except Exception:
-        log.exception("%s failed; it runs again at the next period", outage.what)
-    else:
-        outage.worked()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,7 +306,7 @@ def setup(app: web.Application, service: Service) -> None:
 
     async def running(_app: web.Application) -> AsyncIterator[None]:
         # The start-up tick runs before the collector serves its first request.
-        await _guarded(StorageOutage("the scheduler tick", log), automation.schedule_tick)
+        await Periodic("the scheduler tick", log).run(automation.schedule_tick)
         loops = [service.spawn(automation.schedule_loop(), "scheduler"),
                  service.spawn(automation.alert_loop(), "alerts")]
         if automation.sender is not None:
