@@ -68,7 +68,13 @@ def test_runner_posts_synthetic_benchmarks_matching_the_reference(
     assert device["temporary"] and device["ttl_s"] > 0
     # http://127.0.0.1 is a secure context, so the platform digest is offered too.
     assert device["capabilities"] == ["benchmark:jssha", "benchmark:webcrypto"]
-    assert device["last_beacon"] is not None  # it beacons as soon as it is enrolled
+    # It beacons as soon as it is enrolled: the log line comes first, the beacon's POST just
+    # after it, so the beacon is waited for rather than read once.
+    deadline = time.monotonic() + 10
+    while device["last_beacon"] is None:
+        assert time.monotonic() < deadline, f"the runner never beaconed: {device}"
+        time.sleep(0.05)
+        device = client.get(f"/api/devices/{device_id}")[1]
 
     params = {"prompt_tokens": 3, "gen_tokens": 2, "warmup_iters": 1, "measure_iters": 2}
     for backend in ("jssha", "webcrypto"):
