@@ -77,6 +77,13 @@ class Periodic:
                 self.log.info("%s writes to the database again", self.what)
             self.failing = False
 
+    async def every(self, period_s: float, work: Callable[[], Awaitable[Any]]) -> None:
+        """Run `work` every `period_s` seconds, the first time one period from now, until
+        cancelled."""
+        while True:
+            await asyncio.sleep(period_s)
+            await self.run(work)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

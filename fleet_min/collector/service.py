@@ -28,7 +28,7 @@ from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
-from fleet_min.db import Database, Periodic, StorageError
+from fleet_min.db import Database, Periodic
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
@@ -149,9 +149,13 @@ class Service:
         if swept.requeued or swept.failed:
             log.info("start-up sweep: requeued %d, failed %d", len(swept.requeued),
                      len(swept.failed))
-        self._tasks.append(asyncio.create_task(self._sweep_loop(), name="sweep"))
-        self._tasks.append(asyncio.create_task(self._clock_loop(), name="clock-watch"))
-        self._tasks.append(asyncio.create_task(self._sightings_loop(), name="sightings"))
+        loops = (("sweep", Periodic("the lease sweep", log), self.config.sweep_s, self.sweep),
+                 ("clock-watch", Periodic("the clock check", log), 1.0, self.check_clock),
+                 # what fails to be written is kept for the next try
+                 ("sightings", Periodic("the devices' last_seen from their polls", log),
+                  sightings.FLUSH_EVERY_S, self.write_sightings))
+        for name, periodic, period_s, work in loops:
+            self._tasks.append(asyncio.create_task(periodic.every(period_s, work), name=name))
 
     async def stop(self) -> None:
         """Answer open long polls, stop the loops, write the last sightings, close the
@@ -165,20 +169,9 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
-        if len(self.sightings):
-            try:
-                await self.write_sightings()
-            except StorageError as exc:  # a full disk: stopping must go on, in a sentence
-                log.warning("the devices seen in the last second were not written: %s", exc)
-            except Exception:
-                log.exception("the last sightings of devices were not written")
+        # A failure is said and stopping goes on: what is lost is a second of sightings.
+        await Periodic("the devices' last sightings", log).run(self.write_sightings)
         await self.db.close()
-
-    async def _sweep_loop(self) -> None:
-        periodic = Periodic("the lease sweep", log)
-        while True:
-            await asyncio.sleep(self.config.sweep_s)
-            await periodic.run(self.sweep)
 
     async def sweep(self) -> queue.Swept:
         """The lease sweep, after making sure no clock jump is pending."""
@@ -200,20 +193,6 @@ class Service:
         await self.db.write(rebase_clock, jump, effects)
         self.sightings.shift(jump)
         self.apply(effects)
-
-    async def _clock_loop(self) -> None:
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                await self.check_clock()
-            except Exception:
-                log.exception("clock check failed")
-
-    async def _sightings_loop(self) -> None:
-        periodic = Periodic("the devices' last_seen from their polls", log)
-        while True:
-            await asyncio.sleep(sightings.FLUSH_EVERY_S)
-            await periodic.run(self.write_sightings)  # what failed is kept for the next try
 
     async def write_sightings(self) -> None:
         """Write the devices seen by polls since the last time (see jobs.sightings)."""

@@ -114,12 +114,9 @@ class Automation:
             await periodic.run(self.schedule_tick)
 
     async def alert_loop(self) -> None:
-        periodic = Periodic("the alert tick", log)
-        while True:
-            # The first tick waits one period: after a restart devices need a moment to beacon
-            # before their silence means anything.
-            await asyncio.sleep(self.settings.alert_tick_s)
-            await periodic.run(self.alert_tick)
+        # The first tick waits one period: after a restart devices need a moment to beacon
+        # before their silence means anything.
+        await Periodic("the alert tick", log).every(self.settings.alert_tick_s, self.alert_tick)
 
     async def webhook_loop(self) -> None:
         assert self.sender is not None

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import timeutil
-from fleet_min.db import Database
+from fleet_min.db import Database, Periodic
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso
 
@@ -345,14 +345,16 @@ class Retention:
     async def daily(self, first_delay_s: float = 60.0) -> None:
         """The automatic loop (on unless FLEET_RETENTION_AUTO=0): a minute after start, then
         daily."""
+        periodic = Periodic("the retention run", log)
+
+        async def prune() -> None:
+            report = await self.run(True, timeutil.now())
+            log.info("retention pruned %s", {table: figures["deleted"]
+                                             for table, figures in report["tables"].items()})
+
         delay = first_delay_s
         while True:
             self.next_run = timeutil.now() + delay
             await asyncio.sleep(delay)
             delay = DAY_S
-            try:
-                report = await self.run(True, timeutil.now())
-                log.info("retention pruned %s", {table: figures["deleted"]
-                                                 for table, figures in report["tables"].items()})
-            except Exception:
-                log.exception("retention run failed; it runs again in a day")
+            await periodic.run(prune)

@@ -6,7 +6,7 @@ length old. Written in the look's own transaction, that made every renewal a dur
 (an fsync, a write to an SD card's flash) and a hand-off to the COMMIT thread and back: the
 larger part of what a fleet of idle agents costs the collector. A look now records its
 sighting here instead, and the service writes what gathered in one transaction a second
-(`Service._sightings_loop`), so a look that claims nothing is answered without a COMMIT
+(a `Periodic` task the service starts), so a look that claims nothing is answered without a COMMIT
 (`fleet_min.db.rows_only`).
 
 What that gives up: `last_seen` may lag a poll by up to a second and a transaction (statuses
