@@ -3,7 +3,7 @@ POST /results to a real collector (synchronous=FULL), and the acknowledged rows 
 reported next to two ceilings measured in the same run.
 
     python bench/ingest.py [--posters 64] [--procs 4] [--seconds 8] [--rounds 3]
-                           [--rows-per-request 1] [--quick]
+                           [--rows-per-request 1] [--against PATH] [--quick]
 
 Ceilings:
 
@@ -14,6 +14,11 @@ Ceilings:
   per commit is shown as well: that is what a store without group commit gets.
 - load generator: the same posters against the bare aiohttp server (bench/bare_server.py),
   which answers POST /results with no work: what the clients and HTTP can carry at all.
+
+With `--against PATH` (a checkout of another commit, say a `git worktree`), a collector from that
+tree takes the same load in every round too, and the table adds its figures and this tree's
+over them: a change to the result path is judged against the tree before under the same load,
+not against a figure from another hour.
 
 Every row is a distinct (job, device, iteration), so none is a duplicate. Figures are medians
 over rounds; rounds alternate the servers.
@@ -31,6 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -180,15 +186,27 @@ def main() -> None:
                         help="rows in each POST /results (1: one row per request, the "
                              "figure of the target; more: an array body, as the agent "
                              "sends rows it kept during an outage)")
+    parser.add_argument("--against", type=Path, default=None, metavar="PATH",
+                        help="also load a collector run from this checkout (another commit's "
+                             "worktree) in every round, and report this tree over it")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.posters, args.procs, args.seconds, args.rounds = 4, 2, 0.5, 1
     rounds = []
-    with server("bare") as (bare_address, bare_pid), server("collector") as (address, pid):
+    with ExitStack() as stack:
+        bare_address, bare_pid = stack.enter_context(server("bare"))
+        address, pid = stack.enter_context(server("collector"))
+        other = stack.enter_context(server("collector", tree=args.against.resolve())
+                                    if args.against else nullcontext())
         for r in range(args.rounds):
             bare = post_rows("bare", bare_address, bare_pid, f"r{r}", args)
+            before = None
+            if other and r % 2:  # the two trees take turns going first
+                before = post_rows("collector", *other, f"a{r}", args)
             ours = post_rows("collector", address, pid, f"r{r}", args)
+            if other and before is None:
+                before = post_rows("collector", *other, f"a{r}", args)
             batch = max(1, round(ours["mean_rows_per_commit"]))
             grouped = sqlite_ceiling(max(2000, min(ours["rows"], 50_000)), batch)
             single = sqlite_ceiling(200 if args.quick else 1000, 1)
@@ -196,6 +214,11 @@ def main() -> None:
                       "sqlite_one_per_commit": single,
                       "ratio_to_sqlite": ours["rows_per_s"] / grouped["rows_per_s"],
                       "ratio_to_bare": ours["rows_per_s"] / bare["rows_per_s"]}
+            if before is not None:
+                record["against"] = before
+                record["over_against_rows_per_s"] = ours["rows_per_s"] / before["rows_per_s"]
+                record["over_against_main_us_per_row"] = (ours["server_main_us_per_row"]
+                                                          / before["server_main_us_per_row"])
             emit({"bench": "ingest", "figure": "round", **record})
             rounds.append(record)
 
@@ -227,6 +250,23 @@ def main() -> None:
         "ratio_to_sqlite": med("ratio_to_sqlite"), "ratio_to_bare": med("ratio_to_bare"),
         "target_rows_per_s": 10000, "cores": os.cpu_count(),
     }
+    lines = []
+    if args.against:
+        result.update({
+            "against": str(args.against),
+            "against_rows_per_s": med("against", "rows_per_s"),
+            "against_main_us_per_row": med("against", "server_main_us_per_row"),
+            "over_against_rows_per_s": med("over_against_rows_per_s"),
+            "over_against_main_us_per_row": med("over_against_main_us_per_row"),
+        })
+        lines = [
+            ("against: rows/s", f"{result['against_rows_per_s']:.0f}", str(args.against)),
+            ("against: loop's thread us/row", f"{result['against_main_us_per_row']:.0f}", ""),
+            ("this tree over against, rows/s", f"{result['over_against_rows_per_s']:.3f}",
+             "median of the rounds' ratios"),
+            ("this tree over against, loop us/row",
+             f"{result['over_against_main_us_per_row']:.3f}", "below 1: cheaper"),
+        ]
     emit(result)
     table([
         ("collector rows/s", f"{result['rows_per_s']:.0f}", "target >= 10000 (synchronous=FULL)"),
@@ -248,6 +288,7 @@ def main() -> None:
         ("bare server rows/s", f"{result['bare_rows_per_s']:.0f}", "load generator ceiling"),
         ("ratio to sqlite3 ceiling", f"{result['ratio_to_sqlite']:.2f}", ""),
         ("ratio to bare server", f"{result['ratio_to_bare']:.2f}", ""),
+        *lines,
     ])
 
 
