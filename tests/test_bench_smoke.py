@@ -88,6 +88,18 @@ def test_ingest_smoke(rows_per_request):
                 "sqlite_grouped_ms_per_commit"):
         assert isinstance(result[key], float), key
     assert result["rows_per_request"] == int(rows_per_request)
+    assert "against_rows_per_s" not in result
+
+
+def test_ingest_against_another_tree_smoke():
+    # This checkout as the "other" tree: the round carries both collectors' figures.
+    records = run_bench("ingest", "--against", str(ROOT))
+    (one_round,) = [r for r in records if r.get("figure") == "round"]
+    assert one_round["against"]["rows"] > 0
+    result = figure(records, "ingest")
+    for key in ("against_rows_per_s", "against_main_us_per_row", "over_against_rows_per_s",
+                "over_against_main_us_per_row"):
+        assert isinstance(result[key], float), key
 
 
 def test_commit_handoff_smoke():
