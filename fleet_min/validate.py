@@ -464,14 +464,15 @@ def validate_job(doc: object) -> list[str]:
 
 _NUMBER = _number()
 _METRIC_SUFFIXES = ("_ms", "_tok_s", "_pct", "_mb")
-_NAMED_METRICS = _object({
+_NAMED_METRIC_FIELDS: dict[str, Rule] = {
     "images_per_s": _NUMBER,
     "drain_pct_per_h": _NUMBER,
     "synthetic_digest": _SHA,
     "synthetic_rounds": _integer(0),
     "mem_method": _STRING,
     "thermal": _array(None, "an array of samples"),
-})
+}
+_NAMED_METRICS = _object(_NAMED_METRIC_FIELDS)
 
 
 def _metrics_errors(value: object, path: str) -> list[str]:
@@ -486,9 +487,18 @@ def _metrics_errors(value: object, path: str) -> list[str]:
 
 
 def _metrics_ok(value: object) -> bool:
-    return isinstance(value, dict) and _NAMED_METRICS.ok(value) and all(
-        _NUMBER.ok(metric) for key, metric in value.items()
-        if isinstance(key, str) and key.endswith(_METRIC_SUFFIXES))
+    """The answer of _metrics_errors in one walk of the metrics (every result row has them):
+    a named metric meets its own rule, a suffixed one is a number."""
+    if not isinstance(value, dict):
+        return False
+    named = _NAMED_METRIC_FIELDS
+    for key, metric in value.items():
+        rule = named.get(key)
+        if rule is not None and not rule.ok(metric):
+            return False
+        if isinstance(key, str) and key.endswith(_METRIC_SUFFIXES) and not _is_number(metric):
+            return False
+    return True
 
 
 _METRICS = _Rule(_metrics_errors, _metrics_ok)
