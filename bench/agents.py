@@ -57,6 +57,7 @@ from bench.common import (
     ROOT,
     Http,
     bare_script_server,
+    checkout,
     cpu_seconds,
     emit,
     main_thread_cpu_seconds,
@@ -392,7 +393,7 @@ def main() -> None:
     parser.add_argument("--burst-rate", type=float, default=800.0,
                         help="beacons a second in the burst phase")
     parser.add_argument("--no-bare", action="store_true", help="skip the bare server")
-    parser.add_argument("--tree", type=Path, default=ROOT,
+    parser.add_argument("--tree", type=checkout, default=ROOT,
                         help="run the collector from this checkout (default: this one)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()

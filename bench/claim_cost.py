@@ -37,7 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Http, emit, percentile, run_clients, server, table
+from bench.common import ROOT, Http, checkout, emit, percentile, run_clients, server, table
 
 VARIANTS = ("empty", "pinned", "undeclared")
 OTHER_WORKLOADS = ("batch", "self-check", "pipeline", "llm-eval", "serve")
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--seconds", type=float, default=4.0, help="per phase, server and round")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--tree", type=Path, default=ROOT,
+    parser.add_argument("--tree", type=checkout, default=ROOT,
                         help="run the collectors from this checkout (default: this one)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()

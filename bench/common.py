@@ -7,6 +7,7 @@ generator costs as little as possible and its own ceiling can be shown next to t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -125,6 +126,16 @@ def wait_http(url: str, timeout: float = 20) -> None:
             return
         time.sleep(0.02)
     raise RuntimeError(f"{url} did not answer")
+
+
+def checkout(text: str) -> Path:
+    """An argparse type for a tree to run the collector from (a `git worktree` of another
+    commit): refused with a sentence when it holds no fleet_min package."""
+    path = Path(text).resolve()
+    if not (path / "fleet_min" / "__main__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a checkout of fleet_min (no "
+                                         "fleet_min/__main__.py); make one with git worktree add")
+    return path
 
 
 @contextlib.contextmanager

@@ -24,16 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, cpu_seconds, emit, server, table
+from bench.common import ROOT, checkout, cpu_seconds, emit, server, table
 from bench.lifecycle import _client_process
-
-
-def _tree(text: str) -> Path:
-    path = Path(text).resolve()
-    if not (path / "fleet_min" / "__main__.py").is_file():
-        raise argparse.ArgumentTypeError(f"{text} is not a checkout of fleet_min (no "
-                                         "fleet_min/__main__.py); make one with git worktree add")
-    return path
 
 
 def round_at_once(old: Path, new: Path, agents: int, procs: int, seconds: float
@@ -67,9 +59,9 @@ def round_at_once(old: Path, new: Path, agents: int, procs: int, seconds: float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("old", type=_tree, nargs="?", default=ROOT,
+    parser.add_argument("old", type=checkout, nargs="?", default=ROOT,
                         help="the tree to compare against (default: this one)")
-    parser.add_argument("new", type=_tree, nargs="?", default=ROOT,
+    parser.add_argument("new", type=checkout, nargs="?", default=ROOT,
                         help="the tree with the change (default: this one)")
     parser.add_argument("--agents", type=int, default=30, help="per collector")
     parser.add_argument("--procs", type=int, default=2, help="client processes per collector")

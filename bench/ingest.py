@@ -42,7 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, emit, run_clients, server, table
+from bench.common import Http, checkout, emit, run_clients, server, table
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 
@@ -186,7 +186,7 @@ def main() -> None:
                         help="rows in each POST /results (1: one row per request, the "
                              "figure of the target; more: an array body, as the agent "
                              "sends rows it kept during an outage)")
-    parser.add_argument("--against", type=Path, default=None, metavar="PATH",
+    parser.add_argument("--against", type=checkout, default=None, metavar="PATH",
                         help="also load a collector run from this checkout (another commit's "
                              "worktree) in every round, and report this tree over it")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
@@ -197,7 +197,7 @@ def main() -> None:
     with ExitStack() as stack:
         bare_address, bare_pid = stack.enter_context(server("bare"))
         address, pid = stack.enter_context(server("collector"))
-        other = stack.enter_context(server("collector", tree=args.against.resolve())
+        other = stack.enter_context(server("collector", tree=args.against)
                                     if args.against else nullcontext())
         for r in range(args.rounds):
             bare = post_rows("bare", bare_address, bare_pid, f"r{r}", args)

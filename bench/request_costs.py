@@ -41,6 +41,7 @@ from bench.common import (
     ROOT,
     Http,
     bare_script_server,
+    checkout,
     cpu_seconds,
     emit,
     main_thread_cpu_seconds,
@@ -139,7 +140,7 @@ def main() -> None:
                         help="a renewal's hold (FLEET_LONG_POLL_S), seconds")
     parser.add_argument("--synchronous", default="FULL", choices=("FULL", "NORMAL"),
                         help="the collector's FLEET_SQLITE_SYNCHRONOUS")
-    parser.add_argument("--tree", type=Path, default=ROOT,
+    parser.add_argument("--tree", type=checkout, default=ROOT,
                         help="run the collector from this checkout (default: this one)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     parser.add_argument("--serve-bare", nargs=2, metavar=("PORT", "HOLD"), help=argparse.SUPPRESS)
