@@ -46,7 +46,7 @@ WHERE results.created_at < ?
 # columns the claimant's check, the late-row path and the reply use: building a sqlite3.Row of
 # all thirty columns was half the cost of this read. A final row closes or hands back the job,
 # which reads the rest.
-_JOB_AND_DEVICE = ("FROM jobs j LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?")
+_JOB_AND_DEVICE = "FROM jobs j LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?"
 _JOB_FOR_ROW = ("SELECT j.job_id, j.seq, j.status, j.executor, j.claimed_by, j.attempts, "
                 "j.workload, j.claimed_at, d.last_seen AS device_last_seen, "
                 f"d.mesh_node AS device_node {_JOB_AND_DEVICE}")
@@ -61,7 +61,8 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     reports for (see fleet_min.collector.jobs.authority for who that is); `caller` is the mesh node
     the request came from, None off the mesh."""
     job_id, device_id, iteration = body["job_id"], body["device_id"], int(body["iter"])
-    job = conn.execute(_JOB_FOR_FINAL_ROW if body.get("final") else _JOB_FOR_ROW,
+    final = bool(body.get("final"))
+    job = conn.execute(_JOB_FOR_FINAL_ROW if final else _JOB_FOR_ROW,
                        (device_id, job_id)).fetchone()
     if job is None:
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
@@ -81,7 +82,6 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
         touch(conn, device_id, now)
     if cursor.rowcount == 0:
         return _reply(job, job["status"], attempt, duplicate=True)
-    final = bool(body.get("final"))
     effects.emit(ResultKind.RESULT, job_id=job_id, device_id=device_id, iter=iteration, final=final,
                  attempt=attempt)
     if not final:
