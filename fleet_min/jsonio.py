@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import operator
 import re
 from itertools import accumulate, count
@@ -59,8 +60,10 @@ def _trusted(module: Any) -> tuple[Any, str | None]:
 orjson, REFUSED = _trusted(_optional("orjson"))
 FAST = orjson is not None
 
-# One encoder for every call: json.dumps with options builds a new one each time.
-_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+# One encoder for every call: json.dumps with options builds a new one each time. NaN and the
+# infinities are refused rather than written as the bare words the json module would use, which
+# are not JSON (see dumps_body).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 # Bytes 0-9 to "0" and everything else to a space: a long number is then a run of zeros.
 _DIGITS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
@@ -72,17 +75,32 @@ def dumps_body(value: Any) -> bytes:
     """Compact JSON (no spaces, characters as they are) in UTF-8: a response body.
 
     A lone surrogate (text stored before the collector refused it) cannot be UTF-8, so it goes
-    out as its JSON escape, \\ud800: valid JSON that reads back as the same string."""
+    out as its JSON escape, \\ud800: valid JSON that reads back as the same string. A float
+    that is NaN or infinite goes out as null, as orjson writes it: the body stays JSON either
+    way."""
     if orjson is not None:
         try:
             return orjson.dumps(value)
         except TypeError:  # a key that is not a string, an int past 64 bits, an unknown type
             pass
-    text = _COMPACT.encode(value)
+    try:
+        text = _COMPACT.encode(value)
+    except ValueError:  # a NaN or an infinity somewhere (rare: every figure is kept finite)
+        text = _COMPACT.encode(_nonfinite_as_null(value))
     try:
         return text.encode()
     except UnicodeEncodeError:  # only inside strings: escaping keeps the JSON valid
         return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode()
+
+
+def _nonfinite_as_null(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _nonfinite_as_null(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nonfinite_as_null(item) for item in value]
+    return value
 
 
 def dumps_stored(value: Any) -> str:

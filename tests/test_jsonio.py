@@ -95,6 +95,15 @@ def test_values_orjson_refuses_are_written_by_the_json_module():
     assert jsonio.dumps_body({"n": 10 ** 25}) == b'{"n":10000000000000000000000000}'
 
 
+def test_nan_and_infinities_go_out_as_null_never_as_bare_words():
+    """The json module would write NaN and Infinity, which no JSON parser takes; a body is JSON
+    with orjson and without it (the test below runs the same check with no orjson)."""
+    body = jsonio.dumps_body({"m": float("inf"), "l": [float("nan"), 1.5, (-float("inf"),)]})
+    assert body == b'{"m":null,"l":[null,1.5,[null]]}'
+    assert jsonio.dumps_body({"big": 10 ** 25, "x": float("nan")}) == (
+        b'{"big":10000000000000000000000000,"x":null}')  # the json module's path, with orjson
+
+
 def test_without_orjson_the_standard_library_answers_alone():
     """A real interpreter where orjson cannot be imported (fleet.pyz has none)."""
     script = (
@@ -105,6 +114,9 @@ def test_without_orjson_the_standard_library_answers_alone():
         "assert jsonio.loads_stored('{\"a\": [1, 2.5]}') == {'a': [1, 2.5]}\n"
         "assert jsonio.dumps_stored({'a': 1}) == '{\"a\": 1}'\n"
         "assert jsonio.dumps_body({'a': 'é'}) == '{\"a\":\"é\"}'.encode()\n"
+        "inf, nan = float('inf'), float('nan')\n"
+        "assert jsonio.dumps_body({'m': inf, 'l': [nan, 1.5, (-inf,)]}) == "
+        "b'{\"m\":null,\"l\":[null,1.5,[null]]}'\n"
         "print('ok')\n")
     out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
                          text=True, timeout=60, check=False)

@@ -132,6 +132,17 @@ def test_disk_size_thresholds():
     assert "take 1.1 KiB" in found[0].detail
 
 
+def test_benchmark_regressed_reads_only_numbers_a_float_holds():
+    """Stored figures may be integers no float holds, or doubles near the top of the range
+    whose sum is infinite: the first are no figure, the second keep a finite median."""
+    def runs(*values):
+        return [{"device_id": "pi", "config": "q4", "decode_tok_s": v} for v in values]
+    top = 1.7e308
+    (finding,) = alerts.benchmark_regressed(runs(top, top, top, top, 10 ** 400, 1.0), TH)
+    assert "under the median 1.7e+308 of its 4 earlier runs" in finding.detail
+    assert alerts.benchmark_regressed(runs(100, 100, 100, 10 ** 400), TH) == []
+
+
 def test_backoff_doubles_with_jitter_and_a_cap():
     assert backoff(1, 2.0, lambda: 0.0) == 1.0
     assert backoff(1, 2.0, lambda: 0.999) < 2.0

@@ -3,6 +3,8 @@ collector, with rows posted the way agents post them."""
 
 from __future__ import annotations
 
+import json
+
 from tests.support.collector import age_rows, beacon, job, registration, result_row
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -21,9 +23,10 @@ async def device_run(client, job_id, device, iterations, summary=None, ok=True, 
                                                   metrics=summary or {}))
 
 
-async def host_run(client, job_id, workload, rows, ok=True, **spec):
+async def host_run(client, job_id, workload, rows, ok=True, closing=None, **spec):
     """A host job claimed by executor `mac`; rows are (device, fields) posted in order, each
-    naming the executor that files it under an attached device's id."""
+    naming the executor that files it under an attached device's id; the closing row, under the
+    first row's device, carries `closing`'s fields."""
     resp = await client.post("/jobs", json=job(job_id, workload, "host", **spec))
     assert resp.status == 201, await resp.text()
     claimed = await client.get("/executor/next-job?name=mac")
@@ -32,7 +35,8 @@ async def host_run(client, job_id, workload, rows, ok=True, **spec):
         await client.post("/results", json=result_row(job_id, device, number, executor="mac",
                                                       **fields))
     await client.post("/results", json=result_row(job_id, rows[0][0] if rows else "x", 0,
-                                                  final=True, ok=ok, executor="mac"))
+                                                  final=True, ok=ok, executor="mac",
+                                                  **(closing or {})))
 
 
 async def get(client, path):
@@ -243,3 +247,59 @@ async def test_soak_filters_and_limit(client):
     assert (await get(client, "/api/results/soak?job=s3"))["series"][0]["device_id"] == "b"
     assert (await client.get("/api/results/soak?workload=benchmark")).status == 400
     assert (await client.get("/api/results/soak?limit=0")).status == 400
+
+
+# -- numbers past a float's range --------------------------------------------------------------
+
+HUGE = 10 ** 400  # valid JSON, stored with every digit, held by no float
+NEAR_TOP = 1.7e308  # a finite double; two of them add up to infinity
+
+
+def strict_json(text):
+    """JSON as a browser's JSON.parse reads it: NaN and Infinity are not JSON."""
+    def refuse(word):
+        raise AssertionError(f"{word} in a JSON body")
+    return json.loads(text, parse_constant=refuse)
+
+
+async def test_numbers_past_a_floats_range_leave_every_view_answering(client):
+    """One device's 400-digit metrics must not take the views down for everyone: each answers
+    with JSON, the number that no float holds counts as no figure, and a median of values
+    near the top of the range stays finite."""
+    await client.post("/devices/register", json=registration("pi"))
+    await device_run(client, "big", "pi",
+                     [{"decode_tok_s": HUGE, "ttft_ms": NEAR_TOP},
+                      {"decode_tok_s": 10, "ttft_ms": NEAR_TOP}],
+                     summary={"decode_tok_s": HUGE, "prefill_tok_s": HUGE})
+    drained = {"metrics": {"drain_pct_per_h": HUGE, "battery_start_pct": HUGE,
+                           "battery_end_pct": 40}}
+    await host_run(client, "drain-big", "drain", [("phone", {"ok": True, **drained})],
+                   closing=drained)
+    await host_run(client, "soak-big", "soak", [
+        ("tab", {"ok": True, "metrics": {"mem_mb": HUGE, "peak_mem_mb": HUGE}}),
+        ("tab", {"ok": True, "metrics": {"mem_mb": 120}})])
+    tested = {"test": {"passed": HUGE, "failed": 1}}
+    await host_run(client, "ui-big", "ui-test", [("emu", {"ok": True, "flow": "login", **tested})],
+                   closing=tested)
+    bodies = {}
+    for path in ("/api/results/bench", "/api/results/drain", "/api/results/soak",
+                 "/api/results/ui", "/dash/legacy", "/dash/legacy/bench", "/dash/legacy/results"):
+        resp = await client.get(path)
+        assert resp.status == 200, (path, await resp.text())
+        if resp.content_type == "application/json":
+            bodies[path] = strict_json(await resp.text())
+    (pi,) = bodies["/api/results/bench"]["rows"]
+    assert pi["decode_tok_s"] == {"median": 10.0, "min": 10.0, "max": 10.0, "n": 1}
+    assert pi["ttft_ms"] == {"median": NEAR_TOP, "min": NEAR_TOP, "max": NEAR_TOP, "n": 2}
+    (config,) = bodies["/api/results/bench"]["configs"]
+    latest = config["devices"][0]["latest"]
+    # The summary's decode figure is no number, so the iterations' median stands in.
+    assert (latest["decode_tok_s"], latest["prefill_tok_s"]) == (10.0, None)
+    (drain,) = bodies["/api/results/drain"]["runs"]
+    assert drain["devices"][0]["pct_per_h"] is None
+    assert drain["devices"][0]["battery_start_pct"] is None
+    assert drain["devices"][0]["battery_end_pct"] == 40
+    (tab,) = bodies["/api/results/soak"]["series"]
+    assert [p["mem_mb"] for p in tab["points"]] == [None, 120]  # a point with no figure
+    (ui,) = bodies["/api/results/ui"]["runs"]
+    assert (ui["passed"], ui["failed"]) == (None, 1)

@@ -209,3 +209,21 @@ def test_row_slots_follow_the_documented_convention(workload, spec, row, slot):
 
 def test_a_schedule_names_the_suite_when_nothing_else_does():
     assert visual.job_suite("locale-shots", {}, "nightly-locales") == "nightly-locales"
+
+
+async def test_a_reported_difference_past_a_floats_range_is_no_figure(client):
+    """A 400-digit diff_pct is valid JSON and kept as sent, but no float holds it: the matrix
+    answers, and the cell reads as if no difference had been reported."""
+    capture = await upload(client, b"bytes an executor compared")
+    baseline = await upload(client, b"its baseline")
+    await accept(client, baseline, suite="nightly", page="home", profile="chromium")
+    await client.post("/jobs", json=job("huge", "web-shots", "host",
+                                        targets={"url": URL}, suite={"flows": "nightly"}))
+    await client.get("/executor/next-job?name=mac")
+    row = result_row("huge", "web:chromium", 1, executor="mac", ok=False,
+                     shot={"suite": "nightly", "page": "home", "profile": "chromium",
+                           "sha256": capture},
+                     metrics={"diff_pct": 10 ** 400})
+    assert (await client.post("/results", json=row)).status == 200
+    cell = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))["chromium"]
+    assert cell["diff_pct"] is None, cell

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleet_min import numbers
 from fleet_min.collector.artifacts import pixels
 from fleet_min.collector.artifacts.store import ArtifactStore, check_sha256
 from fleet_min.collector.jobs.effects import Effects
@@ -157,8 +158,7 @@ def _cell(page: str, profile: str, row: Mapping[str, Any]) -> Cell:
     reported = metrics.get("diff_pct")
     diff = shot.get("diff_sha256")
     return Cell(page, profile, sha, row.get("ok"), row.get("error"),
-                float(reported) if isinstance(reported, int | float)
-                and not isinstance(reported, bool) else None,
+                numbers.finite(reported),
                 diff if isinstance(diff, str) else None)
 
 

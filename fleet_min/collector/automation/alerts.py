@@ -26,13 +26,13 @@ import json
 import os
 import shutil
 import sqlite3
-import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from fleet_min import numbers
 from fleet_min.collector.automation.schedules import missed_reason
 from fleet_min.collector.insight import result_runs
 from fleet_min.collector.jobs import rules
@@ -270,18 +270,18 @@ def benchmark_regressed(runs: Iterable[Row], th: Thresholds) -> list[Finding]:
     subject is `<device_id> <config>`: a device's configurations alert apart."""
     history: dict[tuple[str, str], list[float]] = {}
     for run in runs:
-        value = run.get("decode_tok_s")
-        if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-            history.setdefault((run["device_id"], run["config"]), []).append(float(value))
+        value = numbers.finite(run.get("decode_tok_s"))
+        if value is not None and value >= 0:
+            history.setdefault((run["device_id"], run["config"]), []).append(value)
     least, most = REGRESSION_HISTORY
     found = []
     for (device_id, config), values in sorted(history.items()):
         earlier = values[-most - 1:-1]
         if len(earlier) < least:
             continue
-        median = statistics.median(earlier)
+        median = numbers.median(earlier)
         newest = values[-1]
-        if median > 0 and newest <= median * (1 - th.regression_pct / 100):
+        if median is not None and median > 0 and newest <= median * (1 - th.regression_pct / 100):
             found.append(Finding(
                 AlertRule.BENCHMARK_REGRESSED, f"{device_id} {config}",
                 f"{device_id} decoded {newest:g} tok/s with {config}, "

@@ -7,25 +7,17 @@ differently, so a script written against the original reads our collector unchan
 from __future__ import annotations
 
 import json
-import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fleet_min import numbers
 from fleet_min.db import Database
 from fleet_min.query import int_param
 from fleet_min.timeutil import iso
 
 RUNS_LIMIT = 200  # jobs a drain, soak or vision listing reads, newest first
 RUN_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "peak_mem_mb")
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 def _object(text: str | None) -> dict[str, Any]:
@@ -48,11 +40,12 @@ def headline(summaries: list[dict[str, Any]], iterations: list[dict[str, Any]],
     """A run's figure for one metric: its summary row's when it sent one (what the device
     reported for the run), else the median of its iterations."""
     for metrics in summaries:
-        value = _number(metrics.get(metric))
+        value = numbers.finite(metrics.get(metric))
         if value is not None:
             return value
-    values = [v for v in (_number(m.get(metric)) for m in iterations) if v is not None]
-    return round(statistics.median(values), 3) if values else None
+    values = [v for v in (numbers.finite(m.get(metric)) for m in iterations) if v is not None]
+    middle = numbers.median(values)
+    return None if middle is None else round(middle, 3)
 
 
 def bench_configs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -84,7 +77,7 @@ def _counts(extra: dict[str, Any]) -> tuple[int | None, int | None]:
     test = extra.get("test")
     if not isinstance(test, dict):
         return None, None
-    passed, failed = _number(test.get("passed")), _number(test.get("failed"))
+    passed, failed = numbers.finite(test.get("passed")), numbers.finite(test.get("failed"))
     return (None if passed is None else int(passed)), (None if failed is None else int(failed))
 
 
@@ -146,10 +139,10 @@ def drain_rate(metrics: dict[str, Any]) -> tuple[float | None, bool]:
     """A drain row's rate in percent per hour and whether it was inferred: the named field
     `drain_pct_per_h`, else the legacy rows' `decode_tok_s` (the original's runner once filed
     the rate under the benchmark's field), flagged so a chart can mark it."""
-    named = _number(metrics.get("drain_pct_per_h"))
+    named = numbers.finite(metrics.get("drain_pct_per_h"))
     if named is not None:
         return named, False
-    legacy = _number(metrics.get("decode_tok_s"))
+    legacy = numbers.finite(metrics.get("decode_tok_s"))
     return legacy, legacy is not None
 
 
@@ -177,8 +170,8 @@ async def drain_runs(db: Database, query: Mapping[str, str]) -> list[dict[str, A
             rate, inferred = drain_rate(metrics)
             devices.append({"device_id": device_id, "pct_per_h": rate,
                             "pct_per_h_inferred": inferred,
-                            "battery_start_pct": _number(metrics.get("battery_start_pct")),
-                            "battery_end_pct": _number(metrics.get("battery_end_pct")),
+                            "battery_start_pct": numbers.finite(metrics.get("battery_start_pct")),
+                            "battery_end_pct": numbers.finite(metrics.get("battery_end_pct")),
                             "ok": None if row["ok"] is None else bool(row["ok"]),
                             "at": iso(row["created_at"])})
         out.append({**_job_head(job), "devices": devices})

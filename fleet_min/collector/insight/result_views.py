@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import math
-import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet_min import numbers
 from fleet_min.collector.insight import result_runs
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest
@@ -30,14 +30,6 @@ SOAK_DEFAULT_POINTS, SOAK_MAX_POINTS = 2000, 10_000
 
 
 # -- shared parsing ----------------------------------------------------------------------------
-
-
-def _number(value: Any) -> float | None:
-    """A finite JSON number as float; anything else (bool, text, NaN) is None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
 
 
 @dataclass
@@ -69,10 +61,10 @@ class _Filter:
 
 
 def summary(values: list[float]) -> dict[str, Any]:
-    if not values:
+    middle = numbers.median(values)
+    if middle is None:
         return {"median": None, "min": None, "max": None, "n": 0}
-    return {"median": round(statistics.median(values), 3), "min": min(values),
-            "max": max(values), "n": len(values)}
+    return {"median": round(middle, 3), "min": min(values), "max": max(values), "n": len(values)}
 
 
 # -- bench -------------------------------------------------------------------------------------
@@ -101,7 +93,7 @@ class _Run:
     def samples(self, metric: str) -> list[float]:
         """Per-iteration values when the run has them, else the summary's: never both."""
         for rows in (self.iterations, self.summaries):
-            values = [v for v in (_number(m.get(metric)) for m in rows) if v is not None]
+            values = [v for v in (numbers.finite(m.get(metric)) for m in rows) if v is not None]
             if values:
                 return values
         return []
@@ -298,7 +290,7 @@ async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str,
     devices: dict[str, _Drain] = {}
     previous: dict[str, tuple[float, float, bool]] = {}
     for row in rows:
-        pct = _number(row["pct"])
+        pct = numbers.finite(row["pct"])
         if pct is None:
             continue
         device_id, at, charging = row["device_id"], row["at"], row["charging"] == 1
@@ -343,9 +335,9 @@ def _drain_record(state: _Drain, start: float, end: float) -> dict[str, Any]:
 def _soak_point(row: Any) -> tuple[str | None, dict[str, Any]]:
     metrics = json.loads(row["metrics"])
     metrics = metrics if isinstance(metrics, dict) else {}
-    memory = _number(metrics.get("mem_mb"))
+    memory = numbers.finite(metrics.get("mem_mb"))
     if memory is None:
-        memory = _number(metrics.get("peak_mem_mb"))
+        memory = numbers.finite(metrics.get("peak_mem_mb"))
     errors = metrics.get("errors")
     if isinstance(errors, bool) or not isinstance(errors, int) or errors < 0:
         errors = 1 if row["ok"] == 0 else 0

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from itertools import repeat
 from operator import sub
 
+from fleet_min.numbers import median as median  # the one median (see fleet_min.numbers)
+
 
 def percentile(ordered: Sequence[float], pct: float) -> float | None:
     """Nearest-rank percentile of an already sorted sample."""
@@ -32,16 +34,6 @@ def percentiles(values: Iterable[float], pcts: Sequence[int] = (50, 90, 95),
         value = percentile(ordered, pct)
         out[f"p{pct}"] = None if value is None else round(value, digits)
     return out
-
-
-def median(values: Iterable[float]) -> float | None:
-    """The ordinary median (mean of the two middle values for an even count)."""
-    ordered = sorted(values)
-    n = len(ordered)
-    if not n:
-        return None
-    mid = n // 2
-    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def peak_overlap(intervals: Iterable[tuple[float, float]]) -> tuple[int, float | None]:
