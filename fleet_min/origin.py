@@ -15,6 +15,9 @@ without HTTP.
 - **Body type** on every mutating request: the types a page may send to any site without asking
   first (a CORS preflight) are refused with 415, so is a body without a type. JSON and binary
   uploads need a preflight, which neither service ever grants.
+- **A GET that changes something** (the collector's job claims: the agents' protocol polls with
+  GET) is refused when a browser says another page asked for it (`check_page_read`): a page
+  sends such a GET with an `<img>` or a link, and no Origin comes with it.
 """
 
 from __future__ import annotations
@@ -188,6 +191,36 @@ def check_same_origin(headers: Mapping[str, str], message: str) -> None:
     origin = headers.get("Origin")
     if origin is not None and (origin == "null" or not same_origin(origin,
                                                                    headers.get("Host", ""))):
+        raise Forbidden(message)
+
+
+def from_a_page(headers: Mapping[str, str]) -> bool:
+    """Whether a request carries any header by which a browser names the page behind it.
+    Agents and scripts send none of them, so their requests cost three lookups here."""
+    return "Sec-Fetch-Site" in headers or "Origin" in headers or "Referer" in headers
+
+
+def check_page_read(headers: Mapping[str, str], message: str) -> None:
+    """Refuse a GET that changes state (a job claim) asked for by a page other than the
+    service's own.
+
+    A plain GET (an `<img>`, a link, a form with method=get) carries no Origin, so the check of
+    the mutating methods cannot see it. `Sec-Fetch-Site` can: anything but `same-origin` (the
+    service's own pages) or `none` (an address the person typed) was asked for by another page,
+    `same-site` included, which is also a page on another port of the same host. A browser too
+    old to send it sends a Referer, unless the page suppressed that.
+    """
+    site = headers.get("Sec-Fetch-Site")
+    host = headers.get("Host", "")
+    if site is not None:
+        if site.strip().lower() not in ("same-origin", "none"):
+            raise Forbidden(message)
+    else:
+        referer = headers.get("Referer")
+        if referer and not same_origin(referer, host):
+            raise Forbidden(message)
+    page = headers.get("Origin")
+    if page is not None and (page == "null" or not same_origin(page, host)):
         raise Forbidden(message)
 
 

@@ -84,6 +84,28 @@ def test_check_request_applies_to_changes_only() -> None:
 
 
 @pytest.mark.parametrize("headers, refused", [
+    ({}, False), ({"Sec-Fetch-Site": "same-origin"}, False), ({"Sec-Fetch-Site": "none"}, False),
+    ({"Sec-Fetch-Site": " Same-Origin "}, False),
+    ({"Sec-Fetch-Site": "same-origin", "Referer": "http://evil.example/"}, False),  # trusted
+    ({"Referer": "http://pi:8788/runner"}, False), ({"Origin": "http://pi:8788"}, False),
+    ({"Sec-Fetch-Site": "cross-site"}, True), ({"Sec-Fetch-Site": "same-site"}, True),
+    ({"Sec-Fetch-Site": "bogus"}, True), ({"Referer": "http://evil.example/"}, True),
+    ({"Referer": "http://pi:9999/"}, True), ({"Referer": "not a url"}, True),
+    ({"Origin": "null"}, True), ({"Origin": "http://evil.example"}, True),
+    ({"Sec-Fetch-Site": "same-origin", "Origin": "http://pi:1"}, True),
+])
+def test_a_claiming_read_asked_for_by_another_page(headers: dict[str, str],
+                                                    refused: bool) -> None:
+    headers = {"Host": "pi:8788", **headers}
+    assert origin.from_a_page(headers) is (len(headers) > 1)
+    if refused:
+        with pytest.raises(Forbidden, match="elsewhere"):
+            origin.check_page_read(headers, "elsewhere")
+    else:
+        origin.check_page_read(headers, "elsewhere")
+
+
+@pytest.mark.parametrize("headers, refused", [
     ({"Content-Type": "text/plain"}, True), ({"Content-Type": "TEXT/PLAIN; charset=x"}, True),
     ({"Content-Type": "application/x-www-form-urlencoded"}, True),
     ({"Content-Type": "multipart/form-data; boundary=x"}, True),

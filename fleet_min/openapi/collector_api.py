@@ -61,6 +61,11 @@ GUARD_401 = "FLEET_DASH_TOKEN is set and X-Fleet-Token is missing"
 GUARD_403 = "X-Fleet-Token is wrong, or the request comes from another site's page"
 MESH_403 = ("FLEET_MESH_ALLOW is set and the mesh peer is unidentified or not listed, or is "
             "not the mesh node the device registered from (or its executor name is bound to)")
+# A claim is a GET (the agents' protocol), so the boundary's Origin check for changes does not
+# see it; the page behind it is read from the headers browsers send (fleet_min.origin).
+CLAIM_403 = (f"{MESH_403}; or another page asked for it: Sec-Fetch-Site other than "
+             "same-origin or none, or an Origin or Referer of another origin (a claim changes "
+             "the queue, and a page elsewhere can send a GET with an <img>)")
 JSON_ERRORS = {400: BAD_JSON, 413: TOO_LARGE, 503: STORAGE}
 
 PATH_PARAMS = {
@@ -254,11 +259,11 @@ def _agents() -> list[Route]:
                         "capabilities omitted: no opinion at the first registration, the "
                         "previous list after it; an empty list: nothing"), tag=tag),
         Route("GET", "/devices/{device_id}/next-job", "Long-poll for a device job", next_job,
-              {403: MESH_403, 404: "the device is not registered; register first",
+              {403: CLAIM_403, 404: "the device is not registered; register first",
                503: STORAGE}, tag=tag),
         Route("GET", "/executor/next-job", "Long-poll for a host job", next_job,
               {400: "name is missing or longer than 200 characters, or slots is not an "
-                    "integer from 1 to 64", 403: MESH_403, 503: STORAGE},
+                    "integer from 1 to 64", 403: CLAIM_403, 503: STORAGE},
               params=(query("name", string(minLength=1, maxLength=200),
                             "the executor's label", required=True),
                       query("slots", integer(1, 64),

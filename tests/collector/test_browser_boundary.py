@@ -5,6 +5,9 @@
 - Cross-site writes: a change (POST, PUT, PATCH, DELETE) from a page of another origin is 403,
   and a body of a type any page can send without a preflight (text/plain, form, multipart, or
   none) is 415, so a page cannot enqueue, register or post results with a "simple" request.
+- Claims, which the agents' protocol makes GETs: one asked for by another page (Sec-Fetch-Site
+  other than same-origin or none, a foreign Origin or Referer) is 403, so an `<img>` cannot
+  take a device's job.
 
 Real collector processes over real HTTP, and headless Chromium running the attacks: a page on
 another site posting to the collector, and a page whose own name is rebound to 127.0.0.1.
@@ -223,6 +226,45 @@ def test_the_same_origin_may_change_things(collector: CollectorProcess) -> None:
         assert status == 201, origin
 
 
+# -- claims, which are GETs -------------------------------------------------------------------
+
+# What browsers send with a GET another page asked for: an <img>, a link, a no-cors fetch.
+PAGE_ASKED = [{"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "no-cors",
+               "Sec-Fetch-Dest": "image", "Referer": "https://evil.example/"},
+              {"Sec-Fetch-Site": "same-site"},  # a page on another port of this host, too
+              {"Origin": "http://evil.example"}, {"Origin": "null"},
+              {"Referer": "http://evil.example/cats.html"},  # a browser with no Sec-Fetch-*
+              {"Referer": "http://127.0.0.1:1/"},
+              {"Sec-Fetch-Site": "same-origin", "Origin": "http://evil.example"}]
+
+
+def executor_names(proc: CollectorProcess) -> set[str]:
+    return {e["name"] for e in proc.client.get("/api/executors")[1]["executors"]}
+
+
+def test_a_page_elsewhere_cannot_claim_a_job_with_a_get(collector: CollectorProcess) -> None:
+    """The agents' protocol claims with GET, and a browser sends a page's GET with no Origin:
+    the boundary reads Sec-Fetch-Site, Origin and Referer on the two claiming routes."""
+    port = collector.port
+    assert ask(port, "POST", "/devices/register", JSON, as_json(registration("claimed")))[0] == 200
+    assert ask(port, "POST", "/jobs", JSON, as_json(
+        job("pinned-claim", targets={"device_id": "claimed"}, priority=1000)))[0] == 201
+    for headers in PAGE_ASKED:
+        for path in ("/devices/claimed/next-job", "/executor/next-job?name=page-exec&slots=64"):
+            status, reply = ask(port, "GET", path, headers)
+            assert status == 403 and "another site" in reply["error"], (headers, path, reply)
+    assert job_status(collector, "pinned-claim") == "queued"
+    assert "page-exec" not in executor_names(collector)
+    # The collector's own pages (the runner page polls), an address typed by the person, and
+    # agents, which send none of these headers, claim as before.
+    own = {"Sec-Fetch-Site": "same-origin", "Referer": f"http://127.0.0.1:{port}/runner"}
+    status, claimed = ask(port, "GET", "/devices/claimed/next-job", own)
+    assert status == 200 and claimed["job_id"] == "pinned-claim"
+    assert ask(port, "GET", "/executor/next-job?name=typed&slots=1",
+               {"Sec-Fetch-Site": "none"})[0] in (200, 204)
+    assert "typed" in executor_names(collector)
+
+
 # -- Chromium ----------------------------------------------------------------------------------
 
 ATTACK_PAGE = """<!doctype html><title>cats</title><script>
@@ -273,6 +315,38 @@ def test_a_page_on_another_site_cannot_drive_the_collector(collector: CollectorP
         assert job_status(collector, job_id) is None, job_id
     assert job_status(collector, "victim") == "queued"
     assert "page-form" not in device_ids(collector)
+
+
+CLAIM_PAGE = """<!doctype html><title>cats</title><script>
+const target = "__TARGET__";
+const load = (src) => new Promise((done) => {
+  const img = new Image(); img.onload = img.onerror = () => done(); img.src = src; });
+window.attack = async () => {
+  await load(target + "/devices/img-victim/next-job");
+  await fetch(target + "/executor/next-job?name=page-exec&slots=64", {mode: "no-cors"})
+    .catch(() => null);
+  return "done";
+};
+</script>"""
+
+
+def test_a_page_on_another_site_cannot_claim_through_an_image(collector: CollectorProcess,
+                                                              browser: Any) -> None:
+    port = collector.port
+    assert ask(port, "POST", "/devices/register", JSON,
+               as_json(registration("img-victim")))[0] == 200
+    assert ask(port, "POST", "/jobs", JSON, as_json(
+        job("img-pinned", targets={"device_id": "img-victim"})))[0] == 201
+    with page_server({"/": CLAIM_PAGE.replace("__TARGET__", collector.url)}) as page_port:
+        context = browser.new_context()
+        try:
+            page = context.new_page()
+            page.goto(f"http://{ATTACKER}:{page_port}/")
+            assert page.evaluate("window.attack()") == "done"
+        finally:
+            context.close()
+    assert job_status(collector, "img-pinned") == "queued"
+    assert "page-exec" not in executor_names(collector)
 
 
 REBIND_PAGE = """<!doctype html><title>cats</title><script>

@@ -31,6 +31,8 @@ AGENT_ROUTES = frozenset({
 MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
 HOST_GATE = web.AppKey("host_gate", origin.HostGate)
 BODY_TYPES = {UPLOAD_TEMPLATE: origin.BINARY_TYPE, MIRROR_TEMPLATE: "image/jpeg"}
+# GET routes that change state: a poll claims a job (and an executor's poll records its slots).
+CLAIMING_READS = frozenset({"/devices/{device_id}/next-job", "/executor/next-job"})
 
 
 def _template(request: web.Request) -> str | None:
@@ -46,8 +48,9 @@ def host_gate(config: CollectorConfig) -> origin.HostGate:
 
 
 def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestCheck:
-    """The boundary (Host; for a change also Origin and body type) and the dashboard guard,
-    run by the collector's one middleware before every handler."""
+    """The boundary (Host; for a change also Origin and body type; for a claim, which is a GET,
+    the page that asked for it) and the dashboard guard, run by the collector's one middleware
+    before every handler."""
     token = guard.dash_token(config)
 
     def boundary_and_guard(request: web.Request) -> None:
@@ -59,6 +62,8 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             wanted = BODY_TYPES.get(template or "", origin.JSON_TYPE)
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
             guard.check(method, template, request.path, headers, token)
+        elif origin.from_a_page(headers) and _template(request) in CLAIMING_READS:
+            origin.check_page_read(headers, guard.CROSS_SITE)
 
     return boundary_and_guard
 
