@@ -256,3 +256,47 @@ async def test_the_executor_routes_hold_to_the_executor_names_binding(
         assert resp.status == wanted, await resp.text()
     listed = await (await client.get("/api/executors")).json()
     assert listed["executors"][0]["capabilities"] == ["soak"]  # the refused one changed nothing
+
+
+async def test_a_lock_cannot_make_another_nodes_device_speak_for_an_executor(
+        collector_factory, monkeypatch, fake_tailscale):
+    """A lock makes the job's claimant speak for the locked device (its beacons and rows), so
+    from the mesh it is refused on a device another node registered; and a lock taken before
+    the device was registered does not let the executor's node write that device's record."""
+    client = await start(collector_factory, monkeypatch, "pi5, laptop")
+    laptop = {"X-Forwarded-For": "100.64.0.6"}  # pi5 (100.64.0.5) registers d1 and d2
+    assert (await register_from(client, "100.64.0.5", "d1")).status == 200
+    assert (await register_from(client, None, "lan-device")).status == 200  # no node
+    assert (await client.post("/executors/register", json={"name": "e2", "capabilities": ["soak"]},
+                              headers=laptop)).status == 200
+    assert (await client.post("/jobs", json={"schema": 1, "job_id": "soak", "workload": "soak",
+                                             "executor": "host"})).status == 201
+    claimed = await client.get("/executor/next-job?name=e2", headers=laptop)
+    assert (await claimed.json())["job_id"] == "soak"
+
+    def lock(*devices):
+        return client.post("/locks/acquire", headers=laptop, json={
+            "job_id": "soak", "device_ids": list(devices), "executor": "e2"})
+
+    resp = await lock("lan-device", "d1")
+    assert resp.status == 403
+    assert "registered from another mesh node" in (await resp.json())["error"]
+    assert (await (await client.get("/api/locks")).json())["locks"] == []  # all or nothing
+    assert (await (await lock("lan-device", "d2")).json())["granted"] == ["lan-device", "d2"]
+    assert (await register_from(client, "100.64.0.5", "d2")).status == 200  # pi5's now
+    beacon = {"schema": 1, "kind": "beacon", "device_id": "d2", "job_id": "soak",
+              "beacon": {"battery_pct": 1, "charging": False}}
+    resp = await client.post("/results", json=beacon, headers=laptop)
+    assert resp.status == 403, await resp.text()
+    row = {"schema": 1, "kind": "result", "job_id": "soak", "device_id": "d2", "iter": 1,
+           "ok": True, "metrics": {}}
+    resp = await client.post("/results", json=row, headers=laptop)
+    assert resp.status == 403, await resp.text()
+    device = await (await client.get("/api/devices/d2")).json()
+    assert device["last_beacon"] is None
+    rows = await (await client.get("/api/results?job=soak")).json()
+    assert rows["results"] == []
+    # The device locked while it had no node still speaks for the executor's job.
+    beacon["device_id"] = "lan-device"
+    assert (await (await client.post("/results", json=beacon, headers=laptop)).json())[
+        "lease_renewed"] is True

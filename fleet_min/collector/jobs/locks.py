@@ -74,8 +74,15 @@ def acquire(conn: sqlite3.Connection, job_id: str, device_ids: list[str],
             executor: str | None, now: float, effects: Effects,
             caller: str | None = None) -> dict[str, Any]:
     """Lock each device for the job that no other job holds; the ones granted (those it held
-    already among them) come back in the order asked."""
+    already among them) come back in the order asked. From the mesh, a device another node
+    registered is refused before anything is locked: a lock makes the job's claimant speak for
+    the device (its rows and beacons), which only the device's own node may do."""
     job = _claimant_job(conn, job_id, executor, caller, now)
+    if caller is not None:
+        for device_id in device_ids:
+            bound = conn.execute("SELECT mesh_node FROM devices WHERE device_id = ?",
+                                 (device_id,)).fetchone()
+            authority.check_device_node(device_id, bound[0] if bound else None, caller)
     granted: list[str] = []
     for device_id in device_ids:
         holder = conn.execute("SELECT job_id FROM device_locks WHERE device_id = ?",

@@ -68,6 +68,8 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
         raise NotFound(f"no job {job_id!r}; results are posted for jobs this collector issued")
     speaker = authority.speaker_of(conn, job, body)
     if caller is not None:
+        if speaker != device_id:  # an executor filing a row under a registered device's id
+            authority.check_device_node(device_id, job["device_node"], caller)
         authority.check_speaker(conn, job["executor"], speaker, job["device_node"], caller, now)
     extra = ({} if _ROW_FIELDS.issuperset(body)  # the usual row: nothing else to keep
              else {k: v for k, v in body.items() if k not in _ROW_FIELDS})
@@ -227,6 +229,10 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if device is None and not held:
         return _stranger_beacon(conn, device_id, job)
     if caller is not None:
+        # An executor beaconing for a device writes that device's record: the device's own node
+        # only (checked before the executor's binding, which may write).
+        if device is not None and speaker != device_id:
+            authority.check_device_node(device_id, device["mesh_node"], caller)
         kind = job["executor"] if held and job is not None else Executor.DEVICE
         authority.check_speaker(conn, kind, speaker, device["mesh_node"] if device else None,
                                 caller, now)
