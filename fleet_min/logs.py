@@ -32,6 +32,30 @@ class OneLineFormatter(logging.Formatter):
         return " | ".join(part for part in super().format(record).splitlines() if part.strip())
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp's server logs a request it could not parse (a tab in the request line, a line
+    over its length limit, a bad chunk size) as an ERROR with a traceback, after answering it
+    400. That is the client's fault, and a port scanner on the LAN would fill the log with
+    tracebacks that look like ours: such a record becomes one INFO line naming the peer and
+    what was wrong (its first 300 characters: aiohttp quotes the request line). Any other
+    record of that logger passes unchanged."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None and _is_parse_error(exc):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.msg, record.args = "refused a malformed request from %s (400): %s", (
+                peer, str(getattr(exc, "message", None) or type(exc).__name__)[:300])
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def _is_parse_error(exc: BaseException) -> bool:
+    from aiohttp.http_exceptions import HttpProcessingError  # a service's record: loaded
+    return isinstance(exc, HttpProcessingError)
+
+
 def _handler(log_file: str) -> logging.Handler:
     if not log_file:
         return logging.StreamHandler(sys.stderr)
@@ -81,4 +105,7 @@ def setup(level: str, log_file: str | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequests) for f in server.filters):
+        server.addFilter(MalformedRequests())
     install_sighup()

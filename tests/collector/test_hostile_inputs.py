@@ -24,7 +24,7 @@ from tests.support.collector import (
     registration,
     result_row,
 )
-from tests.support.raw_http import send
+from tests.support.raw_http import raw_exchange, send
 from tests.support.stream import StreamReader
 
 # ---------------------------------------------------------------------------------------------
@@ -316,6 +316,31 @@ def test_a_collector_with_an_old_orjson_runs_on_the_json_module(tmp_path: Path) 
         proc.stop()
     lines = [line for line in proc.log().splitlines() if "orjson 3.8.3" in line]
     assert len(lines) == 1 and "WARNING" in lines[0] and "3.11.6" in lines[0], proc.log()
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests aiohttp cannot parse
+
+MALFORMED = [b"GET /a\tb HTTP/1.1\r\nHost: x\r\n\r\n",  # a tab in the request line
+             b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n",  # over 8190 bytes
+             b"POST /jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n"]  # a bad chunk size
+
+
+def test_a_request_that_cannot_be_parsed_is_one_log_line_not_a_traceback(tmp_path: Path) -> None:
+    """A port scanner's garbage is the client's fault: 400, and one INFO line each."""
+    proc = CollectorProcess(tmp_path / "data").start()
+    try:
+        for data in MALFORMED:
+            status_line = raw_exchange(proc.url, data).split(b"\r\n", 1)[0]
+            assert status_line.endswith(b" 400 Bad Request"), (data[:40], status_line)
+        assert proc.client.get("/api/health")[0] == 200
+    finally:
+        proc.stop()
+    log = proc.log()
+    lines = [line for line in log.splitlines() if "refused a malformed request from" in line]
+    assert len(lines) == len(MALFORMED) and all(" INFO " in line for line in lines), log
+    assert "Traceback" not in log and " ERROR " not in log, log
 
 
 # ---------------------------------------------------------------------------------------------
