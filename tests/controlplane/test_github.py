@@ -36,6 +36,15 @@ async def test_etag_makes_the_second_read_a_304(github: FakeGitHub, gh: GitHub) 
     assert (await gh.runners("octo/app"))[0]["busy"] is True
 
 
+@pytest.mark.parametrize("reset", ["1e400", "1e20", "nan", "soon"])
+async def test_a_rate_reset_no_clock_can_show_is_left_out(github: FakeGitHub, gh: GitHub,
+                                                          reset: str) -> None:
+    github.add_runner("o/r", "r1")
+    github.reset_header = reset
+    assert [r["name"] for r in await gh.runners("o/r")] == ["r1"]
+    assert gh.rate == {}  # the headers are read whole or not at all
+
+
 async def test_retries_on_5xx_then_gives_up(github: FakeGitHub, gh: GitHub) -> None:
     github.add_runner("octo/app", "r1")
     github.fail_next = 2

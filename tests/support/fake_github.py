@@ -40,6 +40,7 @@ class FakeGitHub:
         self.billing: dict[str, dict[str, Any]] = {}     # login -> Actions billing body
         self.log: list[tuple[str, str, int]] = []
         self.remaining = 5000
+        self.reset_header: str | None = None  # X-RateLimit-Reset as sent; None: an hour ahead
         self._ids = itertools.count(1000)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -89,7 +90,8 @@ class FakeGitHub:
         text = json.dumps(body)
         etag = '"' + hashlib.sha1(text.encode()).hexdigest() + '"'
         headers = {"ETag": etag, "X-RateLimit-Limit": "5000", "X-RateLimit-Used":
-                   str(5000 - self.remaining), "X-RateLimit-Reset": str(int(time.time()) + 3600)}
+                   str(5000 - self.remaining), "X-RateLimit-Reset":
+                   self.reset_header or str(int(time.time()) + 3600)}
         if link:
             headers["Link"] = link
         if request.method == "GET" and request.headers.get("If-None-Match") == etag:

@@ -93,7 +93,7 @@ class GitHub:
                              "remaining": int(headers["X-RateLimit-Remaining"]),
                              "used": int(headers.get("X-RateLimit-Used", 0)),
                              "reset_at": iso(float(headers.get("X-RateLimit-Reset", 0)))}
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, or a time no clock can show
             pass
 
     async def request(self, method: str, url: str, *, conditional: bool = False
