@@ -54,6 +54,7 @@ AGENT_VERSION = "0.1.0"
 WIRE_SCHEMA = 1
 DEFAULT_LEASE_TTL_S = 600
 IDLE_BEACON_S = 60.0
+POLL_FLOOR_S = 1.0  # the least time between two polls that brought no job
 SYNTHETIC_ROUNDS_PER_TOKEN = 1000
 SYNTHETIC_BLOCK_BYTES = 4096
 SYNTHETIC_ATTESTATION_ROUNDS = 1000
@@ -88,10 +89,29 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def private_dirs(path: str) -> None:
+    """Make `path` and each missing directory above it mode 0700 (os.makedirs gives its mode
+    to the last one only; the others would be 0755)."""
+    missing = []
+    path = os.path.abspath(path)
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(directory):
+                raise
+
+
 def atomic_write(path: str, data: bytes, mode: int = 0o600) -> None:
     """Write a file so a crash leaves either the old or the new content, never half of it."""
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    private_dirs(directory)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         os.fchmod(fd, mode)
@@ -644,12 +664,67 @@ def host_device_id(probe: Probe) -> str:
     return f"{host[:40]}-{hashlib.sha256(seed.encode()).hexdigest()[:6]}"
 
 
+class BadId(SystemExit):
+    """An id the agent refuses at start: it names a directory below the state directory."""
+
+
+# The collector's ids (schemas: jobId): letters, digits and . _ : @ -, not starting with '-'.
+ID_PATTERN = re.compile(r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}")
+
+
+def id_problem(value: object, device: bool = True) -> str | None:
+    """Why `value` cannot be a device id (the collector's id rule) or an executor name (any
+    text a directory can be named by); None when it can."""
+    if not isinstance(value, str) or not 1 <= len(value) <= 200:
+        return "it must be 1 to 200 characters"
+    if value in (".", "..") or "/" in value or "\\" in value:
+        return ("it may not contain / or \\ or be '.' or '..', as it names a directory in the "
+                "state directory")
+    if not value.isprintable():
+        return "it may not contain control characters"
+    if device and not ID_PATTERN.fullmatch(value):
+        return "a device id is letters, digits and . _ : @ -, not starting with '-'"
+    return None
+
+
+def checked_id(value: object, source: str, device: bool = True) -> str:
+    """`value` when it is a usable id; otherwise the agent stops with a sentence saying why."""
+    problem = id_problem(value, device)
+    if problem:
+        raise BadId(f"fleet_agent: refusing the id '{printable(value, 100)}' from {source}: "
+                    f"{problem}")
+    return str(value)
+
+
+def work_root(state_dir: str, reporter_id: str) -> str:
+    """STATE/work/ID, checked to be inside STATE/work whatever the id says."""
+    base = os.path.realpath(os.path.join(state_dir, "work"))
+    path = os.path.realpath(os.path.join(base, checked_id(reporter_id, "the agent", False)))
+    if os.path.dirname(path) != base:
+        raise BadId(f"fleet_agent: refusing the id '{printable(reporter_id, 100)}': its work "
+                    f"directory {path} is not inside {base}")
+    return path
+
+
+def tighten_dirs(state_dir: str) -> None:
+    """The agent's own directories are 0700 (an earlier version made some of them 0755)."""
+    for name in ("spool", os.path.join("spool", "rejected"), "cache", "work"):
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.join(state_dir, name), 0o700)
+
+
 def load_device_id(state_dir: str, wanted: str | None, probe: Probe) -> str:
-    """The id kept in state.json; a --device-id flag replaces it and is remembered."""
+    """The id kept in state.json; a --device-id flag replaces it and is remembered. An id that
+    could escape the state directory is refused, from the flag or from the file."""
     path = os.path.join(state_dir, "state.json")
     state = read_json(path)
     state = state if isinstance(state, dict) else {}
-    device_id = wanted or state.get("device_id") or host_device_id(probe)
+    if wanted:
+        device_id = checked_id(wanted, "--device-id")
+    elif state.get("device_id"):
+        device_id = checked_id(state["device_id"], path)
+    else:
+        device_id = host_device_id(probe)
     if state.get("device_id") != device_id:
         state.update(device_id=device_id, created_at=state.get("created_at") or now_iso())
         atomic_write_json(path, state)
@@ -699,48 +774,188 @@ class Misdirected(Unreachable):
     changes that, so it keeps its rows spooled and retries with backoff, like an outage."""
 
 
-# Collectors live on the LAN or a mesh network: talk to them directly, ignoring proxy variables.
+class Redirected(Unreachable):
+    """3xx: the agent follows no redirect. A POST re-sent elsewhere (307/308) or turned into a
+    body-less GET (301-303) would count a row as delivered that no collector stored; the
+    sentence names the Location so the operator can give --collector the address itself."""
+
+
+class BadAnswer(Unreachable):
+    """A 2xx answer that is not usable JSON (garbled, or nested deeper than the parser goes).
+    Retrying may help (a proxy's error page, a collector mid-restart), so it is handled like an
+    outage, but it is told once per collector link rather than as the collector going away."""
+
+
+# Collectors live on the LAN or a mesh network: talk to them directly, ignoring proxy variables
+# (http.client never reads them; _OPENER, for a local server a job starts, is told not to).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+MAX_ANSWER_BYTES = 8 << 20  # a JSON answer (a job, a page of results) is far smaller
+ANSWER_CHUNK = 64 << 10
+DOWNLOAD_STALL_S = 300.0  # a download ends when a whole DOWNLOAD_CHUNK takes longer than this
+UPLOAD_FLOOR_BPS = 32 << 10  # an upload gets its timeout plus its size at this rate
 _MISDIRECTED = 421
 _told_misdirected: set[str] = set()
 _told_lock = threading.Lock()
 
 
+def printable(value: object, limit: int = 300) -> str:
+    """Text a collector sent, fit for one log line: control and invisible characters escaped
+    (a newline in a job id must not forge a line of its own), and clipped."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = text[:limit - 3] + "..."
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
+def _first_time(key: str) -> bool:
+    with _told_lock:
+        first = key not in _told_misdirected
+        _told_misdirected.add(key)
+    return first
+
+
+def _base(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 def _misdirected(method: str, url: str, data: bytes) -> Misdirected:
     """The refusal, its sentence logged once per collector (each retry would repeat it)."""
-    message = _error_message(data)
-    parts = urllib.parse.urlsplit(url)
-    base = f"{parts.scheme}://{parts.netloc}"
-    with _told_lock:
-        first = base not in _told_misdirected
-        _told_misdirected.add(base)
-    if first:
+    message = printable(_error_message(data))
+    base = _base(url)
+    if _first_time(base):
         log.error("collector %s refuses the name this agent reaches it by: %s", base, message)
     return Misdirected(f"{method} {url} answered {_MISDIRECTED}: {message}")
 
 
-def http_call(method: str, url: str, body: bytes | None = None, headers: dict | None = None,
-              timeout: float = 30.0) -> tuple[int, bytes]:
+def _redirected(method: str, url: str, status: int, location: str | None) -> Redirected:
+    """The redirect, its sentence logged once per collector and Location."""
+    where = printable(location or "nowhere", 200)
+    sentence = (f"{method} {url} answered {status}, a redirect to {where}; the agent follows "
+                "no redirects: give --collector the address the collector answers on")
+    if _first_time(f"redirect {_base(url)} {where}"):
+        log.error("collector %s: %s", _base(url), sentence)
+    return Redirected(sentence)
+
+
+class Deadline(threading.Thread):
+    """Ends an exchange that outlives its time however slowly its bytes trickle (a socket
+    timeout only bounds each read): at the deadline the socket is shut down, which wakes any
+    read blocked on it. `extend` moves the deadline, for a download that keeps making
+    progress."""
+
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float, what: str):
+        super().__init__(name="deadline", daemon=True)
+        self.conn = conn
+        self.seconds = seconds
+        self.what = what
+        self.until = time.monotonic() + seconds
+        self.expired = False
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(max(0.0, self.until - time.monotonic())):
+            if time.monotonic() >= self.until:
+                self.expired = True
+                sock = self.conn.sock
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        # The plain socket's shutdown, also for TLS: wakes a blocked read.
+                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+                return
+
+    def extend(self) -> None:
+        self.until = time.monotonic() + self.seconds
+
+    def check(self) -> None:
+        if self.expired:
+            raise Unreachable(f"{self.what} took longer than {self.seconds:g} s")
+
+
+@contextlib.contextmanager
+def exchange(method: str, url: str, body: object, headers: dict, timeout: float,
+             deadline: float):
+    """One request to `url`, yielding (response with its headers read, its Deadline).
+
+    http.client follows no redirect and reads no proxy variable; `timeout` bounds each socket
+    operation and `deadline` the whole exchange."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("collector addresses must start with http:// or https://: " + url)
+    netloc = parts.netloc.rpartition("@")[2]
+    conn: http.client.HTTPConnection = (
+        http.client.HTTPSConnection(netloc, timeout=timeout) if parts.scheme == "https"
+        else http.client.HTTPConnection(netloc, timeout=timeout))
+    target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+    fields = {"user-agent": "fleet_agent/" + AGENT_VERSION, "connection": "close", **headers}
+    watch = Deadline(conn, deadline, f"{method} {url}")
+    watch.start()
+    try:
+        conn.connect()
+        watch.check()
+        conn.request(method, target, body=body, headers=fields)  # type: ignore[arg-type]
+        response = conn.getresponse()
+        watch.check()
+        yield response, watch
+    finally:
+        watch.done.set()
+        conn.close()
+
+
+def read_answer(response: http.client.HTTPResponse, watch: Deadline, limit: int) -> bytes:
+    """The whole body of an answer, read in chunks: never more than `limit` bytes."""
+    length = _int_or_none(response.getheader("content-length"))
+    if length is not None and length > limit:
+        raise Unreachable(f"{watch.what} answered {length} bytes, more than the {limit} an "
+                          "answer may have")
+    chunks, size = [], 0
+    while True:
+        try:
+            chunk = response.read(ANSWER_CHUNK)
+        except (OSError, http.client.HTTPException):
+            watch.check()  # a read the deadline cut short says so
+            raise
+        watch.check()
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise Unreachable(f"{watch.what} answered more than the {limit} bytes an answer "
+                              "may have")
+        chunks.append(chunk)
+
+
+def http_call(method: str, url: str, body: object = None, headers: dict | None = None,
+              timeout: float = 30.0, deadline: float | None = None,
+              limit: int = MAX_ANSWER_BYTES) -> tuple[int, bytes]:
+    """(status, body) of a 2xx or 4xx answer. A 5xx, a redirect (never followed), a refused
+    name (421), an answer over `limit` bytes or an exchange longer than `deadline` seconds
+    (default: `timeout`) raises Unreachable: the caller keeps its rows and tries again."""
     if not url.startswith(("http://", "https://")):
         raise ValueError("collector addresses must start with http:// or https://: " + url)
-    # The scheme was checked above: only http(s), never file:// or custom handlers.
-    request = urllib.request.Request(url, data=body, method=method,  # noqa: S310
-                                     headers=headers or {})
     try:
-        with _OPENER.open(request, timeout=timeout) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        data = exc.read() if exc.fp is not None else b""
-        if exc.code >= 500:
-            raise Unreachable(f"{method} {url} answered {exc.code}") from exc
-        if exc.code == _MISDIRECTED:
-            raise _misdirected(method, url, data) from exc
-        return exc.code, data
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise Unreachable(f"{method} {url} failed: {reason}") from exc
-    except Exception as exc:  # http.client oddities on a dying server (RemoteDisconnected, ...)
-        raise Unreachable(f"{method} {url} failed: {exc}") from exc
+        with exchange(method, url, body, headers or {}, timeout,
+                      timeout if deadline is None else deadline) as (response, watch):
+            status = response.status
+            if 300 <= status < 400:
+                raise _redirected(method, url, status, response.getheader("location"))
+            data = read_answer(response, watch, limit)
+    except Unreachable:
+        raise
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise Unreachable(f"{method} {url} failed: {exc or type(exc).__name__}") from exc
+    except Exception as exc:  # a surprise on a dying server is still an unreachable collector
+        raise Unreachable(f"{method} {url} failed: {type(exc).__name__}: {exc}") from exc
+    if status >= 500:
+        raise Unreachable(f"{method} {url} answered {status}")
+    if status == _MISDIRECTED:
+        raise _misdirected(method, url, data)
+    if not 200 <= status < 500:
+        raise Unreachable(f"{method} {url} answered {status}, which is not an answer")
+    return status, data
 
 
 def _error_message(data: bytes) -> str:
@@ -748,9 +963,19 @@ def _error_message(data: bytes) -> str:
         body = json.loads(data.decode("utf-8"))
         if isinstance(body, dict) and body.get("error"):
             return str(body["error"])
-    except ValueError:
+    except (ValueError, RecursionError):
         pass
     return tail(data.decode("utf-8", "replace"), 200) or "no details"
+
+
+def parse_answer(data: bytes, what: str) -> object:
+    """A collector's JSON answer. One that is not JSON, or nested too deep for the parser
+    (RecursionError), is a bad answer: Unreachable, so the caller backs off and tries again."""
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise BadAnswer(f"{what} answered something that is not usable JSON "
+                        f"({type(exc).__name__})") from exc
 
 
 class ArtifactError(Refusal):
@@ -777,11 +1002,7 @@ class Collector:
             raise HttpError(status, _error_message(data))
         if status == 204 or not data:
             return status, None
-        try:
-            return status, json.loads(data.decode("utf-8"))
-        except ValueError as exc:
-            raise Unreachable(f"{self.url}{path} answered something that is not JSON") \
-                from exc
+        return status, parse_answer(data, f"{method} {self.url}{path}")
 
     def register(self, body: dict) -> dict:
         _, reply = self.call_json("POST", "/devices/register", body)
@@ -820,11 +1041,13 @@ class Collector:
     def upload_artifact(self, data: bytes, name: str, extra_headers: dict | None = None) -> str:
         headers = {"content-type": "application/octet-stream", "x-artifact-name": name}
         headers.update(extra_headers or {})
-        status, reply = http_call("POST", self.url + "/artifacts", data, headers,
-                                  max(self.timeout, 120.0))
+        timeout = max(self.timeout, 120.0)
+        status, reply = http_call("POST", self.url + "/artifacts", data, headers, timeout,
+                                  timeout + len(data) / UPLOAD_FLOOR_BPS)
         if status >= 400:
             raise HttpError(status, _error_message(reply))
-        sha = json.loads(reply.decode("utf-8")).get("sha256")
+        answer = parse_answer(reply, f"POST {self.url}/artifacts")
+        sha = answer.get("sha256") if isinstance(answer, dict) else None
         expected = hashlib.sha256(data).hexdigest()
         if sha != expected:
             raise Unreachable(f"the collector stored the upload under {sha}, not its SHA-256 "
@@ -837,15 +1060,10 @@ class Collector:
         if not HEX64.match(sha256):
             raise ArtifactError(f"the artifact reference {sha256!r} is not a SHA-256 hex digest")
         url = self.url + "/artifacts/" + sha256
-        request = urllib.request.Request(url, method="GET")  # noqa: S310 - self.url is http(s)
-        digest = hashlib.sha256()
         fd, tmp = tempfile.mkstemp(prefix=".dl-", dir=os.path.dirname(os.path.abspath(dest)))
         try:
-            with os.fdopen(fd, "wb") as out, _OPENER.open(request, timeout=120) as response:
-                for chunk in iter(lambda: response.read(DOWNLOAD_CHUNK), b""):
-                    digest.update(chunk)
-                    out.write(chunk)
-            actual = digest.hexdigest()
+            with os.fdopen(fd, "wb") as out:
+                actual = self._stream(url, out)
             if actual != sha256:
                 raise ArtifactError(
                     f"refused artifact {sha256[:12]}: its downloaded bytes have SHA-256 "
@@ -853,17 +1071,34 @@ class Collector:
                     "altered or corrupted")
             os.chmod(tmp, 0o600)
             os.replace(tmp, dest)
-        except urllib.error.HTTPError as exc:
-            raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: the collector "
-                                f"answered {exc.code}") from exc
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: {reason}") \
+        except (OSError, http.client.HTTPException, Unreachable) as exc:
+            raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: {exc}") \
                 from exc
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
         return dest
+
+    @staticmethod
+    def _stream(url: str, out) -> str:
+        """GET url into `out` a chunk at a time; the hex SHA-256 of what came. A download may
+        take as long as it keeps coming: each chunk earns DOWNLOAD_STALL_S more."""
+        digest = hashlib.sha256()
+        with exchange("GET", url, None, {}, 120, DOWNLOAD_STALL_S) as (response, watch):
+            if response.status != 200:
+                raise Unreachable(f"the collector answered {response.status}")
+            while True:
+                try:
+                    chunk = response.read(DOWNLOAD_CHUNK)
+                except (OSError, http.client.HTTPException):
+                    watch.check()
+                    raise
+                watch.check()
+                if not chunk:
+                    return digest.hexdigest()
+                watch.extend()
+                digest.update(chunk)
+                out.write(chunk)
 
 
 class ArtifactCache:
@@ -871,7 +1106,7 @@ class ArtifactCache:
 
     def __init__(self, directory: str):
         self.directory = directory
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        private_dirs(directory)
 
     def fetch(self, collector: Collector, sha256: str, suffix: str = "") -> str:
         sha256 = str(sha256).lower()
@@ -900,16 +1135,28 @@ class Outbox:
     def __init__(self, directory: str):
         self.directory = directory
         self.rejected_dir = os.path.join(directory, "rejected")
-        os.makedirs(self.rejected_dir, mode=0o700, exist_ok=True)
+        private_dirs(self.rejected_dir)
         self.counter_lock = threading.Lock()
         self.flush_lock = threading.Lock()  # one poster at a time keeps the order
         self.counter = 0
+        self.last = self.newest_name()
         self.delivered: dict[str, int] = {}  # rows each collector acknowledged, since start
 
+    def newest_name(self) -> int:
+        """The largest sequence number a spooled row is named by (0 for an empty spool)."""
+        numbers = [_int_or_none(name.partition("-")[0]) for name in os.listdir(self.directory)
+                   if name.endswith(".json") and not name.startswith(".")]
+        return max([n for n in numbers if n is not None and n >= 0] or [0])
+
     def put(self, collector_url: str, row: dict) -> str:
+        # Rows are posted in the order of their names, so a name only ever grows: the wall
+        # clock in nanoseconds (readable, and ordered across restarts), but never less than
+        # one past the last name, whatever the clock does (NTP stepping a fast clock back, a
+        # Pi without a real-time clock).
         with self.counter_lock:
             self.counter += 1
-            name = f"{time.time_ns():020d}-{self.counter:06d}.json"
+            self.last = max(time.time_ns(), self.last + 1)
+            name = f"{self.last:020d}-{self.counter:06d}.json"
         path = os.path.join(self.directory, name)
         atomic_write_json(path, {"collector": collector_url, "row": row})
         return path
@@ -950,7 +1197,8 @@ class Outbox:
                     Collector(url, timeout=30).post_results([row for _, row in chunk])
                 except Unreachable as exc:
                     # The collector's link says once that it is unreachable; not every try.
-                    log.debug("%d result rows kept on disk for later (%s)", len(chunk), exc)
+                    log.debug("%d result rows kept on disk for later (%s)", len(chunk),
+                              printable(exc, 500))
                     return False
                 except HttpError:
                     pass  # a refused row, or a collector without arrays: one at a time below
@@ -968,13 +1216,13 @@ class Outbox:
         try:
             Collector(url, timeout=15).post_result(row)
         except Unreachable as exc:
-            log.debug("result row kept on disk for later (%s)", exc)
+            log.debug("result row kept on disk for later (%s)", printable(exc, 500))
             return False
         except HttpError as exc:
             # The collector understood and refused the row; retrying cannot change its mind.
             log.error("collector %s refused result row %s/%s iter %s: %s; moved to %s", url,
-                      row.get("job_id"), row.get("device_id"), row.get("iter"), exc.message,
-                      self.rejected_dir)
+                      printable(row.get("job_id")), printable(row.get("device_id")),
+                      printable(row.get("iter")), printable(exc.message), self.rejected_dir)
             os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
             return True
         os.unlink(path)
@@ -1086,9 +1334,17 @@ class JobContext:
         return self._prior
 
     def lease_ttl(self) -> float:
+        """The lease's TTL; anything unusable (not a number, not positive, beyond a float or
+        infinite) means the default."""
         lease = self.spec.get("lease") if isinstance(self.spec.get("lease"), dict) else {}
         ttl = lease.get("ttl_s")
-        return float(ttl) if isinstance(ttl, (int, float)) and ttl > 0 else DEFAULT_LEASE_TTL_S
+        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)):
+            return DEFAULT_LEASE_TTL_S
+        try:
+            seconds = float(ttl)
+        except OverflowError:
+            return DEFAULT_LEASE_TTL_S
+        return seconds if math.isfinite(seconds) and seconds > 0 else DEFAULT_LEASE_TTL_S
 
 
 def claimed_attempt(spec: dict) -> int | None:
@@ -1109,6 +1365,25 @@ def final(ok: bool, error: str | None = None, metrics: dict | None = None,
         result["preempted"] = True
     result.update(extra)
     return result
+
+
+def unexpected(exc: BaseException) -> dict:
+    return final(False, "the agent failed unexpectedly while running the job: "
+                 f"{type(exc).__name__}: {exc}")
+
+
+def final_row(ctx: JobContext, result: dict) -> dict:
+    """The job's closing row from what its workload returned; a result that cannot make one
+    still closes the job, as a failure that says why."""
+    try:
+        fields = dict(result)
+        iteration = int(fields.pop("iter", 0))
+        row = ctx.row(iteration, bool(fields.pop("ok")), fields.pop("metrics", {}), **fields)
+    except Exception as exc:
+        log.exception("job %s returned a result that is no row", printable(ctx.job_id))
+        row = ctx.row(0, False, {}, error=unexpected(exc)["error"])
+    row["final"] = True
+    return row
 
 
 def outcome(row: dict) -> str:
@@ -1135,15 +1410,18 @@ class LeaseKeeper(threading.Thread):
             try:
                 reply = self.ctx.collector.beacon(
                     self.ctx.runtime.beacon_body(self.ctx.job_id, attempt=self.ctx.attempt))
-            except (Unreachable, HttpError) as exc:
+                outage.recovered()
+                self.relay(reply)
+            except Exception as exc:  # nothing may end the lease keeper: told, tried again
                 wait = min(self.interval, 2.0)  # try again soon: the lease is running out
                 if isinstance(exc, Unreachable):
                     outage.failed(exc, wait)  # said once per outage, not once per try
+                elif isinstance(exc, HttpError):
+                    log.warning("beacon for job %s failed: %s", printable(self.ctx.job_id),
+                                printable(exc))
                 else:
-                    log.warning("beacon for job %s failed: %s", self.ctx.job_id, exc)
-                continue
-            outage.recovered()
-            self.relay(reply)
+                    log.exception("beacon for job %s failed unexpectedly; retrying in %.1f s",
+                                  printable(self.ctx.job_id), wait)
 
     def relay(self, reply: dict) -> None:
         if reply.get("lease_renewed") is False:
@@ -1335,15 +1613,17 @@ def hand_back(ctx: JobContext, progress: dict | None = None) -> dict:
     """Give the job back: upload progress (and a hand-back count), then a preempted final row."""
     try:
         handbacks = int(ctx.prior_progress().get("handbacks", 0)) + 1
-    except (Refusal, ValueError, TypeError):
+    except Exception:  # an unreadable earlier progress still lets the job be handed back
         handbacks = 1
+    handbacks = min(max(handbacks, 1), HANDBACK_ITER_TOP // 2)
     body = {"kind": PROGRESS_KIND, "job_id": ctx.job_id, "handbacks": handbacks,
             "saved_at": now_iso(), **(progress or {})}
     try:
         sha: str | None = ctx.upload(json.dumps(body, sort_keys=True).encode("utf-8"),
                                      f"progress-{ctx.job_id}.json")
-    except (Unreachable, HttpError) as exc:
-        log.warning("could not upload progress of %s: %s", ctx.job_id, exc)
+    except Exception as exc:  # a failed upload: the job is handed back all the same
+        log.warning("could not upload progress of %s: %s", printable(ctx.job_id),
+                    printable(exc, 500))
         sha = None
     done = len((progress or {}).get("completed") or [])
     if sha is None:
@@ -1536,7 +1816,8 @@ def wl_shell(runtime: Runtime, ctx: JobContext) -> dict:
     try:
         artifacts.append(ctx.upload(read_tail(log_path, 8 << 20), f"shell-{ctx.job_id}.log"))
     except (Unreachable, HttpError) as exc:
-        log.warning("could not upload the output of %s: %s", ctx.job_id, exc)
+        log.warning("could not upload the output of %s: %s", printable(ctx.job_id),
+                    printable(exc, 500))
     metrics = {"duration_ms": round(wall_ms, 1)}
     if code is None:
         return final(False, f"the script was stopped after the {timeout:g} s timeout", metrics,
@@ -1803,8 +2084,8 @@ def upload_file(ctx: JobContext, path: str, name: str, headers: dict | None = No
     for attempt in range(3):
         try:
             with open(path, "rb") as body:
-                status, reply = http_call("POST", ctx.collector.url + "/artifacts",
-                                          body, fields, 600)
+                status, reply = http_call("POST", ctx.collector.url + "/artifacts", body,
+                                          fields, 600, upload_deadline(600, path))
         except Unreachable as exc:
             problem = str(exc)
             ctx.stop.wait(1 + attempt)
@@ -1814,12 +2095,17 @@ def upload_file(ctx: JobContext, path: str, name: str, headers: dict | None = No
                           f"{_error_message(reply)}")
         try:
             stored = json.loads(reply.decode("utf-8")).get("sha256")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             stored = None
         if stored != sha:
             raise Refusal(f"the collector stored {name} under {shown(stored)}, not its SHA-256")
         return sha
     raise Refusal(f"{name} could not be uploaded: {problem}")
+
+
+def upload_deadline(timeout: float, path: str) -> float:
+    """The time a streamed upload may take: its timeout plus its size at UPLOAD_FLOOR_BPS."""
+    return timeout + os.path.getsize(path) / UPLOAD_FLOOR_BPS
 
 
 def upload_bytes(ctx: JobContext, data: bytes, name: str, headers: dict | None = None) -> str:
@@ -2170,7 +2456,7 @@ def topic_next(ctx: JobContext, topic: str, cursor: int, wait_s: float) -> list[
         status, reply = ctx.collector.call_json("GET", topic_path(topic, "/next?" + query),
                                                 timeout=wait_s + 15)
     except Unreachable as exc:
-        log.warning("topic %s: %s; trying again", topic, exc)
+        log.warning("topic %s: %s; trying again", printable(topic), printable(exc, 500))
         ctx.stop.wait(1.0)
         return []
     except HttpError as exc:
@@ -2206,7 +2492,8 @@ def publish_output(ctx: JobContext, plan: dict, event: dict, text: str) -> None:
         ctx.collector.call_json("POST", path, {"job_id": ctx.job_id, "topic": plan["topic"],
                                                "seq": event["seq"], "output": text})
     except (Unreachable, HttpError) as exc:
-        log.warning("could not publish to %s: %s", plan["output_topic"], exc)
+        log.warning("could not publish to %s: %s", printable(plan["output_topic"]),
+                    printable(exc, 500))
 
 
 def wl_pipeline(runtime: Runtime, ctx: JobContext) -> dict:
@@ -2910,7 +3197,7 @@ def convert_plan(ctx: JobContext) -> dict:
 def hf_directory(ctx: JobContext, archive: str) -> str:
     """Unpack a Hugging Face checkpoint (a zip of its folder) and find the config.json."""
     unpacked = os.path.join(ctx.workdir, "hf")
-    os.makedirs(unpacked)
+    os.makedirs(unpacked, mode=0o700)
     if not zipfile.is_zipfile(archive):
         raise Refusal("params.input_sha256 must name a GGUF file or a zip of a Hugging Face "
                       "model folder")
@@ -3765,7 +4052,7 @@ def app_payload(ctx: JobContext, platform_name: str) -> str:
     archive = ctx.fetch(sha, ".zip")
     unpacked = os.path.join(ctx.workdir, "app-" + sha[:12])
     if not os.path.isdir(unpacked):
-        os.makedirs(unpacked)
+        os.makedirs(unpacked, mode=0o700)
         try:
             safe_unzip(archive, unpacked)
         except zipfile.BadZipFile as exc:
@@ -4790,7 +5077,8 @@ class LocaleSwitch:
             self.to(self.original, time.sleep)
         except Refusal as exc:
             log.warning("could not put the locale of %s back to %s: %s",
-                        self.target["device_id"], self.original or "its default", exc)
+                        printable(self.target["device_id"]),
+                        printable(self.original or "its default"), printable(exc, 500))
 
 
 def locale_shot(runtime: Runtime, ctx: JobContext, plan: dict, switch: LocaleSwitch, tag: str,
@@ -5877,7 +6165,7 @@ def ios_archive_argv(runtime: Runtime, ctx: JobContext, source: str, item: dict,
         raise Refusal("an .xcarchive is exported with xcodebuild, which this executor does "
                       "not have (a Mac with Xcode)")
     unpacked = os.path.join(ctx.workdir, "xcarchive")
-    os.makedirs(unpacked)
+    os.makedirs(unpacked, mode=0o700)
     safe_unzip(source, unpacked)
     archive = next((os.path.join(d, n) for d, dirs, _ in os.walk(unpacked) for n in dirs
                     if n.endswith(".xcarchive")), None)
@@ -5929,7 +6217,7 @@ def wl_archive(runtime: Runtime, ctx: JobContext) -> dict:
     source = ctx.fetch(plan["source"], ".zip")
     kind = source_kind(source)
     out = os.path.join(ctx.workdir, "out")
-    os.makedirs(out)
+    os.makedirs(out, mode=0o700)
     try:
         if kind == "xcarchive":
             argv = ios_archive_argv(runtime, ctx, source, item, plan["account"], out)
@@ -6053,7 +6341,7 @@ def register_executor(runtime: Runtime, collector: Collector) -> None:
     except HttpError as exc:
         if exc.status != 404:
             log.warning("collector %s refused this executor's registration: %s", collector.url,
-                        exc.message)
+                        printable(exc.message))
             return
         with runtime.presence_lock:
             runtime.no_executor_route.add(collector.url)
@@ -6105,7 +6393,7 @@ def register_attached(runtime: Runtime, collector: Collector, targets: list[dict
             taken += 1
         except HttpError as exc:
             log.warning("collector %s refused attached device %s: %s", collector.url,
-                        target["device_id"], exc.message)
+                        printable(target["device_id"]), printable(exc.message))
         except Unreachable as exc:
             log.debug("attached device %s not registered with %s: %s", target["device_id"],
                       collector.url, exc)
@@ -6200,16 +6488,17 @@ class Runtime:
         self.probe = probe
         self.mode = cfg.executor
         self.state_dir = cfg.state_dir
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        private_dirs(self.state_dir)
         if self.mode == "host":
-            self.reporter_id = cfg.name
+            self.reporter_id = checked_id(cfg.name, "--name", device=False)
         else:
             self.reporter_id = load_device_id(self.state_dir, cfg.device_id, probe)
         self.outbox = Outbox(os.path.join(self.state_dir, "spool"))
         self.cache = ArtifactCache(os.path.join(self.state_dir, "cache"))
-        self.work_root = os.path.join(self.state_dir, "work", self.reporter_id)
+        self.work_root = work_root(self.state_dir, self.reporter_id)
         shutil.rmtree(self.work_root, ignore_errors=True)  # leftovers of a crashed run
-        os.makedirs(self.work_root, mode=0o700)
+        private_dirs(self.work_root)
+        tighten_dirs(self.state_dir)
         self.allowlist_path = cfg.allowlist or os.path.join(self.state_dir, "shell-allowlist")
         self.tools = find_tools(self.explicit_tools(cfg), probe)
         self.descriptor = detect_descriptor(probe) if self.mode == "device" else {}
@@ -6289,21 +6578,26 @@ class Runtime:
         self.current = ctx
         if self.stopping.is_set():
             ctx.request_stop("the agent is shutting down", handback=True)
-        log.info("job %s started: %s from %s", ctx.job_id, spec.get("workload"), collector.url)
+        log.info("job %s started: %s from %s", printable(ctx.job_id),
+                 printable(spec.get("workload")), collector.url)
         started = time.monotonic()
-        keeper = LeaseKeeper(ctx, beacon_interval(ctx.lease_ttl(), self.cfg.beacon_s))
-        keeper.start()
         try:
-            result = self.execute(ctx)
+            keeper = LeaseKeeper(ctx, beacon_interval(ctx.lease_ttl(), self.cfg.beacon_s))
+            keeper.start()
+            try:
+                result = self.execute(ctx)
+            finally:
+                keeper.stop()
+        except Exception as exc:  # whatever happened, the job still ends with a final row
+            log.exception("job %s failed unexpectedly", printable(ctx.job_id))
+            result = unexpected(exc)
         finally:
-            keeper.stop()
             self.current = None
-        iteration = int(result.pop("iter", 0))
-        row = ctx.row(iteration, bool(result.pop("ok")), result.pop("metrics", {}), **result)
-        row["final"] = True
+        row = final_row(ctx, result)
         ctx.post(row)
-        log.info("job %s ended: %s in %.1f s%s", ctx.job_id, outcome(row),
-                 time.monotonic() - started, ": " + row["error"] if row.get("error") else "")
+        log.info("job %s ended: %s in %.1f s%s", printable(ctx.job_id), outcome(row),
+                 time.monotonic() - started,
+                 ": " + printable(row["error"], MAX_ERROR_CHARS) if row.get("error") else "")
         shutil.rmtree(ctx.workdir, ignore_errors=True)
 
     def execute(self, ctx: JobContext) -> dict:
@@ -6321,9 +6615,8 @@ class Runtime:
         except Refusal as exc:
             return final(False, str(exc))
         except Exception as exc:  # a bug or a surprise must still close the job with a sentence
-            log.exception("job %s failed unexpectedly", ctx.job_id)
-            return final(False, "the agent failed unexpectedly while running the job: "
-                         f"{type(exc).__name__}: {exc}")
+            log.exception("job %s failed unexpectedly", printable(ctx.job_id))
+            return unexpected(exc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -6355,14 +6648,15 @@ class Outage:
         if self.since is None:
             self.since = self.reminded = now
             self.delivered_before = self.outbox.delivered.get(self.url, 0)
-            log.warning("collector %s unreachable (%s), retrying in %.0f s", self.url, exc,
-                        delay)
+            log.warning("collector %s unreachable (%s), retrying in %.0f s", self.url,
+                        printable(exc, 500), delay)
         elif now - self.reminded >= self.REMIND_S:
             self.reminded = now
             log.warning("collector %s still unreachable after %.0f s (%s), retrying in %.0f s",
-                        self.url, now - self.since, exc, delay)
+                        self.url, now - self.since, printable(exc, 500), delay)
         else:
-            log.debug("collector %s: %s; retrying in %.1f s", self.url, exc, delay)
+            log.debug("collector %s: %s; retrying in %.1f s", self.url, printable(exc, 500),
+                      delay)
 
     def recovered(self) -> None:
         with self.lock:
@@ -6386,6 +6680,7 @@ class Link(threading.Thread):
         self.last_beacon = 0.0
         self.last_busy: tuple[str, str] | None = None
         self.running_job = False
+        self.told_bad = False  # a bad answer was logged (once per link)
         self.outage = runtime.outage(collector.url)
 
     def run(self) -> None:
@@ -6394,18 +6689,31 @@ class Link(threading.Thread):
             try:
                 self.step()
                 backoff.reset()
+                continue
             except (Unreachable, HttpError) as exc:
                 delay = backoff.next_delay()
-                if isinstance(exc, HttpError) and exc.status == 404 and self.rt.mode != "host":
-                    log.info("%s does not know this device (%s); registering again",
-                             self.collector.url, exc.message)
-                    self.registered = False
-                elif isinstance(exc, Misdirected):
-                    # A refused name was logged once, with its remedy; each retry says it quietly.
-                    log.debug("%s: %s; retrying in %.1f s", self.collector.url, exc, delay)
-                else:
-                    self.outage.failed(exc, delay)
-                self.rt.stopping.wait(delay)
+                self.failed(exc, delay)
+                self.told_bad = self.told_bad or isinstance(exc, BadAnswer)
+            except Exception:  # a surprise must not end the link: told with its traceback
+                delay = backoff.next_delay()
+                log.exception("%s: unexpected failure; retrying in %.1f s", self.collector.url,
+                              delay)
+            self.rt.stopping.wait(delay)
+
+    def failed(self, exc: Unreachable | HttpError, delay: float) -> None:
+        if isinstance(exc, HttpError) and exc.status == 404 and self.rt.mode != "host":
+            log.info("%s does not know this device (%s); registering again",
+                     self.collector.url, printable(exc.message))
+            self.registered = False
+        elif isinstance(exc, (Misdirected, Redirected)) or (
+                isinstance(exc, BadAnswer) and self.told_bad):
+            # Logged once, with its remedy; each retry says it quietly.
+            log.debug("%s: %s; retrying in %.1f s", self.collector.url, printable(exc, 500),
+                      delay)
+        elif isinstance(exc, BadAnswer):
+            log.warning("%s; retrying with backoff (said once)", printable(exc, 500))
+        else:
+            self.outage.failed(exc, delay)
 
     def step(self) -> None:
         if self.outage.since is not None:
@@ -6427,13 +6735,16 @@ class Link(threading.Thread):
             self.register()
         self.beacon_if_due()
         timeout = self.rt.cfg.poll_timeout_s
+        started = time.monotonic()
         if self.rt.mode == "host":
             spec = self.collector.next_host_job(self.rt.reporter_id, timeout)
         else:
             spec = self.collector.next_device_job(self.rt.reporter_id, timeout)
         self.outage.recovered()  # the poll answered (a no-op unless it was the first call)
-        if spec:
-            self.take(spec)
+        if not (spec and self.take(spec)):
+            # A collector (or a proxy) that answers at once instead of holding the poll must
+            # not make the agent poll it thousands of times a second.
+            self.rt.stopping.wait(max(0.0, POLL_FLOOR_S - (time.monotonic() - started)))
 
     def register(self) -> None:
         """Before the first poll, so the collector knows what this agent can run."""
@@ -6444,7 +6755,8 @@ class Link(threading.Thread):
         else:
             reply = self.collector.register(self.rt.registration())
             log.info("registered with %s as %s (capabilities %s)", self.collector.url,
-                     self.rt.reporter_id, reply.get("capabilities", self.rt.capabilities()))
+                     self.rt.reporter_id,
+                     printable(reply.get("capabilities", self.rt.capabilities()), 1000))
         self.registered = True
         self.outage.recovered()
 
@@ -6458,17 +6770,18 @@ class Link(threading.Thread):
         self.collector.beacon(self.rt.beacon_body(busy=note))
         self.last_beacon, self.last_busy = time.monotonic(), busy
 
-    def take(self, spec: dict) -> None:
+    def take(self, spec: dict) -> bool:
+        """Run the job offered; False when it was not run (no id, or another link's job)."""
         job_id = str(spec.get("job_id") or "")
         if not job_id:
             log.error("%s offered a job without a job_id; ignored", self.collector.url)
-            return
+            return False
         # The check-and-set happens under one lock: two links can never both hold a job.
         if self.rt.stopping.is_set() or not self.rt.gate.try_take(self.collector.url, job_id):
             outcome = self.collector.release(job_id, self.rt.reporter_id)
-            log.info("job %s from %s lost the race for this device; release: %s", job_id,
-                     self.collector.url, outcome)
-            return
+            log.info("job %s from %s lost the race for this device; release: %s",
+                     printable(job_id), self.collector.url, outcome)
+            return False
         self.running_job = True
         try:
             self.rt.run_job(self.collector, spec)
@@ -6476,6 +6789,7 @@ class Link(threading.Thread):
             self.running_job = False
             self.rt.gate.free(job_id)
             self.last_beacon = 0.0  # beacon idle right away so constraints see fresh vitals
+        return True
 
 
 class Flusher(threading.Thread):

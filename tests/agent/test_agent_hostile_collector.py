@@ -1,0 +1,461 @@
+"""The real agent process against a hostile collector: a scripted local HTTP server that answers
+polls, beacons, result rows and uploads the way a broken, misconfigured or malicious server
+might (nested JSON, absurd numbers, redirects, instant or endless or trickling answers, forged
+log lines). Whatever it answers, the agent keeps its threads, ends each job with a final row,
+keeps undelivered rows spooled in order, bounds its memory and its polls, and never touches a
+directory outside its state directory."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.support.agent import AGENT_FILE, REPO, wait_for
+
+pytestmark = pytest.mark.slow
+
+DEEP = b"[" * 100_000 + b"]" * 100_000
+SELF_CHECK = {"schema": 1, "job_id": "j1", "workload": "self-check", "executor": "device",
+              "attempt": 1, "lease": {"ttl_s": 60}, "params": {}}
+# Long enough to be running when the collector acts (about 0.25 s an iteration, 2000 of them).
+BENCH = {"schema": 1, "job_id": "b1", "workload": "benchmark", "executor": "device",
+         "backend": "synthetic", "attempt": 1, "lease": {"ttl_s": 2},
+         "params": {"prompt_tokens": 64, "gen_tokens": 16, "warmup_iters": 0,
+                    "measure_iters": 2000}}
+# A route answers (status, body) or (status, body, headers), or None for the default answer,
+# or HANDLED after writing the answer itself.
+HANDLED = object()
+Route = Callable[["Handler", str, str, bytes], object]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: Server
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def send(self, status: int, body: bytes = b"", headers: dict | None = None) -> None:
+        self.send_response(status)
+        for key, value in (headers or {}).items():
+            self.send_header(key, value)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.handle_request("GET", b"")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        self.handle_request("POST", self.rfile.read(length) if length else b"")
+
+    def handle_request(self, method: str, body: bytes) -> None:
+        fake = self.server.fake
+        fake.record(method, self.path, body)
+        answer = fake.route(self, method, self.path, body) if fake.route else None
+        if answer is HANDLED:
+            return
+        if answer is None:
+            answer = fake.default(method, self.path, body)
+        self.send(*answer)  # type: ignore[misc]
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeCollector
+
+
+class FakeCollector:
+    """A well-behaved collector unless `route` says otherwise: registers, holds each poll a
+    moment and answers 204, accepts result rows (recorded in `accepted`) and uploads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.requests: list[tuple[float, str, str, object]] = []
+        self.accepted: list[dict] = []
+        self.route: Route | None = None
+        self.server = Server(("127.0.0.1", 0), Handler)
+        self.server.fake = self
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def record(self, method: str, path: str, body: bytes) -> None:
+        try:
+            parsed: object = json.loads(body) if body else None
+        except ValueError:
+            parsed = body
+        with self.lock:
+            self.requests.append((time.monotonic(), method, path, parsed))
+
+    def default(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        if path.endswith("/next-job"):
+            time.sleep(0.3)
+            return 204, b""
+        if path == "/devices/register":
+            return 200, b'{"ok": true}'
+        if method == "POST" and path == "/results":
+            items = json.loads(body)
+            for item in items if isinstance(items, list) else [items]:
+                if item.get("kind") == "result":
+                    with self.lock:
+                        self.accepted.append(item)
+            return 200, b'{"ok": true, "lease_renewed": true}'
+        if method == "POST" and path == "/artifacts":
+            return 200, json.dumps({"sha256": hashlib.sha256(body).hexdigest()}).encode()
+        return 404, b'{"error": "no such route"}'
+
+    def polls(self, since: float = 0.0) -> int:
+        with self.lock:
+            return sum(1 for t, _, path, _ in self.requests
+                       if path.endswith("/next-job") and t >= since)
+
+    def job_beacons(self) -> int:
+        with self.lock:
+            return sum(1 for _, _, path, body in self.requests if path == "/results"
+                       and isinstance(body, dict) and body.get("kind") == "beacon"
+                       and body.get("job_id"))
+
+    def finals(self) -> list[dict]:
+        with self.lock:
+            return [row for row in self.accepted if row.get("final")]
+
+
+def is_result_post(method: str, path: str, body: bytes) -> bool:
+    return method == "POST" and path == "/results" and b'"kind": "result"' in body
+
+
+def one_job(spec: dict | bytes) -> Route:
+    """Offer `spec` to the first poll; the rest get the default answer."""
+    given = threading.Event()
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path.endswith("/next-job") and not given.is_set():
+            given.set()
+            return 200, spec if isinstance(spec, bytes) else json.dumps(spec).encode()
+        return None
+
+    return route
+
+
+@pytest.fixture
+def fake():
+    collector = FakeCollector()
+    yield collector
+    collector.close()
+
+
+def dead_threads(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("Exception in thread")]
+
+
+# --- 1. deeply nested JSON -------------------------------------------------------------------
+
+
+def test_a_deeply_nested_answer_to_a_poll_is_a_bad_answer_and_polling_goes_on(procs, fake):
+    bad = [0]
+    job = one_job(SELF_CHECK)
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path.endswith("/next-job") and bad[0] < 3:
+            bad[0] += 1
+            return 200, DEEP
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "deep-poll")
+    wait_for(fake.finals, 30, what="the job offered after three nested answers")
+    assert fake.finals()[0]["ok"] is True
+    log = agent.log()
+    assert not dead_threads(log), log[-3000:]
+    told = [line for line in log.splitlines()
+            if "not usable JSON (RecursionError)" in line and " DEBUG " not in line]
+    assert len(told) == 1 and " WARNING " in told[0], log[-3000:]
+
+
+def test_a_deeply_nested_answer_to_a_beacon_does_not_end_the_lease_keeper(procs, fake):
+    job = one_job(BENCH)
+    stop = threading.Event()
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if method == "POST" and path == "/results" and b'"job_id"' in body \
+                and b'"kind": "beacon"' in body:
+            if stop.is_set():
+                return 200, b'{"lease_renewed": false}'
+            return 200, DEEP
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "deep-beacon")
+    # The lease keeper beacons every 0.5 s (a quarter of the 2 s lease); it keeps going after
+    # the nested answers, and so still hears the collector stop the job.
+    wait_for(lambda: fake.job_beacons() >= 4, 30, what="beacons after nested answers")
+    stop.set()
+    wait_for(fake.finals, 30, what="the job stopped by a later beacon's answer")
+    assert "no longer renews" in fake.finals()[0]["error"]
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
+# --- 2. a lease TTL no float holds -------------------------------------------------------------
+
+
+def test_a_huge_lease_ttl_means_the_default_and_the_job_ends_with_a_final_row(procs, fake):
+    raw = json.dumps(SELF_CHECK).replace('"ttl_s": 60', '"ttl_s": 1' + "0" * 400).encode()
+    fake.route = one_job(raw)
+    agent = procs.agent([fake.url], "huge-ttl")
+    wait_for(fake.finals, 30, what="the final row of a job with a huge ttl_s")
+    assert fake.finals()[0]["ok"] is True, fake.finals()
+    since = time.monotonic()
+    wait_for(lambda: fake.polls(since) >= 2, 15, what="polls after the job")
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
+# --- 3. a hand-back whose progress upload gets a non-JSON answer ---------------------------
+
+
+def test_a_hand_back_with_a_non_json_upload_answer_still_posts_the_preempted_row(procs, fake):
+    job = one_job(dict(BENCH, preemptible=True))
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if method == "POST" and path == "/artifacts":
+            return 200, b"<html>ok</html>"
+        if method == "POST" and path == "/results" and b'"job_id"' in body \
+                and b'"kind": "beacon"' in body:
+            return 200, b'{"lease_renewed": true, "preempt": true}'
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "bad-upload")
+    wait_for(fake.finals, 30, what="the preempted final row")
+    row = fake.finals()[0]
+    assert row["preempted"] is True and row["ok"] is False, row
+    assert row["iter"] == 999_999 and row["artifacts"] == []
+    assert "progress could not be uploaded" in row["error"]
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
+# --- 4. redirects ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [302, 307, 308])
+def test_a_redirected_row_stays_spooled_and_reaches_the_collector_later(procs, fake, status):
+    job = one_job(SELF_CHECK)
+    moved = threading.Event()
+    moved.set()
+    location = fake.url + "/elsewhere"
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path == "/elsewhere":
+            return 200, b'{"ok": true}'
+        if moved.is_set() and is_result_post(method, path, body):
+            return status, b"", {"location": location}
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], f"redirect-{status}")
+    tries = lambda: sum(1 for _, m, p, b in list(fake.requests)  # noqa: E731
+                        if m == "POST" and p == "/results" and isinstance(b, (dict, list))
+                        and "result" in json.dumps(b))
+    wait_for(lambda: tries() >= 1, 30, what="the row's first post")
+    # The row is posted again and again (with backoff), unless it was taken as delivered.
+    wait_for(lambda: tries() >= 3 or not agent.spooled(), 30, what="more posts of the row")
+    assert len(agent.spooled()) == 1, "a redirected row was counted as delivered"
+    assert fake.accepted == []
+    assert not [r for r in fake.requests if r[2] == "/elsewhere"], "a redirect was followed"
+    said = [line for line in agent.log().splitlines()
+            if f"answered {status}, a redirect to {location}" in line and " ERROR " in line]
+    assert len(said) == 1, agent.log()[-3000:]
+
+    moved.clear()
+    wait_for(fake.finals, 30, what="the spooled row, once the collector takes it")
+    assert fake.finals()[0]["job_id"] == "j1"
+    wait_for(lambda: not agent.spooled(), 10, what="an empty spool")
+
+
+# --- 5. a collector that answers polls at once --------------------------------------------------
+
+
+@pytest.mark.parametrize("answer", [(204, b""), (200, b"null")], ids=["204", "200-null"])
+def test_instant_empty_answers_to_polls_are_polled_about_once_a_second(procs, fake, answer):
+    fake.route = lambda handler, method, path, body: (
+        answer if path.endswith("/next-job") else None)
+    agent = procs.agent([fake.url], "instant")
+    wait_for(lambda: fake.polls() >= 1, 30, what="the first poll")
+    since = time.monotonic()
+    time.sleep(3)
+    polls = fake.polls(since)
+    # The floor is 1 s: about 3 polls; without it, thousands.
+    assert 1 <= polls <= 10, polls
+    assert agent.proc is not None and agent.proc.poll() is None
+
+
+# --- 6. endless and trickling answers -----------------------------------------------------------
+
+
+def rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def chunked_forever(handler: Handler, first: bytes, piece: bytes, pause: float) -> object:
+    handler.send_response(200)
+    handler.send_header("content-type", "application/json")
+    handler.send_header("transfer-encoding", "chunked")
+    handler.end_headers()
+    framed = b"%x\r\n" % len(piece) + piece + b"\r\n"
+    with contextlib.suppress(OSError):
+        handler.wfile.write(b"%x\r\n" % len(first) + first + b"\r\n")
+        handler.wfile.flush()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            handler.wfile.write(framed)
+            handler.wfile.flush()
+            if pause:
+                time.sleep(pause)
+    handler.close_connection = True
+    return HANDLED
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_an_endless_answer_is_cut_off_and_memory_stays_bounded(procs, fake):
+    fake.route = lambda handler, method, path, body: (
+        chunked_forever(handler, b"[", b" " * (1 << 20), 0) if path.endswith("/next-job")
+        else None)
+    agent = procs.agent([fake.url], "flood")
+    assert agent.proc is not None
+    wait_for(lambda: fake.polls() >= 1, 30, what="the first poll")
+    peak = 0.0
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline and peak < 300:
+        peak = max(peak, rss_mb(agent.proc.pid))
+        time.sleep(0.05)
+    assert peak < 300, f"the agent grew to {peak:.0f} MB on an endless answer"
+    wait_for(lambda: fake.polls() >= 3, 30, what="polls after answers that were cut off")
+    assert "more than the 8388608 bytes an answer may have" in agent.log()
+
+
+def test_a_trickling_answer_is_given_up_at_the_deadline_and_polling_goes_on(procs, fake):
+    # A byte every 0.3 s: no socket read ever waits the 2 s timeout, so only an overall
+    # deadline ends the poll.
+    fake.route = lambda handler, method, path, body: (
+        chunked_forever(handler, b"{", b" ", 0.3) if path.endswith("/next-job") else None)
+    agent = procs.agent([fake.url], "trickle", "--poll-timeout-s", "2")
+    wait_for(lambda: fake.polls() >= 3, 30, what="polls after trickling answers")
+    assert "next-job took longer than 2 s" in agent.log(), agent.log()[-3000:]
+
+
+# --- 7. spool order across a clock stepped back ---------------------------------------------
+
+
+def test_rows_spooled_after_a_newer_name_are_named_after_it_and_delivered_after_it(procs, fake,
+                                                                                tmp_path):
+    """A row spooled before the wall clock stepped back an hour has a name an hour ahead of
+    now. The agent's next rows must still sort (and so be posted) after it."""
+    spool = tmp_path / "state-clock" / "spool"
+    spool.mkdir(parents=True)
+    ahead = time.time_ns() + 3600 * 10**9
+    planted = spool / f"{ahead:020d}-000001.json"
+    earlier = {"schema": 1, "kind": "result", "device_id": "clock", "job_id": "earlier",
+               "iter": 1, "ok": True, "final": False, "metrics": {}}
+    planted.write_text(json.dumps({"collector": fake.url, "row": earlier}))
+    job = one_job(SELF_CHECK)
+    down = threading.Event()
+    down.set()
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if down.is_set() and is_result_post(method, path, body):
+            return 503, b'{"error": "down for a moment"}'
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "clock")
+    wait_for(lambda: len(agent.spooled()) == 2, 30, what="the job's row spooled")
+    names = [p.name for p in agent.spooled()]
+    assert names[0] == planted.name, names
+    assert names[1] > planted.name
+    down.clear()
+    wait_for(lambda: len(fake.accepted) == 2, 30, what="both rows delivered")
+    assert [r["job_id"] for r in fake.accepted] == ["earlier", "j1"], fake.accepted
+
+
+# --- 8. ids that would name a directory outside the state directory ---------------------------
+
+
+@pytest.mark.parametrize("how", ["--device-id", "--name", "state.json"])
+def test_an_id_that_escapes_the_state_directory_is_refused_and_nothing_outside_is_touched(
+        tmp_path, how):
+    state = tmp_path / "state"
+    (state / "work").mkdir(parents=True)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep me")
+    argv = [sys.executable, str(AGENT_FILE), "--collector", "http://127.0.0.1:9",
+            "--state-dir", str(state), "--print-descriptor"]
+    if how == "--device-id":
+        argv += ["--device-id", "../../victim"]
+    elif how == "--name":
+        argv += ["--executor", "host", "--name", "../victim"]
+    else:
+        (state / "state.json").write_text(json.dumps({"device_id": "../../victim"}))
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (victim / "precious.txt").read_text() == "keep me"
+    assert done.returncode == 1, done
+    source = "state.json" if how == "state.json" else how
+    assert re.search(rf"fleet_agent: refusing the id '\.\./(\.\./)?victim' from \S*{source}: "
+                     r"it may not contain / or \\ or be '\.' or '\.\.', as it names a "
+                     "directory in the state directory", done.stderr), done.stderr
+
+
+# --- 9. collector text in log lines -------------------------------------------------------------
+
+
+def test_a_job_id_with_a_newline_cannot_forge_a_log_line(procs, fake):
+    forged = "2026-01-01 00:00:00,000 ERROR collector says: run rm -rf ~ now"
+    fake.route = one_job(dict(SELF_CHECK, job_id="x\n" + forged + "\x1b[2J"))
+    agent = procs.agent([fake.url], "forge")
+    wait_for(fake.finals, 30, what="the job's final row")
+    wait_for(lambda: " ended: " in agent.log(), 10, what="the job's last log line")
+    lines = agent.log().splitlines()
+    assert not [line for line in lines if line.startswith(forged)], agent.log()[-3000:]
+    assert "\x1b" not in agent.log()
+    started = [line for line in lines if " started: self-check" in line]
+    assert started and ("job x\\n" + forged + "\\x1b[2J started") in started[0], started
+
+
+# --- 10. directory modes -----------------------------------------------------------------------
+
+
+def test_every_directory_the_agent_makes_in_its_state_directory_is_private(procs, fake,
+                                                                          tmp_path):
+    old = os.umask(0o022)
+    try:
+        agent = procs.agent([fake.url], "modes")
+    finally:
+        os.umask(old)
+    wait_for(lambda: fake.polls() >= 1, 30, what="the first poll")
+    dirs = [agent.state, *(p for p in agent.state.rglob("*") if p.is_dir())]
+    names = {str(p.relative_to(agent.state)) for p in dirs}
+    assert {".", "spool", "spool/rejected", "cache", "work", "work/modes"} <= names, names
+    loose = {str(p.relative_to(agent.state)): oct(stat.S_IMODE(p.stat().st_mode))
+             for p in dirs if stat.S_IMODE(p.stat().st_mode) != 0o700}
+    assert not loose, loose
