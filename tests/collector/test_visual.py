@@ -166,21 +166,32 @@ async def test_a_capture_that_is_not_a_png_is_an_error_cell(client):
     assert cell["status"] == "error" and "not a PNG image" in cell["note"]
 
 
-async def test_rows_with_a_shot_block_name_their_own_slot(client):
-    """The original's executors stamp each row with shot {suite, page, profile, sha256} and
-    may report the difference they measured themselves (metrics.diff_pct)."""
+async def nightly_shots(client, job_id: str) -> str:
+    """A web-shots job of suite nightly claimed by executor `mac`, with chromium's baseline of
+    page home accepted: the SHA-256 of the capture its rows report."""
     capture = await upload(client, b"bytes an executor compared")
     baseline = await upload(client, b"its baseline")
     await accept(client, baseline, suite="nightly", page="home", profile="chromium")
-    await client.post("/jobs", json=job("orig", "web-shots", "host",
+    await client.post("/jobs", json=job(job_id, "web-shots", "host",
                                         targets={"url": URL}, suite={"flows": "nightly"}))
     await client.get("/executor/next-job?name=mac")
-    for device, profile, pct in (("web:chromium", "chromium", 4.2), ("web:webkit", "webkit",
-                                                                       None)):
-        row = result_row("orig", device, 1, executor="mac", ok=pct is None,
-                         shot={"suite": "nightly", "page": "home", "profile": profile,
-                               "sha256": capture},
-                         metrics={"diff_pct": pct} if pct is not None else {})
+    return capture
+
+
+def shot_row(job_id: str, capture: str, profile: str, pct: object) -> dict:
+    """The row an executor files for one browser's capture of page home."""
+    return result_row(job_id, f"web:{profile}", 1, executor="mac", ok=pct is None,
+                      shot={"suite": "nightly", "page": "home", "profile": profile,
+                            "sha256": capture},
+                      metrics={"diff_pct": pct} if pct is not None else {})
+
+
+async def test_rows_with_a_shot_block_name_their_own_slot(client):
+    """The original's executors stamp each row with shot {suite, page, profile, sha256} and
+    may report the difference they measured themselves (metrics.diff_pct)."""
+    capture = await nightly_shots(client, "orig")
+    for profile, pct in (("chromium", 4.2), ("webkit", None)):
+        row = shot_row("orig", capture, profile, pct)
         assert (await client.post("/results", json=row)).status == 200
     assert "nightly" in (await get(client, "/api/visual/suites"))["suites"]
     cells = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))
@@ -214,16 +225,8 @@ def test_a_schedule_names_the_suite_when_nothing_else_does():
 async def test_a_reported_difference_past_a_floats_range_is_no_figure(client):
     """A 400-digit diff_pct is valid JSON and kept as sent, but no float holds it: the matrix
     answers, and the cell reads as if no difference had been reported."""
-    capture = await upload(client, b"bytes an executor compared")
-    baseline = await upload(client, b"its baseline")
-    await accept(client, baseline, suite="nightly", page="home", profile="chromium")
-    await client.post("/jobs", json=job("huge", "web-shots", "host",
-                                        targets={"url": URL}, suite={"flows": "nightly"}))
-    await client.get("/executor/next-job?name=mac")
-    row = result_row("huge", "web:chromium", 1, executor="mac", ok=False,
-                     shot={"suite": "nightly", "page": "home", "profile": "chromium",
-                           "sha256": capture},
-                     metrics={"diff_pct": 10 ** 400})
+    capture = await nightly_shots(client, "huge")
+    row = shot_row("huge", capture, "chromium", 10 ** 400)
     assert (await client.post("/results", json=row)).status == 200
     cell = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))["chromium"]
     assert cell["diff_pct"] is None, cell
