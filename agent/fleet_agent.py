@@ -794,16 +794,14 @@ ANSWER_CHUNK = 64 << 10
 DOWNLOAD_STALL_S = 300.0  # a download ends when a whole DOWNLOAD_CHUNK takes longer than this
 UPLOAD_FLOOR_BPS = 32 << 10  # an upload gets its timeout plus its size at this rate
 _MISDIRECTED = 421
-_told_misdirected: set[str] = set()
+_told: set[str] = set()
 _told_lock = threading.Lock()
 
 
 def printable(value: object, limit: int = 300) -> str:
     """Text a collector sent, fit for one log line: control and invisible characters escaped
     (a newline in a job id must not forge a line of its own), and clipped."""
-    text = value if isinstance(value, str) else str(value)
-    if len(text) > limit:
-        text = text[:limit - 3] + "..."
+    text = clip(value if isinstance(value, str) else str(value), limit)
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
@@ -812,8 +810,8 @@ def printable(value: object, limit: int = 300) -> str:
 
 def _first_time(key: str) -> bool:
     with _told_lock:
-        first = key not in _told_misdirected
-        _told_misdirected.add(key)
+        first = key not in _told
+        _told.add(key)
     return first
 
 
@@ -912,20 +910,28 @@ def read_answer(response: http.client.HTTPResponse, watch: Deadline, limit: int)
         raise Unreachable(f"{watch.what} answered {length} bytes, more than the {limit} an "
                           "answer may have")
     chunks, size = [], 0
-    while True:
-        try:
-            chunk = response.read(ANSWER_CHUNK)
-        except (OSError, http.client.HTTPException):
-            watch.check()  # a read the deadline cut short says so
-            raise
-        watch.check()
-        if not chunk:
-            return b"".join(chunks)
+    for chunk in body_chunks(response, watch, ANSWER_CHUNK):
         size += len(chunk)
         if size > limit:
             raise Unreachable(f"{watch.what} answered more than the {limit} bytes an answer "
                               "may have")
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def body_chunks(response: http.client.HTTPResponse, watch: Deadline, size: int):
+    """The body a chunk of at most `size` bytes at a time, each read held to the exchange's
+    deadline (a read the deadline cut short says so, not just that the socket closed)."""
+    while True:
+        try:
+            chunk = response.read(size)
+        except (OSError, http.client.HTTPException):
+            watch.check()
+            raise
+        watch.check()
+        if not chunk:
+            return
+        yield chunk
 
 
 def http_call(method: str, url: str, body: object = None, headers: dict | None = None,
@@ -1087,18 +1093,11 @@ class Collector:
         with exchange("GET", url, None, {}, 120, DOWNLOAD_STALL_S) as (response, watch):
             if response.status != 200:
                 raise Unreachable(f"the collector answered {response.status}")
-            while True:
-                try:
-                    chunk = response.read(DOWNLOAD_CHUNK)
-                except (OSError, http.client.HTTPException):
-                    watch.check()
-                    raise
-                watch.check()
-                if not chunk:
-                    return digest.hexdigest()
+            for chunk in body_chunks(response, watch, DOWNLOAD_CHUNK):
                 watch.extend()
                 digest.update(chunk)
                 out.write(chunk)
+        return digest.hexdigest()
 
 
 class ArtifactCache:

@@ -211,17 +211,14 @@ def check_page_read(headers: Mapping[str, str], message: str) -> None:
     old to send it sends a Referer, unless the page suppressed that.
     """
     site = headers.get("Sec-Fetch-Site")
-    host = headers.get("Host", "")
     if site is not None:
         if site.strip().lower() not in ("same-origin", "none"):
             raise Forbidden(message)
     else:
         referer = headers.get("Referer")
-        if referer and not same_origin(referer, host):
+        if referer and not same_origin(referer, headers.get("Host", "")):
             raise Forbidden(message)
-    page = headers.get("Origin")
-    if page is not None and (page == "null" or not same_origin(page, host)):
-        raise Forbidden(message)
+    check_same_origin(headers, message)  # an Origin, when one came, names this service
 
 
 # -- body types ----------------------------------------------------------------------------
