@@ -339,8 +339,11 @@ async def test_alert_events_reach_the_stream(client, db_path):
 class Receiver:
     """A local webhook endpoint that answers from a script of statuses, then 200."""
 
-    def __init__(self, statuses=()):
+    def __init__(self, statuses=(), endless=False):
         self.statuses = list(statuses)
+        self.endless = endless  # answer with a body that never ends
+        self.streamed = 0  # bytes of that body the sender let through before hanging up
+        self.hung_up = asyncio.Event()
         self.posts: list[tuple[int, dict, str]] = []  # (status answered, body, idempotency key)
         self.accepted = asyncio.Event()
         self.port = free_port()
@@ -352,7 +355,21 @@ class Receiver:
         self.posts.append((status, body, request.headers.get("Idempotency-Key", "")))
         if status == 200:
             self.accepted.set()
+        if self.endless:
+            return await self.flood(request, status)
         return web.json_response({"ok": status == 200}, status=status)
+
+    async def flood(self, request, status):
+        resp = web.StreamResponse(status=status)
+        await resp.prepare(request)
+        chunk = b"x" * 65536
+        try:
+            while self.streamed < 1 << 30:
+                await resp.write(chunk)
+                self.streamed += len(chunk)
+        except (ConnectionError, RuntimeError):  # the sender hung up
+            self.hung_up.set()
+        return resp
 
     async def start(self):
         app = web.Application()
@@ -378,8 +395,8 @@ class Receiver:
 async def receiver():
     made: list[Receiver] = []
 
-    async def make(statuses=()):
-        made.append(await Receiver(statuses).start())
+    async def make(statuses=(), endless=False):
+        made.append(await Receiver(statuses, endless).start())
         return made[-1]
 
     yield make
@@ -432,6 +449,22 @@ async def test_webhook_gives_up_on_a_refusal(monkeypatch, collector_factory, rec
     [alert_id] = (await alert_tick(client))["opened"]
     await wait_webhook_state(client, alert_id, "failed")
     assert [p[0] for p in hook.posts] == [404]
+
+
+async def test_a_receiver_that_never_stops_answering_is_not_read(monkeypatch, collector_factory,
+                                                                   receiver):
+    """The status says delivered; a body that never ends (a hostile or broken receiver) is not
+    read into memory, and does not hold the delivery until the timeout."""
+    hook = await receiver(endless=True)
+    monkeypatch.setenv("FLEET_ALERT_WEBHOOK", hook.url)
+    monkeypatch.setenv("FLEET_ALERT_WEBHOOK_TIMEOUT_S", "600")
+    monkeypatch.setenv("FLEET_ALERT_DATA_BYTES", "1")
+    client = await collector_factory()
+    [alert_id] = (await alert_tick(client))["opened"]
+    await wait_webhook_state(client, alert_id, "delivered")
+    assert len(hook.delivered(alert_id)) == 1
+    await asyncio.wait_for(hook.hung_up.wait(), 10)
+    assert hook.streamed < 64 << 20
 
 
 async def test_a_restart_resumes_pending_deliveries(monkeypatch, collector_factory, receiver):

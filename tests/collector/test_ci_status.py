@@ -119,6 +119,24 @@ async def test_server_errors_are_retried_client_errors_are_not(collector_factory
     assert len(github.calls) == 3
 
 
+@pytest.mark.parametrize("answer", [b"[" * 4000, b'{"message": "\\ud800 bad"}', b"\xff\xfe",
+                                    b'{"message": ["not", "text"]}'],
+                         ids=["deep", "surrogate", "not-utf8", "message-a-list"])
+async def test_an_odd_error_answer_is_recorded_and_not_retried(collector_factory, monkeypatch,
+                                                               github, answer):
+    """A statuses API (or a proxy in front of it) may answer a refusal with anything; the
+    attempt is still recorded, with a sentence, and a 4xx is still not retried."""
+    github.script, github.error_body = [422], answer
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")))
+    await client.post("/jobs", json=host_job())
+    await claim_host(client)
+    body = await recorded(client, "ui-1", 1)
+    [status] = body["statuses"]
+    assert status["http_status"] == 422
+    assert status["error"].startswith("the statuses API answered 422")
+    assert len(github.calls) == 1
+
+
 async def test_without_a_token_it_is_a_dry_run(collector_factory, monkeypatch, github):
     client = await start(collector_factory, monkeypatch, str(github.server.make_url("")),
                          token=None)

@@ -19,6 +19,7 @@ class FakeStatusesApi:
     def __init__(self) -> None:
         self.calls: list[dict[str, Any]] = []
         self.script: list[int] = []  # statuses to answer before falling back to 201
+        self.error_body: bytes | None = None  # what a scripted error answers, if not its message
         self.arrived = asyncio.Event()
         app = web.Application()
         app.router.add_post("/repos/{owner}/{repo}/statuses/{sha}", self.post)
@@ -34,6 +35,9 @@ class FakeStatusesApi:
                            "accept": request.headers.get("Accept"), **body})
         self.arrived.set()
         status = self.script.pop(0) if self.script else 201
+        if status >= 400 and self.error_body is not None:
+            return web.Response(body=self.error_body, status=status,
+                                content_type="application/json")
         if status >= 400:
             return web.json_response({"message": f"scripted {status}"}, status=status)
         return web.json_response({"id": len(self.calls), "state": body["state"]}, status=201)

@@ -323,9 +323,11 @@ class CiReporter:
 def _api_error(status: int, text: str) -> str:
     try:
         message = json.loads(text).get("message")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):  # any answer: a proxy's, a truncation
         message = None
     detail = message if isinstance(message, str) and message else text.strip()[:200]
+    # A JSON escape can carry a lone surrogate, which no UTF-8 column can store.
+    detail = detail.encode("utf-8", "replace").decode("utf-8")
     return f"the statuses API answered {status}" + (f": {detail}" if detail else "")
 
 

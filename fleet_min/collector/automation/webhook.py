@@ -136,7 +136,8 @@ class WebhookSender:
         try:
             async with session.post(self.config.url, json=body, headers=headers,
                                     allow_redirects=False) as resp:
-                await resp.read()
+                # Only the status counts. The body is left unread: a receiver could send one
+                # without end, and leaving the block without it closes the connection.
                 status = resp.status
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             log.info("webhook attempt %d for alert %s: %s", attempt, row["id"],
