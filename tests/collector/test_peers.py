@@ -36,12 +36,15 @@ class FakePeer:
         self.requests = []
         self.devices_body = b'{"devices": []}'
         self.content_type = "application/json"
+        self.health_body: bytes | None = None  # what /api/health answers, if not a collector's
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.server = TestServer(app, host="127.0.0.1")
 
     async def handle(self, request):
         self.requests.append((request.method, request.path_qs, dict(request.headers)))
+        if request.path == "/api/health" and self.health_body is not None:
+            return web.Response(body=self.health_body, content_type="application/json")
         if request.path == "/api/health":
             return web.json_response({"ok": True, "collector": FAKE_ID, "name": "fake"})
         if request.path == "/api/devices":
@@ -192,6 +195,33 @@ async def test_oversized_or_non_json_answers_are_502(collector_factory, monkeypa
     fake_peer.devices_body, fake_peer.content_type = b"<html></html>", "text/html"
     resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
     assert resp.status == 502 and "no JSON" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize("health", [b"[" * 5000, b'{"collector": "\\ud800"}', b"\xff\xfe{"],
+                         ids=["deep", "surrogate-id", "not-utf8"])
+async def test_a_peer_whose_health_makes_no_sense_is_listed_unreachable(
+        collector_factory, monkeypatch, tmp_path, fake_peer, health):
+    fake_peer.health_body = health
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    resp = await local.get("/api/peers?refresh=1")
+    assert resp.status == 200
+    [peer] = (await resp.json())["peers"]
+    assert peer["reachable"] is False and peer["error"]
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == 404 and "no peer collector" in (await resp.json())["error"]
+
+
+async def test_a_peer_name_that_is_no_text_is_listed_as_json(collector_factory, monkeypatch,
+                                                             tmp_path, fake_peer):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    fake_peer.health_body = (b'{"collector": "' + FAKE_ID.encode()
+                             + b'", "name": "bad \\ud800 name", "instance": "\\udfff"}')
+    resp = await local.get("/api/peers?refresh=1")
+    assert resp.status == 200
+    [peer] = (await resp.json())["peers"]
+    assert peer["reachable"] is True and peer["id"] == FAKE_ID
 
 
 async def test_peer_that_went_away_is_502(collector_factory, monkeypatch, tmp_path, fake_peer):

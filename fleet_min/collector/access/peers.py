@@ -240,6 +240,6 @@ async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
         value = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows
         return None
     return value if isinstance(value, dict) else None
