@@ -4,6 +4,7 @@ answers the same three requests with no work. Reports the collector's own CPU ti
 /proc) and the ratio to the bare server's, which does not depend on how fast the client is.
 
     python bench/lifecycle.py [--agents 50] [--procs 3] [--seconds 12] [--slices 3] [--rounds 3]
+                              [--pin] [--durable]
 
 Each round starts a fresh bare server and a fresh collector and loads them in turn, one at a
 time, in short slices (bare, collector, collector, bare, bare, collector for three slices each),
@@ -11,12 +12,18 @@ so that both are measured across the same minute: this machine's speed moves by 
 from one minute to the next, and a bare server measured a whole run before the collector made
 single rounds' ratios range from 0.25 to 0.35 for the same tree. The ratio is taken within each
 round, and the figures are the medians over rounds.
+
+With --durable a third server takes its turns in every round: the bare server made durable
+(bench/durable_server.py), which parses each body and commits the lifecycle's few statements
+before answering, and does nothing else. Its ratio to the bare server is the best a durable
+server on aiohttp and sqlite3 reaches here, the ceiling of the collector's own ratio.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import statistics
@@ -117,24 +124,25 @@ def _summary(slices: list[dict[str, float]]) -> dict[str, float]:
 
 
 def measure_round(r: int, agents: int, procs: int, seconds: float, slices: int,
-                  pin: bool = False) -> tuple[dict[str, float], dict[str, float]]:
-    """One round: the bare server and the collector (fresh ones), both running, loaded in turn
-    in `slices` slices each (bare, collector, collector, bare, ...), so that both are measured
-    across the same minute of this machine; each slice loads one server alone."""
-    got: dict[str, list[dict[str, float]]] = {"bare": [], "collector": []}
-    with server("bare") as bare, server("collector") as ours:
-        running = {"bare": bare, "collector": ours}
+                  pin: bool = False, kinds: tuple[str, ...] = ("bare", "collector")
+                  ) -> dict[str, dict[str, float]]:
+    """One round: each kind of server (fresh ones), all running, loaded in turn in `slices`
+    slices each (bare, collector, collector, bare, ...), so that all are measured across the
+    same minute of this machine; each slice loads one server alone."""
+    got: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
+    with contextlib.ExitStack() as stack:
+        running = {kind: stack.enter_context(server(kind)) for kind in kinds}
         client_cores = None
         if pin:  # each server on the first core, every client process on the second
             for _, pid in running.values():
                 pin_process(pid, {0})
             client_cores = {1}
         for n in range(slices):
-            for kind in ("bare", "collector") if n % 2 == 0 else ("collector", "bare"):
+            for kind in kinds if n % 2 == 0 else reversed(kinds):
                 address, pid = running[kind]
                 got[kind].append(load(address, pid, f"{kind}{r}s{n}", agents, procs,
                                       seconds / slices, client_cores))
-    return _summary(got["bare"]), _summary(got["collector"])
+    return {kind: _summary(slices_of) for kind, slices_of in got.items()}
 
 
 def main() -> None:
@@ -147,45 +155,63 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pin", action="store_true",
                         help="the server on core 0, the clients on core 1 (two cores or more)")
+    parser.add_argument("--durable", action="store_true",
+                        help="also the bare server made durable (bench/durable_server.py)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.agents, args.procs, args.seconds, args.slices, args.rounds = 4, 2, 1.0, 2, 1
-    bares: list[dict[str, float]] = []
-    collectors: list[dict[str, float]] = []
-    ratios: list[float] = []
+    kinds = ("bare", "collector", "durable") if args.durable else ("bare", "collector")
+    rounds: list[dict[str, dict[str, float]]] = []
     for r in range(args.rounds):
-        bare, ours = measure_round(r, args.agents, args.procs, args.seconds, args.slices,
-                                   args.pin)
-        emit({"bench": "lifecycle", "round": r, "server": "bare", "slices": args.slices, **bare})
-        emit({"bench": "lifecycle", "round": r, "server": "collector", "synchronous": "FULL",
-              "slices": args.slices, **ours})
-        bares.append(bare)
-        collectors.append(ours)
-        ratios.append(bare["server_cpu_ms_per_job"] / max(ours["server_cpu_ms_per_job"], 1e-9))
+        got = measure_round(r, args.agents, args.procs, args.seconds, args.slices, args.pin,
+                            kinds)
+        for kind in kinds:
+            emit({"bench": "lifecycle", "round": r, "server": kind, "slices": args.slices,
+                  **({"synchronous": "FULL"} if kind != "bare" else {}), **got[kind]})
+        rounds.append(got)
 
-    def med(records: list[dict[str, float]], key: str) -> float:
-        return statistics.median(record[key] for record in records)
+    def ratios_of(kind: str) -> list[float]:
+        return [got["bare"]["server_cpu_ms_per_job"]
+                / max(got[kind]["server_cpu_ms_per_job"], 1e-9) for got in rounds]
 
+    def med(kind: str, key: str) -> float:
+        return statistics.median(got[kind][key] for got in rounds)
+
+    ratios = ratios_of("collector")
     ratio = statistics.median(ratios)
+    floor = ({"durable_jobs_per_s": med("durable", "jobs_per_s"),
+              "durable_cpu_ms_per_job": med("durable", "server_cpu_ms_per_job"),
+              "durable_cpu_ratio": statistics.median(ratios_of("durable")),
+              "durable_cpu_ratios": ratios_of("durable")} if args.durable else {})
     emit({"bench": "lifecycle", "figure": "lifecycle", "rounds": len(ratios),
-          "bare_jobs_per_s": med(bares, "jobs_per_s"), "jobs_per_s": med(collectors, "jobs_per_s"),
-          "bare_cpu_ms_per_job": med(bares, "server_cpu_ms_per_job"),
-          "cpu_ms_per_job": med(collectors, "server_cpu_ms_per_job"), "cpu_ratio": ratio,
-          "cpu_ratios": ratios, "pinned": args.pin, "target_ratio": ">= 0.5",
+          "bare_jobs_per_s": med("bare", "jobs_per_s"),
+          "jobs_per_s": med("collector", "jobs_per_s"),
+          "bare_cpu_ms_per_job": med("bare", "server_cpu_ms_per_job"),
+          "cpu_ms_per_job": med("collector", "server_cpu_ms_per_job"), "cpu_ratio": ratio,
+          "cpu_ratios": ratios, **floor, "pinned": args.pin, "target_ratio": ">= 0.5",
           "target_jobs_per_s": 4000, "cores": os.cpu_count()})
+    durable_rows = [
+        ("durable bare jobs/s", f"{floor['durable_jobs_per_s']:.0f}",
+         "parse, commit the lifecycle's statements, nothing else"),
+        ("durable bare CPU ms/job", f"{floor['durable_cpu_ms_per_job']:.3f}", ""),
+        ("CPU ratio bare/durable bare", f"{floor['durable_cpu_ratio']:.2f}",
+         "the ceiling of the collector's ratio; by round "
+         + ", ".join(f"{r:.2f}" for r in floor["durable_cpu_ratios"])),
+    ] if args.durable else []
     table([
-        ("bare server jobs/s", f"{med(bares, 'jobs_per_s'):.0f}",
+        ("bare server jobs/s", f"{med('bare', 'jobs_per_s'):.0f}",
          "the load generator's ceiling"),
-        ("collector jobs/s", f"{med(collectors, 'jobs_per_s'):.0f}", "target >= 4000"),
-        ("bare CPU ms/job", f"{med(bares, 'server_cpu_ms_per_job'):.3f}", ""),
-        ("collector CPU ms/job", f"{med(collectors, 'server_cpu_ms_per_job'):.3f}", ""),
-        ("  of which the loop's thread", f"{med(collectors, 'server_main_thread_ms_per_job'):.3f}",
+        ("collector jobs/s", f"{med('collector', 'jobs_per_s'):.0f}", "target >= 4000"),
+        ("bare CPU ms/job", f"{med('bare', 'server_cpu_ms_per_job'):.3f}", ""),
+        ("collector CPU ms/job", f"{med('collector', 'server_cpu_ms_per_job'):.3f}", ""),
+        ("  of which the loop's thread",
+         f"{med('collector', 'server_main_thread_ms_per_job'):.3f}",
          "the rest: the COMMIT thread"),
         ("CPU ratio bare/collector", f"{ratio:.2f}",
          "target >= 0.5; by round " + ", ".join(f"{r:.2f}" for r in ratios)),
+        *durable_rows,
     ])
-
 
 if __name__ == "__main__":
     main()

@@ -33,13 +33,18 @@ def figure(records: list[dict[str, object]], name: str) -> dict[str, object]:
     return found[-1]
 
 
-def test_lifecycle_smoke():
-    records = run_bench("lifecycle")
-    assert {r["server"] for r in records if "server" in r} == {"bare", "collector"}
+@pytest.mark.parametrize("durable", [False, True], ids=["two-servers", "with-durable-bare"])
+def test_lifecycle_smoke(durable):
+    records = run_bench("lifecycle", *(["--durable"] if durable else []))
+    kinds = {"bare", "collector", "durable"} if durable else {"bare", "collector"}
+    assert {r["server"] for r in records if "server" in r} == kinds
     result = figure(records, "lifecycle")
-    for key in ("jobs_per_s", "bare_jobs_per_s", "cpu_ms_per_job", "bare_cpu_ms_per_job",
-                "cpu_ratio"):
+    keys = ["jobs_per_s", "bare_jobs_per_s", "cpu_ms_per_job", "bare_cpu_ms_per_job", "cpu_ratio"]
+    if durable:  # each of its jobs was enqueued, claimed (a 200, not a 204) and closed
+        keys += ["durable_jobs_per_s", "durable_cpu_ms_per_job", "durable_cpu_ratio"]
+    for key in keys:
         assert isinstance(result[key], float), key
+    assert ("durable_cpu_ratio" in result) is durable
     assert result["rounds"] == 1
 
 
