@@ -152,6 +152,23 @@ async def test_without_a_token_it_is_a_dry_run(collector_factory, monkeypatch, g
     assert (await (await client.get("/api/health")).json())["ci_status_armed"] is False
 
 
+async def test_a_cascade_past_one_read_reports_every_job(collector_factory, monkeypatch, github):
+    """Cancelling the root of a chain closes every dependent in one transaction; their events
+    are prepared together, in reads of at most _IDS_A_READ ids, and each is recorded."""
+    count = ci_status._IDS_A_READ + 20
+    client = await start(collector_factory, monkeypatch, str(github.server.make_url("")),
+                         token=None)
+    for n in range(count):
+        after = {"depends_on": [f"c{n - 1}"]} if n else {}
+        assert (await client.post("/jobs", json=host_job(f"c{n}", **after))).status == 201
+    assert (await client.post("/api/jobs/c0/cancel")).status == 200
+    first = await recorded(client, "c0", 1)
+    assert [s["state"] for s in first["statuses"]] == ["error"]
+    for n in range(1, count):
+        body = await recorded(client, f"c{n}", 1)
+        assert [(s["state"], s["dry_run"]) for s in body["statuses"]] == [("failure", True)]
+
+
 async def test_unreachable_api_is_recorded_and_retried(collector_factory, monkeypatch, github):
     url = str(github.server.make_url(""))
     await github.server.close()
@@ -170,13 +187,21 @@ async def test_device_jobs_and_jobs_without_a_target_report_nothing(
     await client.post("/jobs", json=job("plain-host", workload="install", executor="host"))
     await claim_host(client)
     await client.post("/results", json=result_row("plain-host", "mac-mini", final=True, ok=True))
+    # The key's name inside a parameter: read and found to name no target.
+    assert (await client.post("/jobs", json=job("param-host", workload="install",
+                                                executor="host",
+                                                params={"ci_status": TARGET}))).status == 201
+    await claim_host(client)
+    await client.post("/results", json=result_row("param-host", "mac-mini", final=True, ok=False))
     await client.post("/jobs", json=host_job())  # the marker: reported after the others
     await claim_host(client)
     [call] = await github.wait_for(1)
     assert call["state"] == "pending"
     await recorded(client, "ui-1", 1)
-    plain = await (await client.get("/api/jobs/plain-host/ci-status")).json()
-    assert plain["target"] is None and plain["statuses"] == []
+    for job_id in ("plain-host", "param-host"):
+        plain = await (await client.get(f"/api/jobs/{job_id}/ci-status")).json()
+        assert plain["target"] is None and plain["statuses"] == []
+    assert len(github.calls) == 1
     assert (await client.get("/api/jobs/nope/ci-status")).status == 404
 
 

@@ -14,7 +14,7 @@ recorded with the reason instead. Without a token and without a list, dry runs a
 before.
 
 Host and device jobs report alike (the spec names host jobs; the original collector's clients
-send it on device jobs too). A fan-out reports once, under its parent (see _report_for).
+send it on device jobs too). A fan-out reports once, under its parent (see _reports_for).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import JobStatus
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Database
@@ -164,8 +165,15 @@ class Report:
     description: str
 
 
-# What a job's status report reads of it (and of its parent, for a fan-out's child).
-_REPORTING_JOB = "SELECT workload, spec, parent_job_id FROM jobs WHERE job_id = ?"
+# What a job's status report reads of it (and of its parent, for a fan-out's child), for many
+# jobs at once. The target is taken out in SQL: most jobs have none, and their specs are never
+# parsed in Python.
+_REPORTING_JOBS = ("SELECT job_id, workload, parent_job_id, "
+                   "json_extract(spec, '$.report_to.ci_status') AS target FROM jobs "
+                   "WHERE job_id IN ({marks})")
+_IDS_A_READ = 500  # well under SQLite's smallest limit on a statement's parameters
+
+JobEvent = tuple[str, str, str | None]  # job id, status, error
 
 
 class CiReporter:
@@ -178,8 +186,11 @@ class CiReporter:
         self._session: aiohttp.ClientSession | None = None
         self._chains: dict[str, asyncio.Task[None]] = {}  # last report task per job
         self._latest: dict[str, str] = {}  # last state asked for per job (dedupes `pending`)
-        self._inbox: asyncio.Queue[tuple[str, str, str | None]] = asyncio.Queue()
+        self._inbox: asyncio.Queue[JobEvent] = asyncio.Queue()
         self._worker: asyncio.Task[None] | None = None
+        # The jobs of the transaction being applied that post no status (Effects.no_ci_target):
+        # set before its events arrive, replaced by the next transaction's.
+        self._quiet: frozenset[str] = frozenset()
 
     def health(self) -> dict[str, Any]:
         return {"ci_status_armed": self.settings.armed}
@@ -198,6 +209,10 @@ class CiReporter:
             await self._session.close()
             self._session = None
 
+    def on_applied(self, effects: Effects) -> None:
+        """Service hook, run after each commit just before its events reach on_event."""
+        self._quiet = frozenset(effects.no_ci_target)
+
     def on_event(self, event: dict[str, Any]) -> None:
         """Service listener: runs after commit and must not block, so it only queues the event.
 
@@ -209,6 +224,8 @@ class CiReporter:
         status = event.get("status")
         if status != JobStatus.CLAIMED and status not in TERMINAL:
             return
+        if event["job_id"] in self._quiet:
+            return
         error = event.get("last_error")
         self._inbox.put_nowait((str(event["job_id"]), str(status),
                                 error if isinstance(error, str) else None))
@@ -217,36 +234,48 @@ class CiReporter:
 
     async def _work(self) -> None:
         while not self._inbox.empty():
-            job_id, status, error = self._inbox.get_nowait()
+            # Every event queued so far is prepared with one read (two for fan-out children):
+            # events that arrive together share the reads instead of paying one each.
+            batch: list[JobEvent] = []
+            while not self._inbox.empty():
+                batch.append(self._inbox.get_nowait())
             try:
-                report = await self._report_for(job_id, status, error)
+                reports = await self._reports_for(batch)
             except Exception:
-                log.exception("CI status for job %s could not be prepared", job_id)
+                log.exception("CI statuses for %d job events could not be prepared", len(batch))
                 continue
-            if report is not None:
+            for report in reports:
                 self._queue(report)
 
-    async def _report_for(self, job_id: str, status: str, error: str | None) -> Report | None:
-        """The status a job's event posts, if any. A fan-out reports once, as its parent: the
-        first child's claim posts the parent's `pending`, and the parent's own close its
-        terminal state; a child's close posts nothing (children share the commit and the
-        context, so each would overwrite the others)."""
-        row = await self.db.read_one(_REPORTING_JOB, (job_id,))
-        if row is None:
-            return None
-        if row["parent_job_id"]:
-            if status != JobStatus.CLAIMED:
-                return None
-            job_id = row["parent_job_id"]
-            row = await self.db.read_one(_REPORTING_JOB, (job_id,))
-            if row is None:
-                return None
-        target = (json.loads(row["spec"]).get("report_to") or {}).get("ci_status")
-        if not isinstance(target, str) or not target:
-            return None
-        state = "pending" if status == JobStatus.CLAIMED else TERMINAL[status]
-        return Report(job_id, target, state, row["workload"],
-                      describe(state, row["workload"], error))
+    async def _reports_for(self, batch: list[JobEvent]) -> list[Report]:
+        """The statuses these events post, in their order. A fan-out reports once, as its
+        parent: the first child's claim posts the parent's `pending`, and the parent's own
+        close its terminal state; a child's close posts nothing (children share the commit and
+        the context, so each would overwrite the others)."""
+        rows = await self._reporting_rows({job_id for job_id, _, _ in batch})
+        parents = {row["parent_job_id"] for row in rows.values() if row["parent_job_id"]}
+        if parents - rows.keys():
+            rows.update(await self._reporting_rows(parents - rows.keys()))
+        reports = []
+        for job_id, status, error in batch:
+            row = rows.get(job_id)
+            if row is not None and row["parent_job_id"]:
+                row = rows.get(row["parent_job_id"]) if status == JobStatus.CLAIMED else None
+            if row is None or not isinstance(row["target"], str) or not row["target"]:
+                continue
+            state = "pending" if status == JobStatus.CLAIMED else TERMINAL[status]
+            reports.append(Report(row["job_id"], row["target"], state, row["workload"],
+                                  describe(state, row["workload"], error)))
+        return reports
+
+    async def _reporting_rows(self, job_ids: set[str]) -> dict[str, Any]:
+        ids = sorted(job_ids)
+        rows: dict[str, Any] = {}
+        for start in range(0, len(ids), _IDS_A_READ):
+            chunk = ids[start:start + _IDS_A_READ]
+            sql = _REPORTING_JOBS.format(marks=",".join("?" * len(chunk)))
+            rows.update((row["job_id"], row) for row in await self.db.read(sql, chunk))
+        return rows
 
     def _queue(self, report: Report) -> None:
         if report.state == "pending" and self._latest.get(report.job_id) == "pending":

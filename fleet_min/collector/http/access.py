@@ -129,6 +129,7 @@ def setup(app: web.Application, service: Service) -> None:
     app[PEERS] = known
     reporter = ci_status.CiReporter(service.db, ci_status.settings(service.config), service.spawn)
     app[CI] = reporter
+    service.on_applied.append(reporter.on_applied)
     service.listeners.append(reporter.on_event)
     service.health_extras.append(reporter.health)
     advertiser = _advertiser(service)

@@ -253,6 +253,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
     effects.job(row["job_id"], JobStatus.CLAIMED, row["workload"], row["executor"],
                 claimed_by=claimant.id)
+    effects.no_commit_status(row["job_id"], row["spec"])
     # A queued job's updated_at is when it last became claimable: stored, requeued or promoted
     # (or its priority changed): the claim-wait histogram measures from there.
     effects.claim_waits.append(max(0.0, now - row["updated_at"]))

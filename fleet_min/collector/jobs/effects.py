@@ -50,6 +50,9 @@ class Effects:
     # (device id, when) for each device a claim's look saw: written to last_seen later, in one
     # transaction for many (fleet_min.collector.jobs.sightings).
     sightings: list[tuple[str, float]] = field(default_factory=list)
+    # Jobs whose stored spec names no commit status target (see no_commit_status): the CI
+    # status reporter posts nothing for this transaction's events of them and skips its read.
+    no_ci_target: list[str] = field(default_factory=list)
 
     def clear(self) -> None:
         """Forget everything recorded (the transaction is about to run again)."""
@@ -62,17 +65,19 @@ class Effects:
         self.claim_waits.clear()
         self.lease_expiries.clear()
         self.sightings.clear()
+        self.no_ci_target.clear()
 
     def mark(self) -> tuple[int, ...]:
         """Where each record stands now, for `rewind`."""
         return (len(self.events), len(self.unstreamed), len(self.claimable), len(self.claimants),
                 len(self.beacons), len(self.looked), len(self.claim_waits),
-                len(self.lease_expiries), len(self.sightings))
+                len(self.lease_expiries), len(self.sightings), len(self.no_ci_target))
 
     def rewind(self, mark: tuple[int, ...]) -> None:
         """Forget what was recorded since `mark` (its statements were rolled back to a
         savepoint: nothing of it happened)."""
-        events, unstreamed, claimable, claimants, beacons, looked, waits, expiries, seen = mark
+        (events, unstreamed, claimable, claimants, beacons, looked, waits, expiries, seen,
+         quiet) = mark
         del self.events[events:]
         del self.unstreamed[unstreamed:]
         del self.claimable[claimable:]
@@ -82,10 +87,18 @@ class Effects:
         del self.claim_waits[waits:]
         del self.lease_expiries[expiries:]
         del self.sightings[seen:]
+        del self.no_ci_target[quiet:]
 
     def job(self, job_id: str, status: str, workload: str, executor: str, **extra: Any) -> None:
         self.events.append({"type": "job", "job_id": job_id, "status": status,
                             "workload": workload, "executor": executor, **extra})
+
+    def no_commit_status(self, job_id: str, spec_text: str) -> None:
+        """Note a job whose stored spec (JSON text) cannot name report_to.ci_status. A spec
+        that has the key's text anywhere, even inside a value, is not noted: the reporter reads
+        it and decides. Every job's claim and close would otherwise cost the reporter a read."""
+        if '"ci_status"' not in spec_text:
+            self.no_ci_target.append(job_id)
 
     def emit(self, type_: str, **fields: Any) -> None:
         self.events.append({"type": type_, **fields})

@@ -568,6 +568,7 @@ def close_from_result(conn: sqlite3.Connection, row: sqlite3.Row, ok: bool, erro
     outcome = JobStatus.DONE if ok else JobStatus.FAILED
     message = None if ok else (error or "the device reported a failure without a reason")
     _end_attempt(conn, row, outcome, message, now)
+    effects.no_commit_status(row["job_id"], row["spec"])
     promoted: list[str] = []
     failed = _close(conn, row, outcome, message, now, effects, promoted)
     return Closed(outcome, promoted, failed)
