@@ -20,7 +20,6 @@ two answers to agree on the whole corpus).
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -273,6 +272,8 @@ def _object(fields: dict[str, Rule], required: tuple[str, ...] = (), closed: boo
 def _unknown_field(path: str, key: object, fields: dict[str, Rule]) -> str:
     """The sentence for a key a closed object does not know, naming the close match (a typo)
     when there is one, else every field allowed there."""
+    import difflib  # only a refusal needs it; idle collectors never import it
+
     where = path or "the job spec"
     close = difflib.get_close_matches(key[:100], list(fields), n=1) if isinstance(key, str) else []
     hint = f"; did you mean {_show(close[0])}?" if close else f"; allowed: {', '.join(fields)}"
@@ -363,6 +364,8 @@ def param_warnings(spec: Mapping[str, Any]) -> list[str]:
     named = _NAMED_PARAMS.get(workload) if isinstance(workload, str) else None
     if named is None or not isinstance(params, dict):
         return []
+    import difflib  # only a warning needs it, as in _unknown_field
+
     found: list[str] = []
     for key in params:
         if key in named or key == "resume_from" or not isinstance(key, str):

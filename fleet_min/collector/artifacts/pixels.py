@@ -19,7 +19,8 @@ from array import array
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import png
+# pypng is imported by the functions that read images: a collector that never compares one
+# keeps its memory.
 
 MAX_PIXELS = 40_000_000  # 8K by 5K; past it a screenshot is not what this compares
 BUDGET_S = 20.0  # a comparison that takes longer gives up (a slow Pi, a huge image)
@@ -42,6 +43,8 @@ class Difference:
 
 
 def _open(file: BinaryIO, which: str) -> tuple[int, int, Any]:
+    import png
+
     try:
         width, height, rows, _info = png.Reader(file=file).asRGBA8()
     except (png.Error, ValueError, EOFError) as exc:
@@ -55,6 +58,8 @@ def _open(file: BinaryIO, which: str) -> tuple[int, int, Any]:
 def compare(baseline: BinaryIO, capture: BinaryIO, budget_s: float = BUDGET_S) -> Difference:
     """The difference of two open PNG files. Images of different sizes differ in every pixel
     (a layout that grew is a change to review, not a crop to line up)."""
+    import png
+
     width, height, base_rows = _open(baseline, "baseline")
     cap_width, cap_height, cap_rows = _open(capture, "capture")
     if (width, height) != (cap_width, cap_height):

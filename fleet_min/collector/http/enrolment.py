@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import socket
 
-import segno
 from aiohttp import web
 
 from fleet_min.collector.access import enrolment, mdns
@@ -23,6 +22,8 @@ APP_NAME_MAX = 200
 def qr_svg(text: str) -> bytes:
     """Black on white whatever the page's theme (a dark QR code does not scan), with the quiet
     zone of four modules scanners need."""
+    import segno  # here, not at start: it and what it imports are 1 MiB of an idle collector
+
     code = segno.make(text, error="m", micro=False)
     out = io.BytesIO()
     code.save(out, kind="svg", scale=1, border=4, dark="#000", light="#fff", xmldecl=False,
