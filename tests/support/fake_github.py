@@ -21,6 +21,7 @@ import itertools
 import json
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
@@ -41,6 +42,9 @@ class FakeGitHub:
         self.log: list[tuple[str, str, int]] = []
         self.remaining = 5000
         self.reset_header: str | None = None  # X-RateLimit-Reset as sent; None: an hour ahead
+        # A test's own answer (a hostile shape, an endless or slow body, a redirect): asked first
+        # for every request; the response it returns is served as is, None goes on as usual.
+        self.hijack: Callable[[web.Request], Awaitable[web.StreamResponse | None]] | None = None
         self._ids = itertools.count(1000)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -105,6 +109,11 @@ class FakeGitHub:
 
     @web.middleware
     async def _gate(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        if self.hijack is not None:
+            answer = await self.hijack(request)
+            if answer is not None:
+                self.log.append((request.method, request.path_qs, answer.status))
+                return answer
         if self.fail_next > 0:
             self.fail_next -= 1
             self.log.append((request.method, request.path_qs, 502))

@@ -4,11 +4,17 @@ Conditional requests with ETags (a 304 costs no rate limit and no parsing), Link
 pagination that never follows a link off the API's own origin, retries with back-off on 5xx and
 connection errors, and the rate-limit state kept for the snapshot. The token comes from
 GH_TOKEN / GITHUB_TOKEN or `gh auth token`; it is only ever sent to the configured API base.
+
+Whatever answers at that base is not trusted to be GitHub: bodies are capped in size, JSON too
+deep to parse is an error, a listing of another shape is an error, and each item is reduced to
+the fields and types the rest of the control plane expects (ids SQLite can hold, text without
+lone surrogates, labels as lists of strings) before it leaves this module.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import re
@@ -19,6 +25,7 @@ from urllib.parse import quote, urlsplit
 
 import aiohttp
 
+from fleet_min import jsonio
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.timeutil import iso
 
@@ -26,8 +33,19 @@ log = logging.getLogger(__name__)
 
 RETRIES = 3
 MAX_PAGES = 10
-_LINK_NEXT = re.compile(r'<([^>]+)>;\s*rel="next"')
+# GitHub's largest answers (100 workflow runs, a workflow file) are a few MB. Past this the
+# answer is refused rather than read on into memory (a hostile or broken server can send an
+# endless body; the request deadline alone would let it fill hundreds of MB first).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# Answers kept for conditional requests. Each run's jobs are a URL of their own, fetched once
+# by the history and then never again: kept forever they would grow the daemon without end.
+# Least recently used go first; what is polled every round (listings) stays.
+ETAG_ENTRIES = 4096
+MAX_ID = 2**63 - 1  # the largest INTEGER SQLite stores; GitHub's ids are far below it
+_LINK_NEXT = re.compile(r'<([^<>]+)>;\s*rel="next"')  # no '<' inside: linear on any header
 _OWNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+_SURROGATE = re.compile("[\ud800-\udfff]")  # only lone ones survive json.loads
+_CONTROL = re.compile("[\x00-\x1f\x7f]+")
 
 
 class GitHubError(Exception):
@@ -59,7 +77,7 @@ def _repo_path(repo: str) -> str:
 
 class GitHub:
     def __init__(self, base: str, token: str | None, timeout_s: float = 20.0,
-                 backoff_s: float = 0.5) -> None:
+                 backoff_s: float = 0.5, etag_entries: int = ETAG_ENTRIES) -> None:
         self.base = base.rstrip("/")
         self.origin = urlsplit(self.base)._replace(path="", query="", fragment="").geturl()
         self.token = token
@@ -71,7 +89,8 @@ class GitHub:
         # Answers by status class ("2xx" ... "5xx"), and "unreachable" for an attempt that got
         # none (a connection error, a timeout): GET /metrics reads them.
         self.answers: Counter[str] = Counter()
-        self._etags: dict[str, tuple[str, Any, str | None]] = {}
+        self._etags: dict[str, tuple[str, Any, str | None]] = {}  # in order of last use
+        self.etag_entries = etag_entries
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -93,7 +112,9 @@ class GitHub:
                              "remaining": int(headers["X-RateLimit-Remaining"]),
                              "used": int(headers.get("X-RateLimit-Used", 0)),
                              "reset_at": iso(float(headers.get("X-RateLimit-Reset", 0)))}
-        except (ValueError, OverflowError):  # not a number, or a time no clock can show
+        # Not a number, or a time no clock can show: gmtime says OverflowError past the C
+        # time_t and OSError (EOVERFLOW) past the years the C library can format.
+        except (ValueError, OverflowError, OSError):
             pass
 
     async def request(self, method: str, url: str, *, conditional: bool = False
@@ -120,17 +141,22 @@ class GitHub:
                     self._note_rate(resp.headers)
                     if resp.status == 304 and cached:
                         self.not_modified += 1
+                        self._remember(url, cached)
                         return cached[1], cached[2]
                     if resp.status >= 500:
                         last_error = f"GitHub answered {resp.status}"
                         continue
-                    body = await resp.json(content_type=None) if resp.content_length != 0 else None
+                    raw = await _read_capped(resp)
                     if resp.status >= 400:
-                        raise GitHubError(self._refusal(resp.status, body), resp.status)
+                        # A refusal keeps its status even when its body is not JSON (a proxy's
+                        # HTML page): callers decide on 403/404, and retrying will not help.
+                        raise GitHubError(self._refusal(resp.status, _error_body(raw)),
+                                          resp.status)
+                    body = _decode(raw)
                     found = _LINK_NEXT.search(resp.headers.get("Link", ""))
                     nxt = found.group(1) if found else None
                     if conditional and resp.headers.get("ETag"):
-                        self._etags[url] = (resp.headers["ETag"], body, nxt)
+                        self._remember(url, (resp.headers["ETag"], body, nxt))
                     return body, nxt
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 last_error = f"GitHub could not be reached ({type(exc).__name__})"
@@ -138,8 +164,18 @@ class GitHub:
                     self.answers["unreachable"] += 1
         raise GitHubError(f"{last_error} after {RETRIES} attempts")
 
+    def _remember(self, url: str, entry: tuple[str, Any, str | None]) -> None:
+        """Keep `entry` as the most recently used answer; the least recently used go past
+        `etag_entries`."""
+        self._etags.pop(url, None)
+        self._etags[url] = entry
+        while len(self._etags) > self.etag_entries:
+            del self._etags[next(iter(self._etags))]
+
     def _refusal(self, status: int, body: Any) -> str:
-        message = body.get("message") if isinstance(body, dict) else None
+        # The message ends up in logs, the snapshot and SQLite: one line, encodable, short.
+        message = _text(body.get("message")) if isinstance(body, dict) else None
+        message = _CONTROL.sub(" ", message)[:300] if message else None
         if status in (403, 429) and self.rate.get("remaining") == 0:
             return f"GitHub's rate limit is used up until {self.rate.get('reset_at')}"
         if status == 401:
@@ -149,44 +185,58 @@ class GitHub:
     async def get_all(self, path: str, key: str, params: str = "") -> list[Any]:
         url: str | None = f"{self.base}{path}?per_page=100{params}"
         items: list[Any] = []
+        visited: set[str] = set()
         for _ in range(MAX_PAGES):
-            if url is None:
+            if url is None or url in visited:  # a next link back to a page read: the end
                 break
+            visited.add(url)
             body, url = await self.request("GET", url, conditional=True)
-            items.extend((body or {}).get(key) or [])
+            items.extend(_items(body, key))
         return items
 
     async def runners(self, repo: str) -> list[dict[str, Any]]:
         raw = await self.get_all(f"{_repo_path(repo)}/actions/runners", "runners")
-        return [{"id": r.get("id"), "name": r.get("name"), "status": r.get("status"),
-                 "busy": bool(r.get("busy")), "os": r.get("os"),
-                 "labels": [label.get("name") for label in r.get("labels") or []],
-                 "custom_labels": [label.get("name") for label in r.get("labels") or []
-                                   if label.get("type") == "custom"]} for r in raw]
+        out = []
+        for r in raw:
+            labels = [label for label in _list(r.get("labels")) if isinstance(label, dict)
+                      and _text(label.get("name"))]
+            out.append({"id": r["id"], "name": _text(r.get("name")),
+                        "status": _text(r.get("status")), "busy": r.get("busy") is True,
+                        "os": _text(r.get("os")),
+                        "labels": [_text(label["name"]) for label in labels],
+                        "custom_labels": [_text(label["name"]) for label in labels
+                                          if label.get("type") == "custom"]})
+        return out
 
     async def runs(self, repo: str, status: str, pages: int = 1) -> list[dict[str, Any]]:
         url = f"{self.base}{_repo_path(repo)}/actions/runs?per_page=50&status={quote(status)}"
         body, _ = await self.request("GET", url, conditional=True)
-        return [{"id": r.get("id"), "repo": repo, "name": r.get("name"),
-                 "status": r.get("status"), "conclusion": r.get("conclusion"),
-                 "event": r.get("event"), "branch": r.get("head_branch"),
-                 "created_at": r.get("created_at"), "started_at": r.get("run_started_at"),
-                 "url": r.get("html_url")} for r in (body or {}).get("workflow_runs") or []]
+        return [{"id": r["id"], "repo": repo, "name": _text(r.get("name")),
+                 "status": _text(r.get("status")), "conclusion": _text(r.get("conclusion")),
+                 "event": _text(r.get("event")), "branch": _text(r.get("head_branch")),
+                 "created_at": _text(r.get("created_at")),
+                 "started_at": _text(r.get("run_started_at")),
+                 "url": _text(r.get("html_url"))} for r in _items(body, "workflow_runs")]
 
     async def jobs(self, repo: str, run_id: int, all_attempts: bool = False
                    ) -> list[dict[str, Any]]:
         """The run's jobs (of every attempt with all_attempts) with their steps."""
         raw = await self.get_all(f"{_repo_path(repo)}/actions/runs/{int(run_id)}/jobs", "jobs",
                                  "&filter=all" if all_attempts else "")
-        return [{"id": j.get("id"), "run_id": j.get("run_id"), "repo": repo,
-                 "name": j.get("name"), "workflow": j.get("workflow_name"),
-                 "status": j.get("status"), "conclusion": j.get("conclusion"),
-                 "runner": j.get("runner_name"), "labels": j.get("labels") or [],
-                 "created_at": j.get("created_at"), "started_at": j.get("started_at"),
-                 "completed_at": j.get("completed_at"), "run_attempt": j.get("run_attempt"),
-                 "head_branch": j.get("head_branch"),
-                 "steps": [_step(step) for step in j.get("steps") or []
-                           if isinstance(step, dict)]} for j in raw if isinstance(j, dict)]
+        return [{"id": j["id"], "run_id": _id(j.get("run_id")), "repo": repo,
+                 "name": _text(j.get("name")), "workflow": _text(j.get("workflow_name")),
+                 "status": _text(j.get("status")), "conclusion": _text(j.get("conclusion")),
+                 "runner": _text(j.get("runner_name")),
+                 "labels": [_text(label) for label in _list(j.get("labels"))
+                            if isinstance(label, str)],
+                 "created_at": _text(j.get("created_at")),
+                 "started_at": _text(j.get("started_at")),
+                 "completed_at": _text(j.get("completed_at")),
+                 "run_attempt": _id(j.get("run_attempt")),
+                 "head_branch": _text(j.get("head_branch")),
+                 "steps": [_step(step) for step in _list(j.get("steps"))
+                           if isinstance(step, dict)]}
+                for j in raw if _id(j.get("run_id")) is not None]  # a job names its run
 
     async def completed_runs(self, repo: str, created: str, page: int
                              ) -> tuple[list[dict[str, Any]], int, bool]:
@@ -195,15 +245,18 @@ class GitHub:
         url = (f"{self.base}{_repo_path(repo)}/actions/runs?per_page=100&status=completed"
                f"&created={quote(created, safe='')}&page={int(page)}")
         body, nxt = await self.request("GET", url, conditional=True)
-        body = body if isinstance(body, dict) else {}
-        runs = [{"id": r.get("id"), "repo": repo, "name": r.get("name"), "path": r.get("path"),
-                 "run_attempt": r.get("run_attempt") or 1, "event": r.get("event"),
-                 "branch": r.get("head_branch"), "status": r.get("status"),
-                 "conclusion": r.get("conclusion"), "created_at": r.get("created_at"),
-                 "updated_at": r.get("updated_at")}
-                for r in body.get("workflow_runs") or [] if isinstance(r, dict)]
+        # A listing of another shape is an error, not "no runs": the history would take it
+        # for a window with nothing in it and never list that window again.
+        runs = [{"id": r["id"], "repo": repo, "name": _text(r.get("name")),
+                 "path": _text(r.get("path")), "run_attempt": _id(r.get("run_attempt")) or 1,
+                 "event": _text(r.get("event")), "branch": _text(r.get("head_branch")),
+                 "status": _text(r.get("status")), "conclusion": _text(r.get("conclusion")),
+                 "created_at": _text(r.get("created_at")),
+                 "updated_at": _text(r.get("updated_at"))}
+                for r in _items(body, "workflow_runs")]
         total = body.get("total_count")
-        return runs, total if isinstance(total, int) else len(runs), nxt is not None
+        counted = isinstance(total, int) and not isinstance(total, bool)
+        return runs, total if counted else len(runs), nxt is not None
 
     async def repository(self, repo: str) -> dict[str, Any]:
         body, _ = await self.request("GET", f"{self.base}{_repo_path(repo)}", conditional=True)
@@ -239,8 +292,10 @@ class GitHub:
         body, _ = await self.request("POST", f"{self.base}{_repo_path(repo)}/actions/runners/"
                                      f"{kind}-token")
         token = body.get("token") if isinstance(body, dict) else None
-        if not isinstance(token, str) or not token:
-            raise GitHubError(f"GitHub returned no {kind} token")
+        # It reaches config.sh through the environment, which cannot carry a NUL or a lone
+        # surrogate: the action would fail halfway, after the service was already stopped.
+        if not isinstance(token, str) or not token or not token.isprintable():
+            raise GitHubError(f"GitHub returned no usable {kind} token")
         return token
 
     async def registration_token(self, repo: str) -> str:
@@ -260,6 +315,65 @@ def _check_owner(owner: str) -> None:
 
 
 def _step(step: dict[str, Any]) -> dict[str, Any]:
-    return {"name": str(step.get("name") or "")[:300], "number": step.get("number"),
-            "conclusion": step.get("conclusion"), "started_at": step.get("started_at"),
-            "completed_at": step.get("completed_at")}
+    return {"name": (_text(step.get("name")) or "")[:300], "number": _id(step.get("number")),
+            "conclusion": _text(step.get("conclusion")),
+            "started_at": _text(step.get("started_at")),
+            "completed_at": _text(step.get("completed_at"))}
+
+
+# --- reading what came back (pure; no trust in its size, depth or shape) ---------------------
+
+async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
+    too_large = GitHubError(f"GitHub's answer is larger than {MAX_BODY_BYTES} bytes")
+    if (resp.content_length or 0) > MAX_BODY_BYTES:
+        raise too_large
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise too_large
+    return bytes(body)
+
+
+def _decode(raw: bytes) -> Any:
+    """An answer's JSON (None when empty); ValueError when it is not JSON. The parser recurses
+    once per level of nesting, so depth is measured first (GitHub's answers nest a few levels;
+    100,000 would be a RecursionError past every handler that expects a GitHubError)."""
+    if not raw.strip():
+        return None
+    if jsonio.too_deep(raw):
+        raise GitHubError(f"GitHub's answer is nested deeper than {jsonio.MAX_DEPTH} levels")
+    return json.loads(raw)
+
+
+def _error_body(raw: bytes) -> Any:
+    try:
+        return _decode(raw)
+    except (ValueError, GitHubError):
+        return None
+
+
+def _items(body: Any, key: str) -> list[dict[str, Any]]:
+    """The objects under `key` of a listing that carry a usable id. An answer of another shape
+    is a GitHubError: taken as an empty listing it would read as "no runners" or "no runs"."""
+    items = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(items, list):
+        raise GitHubError(f"GitHub's answer has no {key!r} list")
+    return [item for item in items if isinstance(item, dict) and _id(item.get("id")) is not None]
+
+
+def _id(value: Any) -> int | None:
+    """A positive integer SQLite can store (not a bool, a float or a string of digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_ID:
+        return value
+    return None
+
+
+def _text(value: Any) -> str | None:
+    """A string, with any lone surrogate (JSON lets "\\ud800" through; UTF-8, so SQLite and
+    log files, refuse it) replaced by U+FFFD; anything else is None."""
+    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []

@@ -37,6 +37,22 @@ def _store(conn: sqlite3.Connection, repo: str, ref: str, files: list[tuple[str,
                  (repo, *keep))
 
 
+def _plain(value: Any) -> bool:
+    """Text that can name a file in a URL and in SQLite: a lone surrogate cannot be UTF-8, and
+    a control character has no business in a path or a sha."""
+    return isinstance(value, str) and bool(value) and value.isprintable()
+
+
+def _small(size: Any) -> bool:
+    # Any other type ("big", a list, a float past int's range) would raise in int() and end
+    # the whole round; an entry that does not say its size plainly is skipped instead.
+    return isinstance(size, int) and size <= MAX_FILE_BYTES
+
+
+def _branch(value: Any) -> str:
+    return value if _plain(value) else "main"
+
+
 class WorkflowFiles:
     def __init__(self, github: GitHub, db: Database, clock: Callable[[], float]) -> None:
         self.github = github
@@ -52,7 +68,7 @@ class WorkflowFiles:
     async def refresh(self, repo: str) -> None:
         self._refreshed[repo] = self.clock()
         try:
-            branch = (await self.github.repository(repo)).get("default_branch") or "main"
+            branch = _branch((await self.github.repository(repo)).get("default_branch"))
             listing = await self._listing(repo, branch)
             cached = {row["path"]: row["sha"] for row in await self.db.read(
                 "SELECT path, sha FROM workflow_files WHERE repo = ?", (repo,))}
@@ -83,10 +99,9 @@ class WorkflowFiles:
             raise
         entries = [e for e in body if isinstance(e, dict)] if isinstance(body, list) else []
         return [{"path": e["path"], "sha": e["sha"]} for e in entries
-                if e.get("type") == "file" and isinstance(e.get("path"), str)
-                and isinstance(e.get("sha"), str)
-                and e["path"].endswith((".yml", ".yaml"))
-                and int(e.get("size") or 0) <= MAX_FILE_BYTES][:MAX_FILES]
+                if e.get("type") == "file" and _plain(e.get("path")) and _plain(e.get("sha"))
+                and e["path"].endswith((".yml", ".yaml")) and _small(e.get("size") or 0)
+                ][:MAX_FILES]
 
     async def _download(self, repo: str, path: str, branch: str) -> str | None:
         body = await self.github.contents(repo, path, branch)
