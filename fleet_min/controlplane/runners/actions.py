@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import time
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,10 @@ def copy_install(src: Path, dst: Path) -> None:
     hundreds of MB on a Pi. Top-level scripts are copied, since config.sh rewrites some.
     """
     def link_or_copy(source: str, target: str) -> object:
+        if not stat.S_ISREG(os.lstat(source).st_mode):
+            # A FIFO, socket or device node a job left there: no part of an installation, and
+            # copying it fails the whole copy (a FIFO) or never ends (a device).
+            return target
         top = Path(source).relative_to(src).parts[0]
         if top.startswith(("bin", "externals")):
             try:

@@ -120,5 +120,8 @@ def build_bundle(runner: dict[str, Any], host: dict[str, Any], runner_dir: Path,
     lines += _section("recent events",
                       [f"{e['at']} {e['kind']}: {e['message']}" for e in events] or ["(none)"])
     lines += _section("recent jobs", [job_line(j) for j in jobs] or ["(none)"])
+    # A file name the OS could not decode (its bytes kept as lone surrogates) or a lone
+    # surrogate from .runner's JSON cannot be UTF-8: it is written as its escape (\udcff).
+    text = "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
     # One pass over the whole text keeps multi-line secrets (PEM blocks) caught as a block.
-    return redact("\n".join(lines)) + "\n"
+    return redact(text) + "\n"

@@ -76,7 +76,12 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
         # Reap it before going on: an unreaped child outlives the loop and warns at exit.
         await _reap(proc, 2)
         raise
-    text = out[-MAX_OUTPUT:].decode("utf-8", "replace")
+    kept = out[-MAX_OUTPUT:]
+    if len(out) > MAX_OUTPUT:
+        # The cut line's start (a key, a token's prefix) is gone, so the redactor could not
+        # tell its secret: it goes too (as in diag.read_tail).
+        kept = kept.partition(b"\n")[2]
+    text = kept.decode("utf-8", "replace")
     return CommandResult(argv, proc.returncode, text if parse_only else redact(text),
                          _ms(started))
 

@@ -38,7 +38,10 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
         data = handle.read(limit)
     text = data.decode("utf-8", "replace")
     if size > limit:
-        text = text.split("\n", 1)[-1]  # drop the cut first line
+        # Drop the cut first line, all of it when no line break follows: the cut may have
+        # taken its key (`db_pas|sword=...`) or a token's prefix, and the redactor cannot
+        # know what is left for a secret.
+        text = text.partition("\n")[2]
     return text
 
 

@@ -22,9 +22,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet_min.controlplane.runners.procs import Proc
+from fleet_min.jsonio import too_deep
 
 DRAIN_MARKER = ".fleet-drain"
 SERVICE_FILE = ".service"
+# Far above any file of the runner's that discovery reads (.runner is a few hundred bytes,
+# the deps file far less than this): a larger one is not one the runner wrote.
+SMALL_FILE_BYTES = 1 << 20
+# What drain() writes into the marker (an ISO-8601 time) and all of the marker that is shown.
+_DRAIN_TIME = re.compile(r"[0-9][0-9T:.+ Z-]{0,39}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
@@ -71,9 +77,51 @@ class Runner:
         return bool(self.workers)
 
 
+def read_small(path: Path, limit: int = SMALL_FILE_BYTES, *, follow: bool = True
+               ) -> bytes | None:
+    """Up to `limit` bytes of the regular file at path; None when there is none to read.
+
+    A runner's directory is written by the runner, by the jobs it runs and perhaps by other
+    users, so a name there may be a FIFO (a plain open waits for a writer forever, and the
+    snapshot with it), a device or a file of gigabytes (a plain read never ends or fills the
+    memory). The file is opened without blocking, not at all when it is no regular file, and
+    checked again once open (it may have been swapped between). follow=False: a symlink is
+    not followed either (for text that is served: a link to `.credentials` must not be read).
+    """
+    try:
+        if not stat.S_ISREG(os.stat(path, follow_symlinks=follow).st_mode):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    except (OSError, ValueError):
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        chunks: list[bytes] = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_runner_file(path: Path) -> dict[str, Any]:
-    """The `.runner` JSON; utf-8-sig drops the BOM the runner writes."""
-    data = json.loads(path.read_text(encoding="utf-8-sig"))
+    """The `.runner` JSON; utf-8-sig drops the BOM the runner writes. ValueError when it is
+    not a JSON object of reasonable size and depth (the parser recurses, and a RecursionError
+    would end the whole discovery)."""
+    raw = read_small(path, SMALL_FILE_BYTES + 1)
+    if raw is None:
+        raise ValueError("not a readable regular file")
+    if len(raw) > SMALL_FILE_BYTES or too_deep(raw):
+        raise ValueError("too large or too deeply nested for a .runner file")
+    data = json.loads(raw.decode("utf-8-sig"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data
@@ -104,13 +152,11 @@ def versions(path: Path) -> tuple[str | None, list[str]]:
         found = _VERSION.search(Path(target).name)
         active = found.group(0) if found else None
     if active is None:
-        try:
-            text = (bin_dir / "Runner.Listener.deps.json").read_text(encoding="utf-8",
-                                                                     errors="replace")
+        raw = read_small(bin_dir / "Runner.Listener.deps.json")
+        if raw is not None:
+            text = raw.decode("utf-8", "replace")
             found = re.search(r"Runner\.Listener/(\d+\.\d+\.\d+)", text)
             active = found.group(1) if found else None
-        except OSError:
-            pass
     staged = []
     for entry in path.glob("bin.*"):
         found = _VERSION.fullmatch(entry.name[4:])
@@ -120,23 +166,32 @@ def versions(path: Path) -> tuple[str | None, list[str]]:
 
 
 def _drain_since(path: Path) -> str | None:
+    """When the runner was drained; None when it is not. Any entry of the marker's name
+    drains it (a symlink too, even a dangling one: drain() then never writes through it). Its
+    text is shown only when it is a time, as drain() writes it, and never read through a
+    link: the snapshot is served to anyone who can reach the daemon, unredacted."""
+    marker = path / DRAIN_MARKER
     try:
-        text = (path / DRAIN_MARKER).read_text(encoding="utf-8").strip()
+        marker.lstat()
     except FileNotFoundError:
         return None
     except OSError:
         return "unknown"
-    return text or "unknown"
+    raw = read_small(marker, 64, follow=False)
+    text = raw.decode("utf-8", "replace").strip() if raw else ""
+    return text if _DRAIN_TIME.fullmatch(text) else "unknown"
 
 
 def _unit_hint(path: Path) -> str | None:
-    try:
-        text = (path / SERVICE_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
+    raw = read_small(path / SERVICE_FILE, 4096)
+    if raw is None:
         return None
+    text = raw.decode("utf-8", "replace").strip()
     # svc.sh writes the unit name (systemd) or the plist path (launchd); keep the last part only.
     name = text.rsplit("/", 1)[-1].removesuffix(".plist")
-    return name if re.fullmatch(r"[A-Za-z0-9@._:-]{1,255}", name) else None
+    # A leading letter or digit: the name is an argument of systemctl and launchctl, where a
+    # "-" would make it an option (svc.sh's names start with "actions.runner.").
+    return name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,254}", name) else None
 
 
 def load_runner(path: Path, root: Path) -> Runner | None:

@@ -1,0 +1,340 @@
+"""What the control plane reads from a runner's directory, when that directory is hostile.
+
+A runner directory is written by the runner software, by the workflow jobs it runs (as the same
+user) and perhaps by other local users, so any of its files may be a symlink, a FIFO, bytes that
+are not UTF-8 or JSON of any shape. Each test plants one such file on the fake host and asks the
+real app (in-process, over the fake systemctl and GitHub API): the daemon must start, serve the
+other runners, keep what a file points at to itself and never serve a secret.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_min.controlplane.http.app import create_app
+from fleet_min.controlplane.runners import discovery
+from fleet_min.controlplane.runners.supervisor import service_name
+from tests.support.controlplane import Host, auth, cp_of, make_config, until
+
+SECRET = "Sup3rSecretValue9x"  # a value found by its key's name only (no vendor shape)
+CREDENTIAL = "CREDENTIAL-MUST-NOT-LEAVE"
+
+# A FIFO that nothing writes to made the first discovery wait forever in a thread (the daemon
+# never started, and no signal reaches that thread): should that come back, the thread method
+# ends the stuck run with a stack dump instead of hanging it.
+pytestmark = pytest.mark.timeout(30, method="thread")
+
+
+async def start(host: Host, aiohttp_client: Any) -> Any:
+    """The app over the fake host as it is now (the first snapshot is built at start)."""
+    return await aiohttp_client(create_app(make_config(host), dict(os.environ)))
+
+
+@pytest.fixture
+def host_env(host: Host, monkeypatch: pytest.MonkeyPatch) -> Host:
+    """The fake host, its environment on this process (restored after the test)."""
+    for key, value in host.env.items():
+        monkeypatch.setenv(key, value)
+    return host
+
+
+async def runners(client: Any) -> dict[str, dict[str, Any]]:
+    body = await (await client.get("/api/state")).json()
+    return {r["name"]: r for r in body["runners"]}
+
+
+# --- discovery: what it reads must not wedge, crash or leak ------------------------------------
+
+async def test_a_drain_marker_linked_to_the_credentials_is_not_served(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    (path / ".credentials").write_text(json.dumps({"token": CREDENTIAL}))
+    (path / ".fleet-drain").symlink_to(path / ".credentials")
+    client = await start(host_env, aiohttp_client)
+    body = await (await client.get("/api/state")).text()
+    assert CREDENTIAL not in body
+    view = (await runners(client))["r1"]
+    assert view["draining"] is True and view["draining_since"] == "unknown"
+
+
+async def test_a_drain_marker_that_is_not_a_time_is_not_served(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    (path / ".fleet-drain").write_text(f"password={SECRET}\n")
+    client = await start(host_env, aiohttp_client)
+    assert SECRET not in await (await client.get("/api/state")).text()
+    assert (await runners(client))["r1"]["draining_since"] == "unknown"
+
+
+async def test_drain_never_writes_through_a_dangling_marker_link(
+        host_env: Host, tmp_path: Path, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    outside = tmp_path / "outside" / "planted"
+    outside.parent.mkdir()
+    (path / ".fleet-drain").symlink_to(outside)
+    client = await start(host_env, aiohttp_client)
+    resp = await client.post("/api/action", json={"id": "runner.drain", "args": {"name": "r1"}},
+                             headers=auth(cp_of(client)))
+    assert resp.status == 200
+    assert not outside.exists()
+    assert (path / ".fleet-drain").is_symlink()
+
+
+@pytest.mark.parametrize("name", [".fleet-drain", ".service", ".runner"])
+async def test_a_fifo_in_a_runner_dir_does_not_wedge_discovery(
+        host_env: Host, aiohttp_client: Any, name: str) -> None:
+    host_env.add_runner("good")
+    bad = host_env.add_runner("bad")
+    (bad / name).unlink(missing_ok=True)
+    os.mkfifo(bad / name)
+    client = await start(host_env, aiohttp_client)
+    found = await runners(client)
+    assert "good" in found
+    if name == ".fleet-drain":
+        assert found["bad"]["draining_since"] == "unknown"
+
+
+async def test_a_fifo_for_the_deps_file_does_not_wedge_discovery(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    (path / "bin").unlink()  # a fresh install: bin is a directory, its version in the deps file
+    (path / "bin").mkdir()
+    os.mkfifo(path / "bin" / "Runner.Listener.deps.json")
+    client = await start(host_env, aiohttp_client)
+    assert (await runners(client))["r1"]["version"] is None
+
+
+async def test_huge_runner_files_are_not_read_whole(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """Sparse files, so nothing is written to the disk. A 5 GB marker ended discovery with a
+    MemoryError under a 2 GB address-space limit (a Pi's); 64 MiB shows the same here: the
+    marker's whole text went into the snapshot, a `.runner` of that size was parsed."""
+    marker = host_env.add_runner("r1") / ".fleet-drain"
+    marker.touch()
+    os.truncate(marker, 64 << 20)
+    padded = host_env.add_runner("padded") / ".runner"
+    with open(padded, "ab") as handle:
+        handle.write(b" " * (2 << 20))  # valid JSON still, but no .runner is that large
+    client = await start(host_env, aiohttp_client)
+    body = await (await client.get("/api/state")).read()
+    assert len(body) < 1 << 20
+    found = await runners(client)
+    assert set(found) == {"r1"} and found["r1"]["draining_since"] == "unknown"
+
+
+@pytest.mark.parametrize("name", [".fleet-drain", ".service"])
+async def test_invalid_utf8_in_a_runner_file_does_not_stop_the_daemon(
+        host_env: Host, aiohttp_client: Any, name: str) -> None:
+    host_env.add_runner("good")
+    bad = host_env.add_runner("bad")
+    (bad / name).write_bytes(b"\xff\xfe\xc3(2026-01-01\x80")
+    client = await start(host_env, aiohttp_client)
+    assert set(await runners(client)) == {"good", "bad"}
+
+
+@pytest.mark.parametrize("content", [
+    "[" * 100_000 + "]" * 100_000,
+    '{"agentName": ' + "[" * 100_000,
+    "null", "[]", '"r1"', "\ufeff\ufeff{}", '{"agentName": "bad\\ud800"}',
+    '{"agentName": ["bad"], "gitHubUrl": {"x": 1}}',
+], ids=["nested-100k", "open-100k", "null", "list", "string", "two-boms", "lone-surrogate",
+        "wrong-types"])
+async def test_a_runner_file_of_any_shape_is_skipped_not_fatal(
+        host_env: Host, aiohttp_client: Any, content: str) -> None:
+    host_env.add_runner("good")
+    bad = host_env.add_runner("bad")
+    (bad / ".runner").write_text(content, encoding="utf-8", errors="surrogatepass")
+    client = await start(host_env, aiohttp_client)
+    assert set(await runners(client)) == {"good"}
+
+
+async def test_odd_strings_in_a_runner_file_are_served_as_json(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    data = json.loads((path / ".runner").read_text(encoding="utf-8-sig"))
+    data.update({"gitHubUrl": "https://github.com/octo/app\ud800", "labels": ["x\udcff", 3]})
+    (path / ".runner").write_text(json.dumps(data), encoding="utf-8")
+    client = await start(host_env, aiohttp_client)
+    view = (await runners(client))["r1"]
+    assert view["url"] == "https://github.com/octo/app\ud800"
+
+
+async def test_a_fifo_in_the_sibling_does_not_fail_a_duplicate(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """The copy of a runner's directory met a FIFO a job had left: shutil's copy refused it,
+    the action answered 500 and left a half-copied app-2 behind. Such entries are not part
+    of an installation and are left out."""
+    path = host_env.add_runner("app")
+    os.mkfifo(path / "pipe")
+    os.mkfifo(path / "bin" / "pipe")
+    client = await start(host_env, aiohttp_client)
+    await until(lambda: _registration_known(client, "app"))
+    resp = await client.post("/api/action",
+                             json={"id": "runner.duplicate", "args": {"name": "app"}},
+                             headers=auth(cp_of(client)))
+    assert resp.status == 200, await resp.text()
+    assert (await resp.json())["ok"] is True
+    copy = host_env.root / "app-2"
+    assert (copy / ".runner").is_file() and (copy / "run.sh").is_file()
+    assert not os.path.lexists(copy / "pipe") and not os.path.lexists(copy / "bin" / "pipe")
+
+
+async def _registration_known(client: Any, name: str) -> bool:
+    view = (await runners(client)).get(name)
+    return bool(view and view["registration"] != "unknown")
+
+
+# --- _diag, the bundle and command output: what is served is redacted, even when cut ---------
+
+def _cut_inside_a_key(size: int) -> bytes:
+    """A log with no line break whose last `size` bytes begin inside `db_password=`: a window
+    of that size sees `sword=<secret> ...`, whose key names nothing secret."""
+    kept = f"sword={SECRET} and more".encode() + b" filler" * (size // 7)
+    kept = kept[:size]
+    return b"x " * 5000 + b"db_pas" + kept
+
+
+async def test_a_log_tail_cut_inside_a_key_does_not_show_its_secret(
+        host_env: Host, aiohttp_client: Any) -> None:
+    from fleet_min.controlplane.runners.diag import TAIL_BYTES
+    path = host_env.add_runner("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").write_bytes(_cut_inside_a_key(TAIL_BYTES))
+    client = await start(host_env, aiohttp_client)
+    detail = await (await client.get("/api/runner?name=r1")).text()
+    bundle = await (await client.get("/api/runner/bundle?name=r1",
+                                     headers=auth(cp_of(client)))).text()
+    # Booleans, not `in` asserts: pytest's diff of 64 KiB of text takes longer than the test.
+    assert (SECRET in detail, SECRET in bundle) == (False, False)
+
+
+async def test_command_output_cut_inside_a_key_does_not_show_its_secret(
+        host_env: Host, tmp_path: Path, aiohttp_client: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleet_min.controlplane.runners.commands import MAX_OUTPUT
+    printed = tmp_path / "printed"
+    printed.write_bytes(_cut_inside_a_key(MAX_OUTPUT))
+    script = tmp_path / "health"
+    script.write_text(f"#!/bin/sh\ncat '{printed}'\n")
+    script.chmod(0o755)
+    host_env.env["FLEET_HEALTH_SCRIPT"] = str(script)
+    monkeypatch.setenv("FLEET_HEALTH_SCRIPT", str(script))
+    client = await start(host_env, aiohttp_client)
+    resp = await client.post("/api/action", json={"id": "health.check", "args": {}},
+                             headers=auth(cp_of(client)))
+    assert resp.status == 200
+    leaked = SECRET in await resp.text()
+    assert not leaked
+
+
+async def test_a_bundle_names_a_file_whose_name_is_not_utf8(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    with open(os.fsencode(path) + b"/odd-\xff-name", "wb") as handle:
+        handle.write(b"x")
+    client = await start(host_env, aiohttp_client)
+    resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp_of(client)))
+    assert resp.status == 200
+    assert "odd-" in await resp.text()
+    assert (await client.get("/api/runner?name=r1")).status == 200
+
+
+# --- what held: kept so it stays so ------------------------------------------------------------
+
+async def test_a_secret_in_a_file_name_is_redacted_in_the_bundle(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    token = "ghp_" + "a1B2c3D4e5" * 4
+    (path / token).write_text("x")
+    (path / f"password={SECRET}").write_text("x")
+    (path / ".env").write_text(f"A=1\nDEPLOY_TOKEN={SECRET}\nURL=https://u:{SECRET}@h.example/\n")
+    client = await start(host_env, aiohttp_client)
+    text = await (await client.get("/api/runner/bundle?name=r1",
+                                   headers=auth(cp_of(client)))).text()
+    assert token not in text and SECRET not in text and "A=1" in text
+
+
+async def test_links_and_fifos_in_diag_are_not_read(
+        host_env: Host, aiohttp_client: Any) -> None:
+    path = host_env.add_runner("r1")
+    (path / ".credentials").write_text(CREDENTIAL)
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").symlink_to(path / ".credentials")
+    (path / "_diag" / "Runner_2.log").symlink_to("/etc/passwd")
+    (path / "_diag" / "Runner_3.log").symlink_to(path / "_diag")  # a loop
+    os.mkfifo(path / "_diag" / "Runner_4.log")
+    (path / "_diag" / "Worker_1.log").write_bytes(b"ok \xff\xfe line\n")
+    client = await start(host_env, aiohttp_client)
+    detail = await (await client.get("/api/runner?name=r1")).json()
+    assert detail["diag"]["files"] == 1 and detail["diag"]["latest"]["name"] == "Worker_1.log"
+    bundle = await (await client.get("/api/runner/bundle?name=r1",
+                                     headers=auth(cp_of(client)))).text()
+    assert CREDENTIAL not in bundle and "root:x:0:0" not in bundle
+
+
+async def test_a_runner_dir_linked_out_of_the_root_is_not_discovered(
+        host_env: Host, tmp_path: Path, aiohttp_client: Any) -> None:
+    host_env.add_runner("r1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "loop").symlink_to(elsewhere)
+    (host_env.root / "linked").symlink_to(elsewhere)
+    (host_env.root / "self").symlink_to(host_env.root)
+    client = await start(host_env, aiohttp_client)
+    assert set(await runners(client)) == {"r1"}
+
+
+@pytest.mark.parametrize("name", ["..%2f..%2fetc", "..%2F", "%2e%2e", "r1%0a", "r1%00",
+                                  "-r1", "--help", "r1;id", "r1%20", "r1/..", "$(id)"])
+async def test_a_runner_name_is_checked_before_any_path_is_built(
+        host_env: Host, aiohttp_client: Any, name: str) -> None:
+    host_env.add_runner("r1")
+    client = await start(host_env, aiohttp_client)
+    assert (await client.get(f"/api/runner?name={name}")).status == 400
+    cp = cp_of(client)
+    assert (await client.get(f"/api/runner/bundle?name={name}", headers=auth(cp))).status == 400
+    resp = await client.post("/api/action", headers=auth(cp),
+                             json={"id": "runner.drain", "args": {"name": name}})
+    assert resp.status == 400
+
+
+def test_a_process_with_odd_arguments_is_read_from_proc(tmp_path: Path) -> None:
+    """/proc/<pid>/cmdline is bytes: invalid UTF-8 is replaced, a long one read whole, and a
+    process that has exited is simply not there."""
+    import subprocess
+    import sys
+
+    from fleet_min.controlplane.runners.procs import process_table
+    if not Path("/proc/self/cmdline").exists():
+        pytest.skip("no /proc here")
+    odd = os.fsencode(tmp_path) + b"/r\xff\xfe/bin/Runner.Worker"
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", odd,
+                              "x" * 100_000], stdin=subprocess.PIPE)
+    try:
+        mine = [p for p in process_table() if p.pid == child.pid]
+        assert len(mine) == 1 and mine[0].argv[4] == "x" * 100_000
+        assert mine[0].argv[3].endswith("/r\ufffd\ufffd/bin/Runner.Worker")
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait()
+    assert not [p for p in process_table() if p.pid == child.pid]
+
+
+@pytest.mark.parametrize("hint", ["--now", "-H", "-.service"])
+def test_a_service_file_naming_an_option_is_not_a_unit(tmp_path: Path, hint: str) -> None:
+    """The unit named in .service becomes an argument of systemctl start/stop and launchctl: a
+    name that begins with "-" would be read as an option, so the usual name is used."""
+    path = tmp_path / "r1"
+    path.mkdir()
+    (path / ".runner").write_text(json.dumps({"agentName": "r1", "gitHubUrl":
+                                              "https://github.com/octo/app"}))
+    (path / ".service").write_text(hint + "\n")
+    runner = discovery.load_runner(path, tmp_path)
+    assert runner is not None and runner.unit_hint is None
+    assert service_name(runner) == "actions.runner.octo-app.r1"
