@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
@@ -255,3 +256,17 @@ def static_file(package: str, relative: str, cache_s: int = 300) -> web.Response
         content_type = "text/javascript"
     return web.Response(body=data, content_type=content_type or "application/octet-stream",
                         headers={"Cache-Control": f"public, max-age={cache_s}"})
+
+
+async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """The whole (decompressed) body of an answer from another server, or None once it passes
+    `limit` bytes: what answers there (a peer, a coordinator, a proxy in front of GitHub) is
+    not trusted to end. A Content-Length over the limit is refused before any byte is read."""
+    if resp.content_length is not None and resp.content_length > limit:
+        return None
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 << 10):
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)

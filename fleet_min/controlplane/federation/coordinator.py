@@ -9,6 +9,7 @@ from typing import Any
 
 from fleet_min.controlplane import store
 from fleet_min.controlplane.federation.hosts import (
+    MAX_RESULTS,
     RUNNER_FIELDS,
     applied_of,
     check_host,
@@ -39,9 +40,12 @@ class Coordinator:
     async def results(self, body: dict[str, Any], who: str) -> dict[str, Any]:
         """An agent's command results, matched to the commands queued for it and audited."""
         host, results = check_host(body.get("host")), body.get("results")
-        if not isinstance(results, list) or not all(
+        # Bounded: each result is a database write and an audit row, so an unbounded list
+        # would hold the one writer for seconds and push the operator's rows out of the audit.
+        if not isinstance(results, list) or len(results) > MAX_RESULTS or not all(
                 isinstance(r, dict) and isinstance(r.get("id"), str) for r in results):
-            raise BadRequest("results must be a list of objects, each with a string id")
+            raise BadRequest(f"results must be a list of at most {MAX_RESULTS} objects, each "
+                             "with a string id")
         received = await self.plane.hosts.results(host, results)
         for result in results:
             await self.plane.db.write(

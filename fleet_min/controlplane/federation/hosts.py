@@ -22,13 +22,13 @@ import json
 import re
 import secrets
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet_min.controlplane.loops import wait_event
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
-from fleet_min.errors import BadRequest
+from fleet_min.errors import BadRequest, Conflict
 from fleet_min.timeutil import iso
 
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -41,6 +41,13 @@ MAX_SEQ = 2**53
 FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
 MAX_WAIT_S = 30.0
 MAX_RUNNERS = 500
+# Agent hosts the coordinator keeps: each holds up to a request body of report in memory and
+# every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
+MAX_HOSTS = 100
+MAX_RESULTS = 200  # command results in one POST (the agent sends at most this many)
+# A heartbeat reply carries the commands in order until their args pass this many bytes (the
+# first always goes); the rest follow in the next replies, well under the agent's reply limit.
+REPLY_BUDGET = 256 << 10
 RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
                   "registration", "registered")
 
@@ -169,12 +176,24 @@ def _take_commands(conn: sqlite3.Connection, host: str, reported: tuple[str | No
         conn.execute("UPDATE host_queues SET last_seq = ? WHERE host = ?", (applied, host))
     conn.execute("UPDATE host_queues SET applied = max(applied, ?) WHERE host = ?",
                  (applied, host))
-    rows = conn.execute("SELECT id, seq, action, args FROM host_commands WHERE host = ? AND "
-                        "done_at IS NULL AND seq > ? ORDER BY seq", (host, applied)).fetchall()
+    rows = _page(conn.execute("SELECT id, seq, action, args FROM host_commands WHERE host = ? "
+                              "AND done_at IS NULL AND seq > ? ORDER BY seq", (host, applied)))
     conn.executemany("UPDATE host_commands SET sent_at = ?, sends = sends + 1 WHERE id = ?",
                      [(at, row[0]) for row in rows])
     return queue, [{"id": row[0], "seq": row[1], "action": row[2], "args": json.loads(row[3])}
                    for row in rows]
+
+
+def _page(rows: Iterable[tuple[str, int, str, str]]) -> list[tuple[str, int, str, str]]:
+    """The first commands, in order, until their args pass REPLY_BUDGET bytes."""
+    page: list[tuple[str, int, str, str]] = []
+    size = 0
+    for row in rows:
+        if page and size + len(row[3]) > REPLY_BUDGET:
+            break
+        page.append(row)
+        size += len(row[3])
+    return page
 
 
 def _queue(conn: sqlite3.Connection, command_id: str, host: str, action: str,
@@ -190,12 +209,14 @@ def _queue(conn: sqlite3.Connection, command_id: str, host: str, action: str,
 
 def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]],
              at: float) -> int:
+    """Settle the host's commands these results answer: only commands a heartbeat has handed
+    it (one it was never sent cannot have run there) and not settled before."""
     done = 0
     for result in results:
         code = result.get("code")
         done += conn.execute(
             "UPDATE host_commands SET done_at = ?, ok = ?, error = ?, output = ?, code = ?, "
-            "runner = ? WHERE id = ? AND host = ? AND done_at IS NULL",
+            "runner = ? WHERE id = ? AND host = ? AND sent_at IS NOT NULL AND done_at IS NULL",
             (at, int(result.get("ok") is True), _text(result.get("error"), 500),
              _text(result.get("output"), 20000),
              code if isinstance(code, int) and not isinstance(code, bool)
@@ -240,10 +261,15 @@ class Hosts:
         """Store the report; the host's queue id and the commands after `applied`, waiting up
         to wait_s for one when there are none."""
         at = self.clock()
-        self.reports[host], self.received[host] = report, at
         for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
             self.reports.pop(gone, None)
             self.received.pop(gone, None)
+            self._bells.pop(gone, None)
+        if host not in self.reports and len(self.reports) >= MAX_HOSTS:
+            raise Conflict(f"this coordinator already follows {MAX_HOSTS} agent hosts, the most "
+                           f"it keeps; {host} is refused until one has been silent for "
+                           f"{FORGET_S / 86400:g} days")
+        self.reports[host], self.received[host] = report, at
         await self.db.write(_save_report, host, report, at)
         bell = self._bell(host)
         bell.clear()

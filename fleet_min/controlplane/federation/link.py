@@ -30,18 +30,28 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from fleet_min.controlplane.federation.hosts import AGENT_ACTIONS, MAX_SEQ, RUNNER_FIELDS
+from fleet_min import jsonio
+from fleet_min.controlplane.federation.hosts import (
+    AGENT_ACTIONS,
+    MAX_RESULTS,
+    MAX_SEQ,
+    RUNNER_FIELDS,
+)
 from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
 from fleet_min.errors import Refused
+from fleet_min.http import read_capped
 from fleet_min.timeutil import now
 
 log = logging.getLogger(__name__)
 
 REMEMBERED = 500
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+# Far above any real reply (the coordinator pages commands, hosts.REPLY_BUDGET), low enough
+# that a broken or hostile coordinator cannot fill a small host's memory with one answer.
+MAX_REPLY_BYTES = 8 << 20
 
 
 def coordinator_token_file(cfg: Any) -> Path:
@@ -55,10 +65,20 @@ def coordinator_token(path: Path) -> str:
     child commands)."""
     try:
         text = path.read_text(encoding="ascii").strip()
+        loose = path.stat().st_mode & 0o077
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"cannot read the coordinator token file {path}: {exc}") from None
     if not text:
         raise ValueError(f"the coordinator token file {path} is empty")
+    if loose:
+        # A token other users can read is no secret: made owner-only, as the daemon keeps its
+        # own token files; refused when this user may not (chmod it 600 yourself).
+        try:
+            path.chmod(0o600)
+        except OSError as exc:
+            raise ValueError(f"the coordinator token file {path} is readable by other users "
+                             f"and cannot be made owner-only ({exc.strerror}); "
+                             "chmod 600 it") from None
     return text
 
 
@@ -120,6 +140,26 @@ def _import_spool(conn: sqlite3.Connection, owed: list[Any], done: list[Any], at
         if isinstance(result, dict) and isinstance(result.get("id"), str):
             conn.execute("INSERT OR REPLACE INTO link_results (id, result, reported, at) "
                          "VALUES (?, ?, ?, ?)", (result["id"], json.dumps(result), reported, at))
+
+
+async def _capped(resp: aiohttp.ClientResponse) -> bytes:
+    """The coordinator's whole answer, refused once it passes MAX_REPLY_BYTES."""
+    body = await read_capped(resp, MAX_REPLY_BYTES)
+    if body is None:
+        raise ValueError(f"the coordinator's answer is larger than {MAX_REPLY_BYTES} bytes")
+    return body
+
+
+def parse_reply(raw: bytes) -> Any:
+    """The coordinator's answer as JSON, None when it is not JSON. Nesting is checked before
+    the parser recurses into it: too deep, it would raise RecursionError out of the link."""
+    if jsonio.too_deep(raw):
+        raise ValueError(f"the coordinator's answer is nested deeper than {jsonio.MAX_DEPTH} "
+                         "levels")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
 
 
 def _seq(command: dict[str, Any]) -> int | None:
@@ -204,21 +244,33 @@ class CoordinatorLink:
                 try:
                     await self._exchange(session)
                     failures = 0
+                    continue
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                     self.last_error = f"{type(exc).__name__}: {exc}"[:300]
                     log.warning("heartbeat to %s failed: %s", self.url, self.last_error)
-                    await wait_event(self._stop, RETRY_S[min(failures, len(RETRY_S) - 1)])
-                    failures += 1
+                except Exception as exc:  # never the end of the link: it would go quiet for good
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    log.exception("heartbeat to %s failed unexpectedly", self.url)
+                await wait_event(self._stop, RETRY_S[min(failures, len(RETRY_S) - 1)])
+                failures += 1
 
     async def _post(self, session: aiohttp.ClientSession, path: str, body: dict[str, Any],
                     timeout_s: float) -> dict[str, Any]:
+        # The deadline covers the whole answer, so a coordinator trickling it cannot hold the
+        # link. A redirect is not followed: the report (and, same-origin, the token) would go
+        # to an address the operator never named, and commands come only from the one named.
         async with asyncio.timeout(timeout_s):
-            async with session.post(self.url + path, json=body, headers={
+            async with session.post(self.url + path, json=body, allow_redirects=False, headers={
                     "Authorization": f"Bearer {self.token}"}) as resp:
-                reply = await resp.json(content_type=None)
-                if resp.status != 200 or not isinstance(reply, dict):
-                    message = reply.get("error") if isinstance(reply, dict) else None
-                    raise ValueError(f"{path} answered {resp.status}: {message}")
+                if 300 <= resp.status < 400:
+                    raise ValueError(f"{path} answered {resp.status}, a redirect to "
+                                     f"{resp.headers.get('Location', '')[:100]!r}; the agent "
+                                     "does not follow redirects: give --coordinator the final URL")
+                reply = parse_reply(await _capped(resp))
+                if not isinstance(reply, dict):
+                    raise ValueError(f"{path} answered {resp.status} without a JSON object")
+                if resp.status != 200:
+                    raise ValueError(f"{path} answered {resp.status}: {reply.get('error')}")
                 return reply
 
     async def _exchange(self, session: aiohttp.ClientSession) -> None:
@@ -261,7 +313,7 @@ class CoordinatorLink:
     async def _deliver(self, session: aiohttp.ClientSession) -> None:
         """Post the results the coordinator does not have yet; marked once it answers."""
         rows = await self.plane.db.read("SELECT id, result FROM link_results WHERE reported = 0 "
-                                     "ORDER BY at, rowid LIMIT 200")
+                                     "ORDER BY at, rowid LIMIT ?", (MAX_RESULTS,))
         if rows:
             results = [json.loads(r["result"]) for r in rows]
             await self._post(session, "/api/host/results",

@@ -1,0 +1,366 @@
+"""Federation against a hostile or broken peer, over real HTTP.
+
+Two directions. A real agent daemon (`--coordinator URL`) calling a small aiohttp server of
+this file that poses as its coordinator and answers what no coordinator should (deep nesting,
+huge or odd bodies, redirects elsewhere). And a real coordinator daemon called by this file
+posing as an agent holding the agent token (floods, forged results, odd bodies)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from fleet_min.controlplane.federation.hosts import MAX_HOSTS, MAX_RESULTS, REPLY_BUDGET
+from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
+from tests.support.controlplane import Daemon, Host, until
+from tests.support.fake_github import FakeGitHub
+
+Answer = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
+QUEUE = "ab" * 8
+GOOD = {"ok": True, "queue": QUEUE, "commands": []}
+
+
+class FakeCoordinator:
+    """A coordinator that answers the agent's n-th call (from 1) with `answer(request, n)`,
+    and keeps every call's path, headers and body."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.calls: list[tuple[str, dict[str, str], bytes]] = []
+        self.url = ""
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.calls.append((request.path, dict(request.headers), await request.read()))
+        return await self.answer(request, len(self.calls))
+
+    def heartbeats(self) -> int:
+        return sum(path == "/api/host/heartbeat" for path, _, _ in self.calls)
+
+
+@asynccontextmanager
+async def fake_coordinator(answer: Answer) -> AsyncIterator[FakeCoordinator]:
+    fake = FakeCoordinator(answer)
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", fake._handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    fake.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield fake
+    finally:
+        await runner.cleanup()
+
+
+def start_agent(host: Host, url: str, token_file: Path | None = None,
+                mode: int = 0o600) -> Daemon:
+    env = {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1"}
+    if token_file is None:
+        token_file = host.state / "coordinator-token"
+    else:
+        env["FLEET_COORDINATOR_TOKEN_FILE"] = str(token_file)
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    token_file.write_text("a" * 64 + "\n")
+    token_file.chmod(mode)
+    return Daemon(host, env, args=("--coordinator", url))
+
+
+async def link_of(http: aiohttp.ClientSession, agent: Daemon) -> dict[str, Any]:
+    async with http.get(f"{agent.url}/api/hosts") as resp:
+        assert resp.status == 200
+        return dict((await resp.json())["hosts"][0]["coordinator"])
+
+
+async def link_error(http: aiohttp.ClientSession, agent: Daemon, words: str) -> str:
+    async def failed() -> str | None:
+        error = (await link_of(http, agent))["last_error"]
+        return error if error and words in error else None
+    return str(await until(failed, timeout=4))
+
+
+# --- the agent, facing a hostile coordinator ------------------------------------------------
+
+async def test_a_deeply_nested_answer_does_not_end_the_agents_link(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """100,000 nested brackets made the parser raise RecursionError out of the link's loop:
+    the agent never called in again, with no error to show for it."""
+    async def answer(_request: web.Request, n: int) -> web.StreamResponse:
+        if n == 1:
+            return web.Response(body=b"[" * 100_000 + b"]" * 100_000,
+                                content_type="application/json")
+        return web.json_response(GOOD)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(Host(tmp_path, github), fake.url)
+        try:
+            assert "nested deeper" in await link_error(http, agent, "nested")
+            await until(lambda: fake.heartbeats() >= 2, timeout=4)  # the link lives on
+            await until(lambda: link_of(http, agent), timeout=4)
+        finally:
+            agent.stop()
+
+
+async def test_an_oversized_answer_is_cut_off(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A coordinator streaming an answer past the limit (no Content-Length) is refused once it
+    passes it, not read whole into the agent's memory."""
+    sent: list[int] = []
+
+    async def answer(request: web.Request, _n: int) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "application/json"})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        chunk = b" " * (1 << 20)
+        try:
+            await resp.write(b'{"ok": true, "queue": "' + QUEUE.encode() + b'", "pad": "')
+            for _ in range(2 * MAX_REPLY_BYTES >> 20):
+                await resp.write(chunk)
+                sent.append(len(chunk))
+            await resp.write(b'"}')
+        except ConnectionError:  # the agent hung up: what this test wants
+            pass
+        return resp
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(Host(tmp_path, github), fake.url)
+        try:
+            error = await link_error(http, agent, "larger than")
+            assert str(MAX_REPLY_BYTES) in error
+            assert (await link_of(http, agent))["heartbeats"] == 0
+        finally:
+            agent.stop()
+
+
+async def test_a_redirect_elsewhere_is_not_followed(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A 307 to another address: aiohttp would post the report there again and take commands
+    from whatever answers. The agent talks only to the coordinator it was given."""
+    async def obedient(_request: web.Request, _n: int) -> web.StreamResponse:
+        return web.json_response(GOOD)
+    async with fake_coordinator(obedient) as elsewhere:
+        async def answer(request: web.Request, _n: int) -> web.StreamResponse:
+            raise web.HTTPTemporaryRedirect(
+                elsewhere.url.replace("127.0.0.1", "localhost") + request.path)
+        async with fake_coordinator(answer) as fake:
+            agent = start_agent(Host(tmp_path, github), fake.url)
+            try:
+                error = await link_error(http, agent, "redirect")
+                assert "307" in error and "final URL" in error
+                assert fake.heartbeats() >= 1 and elsewhere.calls == []
+            finally:
+                agent.stop()
+
+
+async def test_odd_answers_change_nothing_on_the_agent(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Held up: wrong shapes at every level, NaN, 1e400, huge ints, control characters and a
+    lone surrogate in the answers neither stop the link nor run anything."""
+    odd = [b"null", b"\x00\xff",  # not a JSON object: a failed call, retried in 1 s
+           b'{"ok": true, "queue": 5, "commands": {}, "x": [1e400, -1e400, ' + b"9" * 4000
+           + b', "\\u0000\\u001f"]}',
+           b'{"ok": true, "queue": "\\ud800", "commands": []}',
+           b'{"ok": true, "queue": "' + QUEUE.encode() + b'", "commands": [null, 1, "x", []]}',
+           b'{"ok": true, "queue": "' + QUEUE.encode() + b'", "commands": '
+           b'[{"id": "\\ud800\\u0000", "seq": 1e400, "action": "runner.explode", "args": []}, '
+           b'{"id": "c2", "seq": "2", "action": null, "args": {"name": NaN}}]}']
+
+    async def answer(_request: web.Request, n: int) -> web.StreamResponse:
+        # A good answer between odd ones: the link's back-off starts again from 1 s.
+        odd_one = n % 2 == 1 and n // 2 < len(odd)
+        body = odd[n // 2] if odd_one else json.dumps(GOOD).encode()
+        return web.Response(body=body, content_type="application/json")
+    host = Host(tmp_path, github)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: len(fake.calls) > 2 * len(odd) + 2, timeout=20)
+            link = await link_of(http, agent)
+            assert link["last_error"] is None and link["queue"] == QUEUE
+        finally:
+            agent.stop()
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        assert conn.execute("SELECT count(*) FROM audit").fetchone() == (0,)  # nothing ran
+
+
+async def test_a_loose_coordinator_token_file_is_made_owner_only(
+        tmp_path: Path, github: FakeGitHub) -> None:
+    """In the state directory the daemon tightened it (with the whole directory) already; one
+    named by FLEET_COORDINATOR_TOKEN_FILE elsewhere was used as it was, readable by all."""
+    async def answer(_request: web.Request, _n: int) -> web.StreamResponse:
+        return web.json_response(GOOD)
+    host = Host(tmp_path, github)
+    token_file = tmp_path / "etc" / "coordinator-token"
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url, token_file, mode=0o644)
+        try:
+            assert os.stat(token_file).st_mode & 0o777 == 0o600
+        finally:
+            agent.stop()
+
+
+# --- the coordinator, called by a hostile agent ---------------------------------------------
+
+class Agentish:
+    """Raw calls to a real coordinator daemon with its agent token (the control token also
+    passes the agent routes)."""
+
+    def __init__(self, coord: Daemon, http: aiohttp.ClientSession) -> None:
+        self.coord, self.http = coord, http
+
+    async def post(self, path: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
+        data = raw if raw is not None else json.dumps(body).encode()
+        async with self.http.post(f"{self.coord.url}{path}", data=data, headers={
+                **self.coord.headers(), "Content-Type": "application/json"}) as resp:
+            return resp.status, await resp.json()
+
+    async def hosts(self) -> dict[str, Any]:
+        async with self.http.get(f"{self.coord.url}/api/hosts") as resp:
+            return dict(await resp.json())
+
+    async def queue_check(self, host: str) -> dict[str, Any]:
+        status, reply = await self.post("/api/action", {"id": "health.check",
+                                                        "args": {"host": host}})
+        assert status == 200 and reply["queued"], reply
+        return dict(reply)
+
+
+def start_coordinator(tmp_path: Path, github: FakeGitHub) -> Daemon:
+    return Daemon(Host(tmp_path, github), {"FLEET_HOST_NAME": "coord"})
+
+
+async def test_a_result_for_a_command_never_sent_is_not_taken(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A command no heartbeat has handed out cannot have run: a result for it (its id read
+    from GET /api/hosts) settled it with a forged outcome, and the agent never got it."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge"}))[0] == 200
+        queued = await agent.queue_check("edge")
+        forged = {"id": queued["command_id"], "ok": True, "output": "forged"}
+        status, reply = await agent.post("/api/host/results",
+                                         {"host": "edge", "results": [forged]})
+        assert status == 200 and reply["matched"] == 0, reply
+        # The real agent's next heartbeat still gets it, and its result is then taken.
+        status, beat = await agent.post("/api/host/heartbeat", {"host": "edge"})
+        assert [c["id"] for c in beat["commands"]] == [queued["command_id"]]
+        status, reply = await agent.post("/api/host/results", {"host": "edge", "results": [
+            {"id": queued["command_id"], "ok": True, "output": "disk ok"}]})
+        assert reply["matched"] == 1
+        # Held up: a replay, or another host's claim to it, settles nothing again.
+        for host in ("edge", "other"):
+            status, reply = await agent.post("/api/host/results", {"host": host,
+                                                                   "results": [forged]})
+            assert status == 200 and reply["matched"] == 0
+        done = next(c for c in (await agent.hosts())["commands"]
+                    if c["id"] == queued["command_id"])
+        assert done["output"] == "disk ok"
+    finally:
+        coord.stop()
+
+
+async def test_results_are_bounded_per_post(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """50,000 results in one post took 50,000 writes and audit rows (the audit keeps a fixed
+    number, so the operator's own were pushed out) and held the writer for seconds."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        status, reply = await agent.post("/api/host/results", {
+            "host": "edge", "results": [{"id": f"r{i}"} for i in range(MAX_RESULTS + 1)]})
+        assert status == 400 and f"at most {MAX_RESULTS}" in reply["error"], reply
+        with sqlite3.connect(coord.host.state / "controlplane.db") as conn:
+            assert conn.execute("SELECT count(*) FROM audit WHERE action LIKE 'host.result:%'"
+                                ).fetchone() == (0,)  # nothing changed
+        status, reply = await agent.post("/api/host/results", {
+            "host": "edge", "results": [{"id": f"r{i}"} for i in range(MAX_RESULTS)]})
+        assert status == 200 and reply["received"] == MAX_RESULTS
+    finally:
+        coord.stop()
+
+
+async def test_agent_hosts_are_bounded(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """One holder of the agent token could register any number of hosts, each with up to 500
+    runners held in memory and listed in every snapshot (300 such made /api/hosts 22 MB)."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        for i in range(MAX_HOSTS):
+            assert (await agent.post("/api/host/heartbeat", {"host": f"h{i}"}))[0] == 200
+        status, reply = await agent.post("/api/host/heartbeat", {"host": "one-too-many"})
+        assert status == 409 and f"{MAX_HOSTS} agent hosts" in reply["error"], reply
+        names = {h["host"] for h in (await agent.hosts())["hosts"]}
+        assert "one-too-many" not in names and len(names) == MAX_HOSTS + 1
+        assert (await agent.post("/api/host/heartbeat", {"host": "h0"}))[0] == 200  # known
+    finally:
+        coord.stop()
+
+
+async def test_heartbeat_replies_are_paged(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Commands whose args outgrow a reply come in later replies, in order, so a real
+    coordinator's answer stays far below the agent's limit on answers."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        await agent.post("/api/host/heartbeat", {"host": "edge", "runners": [{"name": "b-1"}]})
+        pad = "x" * (REPLY_BUDGET * 2 // 3)
+        ids = []
+        for _ in range(3):
+            status, reply = await agent.post("/api/action", {
+                "id": "runner.drain", "args": {"name": "b-1", "note": pad}})
+            assert status == 200 and reply["host"] == "edge", reply
+            ids.append(reply["command_id"])
+        got: list[str] = []
+        queue = None
+        while len(got) < 3:
+            _, beat = await agent.post("/api/host/heartbeat", {
+                "host": "edge", "queue": queue, "applied": len(got)})
+            assert len(beat["commands"]) == 1  # one padded command fits a page, never two
+            got += [c["id"] for c in beat["commands"]]
+            queue = beat["queue"]
+        assert got == ids
+    finally:
+        coord.stop()
+
+
+async def test_odd_agent_bodies_change_nothing_on_the_coordinator(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Held up: every odd body gets a 4xx with a sentence, and no host is recorded."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        raw = [b"[" * 100_000 + b"]" * 100_000, b'{"host": "\\ud800"}',
+               b'{"host": "edge", "wait_s": NaN}', b'{"host": "edge", "wait_s": 1e400}',
+               b'{"host": "edge", "applied": ' + b"9" * 5000 + b"}",
+               b'{"host": "edge", "pad": "' + b"x" * (2 << 20) + b'"}', b"null", b"[]"]
+        for body in raw:
+            status, reply = await agent.post("/api/host/heartbeat", None, raw=body)
+            assert status in (400, 413) and isinstance(reply["error"], str), (body[:40], reply)
+        shaped = [{"host": name} for name in ("../edge", "a/b", "a\x00b", "x" * 101, "", None,
+                                              5, ["edge"], {"name": "edge"}, "coord")]
+        shaped += [{"host": "edge", **bad} for bad in (
+            {"runners": None}, {"runners": {}}, {"runners": [None]},
+            {"runners": [{"name": "../r"}]}, {"runners": [{"name": "r"}] * 501},
+            {"wait_s": "5"}, {"wait_s": -1}, {"applied": "3"}, {"applied": 2**53},
+            {"applied": True}, {"queue": "../x"}, {"queue": 7})]
+        for body in shaped:
+            status, reply = await agent.post("/api/host/heartbeat", body)
+            assert status in (400, 409) and isinstance(reply["error"], str), (body, reply)
+        for body in ({"host": "edge", "results": None}, {"host": "edge", "results": [None]},
+                     {"host": "edge", "results": [{"id": 5}]}, {"host": "../e", "results": []}):
+            status, reply = await agent.post("/api/host/results", body)
+            assert status == 400, (body, reply)
+        async with http.post(f"{coord.url}/api/host/heartbeat", json={"host": "edge"},
+                             headers={"Authorization": "Bearer " + "0" * 64}) as resp:
+            assert resp.status == 403
+        assert [h["host"] for h in (await agent.hosts())["hosts"]] == ["coord"]
+    finally:
+        coord.stop()
