@@ -30,20 +30,25 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-def main() -> None:
+def serve(app: web.Application, port: int) -> None:
+    """Run a ceiling's app on loopback with the event loop the collector would use."""
     try:
         import uvloop  # type: ignore[import-not-found]
 
         uvloop.install()
     except ImportError:
         pass
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+def main() -> None:
     app = web.Application()
     app.router.add_post("/jobs", enqueue)
     app.router.add_get("/devices/{device_id}/next-job", next_job)
     app.router.add_post("/results", results)
     app.router.add_post("/devices/register", results)
     app.router.add_get("/api/health", health)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
+    serve(app, int(sys.argv[1]))
 
 
 if __name__ == "__main__":

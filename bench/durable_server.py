@@ -26,6 +26,8 @@ from typing import Any
 
 from aiohttp import web
 
+from bench.bare_server import health, serve
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (device_id TEXT PRIMARY KEY, descriptor TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL UNIQUE,
@@ -133,21 +135,11 @@ async def results(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-async def health(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
-
-
 async def start_writer(app: web.Application) -> None:
     app[WRITER] = Writer(app[DATA_FILE], asyncio.get_running_loop())
 
 
 def main() -> None:
-    try:
-        import uvloop  # type: ignore[import-not-found]
-
-        uvloop.install()
-    except ImportError:
-        pass
     app = web.Application()
     app[DATA_FILE] = Path(sys.argv[2]) / "durable.db"
     app.on_startup.append(start_writer)
@@ -156,8 +148,7 @@ def main() -> None:
     app.router.add_post("/results", results)
     app.router.add_post("/devices/register", register)
     app.router.add_get("/api/health", health)
-    web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None, access_log=None)
-
+    serve(app, int(sys.argv[1]))
 
 if __name__ == "__main__":
     main()

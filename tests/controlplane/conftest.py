@@ -12,10 +12,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from fleet_min.controlplane import store
+from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.http.app import create_app
+from fleet_min.db import Database
 from tests.support import cp_fakes as fakes
 from tests.support.controlplane import Daemon, Host, make_config
-from tests.support.fake_github import FakeGitHub
+from tests.support.fake_github import TOKEN, FakeGitHub
 
 
 @pytest.fixture
@@ -24,6 +27,23 @@ def github() -> Iterator[FakeGitHub]:
     fake.start()
     yield fake
     fake.stop()
+
+
+@pytest.fixture
+async def gh(github: FakeGitHub) -> AsyncIterator[GitHub]:
+    """The real GitHub client on the fake API, with short back-offs."""
+    client = GitHub(github.url, TOKEN, backoff_s=0.01)
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    """The control plane's database (its migrations) in a file of the test's own."""
+    database = Database(tmp_path / "cp.db", store.MIGRATIONS, "NORMAL")
+    await database.open()
+    yield database
+    await database.close()
 
 
 @pytest.fixture

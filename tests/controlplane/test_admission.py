@@ -7,13 +7,9 @@ import json
 import os
 import subprocess
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from fleet_min.controlplane import store
 from fleet_min.controlplane.analysis.admission import AdmissionLog
 from fleet_min.db import Database
 from tests.support import cp_fakes as fakes
@@ -121,14 +117,6 @@ def test_hook_checks_available_memory_too(tmp_path: Path) -> None:
 
 
 # --- the daemon's reader -------------------------------------------------------------------------
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "cp.db", store.MIGRATIONS, "NORMAL")
-    await database.open()
-    yield database
-    await database.close()
-
 
 def entry(decision: str, n: int) -> bytes:
     return json.dumps({"at": f"2026-01-01T00:00:{n:02d}Z", "decision": decision,

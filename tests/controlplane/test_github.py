@@ -8,13 +8,6 @@ from fleet_min.controlplane.github.client import GitHub, GitHubError, find_token
 from tests.support.fake_github import TOKEN, FakeGitHub
 
 
-@pytest.fixture
-async def gh(github: FakeGitHub):  # type: ignore[no-untyped-def]
-    client = GitHub(github.url, TOKEN, backoff_s=0.01)
-    yield client
-    await client.close()
-
-
 async def test_runners_with_labels_and_pagination(github: FakeGitHub, gh: GitHub) -> None:
     for n in range(130):
         github.add_runner("octo/app", f"r{n}", ["gpu"] if n == 0 else None)

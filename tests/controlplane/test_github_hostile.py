@@ -10,14 +10,12 @@ import asyncio
 import itertools
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from fleet_min.controlplane import store
 from fleet_min.controlplane.analysis import analytics
 from fleet_min.controlplane.github.client import MAX_BODY_BYTES, GitHub, GitHubError
 from fleet_min.controlplane.github.history import HistoryCollector
@@ -32,21 +30,6 @@ from tests.support.fake_github import TOKEN, FakeGitHub
 HANG_GUARD_S = 30  # not a performance bound: only turns a hang into a failure
 Hijack = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
 Elsewhere = tuple[str, list[str | None]]  # a URL, and the Authorization headers sent to it
-
-
-@pytest.fixture
-async def gh(github: FakeGitHub) -> AsyncIterator[GitHub]:
-    client = GitHub(github.url, TOKEN, backoff_s=0.01)
-    yield client
-    await client.close()
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "cp.db", store.MIGRATIONS, "NORMAL")
-    await database.open()
-    yield database
-    await database.close()
 
 
 @pytest.fixture

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
-import pytest
-
-from fleet_min.controlplane import store
 from fleet_min.controlplane.github.client import GitHub
 from fleet_min.controlplane.github.history import HistoryCollector, status
 from fleet_min.db import Database
@@ -19,21 +14,6 @@ from tests.support import history_gen
 from tests.support.fake_github import TOKEN, FakeGitHub
 
 REPO = "octo/app"
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "cp.db", store.MIGRATIONS, "NORMAL")
-    await database.open()
-    yield database
-    await database.close()
-
-
-@pytest.fixture
-async def gh(github: FakeGitHub) -> AsyncIterator[GitHub]:
-    client = GitHub(github.url, TOKEN, backoff_s=0.01)
-    yield client
-    await client.close()
 
 
 def job_requests(github: FakeGitHub) -> int:

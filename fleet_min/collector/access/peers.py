@@ -22,6 +22,7 @@ from yarl import URL
 
 from fleet_min.config import CollectorConfig, ConfigError
 from fleet_min.errors import Forbidden, NotFound, Refused
+from fleet_min.http import read_capped
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger("fleet_min.collector.peers")
@@ -225,16 +226,10 @@ class Peers:
 
 async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     """The whole (decompressed) body, or BadGateway once it passes `limit` bytes."""
-    too_big = f"the peer's answer is larger than the proxy's {limit}-byte limit"
-    if resp.content_length is not None and resp.content_length > limit:
-        raise BadGateway(too_big)
-    chunks, size = [], 0
-    async for chunk in resp.content.iter_chunked(64 << 10):
-        size += len(chunk)
-        if size > limit:
-            raise BadGateway(too_big)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    body = await read_capped(resp, limit)
+    if body is None:
+        raise BadGateway(f"the peer's answer is larger than the proxy's {limit}-byte limit")
+    return body
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:

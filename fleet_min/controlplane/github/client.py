@@ -27,6 +27,7 @@ import aiohttp
 
 from fleet_min import jsonio
 from fleet_min.controlplane.runners.discovery import valid_repo
+from fleet_min.http import read_capped
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -324,15 +325,10 @@ def _step(step: dict[str, Any]) -> dict[str, Any]:
 # --- reading what came back (pure; no trust in its size, depth or shape) ---------------------
 
 async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
-    too_large = GitHubError(f"GitHub's answer is larger than {MAX_BODY_BYTES} bytes")
-    if (resp.content_length or 0) > MAX_BODY_BYTES:
-        raise too_large
-    body = bytearray()
-    async for chunk in resp.content.iter_chunked(1 << 16):
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise too_large
-    return bytes(body)
+    body = await read_capped(resp, MAX_BODY_BYTES)
+    if body is None:
+        raise GitHubError(f"GitHub's answer is larger than {MAX_BODY_BYTES} bytes")
+    return body
 
 
 def _decode(raw: bytes) -> Any:
