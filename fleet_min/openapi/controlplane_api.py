@@ -242,8 +242,9 @@ def _agents() -> list[Route]:
                   "id": STR, "seq": integer(1), "action": STR, "args": obj()}))}),
                   "stored; the host's queue id and its unfinished commands numbered after "
                   "`applied`, in order (held up to wait_s for one)")},
-              {400: BAD_JSON, **AUTH_ERRORS, 409: "the host is this coordinator's own name",
-               413: TOO_LARGE},
+              {400: BAD_JSON, **AUTH_ERRORS,
+               409: "the host is this coordinator's own name, or a new host past the 100 agent "
+                    "hosts kept", 413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "role?": ANY,
                              "wait_s?": {"type": "number", "minimum": 0, "maximum": 3600},
                              "runners?": arr(obj({"name": HOST_NAME}), maxItems=500),
@@ -258,7 +259,7 @@ def _agents() -> list[Route]:
               {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "results": arr(obj({
                   "id": STR, "seq?": ANY, "ok?": ANY, "error?": ANY, "output?": ANY,
-                  "code?": ANY, "runner?": ANY}))}),
+                  "code?": ANY, "runner?": ANY}), maxItems=200)}),
                         "{host, results: [{id, seq, ok, error, output, code, runner}]}"),
               tag=tag, security=either),
     ]
