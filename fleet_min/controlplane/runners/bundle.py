@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min.controlplane.runners.diag import safe_file, summary_and_tail
+from fleet_min.controlplane.runners.discovery import read_small
 from fleet_min.controlplane.runners.redact import redact
 
 ALLOWED = (".runner", ".service", ".env", ".path", ".fleet-drain", "run.sh", "svc.sh", "env.sh")
@@ -38,7 +39,12 @@ def _files(runner_dir: Path) -> tuple[list[str], list[str]]:
         if info.st_size > SIZE_CAP:
             excluded.append(f"{name} (over the {SIZE_CAP // 1024} KiB cap: {info.st_size} bytes)")
             continue
-        text = path.read_text(encoding="utf-8-sig", errors="replace")
+        # Read as discovery reads: the entry checked above may have been swapped for a FIFO or
+        # a link since, and such a read returns nothing rather than waiting or following it.
+        raw = read_small(path, SIZE_CAP, follow=False)
+        if raw is None:
+            continue
+        text = raw.decode("utf-8-sig", "replace")
         included += [f"--- {name} ({info.st_size} bytes)", *text.splitlines()]
     for entry in sorted(runner_dir.iterdir()):
         if entry.name in ALLOWED:
