@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from fleet_min.controlplane.http.app import create_app
-from fleet_min.controlplane.runners import discovery
+from fleet_min.controlplane.runners import diag, discovery
 from fleet_min.controlplane.runners.supervisor import service_name
 from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
@@ -338,3 +338,16 @@ def test_a_service_file_naming_an_option_is_not_a_unit(tmp_path: Path, hint: str
     runner = discovery.load_runner(path, tmp_path)
     assert runner is not None and runner.unit_hint is None
     assert service_name(runner) == "actions.runner.octo-app.r1"
+
+
+def test_a_log_gone_or_swapped_after_its_check_reads_as_nothing(tmp_path: Path) -> None:
+    """Between listing _diag and reading the newest log, the runner may rotate it away or a job
+    may swap in a FIFO or a link: the read neither raises, waits nor follows."""
+    fifo, link, target = tmp_path / "Runner_1.log", tmp_path / "Runner_2.log", tmp_path / "t"
+    os.mkfifo(fifo)
+    target.write_text("db_password=" + SECRET + "\n")
+    link.symlink_to(target)
+    assert diag.read_tail(fifo) == ""
+    assert diag.read_tail(link) == ""
+    assert diag.read_tail(tmp_path / "Runner_gone.log") == ""
+    assert diag.read_tail(target) == "db_password=" + SECRET + "\n"

@@ -32,7 +32,16 @@ def safe_file(path: Path, inside: Path) -> os.stat_result | None:
 
 
 def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
-    with open(path, "rb") as handle:
+    """The last `limit` bytes of a log as text; "" when it is gone or no longer a regular file.
+    The runner rotates its logs, and an entry checked a moment ago may since have been swapped
+    for a FIFO or a link: this open neither waits for a writer nor follows a link."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return ""
+    with open(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - limit))
         data = handle.read(limit)
