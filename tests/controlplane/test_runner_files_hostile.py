@@ -351,3 +351,18 @@ def test_a_log_gone_or_swapped_after_its_check_reads_as_nothing(tmp_path: Path) 
     assert diag.read_tail(link) == ""
     assert diag.read_tail(tmp_path / "Runner_gone.log") == ""
     assert diag.read_tail(target) == "db_password=" + SECRET + "\n"
+
+
+async def test_every_runner_of_a_large_host_has_its_service_state(host_env: Host,
+                                                                  aiohttp_client: Any) -> None:
+    """One `systemctl show` answers for every unit at once, about 130 bytes a unit: its output
+    is parsed, never shown, and is not cut to the 64 KiB that shown output keeps (at 700
+    runners the first units' states were lost, and those runners read as without a service)."""
+    count = 700
+    for n in range(count):
+        host_env.add_runner(f"r{n:04d}", registered=False)
+    client = await start(host_env, aiohttp_client)
+    views = await runners(client)
+    assert len(views) == count
+    unloaded = sorted(name for name, view in views.items() if not view["service"]["loaded"])
+    assert unloaded == []

@@ -20,7 +20,11 @@ from pathlib import Path
 
 from fleet_min.controlplane.runners.redact import redact
 
-MAX_OUTPUT = 64 * 1024
+MAX_OUTPUT = 64 * 1024  # of output shown to a person, stored or logged: its end
+# Of output that is only parsed: `systemctl show` answers for every unit at once, about 130
+# bytes a unit, so 64 KiB would lose the first units of a host with 500 runners. This only
+# bounds memory.
+MAX_PARSED = 16 * 1024 * 1024
 _WITHHELD = frozenset({"GH_TOKEN", "GITHUB_TOKEN"})
 
 
@@ -76,8 +80,9 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
         # Reap it before going on: an unreaped child outlives the loop and warns at exit.
         await _reap(proc, 2)
         raise
-    kept = out[-MAX_OUTPUT:]
-    if len(out) > MAX_OUTPUT:
+    limit = MAX_PARSED if parse_only else MAX_OUTPUT
+    kept = out[-limit:]
+    if len(out) > limit:
         # The cut line's start (a key, a token's prefix) is gone, so the redactor could not
         # tell its secret: it goes too (as in diag.read_tail).
         kept = kept.partition(b"\n")[2]
