@@ -152,6 +152,21 @@ _BRACKETS = bytes.maketrans(b"[{]}", b"(())")
 _OTHER_BYTES = bytes(b for b in range(256) if b not in b'[]{}"')
 
 
+class TooDeep(ValueError):
+    """JSON nested deeper than MAX_DEPTH: refused before any parser recursed into it."""
+
+
+def loads_foreign(raw: bytes | str) -> Any:
+    """JSON that another server answered or someone else's file holds (a peer's health, the
+    statuses API's refusal, the coordinator's reply, GitHub's answers, a runner's `.runner`).
+    ValueError, never RecursionError, when it is not JSON; TooDeep (a ValueError) when it nests
+    deeper than MAX_DEPTH, measured before the parser recurses into it."""
+    data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
+    if too_deep(data):
+        raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
+    return json.loads(raw)
+
+
 def too_deep(raw: bytes | bytearray, limit: int = MAX_DEPTH) -> bool:
     """True when the JSON text nests arrays and objects more than `limit` levels deep (or opens
     more than that and never closes them). Brackets inside strings do not count.

@@ -217,3 +217,14 @@ def test_too_deep_agrees_with_the_parsed_depth(doc, ascii_only, limit):
 ])
 def test_too_deep_at_the_edges(raw, deep):
     assert jsonio.too_deep(raw) is deep
+
+
+def test_foreign_json_is_refused_by_its_depth_before_any_parser_recurses() -> None:
+    for deep in (b"[" * 100_000, "{\"a\": " * 65 + "1" + "}" * 65):
+        with pytest.raises(jsonio.TooDeep):
+            jsonio.loads_foreign(deep)
+    with pytest.raises(ValueError):
+        jsonio.loads_foreign(b"<html>")
+    assert jsonio.loads_foreign("[" * 64 + "]" * 64) == jsonio.loads_foreign(
+        b"[" * 64 + b"]" * 64)
+    assert jsonio.loads_foreign('{"message": "\\ud800"}') == {"message": "\ud800"}

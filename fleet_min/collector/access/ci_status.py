@@ -30,6 +30,7 @@ from urllib.parse import quote
 
 import aiohttp
 
+from fleet_min import jsonio
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import JobStatus
 from fleet_min.config import CollectorConfig
@@ -254,8 +255,8 @@ class CiReporter:
         the context, so each would overwrite the others)."""
         rows = await self._reporting_rows({job_id for job_id, _, _ in batch})
         parents = {row["parent_job_id"] for row in rows.values() if row["parent_job_id"]}
-        if parents - rows.keys():
-            rows.update(await self._reporting_rows(parents - rows.keys()))
+        if unread := parents - rows.keys():
+            rows.update(await self._reporting_rows(unread))
         reports = []
         for job_id, status, error in batch:
             row = rows.get(job_id)
@@ -351,8 +352,8 @@ class CiReporter:
 
 def _api_error(status: int, text: str) -> str:
     try:
-        message = json.loads(text).get("message")
-    except (ValueError, AttributeError, RecursionError):  # any answer: a proxy's, a truncation
+        message = jsonio.loads_foreign(text).get("message")
+    except (ValueError, AttributeError):  # any answer: a proxy's page, a truncation
         message = None
     detail = message if isinstance(message, str) and message else text.strip()[:200]
     # A JSON escape can carry a lone surrogate, which no UTF-8 column can store.

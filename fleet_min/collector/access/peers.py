@@ -9,7 +9,6 @@ client's X-Fleet-Token), no redirect followed, a short timeout and a cap on the 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -20,6 +19,7 @@ from urllib.parse import quote, unquote, urlsplit
 import aiohttp
 from yarl import URL
 
+from fleet_min import jsonio
 from fleet_min.config import CollectorConfig, ConfigError
 from fleet_min.errors import Forbidden, NotFound, Refused
 from fleet_min.http import read_capped
@@ -234,7 +234,7 @@ async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        value = json.loads(body)
-    except (ValueError, RecursionError):  # not JSON, or nested past what the parser follows
+        value = jsonio.loads_foreign(body)
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None

@@ -151,13 +151,12 @@ async def _capped(resp: aiohttp.ClientResponse) -> bytes:
 
 
 def parse_reply(raw: bytes) -> Any:
-    """The coordinator's answer as JSON, None when it is not JSON. Nesting is checked before
-    the parser recurses into it: too deep, it would raise RecursionError out of the link."""
-    if jsonio.too_deep(raw):
-        raise ValueError(f"the coordinator's answer is nested deeper than {jsonio.MAX_DEPTH} "
-                         "levels")
+    """The coordinator's answer as JSON, None when it is not JSON; ValueError when it nests
+    too deep to parse (it would raise RecursionError out of the link)."""
     try:
-        return json.loads(raw)
+        return jsonio.loads_foreign(raw)
+    except jsonio.TooDeep as exc:
+        raise ValueError(f"the coordinator's answer is {exc}") from None
     except ValueError:
         return None
 

@@ -14,7 +14,6 @@ lone surrogates, labels as lists of strings) before it leaves this module.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import re
@@ -337,9 +336,10 @@ def _decode(raw: bytes) -> Any:
     100,000 would be a RecursionError past every handler that expects a GitHubError)."""
     if not raw.strip():
         return None
-    if jsonio.too_deep(raw):
-        raise GitHubError(f"GitHub's answer is nested deeper than {jsonio.MAX_DEPTH} levels")
-    return json.loads(raw)
+    try:
+        return jsonio.loads_foreign(raw)
+    except jsonio.TooDeep as exc:
+        raise GitHubError(f"GitHub's answer is {exc}") from None
 
 
 def _error_body(raw: bytes) -> Any:

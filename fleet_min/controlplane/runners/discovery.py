@@ -11,7 +11,6 @@ only when their stat signature changed (see Discovery); discover() reads everyth
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -21,8 +20,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from fleet_min import jsonio
 from fleet_min.controlplane.runners.procs import Proc
-from fleet_min.jsonio import too_deep
 
 DRAIN_MARKER = ".fleet-drain"
 SERVICE_FILE = ".service"
@@ -119,9 +118,9 @@ def read_runner_file(path: Path) -> dict[str, Any]:
     raw = read_small(path, SMALL_FILE_BYTES + 1)
     if raw is None:
         raise ValueError("not a readable regular file")
-    if len(raw) > SMALL_FILE_BYTES or too_deep(raw):
-        raise ValueError("too large or too deeply nested for a .runner file")
-    data = json.loads(raw.decode("utf-8-sig"))
+    if len(raw) > SMALL_FILE_BYTES:
+        raise ValueError("too large for a .runner file")
+    data = jsonio.loads_foreign(raw.decode("utf-8-sig"))
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     return data
