@@ -28,6 +28,28 @@ async def test_duplicate_job_id_is_409_and_changes_nothing(client):
     assert (await (await client.get("/jobs/dup")).json())["priority"] == 1
 
 
+async def test_a_taken_id_is_refused_by_the_insert_without_undoing_the_batch(client):
+    """The id is checked by the INSERT itself: a lone spec whose id is taken writes nothing,
+    so the writer has nothing to roll back and replay (its replays stay as they were)."""
+    await client.post("/jobs", json=job("taken"))
+    replays = (await (await client.get("/api/health")).json())["writer"]["replays"]
+    resp = await client.post("/jobs", json=job("taken", priority=5))
+    assert resp.status == 409 and (await resp.json())["error"] == "job_id 'taken' already exists"
+    assert (await (await client.get("/api/health")).json())["writer"]["replays"] == replays
+    assert (await (await client.get("/jobs/taken")).json())["priority"] == 0
+
+
+async def test_a_fan_out_child_whose_id_is_taken_is_409_and_stores_nothing(client):
+    for device in ("pixel", "galaxy"):
+        await client.post("/devices/register", json=registration(device))
+    await client.post("/jobs", json=job("sweep--pixel"))
+    resp = await client.post("/jobs", json=job("sweep", fanout=True))
+    assert resp.status == 409
+    assert (await resp.json())["error"] == "job_id 'sweep--pixel' already exists"
+    for gone in ("sweep", "sweep--galaxy"):
+        assert (await client.get(f"/jobs/{gone}")).status == 404
+
+
 async def test_array_is_atomic(client):
     resp = await client.post("/jobs", json=[job("a1"), job("a2", depends_on=["a1"])])
     assert resp.status == 201

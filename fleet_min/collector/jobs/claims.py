@@ -28,6 +28,10 @@ from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso
 
 _PAGE = 64  # candidate rows read at a time
+# What a claim, its refusals and the preemption check read of a candidate. Not `*`: sqlite3
+# builds every column of a row, and half of the jobs table's thirty are never looked at here.
+_CANDIDATE_COLUMNS = ("seq, job_id, workload, variant, executor, priority, pool, match, "
+                      "target_device, exclusive, attempts, max_attempts, ttl_s, spec, updated_at")
 
 
 @dataclass(frozen=True)
@@ -74,11 +78,12 @@ def _claim_sql(workloads: int, by_priority: bool, after: bool, pairs: int = 0) -
     if after:
         tail += " AND (priority < ? OR (priority = ? AND seq > ?))"
     if not workloads and not pairs:
-        per_pin = [f"SELECT * FROM jobs WHERE {base}{tail}"]
+        per_pin = [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base}{tail}"]
     else:
-        per_pin = ([f"SELECT * FROM jobs WHERE {base} AND workload = ?{tail}"] * workloads
-                   + [f"SELECT * FROM jobs WHERE {base} AND workload = ? AND variant = ?{tail}"]
-                   * pairs)
+        per_pin = ([f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base} AND workload = ?{tail}"]
+                   * workloads
+                   + [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base} AND workload = ? "
+                      f"AND variant = ?{tail}"] * pairs)
     branches = per_pin * 2
     # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order and
     # stops at the LIMIT. Each branch wrapped in its own ORDER BY ... LIMIT subquery made SQLite

@@ -133,11 +133,9 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
         if job_id in seen:
             raise Conflict(f"job_id {job_id!r} appears twice in the request")
         seen.add(job_id)
-    placeholders = ",".join("?" * len(ids))
-    taken = conn.execute(f"SELECT job_id FROM jobs WHERE job_id IN ({placeholders})",
-                         ids).fetchone()
-    if taken:
-        raise Conflict(f"job_id {taken['job_id']!r} already exists")
+    # An id already taken is found by the INSERT itself (_insert), not by a read before it:
+    # a single spec refused there has written nothing, and a later spec of a batch refused
+    # after earlier ones were stored is undone with them.
     for spec in specs:
         _check_capability(conn, spec)
     order = _dependency_order(conn, specs)
@@ -343,13 +341,14 @@ def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
     pin = (targets.get("device_id") if executor == Executor.DEVICE
            else targets.get("executor")) or ""
     variant = rules.spec_variant(spec)
-    conn.execute(
+    stored = conn.execute(
         """
         INSERT INTO jobs (job_id, workload, executor, backend, variant, status, priority, pin,
                           target_device, pool, match, exclusive, preemptible, is_group,
                           max_attempts, ttl_s, last_error, parent_job_id, template_id, spec,
                           created_at, updated_at, finished_at, warnings)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+        ON CONFLICT (job_id) DO NOTHING
         """,
         (spec["job_id"], spec["workload"], executor, spec.get("backend"), variant, status,
          int(spec.get("priority") or 0), pin, targets.get("device_id"), targets.get("pool"),
@@ -359,6 +358,8 @@ def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
          int(lease.get("ttl_s") or rules.default_ttl(spec["workload"])), last_error, parent,
          template_id, jsonio.dumps_stored(spec), now, now, now if status in FINAL else None,
          json.dumps(warnings) if warnings else None))
+    if stored.rowcount == 0:
+        raise Conflict(f"job_id {spec['job_id']!r} already exists")
     deps = spec.get("depends_on")
     if deps:
         conn.executemany("INSERT INTO job_deps (job_id, depends_on) VALUES (?, ?)",
