@@ -232,6 +232,40 @@ async def test_command_output_cut_inside_a_key_does_not_show_its_secret(
     assert not leaked
 
 
+# A command that prints without end: 256 MiB in lines of 1 KiB, run from a process of its own
+# so that its peak memory is this alone.
+_FLOOD = """
+import asyncio, sys
+from fleet_min.controlplane.runners import commands
+printer = ("import sys\\nline = b'y' * 1023 + b'\\\\n'\\n"
+           "for n in range(262144): sys.stdout.buffer.write(line)\\nprint('last line')")
+result = asyncio.run(commands.run([sys.executable, "-c", printer], timeout_s=60,
+                                  parse_only=sys.argv[1] == "parsed"))
+# VmHWM, not ru_maxrss: that one counts the parent's memory at the fork before exec.
+with open("/proc/self/status") as status:
+    peak_mib = next(int(l.split()[1]) for l in status if l.startswith("VmHWM:")) // 1024
+print(result.code, len(result.output), result.output.endswith("y\\nlast line\\n"), peak_mib)
+"""
+
+
+@pytest.mark.parametrize("kind", ["shown", "parsed"])
+def test_a_command_that_prints_without_end_costs_only_what_is_kept(kind: str) -> None:
+    """commands.run keeps the end of what a command prints as it arrives: the process's peak
+    memory grows by a few times what is kept (64 KiB shown, 16 MiB parsed), never by the
+    256 MiB printed (it held it all and cut it afterwards: a peak of 537 MiB)."""
+    import subprocess
+    import sys
+
+    from fleet_min.controlplane.runners.commands import MAX_OUTPUT, MAX_PARSED
+    done = subprocess.run([sys.executable, "-c", _FLOOD, kind], capture_output=True, text=True,
+                          timeout=60, check=True)
+    code, length, whole_end, peak_mib = done.stdout.split()
+    kept = MAX_OUTPUT if kind == "shown" else MAX_PARSED
+    assert (code, whole_end) == ("0", "True")
+    assert kept - 1024 <= int(length) <= kept  # whole lines only: the cut one is dropped
+    assert int(peak_mib) < 64 + 3 * kept // 2**20, done.stdout
+
+
 async def test_a_bundle_names_a_file_whose_name_is_not_utf8(
         host_env: Host, aiohttp_client: Any) -> None:
     path = host_env.add_runner("r1")

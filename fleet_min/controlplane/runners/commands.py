@@ -9,6 +9,7 @@ never shown, logged or stored; redacting 200 units' `systemctl show` cost ~10 ms
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import shlex
@@ -25,6 +26,7 @@ MAX_OUTPUT = 64 * 1024  # of output shown to a person, stored or logged: its end
 # bytes a unit, so 64 KiB would lose the first units of a host with 500 runners. This only
 # bounds memory.
 MAX_PARSED = 16 * 1024 * 1024
+_READ_BYTES = 64 * 1024
 _WITHHELD = frozenset({"GH_TOKEN", "GITHUB_TOKEN"})
 
 
@@ -69,7 +71,9 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives
         # as the command exits (see loops.py), and the daemon's shutdown would then hang.
         async with asyncio.timeout(timeout_s):
-            out, _ = await proc.communicate()
+            assert proc.stdout is not None
+            out = await _tail(proc.stdout, MAX_PARSED if parse_only else MAX_OUTPUT)
+            await proc.wait()
     except TimeoutError:
         _kill_group(proc.pid)
         await _reap(proc, 5)
@@ -80,15 +84,33 @@ async def run(argv: Sequence[str], *, timeout_s: float, cwd: Path | None = None,
         # Reap it before going on: an unreaped child outlives the loop and warns at exit.
         await _reap(proc, 2)
         raise
-    limit = MAX_PARSED if parse_only else MAX_OUTPUT
-    kept = out[-limit:]
-    if len(out) > limit:
-        # The cut line's start (a key, a token's prefix) is gone, so the redactor could not
-        # tell its secret: it goes too (as in diag.read_tail).
-        kept = kept.partition(b"\n")[2]
-    text = kept.decode("utf-8", "replace")
+    text = out.decode("utf-8", "replace")
     return CommandResult(argv, proc.returncode, text if parse_only else redact(text),
                          _ms(started))
+
+
+async def _tail(stream: asyncio.StreamReader, limit: int) -> bytes:
+    """The whole lines among the last `limit` bytes a command prints before it closes its
+    output. Read as it arrives, keeping only the chunks that reach into those last bytes, so a
+    command that prints gigabytes costs a few times the limit of memory, never what it printed.
+
+    A line cut by the limit is dropped whole: its start (a key, a token's prefix) is gone, so
+    the redactor could not tell its secret (as in diag.read_tail)."""
+    chunks: collections.deque[bytes] = collections.deque()
+    held = 0
+    while chunk := await stream.read(_READ_BYTES):
+        chunks.append(chunk)
+        held += len(chunk)
+        while held - len(chunks[0]) >= limit:  # the oldest chunk is wholly before the end kept
+            held -= len(chunks.popleft())
+    if held > limit:
+        # What is kept starts inside the first chunk: from the first line that begins there.
+        first = chunks[0][held - limit:]
+        while b"\n" not in first and len(chunks) > 1:
+            chunks.popleft()
+            first = chunks[0]
+        chunks[0] = first.partition(b"\n")[2]
+    return b"".join(chunks)
 
 
 async def _reap(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
