@@ -205,6 +205,11 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX link_results_owed ON link_results (reported, at);
     """,
+    # 4: the agent instance last heard under each host name (federation/hosts.py), so that the
+    # name stays with its agent across a restart of the coordinator.
+    """
+    ALTER TABLE hosts ADD COLUMN instance TEXT;
+    """,
 ]
 
 KEEP_AUDIT = 20000

@@ -233,6 +233,10 @@ def _control() -> list[Route]:
     ]
 
 
+# An agent's instance id (federation/link.py instance_id); older agents send none.
+INSTANCE = string(pattern="^[0-9a-f]{16,64}$")
+
+
 def _agents() -> list[Route]:
     tag = "federation"
     either = ("controlToken", "agentToken")
@@ -243,9 +247,10 @@ def _agents() -> list[Route]:
                   "stored; the host's queue id and its unfinished commands numbered after "
                   "`applied`, in order (held up to wait_s for one)")},
               {400: BAD_JSON, **AUTH_ERRORS,
-               409: "the host is this coordinator's own name, or a new host past the 100 agent "
-                    "hosts kept", 413: TOO_LARGE},
-              body=Body(obj({"host": HOST_NAME, "role?": ANY,
+               409: "the host is this coordinator's own name, a new host past the 100 agent "
+                    "hosts kept, or a name another agent instance has used within "
+                    "stale_after_s", 413: TOO_LARGE},
+              body=Body(obj({"host": HOST_NAME, "instance?": INSTANCE, "role?": ANY,
                              "wait_s?": {"type": "number", "minimum": 0, "maximum": 3600},
                              "runners?": arr(obj({"name": HOST_NAME}), maxItems=500),
                              "capacity?": ANY, "vitals?": ANY, "load?": ANY,
@@ -256,8 +261,9 @@ def _agents() -> list[Route]:
         Route("POST", "/api/host/results", "An agent host reports command results",
               {200: json_reply(obj({"ok": enum(True), "received": integer(0),
                                     "matched?": integer(0)}))},
-              {400: BAD_JSON, **AUTH_ERRORS, 413: TOO_LARGE},
-              body=Body(obj({"host": HOST_NAME, "results": arr(obj({
+              {400: BAD_JSON, **AUTH_ERRORS,
+               409: "the host name is in use by another agent instance", 413: TOO_LARGE},
+              body=Body(obj({"host": HOST_NAME, "instance?": INSTANCE, "results": arr(obj({
                   "id": STR, "seq?": ANY, "ok?": ANY, "error?": ANY, "output?": ANY,
                   "code?": ANY, "runner?": ANY}), maxItems=200)}),
                         "{host, results: [{id, seq, ok, error, output, code, runner}]}"),

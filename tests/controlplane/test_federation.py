@@ -349,3 +349,70 @@ async def _host_listed(http: aiohttp.ClientSession, coord: Daemon) -> bool:
     hosts = await get(http, f"{coord.url}/api/hosts")
     return any(h["host"] == "edge" for h in hosts["hosts"])
 
+
+
+async def test_a_second_agent_under_the_same_name_is_refused(
+        tmp_path: Any, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Two machines from one image keep its host name: both agents called in as `edge`, shared
+    one queue, and a command queued for `edge` ran on both (here each counts its health checks
+    in a file of its own). The second is refused while the first is heard from; the first,
+    restarted, goes on at once, since its instance is the same."""
+    coord_host = Host(tmp_path / "coord", github)
+    hosts = {which: Host(tmp_path / which, github) for which in ("first", "clone")}
+    for host in hosts.values():  # the one agent token, as on every machine of the image
+        agent_token(coord_host, host)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    agents: dict[str, Daemon] = {}
+
+    def start(which: str) -> Daemon:
+        script = tmp_path / f"health-{which}.sh"
+        script.write_text(f"#!/bin/sh\necho run >> '{tmp_path / ('runs-' + which)}'\n"
+                          "echo disk ok\n")
+        script.chmod(0o755)
+        agents[which] = Daemon(hosts[which], {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1",
+                                      "FLEET_HEALTH_SCRIPT": str(script)},
+                               args=("--coordinator", coord.url))
+        return agents[which]
+
+    async def link(which: str) -> dict[str, Any]:
+        body = await get(http, f"{agents[which].url}/api/hosts")
+        return dict(body["hosts"][0]["coordinator"])
+
+    async def refused(which: str) -> str | None:
+        error = (await link(which))["last_error"]
+        return error if error and "409" in error else None
+
+    try:
+        start("first")
+        await until(lambda: _host_listed(http, coord), timeout=30)
+        start("clone")
+        error = await until(lambda: refused("clone"), timeout=30)
+        assert "FLEET_HOST_NAME" in error and "in use by another agent" in error
+        assert (await link("clone"))["heartbeats"] == 0
+        assert (await link("first"))["instance"] != (await link("clone"))["instance"]
+
+        status, reply = await act(http, coord, "health.check", host="edge")
+        assert status == 200, reply
+        done = await until(lambda: command(http, coord, reply["command_id"]), timeout=30)
+        assert done["ok"] and "disk ok" in done["output"]
+        assert (tmp_path / "runs-first").read_text() == "run\n"
+        assert not (tmp_path / "runs-clone").exists()
+
+        # The first agent restarted (same state directory, same boot): let in at once.
+        before = (await link("first"))["instance"]
+        agents["first"].stop()
+        agents["first"] = Daemon(agents["first"].host, {
+            "FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1",
+            "FLEET_HEALTH_SCRIPT": str(tmp_path / "health-first.sh")},
+            args=("--coordinator", coord.url))
+
+        async def back() -> bool:
+            state = await link("first")
+            return bool(state["heartbeats"] >= 1 and state["last_error"] is None)
+        await until(back, timeout=10)
+        assert (await link("first"))["instance"] == before
+        assert await refused("clone")
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        coord.stop()

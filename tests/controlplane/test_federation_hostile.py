@@ -7,8 +7,10 @@ posing as an agent holding the agent token (floods, forged results, odd bodies).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import sqlite3
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -204,6 +206,27 @@ async def test_a_loose_coordinator_token_file_is_made_owner_only(
             agent.stop()
 
 
+def test_an_agents_instance_is_kept_across_restarts_and_differs_by_boot(tmp_path: Path) -> None:
+    """What the coordinator tells agents apart by: the same after a restart, different for
+    another state directory, and different for a copy of the state directory booted on
+    another machine (an image cloned after its agent first ran)."""
+    import shutil
+
+    from fleet_min.controlplane.federation.link import INSTANCE_FILE, instance_id
+    boot, other_boot = tmp_path / "boot_id", tmp_path / "other_boot_id"
+    boot.write_text("6f1c0b6e-1111-4c1e-9d59-8f6a2c3e4b5a\n")
+    other_boot.write_text("0a9b8c7d-2222-4e5f-8a7b-6c5d4e3f2a1b\n")
+    one = instance_id(tmp_path / "a", boot)
+    assert re.fullmatch(r"[0-9a-f]{32}", one)
+    assert instance_id(tmp_path / "a", boot) == one
+    assert instance_id(tmp_path / "b", boot) != one
+    assert os.stat(tmp_path / "a" / INSTANCE_FILE).st_mode & 0o777 == 0o600
+    shutil.copytree(tmp_path / "a", tmp_path / "clone")
+    assert instance_id(tmp_path / "clone", boot) == one  # the same machine: indistinguishable
+    assert instance_id(tmp_path / "clone", other_boot) != one
+    assert instance_id(tmp_path / "a", tmp_path / "no-such-file") != one  # no boot id (macOS)
+
+
 # --- the coordinator, called by a hostile agent ---------------------------------------------
 
 class Agentish:
@@ -362,5 +385,50 @@ async def test_odd_agent_bodies_change_nothing_on_the_coordinator(
                              headers={"Authorization": "Bearer " + "0" * 64}) as resp:
             assert resp.status == 403
         assert [h["host"] for h in (await agent.hosts())["hosts"]] == ["coord"]
+    finally:
+        coord.stop()
+
+
+async def test_one_host_name_is_one_agent_instance(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A second instance calling in under a name the first is using is refused, for heartbeats
+    and results alike (it could settle the first's commands with its own outcomes), until the
+    first has been silent for stale_after_s, and across a restart of the coordinator. Agents
+    that send no instance (older versions) are not checked."""
+    env = {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "4"}
+    coord = Daemon(Host(tmp_path, github), env)
+    first, second = "a1" * 16, "b2" * 16
+    try:
+        agent = Agentish(coord, http)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": first}
+                                 ))[0] == 200
+        coord.stop()
+        coord = Daemon(coord.host, env)
+        agent = Agentish(coord, http)
+        queued = await agent.queue_check("edge")
+        status, reply = await agent.post("/api/host/heartbeat",
+                                         {"host": "edge", "instance": second})
+        assert status == 409 and "FLEET_HOST_NAME" in reply["error"], reply
+        status, beat = await agent.post("/api/host/heartbeat",
+                                        {"host": "edge", "instance": first})
+        assert [c["id"] for c in beat["commands"]] == [queued["command_id"]]
+        answer = {"id": queued["command_id"], "ok": True, "output": "from the clone"}
+        status, reply = await agent.post("/api/host/results", {
+            "host": "edge", "instance": second, "results": [answer]})
+        assert status == 409, reply
+        status, reply = await agent.post("/api/host/results", {
+            "host": "edge", "instance": first, "results": [{**answer, "output": "disk ok"}]})
+        assert status == 200 and reply["matched"] == 1
+        for odd in ("not hex", "ab", 12, "ab" * 40):
+            status, reply = await agent.post("/api/host/heartbeat",
+                                             {"host": "edge", "instance": odd})
+            assert status == 400 and "instance" in reply["error"], (odd, reply)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge"}))[0] == 200  # older
+        # The first falls silent: the name passes to the second, and is then refused to it.
+        await asyncio.sleep(4.5)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": second}
+                                 ))[0] == 200
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": first}
+                                 ))[0] == 409
     finally:
         coord.stop()

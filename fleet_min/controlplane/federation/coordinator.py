@@ -14,6 +14,7 @@ from fleet_min.controlplane.federation.hosts import (
     applied_of,
     check_host,
     clean_report,
+    instance_of,
     wait_of,
 )
 from fleet_min.controlplane.federation.link import CoordinatorLink
@@ -33,8 +34,9 @@ class Coordinator:
         if host == self.plane.host_name:
             raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
                            "(FLEET_HOST_NAME)")
-        queue, commands = await self.plane.hosts.heartbeat(host, clean_report(body),
-                                                           wait_of(body), applied_of(body))
+        queue, commands = await self.plane.hosts.heartbeat(
+            host, clean_report(body), wait_of(body), applied_of(body), instance_of(body),
+            self.plane.setting("stale_after_s"))
         return {"ok": True, "queue": queue, "commands": commands}
 
     async def results(self, body: dict[str, Any], who: str) -> dict[str, Any]:
@@ -46,6 +48,8 @@ class Coordinator:
                 isinstance(r, dict) and isinstance(r.get("id"), str) for r in results):
             raise BadRequest(f"results must be a list of at most {MAX_RESULTS} objects, each "
                              "with a string id")
+        self.plane.hosts.check_instance(host, instance_of(body),
+                                        self.plane.setting("stale_after_s"))
         received = await self.plane.hosts.results(host, results)
         for result in results:
             await self.plane.db.write(

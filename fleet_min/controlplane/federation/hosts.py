@@ -13,6 +13,12 @@ in order. So a reply lost on a dead long poll costs nothing: the next heartbeat 
 commands again, and nothing queued later can overtake them (a drain then a resume never arrive
 as resume, drain). The agent applies each number once, in order, and keeps the last one in its
 own database (link.py), across restarts of either side.
+
+One agent a name: an agent says which instance it is (link.instance_id) in every heartbeat
+and result post, and a name whose agent was heard from within stale_after_s is refused (409) to
+any other instance, for heartbeats and results alike. Two agents under one name (a cloned
+image keeps its host name) would share one queue, and every command would run on both. An
+agent that sends no instance (an older version) is not checked.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 AGENT_ACTIONS = ("runner.duplicate", "runner.drain", "runner.resume", "runner.deregister",
                  "health.check")
 QUEUE_ID = re.compile(r"[0-9a-f]{16,64}")
+INSTANCE_ID = re.compile(r"[0-9a-f]{16,64}")
 MAX_SEQ = 2**53
 FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
 MAX_WAIT_S = 30.0
@@ -126,12 +133,24 @@ def applied_of(body: dict[str, Any]) -> tuple[str | None, int]:
     return queue, applied
 
 
+def instance_of(body: dict[str, Any]) -> str | None:
+    """The agent instance a heartbeat or result post names; None from an older agent."""
+    instance = body.get("instance")
+    if instance is not None and (not isinstance(instance, str)
+                                 or not INSTANCE_ID.fullmatch(instance)):
+        raise BadRequest("instance must be the agent's instance id (16 to 64 hex digits)")
+    return instance
+
+
 # --- database (transactions for Database.write) ----------------------------------------------
 
-def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at: float) -> None:
-    conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report) VALUES (?, ?, ?, ?) "
-                 "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, "
-                 "report = excluded.report", (host, at, at, json.dumps(report)))
+def _save_report(conn: sqlite3.Connection, host: str, report: dict[str, Any], at: float,
+                 instance: str | None = None) -> None:
+    conn.execute("INSERT INTO hosts (name, first_seen, last_seen, report, instance) "
+                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET "
+                 "last_seen = excluded.last_seen, report = excluded.report, "
+                 "instance = coalesce(excluded.instance, hosts.instance)",
+                 (host, at, at, json.dumps(report), instance))
     conn.execute("DELETE FROM hosts WHERE last_seen < ?", (at - FORGET_S,))
     conn.execute("DELETE FROM host_commands WHERE queued_at < ? AND (done_at IS NOT NULL OR "
                  "host NOT IN (SELECT name FROM hosts))", (at - FORGET_S,))
@@ -237,14 +256,18 @@ class Hosts:
         self.clock = clock
         self.reports: dict[str, dict[str, Any]] = {}
         self.received: dict[str, float] = {}
+        self.instances: dict[str, str] = {}  # the agent instance last heard under each name
+        # (kept in the hosts table too, so a restarted coordinator knows who holds a name)
         self._bells: dict[str, asyncio.Event] = {}
         self.closed = False
 
     async def load(self) -> None:
-        for row in await self.db.read("SELECT name, last_seen, report FROM hosts WHERE "
-                                      "last_seen >= ?", (self.clock() - FORGET_S,)):
+        for row in await self.db.read("SELECT name, last_seen, report, instance FROM hosts "
+                                      "WHERE last_seen >= ?", (self.clock() - FORGET_S,)):
             self.reports[row["name"]] = json.loads(row["report"])
             self.received[row["name"]] = row["last_seen"]
+            if row["instance"] is not None:
+                self.instances[row["name"]] = row["instance"]
 
     def close(self) -> None:
         """Shutdown: every held heartbeat is answered now."""
@@ -255,22 +278,40 @@ class Hosts:
     def _bell(self, host: str) -> asyncio.Event:
         return self._bells.setdefault(host, asyncio.Event())
 
+    def check_instance(self, host: str, instance: str | None, hold_s: float) -> None:
+        """Refuse (409) an agent instance calling under a name another instance has used
+        within hold_s; the name passes to it once that one has been silent longer."""
+        held = self.instances.get(host)
+        if instance is None or held is None or held == instance or self.age(host) > hold_s:
+            return
+        raise Conflict(
+            f"host name {host!r} is in use by another agent, heard {self.age(host):.0f} s ago: "
+            "two agents under one name (a cloned image, say) would share one command queue and "
+            "both run every command; give this one its own name with FLEET_HOST_NAME (a "
+            f"restarted machine is let in once the old one has been silent {hold_s:g} s)")
+
     async def heartbeat(self, host: str, report: dict[str, Any], wait_s: float,
-                        applied: tuple[str | None, int] = (None, 0)
+                        applied: tuple[str | None, int] = (None, 0),
+                        instance: str | None = None, hold_s: float = 0.0
                         ) -> tuple[str, list[dict[str, Any]]]:
         """Store the report; the host's queue id and the commands after `applied`, waiting up
-        to wait_s for one when there are none."""
+        to wait_s for one when there are none. Refused when another instance holds the name
+        (check_instance)."""
         at = self.clock()
         for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
             self.reports.pop(gone, None)
             self.received.pop(gone, None)
+            self.instances.pop(gone, None)
             self._bells.pop(gone, None)
+        self.check_instance(host, instance, hold_s)
         if host not in self.reports and len(self.reports) >= MAX_HOSTS:
             raise Conflict(f"this coordinator already follows {MAX_HOSTS} agent hosts, the most "
                            f"it keeps; {host} is refused until one has been silent for "
                            f"{FORGET_S / 86400:g} days")
         self.reports[host], self.received[host] = report, at
-        await self.db.write(_save_report, host, report, at)
+        if instance is not None:
+            self.instances[host] = instance
+        await self.db.write(_save_report, host, report, at, instance)
         bell = self._bell(host)
         bell.clear()
         queue, commands = await self.db.write(_take_commands, host, applied, self.clock())

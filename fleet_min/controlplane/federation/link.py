@@ -14,12 +14,18 @@ own database (link_state, link_results), so a restart of either side, a lost rep
 neither skips, repeats nor reorders a command. A command begun when the agent died is not run
 again: its result says the outcome is unknown.
 
+One agent per host name: every heartbeat and result carries this agent's instance id (see
+`instance_id`), and the coordinator refuses a second agent calling in under a name another
+instance is still using (hosts.py). Two agents sharing a name, from a cloned image say, would
+otherwise share one command queue, and each command would run on both.
+
 Domain only: no aiohttp.web here (the agent is an HTTP client of its coordinator).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import sqlite3
@@ -41,6 +47,7 @@ from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
+from fleet_min.controlplane.tokens import ensure_token
 from fleet_min.errors import Refused
 from fleet_min.http import read_capped
 from fleet_min.timeutil import now
@@ -90,6 +97,23 @@ def check_url(url: str) -> str:
 
 
 LEGACY_SPOOL = "federation-owed.json"  # where an older version kept what it owed
+INSTANCE_FILE = "federation-instance"  # this agent's random half of its instance id
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def instance_id(state_dir: Path, boot_id: Path = BOOT_ID) -> str:
+    """Who this agent is, beyond its host name: the same across restarts of the daemon, and
+    different for another agent. It joins a random value kept in the state directory (another
+    state directory, another agent) with the kernel's id of this boot (where there is one:
+    Linux), so that two machines cloned from one image with its state directory still differ,
+    while they run. A reboot makes a new id; the coordinator takes it once the old one has
+    been silent for stale_after_s."""
+    kept = ensure_token(state_dir, INSTANCE_FILE)
+    try:
+        boot = boot_id.read_text(encoding="ascii").strip()[:64]
+    except (OSError, UnicodeDecodeError):
+        boot = ""  # macOS: the kept value alone
+    return hashlib.sha256(f"{kept}:{boot}".encode()).hexdigest()[:32]
 
 
 # --- the agent's database (transactions for Database.write) ----------------------------------
@@ -178,6 +202,7 @@ class CoordinatorLink:
         self.url = check_url(url)
         self.token_file = token_file
         self.token = ""  # read at start (load)
+        self.instance = ""  # made or read at start (load)
         self.queue: str | None = None  # the coordinator's queue our numbers belong to
         self.applied = 0               # the last number of it applied here
         self.last_ok_at: float | None = None
@@ -198,6 +223,7 @@ class CoordinatorLink:
         """The token; the queue and number from the database; a command a crash interrupted is
         settled."""
         self.token = coordinator_token(self.token_file)
+        self.instance = instance_id(self.plane.state_dir)
         await self._import_legacy_spool()
         row = await self.plane.db.read_one("SELECT queue, applied, running, running_id FROM "
                                         "link_state ORDER BY updated_at DESC LIMIT 1")
@@ -223,14 +249,15 @@ class CoordinatorLink:
         spool.unlink(missing_ok=True)
 
     def status(self) -> dict[str, Any]:
-        return {"coordinator": self.url, "heartbeats": self.heartbeats,
+        return {"coordinator": self.url, "instance": self.instance,
+                "heartbeats": self.heartbeats,
                 "last_ok_at": self.last_ok_at, "last_error": self.last_error,
                 "queue": self.queue, "applied": self.applied}
 
     def report(self, wait_s: float) -> dict[str, Any]:
         snap = self.plane.snapshot
-        return {"host": self.plane.host_name, "role": "agent", "wait_s": wait_s,
-                "queue": self.queue, "applied": self.applied,
+        return {"host": self.plane.host_name, "instance": self.instance, "role": "agent",
+                "wait_s": wait_s, "queue": self.queue, "applied": self.applied,
                 "runners": [{k: v.get(k) for k in RUNNER_FIELDS} for v in self.plane.views],
                 "capacity": snap.get("capacity"), "vitals": snap.get("vitals"),
                 "load": (snap.get("vitals") or {}).get("load")}
@@ -316,7 +343,8 @@ class CoordinatorLink:
         if rows:
             results = [json.loads(r["result"]) for r in rows]
             await self._post(session, "/api/host/results",
-                             {"host": self.plane.host_name, "results": results}, 30)
+                             {"host": self.plane.host_name, "instance": self.instance,
+                              "results": results}, 30)
             await self.plane.db.write(_reported, [r["id"] for r in rows])
 
     async def execute(self, command_id: str, command: dict[str, Any]) -> dict[str, Any]:
