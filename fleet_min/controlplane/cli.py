@@ -14,26 +14,43 @@ from typing import Any
 from fleet_min import filemodes, heap, jsonio, logs, serving
 from fleet_min.config import ConfigError, add_flags, help_epilog, resolve
 from fleet_min.controlplane import tokens
-from fleet_min.controlplane.federation.link import coordinator_token, coordinator_token_file
+from fleet_min.controlplane.federation.hosts import check_host
+from fleet_min.controlplane.federation.link import (
+    check_token_host,
+    coordinator_token,
+    coordinator_token_file,
+)
 from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS, LiveValues, live_help
+from fleet_min.controlplane.state import own_host_name
+from fleet_min.errors import Refused
 
 log = logging.getLogger("fleet_min.controlplane")
 
 
 def _token_command(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="fleet-min controlplane token",
-                                     description="Print the control token (or the agent token).")
+    parser = argparse.ArgumentParser(
+        prog="fleet-min controlplane token",
+        description="Print the control token (or the agent token, or a host token).")
     parser.add_argument("--agent", action="store_true",
                         help="print the agent token, creating a separate one if there is none")
+    parser.add_argument("--host", default=None, metavar="NAME",
+                        help="print a host token: the agent token narrowed to the agent host "
+                             "NAME (its FLEET_HOST_NAME), which may speak for that host only")
     parser.add_argument("--state", dest="state_dir", default=None,
                         help="state directory (default: FLEET_STATE_DIR or ~/.config/fleet-min)")
     args = parser.parse_args(argv)
     try:
         cfg = resolve(CONTROLPLANE_SETTINGS, {"state_dir": args.state_dir})
-    except ConfigError as exc:
+        host = check_host(args.host) if args.host is not None else None
+    except (ConfigError, Refused) as exc:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2
     state = Path(cfg.state_dir).expanduser()
+    if host is not None:
+        # Made from the agent token the daemon holds now (the control token while there is no
+        # separate one), so it is good at once, without a restart.
+        print(tokens.host_token(tokens.agent_token(state, tokens.ensure_token(state)), host))
+        return 0
     name = tokens.AGENT_FILE if args.agent else tokens.CONTROL_FILE
     print(tokens.ensure_token(state, name))
     return 0
@@ -69,8 +86,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fleet-min controlplane",
         description="Supervise this host's GitHub Actions runners and serve their dashboard "
-                    "API.\n\n`fleet-min controlplane token [--agent]` prints a token (its own "
-                    "--help).",
+                    "API.\n\n`fleet-min controlplane token [--agent] [--host NAME]` prints a "
+                    "token (its own --help).",
         epilog=help_epilog(CONTROLPLANE_SETTINGS, live_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, CONTROLPLANE_SETTINGS)
@@ -79,8 +96,8 @@ def main(argv: list[str]) -> int:
         cfg = resolve(CONTROLPLANE_SETTINGS, vars(args))
 
         LiveValues({}, os.environ)  # refuse a bad FLEET_CEILING etc. now, not at the first tick
-        if cfg.coordinator:
-            coordinator_token(coordinator_token_file(cfg))  # an agent without it cannot start
+        if cfg.coordinator:  # an agent without its token, or with another host's, cannot start
+            check_token_host(coordinator_token(coordinator_token_file(cfg)), own_host_name(cfg))
     except (ConfigError, ValueError) as exc:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2

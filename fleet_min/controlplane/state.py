@@ -41,13 +41,18 @@ class RepoData:
         self.refreshed_at: float | None = None
 
 
+def own_host_name(cfg: Any) -> str:
+    """This host's name in federation: FLEET_HOST_NAME, else the machine's host name."""
+    return str(cfg.host_name or socket.gethostname())
+
+
 class Plane:
     def __init__(self, cfg: ControlPlaneConfig, environ: Mapping[str, str] | None = None) -> None:
         self.cfg = cfg
         self.environ = dict(os.environ if environ is None else environ)
         self.root = Path(cfg.root).expanduser()
         self.state_dir = Path(cfg.state_dir).expanduser()
-        self.host_name = cfg.host_name or socket.gethostname()
+        self.host_name = own_host_name(cfg)
         self.role = "agent" if cfg.coordinator else "coordinator"
         self.clock = now
         self.db = Database(self.state_dir / "controlplane.db", store.MIGRATIONS, cfg.synchronous,

@@ -2,10 +2,16 @@
 
 Rotation is "delete the file and restart", so a file that is shorter than a token, not hex, or
 unreadable is replaced rather than trusted.
+
+A host token (`token --agent --host NAME`) is the agent token narrowed to one agent host:
+`NAME~` and an HMAC of the name under the agent token. The coordinator checks it with the agent
+token it already holds (nothing more is stored), and a heartbeat or result post it carries may
+speak for NAME only. Rotating the agent token rotates every host token with it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import re
@@ -64,3 +70,28 @@ def matches(given: str, expected: str | None) -> bool:
     if not expected:
         return False
     return hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode("ascii"))
+
+
+HOST_SEPARATOR = "~"  # not in a host name, and a character bearer tokens may hold (RFC 6750)
+
+
+def _host_mac(secret: str, host: str) -> str:
+    return hmac.new(secret.encode("ascii"), f"fleet-min agent host {host}".encode(),
+                    hashlib.sha256).hexdigest()
+
+
+def host_token(secret: str, host: str) -> str:
+    """The agent token narrowed to one agent host (see the module's docstring)."""
+    return f"{host}{HOST_SEPARATOR}{_host_mac(secret, host)}"
+
+
+def token_host(given: str, secret: str | None) -> str | None:
+    """The host a host token speaks for, when `given` is one made with `secret`; else None.
+    The comparison is constant-time, as for the other tokens."""
+    host, separator, mac = given.rpartition(HOST_SEPARATOR)
+    if not secret or not separator or not host:
+        return None
+    expected = _host_mac(secret, host)
+    if not hmac.compare_digest(mac.encode("utf-8", "replace"), expected.encode("ascii")):
+        return None
+    return host

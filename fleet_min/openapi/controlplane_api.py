@@ -234,19 +234,20 @@ def _control() -> list[Route]:
 
 
 # An agent's instance id (federation/link.py instance_id); older agents send none.
-INSTANCE = string(pattern="^[0-9a-f]{16,64}$")
+INSTANCE = null(string(pattern="^[0-9a-f]{16,64}$"))  # null: as if left out
 
 
 def _agents() -> list[Route]:
     tag = "federation"
     either = ("controlToken", "agentToken")
+    refused = f"{REFUSED}; or a host token naming another host"
     return [
         Route("POST", "/api/host/heartbeat", "An agent host reports its state",
               {200: json_reply(obj({"ok": enum(True), "queue": STR, "commands": arr(obj({
                   "id": STR, "seq": integer(1), "action": STR, "args": obj()}))}),
                   "stored; the host's queue id and its unfinished commands numbered after "
                   "`applied`, in order (held up to wait_s for one)")},
-              {400: BAD_JSON, **AUTH_ERRORS,
+              {400: BAD_JSON, **AUTH_ERRORS, 403: refused,
                409: "the host is this coordinator's own name, a new host past the 100 agent "
                     "hosts kept, or a name another agent instance has used within "
                     "stale_after_s", 413: TOO_LARGE},
@@ -261,7 +262,7 @@ def _agents() -> list[Route]:
         Route("POST", "/api/host/results", "An agent host reports command results",
               {200: json_reply(obj({"ok": enum(True), "received": integer(0),
                                     "matched?": integer(0)}))},
-              {400: BAD_JSON, **AUTH_ERRORS,
+              {400: BAD_JSON, **AUTH_ERRORS, 403: refused,
                409: "the host name is in use by another agent instance", 413: TOO_LARGE},
               body=Body(obj({"host": HOST_NAME, "instance?": INSTANCE, "results": arr(obj({
                   "id": STR, "seq?": ANY, "ok?": ANY, "error?": ANY, "output?": ANY,
@@ -300,7 +301,9 @@ def service() -> Service:
             "controlToken": {"type": "http", "scheme": "bearer",
                              "description": "<state>/control-token"},
             "agentToken": {"type": "http", "scheme": "bearer",
-                           "description": "<state>/agent-token (else the control token)"}},
+                           "description": "<state>/agent-token (else the control token), "
+                                          "or a host token (token --agent --host NAME): "
+                                          "heartbeats and results for NAME only"}},
         routes=[*_reads(), *_control(), *_agents(), *_pages()],
         tags=[("reads", "open reads"), ("analysis", "figures from the job history"),
               ("control", "token-guarded changes"),

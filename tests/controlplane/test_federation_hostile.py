@@ -12,6 +12,8 @@ import json
 import os
 import re
 import sqlite3
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -22,7 +24,7 @@ from aiohttp import web
 
 from fleet_min.controlplane.federation.hosts import MAX_HOSTS, MAX_RESULTS, REPLY_BUDGET
 from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
-from tests.support.controlplane import Daemon, Host, until
+from tests.support.controlplane import REPO_ROOT, Daemon, Host, until
 from tests.support.fake_github import FakeGitHub
 
 Answer = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
@@ -431,4 +433,61 @@ async def test_one_host_name_is_one_agent_instance(
         assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": first}
                                  ))[0] == 409
     finally:
+        coord.stop()
+
+
+def _cli(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "fleet_min", "controlplane", *args],
+                          env={**host.full_env(), "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60)
+
+
+async def test_a_host_token_speaks_for_its_host_only(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Whoever held the one agent token could report, and settle commands, under any host's
+    name. A host token (`token --agent --host NAME` on the coordinator) speaks for NAME alone:
+    a real agent runs on it, the same token under another name is refused, and an agent given
+    another host's token refuses to start."""
+    coord_host = Host(tmp_path / "coord", github)
+    made = _cli(coord_host, "token", "--agent", "--host", "edge", "--state", str(coord_host.state))
+    assert made.returncode == 0, made.stderr
+    edge_token = made.stdout.strip()
+    assert _cli(coord_host, "token", "--host", "not a name", "--state", str(coord_host.state)
+                ).returncode == 2
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    edge_host = Host(tmp_path / "edge", github)
+    edge_host.state.mkdir(parents=True, exist_ok=True)
+    (edge_host.state / "coordinator-token").write_text(edge_token + "\n")
+    (edge_host.state / "coordinator-token").chmod(0o600)
+    agent = Daemon(edge_host, {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1"},
+                   args=("--coordinator", coord.url))
+    try:
+        async def listed() -> bool:
+            hosts = await Agentish(coord, http).hosts()
+            return any(h["host"] == "edge" for h in hosts["hosts"])
+        await until(listed, timeout=30)
+        as_edge = {"Authorization": f"Bearer {edge_token}", "Content-Type": "application/json"}
+        for path, body in (("/api/host/heartbeat", {"host": "other"}),
+                           ("/api/host/results", {"host": "other", "results": []}),
+                           ("/api/action", {"id": "health.check", "args": {"host": "edge"}})):
+            async with http.post(f"{coord.url}{path}", json=body, headers=as_edge) as resp:
+                assert resp.status == 403, (path, await resp.text())
+                if path != "/api/action":
+                    assert "host token of 'edge'" in (await resp.json())["error"]
+        names = {h["host"] for h in (await Agentish(coord, http).hosts())["hosts"]}
+        assert names == {"coord", "edge"}
+
+        other_host = Host(tmp_path / "other", github)
+        other_host.state.mkdir(parents=True, exist_ok=True)
+        (other_host.state / "coordinator-token").write_text(edge_token + "\n")
+        (other_host.state / "coordinator-token").chmod(0o600)
+        refused = subprocess.run(
+            [sys.executable, "-m", "fleet_min", "controlplane", "--port", "0", "--state",
+             str(other_host.state), "--coordinator", coord.url],
+            env={**other_host.full_env(), "PYTHONPATH": str(REPO_ROOT),
+                 "FLEET_HOST_NAME": "other"},
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and "host token of 'edge'" in refused.stderr, refused
+    finally:
+        agent.stop()
         coord.stop()

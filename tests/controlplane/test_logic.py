@@ -84,6 +84,30 @@ def test_auth_rows() -> None:
     assert _authorize(Need.AGENT, {**host, "Authorization": f"Bearer {CONTROL}"})
 
 
+def test_a_host_token_speaks_for_its_host_only() -> None:
+    """A host token is the agent token narrowed to one name: it passes the agent routes as that
+    host alone, never a control route, and any change to it is a wrong token."""
+    host = {"Host": "127.0.0.1:7878"}
+    edge = tokens.host_token(AGENT, "edge")
+    assert edge.startswith("edge~") and tokens.token_host(edge, AGENT) == "edge"
+    as_edge = {**host, "Authorization": f"Bearer {edge}"}
+    assert _authorize(Need.AGENT, as_edge) == "agent token for edge"
+    assert auth.token_host(as_edge, AGENT) == "edge"
+    assert auth.token_host({**host, "Authorization": f"Bearer {AGENT}"}, AGENT) is None
+    with pytest.raises(Forbidden):
+        _authorize(Need.CONTROL, as_edge)
+    mac = edge.split("~", 1)[1]
+    forged = [f"other~{mac}",                      # another name with edge's code
+              f"edge~{mac[:-1]}{'0' if mac[-1] != '0' else '1'}",  # one digit changed
+              tokens.host_token("b" * 64, "edge"),  # made with another agent token
+              f"edge~{mac}~", "~" + mac, "edge~", mac]
+    for token in forged:
+        assert tokens.token_host(token, AGENT) is None, token
+        with pytest.raises(Forbidden):
+            _authorize(Need.AGENT, {**host, "Authorization": f"Bearer {token}"})
+    assert tokens.token_host(edge, None) is None  # read-only: no agent token at all
+
+
 @pytest.mark.parametrize("headers", [
     {"Origin": "http://evil.example"},
     {"Origin": "http://127.0.0.1:9999"},

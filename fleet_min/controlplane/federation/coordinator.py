@@ -19,8 +19,17 @@ from fleet_min.controlplane.federation.hosts import (
 )
 from fleet_min.controlplane.federation.link import CoordinatorLink
 from fleet_min.controlplane.state import Plane
-from fleet_min.errors import BadRequest, Conflict
+from fleet_min.errors import BadRequest, Conflict, Forbidden
 from fleet_min.timeutil import iso
+
+
+def _speaks_for(host: str, bound: str | None) -> str:
+    """Refuse (403) a host token used for another host's name."""
+    if bound is not None and host != bound:
+        raise Forbidden(f"this token is the host token of {bound!r}; it cannot speak for "
+                        f"{host!r} (make that host its own: fleet-min controlplane token "
+                        f"--agent --host {host})")
+    return host
 
 
 class Coordinator:
@@ -28,9 +37,10 @@ class Coordinator:
         self.plane = plane
         self.link = link  # this host's own link when it runs as an agent
 
-    async def heartbeat(self, body: dict[str, Any]) -> dict[str, Any]:
-        """Keep an agent's report; answer with its commands (held up to its wait_s for one)."""
-        host = check_host(body.get("host"))
+    async def heartbeat(self, body: dict[str, Any], bound: str | None = None) -> dict[str, Any]:
+        """Keep an agent's report; answer with its commands (held up to its wait_s for one).
+        `bound`: the one host the caller's token may speak for (a host token), or None."""
+        host = _speaks_for(check_host(body.get("host")), bound)
         if host == self.plane.host_name:
             raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
                            "(FLEET_HOST_NAME)")
@@ -39,9 +49,10 @@ class Coordinator:
             self.plane.setting("stale_after_s"))
         return {"ok": True, "queue": queue, "commands": commands}
 
-    async def results(self, body: dict[str, Any], who: str) -> dict[str, Any]:
+    async def results(self, body: dict[str, Any], who: str, bound: str | None = None
+                      ) -> dict[str, Any]:
         """An agent's command results, matched to the commands queued for it and audited."""
-        host, results = check_host(body.get("host")), body.get("results")
+        host, results = _speaks_for(check_host(body.get("host")), bound), body.get("results")
         # Bounded: each result is a database write and an audit row, so an unbounded list
         # would hold the one writer for seconds and push the operator's rows out of the audit.
         if not isinstance(results, list) or len(results) > MAX_RESULTS or not all(

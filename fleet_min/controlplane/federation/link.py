@@ -47,7 +47,7 @@ from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
-from fleet_min.controlplane.tokens import ensure_token
+from fleet_min.controlplane.tokens import HOST_SEPARATOR, ensure_token
 from fleet_min.errors import Refused
 from fleet_min.http import read_capped
 from fleet_min.timeutil import now
@@ -87,6 +87,17 @@ def coordinator_token(path: Path) -> str:
                              f"and cannot be made owner-only ({exc.strerror}); "
                              "chmod 600 it") from None
     return text
+
+
+def check_token_host(token: str, host_name: str) -> None:
+    """Refuse to start with a host token made for another host's name: every heartbeat would be
+    refused (403), and the agent would only say so in its link's last error."""
+    bound, separator, _ = token.rpartition(HOST_SEPARATOR)
+    if separator and bound != host_name:
+        raise ValueError(f"the coordinator token is the host token of {bound!r}, but this "
+                         f"host's name is {host_name!r}: set FLEET_HOST_NAME={bound}, or make "
+                         f"one for this host on the coordinator (fleet-min controlplane token "
+                         f"--agent --host {host_name})")
 
 
 def check_url(url: str) -> str:

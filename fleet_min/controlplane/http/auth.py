@@ -60,4 +60,14 @@ def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,
         return "control token"
     if need is Need.AGENT and tokens.matches(given, agent):
         return "agent token"
+    host = tokens.token_host(given, agent) if need is Need.AGENT else None
+    if host is not None:
+        return f"agent token for {host}"
     raise Forbidden("the bearer token is wrong")
+
+
+def token_host(headers: Mapping[str, str], agent: str | None) -> str | None:
+    """The one agent host the request's bearer token may speak for (a host token); None for
+    any other token, which `authorize` has judged already."""
+    given = bearer(headers)
+    return tokens.token_host(given, agent) if given is not None else None

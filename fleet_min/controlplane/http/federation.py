@@ -8,7 +8,7 @@ from aiohttp import web
 
 from fleet_min.controlplane.federation.coordinator import Coordinator
 from fleet_min.controlplane.http import routes
-from fleet_min.controlplane.http.auth import Need
+from fleet_min.controlplane.http.auth import Need, token_host
 from fleet_min.http import json_response, read_json_object
 
 COORDINATOR = web.AppKey("coordinator", Coordinator)
@@ -18,14 +18,20 @@ async def hosts(request: web.Request) -> web.Response:
     return json_response(await request.app[COORDINATOR].hosts_report())
 
 
+def _token_host(request: web.Request) -> str | None:
+    """The host a host token limits the request to (None: a token for any host)."""
+    return token_host(request.headers, request.app[COORDINATOR].plane.agent_token)
+
+
 async def heartbeat(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    return json_response(await request.app[COORDINATOR].heartbeat(body))
+    return json_response(await request.app[COORDINATOR].heartbeat(body, _token_host(request)))
 
 
 async def host_results(request: web.Request) -> web.Response:
     body = await read_json_object(request)
-    return json_response(await request.app[COORDINATOR].results(body, routes.who(request)))
+    return json_response(await request.app[COORDINATOR].results(body, routes.who(request),
+                                                                _token_host(request)))
 
 
 def setup(app: web.Application, coordinator: Coordinator) -> None:
