@@ -76,7 +76,10 @@ HOST_SEPARATOR = "~"  # not in a host name, and a character bearer tokens may ho
 
 
 def _host_mac(secret: str, host: str) -> str:
-    return hmac.new(secret.encode("ascii"), f"fleet-min agent host {host}".encode(),
+    # "replace": a header's bytes that are not UTF-8 reach us as lone surrogates, and such a
+    # name is no host's anyway (the coded text only has to be something, not to match).
+    return hmac.new(secret.encode("ascii"),
+                    f"fleet-min agent host {host}".encode("utf-8", "replace"),
                     hashlib.sha256).hexdigest()
 
 

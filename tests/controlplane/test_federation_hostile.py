@@ -476,6 +476,15 @@ async def test_a_host_token_speaks_for_its_host_only(
                     assert "host token of 'edge'" in (await resp.json())["error"]
         names = {h["host"] for h in (await Agentish(coord, http).hosts())["hosts"]}
         assert names == {"coord", "edge"}
+        # A token that is not UTF-8 is a wrong token (it was a 500: the name could not be coded).
+        address = coord.url.removeprefix("http://")
+        reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+        writer.write(b"POST /api/host/heartbeat HTTP/1.1\r\nHost: " + address.encode()
+                     + b"\r\nAuthorization: Bearer \xff~" + edge_token.split("~")[1].encode()
+                     + b"\r\nContent-Type: application/json\r\nContent-Length: 16\r\n"
+                     b"Connection: close\r\n\r\n" + b'{"host": "edge"}')
+        assert (await reader.readline()).startswith(b"HTTP/1.1 403")
+        writer.close()
 
         other_host = Host(tmp_path / "other", github)
         other_host.state.mkdir(parents=True, exist_ok=True)

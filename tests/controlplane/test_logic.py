@@ -100,7 +100,8 @@ def test_a_host_token_speaks_for_its_host_only() -> None:
     forged = [f"other~{mac}",                      # another name with edge's code
               f"edge~{mac[:-1]}{'0' if mac[-1] != '0' else '1'}",  # one digit changed
               tokens.host_token("b" * 64, "edge"),  # made with another agent token
-              f"edge~{mac}~", "~" + mac, "edge~", mac]
+              f"edge~{mac}~", "~" + mac, "edge~", mac,
+              f"\udcff~{mac}"]  # a header byte that is not UTF-8 (aiohttp's surrogate)
     for token in forged:
         assert tokens.token_host(token, AGENT) is None, token
         with pytest.raises(Forbidden):
