@@ -397,7 +397,8 @@ async def test_one_host_name_is_one_agent_instance(
     and results alike (it could settle the first's commands with its own outcomes), until the
     first has been silent for stale_after_s, and across a restart of the coordinator. Agents
     that send no instance (older versions) are not checked."""
-    env = {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "4"}
+    # Long enough that the restart below surely ends inside it on a loaded machine.
+    env = {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "30"}
     coord = Daemon(Host(tmp_path, github), env)
     first, second = "a1" * 16, "b2" * 16
     try:
@@ -426,8 +427,11 @@ async def test_one_host_name_is_one_agent_instance(
                                              {"host": "edge", "instance": odd})
             assert status == 400 and "instance" in reply["error"], (odd, reply)
         assert (await agent.post("/api/host/heartbeat", {"host": "edge"}))[0] == 200  # older
-        # The first falls silent: the name passes to the second, and is then refused to it.
-        await asyncio.sleep(4.5)
+        # The first falls silent (stale_after_s made 1 s, live): the name passes to the second,
+        # and is then refused to the first.
+        status, reply = await agent.post("/api/settings", {"key": "stale_after_s", "value": 1})
+        assert status == 200, reply
+        await asyncio.sleep(1.5)
         assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": second}
                                  ))[0] == 200
         assert (await agent.post("/api/host/heartbeat", {"host": "edge", "instance": first}
