@@ -409,7 +409,7 @@ async def test_a_second_agent_under_the_same_name_is_refused(
         async def back() -> bool:
             state = await link("first")
             return bool(state["heartbeats"] >= 1 and state["last_error"] is None)
-        await until(back, timeout=10)
+        await until(back, timeout=30)
         assert (await link("first"))["instance"] == before
         assert await refused("clone")
     finally:
