@@ -322,6 +322,44 @@ def test_a_remote_runner_offers_working_actions_and_shows_the_forwarded_outcome(
 
 @needs_chromium
 @pytest.mark.slow
+def test_an_agent_host_shows_its_coordinator_and_a_refusal(tmp_path: Path, github: FakeGitHub,
+                                                           browser: Browser) -> None:
+    """An agent's Hosts screen says where it reports and how that went: a second agent under a
+    name another is using (a cloned image) shows the coordinator's refusal, the first shows
+    its last answer. Before, an agent's screen said only that no agent reports to it."""
+    coord_host = make_host(tmp_path / "coord", github)
+    agents_hosts = [make_host(tmp_path / which, github) for which in ("first", "clone")]
+    for host in agents_hosts:
+        agent_token(coord_host, host)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    agents: list[Daemon] = []
+    try:
+        for host in agents_hosts:
+            agents.append(Daemon(host, {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1"},
+                                 args=("--coordinator", coord.url)))
+            page, console = open_page(browser, agents[-1].url + "/#/hosts")
+            link = page.locator("#coordinator-link")
+            expect(link).to_contain_text(coord.url, timeout=WAIT_MS)
+            if len(agents) == 1:
+                expect(link).to_contain_text("last answered", timeout=WAIT_MS)
+                expect(link).to_have_attribute("data-ok", "true")
+            else:
+                # The screen refreshes every 10 s: wait past one refresh for the refusal.
+                expect(link).to_contain_text("in use by another agent", timeout=30_000)
+                expect(link).to_have_attribute("data-ok", "false")
+                expect(link).to_contain_text("FLEET_HOST_NAME")
+                shot(page, "hosts-agent-refused")
+            expect(page.locator("#hosts")).not_to_contain_text("No agent host reports")
+            assert console.errors == []
+            page.context.close()
+    finally:
+        for agent in agents:
+            agent.stop()
+        coord.stop()
+
+
+@needs_chromium
+@pytest.mark.slow
 def test_hosts_screen_fits_a_laptop_screen(tmp_path: Path, github: FakeGitHub,
                                            browser: Browser) -> None:
     """A dozen hosts (this one and eleven agents reporting over HTTP), 80 admission decisions

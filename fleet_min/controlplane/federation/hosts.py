@@ -285,10 +285,10 @@ class Hosts:
         if instance is None or held is None or held == instance or self.age(host) > hold_s:
             return
         raise Conflict(
-            f"host name {host!r} is in use by another agent, heard {self.age(host):.0f} s ago: "
-            "two agents under one name (a cloned image, say) would share one command queue and "
-            "both run every command; give this one its own name with FLEET_HOST_NAME (a "
-            f"restarted machine is let in once the old one has been silent {hold_s:g} s)")
+            f"host name {host!r} is in use by another agent (heard {self.age(host):.0f} s ago); "
+            "two agents under one name would both run its commands: give this one its own "
+            f"FLEET_HOST_NAME (a restarted machine is let in once the old one has been silent "
+            f"{hold_s:g} s)")
 
     async def heartbeat(self, host: str, report: dict[str, Any], wait_s: float,
                         applied: tuple[str | None, int] = (None, 0),

@@ -107,6 +107,13 @@ def check_url(url: str) -> str:
     return url.rstrip("/")
 
 
+LAST_ERROR_CHARS = 600  # of the last failed call, shown in /api/hosts and on the Hosts screen
+
+
+class CoordinatorRefusal(ValueError):
+    """The coordinator answered with a refusal (4xx, 5xx) and its reason."""
+
+
 LEGACY_SPOOL = "federation-owed.json"  # where an older version kept what it owed
 INSTANCE_FILE = "federation-instance"  # this agent's random half of its instance id
 BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
@@ -282,11 +289,14 @@ class CoordinatorLink:
                     await self._exchange(session)
                     failures = 0
                     continue
+                except CoordinatorRefusal as exc:  # its own words, whole: they say what to do
+                    self.last_error = str(exc)[:LAST_ERROR_CHARS]
+                    log.warning("heartbeat to %s failed: %s", self.url, self.last_error)
                 except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_CHARS]
                     log.warning("heartbeat to %s failed: %s", self.url, self.last_error)
                 except Exception as exc:  # never the end of the link: it would go quiet for good
-                    self.last_error = f"{type(exc).__name__}: {exc}"[:300]
+                    self.last_error = f"{type(exc).__name__}: {exc}"[:LAST_ERROR_CHARS]
                     log.exception("heartbeat to %s failed unexpectedly", self.url)
                 await wait_event(self._stop, RETRY_S[min(failures, len(RETRY_S) - 1)])
                 failures += 1
@@ -307,7 +317,8 @@ class CoordinatorLink:
                 if not isinstance(reply, dict):
                     raise ValueError(f"{path} answered {resp.status} without a JSON object")
                 if resp.status != 200:
-                    raise ValueError(f"{path} answered {resp.status}: {reply.get('error')}")
+                    raise CoordinatorRefusal(f"{path} answered {resp.status}: "
+                                             f"{str(reply.get('error'))[:LAST_ERROR_CHARS]}")
                 return reply
 
     async def _exchange(self, session: aiohttp.ClientSession) -> None:

@@ -23,13 +23,24 @@ function HostsTable({ hosts }) {
     rowAttrs=${(h) => ({ "data-host": h.host })} />`;
 }
 
+// On an agent host: the coordinator it reports to, when it last got an answer, and why the
+// last call failed (a refusal such as another agent using this host's name shows here).
+function CoordinatorLink({ link }) {
+  return html`<p id="coordinator-link" class="small" data-ok=${link.last_error ? "false" : "true"}>
+    This host reports to <code>${link.coordinator}</code>${link.last_ok_at
+      ? html`, last answered <${Time} at=${link.last_ok_at} />` : ", which has taken no report yet"}.
+    ${link.last_error ? html`<br /><span class="bad-text">Last call failed: ${link.last_error}</span>` : null}</p>`;
+}
+
 export function Hosts() {
   const res = useFetch("/api/hosts", `hosts-${tick()}`);
   const hosts = (res.data?.hosts || []).filter((h) => h && h.host);
+  const link = hosts.find((h) => h.local)?.coordinator;
   return html`<div class="hosts-layout">
     <${Panel} id="hosts" title=${hosts.length ? `Hosts (${hosts.length})` : "Hosts"}>
       <${Loaded} res=${res} what="Hosts" path="/api/hosts">${() => (hosts.length ? html`<${HostsTable} hosts=${hosts} />
-        ${hosts.length === 1 ? html`<p class="muted small">No agent host reports to this one. An agent started with <code>--coordinator</code> pointing here shows up as it calls in.</p>` : null}`
+        ${link ? html`<${CoordinatorLink} link=${link} />` : null}
+        ${hosts.length === 1 && !link ? html`<p class="muted small">No agent host reports to this one. An agent started with <code>--coordinator</code> pointing here shows up as it calls in.</p>` : null}`
         : html`<${Empty}>No host has reported.<//>`)}<//>
     <//>
     <div class="stack">
