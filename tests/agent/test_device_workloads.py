@@ -383,15 +383,15 @@ def test_thermal_rows_carry_rate_and_temperatures(fa, tmp_path, http_stub):
 
 def test_thermal_with_llama_bench_shows_throttling(fa, tmp_path, http_stub, llama_runtime,
                                                    monkeypatch):
-    rates = iter([30.0, 30.0, 30.0, 20.0, 15.0, 15.0, 15.0])
+    # The fake takes the next rate at each start. (Setting the rate in the environment once
+    # each row had arrived raced the agent's next start on a loaded machine.)
+    rates = tmp_path / "rates"
+    rates.write_text("30 30 30 20 15 15 15")
+    monkeypatch.setenv("FAKE_BENCH_TG_FILE", str(rates))
     job = JobThread(fa, llama_runtime, http_stub.url, {
         "job_id": "tl", "workload": "thermal", "backend": "llama.cpp", "model": model(http_stub),
         "params": {"prompt_tokens": 8, "gen_tokens": 4, "duration_s": 600, "max_iters": 7}})
-    monkeypatch.setenv("FAKE_BENCH_TG", str(next(rates)))
     job.start()
-    for count in range(1, 7):  # the fake reads its rate from the environment at each start
-        wait_for(lambda c=count: len(rows(http_stub)) >= c, 30, what=f"iteration {count}")
-        monkeypatch.setenv("FAKE_BENCH_TG", str(next(rates)))
     result = job.finish(60)
     assert result["ok"] is True, result
     assert result["metrics"]["iterations"] == 7

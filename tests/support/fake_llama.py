@@ -82,6 +82,11 @@ maybe_fail()
 time.sleep(0.05)
 reps = int(args["-r"])
 rate = float(os.environ.get("FAKE_BENCH_TG", "25.0"))
+rates_file = os.environ.get("FAKE_BENCH_TG_FILE")
+if rates_file:  # one rate a start, in order (the last one stays): a run that slows down
+    rates = open(rates_file).read().split()
+    rate = float(rates[0])
+    open(rates_file, "w").write("\n".join(rates[1:] or rates))
 print("llama-bench: warming up", file=sys.stderr)
 print(json.dumps([
     {"build_commit": "abc123", "model_type": "llama 1B Q4_0", "n_prompt": int(args["-p"]),
