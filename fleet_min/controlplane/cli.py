@@ -31,17 +31,18 @@ def _token_command(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fleet-min controlplane token",
         description="Print the control token (or the agent token, or a host token).")
-    parser.add_argument("--agent", action="store_true",
-                        help="print the agent token, creating a separate one if there is none")
-    parser.add_argument("--host", default=None, metavar="NAME",
-                        help="print a host token: the agent token narrowed to the agent host "
-                             "NAME (its FLEET_HOST_NAME), which may speak for that host only")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--agent", action="store_true",
+                       help="print the agent token, creating a separate one if there is none")
+    which.add_argument("--agent-host", default=None, metavar="NAME",
+                       help="print a host token: the agent token narrowed to the agent host "
+                            "NAME (its FLEET_HOST_NAME), which may speak for that host only")
     parser.add_argument("--state", dest="state_dir", default=None,
                         help="state directory (default: FLEET_STATE_DIR or ~/.config/fleet-min)")
     args = parser.parse_args(argv)
     try:
         cfg = resolve(CONTROLPLANE_SETTINGS, {"state_dir": args.state_dir})
-        host = check_host(args.host) if args.host is not None else None
+        host = check_host(args.agent_host) if args.agent_host is not None else None
     except (ConfigError, Refused) as exc:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2
@@ -86,8 +87,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="fleet-min controlplane",
         description="Supervise this host's GitHub Actions runners and serve their dashboard "
-                    "API.\n\n`fleet-min controlplane token [--agent] [--host NAME]` prints a "
-                    "token (its own --help).",
+                    "API.\n\n`fleet-min controlplane token [--agent | --agent-host NAME]` "
+                    "prints a token (its own --help).",
         epilog=help_epilog(CONTROLPLANE_SETTINGS, live_help()),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, CONTROLPLANE_SETTINGS)

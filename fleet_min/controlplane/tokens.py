@@ -3,7 +3,7 @@
 Rotation is "delete the file and restart", so a file that is shorter than a token, not hex, or
 unreadable is replaced rather than trusted.
 
-A host token (`token --agent --host NAME`) is the agent token narrowed to one agent host:
+A host token (`token --agent-host NAME`) is the agent token narrowed to one agent host:
 `NAME~` and an HMAC of the name under the agent token. The coordinator checks it with the agent
 token it already holds (nothing more is stored), and a heartbeat or result post it carries may
 speak for NAME only. Rotating the agent token rotates every host token with it.

@@ -302,7 +302,7 @@ def service() -> Service:
                              "description": "<state>/control-token"},
             "agentToken": {"type": "http", "scheme": "bearer",
                            "description": "<state>/agent-token (else the control token), "
-                                          "or a host token (token --agent --host NAME): "
+                                          "or a host token (token --agent-host NAME): "
                                           "heartbeats and results for NAME only"}},
         routes=[*_reads(), *_control(), *_agents(), *_pages()],
         tags=[("reads", "open reads"), ("analysis", "figures from the job history"),

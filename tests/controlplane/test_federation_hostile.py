@@ -449,14 +449,14 @@ def _cli(host: Host, *args: str) -> subprocess.CompletedProcess[str]:
 async def test_a_host_token_speaks_for_its_host_only(
         tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
     """Whoever held the one agent token could report, and settle commands, under any host's
-    name. A host token (`token --agent --host NAME` on the coordinator) speaks for NAME alone:
+    name. A host token (`token --agent-host NAME` on the coordinator) speaks for NAME alone:
     a real agent runs on it, the same token under another name is refused, and an agent given
     another host's token refuses to start."""
     coord_host = Host(tmp_path / "coord", github)
-    made = _cli(coord_host, "token", "--agent", "--host", "edge", "--state", str(coord_host.state))
+    made = _cli(coord_host, "token", "--agent-host", "edge", "--state", str(coord_host.state))
     assert made.returncode == 0, made.stderr
     edge_token = made.stdout.strip()
-    assert _cli(coord_host, "token", "--host", "not a name", "--state", str(coord_host.state)
+    assert _cli(coord_host, "token", "--agent-host", "not a name", "--state", str(coord_host.state)
                 ).returncode == 2
     coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
     edge_host = Host(tmp_path / "edge", github)

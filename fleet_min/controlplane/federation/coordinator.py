@@ -28,7 +28,7 @@ def _speaks_for(host: str, bound: str | None) -> str:
     if bound is not None and host != bound:
         raise Forbidden(f"this token is the host token of {bound!r}; it cannot speak for "
                         f"{host!r} (make that host its own: fleet-min controlplane token "
-                        f"--agent --host {host})")
+                        f"--agent-host {host})")
     return host
 
 

@@ -97,7 +97,7 @@ def check_token_host(token: str, host_name: str) -> None:
         raise ValueError(f"the coordinator token is the host token of {bound!r}, but this "
                          f"host's name is {host_name!r}: set FLEET_HOST_NAME={bound}, or make "
                          f"one for this host on the coordinator (fleet-min controlplane token "
-                         f"--agent --host {host_name})")
+                         f"--agent-host {host_name})")
 
 
 def check_url(url: str) -> str:
