@@ -270,3 +270,12 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes | None:
         if len(body) > limit:
             return None
     return bytes(body)
+
+
+async def read_within(resp: aiohttp.ClientResponse, limit: int, too_large: Exception) -> bytes:
+    """read_capped for a caller that refuses a larger answer: `too_large` (its own error, which
+    its retry rules know) is raised once the body passes `limit`."""
+    body = await read_capped(resp, limit)
+    if body is None:
+        raise too_large
+    return body

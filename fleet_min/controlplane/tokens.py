@@ -88,12 +88,20 @@ def host_token(secret: str, host: str) -> str:
     return f"{host}{HOST_SEPARATOR}{_host_mac(secret, host)}"
 
 
+def named_host(given: str) -> str | None:
+    """The host a token names when it has the form of a host token, unchecked (an agent reads
+    its own token with it); None for any other token."""
+    host, separator, _ = given.rpartition(HOST_SEPARATOR)
+    return host if separator and host else None
+
+
 def token_host(given: str, secret: str | None) -> str | None:
     """The host a host token speaks for, when `given` is one made with `secret`; else None.
     The comparison is constant-time, as for the other tokens."""
-    host, separator, mac = given.rpartition(HOST_SEPARATOR)
-    if not secret or not separator or not host:
+    host = named_host(given)
+    if not secret or host is None:
         return None
+    mac = given[len(host) + len(HOST_SEPARATOR):]
     expected = _host_mac(secret, host)
     if not hmac.compare_digest(mac.encode("utf-8", "replace"), expected.encode("ascii")):
         return None

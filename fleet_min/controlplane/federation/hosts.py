@@ -43,7 +43,7 @@ HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 AGENT_ACTIONS = ("runner.duplicate", "runner.drain", "runner.resume", "runner.deregister",
                  "health.check")
 QUEUE_ID = re.compile(r"[0-9a-f]{16,64}")
-INSTANCE_ID = re.compile(r"[0-9a-f]{16,64}")
+INSTANCE_ID = QUEUE_ID  # an agent's instance id (link.instance_id) has the same shape
 MAX_SEQ = 2**53
 FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
 MAX_WAIT_S = 30.0

@@ -47,9 +47,9 @@ from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
-from fleet_min.controlplane.tokens import HOST_SEPARATOR, ensure_token
+from fleet_min.controlplane.tokens import ensure_token, named_host
 from fleet_min.errors import Refused
-from fleet_min.http import read_capped
+from fleet_min.http import read_within
 from fleet_min.timeutil import now
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ def coordinator_token(path: Path) -> str:
 def check_token_host(token: str, host_name: str) -> None:
     """Refuse to start with a host token made for another host's name: every heartbeat would be
     refused (403), and the agent would only say so in its link's last error."""
-    bound, separator, _ = token.rpartition(HOST_SEPARATOR)
-    if separator and bound != host_name:
+    bound = named_host(token)
+    if bound is not None and bound != host_name:
         raise ValueError(f"the coordinator token is the host token of {bound!r}, but this "
                          f"host's name is {host_name!r}: set FLEET_HOST_NAME={bound}, or make "
                          f"one for this host on the coordinator (fleet-min controlplane token "
@@ -182,14 +182,6 @@ def _import_spool(conn: sqlite3.Connection, owed: list[Any], done: list[Any], at
         if isinstance(result, dict) and isinstance(result.get("id"), str):
             conn.execute("INSERT OR REPLACE INTO link_results (id, result, reported, at) "
                          "VALUES (?, ?, ?, ?)", (result["id"], json.dumps(result), reported, at))
-
-
-async def _capped(resp: aiohttp.ClientResponse) -> bytes:
-    """The coordinator's whole answer, refused once it passes MAX_REPLY_BYTES."""
-    body = await read_capped(resp, MAX_REPLY_BYTES)
-    if body is None:
-        raise ValueError(f"the coordinator's answer is larger than {MAX_REPLY_BYTES} bytes")
-    return body
 
 
 def parse_reply(raw: bytes) -> Any:
@@ -313,7 +305,8 @@ class CoordinatorLink:
                     raise ValueError(f"{path} answered {resp.status}, a redirect to "
                                      f"{resp.headers.get('Location', '')[:100]!r}; the agent "
                                      "does not follow redirects: give --coordinator the final URL")
-                reply = parse_reply(await _capped(resp))
+                reply = parse_reply(await read_within(resp, MAX_REPLY_BYTES, ValueError(
+                    f"the coordinator's answer is larger than {MAX_REPLY_BYTES} bytes")))
                 if not isinstance(reply, dict):
                     raise ValueError(f"{path} answered {resp.status} without a JSON object")
                 if resp.status != 200:

@@ -26,7 +26,7 @@ import aiohttp
 
 from fleet_min import jsonio
 from fleet_min.controlplane.runners.discovery import valid_repo
-from fleet_min.http import read_capped
+from fleet_min.http import read_within
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,8 @@ class GitHub:
                     if resp.status >= 500:
                         last_error = f"GitHub answered {resp.status}"
                         continue
-                    raw = await _read_capped(resp)
+                    raw = await read_within(resp, MAX_BODY_BYTES, GitHubError(
+                        f"GitHub's answer is larger than {MAX_BODY_BYTES} bytes"))
                     if resp.status >= 400:
                         # A refusal keeps its status even when its body is not JSON (a proxy's
                         # HTML page): callers decide on 403/404, and retrying will not help.
@@ -322,13 +323,6 @@ def _step(step: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- reading what came back (pure; no trust in its size, depth or shape) ---------------------
-
-async def _read_capped(resp: aiohttp.ClientResponse) -> bytes:
-    body = await read_capped(resp, MAX_BODY_BYTES)
-    if body is None:
-        raise GitHubError(f"GitHub's answer is larger than {MAX_BODY_BYTES} bytes")
-    return body
-
 
 def _decode(raw: bytes) -> Any:
     """An answer's JSON (None when empty); ValueError when it is not JSON. The parser recurses
