@@ -286,8 +286,56 @@ async def test_a_result_for_a_command_never_sent_is_not_taken(
         done = next(c for c in (await agent.hosts())["commands"]
                     if c["id"] == queued["command_id"])
         assert done["output"] == "disk ok"
+        # Only the result that settled the command is in the operator's audit, once.
+        assert _host_result_audit(coord) == [("host.result:edge", queued["command_id"], 1)]
     finally:
         coord.stop()
+
+
+def _host_result_audit(coord: Daemon) -> list[tuple[str, str, int]]:
+    with sqlite3.connect(coord.host.state / "controlplane.db") as conn:
+        return [(action, json.loads(args)["id"], ok) for action, args, ok in conn.execute(
+            "SELECT action, args, ok FROM audit WHERE action LIKE 'host.result:%' ORDER BY id")]
+
+
+async def test_results_that_settle_nothing_cannot_fill_the_audit(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """The audit keeps a fixed number of rows (KEEP_AUDIT). Every posted result was audited,
+    matched or not, so an agent posting ids of its own making, 200 a request, pushed the
+    operator's own rows out of it; and a name's flood was logged line by line."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge"}))[0] == 200
+        queued = await agent.queue_check("edge")  # an operator's action: one audit row
+        before = _audit_count(coord)
+        for post in range(5):
+            status, reply = await agent.post("/api/host/results", {"host": "edge", "results": [
+                {"id": f"made-up-{post}-{i}", "ok": True, "error": "x" * 600}
+                for i in range(MAX_RESULTS)]})
+            assert status == 200 and reply == {"ok": True, "received": MAX_RESULTS,
+                                               "matched": 0}, reply
+        assert _audit_count(coord) == before
+        assert _host_result_audit(coord) == []
+        log = (coord.host.tmp / "daemon.log").read_text()
+        assert log.count("answer no command sent to it") == 1, log[-2000:]
+        assert f"host edge posted {MAX_RESULTS} command result(s)" in log
+        # The command queued meanwhile still settles, and is audited with its outcome.
+        status, beat = await agent.post("/api/host/heartbeat", {"host": "edge"})
+        assert [c["id"] for c in beat["commands"]] == [queued["command_id"]]
+        status, reply = await agent.post("/api/host/results", {"host": "edge", "results": [
+            {"id": queued["command_id"], "ok": False, "error": "disk full"},
+            {"id": "made-up-again", "ok": True}]})
+        assert reply["matched"] == 1
+        assert _host_result_audit(coord) == [("host.result:edge", queued["command_id"], 0)]
+    finally:
+        coord.stop()
+
+
+def _audit_count(coord: Daemon) -> int:
+    with sqlite3.connect(coord.host.state / "controlplane.db") as conn:
+        count: int = conn.execute("SELECT count(*) FROM audit").fetchone()[0]
+        return count
 
 
 async def test_results_are_bounded_per_post(

@@ -173,13 +173,15 @@ def test_real_agents_finish_every_job_across_collector_kills(tmp_path: Path, fig
 
 
 class CpPoster(threading.Thread):
-    """Changes a live setting to ever larger values, or posts host results with fresh ids;
-    records what was acknowledged. Never re-sends: a lost answer leaves the outcome unknown."""
+    """Changes a live setting to ever larger values, or queues a health check for an agent
+    host, hands it out by that host's heartbeat and posts its result (a result is audited when
+    it settles a command sent to its host); records what was acknowledged. Never re-sends: a
+    lost answer leaves the outcome unknown."""
 
     def __init__(self, cp: ControlPlaneProcess, kind: str, stop: threading.Event) -> None:
         super().__init__(name=f"cp-{kind}", daemon=True)
         self.cp, self.kind, self.stop = cp, kind, stop
-        self.acked: list[int] = []
+        self.acked: list[Any] = []  # settings: n of the value 30 + n; results: command ids
         self.sent = 0
 
     def run(self) -> None:
@@ -188,19 +190,32 @@ class CpPoster(threading.Thread):
             self.sent += 1
             n = self.sent
             try:
-                headers = {"Authorization": f"Bearer {self.cp.token}"}
                 if self.kind == "settings":
-                    status, _ = client.post("/api/settings", {"key": "stuck_queue_s",
-                                                              "value": 30 + n},
-                                            headers=headers, timeout=10)
+                    status, _ = self._post(client, "/api/settings",
+                                           {"key": "stuck_queue_s", "value": 30 + n})
+                    if status == 200:
+                        self.acked.append(n)
                 else:
-                    status, _ = client.post("/api/host/results", {
-                        "host": "edge", "results": [{"id": f"res-{n}", "ok": True}]},
-                        headers=headers, timeout=10)
+                    self._settle_one(client)
             except (*NET_ERRORS, FileNotFoundError):
                 continue
-            if status == 200:
-                self.acked.append(n)
+
+    def _post(self, client: HttpClient, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        return client.post(path, body, headers={"Authorization": f"Bearer {self.cp.token}"},
+                           timeout=10)
+
+    def _settle_one(self, client: HttpClient) -> None:
+        # The first round's check is refused (no such host yet); the heartbeat then makes
+        # "edge" known, and hands out every command left unsettled, including those whose
+        # result was lost to a kill.
+        self._post(client, "/api/action", {"id": "health.check", "args": {"host": "edge"}})
+        status, beat = self._post(client, "/api/host/heartbeat", {"host": "edge"})
+        ids = [command["id"] for command in beat["commands"]] if status == 200 else []
+        if ids:
+            status, reply = self._post(client, "/api/host/results", {
+                "host": "edge", "results": [{"id": i, "ok": True} for i in ids]})
+            if status == 200 and reply["matched"] == len(ids):
+                self.acked.extend(ids)
 
 
 def _audit(db: Path) -> tuple[list[str], int | None]:
@@ -236,7 +251,7 @@ def test_control_plane_history_survives_repeated_kill_9(tmp_path: Path, figures:
             acked_settings = list(settings.acked)
             cp.start()
             ids, value = _audit(db)
-            missing = {f"res-{n}" for n in acked_results} - set(ids)
+            missing = set(acked_results) - set(ids)
             assert not missing, f"after kill {cycle + 1}: audit rows lost: {sorted(missing)[:5]}"
             twice = {i for i in ids if ids.count(i) > 1}
             assert not twice, f"audit rows stored twice: {sorted(twice)[:5]}"
@@ -251,7 +266,7 @@ def test_control_plane_history_survives_repeated_kill_9(tmp_path: Path, figures:
             poster.join(15)
         cp.stop()
     ids, _ = _audit(db)
-    unacked_but_stored = len(set(ids) - {f"res-{n}" for n in results.acked})
+    unacked_but_stored = len(set(ids) - set(results.acked))
     assert len(results.acked) >= KILLS
     figures.record("controlplane_kill_9", kills=KILLS,
                    settings_changes_acknowledged=len(settings.acked),

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from fleet_min.controlplane import store
 from fleet_min.controlplane.federation.hosts import (
     MAX_RESULTS,
     RUNNER_FIELDS,
@@ -53,21 +52,16 @@ class Coordinator:
                       ) -> dict[str, Any]:
         """An agent's command results, matched to the commands queued for it and audited."""
         host, results = _speaks_for(check_host(body.get("host")), bound), body.get("results")
-        # Bounded: each result is a database write and an audit row, so an unbounded list
-        # would hold the one writer for seconds and push the operator's rows out of the audit.
+        # Bounded: each result is a statement in the one writer's transaction, so an unbounded
+        # list would hold the writer for seconds.
         if not isinstance(results, list) or len(results) > MAX_RESULTS or not all(
                 isinstance(r, dict) and isinstance(r.get("id"), str) for r in results):
             raise BadRequest(f"results must be a list of at most {MAX_RESULTS} objects, each "
                              "with a string id")
         self.plane.hosts.check_instance(host, instance_of(body),
                                         self.plane.setting("stale_after_s"))
-        received = await self.plane.hosts.results(host, results)
-        for result in results:
-            await self.plane.db.write(
-                store.add_audit, who, f"host.result:{host}", {"id": result["id"]},
-                bool(result.get("ok")), None, 0,
-                str(result.get("error"))[:500] if result.get("error") else None)
-        return {"ok": True, "received": len(results), "matched": received}
+        matched = await self.plane.hosts.results(host, results, who)
+        return {"ok": True, "received": len(results), "matched": matched}
 
     async def hosts_report(self) -> dict[str, Any]:
         """Every host: this one (with its role) and each agent that has called in."""

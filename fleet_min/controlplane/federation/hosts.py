@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import secrets
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from fleet_min.controlplane import store
 from fleet_min.controlplane.loops import wait_event
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
@@ -52,9 +54,12 @@ MAX_RUNNERS = 500
 # every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
 MAX_HOSTS = 100
 MAX_RESULTS = 200  # command results in one POST (the agent sends at most this many)
+UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged this seldom
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
 REPLY_BUDGET = 256 << 10
+log = logging.getLogger(__name__)
+
 RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
                   "registration", "registered")
 
@@ -226,21 +231,28 @@ def _queue(conn: sqlite3.Connection, command_id: str, host: str, action: str,
     return seq
 
 
-def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]],
+def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]], who: str,
              at: float) -> int:
     """Settle the host's commands these results answer: only commands a heartbeat has handed
-    it (one it was never sent cannot have run there) and not settled before."""
+    it (one it was never sent cannot have run there) and not settled before. Each one settled
+    is audited in the same transaction; a result that settles nothing changed nothing and is
+    not, so a caller cannot write the operator's audit (which keeps a fixed number of rows) by
+    posting ids of its own making."""
     done = 0
     for result in results:
         code = result.get("code")
-        done += conn.execute(
+        error = _text(result.get("error"), 500)
+        settled = conn.execute(
             "UPDATE host_commands SET done_at = ?, ok = ?, error = ?, output = ?, code = ?, "
             "runner = ? WHERE id = ? AND host = ? AND sent_at IS NOT NULL AND done_at IS NULL",
-            (at, int(result.get("ok") is True), _text(result.get("error"), 500),
-             _text(result.get("output"), 20000),
+            (at, int(result.get("ok") is True), error, _text(result.get("output"), 20000),
              code if isinstance(code, int) and not isinstance(code, bool)
              and abs(code) < MAX_SEQ else None,
              _text(result.get("runner"), 100), result["id"], host)).rowcount
+        if settled:
+            store.add_audit(conn, who, f"host.result:{host}", {"id": result["id"]},
+                            result.get("ok") is True, None, 0, error)
+        done += settled
     return done
 
 
@@ -259,6 +271,7 @@ class Hosts:
         self.instances: dict[str, str] = {}  # the agent instance last heard under each name
         # (kept in the hosts table too, so a restarted coordinator knows who holds a name)
         self._bells: dict[str, asyncio.Event] = {}
+        self._unmatched_warned: dict[str, float] = {}  # when each host was last warned about
         self.closed = False
 
     async def load(self) -> None:
@@ -330,8 +343,22 @@ class Hosts:
         self._bell(host).set()
         return command_id, seq
 
-    async def results(self, host: str, results: list[dict[str, Any]]) -> int:
-        return await self.db.write(_results, host, results, self.clock())
+    async def results(self, host: str, results: list[dict[str, Any]], who: str) -> int:
+        """Settle and audit the commands `results` answer; how many they settled. Results that
+        answer nothing sent to the host are logged, at most once a minute a host."""
+        settled = await self.db.write(_results, host, results, who, self.clock())
+        unmatched = len(results) - settled
+        if unmatched:
+            self._warn_unmatched(host, unmatched)
+        return settled
+
+    def _warn_unmatched(self, host: str, count: int) -> None:
+        now = self.clock()
+        if now - self._unmatched_warned.get(host, float("-inf")) < UNMATCHED_WARN_S:
+            return
+        self._unmatched_warned[host] = now
+        log.warning("host %s posted %d command result(s) that answer no command sent to it "
+                    "(or one settled before); they were not kept", host, count)
 
     def owner_of(self, runner: str, host: str | None = None) -> list[str]:
         """The agent hosts whose last report lists a runner of that name."""
