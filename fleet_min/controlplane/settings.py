@@ -234,6 +234,10 @@ LIVE_SETTINGS: tuple[LiveSetting, ...] = (
                 "Agent mode: seconds between heartbeats to the coordinator."),
     LiveSetting("stale_after_s", "FLEET_STALE_AFTER_S", 60.0, 1.0, 86400.0,
                 "An agent host whose last heartbeat is older than this is marked stale."),
+    LiveSetting("agent_tokens", "FLEET_AGENT_TOKENS", "any", None, None,
+                "Coordinator: which tokens agent hosts may report with: any (the shared agent "
+                "token or a host token), or host (host tokens only: each speaks for its own "
+                "name).", ("any", "host")),
     LiveSetting("autoscale", "FLEET_AUTOSCALE", "off", None, None,
                 "Autoscale decisions: off, or on (then see autoscale_mode).", ("off", "on")),
     LiveSetting("autoscale_mode", "FLEET_AUTOSCALE_MODE", "dry-run", None, None,

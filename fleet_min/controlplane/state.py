@@ -59,7 +59,7 @@ class Plane:
                            filemodes.CONTROLPLANE_FILE)
         self.live = LiveValues({}, self.environ)
         self.control_token: str | None = None
-        self.agent_token: str | None = None
+        self._agent_token: tokens.AgentToken | None = None
         self.hosts = Hosts(self.db, self.clock)  # the agent hosts that call in, and their runners
         self.repos: dict[str, RepoData] = defaultdict(RepoData)
         self.runners: list[Runner] = []
@@ -83,13 +83,18 @@ class Plane:
             self.live = LiveValues(await store.stored_settings(self.db), self.environ)
             if not self.cfg.read_only:
                 self.control_token = tokens.ensure_token(self.state_dir)
-                self.agent_token = tokens.agent_token(self.state_dir, self.control_token)
+                self._agent_token = tokens.AgentToken(self.state_dir, self.control_token)
             await self.hosts.load()
         except BaseException:
             # Whoever opens the plane sees the failure, not a half-open plane: the database's
             # threads would otherwise keep the process alive after it reported the failure.
             await self.db.close()
             raise
+
+    @property
+    def agent_token(self) -> str | None:
+        """The token agent routes take (None read-only), as its file says now."""
+        return self._agent_token.current() if self._agent_token is not None else None
 
     async def close(self) -> None:
         self.hosts.close()

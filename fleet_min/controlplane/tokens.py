@@ -11,6 +11,7 @@ speak for NAME only. Rotating the agent token rotates every host token with it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -63,6 +64,38 @@ def ensure_token(state_dir: Path, name: str = CONTROL_FILE) -> str:
 def agent_token(state_dir: Path, control: str) -> str:
     """The agent token: its own file when present and valid, else the control token."""
     return _read_valid(state_dir / AGENT_FILE) or control
+
+
+class AgentToken:
+    """The agent token as a running daemon holds it (see agent_token), read again whenever its
+    file changes: a token made with `token --agent` while the daemon runs, and every host token
+    made from it, is good at once instead of after a restart, and removing the file falls back
+    to the control token the same way."""
+
+    def __init__(self, state_dir: Path, control: str) -> None:
+        self.path = state_dir / AGENT_FILE
+        self.control = control
+        self._seen = self._signature()  # before the read: a change in between is read again
+        self._value = agent_token(state_dir, control)
+
+    def _signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        # A token file another user could read is no secret (tightened as ensure_token does).
+        if st.st_mode & 0o077:
+            with contextlib.suppress(OSError):
+                os.chmod(self.path, 0o600)
+        # A new token is written to a fresh file and renamed over the old: a new inode.
+        return st.st_ino, st.st_mtime_ns, st.st_size
+
+    def current(self) -> str:
+        seen = self._signature()
+        if seen != self._seen:
+            self._seen = seen
+            self._value = _read_valid(self.path) or self.control
+        return self._value
 
 
 def matches(given: str, expected: str | None) -> bool:

@@ -24,7 +24,7 @@ from aiohttp import web
 
 from fleet_min.controlplane.federation.hosts import MAX_HOSTS, MAX_RESULTS, REPLY_BUDGET
 from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
-from tests.support.controlplane import REPO_ROOT, Daemon, Host, until
+from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
 
 Answer = Callable[[web.Request, int], Awaitable[web.StreamResponse]]
@@ -551,4 +551,117 @@ async def test_a_host_token_speaks_for_its_host_only(
         assert refused.returncode == 2 and "host token of 'edge'" in refused.stderr, refused
     finally:
         agent.stop()
+        coord.stop()
+
+
+async def test_a_coordinator_set_to_host_tokens_refuses_the_shared_agent_token(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """The shared agent token speaks for any host name, so its holder can report and settle
+    commands as any agent even where every agent has its own host token. With the live setting
+    agent_tokens at host, the coordinator takes host tokens only: a real agent on the shared
+    token is refused with a 403 that its own Hosts screen shows, a real agent on its host token
+    carries on, and setting it back lets the first in again."""
+    coord_host = Host(tmp_path / "coord", github)
+    shared_host = Host(tmp_path / "shared", github)
+    shared_token = agent_token(coord_host, shared_host)
+    edge_host = Host(tmp_path / "edge", github)
+    edge_host.state.mkdir(parents=True, exist_ok=True)
+    made = _cli(coord_host, "token", "--agent-host", "edge", "--state", str(coord_host.state))
+    (edge_host.state / "coordinator-token").write_text(made.stdout)
+    (edge_host.state / "coordinator-token").chmod(0o600)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    agents = {name: Daemon(host, {"FLEET_HOST_NAME": name, "FLEET_HEARTBEAT_S": "0.5"},
+                           args=("--coordinator", coord.url))
+              for name, host in (("shared", shared_host), ("edge", edge_host))}
+    try:
+        async def link(name: str) -> dict[str, Any]:
+            async with http.get(f"{agents[name].url}/api/hosts") as resp:
+                return dict((await resp.json())["hosts"][0]["coordinator"])
+
+        async def both_heard() -> bool:
+            states = [await link(name) for name in agents]
+            return all(s["last_error"] is None and s["last_ok_at"] is not None for s in states)
+        await until(both_heard, timeout=30)
+
+        async def setting(value: str) -> None:
+            async with http.post(f"{coord.url}/api/settings", headers=coord.headers(),
+                                 json={"key": "agent_tokens", "value": value}) as resp:
+                assert resp.status == 200, await resp.text()
+        await setting("host")
+        raw = {"Authorization": f"Bearer {shared_token}", "Content-Type": "application/json"}
+        for path, body in (("/api/host/heartbeat", {"host": "edge"}),
+                           ("/api/host/results", {"host": "edge", "results": []})):
+            async with http.post(f"{coord.url}{path}", json=body, headers=raw) as resp:
+                assert resp.status == 403, (path, await resp.text())
+                assert "agent_tokens is host" in (await resp.json())["error"]
+
+        async def shared_refused() -> bool:
+            return "--agent-host" in ((await link("shared"))["last_error"] or "")
+        await until(shared_refused, timeout=30)
+        # The host-token agent is still heard after the refusal began.
+        refused_since = (await link("shared"))["last_ok_at"]
+        heard = (await link("edge"))["last_ok_at"]
+
+        async def edge_heard_again() -> bool:
+            return bool((await link("edge"))["last_ok_at"] != heard)
+        await until(edge_heard_again, timeout=30)
+        assert (await link("edge"))["last_error"] is None
+        assert (await link("shared"))["last_ok_at"] == refused_since
+
+        await setting("any")
+
+        async def shared_back() -> bool:
+            return (await link("shared"))["last_error"] is None
+        await until(shared_back, timeout=30)
+        with sqlite3.connect(coord_host.state / "controlplane.db") as conn:
+            changes = [json.loads(args)["value"] for (args,) in conn.execute(
+                "SELECT args FROM audit WHERE action = 'settings' ORDER BY id")]
+        assert changes == ["host", "any"]
+    finally:
+        for agent in agents.values():
+            agent.stop()
+        coord.stop()
+
+
+async def test_an_agent_token_made_while_the_coordinator_runs_is_good_at_once(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """`token --agent` on a running coordinator wrote a new agent token that the daemon did not
+    know until it restarted: an agent given it (or a host token made from it) was refused as
+    "the bearer token is wrong". The daemon now reads the file again when it changes."""
+    coord_host = Host(tmp_path / "coord", github)
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord"})
+    edge_host = Host(tmp_path / "edge", github)
+    try:
+        async def beat(token: str) -> int:
+            async with http.post(f"{coord.url}/api/host/heartbeat", json={"host": "edge"},
+                                 headers={"Authorization": f"Bearer {token}"}) as resp:
+                return resp.status
+
+        first = agent_token(coord_host, edge_host)  # made now, with the daemon running
+        assert first != coord.token
+        agent = Daemon(edge_host, {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "0.5"},
+                       args=("--coordinator", coord.url))
+        try:
+            async def reported() -> bool:
+                hosts = await Agentish(coord, http).hosts()
+                return any(h["host"] == "edge" for h in hosts["hosts"])
+            await until(reported, timeout=30)
+        finally:
+            agent.stop()
+        host_token = _cli(coord_host, "token", "--agent-host", "edge", "--state",
+                          str(coord_host.state)).stdout.strip()
+        assert await beat(host_token) == 200
+        # Rotated: the file replaced by a new token; the old one and its host tokens stop.
+        (coord_host.state / "agent-token").unlink()
+        second = agent_token(coord_host, edge_host)
+        assert second != first
+        assert (await beat(second), await beat(first), await beat(host_token)) == (200, 403, 403)
+        # A loosened file is made the owner's again when it is read.
+        (coord_host.state / "agent-token").chmod(0o644)
+        assert await beat(second) == 200
+        assert os.stat(coord_host.state / "agent-token").st_mode & 0o777 == 0o600
+        # Removed: the control token is the agent token again, as at a start without the file.
+        (coord_host.state / "agent-token").unlink()
+        assert (await beat(second), await beat(coord.token)) == (403, 200)
+    finally:
         coord.stop()

@@ -42,9 +42,16 @@ def check_same_origin(headers: Mapping[str, str]) -> None:
     origin.check_same_origin(headers, CROSS_ORIGIN)
 
 
+SHARED_AGENT_REFUSED = (
+    "this coordinator takes host tokens only (the live setting agent_tokens is host); make "
+    "this agent host its own: fleet-min controlplane token --agent-host <its FLEET_HOST_NAME>")
+
+
 def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,
-              control: str | None, agent: str | None) -> str:
-    """Raise 401/403 unless the request may proceed; return who it is for the audit log."""
+              control: str | None, agent: str | None, shared_agent: bool = True) -> str:
+    """Raise 401/403 unless the request may proceed; return who it is for the audit log.
+    `shared_agent` False refuses the shared agent token (host tokens still pass): the shared
+    token speaks for any host name, a host token for its own only."""
     if need is Need.NONE:
         return "anonymous"
     if need is Need.SAME_ORIGIN:
@@ -59,6 +66,8 @@ def authorize(need: Need, headers: Mapping[str, str], *, read_only: bool,
     if tokens.matches(given, control):
         return "control token"
     if need is Need.AGENT and tokens.matches(given, agent):
+        if not shared_agent:
+            raise Forbidden(SHARED_AGENT_REFUSED)
         return "agent token"
     host = tokens.token_host(given, agent) if need is Need.AGENT else None
     if host is not None:

@@ -47,7 +47,8 @@ def authorize_request(request: web.Request) -> None:
     need = request.app[NEEDS].get((request.method, path), Need.NONE)
     plane = request.app[PLANE]
     request["who"] = auth.authorize(need, request.headers, read_only=bool(plane.cfg.read_only),
-                                    control=plane.control_token, agent=plane.agent_token)
+                                    control=plane.control_token, agent=plane.agent_token,
+                                    shared_agent=plane.setting("agent_tokens") == "any")
 
 
 def who(request: web.Request) -> str:
