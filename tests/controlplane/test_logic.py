@@ -109,6 +109,20 @@ def test_a_host_token_speaks_for_its_host_only() -> None:
     assert tokens.token_host(edge, None) is None  # read-only: no agent token at all
 
 
+def test_host_tokens_only_refuses_the_shared_agent_token() -> None:
+    """With agent_tokens at host the shared agent token, which speaks for any name, is refused
+    on the agent routes; host tokens and the operator's control token still pass."""
+    host = {"Host": "127.0.0.1:7878"}
+
+    def strict(token: str) -> str:
+        return auth.authorize(Need.AGENT, {**host, "Authorization": f"Bearer {token}"},
+                              read_only=False, control=CONTROL, agent=AGENT, shared_agent=False)
+    with pytest.raises(Forbidden, match="--agent-host"):
+        strict(AGENT)
+    assert strict(tokens.host_token(AGENT, "edge")) == "agent token for edge"
+    assert strict(CONTROL) == "control token"
+
+
 @pytest.mark.parametrize("headers", [
     {"Origin": "http://evil.example"},
     {"Origin": "http://127.0.0.1:9999"},

@@ -39,6 +39,8 @@ from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict
 from fleet_min.timeutil import iso
 
+log = logging.getLogger(__name__)
+
 HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # What an agent runs when the coordinator forwards it (runner actions on the agent's runners,
 # and the health check there); an action the catalogue adds later is not sent until listed.
@@ -58,8 +60,6 @@ UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged 
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
 REPLY_BUDGET = 256 << 10
-log = logging.getLogger(__name__)
-
 RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
                   "registration", "registered")
 

@@ -46,9 +46,11 @@ def authorize_request(request: web.Request) -> None:
     path = route.resource.canonical if route.resource is not None else ""
     need = request.app[NEEDS].get((request.method, path), Need.NONE)
     plane = request.app[PLANE]
-    request["who"] = auth.authorize(need, request.headers, read_only=bool(plane.cfg.read_only),
-                                    control=plane.control_token, agent=plane.agent_token,
-                                    shared_agent=plane.setting("agent_tokens") == "any")
+    agent_route = need is Need.AGENT  # only these read the agent token (a file's stat)
+    request["who"] = auth.authorize(
+        need, request.headers, read_only=bool(plane.cfg.read_only), control=plane.control_token,
+        agent=plane.agent_token if agent_route else None,
+        shared_agent=agent_route and plane.setting("agent_tokens") == "any")
 
 
 def who(request: web.Request) -> str:
