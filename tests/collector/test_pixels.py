@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
+import png
 import pytest
 
 from fleet_min.collector.artifacts import pixels
@@ -58,3 +61,44 @@ def test_a_picture_past_the_pixel_limit_is_refused(monkeypatch):
     monkeypatch.setattr(pixels, "MAX_PIXELS", 99)
     with pytest.raises(pixels.NotComparable, match="more than the 99 this compares"):
         compare(png_bytes(10, 10), png_bytes(10, 10))
+
+
+def _interlaced_zeros(width: int, height: int) -> bytes:
+    """A valid interlaced (Adam7) RGBA PNG of transparent black, made chunk by chunk: the
+    scanlines of its seven passes compress to almost nothing, whatever the size."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+    passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
+              (1, 0, 2, 2), (0, 1, 1, 2)]  # (x0, y0, dx, dy)
+    squeeze = zlib.compressobj()
+    idat = b""
+    for x0, y0, dx, dy in passes:
+        columns, rows = -(-(width - x0) // dx), -(-(height - y0) // dy)
+        if columns > 0 and rows > 0:
+            for _ in range(rows):  # a filter byte and the row's bytes, all zero
+                idat += squeeze.compress(bytes(1 + 4 * columns))
+    idat += squeeze.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 1)  # 8-bit RGBA, Adam7
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat)
+            + chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _interlaced_zeros(2000, 2000),  # decoded whole, this took some 200 MB
+    lambda: _written_interlaced(8, 8),
+])
+def test_an_interlaced_picture_is_refused_before_it_is_decoded(make):
+    """pypng decodes an interlaced PNG whole, some 50 bytes a pixel: a 150 KB file of 40M
+    pixels (under the pixel limit) took a comparison to 2 GB. It is refused from its header."""
+    png_file = make()
+    png.Reader(bytes=png_file).read_flat()  # a valid picture, all the same
+    with pytest.raises(pixels.NotComparable, match="the capture is an interlaced PNG"):
+        compare(png_bytes(8, 8), png_file)
+
+
+def _written_interlaced(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    png.Writer(width, height, greyscale=False, alpha=True, interlace=True).write(
+        out, [[0] * (4 * width)] * height)
+    return out.getvalue()

@@ -230,3 +230,17 @@ async def test_a_reported_difference_past_a_floats_range_is_no_figure(client):
     assert (await client.post("/results", json=row)).status == 200
     cell = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))["chromium"]
     assert cell["diff_pct"] is None, cell
+
+
+async def test_a_shot_named_by_something_else_than_a_hash_is_one_cell_not_the_matrix(client):
+    """A row's shot.sha256 is its executor's word: "not-a-hash" made every read of the suite's
+    matrix a 400 (the store refused it as an artifact's name) until a newer run came, so one
+    claimant of any screenshot job could blank any suite's review page."""
+    await nightly_shots(client, "liar")
+    row = shot_row("liar", "not-a-hash", "chromium", None)
+    row["shot"]["diff_sha256"] = "../../etc/passwd"
+    assert (await client.post("/results", json=row)).status == 200
+    matrix = await get(client, "/api/visual/matrix?suite=nightly")
+    cell = by_profile(matrix)["chromium"]
+    assert (cell["status"], cell["sha256"], cell["diff_sha256"]) == ("missing", None, None)
+    assert "not a SHA-256" in cell["note"]

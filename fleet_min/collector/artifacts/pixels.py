@@ -2,8 +2,8 @@
 
 PNG decoding is pypng's (one pure-Python module, so fleet.pyz carries it as it carries aiohttp's
 pure-Python build). Both images are read a row at a time, side by side, so memory stays at two
-rows however large the screenshot (an interlaced PNG is the exception: pypng assembles it whole;
-screenshot tools do not write them). Every format PNG allows is compared as 8-bit RGBA, so a
+rows however large the screenshot. An interlaced PNG is refused: pypng assembles one whole, and
+screenshot tools do not write them. Every format PNG allows is compared as 8-bit RGBA, so a
 palette or a 16-bit image compares with an RGB one.
 
 A pixel differs when any of its four channels differs: screenshots of the same build on the same
@@ -46,12 +46,21 @@ def _open(file: BinaryIO, which: str) -> tuple[int, int, Any]:
     import png
 
     try:
-        width, height, rows, _info = png.Reader(file=file).asRGBA8()
+        reader = png.Reader(file=file)
+        reader.preamble()  # the header chunks only: nothing is decoded before the checks below
+        width, height = reader.width, reader.height
+        if width * height > MAX_PIXELS:
+            raise NotComparable(f"the {which} has {width}x{height} pixels, more than the "
+                                f"{MAX_PIXELS:,} this compares")
+        if reader.interlace:
+            # pypng decodes an interlaced image whole, as a list of every channel of every
+            # pixel: some 50 bytes a pixel (2 GB for a 40M-pixel file of 150 KB) before the
+            # first row could be compared.
+            raise NotComparable(f"the {which} is an interlaced PNG, which this does not "
+                                "compare; save screenshots as plain (non-interlaced) PNG")
+        _, _, rows, _info = reader.asRGBA8()
     except (png.Error, ValueError, EOFError) as exc:
         raise NotComparable(f"the {which} is not a PNG image pypng can read ({exc})") from None
-    if width * height > MAX_PIXELS:
-        raise NotComparable(f"the {which} has {width}x{height} pixels, more than the "
-                            f"{MAX_PIXELS:,} this compares")
     return width, height, rows
 
 

@@ -81,6 +81,11 @@ def max_artifact_bytes(config: CollectorConfig) -> int:
 # -- pure checks ----------------------------------------------------------------------------------
 
 
+def is_sha256(value: object) -> bool:
+    """Is it an artifact's name: a string of 64 lowercase hex digits?"""
+    return isinstance(value, str) and _HEX64.fullmatch(value) is not None
+
+
 def check_sha256(text: str) -> str:
     """A hash taken from a URL: 64 lowercase hex digits, or 400. Only then is it used in a path."""
     if not _HEX64.fullmatch(text):

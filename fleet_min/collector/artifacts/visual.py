@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from fleet_min import numbers
 from fleet_min.collector.artifacts import pixels
-from fleet_min.collector.artifacts.store import ArtifactStore, check_sha256
+from fleet_min.collector.artifacts.store import ArtifactStore, check_sha256, is_sha256
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.views import result_payload
 from fleet_min.db import Database
@@ -149,17 +149,21 @@ def row_slot(workload: str, spec: Mapping[str, Any], suite: str, row: Mapping[st
 
 
 def _cell(page: str, profile: str, row: Mapping[str, Any]) -> Cell:
+    # A row's fields are its executor's word: a screenshot named by anything but a hash is no
+    # screenshot (it would make every read of the store refuse the whole matrix).
     shot = _dict(row.get("shot"))
     artifacts = row.get("artifacts")
     artifacts = artifacts if isinstance(artifacts, list) else []
-    sha = shot.get("sha256") if isinstance(shot.get("sha256"), str) else None
-    sha = sha or next((a for a in artifacts if isinstance(a, str)), None)
+    named = shot.get("sha256")
+    sha = named if is_sha256(named) else next((a for a in artifacts if is_sha256(a)), None)
+    note = row.get("error")
+    if sha is None and named is not None and not note:
+        note = "the row's shot.sha256 is not a SHA-256 (64 lowercase hex digits)"
     metrics = _dict(row.get("metrics"))
     reported = metrics.get("diff_pct")
     diff = shot.get("diff_sha256")
-    return Cell(page, profile, sha, row.get("ok"), row.get("error"),
-                numbers.finite(reported),
-                diff if isinstance(diff, str) else None)
+    return Cell(page, profile, sha, row.get("ok"), note, numbers.finite(reported),
+                diff if is_sha256(diff) else None)
 
 
 # -- reading the runs ---------------------------------------------------------------------------
