@@ -116,6 +116,28 @@ async def test_an_action_for_an_agents_runner_is_queued_and_its_result_comes_bac
             "runner.drain", "host.result:agent-1"]
 
 
+async def test_an_action_for_an_agent_never_falls_back_to_this_hosts_runner(
+        apply_env: Host) -> None:
+    """args.host naming an agent that does not report the runner ran the action on this host's
+    runner of that name: a drain aimed at an agent drained a local runner, and a deregister
+    with delete_dir removed its directory."""
+    local = apply_env.add_runner("shared-name")
+    async with open_parts(apply_env) as parts:
+        actions = actions_of(parts, snapshots_of(parts))
+        coordinator = Coordinator(parts.plane, None)
+        await coordinator.heartbeat({"host": "agent-1", "runners": [{"name": "far-1"}]})
+        for action, args in (("runner.drain", {"name": "shared-name", "host": "agent-1"}),
+                             ("runner.deregister", {"name": "shared-name", "host": "agent-1",
+                                                    "delete_dir": True})):
+            with pytest.raises(NotFound, match="agent host 'agent-1' reports no runner"):
+                await actions.run(action, args, "a test")
+        assert local.is_dir() and not (local / ".fleet-drain").exists()
+        assert [c["action"] for c in await parts.plane.hosts.commands()] == []
+        # Named without a host, the local runner is still the one acted on.
+        reply = await actions.run("runner.drain", {"name": "shared-name"}, "a test")
+        assert reply["ok"] and (local / ".fleet-drain").exists()
+
+
 async def test_the_agent_link_alone_runs_allowed_commands_through_the_actions(
         apply_env: Host, tmp_path: Path) -> None:
     apply_env.add_runner("r1")

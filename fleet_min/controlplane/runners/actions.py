@@ -267,6 +267,11 @@ class Actions:
         if len(owners) > 1:
             raise Conflict(f"agents {', '.join(owners)} all report a runner named {name!r}; "
                            "say which with args.host")
+        if wanted is not None and not owners:
+            # Never this host's runner of the same name instead: a stale page or a name shared
+            # by two hosts would drain, or deregister and delete, the wrong runner.
+            raise NotFound(f"agent host {wanted!r} reports no runner named {name!r} (its last "
+                           "heartbeat lists its runners: GET /api/hosts)")
         return owners[0] if owners else None
 
     async def _queue_remote(self, host: str, action: str, args: dict[str, Any],
