@@ -317,6 +317,11 @@ async def test_results_that_settle_nothing_cannot_fill_the_audit(
                                                "matched": 0}, reply
         assert _audit_count(coord) == before
         assert _host_result_audit(coord) == []
+        # A name that never sent a heartbeat gets no log line (nor memory) of its own.
+        for name in ("never-seen-1", "never-seen-2"):
+            status, reply = await agent.post("/api/host/results", {
+                "host": name, "results": [{"id": "x", "ok": True}]})
+            assert status == 200 and reply["matched"] == 0
         log = (coord.host.tmp / "daemon.log").read_text()
         assert log.count("answer no command sent to it") == 1, log[-2000:]
         assert f"host edge posted {MAX_RESULTS} command result(s)" in log
@@ -663,5 +668,55 @@ async def test_an_agent_token_made_while_the_coordinator_runs_is_good_at_once(
         # Removed: the control token is the agent token again, as at a start without the file.
         (coord_host.state / "agent-token").unlink()
         assert (await beat(second), await beat(coord.token)) == (403, 200)
+    finally:
+        coord.stop()
+
+
+async def test_a_reports_free_form_parts_are_bounded(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """capacity and vitals were kept as sent: a megabyte of `[{}, {}, ...]` became some 24 MB
+    of objects a host name (2.4 GB for a hundred names, parsed again at every start) and a
+    100 MB GET /api/hosts. Past 16 KiB each is dropped; an agent's own are kept."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        honest = {"ceiling": 4, "used": 1, "free_mem_mb": 2048}
+        status, _ = await agent.post("/api/host/heartbeat", {
+            "host": "edge", "capacity": honest, "vitals": {"x": [{}] * 200_000}})
+        assert status == 200
+        listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
+        assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+        coord.stop()
+        coord = Daemon(coord.host, {"FLEET_HOST_NAME": "coord"})  # as kept in SQLite
+        listed = {h["host"]: h for h in (await Agentish(coord, http).hosts())["hosts"]}
+        assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+    finally:
+        coord.stop()
+
+
+async def test_a_newer_heartbeat_answers_the_one_held_before_it(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Held heartbeats of one host had no bound: forty parallel ones, each holding its parsed
+    body for 30 s, took a gigabyte. One agent sends one at a time, so a newer heartbeat makes
+    the one held before it answer at once; the newest is still held, and a queued command
+    still reaches it."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        assert (await agent.post("/api/host/heartbeat", {"host": "edge"}))[0] == 200
+        held = [asyncio.ensure_future(agent.post("/api/host/heartbeat",
+                                                 {"host": "edge", "wait_s": 30}))]
+        for _ in range(3):
+            await asyncio.sleep(0.5)  # each is held before the next arrives
+            assert not held[-1].done()
+            held.append(asyncio.ensure_future(agent.post("/api/host/heartbeat",
+                                                         {"host": "edge", "wait_s": 30})))
+            status, reply = await asyncio.wait_for(held[-2], 10)  # not its 30 s hold
+            assert status == 200 and reply["commands"] == []
+        await asyncio.sleep(0.5)
+        assert not held[-1].done()
+        queued = await agent.queue_check("edge")
+        status, reply = await asyncio.wait_for(held[-1], 10)
+        assert [c["id"] for c in reply["commands"]] == [queued["command_id"]]
     finally:
         coord.stop()

@@ -43,9 +43,11 @@ class Coordinator:
         if host == self.plane.host_name:
             raise Conflict(f"{host} is this coordinator's own name; give the agent its own "
                            "(FLEET_HOST_NAME)")
+        report, wait_s, applied, instance = (clean_report(body), wait_of(body),
+                                             applied_of(body), instance_of(body))
+        del body  # not held while the heartbeat waits: only the cleaned report is kept
         queue, commands = await self.plane.hosts.heartbeat(
-            host, clean_report(body), wait_of(body), applied_of(body), instance_of(body),
-            self.plane.setting("stale_after_s"))
+            host, report, wait_s, applied, instance, self.plane.setting("stale_after_s"))
         return {"ok": True, "queue": queue, "commands": commands}
 
     async def results(self, body: dict[str, Any], who: str, bound: str | None = None

@@ -56,6 +56,8 @@ MAX_RUNNERS = 500
 # every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
 MAX_HOSTS = 100
 MAX_RESULTS = 200  # command results in one POST (the agent sends at most this many)
+# A report's capacity and vitals each (an agent's own are under 2 KiB); a larger one is dropped.
+MAX_REPORT_PART = 16 << 10
 UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged this seldom
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
@@ -84,11 +86,18 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"runners": kept}
     for key in ("capacity", "vitals"):
         value = body.get(key)
-        out[key] = value if isinstance(value, dict) else None
+        # Kept as sent, so bounded by its size: a megabyte of `[{}, {}, ...]` is some 24 MB of
+        # Python objects, held for each of up to MAX_HOSTS names and parsed again at start.
+        out[key] = value if isinstance(value, dict) and _fits(value, MAX_REPORT_PART) else None
     load = body.get("load")
     out["load"] = load if isinstance(load, list) and all(
         isinstance(x, int | float) or x is None for x in load) else None
     return out
+
+
+def _fits(value: Any, limit: int) -> bool:
+    """Does the JSON text of `value` take at most `limit` bytes?"""
+    return len(json.dumps(value, separators=(",", ":"))) <= limit
 
 
 def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
@@ -316,6 +325,7 @@ class Hosts:
             self.received.pop(gone, None)
             self.instances.pop(gone, None)
             self._bells.pop(gone, None)
+            self._unmatched_warned.pop(gone, None)
         self.check_instance(host, instance, hold_s)
         if host not in self.reports and len(self.reports) >= MAX_HOSTS:
             raise Conflict(f"this coordinator already follows {MAX_HOSTS} agent hosts, the most "
@@ -326,6 +336,9 @@ class Hosts:
             self.instances[host] = instance
         await self.db.write(_save_report, host, report, at, instance)
         bell = self._bell(host)
+        # A heartbeat held for this host answers now: one agent sends one at a time, so an
+        # older one is a dead connection's, or a flood's (each held request holds its memory).
+        bell.set()
         bell.clear()
         queue, commands = await self.db.write(_take_commands, host, applied, self.clock())
         if not commands and wait_s > 0 and not self.closed:
@@ -348,7 +361,7 @@ class Hosts:
         answer nothing sent to the host are logged, at most once a minute a host."""
         settled = await self.db.write(_results, host, results, who, self.clock())
         unmatched = len(results) - settled
-        if unmatched:
+        if unmatched and host in self.reports:  # a made-up name gets no log line of its own
             self._warn_unmatched(host, unmatched)
         return settled
 
