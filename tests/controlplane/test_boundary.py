@@ -110,3 +110,21 @@ async def test_a_bodiless_change_needs_no_type(client: Any) -> None:
     cp = cp_of(client)
     resp = await client.post("/api/settings", headers=auth(cp))  # no body, no type: not a 415
     assert resp.status == 400 and "JSON body" in (await resp.json())["error"]
+
+
+async def test_a_foreign_page_cannot_make_the_daemon_build_reads(client: Any) -> None:
+    """A page on another site cannot read an answer (no CORS headers), but its no-cors GETs
+    still had the daemon build them: twenty analytics reads at once were gigabytes. API reads
+    asked for by another page are refused; the daemon's own pages, an address typed, and
+    clients that are not browsers are answered."""
+    for path in ("/api/analytics?days=30", "/api/state", "/api/hosts"):
+        for foreign in ({"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"},
+                        {"Origin": "http://evil.example"},
+                        {"Referer": "http://evil.example/page"}):
+            resp = await client.get(path, headers=foreign)
+            assert resp.status == 403 and "cross-origin" in (await resp.json())["error"], (
+                path, foreign)
+        for own in ({}, {"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}):
+            assert (await client.get(path, headers=own)).status == 200, (path, own)
+    # A page of its own is still reached from a link elsewhere.
+    assert (await client.get("/", headers={"Sec-Fetch-Site": "cross-site"})).status == 200

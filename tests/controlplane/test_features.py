@@ -4,6 +4,7 @@ and no other feature than those it is handed: what the split of the old engine i
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -204,6 +205,17 @@ async def test_reports_alone_replay_and_count_the_stored_jobs(host: Host) -> Non
         assert replay["repo"] == "octo/app" and replay["self_hosted_only"] is True
         figures = await reports.analytics(1)
         assert [r["repo"] for r in figures["repos"]] == ["octo/app"]
+        # Built once for every request that asks while it is built (twenty at once took
+        # twenty copies of the window's rows: 4.5 GB at 200,000 jobs); another window is its
+        # own report, and one that is asked for later is built again.
+        same = await asyncio.gather(*(reports.analytics(7) for _ in range(5)),
+                                    reports.analytics(8))
+        assert all(report is same[0] for report in same[:5]) and same[5] is not same[0]
+        assert await reports.analytics(7) is not same[0]
+        repos = await asyncio.gather(reports.repo("octo/app"), reports.repo("octo/app"))
+        assert repos[0] is repos[1] and repos[0]["repo"] == "octo/app"
+        with pytest.raises(NotFound):  # a failure reaches every request that shared it
+            await asyncio.gather(reports.repo("octo/none"), reports.repo("octo/none"))
 
 
 async def test_analysis_rounds_alone_collect_history_and_forecast(host: Host) -> None:

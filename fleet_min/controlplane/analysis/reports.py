@@ -11,6 +11,7 @@ the actions meanwhile. Domain only: no aiohttp.web here.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fleet_min.controlplane.analysis import analytics, workflows
@@ -63,6 +64,11 @@ class Reports:
         self.billing_source = billing
         self.admission_log = admission_log
         self._simulating = asyncio.Lock()
+        # A report over the job history holds every row of its window (hundreds of MB at a
+        # year of a busy repository): one is built at a time, and requests for the same one
+        # while it is being built share it.
+        self._reading = asyncio.Lock()
+        self._building: dict[tuple[str, Any], asyncio.Future[dict[str, Any]]] = {}
 
     # --- analytics and repository detail -------------------------------------------------------
 
@@ -74,7 +80,29 @@ class Reports:
             f"FROM jobs WHERE {where}", params)
         return [dict(row) for row in rows]
 
+    async def _shared(self, key: tuple[str, Any],
+                      build: Callable[[], Awaitable[dict[str, Any]]]) -> dict[str, Any]:
+        """The report `build` makes, built once for every request that asks for `key` while it
+        is being built, and one report at a time. A request that goes away does not stop it
+        for the others."""
+        building = self._building.get(key)
+        if building is None:
+            async def in_turn() -> dict[str, Any]:
+                async with self._reading:
+                    return await build()
+            def built(done: asyncio.Future[dict[str, Any]]) -> None:
+                self._building.pop(key, None)
+                if not done.cancelled():
+                    done.exception()  # seen here: every request for it may have gone
+            building = asyncio.ensure_future(in_turn())
+            self._building[key] = building
+            building.add_done_callback(built)
+        return await asyncio.shield(building)
+
     async def analytics(self, days: int) -> dict[str, Any]:
+        return await self._shared(("analytics", days), lambda: self._analytics(days))
+
+    async def _analytics(self, days: int) -> dict[str, Any]:
         until = self.plane.clock()
         since = until - days * DAY
         rows = await self.job_rows(since)
@@ -88,6 +116,9 @@ class Reports:
                 "history": await history.status(self.plane.db, self.plane.watched_repos())}
 
     async def repo(self, name: str) -> dict[str, Any]:
+        return await self._shared(("repo", name), lambda: self._repo(name))
+
+    async def _repo(self, name: str) -> dict[str, Any]:
         until = self.plane.clock()
         rows = await self.job_rows(until - REPO_DAYS * DAY, name)
         if not rows and name not in self.plane.watched_repos():

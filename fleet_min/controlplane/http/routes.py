@@ -32,9 +32,16 @@ def request_check(gate: origin.HostGate) -> RequestCheck:
     base_middleware_with before every handler (refusing raises)."""
 
     def boundary_and_auth(request: web.Request) -> None:
-        gate.check(request.headers.get("Host"))
-        origin.check_request(request.method.upper(), request.headers, "control plane",
-                             auth.CROSS_ORIGIN)
+        headers = request.headers
+        gate.check(headers.get("Host"))
+        method = request.method.upper()
+        origin.check_request(method, headers, "control plane", auth.CROSS_ORIGIN)
+        if (method in ("GET", "HEAD") and request.path.startswith("/api/")
+                and origin.from_a_page(headers)):
+            # A page on another site cannot read an answer (no CORS), but it can still make
+            # the daemon build one: a few dozen analytics reads a second is gigabytes and
+            # minutes of CPU. Only this daemon's own pages (or an address typed) may ask.
+            origin.check_page_read(headers, auth.CROSS_ORIGIN)
         authorize_request(request)
 
     return boundary_and_auth
