@@ -243,7 +243,8 @@ def _agents() -> list[Route]:
         Route("POST", "/devices/register", "Register (upsert) a device", {200: json_reply(obj({
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
             "pools": arr(STR)}), "the effective capabilities and pools")},
-            {**JSON_ERRORS, 403: MESH_403},
+            {**JSON_ERRORS, 403: MESH_403,
+             413: f"{TOO_LARGE}, or its descriptor is over 16 KiB of JSON"},
             body=Body(ref("Registration"), "the registration body"), tag=tag),
         Route("POST", "/executors/register", "Register (upsert) a host executor",
               {200: json_reply(obj({"ok": OK_TRUE, "name": STR,
@@ -276,6 +277,7 @@ def _agents() -> list[Route]:
                   "beacon: {lease_renewed, preempt}; result: the row was stored (or was a "
                   "repeat); array: one such reply per row, in order")},
               {**JSON_ERRORS, 403: MESH_403,
+               413: f"{TOO_LARGE}, or a beacon's `beacon` is over 16 KiB of JSON",
                404: "the job is unknown (result; in an array the sentence names the row and "
                     "nothing is stored), or the device is not registered (beacon; a host "
                     "executor may beacon under its name for the job it holds)",

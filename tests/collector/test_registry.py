@@ -151,3 +151,36 @@ async def test_register_refuses_bad_bodies(client):
     assert resp.status == 400
     assert (await client.get("/api/devices")).status == 200
     assert (await (await client.get("/api/devices")).json())["devices"] == []
+
+
+async def test_descriptors_and_beacons_past_their_size_are_refused_and_change_nothing(client):
+    """A descriptor and a beacon were kept at up to a request body's 1 MiB each, and every
+    device listing serves them whole (a beacon twice): a hundred registrations and beacons from
+    one client made GET /api/devices 300 MB. Past 16 KiB of JSON each is a 413."""
+    body = registration("pi-1")
+    body["descriptor"]["notes"] = "x" * 8000
+    assert (await client.post("/devices/register", json=body)).status == 200
+    beacon = {"schema": 1, "kind": "beacon", "device_id": "pi-1",
+              "beacon": {"battery_pct": 80, "sensors": ["t"] * 2000}}
+    assert (await client.post("/results", json=beacon)).status == 200
+    before = await (await client.get("/api/devices/pi-1")).json()
+
+    body["descriptor"]["notes"] = "x" * (16 << 10)
+    resp = await client.post("/devices/register", json=body)
+    assert resp.status == 413, await resp.text()
+    assert "a collector keeps descriptors of at most 16,384" in (await resp.json())["error"]
+    resp = await client.post("/devices/register", json={**registration("pi-2"),
+                                                         "descriptor": body["descriptor"]})
+    assert resp.status == 413
+    beacon["beacon"]["sensors"] = ["t"] * 5000
+    resp = await client.post("/results", json=beacon)
+    assert resp.status == 413 and "beacons of at most 16,384" in (await resp.json())["error"]
+
+    after = await (await client.get("/api/devices/pi-1")).json()
+    assert after["descriptor"] == before["descriptor"]
+    assert after["last_beacon"] == before["last_beacon"] == beacon["beacon"] | {
+        "sensors": ["t"] * 2000}
+    listing = await (await client.get("/api/devices")).json()
+    assert [d["device_id"] for d in listing["devices"]] == ["pi-1"]
+    history = await (await client.get("/api/devices/pi-1/beacons")).json()
+    assert len(history["beacons"]) == 1

@@ -14,7 +14,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, Conflict, NotFound
+from fleet_min.errors import BadRequest, Conflict, NotFound, TooLarge
 from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
@@ -123,6 +123,10 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
     descriptor: dict[str, Any] = dict(body.get("descriptor") or {})
     if not descriptor.get("platform"):
         descriptor["platform"] = rules.infer_platform(descriptor.get("os"))
+    stored_descriptor = json.dumps(descriptor)
+    if len(stored_descriptor) > rules.MAX_DESCRIPTOR_BYTES:
+        raise TooLarge(f"the descriptor is {len(stored_descriptor):,} bytes of JSON; a collector "
+                       f"keeps descriptors of at most {rules.MAX_DESCRIPTOR_BYTES:,}")
     # Omitted at first registration: no opinion (NULL). Omitted later: keep the list.
     capabilities: str | None
     if "capabilities" in body:
@@ -142,7 +146,7 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
             registered_at = excluded.registered_at, address = excluded.address,
             mesh_node = COALESCE(devices.mesh_node, excluded.mesh_node)
         """,
-        (device_id, json.dumps(descriptor), descriptor.get("platform"), descriptor.get("kind"),
+        (device_id, stored_descriptor, descriptor.get("platform"), descriptor.get("kind"),
          pools, capabilities, body.get("ttl_s"), now, now, now, address, caller),
     )
     device = load_device(conn, device_id)

@@ -15,12 +15,12 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector.jobs import authority, claims, queue
+from fleet_min.collector.jobs import authority, claims, queue, rules
 from fleet_min.collector.jobs.devices import touch, touch_due
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor, JobStatus, ResultKind
 from fleet_min.db import replayable
-from fleet_min.errors import Conflict, NotFound, Refused
+from fleet_min.errors import Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
 
 _ROW_FIELDS = frozenset({"schema", "kind", "device_id", "job_id", "iter", "attempt", "metrics",
@@ -239,6 +239,9 @@ def post_beacon(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     beacon = dict(body.get("beacon") or {})
     attached = job_id if held else None
     stored = jsonio.dumps_stored(beacon)  # the beacons row and the device's last_beacon
+    if len(stored) > rules.MAX_BEACON_BYTES:
+        raise TooLarge(f"the beacon is {len(stored):,} bytes of JSON; a collector keeps beacons "
+                       f"of at most {rules.MAX_BEACON_BYTES:,}")
     conn.execute("INSERT INTO beacons (device_id, job_id, at, body) VALUES (?, ?, ?, ?)",
                  (device_id, attached, now, stored))
     if device is not None:

@@ -44,6 +44,12 @@ BUSY_STALE_S = 180.0    # a busy claim with another collector older than this no
 BEACON_FRESH_S = 180.0  # collector-enforced constraints fail closed on an older beacon
 EXECUTOR_RECENT_S = 900.0  # fan-out reaches executors that polled within this (or hold a job)
 MAX_SLOTS = 64          # jobs an executor may hold at once (?slots= on its poll)
+# A device's descriptor and each beacon, as stored JSON. Both are read back whole by every
+# device listing (a beacon's history up to 1,000 rows), so a body's 1 MiB each would make one
+# client's few requests hundreds of MB of every reader's answers; an agent's own are under
+# 1 KiB.
+MAX_DESCRIPTOR_BYTES = 16 << 10
+MAX_BEACON_BYTES = 16 << 10
 
 
 def default_ttl(workload: str) -> int:
