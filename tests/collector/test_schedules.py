@@ -15,7 +15,9 @@ from fleet_min.collector.automation import schedules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
-from tests.support.collector import age_rows
+from fleet_min.errors import BadRequest
+from tests.support.collector import CollectorProcess, age_rows
+from tests.support.faults import faketime_lib
 
 TEMPLATE = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
             "params": {"prompt_tokens": 8, "gen_tokens": 8}}
@@ -363,6 +365,57 @@ async def test_the_background_tick_fires_without_being_asked(monkeypatch, collec
     assert [j["job_id"] for j in (await history(api))["jobs"]] == ["nightly-202601010000"]
 
 
+# -- a cron with no due minute within the horizon the cron module searches ----------------------
+
+# On 2026-11-27 the next Sunday November 1st is in 2037, past that horizon (nine years). Whether
+# a cron comes round in time depends on the date, so the collector runs as a real process under
+# libfaketime at a fixed moment: the in-process app reads the real clock.
+FAR_NOW = "2026-11-27 12:00:00"
+FAR_CRON = "0 0 */31 11 */7"
+FAR_WORDS = f"cron {FAR_CRON!r} has no due minute in the next nine years"
+
+
+@pytest.fixture
+def far_collector(tmp_path: Path):
+    lib = faketime_lib()
+    if lib is None:
+        pytest.skip("libfaketime is not installed (apt-get install faketime)")
+    proc = CollectorProcess(tmp_path / "data", env={
+        "LD_PRELOAD": lib, "FAKETIME": f"@{FAR_NOW}", "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "FLEET_SCHEDULE_TZ": "UTC", "FLEET_SCHEDULE_TICK_S": "3600"})
+    proc.start()
+    try:
+        yield proc.client
+    finally:
+        proc.stop()
+
+
+def test_enabling_a_cron_with_no_due_minute_in_range_is_400_and_changes_nothing(far_collector):
+    client = far_collector
+    assert client.get("/api/health")[1]["now"].startswith("2026-11-27T12:")
+    body = {"id": "rare", "cron": FAR_CRON, "template": TEMPLATE, "enabled": True}
+    for path in ("/api/schedules", "/schedules"):
+        status, reply = client.post(path, body)
+        assert status == 400, (path, status, reply)
+        assert FAR_WORDS in reply["error"] and "cannot be enabled" in reply["error"]
+    assert client.get("/api/schedules")[1] == {"schedules": []}
+    # Disabled it waits for no minute, so it is stored; enabling it is refused.
+    status, stored = client.post("/api/schedules", {**body, "enabled": False})
+    assert status == 201 and stored["enabled"] is False and stored["next_run"] is None
+    status, reply = client.request("PATCH", "/api/schedules/rare", {"enabled": True})
+    assert status == 400 and FAR_WORDS in reply["error"]
+    status, reply = client.post("/schedules", body)  # the original's replace
+    assert status == 400 and FAR_WORDS in reply["error"]
+    assert client.get("/api/schedules/rare")[1] == stored
+    # An enabled schedule's cron cannot be changed to it either.
+    daily = {"id": "daily", "cron": "@daily", "template": TEMPLATE, "enabled": True}
+    status, before = client.post("/api/schedules", daily)
+    assert status == 201
+    status, reply = client.request("PATCH", "/api/schedules/daily", {"cron": FAR_CRON})
+    assert status == 400 and FAR_WORDS in reply["error"]
+    assert client.get("/api/schedules/daily")[1] == before
+
+
 # -- the tick with explicit times (a real SQLite file, no HTTP) ----------------------------------
 
 
@@ -455,6 +508,70 @@ def test_a_refused_enqueue_leaves_no_job_and_no_effects(conn):
     report = in_transaction(conn, schedules.tick, now + 60, effects, tz=UTC)
     assert len(report.failed) == 1 and job_ids(conn) == []
     assert [e["action"] for e in effects.events] == ["failed"] and effects.claimable == []
+
+
+# 2026-03-01 is a Sunday and the next Sunday March 1st is in 2037, past the nine years the cron
+# module searches: this schedule's due minute at 2026-03-01 00:00 is the last one in range.
+LAST_IN_RANGE = "0 0 */31 3 */7"
+BEFORE_IT = ts(2026, 2, 28, 23, 59, 20)
+
+
+def record(conn, schedule_id: str, now: float) -> dict:
+    row = conn.execute(schedules.SELECT + " WHERE s.id = ?", (schedule_id,)).fetchone()
+    return schedules.schedule_record(row, schedules.View(now, UTC))
+
+
+def test_a_schedule_past_its_last_due_minute_in_range_stops_alone(conn):
+    make(conn, LAST_IN_RANGE, BEFORE_IT, "rare")
+    make(conn, "* * * * *", BEFORE_IT, "every")
+    effects = Effects()
+    report = in_transaction(conn, schedules.tick, ts(2026, 3, 1, 0, 0, 30), effects, tz=UTC)
+    # Its one due minute fires; then it holds no next_run and says why.
+    assert sorted(f["job_id"] for f in report.fired) == ["every-202603010000",
+                                                         "rare-202603010000"]
+    rare = record(conn, "rare", ts(2026, 3, 1, 0, 0, 30))
+    assert rare["enabled"] is True and rare["next_run"] is None
+    assert rare["last_slot"] == "2026-03-01T00:00:00.000000Z"
+    assert f"cron {LAST_IN_RANGE!r} has no due minute in the next nine years" in rare["last_skip"]
+    assert "stopped" in rare["last_skip"]
+    assert {"type": "schedule", "schedule_id": "rare", "action": "stopped"} in effects.events
+    # The next ticks go on with the others.
+    assert [f["job_id"] for f in run_tick(conn, ts(2026, 3, 1, 0, 1, 30)).fired] == [
+        "every-202603010001"]
+    assert [f["job_id"] for f in run_tick(conn, ts(2026, 3, 1, 0, 2, 30)).fired] == [
+        "every-202603010002"]
+    assert record(conn, "every", ts(2026, 3, 1, 0, 2, 30))["next_run"] == (
+        "2026-03-01T00:03:00.000000Z")
+    assert job_ids(conn) == ["every-202603010000", "rare-202603010000", "every-202603010001",
+                             "every-202603010002"]
+
+
+def test_enabling_a_stopped_schedule_again_rearms_it_or_says_why(conn):
+    make(conn, LAST_IN_RANGE, BEFORE_IT, "rare")
+    run_tick(conn, ts(2026, 3, 1, 0, 0, 30))
+    before = record(conn, "rare", ts(2026, 3, 2))
+    with pytest.raises(BadRequest, match="no due minute in the next nine years"):
+        in_transaction(conn, schedules.update, "rare", {"enabled": True}, ts(2026, 3, 2),
+                       Effects(), view=schedules.View(ts(2026, 3, 2), UTC))
+    assert record(conn, "rare", ts(2026, 3, 2)) == before
+    # Once 2037 comes within range, enabling it again holds that due minute.
+    later = ts(2029, 1, 1)
+    rearmed = in_transaction(conn, schedules.update, "rare", {"enabled": True}, later,
+                             Effects(), view=schedules.View(later, UTC))
+    assert rearmed["next_run"] == "2037-03-01T00:00:00.000000Z"
+
+
+def test_a_day_of_due_minutes_down_then_none_in_range_fires_the_last_and_stops(conn):
+    # Every minute of that one Sunday, and the collector down through all of it: the catch-up
+    # search meets the end of the range too.
+    make(conn, "* * */31 3 */7", BEFORE_IT, "rare")
+    make(conn, "0 * * * *", BEFORE_IT, "hourly")
+    report = run_tick(conn, ts(2026, 3, 2, 0, 0, 30))
+    assert sorted(f["job_id"] for f in report.fired) == ["hourly-202603020000",
+                                                         "rare-202603012359"]
+    assert report.missed == schedules.MISSED_COUNTED + 24
+    rare = record(conn, "rare", ts(2026, 3, 2, 0, 0, 30))
+    assert rare["next_run"] is None and "no due minute" in rare["last_skip"]
 
 
 def test_slots_are_utc_minutes():

@@ -169,6 +169,22 @@ def _first_run(cron: Cron, row_last_slot: str | None, now: float, tz: tzinfo | N
     return cron.next_after(max(now, handled), tz)
 
 
+def _arm(cron: Cron, row_last_slot: str | None, now: float, tz: tzinfo | None) -> float:
+    """The first due minute of a schedule being enabled, or 400 when the cron has none within
+    the horizon the cron module searches: an enabled schedule with nothing to wait for would
+    look armed and never run.
+
+    Checked here and not in check_cron, so a disabled schedule may still hold such a cron:
+    whether a due minute comes within the horizon depends on the date, not on the text (the
+    horizon slides forward, so '0 0 */31 11 */7', refused in 2026, can be enabled from late 2028
+    on), and a disabled schedule waits for no minute."""
+    try:
+        return _first_run(cron, row_last_slot, now, tz)
+    except CronError as exc:
+        raise BadRequest(f"{exc}, so it cannot be enabled; keep it disabled or choose a cron "
+                         "that comes round sooner") from None
+
+
 # ---------------------------------------------------------------------------------------------
 # create, update, delete
 
@@ -189,7 +205,7 @@ def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: 
                          "it is true)")
     if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone():
         raise Conflict(f"schedule {schedule_id!r} already exists")
-    next_run = _first_run(cron, None, now, view.tz) if enabled else None
+    next_run = _arm(cron, None, now, view.tz) if enabled else None
     conn.execute(
         "INSERT INTO schedules (id, cron, enabled, template, next_run, created_at, updated_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -232,10 +248,13 @@ def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], 
     row = _row(conn, schedule_id)
     enabled = changes.get("enabled", bool(row["enabled"]))
     next_run = row["next_run"] if row["enabled"] else None
+    # Enabling again re-arms a schedule the tick stopped (enabled, next_run NULL); a PATCH of
+    # its template alone leaves it stopped rather than refusing the edit.
+    stopped = row["next_run"] is None and "enabled" in changes
     if not enabled:
         next_run = None
-    elif cron is not None or not row["enabled"]:
-        next_run = _first_run(cron or parse(row["cron"]), row["last_slot"], now, view.tz)
+    elif cron is not None or not row["enabled"] or stopped:
+        next_run = _arm(cron or check_cron(row["cron"]), row["last_slot"], now, view.tz)
     conn.execute(
         "UPDATE schedules SET cron = ?, enabled = ?, template = ?, next_run = ?, updated_at = ? "
         "WHERE id = ?",
@@ -362,7 +381,7 @@ def _pull_back_next_runs(conn: sqlite3.Connection, now: float, tz: tzinfo | None
         try:
             upcoming = parse(row["cron"]).next_after(current, tz)
         except CronError:
-            continue
+            continue  # none within the horizon: the stored next_run, further out, stands
         handled = conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
                                (row["id"], slot_of(upcoming))).fetchone() is not None
         if upcoming < row["next_run"] and not handled:
@@ -371,18 +390,38 @@ def _pull_back_next_runs(conn: sqlite3.Connection, now: float, tz: tzinfo | None
 
 def _tick_one(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: Effects,
               tz: tzinfo | None, report: TickReport) -> None:
+    """Fire one schedule's due minute and move its next_run on. Whatever is wrong with this one
+    schedule stops it alone: an exception here would roll back the tick every schedule shares,
+    and the next tick would meet the same row and fail again."""
     current = math.floor(now / 60) * 60
     try:
         cron = parse(row["cron"])
-    except CronError as exc:  # stored before a grammar change: stop it, say why
-        conn.execute("UPDATE schedules SET next_run = NULL, last_skip = ? WHERE id = ?",
-                     (str(exc), row["id"]))
+    except CronError as exc:  # stored before a grammar change
+        _stop(conn, row["id"], str(exc), effects)
         return
     due = due_minutes(cron, row["next_run"], current, tz)
-    if due.latest is None:  # next_run was not due under this time zone: move it on
-        conn.execute("UPDATE schedules SET next_run = ? WHERE id = ?",
-                     (cron.next_after(current, tz), row["id"]))
+    # due.latest is None when next_run was not due under this time zone: it only moves on.
+    if due.latest is not None:
+        _fire_due(conn, row, slot_of(due.latest), due, now, effects, report)
+    try:
+        upcoming = cron.next_after(current, tz)
+    except CronError as exc:  # e.g. '0 0 */31 3 */7' after 2026-03-01: next due in 2037
+        _stop(conn, row["id"], f"{exc}, so the scheduler stopped it; change the cron, or "
+              "enable it again once a due minute comes within range", effects)
         return
+    conn.execute("UPDATE schedules SET next_run = ? WHERE id = ?", (upcoming, row["id"]))
+
+
+def _stop(conn: sqlite3.Connection, schedule_id: str, reason: str, effects: Effects) -> None:
+    """Hold no due minute for the schedule, and say why where its record shows it."""
+    conn.execute("UPDATE schedules SET next_run = NULL, last_skip = ? WHERE id = ?",
+                 (reason, schedule_id))
+    effects.emit("schedule", schedule_id=schedule_id, action="stopped")
+
+
+def _fire_due(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, due: Due, now: float,
+              effects: Effects, report: TickReport) -> None:
+    """Record the missed minutes as skipped and fire the latest due minute, `slot`."""
     for minute in due.missed:
         conn.execute("INSERT OR IGNORE INTO schedule_runs (schedule_id, slot, at, outcome, "
                      "detail) VALUES (?, ?, ?, 'skipped', ?)",
@@ -393,9 +432,8 @@ def _tick_one(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: E
         count = f"more than {due.missed_count}" if due.more else str(due.missed_count)
         note = (f"{count} earlier due minutes were missed while the collector was not running; "
                 "they are recorded as skipped")
-    _fire_slot(conn, row, slot_of(due.latest), now, effects, report, note)
-    conn.execute("UPDATE schedules SET last_slot = ?, next_run = ? WHERE id = ?",
-                 (slot_of(due.latest), cron.next_after(current, tz), row["id"]))
+    _fire_slot(conn, row, slot, now, effects, report, note)
+    conn.execute("UPDATE schedules SET last_slot = ? WHERE id = ?", (slot, row["id"]))
 
 
 def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float,
@@ -439,8 +477,8 @@ class Due:
 def due_minutes(cron: Cron, start: float, current: float, tz: tzinfo | None) -> Due:
     """The due minutes from `start` (inclusive) to `current` (inclusive), for the tick."""
     due = Due(None, [], 0, False)
-    t = cron.next_after(start - 60, tz)
-    while t <= current:
+    t = _next_due(cron, start - 60, tz)
+    while t is not None and t <= current:
         if due.latest is not None:
             due.missed_count += 1
             if len(due.missed) < MISSED_RECORDED:
@@ -449,8 +487,17 @@ def due_minutes(cron: Cron, start: float, current: float, tz: tzinfo | None) -> 
         if due.missed_count >= MISSED_COUNTED:
             due.latest, due.more = latest_due(cron, t, current, tz), True
             break
-        t = cron.next_after(t, tz)
+        t = _next_due(cron, t, tz)
     return due
+
+
+def _next_due(cron: Cron, ts: float, tz: tzinfo | None) -> float | None:
+    """The next due minute, or None when none comes within the horizon the cron module
+    searches: for the tick that means no more due minutes, never a reason to abort."""
+    try:
+        return cron.next_after(ts, tz)
+    except CronError:
+        return None
 
 
 def latest_due(cron: Cron, after: float, current: float, tz: tzinfo | None) -> float:
@@ -458,9 +505,9 @@ def latest_due(cron: Cron, after: float, current: float, tz: tzinfo | None) -> f
     (so a year of missed minutely runs costs an hour's worth of steps, not a year's)."""
     for window in (3600, 86400, 32 * 86400, 367 * 86400):
         low = max(after - 60, current - window)
-        last, t = None, cron.next_after(low, tz)
-        while t <= current:
-            last, t = t, cron.next_after(t, tz)
+        last, t = None, _next_due(cron, low, tz)
+        while t is not None and t <= current:
+            last, t = t, _next_due(cron, t, tz)
         if last is not None:
             return last
         if low <= after - 60:
