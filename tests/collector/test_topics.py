@@ -62,6 +62,38 @@ async def test_list_topics_with_counts_and_three_recent_payloads(client):
     assert body["topics"][0]["recent"][0]["payload"] == [1, 2]
 
 
+async def test_large_payloads_are_bounded_in_listings_and_reads(client):
+    """Payloads up to 64 KiB each were served whole everywhere: 1,500 of them made one
+    GET /api/events 93 MiB, and a read of one topic 31 MiB. The listing carries a payload the
+    stream would (4 KiB), and a read stops at 1 MiB of payloads, the cursor going on from
+    its last event."""
+    big = "x" * 60_000
+    seqs = [(await publish(client, "frames", {"n": n, "pad": big}))["seq"] for n in range(40)]
+    await publish(client, "frames", {"n": 40})
+    listed = (await (await client.get("/api/events")).json())["topics"][0]
+    assert [e.get("payload") for e in listed["recent"]] == [{"n": 40}, None, None]
+    omitted = listed["recent"][1]
+    assert omitted["payload_omitted"] is True and omitted["seq"] == seqs[-1]
+    assert omitted["payload_bytes"] == len(json.dumps({"n": 39, "pad": big},
+                                                      separators=(",", ":")))
+    page = (await (await client.get("/api/events/frames?limit=500")).json())["events"]
+    # Events while the payloads before each add up to under 1 MiB: n=40 and 18 of ~60 KB.
+    assert [e["payload"]["n"] for e in page] == list(range(40, 21, -1))
+    older = await (await client.get(f"/api/events/frames?before={page[-1]['seq']}")).json()
+    assert older["events"][0]["payload"]["n"] == 21
+    read = []
+    after = 0
+    while True:  # the cursor reads every event, a bounded page at a time
+        resp = await client.get(f"/api/events/frames/next?after={after}&limit=500&wait_s=0")
+        if resp.status == 204:
+            break
+        events = (await resp.json())["events"]
+        assert 1 <= len(events) <= 19
+        read += [e["payload"]["n"] for e in events]
+        after = events[-1]["seq"]
+    assert read == list(range(41))
+
+
 async def test_any_json_value_is_a_payload(client):
     for value in (None, 3.5, "text", [1, {"x": True}], {"deep": {"er": []}}):
         await publish(client, "values", value)

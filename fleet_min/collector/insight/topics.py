@@ -34,6 +34,10 @@ NEXT_DEFAULT, NEXT_MAX = 100, 500
 MAX_WAIT_S = 25.0
 LISTED_TOPICS = 500  # GET /api/events lists the most recently active topics, at most this many
 PREVIEW_PAYLOADS = 3
+# Payloads a read of one topic carries, in bytes of stored JSON: the events past it are left
+# for the next page (the cursor goes on from the last one given). At 500 events of 64 KiB a
+# read was 31 MiB, and a parsed payload takes many times its text in memory.
+READ_PAYLOAD_BYTES = 1 << 20
 
 
 def check_topic(name: str) -> str:
@@ -86,10 +90,19 @@ def event_record(row: sqlite3.Row) -> dict[str, Any]:
             "payload": json.loads(row["payload"])}
 
 
+def _within_bytes(page: str) -> str:
+    """The rows of `page` (a SELECT of seq, at, source, payload in reading order) while their
+    payloads add up to READ_PAYLOAD_BYTES, the first row always: counted by SQLite, so the
+    payloads past the bound are never handed to Python."""
+    return ("SELECT seq, at, source, payload FROM (SELECT *, SUM(length(CAST(payload AS BLOB))) "
+            f"OVER (ROWS UNBOUNDED PRECEDING) - length(CAST(payload AS BLOB)) AS before FROM "
+            f"({page})) WHERE before < {READ_PAYLOAD_BYTES}")
+
+
 async def events_after(db: Database, topic: str, after: int, limit: int
                        ) -> list[dict[str, Any]]:
-    rows = await db.read("SELECT seq, at, source, payload FROM topic_events "
-                         "WHERE topic = ? AND seq > ? ORDER BY seq LIMIT ?",
+    rows = await db.read(_within_bytes("SELECT seq, at, source, payload FROM topic_events "
+                                       "WHERE topic = ? AND seq > ? ORDER BY seq LIMIT ?"),
                          (topic, after, limit))
     return [event_record(r) for r in rows]
 
@@ -98,8 +111,8 @@ async def recent(db: Database, topic: str, limit: int, before: int | None) -> di
     """The newest events of one topic (newest first), optionally older than `before`."""
     summary = await db.read_one("SELECT COUNT(*) AS count, MAX(seq) AS last_seq, "
                                 "MAX(at) AS last_at FROM topic_events WHERE topic = ?", (topic,))
-    rows = await db.read("SELECT seq, at, source, payload FROM topic_events "
-                         "WHERE topic = ? AND seq < ? ORDER BY seq DESC LIMIT ?",
+    rows = await db.read(_within_bytes("SELECT seq, at, source, payload FROM topic_events "
+                                       "WHERE topic = ? AND seq < ? ORDER BY seq DESC LIMIT ?"),
                          (topic, before if before is not None else 2**62, limit))
     return {"topic": topic, "count": summary["count"] if summary else 0,
             "last_seq": summary["last_seq"] if summary else None,
@@ -124,13 +137,20 @@ async def list_topics(db: Database) -> dict[str, Any]:
                              ORDER BY seq DESC LIMIT 1 OFFSET ?), 0) AS low
             FROM json_each(?) t
         )
-        SELECT e.topic, e.seq, e.at, e.source, e.payload
+        SELECT e.topic, e.seq, e.at, e.source, length(CAST(e.payload AS BLOB)) AS size,
+               CASE WHEN length(CAST(e.payload AS BLOB)) <= ? THEN e.payload END AS payload
         FROM cut JOIN topic_events e ON e.topic = cut.topic AND e.seq >= cut.low
         ORDER BY e.seq DESC
-        """, (PREVIEW_PAYLOADS - 1, json.dumps(names)))
+        """, (PREVIEW_PAYLOADS - 1, json.dumps(names), STREAM_PAYLOAD_BYTES))
+    # A preview carries a payload the live stream would carry (up to 4 KiB), as the stream
+    # does: at 1,500 events of 64 KiB the listing was 93 MiB, and the dashboard reloads it at
+    # every topic event.
     recent_by_topic: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     for row in previews:
-        recent_by_topic[row["topic"]].append(event_record(row))
+        recent_by_topic[row["topic"]].append(
+            event_record(row) if row["payload"] is not None else
+            {"seq": row["seq"], "at": iso(row["at"]), "source": row["source"],
+             "payload_omitted": True, "payload_bytes": row["size"]})
     return {"topics": [
         {"topic": row["topic"], "count": row["count"], "last_seq": row["last_seq"],
          "last_at": iso(row["last_at"]), "recent": recent_by_topic[row["topic"]]}

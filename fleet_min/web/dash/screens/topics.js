@@ -20,7 +20,7 @@ export function Topics() {
       rows=${d.topics.map((t) => html`<tr>
         <td><${Link} to=${`/topics/${encodeURIComponent(t.topic)}`}>${t.topic}<//></td><td>${t.count}</td>
         <td><${Ago} iso=${t.last_at} /></td>
-        <td><ul class="plain payloads">${t.recent.map((e) => html`<li><span class="muted">#${e.seq}${e.source ? ` · ${e.source}` : ""}</span>${" "}<code>${payloadText(e.payload)}</code></li>`)}</ul></td></tr>`)} />`}<//>
+        <td><ul class="plain payloads">${t.recent.map((e) => html`<li><span class="muted">#${e.seq}${e.source ? ` · ${e.source}` : ""}</span>${" "}${e.payload_omitted ? html`<span class="muted">${e.payload_bytes} bytes: open the topic</span>` : html`<code>${payloadText(e.payload)}</code>`}</li>`)}</ul></td></tr>`)} />`}<//>
   <//>`;
 }
 
