@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.support.collector import job, registration
@@ -163,3 +165,35 @@ async def test_a_large_body_under_the_limit_is_read_whole(client):
     resp = await client.post("/jobs", json=job("big", params={"pad": "x" * 800_000}))
     assert resp.status == 201, await resp.text()
     assert len((await (await client.get("/jobs/big")).json())["spec"]["params"]["pad"]) == 800_000
+
+
+async def test_a_request_may_create_at_most_10000_jobs_and_64_mib_of_fan_out_children(client):
+    """1,000 specs is the batch limit, but each fan-out spec makes a job per device: the jobs
+    the request would create are counted (parents and children), and the bytes of its
+    children's specs, and past 10,000 jobs or 64 MiB the whole request is refused before the
+    fan-out that passes it writes a child."""
+    registered = await asyncio.gather(*(client.post("/devices/register", json=registration(
+        f"dev{i:03d}")) for i in range(100)))
+    assert {resp.status for resp in registered} == {200}
+    fanouts = [job(f"fan{i}", fanout=True) for i in range(100)]  # 100 + 100 x 100 = 10,100
+    resp = await client.post("/jobs", json=fanouts)
+    assert resp.status == 422, (await resp.text())[:300]
+    error = (await resp.json())["error"]
+    assert error.startswith("this request would create at least 10100 jobs, more than the "
+                            "10000 one request may create (fan-out fan99 alone reaches 100 "
+                            "targets)"), error
+    assert (await client.get("/jobs/fan0")).status == 404
+    assert (await client.get("/jobs/fan0--dev000")).status == 404
+    assert (await (await client.get("/api/jobs")).json())["total"] == 0
+    # The same request less one fan-out, 9,999 jobs, is under the limit and stored whole.
+    resp = await client.post("/jobs", json=fanouts[:99])
+    assert resp.status == 201, await resp.text()
+    assert (await (await client.get("/api/jobs?per_page=1")).json())["total"] == 9999
+    # Each child copies its parent's spec: 100 copies of 700 kB would be 70 MB of one request.
+    resp = await client.post("/jobs", json=job("wide", fanout=True, params={"pad": "y" * 700_000}))
+    assert resp.status == 422
+    assert (await resp.json())["error"].startswith(
+        "this request's fan-out children would hold at least 70012700 bytes of spec, more than "
+        "the 67108864 one request may store (fan-out wide alone: 100 copies of a 700127-byte "
+        "spec)")
+    assert (await client.get("/jobs/wide")).status == 404

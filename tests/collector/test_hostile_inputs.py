@@ -295,6 +295,48 @@ def test_template_rewriting_walks_any_depth_without_recursion():
     assert inner == "a" * 64
 
 
+def test_rewriting_looks_each_reference_up_once_and_stops_at_the_size_bound():
+    """10,000 references to a 300 kB value, each spec well under 1 MiB, would be 3 GB of
+    text: the value is looked up once and the rewrite stops where the spec passes 1 MiB, at the
+    third reference, whether they are whole strings or embedded in one string."""
+    ref = "${jobs.a.metrics.blob}"
+    looked_up = []
+
+    def lookup(job_id, kind, key):
+        looked_up.append((job_id, kind, key))
+        return "x" * 300_000
+
+    for refs in ([ref] * 10_000, ref * 10_000):
+        looked_up.clear()
+        with pytest.raises(templates.TooLarge, match="reference 3 of the spec"):
+            templates.Rewrites(lookup).rewrite({"params": {"p": refs}})
+        assert looked_up == [("a", "metrics", "blob")]
+    # A spec an operator's larger body limit let in may keep its size, not grow.
+    large = {"pad": "y" * 1_500_000, "p": ref}
+    assert templates.Rewrites(lambda *_: "z" * 22).rewrite(large)["p"] == "z" * 22
+    with pytest.raises(templates.TooLarge, match="would pass 1500039 bytes, its size as sent"):
+        templates.Rewrites(lambda *_: "z" * 23).rewrite(large)
+
+
+def test_the_rewrites_of_one_promotion_share_a_budget():
+    """Each spec under 1 MiB, but a thousand of them (one request's worth of waiters, or a
+    fan-out's children) would still add a GB: together they may add 16 MiB, and the value is
+    looked up and measured once for all of them."""
+    looked_up = []
+
+    def lookup(job_id, kind, key):
+        looked_up.append(job_id)
+        return "x" * 900_000
+
+    rewrites = templates.Rewrites(lookup)
+    done = 0
+    with pytest.raises(templates.TooLarge, match="would add more than 16777216 bytes"):
+        for _ in range(1000):
+            rewrites.rewrite({"params": {"p": "${jobs.a.metrics.blob}"}})
+            done += 1
+    assert done == 18 and looked_up == ["a"]  # 18 x 900 kB fit in 16 MiB, 19 do not
+
+
 def test_a_collector_with_an_old_orjson_runs_on_the_json_module(tmp_path: Path) -> None:
     fake = tmp_path / "old-orjson"
     fake.mkdir()

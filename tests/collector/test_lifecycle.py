@@ -292,6 +292,25 @@ async def test_retry_clones_with_the_next_free_suffix(client):
     assert reply["job_id"] == "flaky-r4"
 
 
+async def test_a_retry_whose_id_would_pass_200_characters_is_refused(client):
+    """A retry's id (<job_id>-r<n>) follows the job-id rule, or no agent could report for it."""
+    longest, fits = "L" * 200, "F" * 197
+    await client.post("/jobs", json=[job(longest), job(fits)])
+    for job_id in (longest, fits):
+        assert (await client.post(f"/api/jobs/{job_id}/cancel")).status == 200
+    resp = await client.post(f"/api/jobs/{longest}/retry")
+    assert resp.status == 409
+    assert (await resp.json())["error"] == (
+        f"job {longest} cannot be retried: its clone's id {'L' * 40}... would be 203 "
+        "characters, more than the 200 a job id may have; enqueue a copy of its spec under a "
+        "shorter job_id instead")
+    listing = await (await client.get("/api/jobs")).json()
+    assert sorted(j["job_id"] for j in listing["jobs"]) == [fits, longest]  # no clone
+    assert (await status_of(client, longest))["status"] == "cancelled"
+    reply = await (await client.post(f"/api/jobs/{fits}/retry")).json()
+    assert reply["job_id"] == f"{fits}-r2" and len(reply["job_id"]) == 200
+
+
 async def test_priority_change(client):
     await client.post("/devices/register", json=registration("d"))
     await client.post("/jobs", json=[job("a"), job("b")])
@@ -336,6 +355,66 @@ async def test_unresolvable_reference_fails_the_waiter(client):
     await client.post("/results", json=result_row("make", "d", 0, final=True, ok=True))
     row = await status_of(client, "use")
     assert row["status"] == "failed" and "cannot be resolved" in row["last_error"]
+
+
+async def test_references_past_the_body_limit_fail_the_waiter_and_the_dependency_closes(client):
+    """40 references to a 30 kB metric would make a 1.2 MB spec, more than a request body may
+    carry (1 MiB): the waiter fails with a sentence, as for a missing value, keeping its spec as
+    sent, and the dependency's final row closes it as usual. 30 of them (900 kB) still fit."""
+    ref = "${jobs.make.metrics.blob}"
+    await client.post("/devices/register", json=registration("d"))
+    resp = await client.post("/jobs", json=[
+        job("make"),
+        job("whole", depends_on=["make"], params={"p": [ref] * 40}),
+        job("embedded", depends_on=["make"], params={"p": f"<{ref}>" * 40}),
+        job("fits", depends_on=["make"], params={"p": [ref] * 30})])
+    assert resp.status == 201, await resp.text()
+    await claim(client, "d")
+    resp = await client.post("/results", json=result_row(
+        "make", "d", 0, final=True, ok=True, metrics={"blob": "x" * 30_000}))
+    assert resp.status == 200, await resp.text()
+    reply = await resp.json()
+    assert reply["status"] == "done" and reply["promoted"] == ["fits"]
+    assert sorted(reply["failed"]) == ["embedded", "whole"]
+    assert (await status_of(client, "make"))["status"] == "done"
+    for name, sent in (("whole", [ref] * 40), ("embedded", f"<{ref}>" * 40)):
+        row = await status_of(client, name)
+        assert row["status"] == "failed" and row["spec"]["params"]["p"] == sent
+        assert row["last_error"] == (
+            f"template reference {ref} cannot be resolved: with it (reference 35 of the spec) "
+            "the spec would pass 1048576 bytes, the most a request body may carry; refer to a "
+            "smaller value (an artifact's hash, say) or to it fewer times")
+    fits = await status_of(client, "fits")
+    assert fits["status"] == "queued" and fits["spec"]["params"]["p"] == ["x" * 30_000] * 30
+    # A dependency already done is read at enqueue: the same refusal, stored as a failed job.
+    resp = await client.post("/jobs", json=job("late", depends_on=["make"],
+                                               params={"p": [ref] * 40}))
+    assert resp.status == 201 and (await resp.json())["status"] == "failed"
+    assert "the spec would pass 1048576 bytes" in (await status_of(client, "late"))["last_error"]
+
+
+async def test_the_waiters_one_final_row_promotes_may_add_16_mib_together(client):
+    """20 waiters that each grow by 900 kB fit under 1 MiB one by one, but one final row may
+    add 16 MiB over all of them: the first 18 (in the order they were enqueued) are promoted,
+    the others fail with a sentence, and the dependency closes as usual."""
+    ref = "${jobs.make.metrics.blob}"
+    waiters = [job(f"w{i:02d}", depends_on=["make"], params={"p": [ref] * 30})
+               for i in range(20)]
+    await client.post("/devices/register", json=registration("d"))
+    assert (await client.post("/jobs", json=[job("make"), *waiters])).status == 201
+    await claim(client, "d")
+    resp = await client.post("/results", json=result_row(
+        "make", "d", 0, final=True, ok=True, metrics={"blob": "x" * 30_000}))
+    reply = await resp.json()
+    assert resp.status == 200 and reply["status"] == "done"
+    assert reply["promoted"] == [f"w{i:02d}" for i in range(18)]
+    assert sorted(reply["failed"]) == ["w18", "w19"]
+    row = await status_of(client, "w19")
+    assert row["spec"]["params"]["p"] == [ref] * 30
+    assert row["last_error"] == (
+        f"template reference {ref} cannot be resolved: with the jobs rewritten before it in "
+        "the same promotion or request, the references would add more than 16777216 bytes; "
+        "refer to smaller values (an artifact's hash, say) or from fewer jobs")
 
 
 async def test_the_detail_lists_dependencies_in_the_specs_order_with_their_status(client):
@@ -443,6 +522,33 @@ async def test_fanout_distinct_picks_the_newest_device_per_value(client, db_path
 async def test_fanout_with_no_devices_is_refused(client):
     resp = await client.post("/jobs", json=job("fan", fanout=True))
     assert resp.status == 422
+
+
+async def test_a_device_fan_out_whose_child_id_would_pass_200_characters_is_refused(client):
+    """A child is <job_id>--<device_id>; past the job-id rule's 200 characters no beacon or
+    row could name it, so the fan-out is refused whole, naming the length and the fix."""
+    device = "D" * 150
+    await client.post("/devices/register", json=registration(device))
+    await client.post("/devices/register", json=registration("short"))
+    resp = await client.post("/jobs", json=job("P" * 49, fanout=True))
+    assert resp.status == 400
+    assert (await resp.json())["error"] == (
+        f"job {'P' * 49}: the fan-out child id {('P' * 49 + '--' + device)[:60]}... would be "
+        "201 characters, more than the 200 a job id may have (<job_id>--<device_id>, device "
+        "ids up to 150 characters); use a job_id of at most 48 characters")
+    assert (await (await client.get("/api/jobs")).json())["total"] == 0
+    reply = await (await client.post("/jobs", json=job("P" * 48, fanout=True))).json()
+    assert sorted(map(len, reply["fanout"])) == [55, 200]
+    child = f"{'P' * 48}--{device}"
+    assert (await claim(client, device))["job_id"] == child
+    resp = await client.post("/results", json=result_row(child, device, 0, final=True, ok=True))
+    assert (await resp.json())["status"] == "done"
+    # A device id of 198 characters or more leaves no room for any job_id: leave it out.
+    await client.post("/devices/register", json=registration("E" * 200))
+    resp = await client.post("/jobs", json=job("x", fanout=True))
+    assert resp.status == 400
+    assert (await resp.json())["error"].endswith(
+        f"leave device {'E' * 40}... out with targets (a pool or a match expression)")
 
 
 async def test_failed_child_fails_the_parent(client):

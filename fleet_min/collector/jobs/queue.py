@@ -120,6 +120,54 @@ class Enqueued:
     replies: list[dict[str, Any]]
 
 
+# Jobs one request may create, fan-out parents and children included: a POST /jobs of 1,000
+# specs, a retry, a schedule's run. MAX_BATCH bounds the specs, not what they fan out to: 100
+# fan-outs to 5,000 registered devices wrote 500,000 jobs in one transaction on the event loop
+# (17 s of stall, 515 MB). A shelf of devices is tens to a few hundred, so a real request stays
+# far below this (a full batch fanned out to 9 devices each fits), while the loop is held about
+# 0.3 s for 9,999 jobs, 0.5 s to write and undo a refused 10,100 (2-core VM).
+MAX_JOBS_PER_REQUEST = 10_000
+# Bytes of spec the fan-out children of one request may hold: each child is a copy of its
+# parent's spec, so 9,999 children of a 1 MiB spec would be 10 GB. 64 children of 1 MiB took
+# 0.3 s, as 9,999 small jobs do; a 6 kB spec still reaches 10,000 devices.
+MAX_FANOUT_BYTES = 64 << 20
+
+
+class _Tally:
+    """The jobs a request creates, counted before they are written: every spec is one job
+    (a fan-out's parent too), and a fan-out adds its children once its targets are known.
+    Its template rewrites share one budget (see templates.Rewrites)."""
+
+    def __init__(self, conn: sqlite3.Connection, jobs: int) -> None:
+        self.conn = conn
+        self.jobs = jobs
+        self.fanout_bytes = 0
+        self._rewrites: templates.Rewrites | None = None
+
+    @property
+    def rewrites(self) -> templates.Rewrites:
+        if self._rewrites is None:  # most requests rewrite nothing
+            self._rewrites = _rewrites(self.conn)
+        return self._rewrites
+
+    def add_children(self, parent_id: str, children: int, spec_bytes: int) -> None:
+        self.jobs += children
+        if self.jobs > MAX_JOBS_PER_REQUEST:
+            raise Unprocessable(
+                f"this request would create at least {self.jobs} jobs, more than the "
+                f"{MAX_JOBS_PER_REQUEST} one request may create (fan-out {parent_id} alone "
+                f"reaches {children} targets); narrow the fan-outs' targets (a pool, a match "
+                "expression, fanout.distinct) or send them in several requests")
+        self.fanout_bytes += children * spec_bytes
+        if self.fanout_bytes > MAX_FANOUT_BYTES:
+            raise Unprocessable(
+                f"this request's fan-out children would hold at least {self.fanout_bytes} "
+                f"bytes of spec, more than the {MAX_FANOUT_BYTES} one request may store "
+                f"(fan-out {parent_id} alone: {children} copies of a {spec_bytes}-byte spec); "
+                "make the spec smaller (put large inputs in an artifact) or narrow the "
+                "fan-out's targets")
+
+
 @replayable
 def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
             effects: Effects, template_id: str | None = None) -> Enqueued:
@@ -139,9 +187,11 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
     for spec in specs:
         _check_capability(conn, spec)
     order = _dependency_order(conn, specs)
+    tally = _Tally(conn, len(specs))
     replies: dict[str, dict[str, Any]] = {}
     for spec in order:
-        replies[spec["job_id"]] = _store(conn, spec, now, effects, template_id=template_id)
+        replies[spec["job_id"]] = _store(conn, spec, now, effects, tally,
+                                         template_id=template_id)
     return Enqueued([replies[job_id] for job_id in ids])
 
 
@@ -263,14 +313,15 @@ def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
     return row["sha256"] if row else None
 
 
-def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects, *,
-           template_id: str | None = None, parent: str | None = None) -> dict[str, Any]:
+def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
+           tally: _Tally, *, template_id: str | None = None,
+           parent: str | None = None) -> dict[str, Any]:
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
-        return _store_fanout(conn, spec, now, effects, template_id)
+        return _store_fanout(conn, spec, now, effects, tally, template_id)
     if parent is None:
         _check_pins_agree(conn, spec)
-    status, last_error, spec = _initial_status(conn, spec)
+    status, last_error, spec = _initial_status(conn, spec, tally)
     warnings = validate.param_warnings(spec)
     route = _insert(conn, spec, status, last_error, now, template_id=template_id, parent=parent,
                     warnings=warnings)
@@ -297,7 +348,8 @@ def _check_pins_agree(conn: sqlite3.Connection, spec: JobSpec) -> None:
                          "leave targets.executor out")
 
 
-def _initial_status(conn: sqlite3.Connection, spec: JobSpec) -> tuple[str, str | None, JobSpec]:
+def _initial_status(conn: sqlite3.Connection, spec: JobSpec, tally: _Tally
+                    ) -> tuple[str, str | None, JobSpec]:
     deps = spec.get("depends_on") or []
     if not deps:
         return JobStatus.QUEUED, None, spec
@@ -311,7 +363,7 @@ def _initial_status(conn: sqlite3.Connection, spec: JobSpec) -> tuple[str, str |
             return JobStatus.FAILED, _dependency_error(dep, row["status"], row["last_error"]), spec
     if all(statuses[d]["status"] == JobStatus.DONE for d in deps):
         try:
-            return JobStatus.QUEUED, None, _rewritten(conn, spec)
+            return JobStatus.QUEUED, None, _rewritten(tally.rewrites, spec)
         except templates.Unresolvable as exc:
             return JobStatus.FAILED, str(exc), spec
     return JobStatus.WAITING, None, spec
@@ -374,7 +426,7 @@ def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
 
 
 def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
-                  template_id: str | None) -> dict[str, Any]:
+                  tally: _Tally, template_id: str | None) -> dict[str, Any]:
     """A fan-out parent (never claimed) and one child per target: per matching device,
     pinned with targets.device_id, or for a host job per executor seen recently, pinned with
     targets.executor (fanout {distinct} is refused for host jobs by specs.check_spec)."""
@@ -384,7 +436,12 @@ def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: 
     if not pins:
         raise Unprocessable(_NO_FANOUT_TARGET[pin_field].format(workload=spec["workload"]))
     parent_id = spec["job_id"]
-    status, last_error, _ = _initial_status(conn, spec)
+    if pin_field == "device_id":
+        _check_child_ids(parent_id, pins)
+    tally.add_children(parent_id, len(pins), len(jsonio.dumps_body(spec)))
+    # The parent's rewrite only tells whether its references resolve: it is not stored, so it
+    # takes nothing from the request's budget.
+    status, last_error, _ = _initial_status(conn, spec, _Tally(conn, 0))
     group_status = (status if status in (JobStatus.FAILED, JobStatus.WAITING)
                     else JobStatus.QUEUED)
     warnings = validate.param_warnings(spec)
@@ -397,10 +454,32 @@ def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: 
         del child["fanout"]
         child["job_id"] = f"{parent_id}--{pin}"
         child["targets"] = cast(Targets, {**(spec.get("targets") or {}), pin_field: pin})
-        _store(conn, child, now, effects, template_id=template_id, parent=parent_id)
+        _store(conn, child, now, effects, tally, template_id=template_id, parent=parent_id)
         children.append(child["job_id"])
     reply = {"job_id": parent_id, "status": group_status, "fanout": children}
     return {**reply, "warnings": warnings} if warnings else reply
+
+
+JOB_ID_CHARS = 200  # the job-id rule's length (validate.is_job_id), for the sentences
+
+
+def _check_child_ids(parent_id: str, devices: list[str]) -> None:
+    """Refuse a device fan-out whose child id (<job_id>--<device_id>) would be past the job-id
+    rule's 200 characters: the device would be handed a job that no beacon or row can name.
+    Refused rather than left out, as a host fan-out leaves an executor out: a device id
+    follows the job-id rule, so only the length can fail, a shorter job_id mends it, and the
+    preview (which has no job_id) would otherwise count devices the fan-out skips."""
+    longest = max(devices, key=len)
+    child = f"{parent_id}--{longest}"
+    if validate.is_job_id(child):
+        return
+    room = JOB_ID_CHARS - 2 - len(longest)
+    fix = (f"use a job_id of at most {room} characters" if room > 0 else
+           f"leave device {longest[:40]}... out with targets (a pool or a match expression)")
+    raise BadRequest(f"job {parent_id}: the fan-out child id {child[:60]}... would be "
+                     f"{len(child)} characters, more than the {JOB_ID_CHARS} a job id may have "
+                     f"(<job_id>--<device_id>, device ids up to {len(longest)} characters); "
+                     f"{fix}")
 
 
 _NO_FANOUT_TARGET = {
@@ -596,6 +675,7 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
     in one transaction without 10,000 nested calls."""
     first = row["job_id"]
     closed: list[str] = []
+    rewrites: templates.Rewrites | None = None  # the promotions' (see templates.Rewrites)
     work: list[tuple[sqlite3.Row, str, str | None]] = [(row, status, error)]
     while work:
         row, status, error = work.pop()
@@ -610,7 +690,9 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
         groups: list[str] = [row["parent_job_id"]] if row["parent_job_id"] else []
         if row["has_dependents"]:  # set when a job naming this one in depends_on is stored
             if status == JobStatus.DONE:
-                work.extend(_promote_waiters(conn, row["job_id"], now, effects, promoted))
+                rewrites = rewrites or _rewrites(conn)
+                work.extend(_promote_waiters(conn, row["job_id"], now, effects, promoted,
+                                             rewrites))
             else:
                 groups += _fail_dependents(conn, row["job_id"], status, error, now, effects,
                                            closed)
@@ -622,10 +704,13 @@ def _close(conn: sqlite3.Connection, row: sqlite3.Row, status: str, error: str |
 
 
 def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects,
-                     promoted: list[str] | None = None
+                     promoted: list[str] | None = None,
+                     rewrites: templates.Rewrites | None = None
                      ) -> list[tuple[sqlite3.Row, str, str | None]]:
     """Queue the waiters of a job just done whose every dependency is done; the waiters whose
-    template references cannot be resolved come back, to be failed by the caller."""
+    template references cannot be resolved come back, to be failed by the caller. `rewrites`
+    are those of the whole close, so that all its promotions share one budget."""
+    rewrites = rewrites or _rewrites(conn)
     unresolvable: list[tuple[sqlite3.Row, str, str | None]] = []
     # CROSS JOIN keeps job_deps first: left to itself SQLite walked every waiting job in seq
     # order (for the ORDER BY), which made each step along a long chain cost the chain's length.
@@ -646,7 +731,7 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
             continue
         spec = json.loads(waiter["spec"])
         try:
-            spec = _rewritten(conn, spec)
+            spec = _rewritten(rewrites, spec)
         except templates.Unresolvable as exc:
             unresolvable.append((waiter, JobStatus.FAILED, str(exc)))
             continue
@@ -737,31 +822,44 @@ def _settle_group(conn: sqlite3.Connection, parent_id: str
     return parent, JobStatus.DONE, None
 
 
-def _rewritten(conn: sqlite3.Connection, spec: JobSpec) -> JobSpec:
+def _rewritten(rewrites: templates.Rewrites, spec: JobSpec) -> JobSpec:
     if not templates.references(spec):
         return spec
-    return templates.rewrite(spec, lambda job_id, kind, key: _template_value(conn, job_id,
-                                                                              kind, key))
+    return cast(JobSpec, rewrites.rewrite(spec))
 
 
-def _template_value(conn: sqlite3.Connection, job_id: str, kind: str, key: str | None) -> Any:
-    """A reference's value from the rows of the attempt that closed the job (a done job's
+def _rewrites(conn: sqlite3.Connection) -> templates.Rewrites:
+    """The template rewrites of one promotion or one request: each dependency's rows are read
+    once, and each row's metrics parsed once, however many references and waiters name them
+    (a query and a parse per reference made 1,500 references to one metric 1,500 reads of a
+    600 kB row).
+
+    A reference's value comes from the rows of the attempt that closed the job (a done job's
     attempt count names it): its final row first, then its summary, then the newest. Rows of
     lapsed attempts, and hand-back rows (their artifact is saved progress), never count."""
-    rows = conn.execute(
-        "SELECT metrics, artifacts, extra FROM results WHERE job_id = ? AND preempted = 0 "
-        "AND attempt = (SELECT attempts FROM jobs WHERE job_id = ?) "
-        "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id, job_id)).fetchall()
-    for row in rows:
-        if kind == "artifact":
-            artifacts = json.loads(row["artifacts"]) or _test_artifacts(row["extra"])
-            if artifacts:
-                return artifacts[0]
-        else:
-            metrics = json.loads(row["metrics"])
-            if key in metrics and metrics[key] is not None:
-                return metrics[key]
-    return None
+    rows_of: dict[str, list[dict[str, Any]]] = {}
+
+    def lookup(job_id: str, kind: str, key: str | None) -> Any:
+        rows = rows_of.get(job_id)
+        if rows is None:
+            rows = rows_of[job_id] = [dict(row) for row in conn.execute(
+                "SELECT metrics, artifacts, extra FROM results WHERE job_id = ? AND preempted = 0 "
+                "AND attempt = (SELECT attempts FROM jobs WHERE job_id = ?) "
+                "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id, job_id))]
+        for row in rows:
+            if kind == "artifact":
+                artifacts = json.loads(row["artifacts"]) or _test_artifacts(row["extra"])
+                if artifacts:
+                    return artifacts[0]
+            else:
+                if isinstance(row["metrics"], str):
+                    row["metrics"] = json.loads(row["metrics"])
+                metrics = row["metrics"]
+                if key in metrics and metrics[key] is not None:
+                    return metrics[key]
+        return None
+
+    return templates.Rewrites(lookup)
 
 
 def _test_artifacts(extra: str | None) -> list[str]:
@@ -865,15 +963,20 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
     suffix = 2
     while f"{base}-r{suffix}" in taken:
         suffix += 1
+    clone = f"{base}-r{suffix}"
+    if not validate.is_job_id(clone):  # only its length can fail: the id itself passed it
+        raise Conflict(f"job {job_id} cannot be retried: its clone's id {clone[:40]}... would "
+                       f"be {len(clone)} characters, more than the {JOB_ID_CHARS} a job id may "
+                       "have; enqueue a copy of its spec under a shorter job_id instead")
     spec = json.loads(row["spec"])
     refuse_lone_surrogates(spec, f"job {job_id}'s stored spec")
-    spec["job_id"] = f"{base}-r{suffix}"
+    spec["job_id"] = clone
     params = spec.get("params")
     if isinstance(params, dict):
         params.pop("resume_from", None)
     if row["is_group"]:
         spec.setdefault("fanout", True)
-    reply = _store(conn, spec, now, effects, template_id=row["template_id"],
+    reply = _store(conn, spec, now, effects, _Tally(conn, 1), template_id=row["template_id"],
                    parent=None)
     return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
             **({"fanout": reply["fanout"]} if "fanout" in reply else {})}
