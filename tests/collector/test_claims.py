@@ -35,6 +35,23 @@ async def test_unknown_device_must_register_first(client):
     assert "register first" in (await resp.json())["error"]
 
 
+async def test_a_head_request_claims_nothing(client):
+    """HEAD on a poll was answered by the GET handler: it claimed the job and dropped the body
+    that carried it (the device then got 204 until the lease lapsed), and skipped the mesh
+    allowlist, which keys agent routes by method. It is a 405 now."""
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/executors/register", json={"name": "mac"})
+    await client.post("/jobs", json=job("for-d"))
+    await client.post("/jobs", json=job("for-mac", workload="web-unfurl", executor="host",
+                                        targets={"url": "https://example.test/"}))
+    for path in ("/devices/d/next-job", "/executor/next-job?name=mac"):
+        resp = await client.head(path)
+        assert resp.status == 405 and "GET" in resp.headers["Allow"], path
+    for job_id in ("for-d", "for-mac"):
+        assert (await (await client.get(f"/jobs/{job_id}")).json())["status"] == "queued"
+    assert (await (await client.get("/devices/d/next-job")).json())["job_id"] == "for-d"
+
+
 async def test_claim_order_is_priority_then_creation(client):
     await client.post("/devices/register", json=registration("d"))
     for name, priority in (("low", 0), ("high-1", 5), ("mid", 2), ("high-2", 5)):

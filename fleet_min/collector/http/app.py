@@ -371,9 +371,12 @@ async def api_not_found(request: web.Request) -> web.Response:
 def add_routes(app: web.Application) -> None:
     app.router.add_routes([
         web.post("/devices/register", register),
-        web.get("/devices/{device_id}/next-job", device_next_job),
+        # A poll claims a job: HEAD (which aiohttp otherwise answers with the GET handler)
+        # would claim one and drop the body carrying it, and it bypassed the mesh check, which
+        # keys agent routes by their method. HEAD gets 405.
+        web.get("/devices/{device_id}/next-job", device_next_job, allow_head=False),
         web.post("/executors/register", register_executor),
-        web.get("/executor/next-job", executor_next_job),
+        web.get("/executor/next-job", executor_next_job, allow_head=False),
         web.post("/results", post_results),
         web.post("/locks/acquire", acquire_locks),
         web.post("/locks/release", release_locks),
