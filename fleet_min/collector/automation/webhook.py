@@ -49,9 +49,17 @@ def backoff(attempt: int, base_s: float, rng: Callable[[], float] = random.rando
     return min(MAX_BACKOFF_S, base_s * 2 ** (attempt - 1)) * (0.5 + rng() / 2)
 
 
+def chat_text(text: str) -> str:
+    """Text as chat services read the `text` field (Slack's rules, which Mattermost and others
+    follow): `<...>` is markup there, so a job's error of `<!channel>` would ping everyone and
+    `<https://x|label>` would show a link under a label of its poster's choosing."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def payload(row: Any, collector: dict[str, str]) -> dict[str, Any]:
     record = alert_record(row, now())
-    text = f"[{collector.get('name', '')}] {record['rule']} {record['subject']}: {record['detail']}"
+    text = chat_text(f"[{collector.get('name', '')}] {record['rule']} {record['subject']}: "
+                     f"{record['detail']}")
     return {"type": "alert", "delivery_id": f"{collector.get('collector', '')}:alert:{row['id']}",
             "collector": collector, "alert": record, "text": text}
 
