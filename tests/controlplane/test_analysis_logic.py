@@ -6,10 +6,13 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 
 from fleet_min.controlplane.analysis import analytics, autoscale, forecast, stats, workflows
 from fleet_min.controlplane.analysis.simulate import Trace, compare, replay
@@ -147,6 +150,41 @@ def test_bad_files_give_errors_not_exceptions() -> None:
     assert "KiB" in (workflows.parse("c.yml", big).error or "")
     code = "!!python/object/apply:os.system ['echo pwned']"
     assert workflows.parse("d.yml", code).error is not None  # the safe loader refuses tags
+
+
+def _laughs(levels: int) -> str:
+    """A workflow whose name is nested anchors: each level repeats the one before it ten
+    times, so a few hundred bytes name 10**levels strings."""
+    lines = ['a0: &a0 "lol"']
+    for n in range(1, levels + 1):
+        lines.append(f"a{n}: &a{n} [" + ", ".join([f"*a{n - 1}"] * 10) + "]")
+    return "\n".join([*lines, f"name: *a{levels}", "on: push",
+                       "jobs: {build: {runs-on: ubuntu-latest}}", ""])
+
+
+def test_a_file_deeper_or_larger_than_it_looks_is_an_error_not_a_crash(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 60 KB file of brackets 30,000 deep crashed the daemon (the C loader's recursion: a
+    segfault, and again at every start, the file being kept in SQLite); 500 bytes of nested
+    anchors named a workflow with a 312 MB string. Both are refused from the parser's events,
+    before anything is built, by the C loader and the pure-Python one (fleet.pyz) alike."""
+    deep = "name: x\non: push\nx: " + "[" * 30_000 + "]" * 30_000 + "\n"
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from fleet_min.controlplane.analysis import "
+         "workflows; print(workflows.parse('deep.yml', sys.stdin.read()).error)"],
+        input=deep, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr[-500:]
+    assert child.stdout.strip() == "nested deeper than 64 levels; skipped"
+    for loader in (workflows._Loader, yaml.SafeLoader):
+        monkeypatch.setattr(workflows, "_Loader", loader)
+        mapping = "{a: " * 1000 + "1" + "}" * 1000
+        assert workflows.parse("m.yml", f"name: x\nx: {mapping}\n").error == (
+            "nested deeper than 64 levels; skipped")
+        bomb = workflows.parse("bomb.yml", _laughs(7))
+        assert bomb.error is not None and "aliases expand it" in bomb.error, bomb
+        few = workflows.parse("few.yml", _laughs(2))  # 100 strings: an honest use of anchors
+        assert few.error is None and few.name == "few.yml"  # a list is no name
+        assert workflows.parse("ok.yml", "name: 2024\non: push\njobs: {}\n").name == "2024"
 
 
 def test_concurrency_findings() -> None:

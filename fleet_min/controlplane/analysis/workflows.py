@@ -3,7 +3,8 @@ the concurrency findings drawn from them. Pure functions over the files' text.
 
 Parsed with PyYAML's safe loader (the C one when present). YAML 1.1 reads the key `on` as the
 boolean true, so both spellings are looked up. A file that is too large, not YAML, or not a
-mapping yields an error instead of a model; nothing in a file can make the parser run code.
+mapping, or nested or aliased past the bounds below, yields an error instead of a model;
+nothing in a file can make the parser run code, crash the process or fill its memory.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ except AttributeError:  # the pure-Python build inside fleet.pyz
     _Loader = yaml.SafeLoader
 
 MAX_FILE_BYTES = 512 * 1024
+# A file's shape, read from the parser's events before anything is built from them. The
+# loader builds nested collections by recursion: a 60 KB file of brackets 30,000 deep crashed
+# the C loader (a segfault; the file is kept in SQLite, so every restart crashed again) and
+# raised RecursionError in the pure-Python one. Aliases repeat what an anchor names: a 500-byte
+# file of nested anchors expanded to 312 MB in one name. GitHub's own workflows nest a dozen
+# levels and expand to their own size; these bounds are far above that.
+MAX_DEPTH = 64
+MAX_EXPANDED_BYTES = 8 * MAX_FILE_BYTES
 MATRIX_ENUMERATION_CAP = 4096  # beyond this the product is reported, not enumerated
 GITHUB_MATRIX_LIMIT = 256      # GitHub refuses larger matrices per workflow run
 
@@ -69,6 +78,9 @@ def parse(path: str, text: str) -> Workflow:
     if len(text.encode("utf-8", "replace")) > MAX_FILE_BYTES:
         return Workflow(path, name, error=f"larger than {MAX_FILE_BYTES // 1024} KiB; skipped")
     try:
+        shape = _shape_problem(text)
+        if shape:
+            return Workflow(path, name, error=f"{shape}; skipped")
         doc = yaml.load(text, Loader=_Loader)  # noqa: S506 - a safe loader, chosen above
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
@@ -76,12 +88,58 @@ def parse(path: str, text: str) -> Workflow:
         return Workflow(path, name, error=f"not valid YAML{where}")
     if not isinstance(doc, dict):
         return Workflow(path, name, error="not a YAML mapping")
-    flow = Workflow(path, str(doc.get("name") or name), group=_group(doc.get("concurrency")))
+    flow = Workflow(path, _text(doc.get("name")) or name, group=_group(doc.get("concurrency")))
     flow.schedules = _schedules(doc.get("on", doc.get(True)))
     jobs = doc.get("jobs")
     if isinstance(jobs, dict):
         flow.jobs = [_job(str(key), body) for key, body in jobs.items() if isinstance(body, dict)]
     return flow
+
+
+def _shape_problem(text: str) -> str | None:
+    """Why a file is not loaded, from the parser's events alone (which the parser yields
+    without recursion): collections nested deeper than MAX_DEPTH, or aliases that would make
+    the document larger than MAX_EXPANDED_BYTES (each scalar counts its length, each
+    collection one, an alias what its anchor counted)."""
+    open_sizes: list[list[Any]] = []  # [anchor, size so far] of each open collection
+    anchored: dict[str, int] = {}
+    expanded = 0
+    for event in yaml.parse(text, Loader=_Loader):
+        size: int | None = None
+        anchor = getattr(event, "anchor", None)
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(open_sizes) >= MAX_DEPTH:
+                return f"nested deeper than {MAX_DEPTH} levels"
+            open_sizes.append([anchor, 1])
+            expanded += 1
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, size = open_sizes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            size = len(event.value) + 1
+            expanded += size
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, size = None, anchored.get(event.anchor or "", 1)
+            expanded += size
+        if size is None:
+            continue
+        if anchor is not None:
+            anchored[anchor] = size
+        if open_sizes:
+            open_sizes[-1][1] += size
+        if expanded > MAX_EXPANDED_BYTES:
+            return (f"its aliases expand it past {MAX_EXPANDED_BYTES // (1 << 20)} MiB "
+                    "(nested YAML anchors)")
+    return None
+
+
+def _text(value: Any) -> str | None:
+    """A name as text: a string or number as written; anything else (a list or mapping,
+    which an alias can make any size) is no name."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return None
 
 
 def _group(value: Any) -> str | None:
@@ -109,7 +167,7 @@ def _job(key: str, body: dict[str, Any]) -> Job:
     matrix = _matrix(strategy.get("matrix"), strategy.get("max-parallel")) \
         if "matrix" in strategy else None
     labels = _labels(body.get("runs-on"), matrix)
-    return Job(key=key, name=str(body.get("name") or key), labels=labels,
+    return Job(key=key, name=_text(body.get("name")) or key, labels=labels,
                self_hosted=None if labels is None else any(
                    label.lower() == "self-hosted" for label in labels) or _grouped(body),
                matrix=matrix, group=_group(body.get("concurrency")),
