@@ -65,6 +65,10 @@ SYNTHETIC_ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a
 # hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
 HANDBACK_ITER_TOP = 1_000_000
 PROGRESS_KIND = "fleet-agent-progress"
+# Progress is read whole, and parsed JSON takes several times its size in memory. The agent's
+# own progress (figures, and the outputs of a batch's finished items) stays far below this; a
+# hand-back whose progress would not is given back without it.
+MAX_PROGRESS_BYTES = 64 << 20
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DOWNLOAD_CHUNK = 1 << 20
 MAX_ERROR_CHARS = 1000
@@ -792,6 +796,15 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 MAX_ANSWER_BYTES = 8 << 20  # a JSON answer (a job, a page of results) is far smaller
 ANSWER_CHUNK = 64 << 10
 DOWNLOAD_STALL_S = 300.0  # a download ends when a whole DOWNLOAD_CHUNK takes longer than this
+DOWNLOAD_PREFIX = ".dl-"  # a partial download in the cache, renamed into place once verified
+# The largest artifact the agent downloads: above the biggest model a device here runs (a 70B
+# GGUF at 8 bits is about 75 GB), well below what an endless answer would write to the disk.
+MAX_ARTIFACT_BYTES = 128 << 30
+# Free space a download always leaves on the cache's disk: a phone whose storage fills up stops
+# working as a phone, and the agent's own spool needs room too. Small enough that a phone or an
+# SBC with a few GB free still takes a model that fits.
+DOWNLOAD_FREE_RESERVE = 256 << 20
+STOP_POLL_S = 0.25  # how soon a job's fetch hears that the job was stopped
 UPLOAD_FLOOR_BPS = 32 << 10  # an upload gets its timeout plus its size at this rate
 _MISDIRECTED = 421
 _told: set[str] = set()
@@ -843,27 +856,37 @@ class Deadline(threading.Thread):
     """Ends an exchange that outlives its time however slowly its bytes trickle (a socket
     timeout only bounds each read): at the deadline the socket is shut down, which wakes any
     read blocked on it. `extend` moves the deadline, for a download that keeps making
-    progress."""
+    progress. With `stop` (a job's stop event) the exchange also ends as soon as that is set,
+    so a cancel or a shutdown need not wait for a silent server's socket timeout."""
 
-    def __init__(self, conn: http.client.HTTPConnection, seconds: float, what: str):
+    def __init__(self, conn: http.client.HTTPConnection, seconds: float, what: str,
+                 stop: threading.Event | None = None):
         super().__init__(name="deadline", daemon=True)
         self.conn = conn
         self.seconds = seconds
         self.what = what
+        self.stop = stop
         self.until = time.monotonic() + seconds
         self.expired = False
         self.done = threading.Event()
 
     def run(self) -> None:
-        while not self.done.wait(max(0.0, self.until - time.monotonic())):
+        while True:
+            left = self.until - time.monotonic()
+            if self.stop is not None:
+                left = min(left, STOP_POLL_S)  # two events cannot be waited on at once
+            if self.done.wait(max(0.0, left)):
+                return
             if time.monotonic() >= self.until:
                 self.expired = True
-                sock = self.conn.sock
-                if sock is not None:
-                    with contextlib.suppress(OSError):
-                        # The plain socket's shutdown, also for TLS: wakes a blocked read.
-                        socket.socket.shutdown(sock, socket.SHUT_RDWR)
-                return
+            elif self.stop is None or not self.stop.is_set():
+                continue
+            sock = self.conn.sock
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    # The plain socket's shutdown, also for TLS: wakes a blocked read.
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            return
 
     def extend(self) -> None:
         self.until = time.monotonic() + self.seconds
@@ -1060,16 +1083,18 @@ class Collector:
                               f"{expected}")
         return sha
 
-    def download_artifact(self, sha256: str, dest: str) -> str:
-        """Fetch an artifact into `dest`, refusing it unless its bytes hash to `sha256`."""
+    def download_artifact(self, sha256: str, dest: str, limit: int = MAX_ARTIFACT_BYTES) -> str:
+        """Fetch an artifact into `dest`, refusing it unless its bytes hash to `sha256`, and
+        refusing one larger than `limit` bytes or one that would fill the disk."""
         sha256 = sha256.lower()
         if not HEX64.match(sha256):
             raise ArtifactError(f"the artifact reference {sha256!r} is not a SHA-256 hex digest")
         url = self.url + "/artifacts/" + sha256
-        fd, tmp = tempfile.mkstemp(prefix=".dl-", dir=os.path.dirname(os.path.abspath(dest)))
+        fd, tmp = tempfile.mkstemp(prefix=DOWNLOAD_PREFIX,
+                                   dir=os.path.dirname(os.path.abspath(dest)))
         try:
             with os.fdopen(fd, "wb") as out:
-                actual = self._stream(url, out)
+                actual = self._stream(url, out, limit, os.path.dirname(tmp))
             if actual != sha256:
                 raise ArtifactError(
                     f"refused artifact {sha256[:12]}: its downloaded bytes have SHA-256 "
@@ -1077,7 +1102,7 @@ class Collector:
                     "altered or corrupted")
             os.chmod(tmp, 0o600)
             os.replace(tmp, dest)
-        except (OSError, http.client.HTTPException, Unreachable) as exc:
+        except (OSError, http.client.HTTPException, Unreachable, NoRoom) as exc:
             raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: {exc}") \
                 from exc
         finally:
@@ -1086,18 +1111,39 @@ class Collector:
         return dest
 
     @staticmethod
-    def _stream(url: str, out) -> str:
+    def _stream(url: str, out, limit: int, directory: str) -> str:
         """GET url into `out` a chunk at a time; the hex SHA-256 of what came. A download may
-        take as long as it keeps coming: each chunk earns DOWNLOAD_STALL_S more."""
-        digest = hashlib.sha256()
+        take as long as it keeps coming (each chunk earns DOWNLOAD_STALL_S more), but never
+        grows past `limit` bytes or into the disk's last DOWNLOAD_FREE_RESERVE bytes."""
+        digest, size = hashlib.sha256(), 0
         with exchange("GET", url, None, {}, 120, DOWNLOAD_STALL_S) as (response, watch):
             if response.status != 200:
                 raise Unreachable(f"the collector answered {response.status}")
+            declared = _int_or_none(response.getheader("content-length"))
+            if declared is not None:
+                download_room(directory, declared, limit)
             for chunk in body_chunks(response, watch, DOWNLOAD_CHUNK):
                 watch.extend()
+                size += len(chunk)
+                download_room(directory, size, limit, len(chunk))
                 digest.update(chunk)
                 out.write(chunk)
         return digest.hexdigest()
+
+
+class NoRoom(Exception):
+    """A download the agent ends itself: larger than its limit, or than the free disk."""
+
+
+def download_room(directory: str, size: int, limit: int, coming: int = 0) -> None:
+    """Refuse a download of `size` bytes over `limit`, or whose next `coming` bytes (all of a
+    declared size when 0) would leave less than DOWNLOAD_FREE_RESERVE free on the disk."""
+    if size > limit:
+        raise NoRoom(f"it is larger than the {limit} bytes the agent takes")
+    free = shutil.disk_usage(directory).free
+    if free - (coming or size) < DOWNLOAD_FREE_RESERVE:
+        raise NoRoom(f"it does not fit: {free} bytes are free on this device's disk and the "
+                     f"agent keeps {DOWNLOAD_FREE_RESERVE} of them free")
 
 
 class ArtifactCache:
@@ -1106,13 +1152,31 @@ class ArtifactCache:
     def __init__(self, directory: str):
         self.directory = directory
         private_dirs(directory)
+        self.remove_abandoned()
 
-    def fetch(self, collector: Collector, sha256: str, suffix: str = "") -> str:
+    def remove_abandoned(self) -> None:
+        """Partial downloads a crashed or killed run left behind. One untouched for longer
+        than a download may stall is nobody's: another agent sharing this state directory may
+        be writing a newer one."""
+        now = time.time()
+        for name in os.listdir(self.directory):
+            if not name.startswith(DOWNLOAD_PREFIX):
+                continue
+            path = os.path.join(self.directory, name)
+            with contextlib.suppress(OSError):
+                if now - os.lstat(path).st_mtime > DOWNLOAD_STALL_S:
+                    os.unlink(path)
+
+    def fetch(self, collector: Collector, sha256: str, suffix: str = "",
+              limit: int = MAX_ARTIFACT_BYTES) -> str:
         sha256 = str(sha256).lower()
         path = os.path.join(self.directory, sha256 + suffix)
         if HEX64.match(sha256) and os.path.exists(path):
+            if os.path.getsize(path) > limit:
+                raise ArtifactError(f"artifact {sha256[:12]} is larger than the {limit} bytes "
+                                    "the agent takes for this use")
             return path
-        return collector.download_artifact(sha256, path)
+        return collector.download_artifact(sha256, path, limit)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1121,6 +1185,11 @@ class ArtifactCache:
 
 
 BATCH_ROWS = 100  # spooled rows sent in one POST /results; the collector takes up to 1000
+# Refused rows are kept for a person to read, not to be retried; a collector that refuses every
+# row of an endless stream of jobs must not fill the disk with them. The newest are the ones
+# worth reading (the oldest go first): a few hours of a busy device's rows, a few MB.
+REJECTED_KEEP_FILES = 1000
+REJECTED_KEEP_BYTES = 16 << 20
 
 
 class Outbox:
@@ -1140,6 +1209,8 @@ class Outbox:
         self.counter = 0
         self.last = self.newest_name()
         self.delivered: dict[str, int] = {}  # rows each collector acknowledged, since start
+        # Collectors whose latest row was refused or kept on disk, until one is delivered.
+        self.troubled: set[str] = set()
 
     def newest_name(self) -> int:
         """The largest sequence number a spooled row is named by (0 for an empty spool)."""
@@ -1179,7 +1250,7 @@ class Outbox:
             for path in self.pending():
                 entry = read_json(path)
                 if not isinstance(entry, dict) or "row" not in entry:
-                    os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
+                    self._reject(path)
                     continue
                 url = str(entry.get("collector"))
                 if only is None or url == only:
@@ -1198,6 +1269,7 @@ class Outbox:
                     # The collector's link says once that it is unreachable; not every try.
                     log.debug("%d result rows kept on disk for later (%s)", len(chunk),
                               printable(exc, 500))
+                    self.troubled.add(url)
                     return False
                 except HttpError:
                     pass  # a refused row, or a collector without arrays: one at a time below
@@ -1216,13 +1288,15 @@ class Outbox:
             Collector(url, timeout=15).post_result(row)
         except Unreachable as exc:
             log.debug("result row kept on disk for later (%s)", printable(exc, 500))
+            self.troubled.add(url)
             return False
         except HttpError as exc:
             # The collector understood and refused the row; retrying cannot change its mind.
             log.error("collector %s refused result row %s/%s iter %s: %s; moved to %s", url,
                       printable(row.get("job_id")), printable(row.get("device_id")),
                       printable(row.get("iter")), printable(exc.message), self.rejected_dir)
-            os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
+            self._reject(path)
+            self.troubled.add(url)
             return True
         os.unlink(path)
         self._count(url, 1)
@@ -1230,6 +1304,21 @@ class Outbox:
 
     def _count(self, url: str, rows: int) -> None:
         self.delivered[url] = self.delivered.get(url, 0) + rows
+        self.troubled.discard(url)
+
+    def _reject(self, path: str) -> None:
+        """Move a row to rejected/, keeping only the newest REJECTED_KEEP_FILES there, in at
+        most REJECTED_KEEP_BYTES."""
+        os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
+        kept, size = 0, 0
+        # Names start with the time the row was spooled, so they sort oldest first.
+        for name in sorted(os.listdir(self.rejected_dir), reverse=True):
+            target = os.path.join(self.rejected_dir, name)
+            with contextlib.suppress(OSError):
+                size += os.lstat(target).st_size
+                kept += 1
+                if kept > 1 and (kept > REJECTED_KEEP_FILES or size > REJECTED_KEEP_BYTES):
+                    os.unlink(target)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1316,8 +1405,8 @@ class JobContext:
     def upload(self, data: bytes, name: str) -> str:
         return self.collector.upload_artifact(data, name)
 
-    def fetch(self, sha256: str, suffix: str = "") -> str:
-        return self.runtime.cache.fetch(self.collector, sha256, suffix)
+    def fetch(self, sha256: str, suffix: str = "", limit: int = MAX_ARTIFACT_BYTES) -> str:
+        return self.runtime.cache.fetch(self.collector, sha256, suffix, limit)
 
     def prior_progress(self) -> dict:
         """The progress an earlier attempt handed back (params.resume_from), verified."""
@@ -1325,7 +1414,11 @@ class JobContext:
             sha = self.params.get("resume_from")
             self._prior = {}
             if sha:
-                progress = read_json(self.fetch(str(sha)))
+                try:
+                    path = self.fetch(str(sha), limit=MAX_PROGRESS_BYTES)
+                except ArtifactError as exc:
+                    raise ArtifactError(f"params.resume_from: {exc}") from exc
+                progress = read_json(path)
                 if not isinstance(progress, dict) or progress.get("kind") != PROGRESS_KIND:
                     raise Refusal("params.resume_from names an artifact that is not agent "
                                   "progress")
@@ -1618,8 +1711,11 @@ def hand_back(ctx: JobContext, progress: dict | None = None) -> dict:
     body = {"kind": PROGRESS_KIND, "job_id": ctx.job_id, "handbacks": handbacks,
             "saved_at": now_iso(), **(progress or {})}
     try:
-        sha: str | None = ctx.upload(json.dumps(body, sort_keys=True).encode("utf-8"),
-                                     f"progress-{ctx.job_id}.json")
+        data = json.dumps(body, sort_keys=True).encode("utf-8")
+        if len(data) > MAX_PROGRESS_BYTES:  # the next attempt would refuse it
+            raise ValueError(f"it is {len(data)} bytes, more than the {MAX_PROGRESS_BYTES} "
+                             "progress may have")
+        sha: str | None = ctx.upload(data, f"progress-{ctx.job_id}.json")
     except Exception as exc:  # a failed upload: the job is handed back all the same
         log.warning("could not upload progress of %s: %s", printable(ctx.job_id),
                     printable(exc, 500))
@@ -1855,6 +1951,10 @@ DEVICE_TOOL_KEYS = ("llama-cli", "llama-embedding", "llama-server", "llama-quant
                     "llama-convert", "llama-mtmd-cli", "whisper-cli")
 SCRIPT_TOOLS = ("llama-convert",)
 MAX_ITEM_BYTES = 1 << 20  # one JSON Lines record
+# All the records of a JSON Lines input, which are parsed and kept before the first item runs:
+# parsed JSON can take 25 times its bytes (a line of empty objects), so this keeps an input
+# under about 400 MB of memory, and it still holds 4,000 prompts of 4 KiB.
+MAX_JSONL_BYTES = 16 << 20
 ROW_TEXT_CHARS = 500  # generated text carried in a row; the whole of it goes to an artifact
 TOOL_TIMEOUT_S = 900.0  # one generation, transcription or embedding
 SYNTHETIC_MAX_PROMPT_TOKENS = 4096
@@ -1944,6 +2044,10 @@ def read_jsonl(path: str, limit: int, what: str, require: tuple[str, ...] = ()) 
                 break
             if len(raw) > MAX_ITEM_BYTES:
                 raise Refusal(f"{what} line {number} is longer than {MAX_ITEM_BYTES} bytes")
+            if fh.tell() > MAX_JSONL_BYTES:
+                raise Refusal(f"{what} is larger than the {MAX_JSONL_BYTES} bytes a JSON Lines "
+                              f"input may have (line {number} goes past it); split it into "
+                              "several jobs")
             if not raw.strip():
                 continue
             try:
@@ -2451,6 +2555,7 @@ def topic_end(collector: Collector, topic: str) -> int:
 
 def topic_next(ctx: JobContext, topic: str, cursor: int, wait_s: float) -> list[dict]:
     query = urllib.parse.urlencode({"after": cursor, "wait_s": round(wait_s, 1), "limit": 50})
+    started = time.monotonic()
     try:
         status, reply = ctx.collector.call_json("GET", topic_path(topic, "/next?" + query),
                                                 timeout=wait_s + 15)
@@ -2461,7 +2566,13 @@ def topic_next(ctx: JobContext, topic: str, cursor: int, wait_s: float) -> list[
     except HttpError as exc:
         raise Refusal(f"the collector refused to read topic {topic}: {exc.message}") from None
     events = reply.get("events") if status == 200 and isinstance(reply, dict) else None
-    return [e for e in events or [] if isinstance(e, dict) and isinstance(e.get("seq"), int)]
+    found = [e for e in events if isinstance(e, dict) and isinstance(e.get("seq"), int)] \
+        if isinstance(events, list) else []
+    if not found:
+        # The idle poll's floor here too: a collector (or a proxy) that answers an empty poll
+        # at once instead of holding it must not have the job poll hundreds of times a second.
+        ctx.stop.wait(max(0.0, min(POLL_FLOOR_S, wait_s) - (time.monotonic() - started)))
+    return found
 
 
 def event_prompt(payload: object) -> str:
@@ -2859,11 +2970,14 @@ def address_allowed(address: str, allow_private: bool) -> bool:
     return allow_private or (ip.is_global and not ip.is_multicast)
 
 
-def connect_timed(url: str, timeout: float, allow_private: bool) -> tuple[object, dict]:
+def connect_timed(url: str, timeout: float, allow_private: bool,
+                  conn: http.client.HTTPConnection | None = None) -> tuple[object, dict]:
     """(connected socket, TLS-wrapped for https; phase times in ms from the start).
 
     Each address the name resolves to is tried in turn, as a browser would (a host with an
     IPv6 address this network cannot route still answers on IPv4); refused ones are skipped.
+    A TLS socket is put on `conn` before its handshake, so the fetch's Deadline can cut a
+    handshake that trickles.
     """
     parts = urllib.parse.urlsplit(url)
     https = parts.scheme == "https"
@@ -2880,8 +2994,11 @@ def connect_timed(url: str, timeout: float, allow_private: bool) -> tuple[object
     phases["connect_ms"] = (time.perf_counter() - started) * 1000
     if https:
         try:
-            sock = ssl.create_default_context().wrap_socket(sock,
-                                                            server_hostname=parts.hostname)
+            sock = ssl.create_default_context().wrap_socket(
+                sock, server_hostname=parts.hostname, do_handshake_on_connect=False)
+            if conn is not None:
+                conn.sock = sock
+            sock.do_handshake()
         except BaseException:
             sock.close()
             raise
@@ -2903,24 +3020,79 @@ def connect_first(infos: list, timeout: float) -> socket.socket:
     raise problem
 
 
-def open_timed(url: str, timeout: float, allow_private: bool, method: str = "GET"):
-    """`method` (GET) `url` over a connection made by connect_timed; (connection, response,
-    phases)."""
+WEB_CHUNK = 64 << 10  # the most one read of a page takes; the job's stop is checked between
+
+
+class WebLimit:
+    """The limits of one web fetch of a job: `timeout` for each socket operation, `seconds`
+    for the whole fetch (every hop and every byte: a socket timeout alone lets a page that
+    trickles a byte a second hold the device for days), and the job, whose stop (a cancel,
+    a preemption, the agent shutting down) ends the fetch at once."""
+
+    def __init__(self, timeout: float, seconds: float, ctx: JobContext | None = None):
+        self.timeout = timeout
+        self.seconds = seconds
+        self.until = time.monotonic() + seconds
+        self.ctx = ctx
+
+    def watch(self, conn: http.client.HTTPConnection, url: str) -> Deadline:
+        watch = Deadline(conn, max(0.0, self.until - time.monotonic()), url,
+                         self.ctx.stop if self.ctx is not None else None)
+        watch.start()
+        return watch
+
+    def check(self) -> None:
+        """After each step of a fetch: a connection the Deadline cut reads as one the server
+        closed, so say what cut it (Stopped, or TimeoutError at the deadline)."""
+        if self.ctx is not None:
+            self.ctx.check()
+        if time.monotonic() >= self.until:
+            raise TimeoutError(f"took longer than {self.seconds:g} s")
+
+
+@contextlib.contextmanager
+def web_exchange(url: str, limit: WebLimit, allow_private: bool, method: str = "GET"):
+    """`method` `url` over a connection made by connect_timed, held to `limit`; yields
+    (response with its status and headers read, phase times)."""
     parts = urllib.parse.urlsplit(url)
-    sock, phases = connect_timed(url, timeout, allow_private)
-    conn = http.client.HTTPConnection(parts.hostname or "", timeout=timeout)
-    conn.sock = sock
+    conn = http.client.HTTPConnection(parts.hostname or "", timeout=limit.timeout)
+    watch = limit.watch(conn, url)
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     try:
-        conn.request(method, target, headers={
-            "Host": parts.netloc, "User-Agent": "fleet_agent/" + AGENT_VERSION,
-            "Accept": "*/*", "Accept-Encoding": "identity", "Connection": "close"})
-        response = conn.getresponse()
-    except BaseException:
+        try:
+            sock, phases = connect_timed(url, limit.timeout, allow_private, conn)
+            conn.sock = sock
+            limit.check()
+            conn.request(method, target, headers={
+                "Host": parts.netloc, "User-Agent": "fleet_agent/" + AGENT_VERSION,
+                "Accept": "*/*", "Accept-Encoding": "identity", "Connection": "close"})
+            response = conn.getresponse()
+        except (OSError, http.client.HTTPException):
+            limit.check()
+            raise
+        limit.check()
+        phases["ttfb_ms"] = (time.perf_counter() - phases["started"]) * 1000
+        yield response, phases
+    finally:
+        watch.done.set()
         conn.close()
-        raise
-    phases["ttfb_ms"] = (time.perf_counter() - phases["started"]) * 1000
-    return conn, response, phases
+
+
+def web_body(response: http.client.HTTPResponse, limit: WebLimit, max_bytes: int):
+    """Up to `max_bytes` of the body, as it comes: read1 returns what has arrived rather than
+    waiting for a whole chunk, so `limit` is checked between reads however slow the page."""
+    size = 0
+    while size < max_bytes:
+        try:
+            chunk = response.read1(min(WEB_CHUNK, max_bytes - size))
+        except (OSError, http.client.HTTPException):
+            limit.check()
+            raise
+        limit.check()
+        if not chunk:
+            return
+        size += len(chunk)
+        yield chunk
 
 
 def network_error(exc: BaseException) -> str:
@@ -2929,26 +3101,21 @@ def network_error(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLError):
         return f"TLS failed ({getattr(exc, 'reason', None) or exc})"
     if isinstance(exc, (socket.timeout, TimeoutError)):
-        return "timed out"
+        return "timed out" if str(exc) in ("", "timed out") else f"timed out: {exc}"
     if isinstance(exc, PermissionError) and exc.args:
         return str(exc.args[0])
     return f"{type(exc).__name__}: {exc}"
 
 
-def measure_url(url: str, timeout: float, allow_private: bool, max_bytes: int) -> dict:
-    """One measurement: DNS, connect, TLS, first byte (status line and headers), total."""
+def measure_url(url: str, timeout: float, allow_private: bool, max_bytes: int,
+                ctx: JobContext | None = None) -> dict:
+    """One measurement, all of it within `timeout` s: DNS, connect, TLS, first byte (status
+    line and headers), total."""
     sample: dict = {}
+    limit = WebLimit(timeout, timeout, ctx)
     try:
-        conn, response, phases = open_timed(url, timeout, allow_private)
-        try:
-            size = 0
-            while size < max_bytes:
-                chunk = response.read(min(DOWNLOAD_CHUNK, max_bytes - size))
-                if not chunk:
-                    break
-                size += len(chunk)
-        finally:
-            conn.close()
+        with web_exchange(url, limit, allow_private) as (response, phases):
+            size = sum(len(chunk) for chunk in web_body(response, limit, max_bytes))
         started = phases.pop("started")
         phases["total_ms"] = (time.perf_counter() - started) * 1000
         sample = {k: round(v, 2) for k, v in phases.items()}
@@ -2991,7 +3158,7 @@ def wl_vantage(runtime: Runtime, ctx: JobContext) -> dict:
         for _ in range(plan["repeats"]):
             ctx.check()
             samples.append(measure_url(url, plan["timeout_s"], allow_private,
-                                       plan["max_bytes"]))
+                                       plan["max_bytes"], ctx))
         return vantage_record(url, samples)
 
     records, handback = run_items(ctx, plan, urls, work)
@@ -3042,32 +3209,32 @@ def split_counts(total: int, weights: list[float]) -> list[int]:
     return counts
 
 
-def fetch_url(ctx: JobContext, url: str, dest: str, max_bytes: int, allow_private: bool) -> str:
-    """Download `url` (following up to 5 redirects, each checked again) to dest; its SHA-256."""
+def fetch_url(ctx: JobContext, url: str, dest: str, max_bytes: int, allow_private: bool,
+              seconds: float) -> str:
+    """Download `url` (following up to 5 redirects, each checked again) to dest within
+    `seconds` in all; its SHA-256."""
+    limit = WebLimit(60.0, seconds, ctx)
     for _ in range(MAX_REDIRECTS + 1):
         try:
-            conn, response, _ = open_timed(url, 60.0, allow_private)
-        except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
+            with web_exchange(url, limit, allow_private) as (response, _):
+                location = response.getheader("location")
+                if response.status in (301, 302, 303, 307, 308) and location:
+                    url = check_url(urllib.parse.urljoin(url, location), "a redirect")
+                    continue
+                if response.status != 200:
+                    raise Refusal(f"params.source {url} answered HTTP {response.status}")
+                return stream_to_file(response, limit, dest, max_bytes, url)
+        except (OSError, http.client.HTTPException, ValueError) as exc:
             raise Refusal(f"params.source {url} could not be fetched: {network_error(exc)}") \
                 from None
-        try:
-            location = response.getheader("location")
-            if response.status in (301, 302, 303, 307, 308) and location:
-                url = check_url(urllib.parse.urljoin(url, location), "a redirect")
-                continue
-            if response.status != 200:
-                raise Refusal(f"params.source {url} answered HTTP {response.status}")
-            return stream_to_file(ctx, response, dest, max_bytes, url)
-        finally:
-            conn.close()
     raise Refusal(f"params.source {url} redirects more than {MAX_REDIRECTS} times")
 
 
-def stream_to_file(ctx: JobContext, response, dest: str, max_bytes: int, url: str) -> str:
+def stream_to_file(response: http.client.HTTPResponse, limit: WebLimit, dest: str,
+                   max_bytes: int, url: str) -> str:
     digest, size = hashlib.sha256(), 0
     with open(dest, "wb") as out:
-        for chunk in iter(lambda: response.read(DOWNLOAD_CHUNK), b""):
-            ctx.check()
+        for chunk in web_body(response, limit, max_bytes + 1):
             size += len(chunk)
             if size > max_bytes:
                 raise Refusal(f"params.source {url} is larger than params.max_bytes "
@@ -3126,9 +3293,10 @@ def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: in
         path = ctx.fetch(source.lower())
         return path, source.lower()
     check_url(source, "params.source")
+    seconds = number_param(ctx.params, "timeout_s", 3600, 1, 86400)
     path = os.path.join(ctx.workdir, "source")
     allow = bool(getattr(runtime.cfg, "allow_private_urls", False))
-    return path, fetch_url(ctx, source, path, max_bytes, allow)
+    return path, fetch_url(ctx, source, path, max_bytes, allow, seconds)
 
 
 def wl_dataset_prep(runtime: Runtime, ctx: JobContext) -> dict:
@@ -5294,12 +5462,14 @@ class HeadParser(html.parser.HTMLParser):
 
 
 def fetch_chain(url: str, timeout: float, allow_private: bool, method: str = "GET",
-                max_bytes: int = UNFURL_MAX_BYTES) -> tuple[list[dict], bytes, dict]:
-    """Follow redirects by hand, each hop checked like the first; (hops, body, headers)."""
+                max_bytes: int = UNFURL_MAX_BYTES, ctx: JobContext | None = None
+                ) -> tuple[list[dict], bytes, dict]:
+    """Follow redirects by hand, each hop checked like the first, all of them within `timeout`
+    s; (hops, body, headers)."""
     hops: list[dict] = []
+    limit = WebLimit(timeout, timeout, ctx)
     for _ in range(UNFURL_HOPS + 1):
-        conn, response, phases = open_timed(url, timeout, allow_private, method)
-        try:
+        with web_exchange(url, limit, allow_private, method) as (response, phases):
             hop = {"url": url, "status": response.status,
                    "ms": round((time.perf_counter() - phases["started"]) * 1000, 1)}
             headers = {k.lower(): v for k, v in response.getheaders()}
@@ -5309,9 +5479,7 @@ def fetch_chain(url: str, timeout: float, allow_private: bool, method: str = "GE
                 hops.append(hop)
                 url = check_url(urllib.parse.urljoin(url, location), "a redirect")
                 continue
-            body = response.read(max_bytes) if method == "GET" else b""
-        finally:
-            conn.close()
+            body = b"".join(web_body(response, limit, max_bytes)) if method == "GET" else b""
         hops.append(hop)
         return hops, body, headers
     raise Refusal(f"{hops[0]['url']} redirects more than {UNFURL_HOPS} times")
@@ -5328,14 +5496,15 @@ def page_text(body: bytes, content_type: str) -> str:
     return body.decode("utf-8", "replace")
 
 
-def image_check(image: str, base: str, timeout: float, allow_private: bool) -> dict:
+def image_check(image: str, base: str, timeout: float, allow_private: bool,
+                ctx: JobContext | None = None) -> dict:
     """Can a card's image be fetched? HEAD, else a GET of its first bytes (some servers refuse
     HEAD); ok for a 2xx image/* answer."""
     try:
         url = check_url(urllib.parse.urljoin(base, image), "og:image")
-        hops, _, headers = fetch_chain(url, timeout, allow_private, "HEAD")
+        hops, _, headers = fetch_chain(url, timeout, allow_private, "HEAD", ctx=ctx)
         if hops[-1]["status"] in (403, 405, 501):
-            hops, _, headers = fetch_chain(url, timeout, allow_private, "GET", 1024)
+            hops, _, headers = fetch_chain(url, timeout, allow_private, "GET", 1024, ctx)
     except Refusal as exc:
         return {"url": image, "ok": False, "error": str(exc)}
     except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
@@ -5369,7 +5538,7 @@ def wl_web_unfurl(runtime: Runtime, ctx: JobContext) -> dict:
     timeout = number_param(ctx.params, "timeout_s", 10, 0.1, 120)
     allow_private = bool(getattr(runtime.cfg, "allow_private_urls", False))
     try:
-        hops, body, headers = fetch_chain(url, timeout, allow_private)
+        hops, body, headers = fetch_chain(url, timeout, allow_private, ctx=ctx)
     except (OSError, ssl.SSLError, http.client.HTTPException, ValueError) as exc:
         return final(False, f"{url}: {network_error(exc)}")
     status = hops[-1]["status"]
@@ -5380,7 +5549,7 @@ def wl_web_unfurl(runtime: Runtime, ctx: JobContext) -> dict:
                "total_ms": round(sum(h["ms"] for h in hops), 1)}
     ctx.post(ctx.row(1, 200 <= status < 300, dict(metrics), url=url, chain=hops))
     ctx.check()
-    image = image_check(card["image"], hops[-1]["url"], timeout, allow_private) \
+    image = image_check(card["image"], hops[-1]["url"], timeout, allow_private, ctx) \
         if card["image"] else None
     if image is not None:
         metrics["image_status"] = image.get("status")
@@ -5759,6 +5928,10 @@ def wl_web_audit(runtime: Runtime, ctx: JobContext) -> dict:
 # --- digest: an app's results over the last days, read back from the collector ---
 
 DIGEST_MAX_PAGES = 40  # 50 records a page: 2,000 jobs or result rows per query at most
+# What a page and a view may add to memory, whatever a collector puts in its answers: a page
+# holds 50 records, and a view keeps every page until the digest is written.
+DIGEST_PAGE_RECORDS = 50
+DIGEST_VIEW_RECORDS = DIGEST_MAX_PAGES * DIGEST_PAGE_RECORDS
 APP_NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,200}$")
 
 
@@ -5795,14 +5968,20 @@ def api_get(ctx: JobContext, path: str, query: dict) -> dict | None:
 
 
 def api_pages(ctx: JobContext, path: str, query: dict, key: str) -> list | None:
-    """Every record of a paged collector view, up to DIGEST_MAX_PAGES pages."""
+    """Every record of a paged collector view, up to DIGEST_MAX_PAGES pages of
+    DIGEST_PAGE_RECORDS; what a collector sends beyond that is dropped."""
     records: list = []
     for page in range(1, DIGEST_MAX_PAGES + 1):
         reply = api_get(ctx, path, dict(query, page=page))
         if reply is None:
             return None if page == 1 else records
-        records += [r for r in reply.get(key) or [] if isinstance(r, dict)]
-        if page >= int(reply.get("pages") or 1):
+        found = reply.get(key)
+        kept = [r for r in found[:DIGEST_PAGE_RECORDS] if isinstance(r, dict)] \
+            if isinstance(found, list) else []
+        pages = _int_or_none(reply.get("pages")) or 1
+        del reply, found  # a page's answer may be 8 MiB: not held while the next is read
+        records += kept[:DIGEST_VIEW_RECORDS - len(records)]
+        if len(records) >= DIGEST_VIEW_RECORDS or page >= pages:
             break
     return records
 
@@ -5907,7 +6086,8 @@ def collect_digest(ctx: JobContext, plan: dict) -> dict:
     digest["soak"] = soak_trends(soak.get("series") or [], job_ids)
     if plan["model"]:
         bench = api_get(ctx, "/api/results/bench", dict(window, model=plan["model"])) or {}
-        digest["bench"] = bench.get("rows") or []
+        rows = bench.get("rows")
+        digest["bench"] = rows[:DIGEST_VIEW_RECORDS] if isinstance(rows, list) else []
     return digest
 
 
@@ -6581,23 +6761,33 @@ class Runtime:
                  printable(spec.get("workload")), collector.url)
         started = time.monotonic()
         try:
+            row = final_row(ctx, self.leased(ctx))
+            try:
+                ctx.post(row)
+            except Exception:  # a row that reached the spool goes later, with the flusher
+                log.exception("job %s: its final row could not be posted",
+                              printable(ctx.job_id))
+            log.info("job %s ended: %s in %.1f s%s", printable(ctx.job_id), outcome(row),
+                     time.monotonic() - started,
+                     ": " + printable(row["error"], MAX_ERROR_CHARS) if row.get("error")
+                     else "")
+        finally:
+            shutil.rmtree(ctx.workdir, ignore_errors=True)
+
+    def leased(self, ctx: JobContext) -> dict:
+        """The job's result, run while its lease keeper beacons; never an exception."""
+        try:
             keeper = LeaseKeeper(ctx, beacon_interval(ctx.lease_ttl(), self.cfg.beacon_s))
             keeper.start()
             try:
-                result = self.execute(ctx)
+                return self.execute(ctx)
             finally:
                 keeper.stop()
         except Exception as exc:  # whatever happened, the job still ends with a final row
             log.exception("job %s failed unexpectedly", printable(ctx.job_id))
-            result = unexpected(exc)
+            return unexpected(exc)
         finally:
             self.current = None
-        row = final_row(ctx, result)
-        ctx.post(row)
-        log.info("job %s ended: %s in %.1f s%s", printable(ctx.job_id), outcome(row),
-                 time.monotonic() - started,
-                 ": " + printable(row["error"], MAX_ERROR_CHARS) if row.get("error") else "")
-        shutil.rmtree(ctx.workdir, ignore_errors=True)
 
     def execute(self, ctx: JobContext) -> dict:
         workload = str(ctx.spec.get("workload"))
@@ -6681,6 +6871,8 @@ class Link(threading.Thread):
         self.running_job = False
         self.told_bad = False  # a bad answer was logged (once per link)
         self.outage = runtime.outage(collector.url)
+        # Claims slow down while this collector refuses or cannot take the rows of its jobs.
+        self.pace = Backoff(runtime.cfg.retry_base_s, runtime.cfg.retry_cap_s)
 
     def run(self) -> None:
         backoff = Backoff(self.rt.cfg.retry_base_s, self.rt.cfg.retry_cap_s)
@@ -6744,6 +6936,16 @@ class Link(threading.Thread):
             # A collector (or a proxy) that answers at once instead of holding the poll must
             # not make the agent poll it thousands of times a second.
             self.rt.stopping.wait(max(0.0, POLL_FLOOR_S - (time.monotonic() - started)))
+        elif self.collector.url in self.rt.outbox.troubled:
+            # A collector that offers job after job but refuses their rows (or cannot take
+            # them) would have them claimed as fast as they fail, each row kept on disk and
+            # logged. Only then: a queue of short jobs whose rows land runs at full speed.
+            delay = self.pace.next_delay()
+            log.debug("%s: the last job's rows were not delivered; next claim in %.1f s",
+                      self.collector.url, delay)
+            self.rt.stopping.wait(delay)
+        else:
+            self.pace.reset()
 
     def register(self) -> None:
         """Before the first poll, so the collector knows what this agent can run."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -459,3 +460,51 @@ def test_every_directory_the_agent_makes_in_its_state_directory_is_private(procs
     loose = {str(p.relative_to(agent.state)): oct(stat.S_IMODE(p.stat().st_mode))
              for p in dirs if stat.S_IMODE(p.stat().st_mode) != 0o700}
     assert not loose, loose
+
+
+# --- 11. jobs offered back to back whose rows are refused ------------------------------------
+
+
+@pytest.mark.parametrize("status", [400, 503], ids=["refused", "down"])
+def test_jobs_whose_rows_are_refused_are_claimed_with_backoff(procs, fake, status):
+    offered = itertools.count(1)
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path.endswith("/next-job"):  # a new job at once, every time: one the agent refuses
+            spec = dict(SELF_CHECK, job_id=f"n{next(offered)}", workload="nope")
+            return 200, json.dumps(spec).encode()
+        if is_result_post(method, path, body):
+            return status, b'{"error": "not now"}'
+        return None
+
+    fake.route = route
+    agent = procs.agent([fake.url], "refused")
+    wait_for(lambda: fake.polls() >= 1, 30, what="the first claim")
+    since = time.monotonic()
+    time.sleep(4)
+    claims = fake.polls(since)
+    # The claims wait out the backoff (--retry-base-s 0.2 doubling to --retry-cap-s 1): about
+    # 7 in 4 s. Without it, hundreds, each leaving a row on disk and an ERROR line.
+    assert 2 <= claims <= 15, claims
+    kept = agent.state / "spool" / ("rejected" if status == 400 else "")
+    assert 1 <= len(list(kept.glob("*.json"))) <= 20
+    assert agent.proc is not None and agent.proc.poll() is None
+
+
+# --- 12. a job's page that never finishes, and a shutdown -------------------------------------
+
+
+def test_sigterm_stops_a_vantage_job_on_a_trickling_page_and_its_final_row_is_posted(
+        procs, fake, trickle):
+    page = trickle(0.5)
+    fake.route = one_job(dict(SELF_CHECK, job_id="v1", workload="vantage",
+                              params={"urls": [page.url + "/"], "repeats": 1,
+                                      "timeout_s": 120}))
+    agent = procs.agent([fake.url], "trickled", "--allow-private-urls")
+    wait_for(lambda: page.requests >= 1, 30, what="the measurement to start")
+    started = time.monotonic()
+    assert agent.stop() == 0
+    assert time.monotonic() - started < 5
+    row = fake.finals()[0]
+    assert row["job_id"] == "v1" and row["preempted"] is True, row
+    assert "the agent is shutting down; the job was handed back" in row["error"]

@@ -4,13 +4,19 @@ constraints, the allowlist, the state file, backoff, the outbox and artifact ver
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
+import logging
 import os
 import random
+import shutil
 import stat
 import subprocess
 import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -385,6 +391,29 @@ def test_outbox_sets_aside_rows_the_collector_refuses(fa, tmp_path, http_stub):
     assert len(list((tmp_path / "spool" / "rejected").iterdir())) == 1
 
 
+def test_rejected_rows_are_bounded_and_the_oldest_go_first(fa, tmp_path, http_stub):
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    rejected = tmp_path / "spool" / "rejected"
+    for number in range(fa.REJECTED_KEEP_FILES + 5):  # left by earlier refusals
+        (rejected / f"{number:020d}-000001.json").write_text("{}")
+    http_stub.status = 400
+    outbox.put(http_stub.url, {"job_id": "newest", "device_id": "d", "iter": 0})
+    assert outbox.flush() is True
+    names = sorted(p.name for p in rejected.iterdir())
+    assert len(names) == fa.REJECTED_KEEP_FILES
+    assert names[0] == f"{6:020d}-000001.json"
+    assert json.loads((rejected / names[-1]).read_text())["row"]["job_id"] == "newest"
+    # and in bytes: two large rows do not both stay beside a new one
+    for path in rejected.iterdir():
+        path.unlink()
+    for number in (1, 2):
+        (rejected / f"{number:020d}-000001.json").write_bytes(b" " * (fa.REJECTED_KEEP_BYTES // 2))
+    outbox.put(http_stub.url, {"job_id": "newer", "device_id": "d", "iter": 0})
+    assert outbox.flush() is True
+    names = sorted(p.name for p in rejected.iterdir())
+    assert len(names) == 2 and names[0] == f"{2:020d}-000001.json"
+
+
 def _posted_rows(stub):
     """Every body the stub collector took, arrays flattened, in arrival order."""
     return [row for body in stub.posts for row in (body if isinstance(body, list) else [body])]
@@ -460,6 +489,86 @@ def test_download_verifies_the_sha256(fa, tmp_path, http_stub):
         collector.download_artifact("c" * 64, str(tmp_path / "missing"))
     with pytest.raises(fa.ArtifactError, match="not a SHA-256"):
         collector.download_artifact("../../etc/passwd", str(tmp_path / "x"))
+
+
+class ArtifactSite:
+    """A collector whose artifact answers stream zeros (64 MiB, here as good as endless): with
+    no length, or with a declared one."""
+
+    def __init__(self, declared: int | None) -> None:
+        class Handler(BaseHTTPRequestHandler):  # HTTP/1.0: the body ends when the socket does
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(200)
+                if declared is not None:
+                    self.send_header("content-length", str(declared))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the agent hung up
+                    for _ in range(1024):
+                        self.wfile.write(b"\0" * 65536)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def artifact_site():
+    started: list[ArtifactSite] = []
+
+    def start(declared: int | None = None) -> ArtifactSite:
+        started.append(ArtifactSite(declared))
+        return started[-1]
+
+    yield start
+    for site in started:
+        site.close()
+
+
+def test_an_endless_download_stops_at_its_limit_and_leaves_no_partial_file(fa, tmp_path,
+                                                                           artifact_site):
+    site = artifact_site()
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    with pytest.raises(fa.ArtifactError, match="larger than the 1048576 bytes the agent takes"):
+        fa.Collector(site.url).download_artifact("a" * 64, str(folder / "x"), limit=1 << 20)
+    assert list(folder.iterdir()) == []
+
+
+def test_a_download_declared_too_large_is_refused_before_its_first_byte(fa, tmp_path,
+                                                                        artifact_site):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    site = artifact_site(fa.MAX_ARTIFACT_BYTES + 1)
+    with pytest.raises(fa.ArtifactError, match=f"larger than the {fa.MAX_ARTIFACT_BYTES} bytes"):
+        fa.Collector(site.url).download_artifact("a" * 64, str(folder / "x"))
+    free = shutil.disk_usage(folder).free
+    if free <= fa.MAX_ARTIFACT_BYTES:  # one that fits the limit but not this disk
+        site = artifact_site(free)
+        with pytest.raises(fa.ArtifactError, match="does not fit: .* the agent keeps "
+                                                   f"{fa.DOWNLOAD_FREE_RESERVE} of them free"):
+            fa.Collector(site.url).download_artifact("a" * 64, str(folder / "x"))
+    assert list(folder.iterdir()) == []
+
+
+def test_partial_downloads_a_killed_agent_left_are_removed_at_start(fa, tmp_path):
+    cache = tmp_path / "state" / "cache"
+    cache.mkdir(parents=True)
+    (cache / ("b" * 64)).write_bytes(b"verified")
+    old = cache / ".dl-killed"
+    old.write_bytes(b"half of a model")
+    long_ago = time.time() - fa.DOWNLOAD_STALL_S - 60
+    os.utime(old, (long_ago, long_ago))
+    (cache / ".dl-busy").write_bytes(b"another agent's download, still coming")
+    make_runtime(fa, tmp_path)
+    assert sorted(p.name for p in cache.iterdir()) == [".dl-busy", "b" * 64]
 
 
 # --- host-side parsing ---
@@ -595,6 +704,21 @@ def make_runtime(fa, tmp_path, *flags, root=None):
     here = fa.Probe(root=str(root or tmp_path / "empty-root"),
                     env={"PATH": str(tmp_path / "bin")}, system="Linux", machine="aarch64")
     return fa.Runtime(cfg, here)
+
+
+def test_a_job_whose_final_row_cannot_be_posted_still_ends_and_cleans_up(fa, tmp_path,
+                                                                          http_stub, caplog):
+    runtime = make_runtime(fa, tmp_path)
+    spool = Path(runtime.outbox.directory)
+    shutil.rmtree(spool)
+    spool.write_text("in the way")  # so spooling the final row fails
+    caplog.set_level(logging.INFO, logger="fleet_agent")
+    runtime.run_job(fa.Collector(http_stub.url), {"schema": 1, "job_id": "lost",
+                                                  "workload": "nope"})
+    assert list(Path(runtime.work_root).iterdir()) == []
+    assert "job lost: its final row could not be posted" in caplog.text
+    assert "job lost ended: failed in" in caplog.text
+    assert runtime.current is None
 
 
 def run_spec(fa, runtime, stub, spec):

@@ -905,3 +905,116 @@ def test_vantage_falls_back_to_the_next_address(fa, website):
         sock.close()
     with pytest.raises(ConnectionRefusedError):
         fa.connect_first(infos[:1], 5)
+
+
+# --- pages that never finish, and inputs too large to keep ---
+
+
+def trickled_job(fa, runtime, stub, spec: dict) -> JobThread:
+    job = JobThread(fa, runtime, stub.url, spec)
+    job.start()
+    return job
+
+
+def test_vantage_gives_up_a_trickling_page_at_its_timeout(fa, tmp_path, http_stub, trickle):
+    page = trickle(0.2)  # a byte every 0.2 s: no read waits long enough for a socket timeout
+    runtime = vantage_runtime(fa, tmp_path, "--allow-private-urls")
+    started = time.monotonic()
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "vt", "workload": "vantage",
+        "params": {"urls": [page.url + "/"], "repeats": 1, "timeout_s": 1}})
+    result = job.finish(10)
+    assert time.monotonic() - started < 5
+    row = rows(http_stub)[0]
+    assert row["ok"] is False and row["error"] == f"{page.url}/: timed out: took longer than 1 s"
+    assert result["ok"] is False and result["metrics"]["urls_ok"] == 0
+
+
+def test_a_cancel_stops_vantage_waiting_on_a_silent_page(fa, tmp_path, http_stub, trickle):
+    page = trickle(None)  # headers, then nothing: each read waits the whole socket timeout
+    runtime = vantage_runtime(fa, tmp_path, "--allow-private-urls")
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "vc", "workload": "vantage",
+        "params": {"urls": [page.url + "/"], "repeats": 1, "timeout_s": 60}})
+    wait_for(lambda: page.requests >= 1, 10, what="the measurement to start")
+    started = time.monotonic()
+    job.ctx.request_stop("stopped: the collector no longer renews this job's lease")
+    result = job.finish(10)
+    assert time.monotonic() - started < 3
+    assert result == {"ok": False, "metrics": {}, "artifacts": [],
+                      "error": "stopped: the collector no longer renews this job's lease"}
+    assert rows(http_stub) == []
+
+
+def test_a_cancel_stops_dataset_prep_fetching_a_trickling_source(fa, tmp_path, http_stub,
+                                                                 trickle):
+    page = trickle(0.2)
+    runtime = device_runtime(fa, tmp_path, "--allow-private-urls")
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "dc", "workload": "dataset-prep",
+        "params": {"source": page.url + "/data.jsonl", "format": "lines", "max_bytes": 1000}})
+    wait_for(lambda: page.requests >= 1, 10, what="the download to start")
+    started = time.monotonic()
+    job.ctx.request_stop("the agent is shutting down")
+    result = job.finish(10)
+    assert time.monotonic() - started < 3
+    assert result["ok"] is False and result["error"] == "the agent is shutting down"
+
+
+def test_dataset_prep_gives_up_a_trickling_source_at_its_timeout(fa, tmp_path, http_stub,
+                                                                trickle):
+    page = trickle(0.2)
+    runtime = device_runtime(fa, tmp_path, "--allow-private-urls")
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "dt", "workload": "dataset-prep",
+        "params": {"source": page.url + "/data.jsonl", "format": "lines", "timeout_s": 1}})
+    result = job.finish(10)
+    assert result["ok"] is False
+    assert result["error"] == (f"params.source {page.url}/data.jsonl could not be fetched: "
+                               "timed out: took longer than 1 s")
+
+
+def test_a_json_lines_input_past_its_byte_cap_is_refused_before_any_item(fa, tmp_path,
+                                                                         http_stub):
+    # Each record is quick to embed but large to keep: about 170 of them pass the cap.
+    record = {"query": "red fox", "candidates": ["red fox den"], "pad": "x" * 100_000}
+    size = len(jsonl([record]))
+    data = jsonl([record] * (fa.MAX_JSONL_BYTES // size + 2))
+    _, result = run_job(fa, device_runtime(fa, tmp_path), http_stub.url, {
+        "job_id": "big", "workload": "embed-eval", "params": {"input_sha256": blob(http_stub,
+                                                                                   data)}})
+    assert result["ok"] is False
+    assert result["error"] == (
+        f"the embedding dataset is larger than the {fa.MAX_JSONL_BYTES} bytes a JSON Lines "
+        f"input may have (line {fa.MAX_JSONL_BYTES // size + 1} goes past it); split it into "
+        "several jobs")
+    assert rows(http_stub) == []
+
+
+def test_a_progress_artifact_past_its_cap_is_refused_before_it_is_downloaded(fa, tmp_path,
+                                                                            http_stub):
+    big = json.dumps({"kind": "fleet-agent-progress", "completed": [],
+                      "pad": "x" * fa.MAX_PROGRESS_BYTES}).encode()
+    runtime = device_runtime(fa, tmp_path)
+    _, result = run_job(fa, runtime, http_stub.url, {
+        "job_id": "res", "workload": "benchmark", "backend": "synthetic",
+        "params": {"resume_from": blob(http_stub, big), "measure_iters": 1, "prompt_tokens": 1,
+                   "gen_tokens": 1, "warmup_iters": 0}})
+    assert result["ok"] is False
+    assert result["error"] == (f"params.resume_from: artifact {sha(big)[:12]} could not be "
+                               f"downloaded: it is larger than the {fa.MAX_PROGRESS_BYTES} "
+                               "bytes the agent takes")
+    assert list((tmp_path / "state" / "cache").iterdir()) == []
+
+
+def test_a_pipeline_polls_a_topic_answered_at_once_about_once_a_second(fa, tmp_path,
+                                                                      http_stub):
+    # A collector (or a proxy) that does not hold the event long poll answers it at once.
+    http_stub.answers = {"/api/events/t": {"last_seq": 0},
+                         "/api/events/t/next": {"events": []}}
+    _, result = run_job(fa, device_runtime(fa, tmp_path), http_stub.url, {
+        "job_id": "pipe", "workload": "pipeline", "backend": "synthetic",
+        "params": {"topic": "t", "duration_s": 2}})
+    assert result["ok"] is True and result["ended"] == "duration_s reached", result
+    polls = [call for call in http_stub.calls if call[1].startswith("/api/events/t/next")]
+    assert 1 <= len(polls) <= 4, len(polls)

@@ -438,6 +438,33 @@ def test_web_unfurl_fails_on_an_unreachable_image_and_refuses_private_addresses(
     assert len(site.hits) == fetched  # refused before a connection
 
 
+def test_web_unfurl_gives_up_a_trickling_page_at_its_timeout(fa, host, trickle):
+    page = trickle(0.2)  # a byte every 0.2 s: no read waits long enough for a socket timeout
+    started = time.monotonic()
+    job = JobThread(fa, host.runtime("--allow-private-urls"), host.stub.url, {
+        "job_id": "slow", "workload": "web-unfurl", "targets": {"url": page.url + "/"},
+        "params": {"timeout_s": 1}})
+    job.start()
+    result = job.finish(10)
+    assert time.monotonic() - started < 5
+    assert result["ok"] is False
+    assert result["error"] == f"{page.url}/: timed out: took longer than 1 s"
+
+
+def test_a_cancel_stops_web_unfurl_waiting_on_a_silent_page(fa, host, trickle):
+    page = trickle(None)
+    job = JobThread(fa, host.runtime("--allow-private-urls"), host.stub.url, {
+        "job_id": "silent", "workload": "web-unfurl", "targets": {"url": page.url + "/"},
+        "params": {"timeout_s": 120}})
+    job.start()
+    wait_for(lambda: page.requests >= 1, 10, what="the page to be asked for")
+    started = time.monotonic()
+    job.ctx.request_stop("stopped: the collector no longer renews this job's lease")
+    result = job.finish(10)
+    assert time.monotonic() - started < 3
+    assert result["error"] == "stopped: the collector no longer renews this job's lease"
+
+
 # --- archive ---
 
 
@@ -596,6 +623,17 @@ def test_bad_params_are_refused_before_any_device_is_touched(host, workload, par
 
 
 # --- digest: the pure parts (the whole workload runs against a real collector elsewhere) ---
+
+
+def test_digest_keeps_at_most_50_records_a_page_whatever_the_collector_sends(host):
+    jobs = [{"job_id": f"j{n}", "workload": "ui-test", "status": "done",
+             "spec": {"app": {"name": "shop"}}} for n in range(60)]
+    host.stub.answers["/api/jobs"] = {"pages": 2, "jobs": jobs}  # every page 60 records
+    result = host.run({"workload": "digest", "params": {"app": "shop", "days": 1}})
+    assert result["ok"] is True, result
+    assert result["metrics"]["jobs"] == 2 * 50
+    pages = [c[1] for c in host.stub.calls if c[1].startswith("/api/jobs?")]
+    assert len(pages) == 2
 
 
 def test_digest_marks_flows_that_passed_and_failed_as_flaky(fa):

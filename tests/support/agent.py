@@ -88,6 +88,7 @@ class Recorder:
         self.status = 200
         self.refuse_arrays = False  # answer an array body 400, like a collector before arrays
         self.missing: set[str] = set()  # paths answered 404, like a collector without them
+        self.answers: dict[str, object] = {}  # GET path (query left out) -> its JSON answer
 
     def bodies(self, path: str) -> list:
         return [body for _, where, body in list(self.calls) if where == path]
@@ -114,6 +115,9 @@ def http_stub():
             if self.path.startswith("/executor/next-job"):
                 time.sleep(0.2)  # a long poll that ends with nothing to do
                 self._reply(204, b"")
+            elif self.path.split("?", 1)[0] in recorder.answers:
+                answer = recorder.answers[self.path.split("?", 1)[0]]
+                self._reply(200, json.dumps(answer).encode())
             elif self.path.startswith("/artifacts/") and sha in recorder.blobs:
                 self._reply(200, recorder.blobs[sha], "application/octet-stream")
             else:
@@ -823,6 +827,63 @@ class WebSite:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+class Trickle:
+    """A web page that never finishes: its status line and headers (a body of 100 MB), then a
+    byte of the body every `pause` seconds, or none at all when `pause` is None."""
+
+    def __init__(self, pause: float | None) -> None:
+        self.requests = 0
+        self.closing = threading.Event()
+        page = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                page.requests += 1
+                self.send_response(200)
+                self.send_header("content-type", "text/html")
+                self.send_header("content-length", "100000000")
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the agent hung up
+                    self.wfile.flush()
+                    while not page.closing.wait(pause or 0.05):
+                        if pause is not None:
+                            self.wfile.write(b"<")
+                            self.wfile.flush()
+                self.close_connection = True
+
+            do_HEAD = do_GET
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def trickle():
+    """trickle(pause) starts a Trickle page; every one started is closed after the test."""
+    started: list[Trickle] = []
+
+    def start(pause: float | None = 0.2) -> Trickle:
+        page = Trickle(pause)
+        started.append(page)
+        return page
+
+    yield start
+    for page in started:
+        page.close()
 
 
 @pytest.fixture
