@@ -15,6 +15,7 @@ import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
@@ -47,6 +48,20 @@ PAGE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inl
 # A JSON answer is born with every header base_middleware would add: passing them in one dict,
 # with the body already bytes, costs aiohttp half of what setting them one by one does.
 _JSON_HEADERS = {"Content-Type": "application/json; charset=utf-8", **SECURITY_HEADERS}
+
+
+def link_url(value: str | None) -> str | None:
+    """A URL a page may put in a link: http or https, with a host; anything else (javascript:,
+    data:, a bare path) is None. Such URLs come from outside (GitHub's answers, a runner's
+    .runner file); the pages' Content-Security-Policy would stop a script URL, but a link is no
+    place to rely on that."""
+    if not value:
+        return None
+    try:
+        parts = urlsplit(value)
+    except ValueError:
+        return None
+    return value if parts.scheme.lower() in ("http", "https") and parts.netloc else None
 
 
 def json_response(value: Any, status: int = 200, headers: dict[str, str] | None = None

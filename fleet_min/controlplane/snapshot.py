@@ -29,6 +29,7 @@ from fleet_min.controlplane.runners.procs import process_table
 from fleet_min.controlplane.runners.supervisor import ServiceState, Supervisor, service_name
 from fleet_min.controlplane.runners.vitals import host_vitals
 from fleet_min.controlplane.state import Plane
+from fleet_min.http import link_url
 from fleet_min.jsonio import dumps_body
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
@@ -142,7 +143,8 @@ class Snapshots:
         else:
             label = "drained" if r.draining else ("failed" if state.active == "failed"
                                                    else "stopped")
-        return {"name": r.name, "dir": r.rel, "repo": r.repo, "owner": r.owner, "url": r.url,
+        return {"name": r.name, "dir": r.rel, "repo": r.repo, "owner": r.owner,
+                "url": link_url(r.url),
                 "labels": reg["labels"] if reg else r.labels,
                 "custom_labels": reg["custom_labels"] if reg else r.labels,
                 "version": r.version, "staged_versions": r.staged, "draining": r.draining,
@@ -174,8 +176,7 @@ class Snapshots:
                      "read_only": bool(plane.cfg.read_only), "role": plane.role,
                      "coordinator": plane.cfg.coordinator or None},
             "runners": every,
-            "active_runs": [{**run, "jobs": [j for j in jobs if j["run_id"] == run["id"]]}
-                            for run in runs],
+            "active_runs": _active_runs(runs, jobs),
             "groups": self._groups(every),
             "vitals": vitals,
             "capacity": cap,
@@ -254,6 +255,17 @@ class Snapshots:
             await self.plane.record(v["name"], "drain", "idle now; service stopped" if result.ok
                                     else "stopping the drained service failed: "
                                     f"{result.output[-200:]}")
+
+
+def _active_runs(runs: list[dict[str, Any]], jobs: list[dict[str, Any]]
+                 ) -> list[dict[str, Any]]:
+    """Each run with its jobs, without their steps: nothing that reads the snapshot shows them
+    (the job history keeps them), and every tick encodes the whole snapshot again (a job of 5.5
+    million steps once made each one 451 MB)."""
+    by_run: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for job in jobs:
+        by_run[job["run_id"]].append({k: v for k, v in job.items() if k != "steps"})
+    return [{**run, "jobs": by_run.get(run["id"], [])} for run in runs]
 
 
 def _proc(proc: Any) -> dict[str, Any] | None:

@@ -24,6 +24,7 @@ from fleet_min.controlplane.github.sync import GitHubSync
 from fleet_min.controlplane.github.workflow_files import WorkflowFiles
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.db import Database
+from fleet_min.http import link_url
 from tests.support.controlplane import Host, auth, cp_of, open_parts, until
 from tests.support.fake_github import TOKEN, FakeGitHub
 
@@ -413,6 +414,91 @@ async def test_the_etag_cache_keeps_the_recently_used_answers_only(github: FakeG
     assert statuses[-2:] == [304, 200]  # the newest still cached, the oldest let go
 
 
+def _jobs_url(github: FakeGitHub, run: int) -> list[int]:
+    """The statuses of the answers to `run`'s jobs URL, in order."""
+    return [status for _, path, status in github.log if f"/runs/{run}/jobs" in path]
+
+
+async def test_the_etag_cache_is_bounded_by_the_memory_its_answers_take(
+        github: FakeGitHub) -> None:
+    """A 40 kB budget, so at most 10 kB an answer: one run's jobs of 5,000 steps are never
+    kept; small answers (about 2 kB as the cache counts them) are, until the budget is used."""
+    big = github.add_run("o/r", "completed", "2026-01-01T00:00:00Z", [])
+    github.repo("o/r")["jobs"][big][0]["steps"] = [{}] * 5000
+    small = [github.add_run("o/r", "completed", "2026-01-01T00:00:00Z", []) for _ in range(40)]
+    client = GitHub(github.url, TOKEN, backoff_s=0.01, etag_bytes=40_000)
+    try:
+        for run in [big, *small[:10], small[9], big]:
+            await client.jobs("o/r", run)
+        assert _jobs_url(github, small[9]) == [200, 304]  # a normal answer: a 304
+        assert _jobs_url(github, big) == [200, 200]  # not kept: asked for in full again
+        for run in [*small[10:], small[-1], small[0]]:
+            await client.jobs("o/r", run)
+        assert _jobs_url(github, small[-1]) == [200, 304]
+        assert _jobs_url(github, small[0]) == [200, 200]  # let go: 40 small ones exceed 40 kB
+    finally:
+        await client.close()
+
+
+# --- lists longer than GitHub ever sends ------------------------------------------------
+
+async def test_a_job_keeps_at_most_1000_steps(github: FakeGitHub, gh: GitHub) -> None:
+    run = github.add_run("o/r", "in_progress", "2026-01-01T00:00:00Z", ["self-hosted"], "r1")
+    github.repo("o/r")["jobs"][run][0]["steps"] = [{"name": f"step {n}", "number": n}
+                                                   for n in range(1, 5001)]
+    [job] = await gh.jobs("o/r", run)
+    assert len(job["steps"]) == 1000
+    assert [s["number"] for s in job["steps"][:2]] == [1, 2]  # the first ones, in order
+
+
+async def test_a_run_keeps_at_most_25000_steps_over_all_its_jobs(github: FakeGitHub,
+                                                                 gh: GitHub) -> None:
+    run = github.add_run("o/r", "completed", "2026-01-01T00:00:00Z", [])
+    [template] = github.repo("o/r")["jobs"][run]
+    github.repo("o/r")["jobs"][run] = [{**template, "id": 10_000 + n, "steps": [{}] * 1000}
+                                       for n in range(30)]  # two pages of the listing
+    jobs = await gh.jobs("o/r", run)
+    assert len(jobs) == 30  # every job, only the steps are cut
+    assert [len(j["steps"]) for j in jobs] == [1000] * 25 + [0] * 5
+
+
+async def test_a_page_keeps_at_most_the_items_it_was_asked_for(github: FakeGitHub,
+                                                                gh: GitHub) -> None:
+    """GitHub sends at most per_page items (100 at most; 50 for the runs in flight): a page of
+    more is cut there, not turned into a record (and a jobs request) for each."""
+    github.hijack = serve("/actions/runners", json.dumps(
+        {"runners": [_good_runner(n) for n in range(1, 151)]}))
+    assert [r["id"] for r in await gh.runners("o/r")] == list(range(1, 101))
+    github.hijack = serve("/actions/runs", json.dumps(
+        {"total_count": 150, "workflow_runs": [{"id": n} for n in range(1, 151)]}))
+    assert len(await gh.runs("o/r", "in_progress")) == 50
+    listed, _, _ = await gh.completed_runs("o/r", "2026-01-01", 1)
+    assert len(listed) == 100
+    github.hijack = serve("/jobs", json.dumps(
+        {"jobs": [{"id": n, "run_id": 1} for n in range(1, 151)]}))
+    assert len(await gh.jobs("o/r", 1)) == 100
+
+
+async def test_the_snapshot_carries_no_steps(host: Host) -> None:
+    """The jobs of a run in flight are in `active_runs` without their steps (nothing reads
+    them there, and the snapshot is encoded every tick); the job history keeps them."""
+    env = {**host.full_env(), "FLEET_WATCH_REPOS": "o/r"}
+    run = host.github.add_run("o/r", "in_progress", "2026-01-01T00:00:00Z", ["self-hosted"],
+                              "r1")
+    host.github.repo("o/r")["jobs"][run][0]["steps"] = [{"name": "Run tests", "number": n}
+                                                        for n in range(1, 5001)]
+    async with open_parts(host, env) as parts:
+        snapshots = Snapshots(parts.plane, parts.supervisor, parts.github, parts.hub)
+        await GitHubSync(parts.plane, parts.github, snapshots).refresh()
+        built = await snapshots.rebuild()
+        [active] = built["active_runs"]
+        [job] = active["jobs"]
+        assert job["name"] == "build" and job["runner"] == "r1" and "steps" not in job
+        assert len(json.dumps(built)) < 20_000
+        [row] = await parts.plane.db.read("SELECT steps FROM jobs")
+        assert len(json.loads(row["steps"])) == 1000
+
+
 # --- rate-limit headers -----------------------------------------------------------------
 
 @pytest.mark.parametrize("reset", ["1e17", "-1e17", "1e16", "-62135596801"])
@@ -454,3 +540,31 @@ async def test_a_removal_token_that_cannot_be_handed_on_is_refused(
 async def _registered(client: Any, name: str) -> bool:
     views = (await (await client.get("/api/state")).json())["runners"]
     return any(v["name"] == name and v["registration"] == "registered" for v in views)
+
+
+async def test_links_the_pages_show_are_web_addresses_only(host: Host) -> None:
+    """A run's html_url (GitHub's answer) and a runner's gitHubUrl (its .runner file) became
+    links on the overview and runner pages as they were: `javascript:` ones too, stopped only
+    by the page's Content-Security-Policy. Anything but an http(s) URL is no link now."""
+    env = {**host.full_env(), "FLEET_WATCH_REPOS": "o/r"}
+    runner_dir = host.add_runner("r1", repo="o/r")
+    runner_file = runner_dir / ".runner"
+    data = json.loads(runner_file.read_text(encoding="utf-8-sig"))
+    runner_file.write_text(json.dumps({**data, "gitHubUrl": "javascript:alert(1)//github.com/o/r"}),
+                           encoding="utf-8")
+    run = host.github.add_run("o/r", "in_progress", "2026-01-01T00:00:00Z", ["self-hosted"],
+                              "r1")
+    good = host.github.add_run("o/r", "queued", "2026-01-01T00:00:00Z", ["self-hosted"])
+    host.github.repo("o/r")["runs"][-2]["html_url"] = "JavaScript:alert(document.domain)"
+    async with open_parts(host, env) as parts:
+        snapshots = Snapshots(parts.plane, parts.supervisor, parts.github, parts.hub)
+        await GitHubSync(parts.plane, parts.github, snapshots).refresh()
+        built = await snapshots.rebuild()
+        urls = {r["id"]: r["url"] for r in built["active_runs"]}
+        assert urls[run] is None and urls[good].startswith("https://github.com/o/r/")
+        assert [r["url"] for r in built["runners"] if r["name"] == "r1"] == [None]
+    for text, kept in (("https://github.com/o/r", True), ("http://ghe.lan/o/r", True),
+                       (" javascript:alert(1)", False), ("java\tscript:alert(1)", False),
+                       ("data:text/html,x", False), ("/o/r", False), ("https://", False),
+                       ("", False), (None, False)):
+        assert link_url(text) == (text if kept else None), text

@@ -4,17 +4,21 @@ process really starts and stops."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import plistlib
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from fleet_min.controlplane.http.app import create_app
 from fleet_min.controlplane.runners import commands
 from fleet_min.controlplane.runners.discovery import discover
 from fleet_min.controlplane.runners.procs import process_table
 from fleet_min.controlplane.runners.supervisor import Launchd, ServiceState, Systemd, service_name
 from tests.support import cp_fakes as fakes
-from tests.support.controlplane import Host, until
+from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
 
 async def test_systemd_user_unit_start_stop_and_state(apply_env: Host) -> None:
@@ -144,3 +148,96 @@ def test_service_state_json_has_every_field() -> None:
     state = ServiceState("u.service", "user", True, "active", "running", 42)
     assert state.as_json() == dataclasses.asdict(state)
     assert list(state.as_json()) == [f.name for f in dataclasses.fields(ServiceState)]
+
+
+# --- what the service managers print that is no number -----------------------------------
+
+# Put first on PATH under the tool's name: runs the fake tool ($REAL_TOOL) and rewrites what it
+# printed with the regular expression $REWRITE_PATTERN -> $REWRITE_WITH.
+REWRITER = f"""#!{sys.executable}
+import os, re, subprocess, sys
+done = subprocess.run([os.environ["REAL_TOOL"], *sys.argv[1:]], capture_output=True, text=True)
+out = re.sub(os.environ["REWRITE_PATTERN"], os.environ["REWRITE_WITH"], done.stdout)
+sys.stdout.write(out)
+sys.stderr.write(done.stderr)
+sys.exit(done.returncode)
+"""
+NO_PIDS = ["[not set]", "", "abc", "-1", "0x10", "\u00b2", "\u0663", "9" * 5000, "99999999999"]
+
+
+def rewrite(host: Host, monkeypatch: pytest.MonkeyPatch, tool: str, pattern: str,
+            replacement: str) -> None:
+    wrapper = host.tmp / "rewriting-bin" / tool
+    wrapper.parent.mkdir(exist_ok=True)
+    wrapper.write_text(REWRITER)
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("REAL_TOOL", str(host.bin / tool))
+    monkeypatch.setenv("REWRITE_PATTERN", pattern)
+    monkeypatch.setenv("REWRITE_WITH", replacement.replace("\\", "\\\\"))
+
+
+def short(value: object) -> str:
+    text = ascii(value)
+    return text if len(text) < 20 else f"{text[:8]}...({len(text)} chars)"
+
+
+@pytest.mark.parametrize("main_pid", NO_PIDS, ids=short)
+async def test_systemd_reads_a_main_pid_that_is_no_pid_as_none(
+        apply_env: Host, monkeypatch: pytest.MonkeyPatch, main_pid: str) -> None:
+    host = apply_env
+    host.add_runner("r1")
+    host.add_runner("r2")
+    host.start_unit("r1")
+    rewrite(host, monkeypatch, "systemctl", r"(?m)^MainPID=.*$", f"MainPID={main_pid}")
+    states = await Systemd("user", 20).states(discover(host.root, []))
+    assert {name: (s.loaded, s.active, s.main_pid) for name, s in states.items()} == {
+        "r1": (True, "active", None), "r2": (True, "inactive", None)}
+
+
+@pytest.mark.parametrize(("pid", "status", "active"), [
+    ("\u00b2", "0", "inactive"), ("\u0663", "0", "inactive"), ("9" * 5000, "0", "inactive"),
+    ("-", "--1", "inactive"), ("-", "-" + "9" * 5000, "inactive"), ("-", "\u0663", "inactive"),
+    ("-", "1", "failed"), ("0", "-15", "failed")], ids=short)
+async def test_launchd_reads_a_pid_or_status_that_is_no_number_as_none(
+        apply_env: Host, monkeypatch: pytest.MonkeyPatch, pid: str, status: str,
+        active: str) -> None:
+    host = apply_env
+    monkeypatch.setenv("FAKE_SVC_MODE", "launchd")
+    host.add_runner("mac1", unit=False)
+    sup = Launchd(20)
+    [runner] = discover(host.root, [])
+    assert (await sup.install(runner, None)).ok
+    [runner] = discover(host.root, [])
+    assert (await sup.start(runner, (await sup.states([runner]))["mac1"])).ok
+    listener = host.wait_listener("mac1")
+    rewrite(host, monkeypatch, "launchctl", r"(?m)^[^\t\n]*\t[^\t\n]*\t(?=actions\.)",
+            f"{pid}\t{status}\t")
+    state = (await sup.states([runner]))["mac1"]
+    assert (state.loaded, state.active, state.main_pid) == (True, active, None)
+    assert (await sup.stop(runner, state)).ok
+    await until(lambda: not fakes.pid_alive(listener))
+
+
+async def test_the_daemon_starts_and_acts_while_systemctl_prints_no_main_pid(
+        apply_env: Host, monkeypatch: pytest.MonkeyPatch, aiohttp_client: Any) -> None:
+    """The first snapshot is built as the daemon starts: a ValueError there kept it from
+    listening at all, and later failed every tick and every action."""
+    host = apply_env
+    host.add_runner("r1")
+    pid = host.start_unit("r1")
+    rewrite(host, monkeypatch, "systemctl", r"(?m)^MainPID=.*$", "MainPID=[not set]")
+    client = await aiohttp_client(create_app(make_config(host), dict(os.environ)))
+    first = await (await client.get("/api/state")).json()
+    [view] = first["runners"]
+    assert view["service"]["main_pid"] is None and view["service"]["active"] == "active"
+    resp = await client.post("/api/action", json={"id": "runner.drain", "args": {"name": "r1"}},
+                             headers=auth(cp_of(client)))
+    body = await resp.json()
+    assert resp.status == 200 and body["ok"] and body["stopped"] is True, body
+    assert not fakes.pid_alive(pid)
+
+    async def rebuilt() -> bool:  # the ticks go on
+        now = await (await client.get("/api/state")).json()
+        return bool(now["generated_at"] > first["generated_at"])
+    await until(rebuilt)

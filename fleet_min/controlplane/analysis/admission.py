@@ -7,7 +7,9 @@ incrementally from a stored byte offset, in the same transaction as the rows it 
 line is stored once however often the daemon restarts. Only whole lines are consumed: a line
 the hook is still writing stays for the next read. A log that shrank (truncated), was replaced
 (another inode) or whose first bytes changed (truncated and written again past the old offset)
-is read again from its start. Lines that are not such objects are counted and skipped.
+is read again from its start. Lines that are not such objects, or whose numbers are not
+finite (or, for the run id, not a whole number SQLite's INTEGER holds), are counted and
+skipped: the read goes on past them.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import os
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +33,9 @@ DECISIONS = ("admitted", "held", "released", "timed_out")
 CHUNK = 1 << 20
 MAX_LINE = 64 * 1024
 HEAD = 64
+SQLITE_MIN, SQLITE_MAX = -(2**63), 2**63 - 1
+_DIGITS = re.compile(r"[+-]?[0-9]{1,19}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass
@@ -58,33 +65,72 @@ def _same_start(head: bytes, stored: str | None) -> bool:
     return length.isdigit() and _head(head[:int(length)]) == stored
 
 
+class _Bad(ValueError):
+    """A field of a line that no row can hold."""
+
+
 def parse_line(raw: bytes) -> tuple[Any, ...] | None:
-    """One log line -> an admission row, or None when it is not a decision object."""
+    """One log line -> an admission row, or None when it is not a decision object or a field
+    of it cannot be stored as it is meant: such a line is counted and skipped, never retried
+    (an exception here would keep the read position before it, and stop the reading for good).
+    """
     if len(raw) > MAX_LINE:
         return None
     try:
         entry = json.loads(raw)
-        at = parse_iso(entry["at"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, RecursionError):  # 64 KiB of brackets nest past the parser's limit
         return None
     if not isinstance(entry, dict) or entry.get("decision") not in DECISIONS:
         return None
 
     def text(key: str) -> str | None:
         value = entry.get(key)
-        return str(value)[:300] if value not in (None, "") else None
+        if value == "" or isinstance(value, bool) or not isinstance(value, str | int | float):
+            return None  # str() of a list nested a thousand deep is a RecursionError
+        # SQLite stores UTF-8: a lone surrogate (JSON lets "\ud800" through) fails the INSERT.
+        return _SURROGATE.sub("\ufffd", str(value)[:300])
 
-    def number(key: str) -> float | None:
-        value = entry.get(key)
-        try:
-            return float(value) if value not in (None, "") else None
-        except (TypeError, ValueError):
+    try:
+        at = entry.get("at")
+        if not isinstance(at, str):
             return None
+        return (parse_iso(at), text("runner"), text("repo"), _integer(entry.get("run_id")),
+                text("job"), text("workflow"), entry["decision"], _real(entry.get("wait_s")),
+                text("reason"), _real(entry.get("load")))
+    except (ValueError, OverflowError):
+        return None
 
-    run_id = number("run_id")
-    return (at, text("runner"), text("repo"), int(run_id) if run_id is not None else None,
-            text("job"), text("workflow"), entry["decision"], number("wait_s"), text("reason"),
-            number("load"))
+
+def _real(value: Any) -> float | None:
+    """A finite number (a JSON number or the text of one), None when absent. NaN or infinity
+    would be stored (as NULL or Inf) and then served as JSON no client reads."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise _Bad(value)
+    number = float(value)  # ValueError for text that is no number, OverflowError for 10**400
+    if not math.isfinite(number):
+        raise _Bad(value)
+    return number
+
+
+def _integer(value: Any) -> int | None:
+    """A whole number SQLite's INTEGER holds (the hook writes the run id as text), None when
+    absent. int(float("nan")) raised, and 1e30 failed the INSERT: either stopped the reading."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value  # every digit, which float() would round
+    elif isinstance(value, str) and _DIGITS.fullmatch(value.strip()):
+        number = int(value)
+    else:
+        real = _real(value)
+        if real is None:
+            return None
+        if not real.is_integer():
+            raise _Bad(value)
+        number = int(real)
+    if not SQLITE_MIN <= number <= SQLITE_MAX:
+        raise _Bad(value)
+    return number
 
 
 def read_new(path: Path, cursor: Cursor) -> Batch | None:

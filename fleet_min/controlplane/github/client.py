@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 from collections import Counter
+from itertools import islice
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -26,7 +27,7 @@ import aiohttp
 
 from fleet_min import jsonio
 from fleet_min.controlplane.runners.discovery import valid_repo
-from fleet_min.http import read_within
+from fleet_min.http import link_url, read_within
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -41,6 +42,24 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 # by the history and then never again: kept forever they would grow the daemon without end.
 # Least recently used go first; what is polled every round (listings) stays.
 ETAG_ENTRIES = 4096
+# ... and at most this much memory as _footprint estimates it: a count alone did not bound it,
+# as each answer may be 16 MiB and 16.5 MB of `{}` parse into 350 MB. A page of 50 workflow runs
+# comes to about 4 MiB, so this holds the listings of a round over a dozen repositories. One
+# answer may take a quarter of it (100 runs, GitHub's largest page, are about 7 MiB); a larger
+# one is not kept, and is asked for in full each time.
+ETAG_BYTES = 64 * 1024 * 1024
+# How many items of each list become records. GitHub sends at most `per_page` (at most 100) on
+# a page, MAX_PAGES pages make a listing, a job has at most about 1,000 steps and a run at most
+# 256 matrix jobs per attempt. Past these the answer is not GitHub's, and the rest is dropped:
+# a 16 MiB page holds a million bare {"id": n} runs (a jobs request each) or 5.5 million empty
+# steps (a five-field record each: 2 GB, and a 451 MB snapshot every tick).
+PER_PAGE = 100
+RUNS_PER_PAGE = 50  # the runs in flight are listed 50 to a page for each status
+MAX_LISTED = MAX_PAGES * PER_PAGE  # runners of a repository, jobs of a run (all attempts)
+MAX_STEPS_PER_JOB = 1000
+# All of a run's jobs together: a 256-job matrix of 50 steps is 12,800. Without it, ten pages
+# of 100 jobs of 1,000 empty steps (3 MB over ten answers) would still make a million records.
+MAX_STEPS_PER_RUN = 25_000
 MAX_ID = 2**63 - 1  # the largest INTEGER SQLite stores; GitHub's ids are far below it
 _LINK_NEXT = re.compile(r'<([^<>]+)>;\s*rel="next"')  # no '<' inside: linear on any header
 _OWNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -77,7 +96,8 @@ def _repo_path(repo: str) -> str:
 
 class GitHub:
     def __init__(self, base: str, token: str | None, timeout_s: float = 20.0,
-                 backoff_s: float = 0.5, etag_entries: int = ETAG_ENTRIES) -> None:
+                 backoff_s: float = 0.5, etag_entries: int = ETAG_ENTRIES,
+                 etag_bytes: int = ETAG_BYTES) -> None:
         self.base = base.rstrip("/")
         self.origin = urlsplit(self.base)._replace(path="", query="", fragment="").geturl()
         self.token = token
@@ -89,8 +109,11 @@ class GitHub:
         # Answers by status class ("2xx" ... "5xx"), and "unreachable" for an attempt that got
         # none (a connection error, a timeout): GET /metrics reads them.
         self.answers: Counter[str] = Counter()
-        self._etags: dict[str, tuple[str, Any, str | None]] = {}  # in order of last use
+        # url -> (ETag, body, next-page URL, footprint), in order of last use
+        self._etags: dict[str, tuple[str, Any, str | None, int]] = {}
+        self._etag_held = 0  # the footprints of the answers kept
         self.etag_entries = etag_entries
+        self.etag_bytes = etag_bytes
         self._session: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
@@ -157,7 +180,7 @@ class GitHub:
                     found = _LINK_NEXT.search(resp.headers.get("Link", ""))
                     nxt = found.group(1) if found else None
                     if conditional and resp.headers.get("ETag"):
-                        self._remember(url, (resp.headers["ETag"], body, nxt))
+                        self._remember(url, (resp.headers["ETag"], body, nxt, _footprint(raw)))
                     return body, nxt
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 last_error = f"GitHub could not be reached ({type(exc).__name__})"
@@ -165,13 +188,19 @@ class GitHub:
                     self.answers["unreachable"] += 1
         raise GitHubError(f"{last_error} after {RETRIES} attempts")
 
-    def _remember(self, url: str, entry: tuple[str, Any, str | None]) -> None:
+    def _remember(self, url: str, entry: tuple[str, Any, str | None, int]) -> None:
         """Keep `entry` as the most recently used answer; the least recently used go past
-        `etag_entries`."""
-        self._etags.pop(url, None)
+        `etag_entries` answers or `etag_bytes` of footprint. An answer larger than a quarter of
+        that is not kept, and the URL's older answer is let go with it."""
+        old = self._etags.pop(url, None)
+        if old is not None:
+            self._etag_held -= old[3]
+        if entry[3] > self.etag_bytes // 4:
+            return
         self._etags[url] = entry
-        while len(self._etags) > self.etag_entries:
-            del self._etags[next(iter(self._etags))]
+        self._etag_held += entry[3]
+        while len(self._etags) > self.etag_entries or self._etag_held > self.etag_bytes:
+            self._etag_held -= self._etags.pop(next(iter(self._etags)))[3]
 
     def _refusal(self, status: int, body: Any) -> str:
         # The message ends up in logs, the snapshot and SQLite: one line, encodable, short.
@@ -184,7 +213,8 @@ class GitHub:
         return f"GitHub answered {status}: {message or 'no message'}"
 
     async def get_all(self, path: str, key: str, params: str = "") -> list[Any]:
-        url: str | None = f"{self.base}{path}?per_page=100{params}"
+        """Every page of a listing: at most MAX_PAGES pages of PER_PAGE items."""
+        url: str | None = f"{self.base}{path}?per_page={PER_PAGE}{params}"
         items: list[Any] = []
         visited: set[str] = set()
         for _ in range(MAX_PAGES):
@@ -192,10 +222,11 @@ class GitHub:
                 break
             visited.add(url)
             body, url = await self.request("GET", url, conditional=True)
-            items.extend(_items(body, key))
+            items.extend(_items(body, key, PER_PAGE))
         return items
 
     async def runners(self, repo: str) -> list[dict[str, Any]]:
+        """At most MAX_LISTED: MAX_PAGES pages of PER_PAGE."""
         raw = await self.get_all(f"{_repo_path(repo)}/actions/runners", "runners")
         out = []
         for r in raw:
@@ -210,34 +241,44 @@ class GitHub:
         return out
 
     async def runs(self, repo: str, status: str, pages: int = 1) -> list[dict[str, Any]]:
-        url = f"{self.base}{_repo_path(repo)}/actions/runs?per_page=50&status={quote(status)}"
+        url = (f"{self.base}{_repo_path(repo)}/actions/runs?per_page={RUNS_PER_PAGE}"
+               f"&status={quote(status)}")
         body, _ = await self.request("GET", url, conditional=True)
         return [{"id": r["id"], "repo": repo, "name": _text(r.get("name")),
                  "status": _text(r.get("status")), "conclusion": _text(r.get("conclusion")),
                  "event": _text(r.get("event")), "branch": _text(r.get("head_branch")),
                  "created_at": _text(r.get("created_at")),
                  "started_at": _text(r.get("run_started_at")),
-                 "url": _text(r.get("html_url"))} for r in _items(body, "workflow_runs")]
+                 "url": link_url(_text(r.get("html_url")))}
+                for r in _items(body, "workflow_runs", RUNS_PER_PAGE)]
 
     async def jobs(self, repo: str, run_id: int, all_attempts: bool = False
                    ) -> list[dict[str, Any]]:
-        """The run's jobs (of every attempt with all_attempts) with their steps."""
+        """The run's jobs (of every attempt with all_attempts) with their steps: at most
+        MAX_LISTED jobs, MAX_STEPS_PER_JOB steps each and MAX_STEPS_PER_RUN in all (the jobs
+        past that keep their other fields, with no steps)."""
         raw = await self.get_all(f"{_repo_path(repo)}/actions/runs/{int(run_id)}/jobs", "jobs",
                                  "&filter=all" if all_attempts else "")
-        return [{"id": j["id"], "run_id": _id(j.get("run_id")), "repo": repo,
-                 "name": _text(j.get("name")), "workflow": _text(j.get("workflow_name")),
-                 "status": _text(j.get("status")), "conclusion": _text(j.get("conclusion")),
-                 "runner": _text(j.get("runner_name")),
-                 "labels": [_text(label) for label in _list(j.get("labels"))
-                            if isinstance(label, str)],
-                 "created_at": _text(j.get("created_at")),
-                 "started_at": _text(j.get("started_at")),
-                 "completed_at": _text(j.get("completed_at")),
-                 "run_attempt": _id(j.get("run_attempt")),
-                 "head_branch": _text(j.get("head_branch")),
-                 "steps": [_step(step) for step in _list(j.get("steps"))
-                           if isinstance(step, dict)]}
-                for j in raw if _id(j.get("run_id")) is not None]  # a job names its run
+        jobs = []
+        steps_left = MAX_STEPS_PER_RUN
+        for j in raw:
+            if _id(j.get("run_id")) is None:  # a job names its run
+                continue
+            steps = _steps(j.get("steps"), min(MAX_STEPS_PER_JOB, steps_left))
+            steps_left -= len(steps)
+            jobs.append({"id": j["id"], "run_id": _id(j.get("run_id")), "repo": repo,
+                         "name": _text(j.get("name")), "workflow": _text(j.get("workflow_name")),
+                         "status": _text(j.get("status")),
+                         "conclusion": _text(j.get("conclusion")),
+                         "runner": _text(j.get("runner_name")),
+                         "labels": [_text(label) for label in _list(j.get("labels"))
+                                    if isinstance(label, str)],
+                         "created_at": _text(j.get("created_at")),
+                         "started_at": _text(j.get("started_at")),
+                         "completed_at": _text(j.get("completed_at")),
+                         "run_attempt": _id(j.get("run_attempt")),
+                         "head_branch": _text(j.get("head_branch")), "steps": steps})
+        return jobs
 
     async def completed_runs(self, repo: str, created: str, page: int
                              ) -> tuple[list[dict[str, Any]], int, bool]:
@@ -254,7 +295,7 @@ class GitHub:
                  "status": _text(r.get("status")), "conclusion": _text(r.get("conclusion")),
                  "created_at": _text(r.get("created_at")),
                  "updated_at": _text(r.get("updated_at"))}
-                for r in _items(body, "workflow_runs")]
+                for r in _items(body, "workflow_runs", PER_PAGE)]
         total = body.get("total_count")
         counted = isinstance(total, int) and not isinstance(total, bool)
         return runs, total if counted else len(runs), nxt is not None
@@ -315,6 +356,12 @@ def _check_owner(owner: str) -> None:
         raise GitHubError(f"{owner!r} is not a GitHub account name")
 
 
+def _steps(value: Any, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` steps of a job (objects only) as records."""
+    found = (step for step in _list(value) if isinstance(step, dict))
+    return [_step(step) for step in islice(found, max(limit, 0))]
+
+
 def _step(step: dict[str, Any]) -> dict[str, Any]:
     return {"name": (_text(step.get("name")) or "")[:300], "number": _id(step.get("number")),
             "conclusion": _text(step.get("conclusion")),
@@ -336,6 +383,15 @@ def _decode(raw: bytes) -> Any:
         raise GitHubError(f"GitHub's answer is {exc}") from None
 
 
+def _footprint(raw: bytes) -> int:
+    """About the memory json.loads builds from `raw`, erring high: its bytes, plus each object,
+    array, string and item what an empty one costs. Measured, it is about twice the real size
+    for answers shaped like GitHub's (a page of runs, jobs with steps) and 1.1 to 4 times it for
+    answers made dense on purpose (a million `{}`, `[]`, short strings or numbers)."""
+    return (len(raw) + 64 * (raw.count(b"{") + raw.count(b"["))
+            + 32 * (raw.count(b'"') + raw.count(b",")))
+
+
 def _error_body(raw: bytes) -> Any:
     try:
         return _decode(raw)
@@ -343,13 +399,15 @@ def _error_body(raw: bytes) -> Any:
         return None
 
 
-def _items(body: Any, key: str) -> list[dict[str, Any]]:
-    """The objects under `key` of a listing that carry a usable id. An answer of another shape
-    is a GitHubError: taken as an empty listing it would read as "no runners" or "no runs"."""
+def _items(body: Any, key: str, limit: int) -> list[dict[str, Any]]:
+    """The first `limit` objects under `key` of a listing that carry a usable id. An answer of
+    another shape is a GitHubError: taken as an empty listing it would read as "no runners" or
+    "no runs"."""
     items = body.get(key) if isinstance(body, dict) else None
     if not isinstance(items, list):
         raise GitHubError(f"GitHub's answer has no {key!r} list")
-    return [item for item in items if isinstance(item, dict) and _id(item.get("id")) is not None]
+    usable = (item for item in items if isinstance(item, dict) and _id(item.get("id")) is not None)
+    return list(islice(usable, limit))
 
 
 def _id(value: Any) -> int | None:

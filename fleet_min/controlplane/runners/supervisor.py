@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -108,10 +109,10 @@ class Systemd:
                 if props is None or found[name].loaded:
                     continue
                 loaded = props.get("LoadState") == "loaded"
-                pid = int(props.get("MainPID") or 0)
                 found[name] = ServiceState(unit, scope if loaded else None, loaded,
                                            props.get("ActiveState", "unknown"),
-                                           props.get("SubState", ""), pid or None)
+                                           props.get("SubState", ""),
+                                           parse_pid(props.get("MainPID", "")))
         return found
 
     def _scope_of(self, state: ServiceState) -> str:
@@ -223,6 +224,14 @@ class Launchd:
         return await self._run([str(runner.path / "svc.sh"), "uninstall"], cwd=runner.path)
 
 
+# What the service managers print for a pid (a pid_t: 32 bits) and an exit status. ASCII digits
+# and at most ten of them: str.isdigit() also says yes to "²" and to 5,000 digits, both of
+# which int() refuses with a ValueError.
+_PID = re.compile(r"[0-9]{1,10}")
+_STATUS = re.compile(r"-?[0-9]{1,10}")
+PID_MAX = 2**31 - 1
+
+
 def parse_launchctl_list(text: str) -> dict[str, tuple[int | None, int | None]]:
     """`launchctl list` rows `PID<TAB>Status<TAB>Label` -> {label: (pid, last exit status)}."""
     rows: dict[str, tuple[int | None, int | None]] = {}
@@ -230,7 +239,18 @@ def parse_launchctl_list(text: str) -> dict[str, tuple[int | None, int | None]]:
         parts = line.split("\t")
         if len(parts) != 3:
             continue
-        pid = int(parts[0]) if parts[0].isdigit() else None
-        status = int(parts[1]) if parts[1].lstrip("-").isdigit() else None
-        rows[parts[2]] = (pid, status)
+        status = int(parts[1]) if _STATUS.fullmatch(parts[1]) else None
+        rows[parts[2]] = (parse_pid(parts[0]), status)
     return rows
+
+
+def parse_pid(text: str) -> int | None:
+    """A service manager's pid field: a positive integer, else None (`systemctl show` prints
+    MainPID=0 for a unit without a process, launchctl "-"). Whatever else the tool prints
+    (`[not set]`, nothing, a word) is no pid too: a ValueError here kept the daemon from
+    starting, and failed every tick and every action while it ran."""
+    text = text.strip()
+    if not _PID.fullmatch(text):
+        return None
+    pid = int(text)
+    return pid if 0 < pid <= PID_MAX else None
