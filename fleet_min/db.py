@@ -519,6 +519,10 @@ class Database:
         """Open (creating if needed) and migrate; StorageError with a sentence when it cannot."""
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # SQLite follows links: one planted while the directory was loose would move the
+            # database, and what it holds, wherever it points.
+            for path in filemodes.database_files(self.path):
+                filemodes.refuse_link(path)
             await asyncio.to_thread(self._keep_modes)
             conn = await asyncio.to_thread(_connect, self.path, self.synchronous)
             await asyncio.to_thread(migrate, conn, self.migrations)

@@ -7,6 +7,10 @@ anything and never releases it: the kernel drops the lock when the process ends,
 (`kill -9` included), so a stale lock file never blocks a restart. The holder's pid and role are
 written into the file only so the refusal can name them.
 
+The directory is made private first (fleet_min.filemodes.private_dir: refused when another user
+owns it or its mode cannot be tightened), and the lock file is opened with O_NOFOLLOW: a link
+planted there while the directory was loose is refused, never truncated and written through.
+
 The descriptor is not inherited by child processes (Python opens files close-on-exec), so a
 command the service runs cannot keep the lock alive after the service is gone. On platforms
 without fcntl (Windows) there is no lock: a warning says so and the service starts anyway.
@@ -14,9 +18,13 @@ without fcntl (Windows) there is no lock: a warning says so and the service star
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import stat
 from pathlib import Path
+
+from fleet_min import filemodes
 
 try:
     import fcntl
@@ -51,19 +59,21 @@ def lock_file(directory: Path, role: str) -> Path:
 def hold(directory: Path, role: str, shown: str | None = None, *, mode: int = 0o700
          ) -> DirLock:
     """Take the directory for this process, creating it with `mode` when missing (so that a
-    fresh start has nothing to tighten and say so).
+    fresh start has nothing to tighten and say so) and tightening it to `mode` when it exists.
 
     `role` names this holder in a refusal ("collector", "collector restore"); `shown` is how the
     directory is named in messages (default: as given). Raises DirectoryInUse when another
-    process holds it, OSError when the directory cannot be made or the file cannot be opened.
+    process holds it, filemodes.NotPrivate when the directory cannot be made private or the lock
+    file is a link (or not this user's file), OSError when the directory cannot be made or the
+    file cannot be opened.
     """
-    directory.mkdir(mode=mode, parents=True, exist_ok=True)
+    filemodes.private_dir(directory, mode)
     path = lock_file(directory, role)
     if fcntl is None:
         log.warning("cannot lock %s on this platform (no fcntl): make sure only one %s uses it",
                     directory, role.split()[0])
         return DirLock(path, None)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fd = _open(path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -73,6 +83,24 @@ def hold(directory: Path, role: str, shown: str | None = None, *, mode: int = 0o
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {role}\n".encode(), 0)
     return DirLock(path, fd)
+
+
+def _open(path: Path) -> int:
+    """The lock file, created 0600 when missing, never through a link (it is truncated and
+    written), and only when it is a plain file of this user's."""
+    flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            filemodes.refuse_link(path)
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise filemodes.NotPrivate(f"{path.name} is not a plain file of this user's (a file "
+                                   "planted while the directory was loose?); remove it", path)
+    return fd
 
 
 def _holder(fd: int) -> str:

@@ -7,21 +7,67 @@ what is missing with those modes and, at start, takes away any bit beyond them f
 (an older version, a restore, an operator's copy), logging one line per change. Bits are only
 ever taken away, never added: a file an operator made 0600 stays 0600.
 
+A directory the service cannot make private is refused, not used: one owned by another user
+(that user could loosen it again, or plant links in it, at any time) or one whose mode stays
+looser after the attempt (a read-only or foreign file system). A symbolic link where the service
+keeps a file of its own is refused too: the service never opens its own files through a link a
+loose directory may have let someone plant.
+
 SQLite gives a database's -wal and -shm files the database file's own mode, so a database file
 created here first, with the right mode, keeps its companions right too.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import stat
 from pathlib import Path
 
+try:
+    import pwd
+except ImportError:  # Windows
+    pwd = None  # type: ignore[assignment]
+
 log = logging.getLogger("fleet_min.filemodes")
 
 CONTROLPLANE_DIR, CONTROLPLANE_FILE = 0o700, 0o600
 COLLECTOR_DIR, COLLECTOR_FILE = 0o750, 0o640
+
+
+class NotPrivate(PermissionError):
+    """A directory or file the service refuses because it cannot keep it private. `strerror`
+    is the reason, worded to follow "cannot use <path>: "; `filename` is the path."""
+
+    def __init__(self, why: str, path: Path | str) -> None:
+        super().__init__(errno.EPERM, why, str(path))
+
+
+def _user(uid: int) -> str:
+    name = None
+    if pwd is not None:
+        with contextlib.suppress(KeyError):  # a uid with no name
+            name = pwd.getpwuid(uid).pw_name
+    return f"uid {uid} ({name})" if name else f"uid {uid}"
+
+
+def _euid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def refuse_link(path: Path) -> None:
+    """NotPrivate when `path` is a symbolic link: the service's own file is never reached
+    through one. A missing path is fine (it will be created, without following anything)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise NotPrivate(f"{path.name} is a symbolic link, and this file is never opened "
+                         "through one (a link planted in a loose directory would redirect it); "
+                         "remove the link", path)
 
 
 def tighten(path: Path, most: int, st_mode: int | None = None) -> bool:
@@ -47,10 +93,23 @@ def tighten(path: Path, most: int, st_mode: int | None = None) -> bool:
 
 
 def private_dir(path: Path, most: int) -> None:
-    """Create `path` (and its parents) with mode `most`, or tighten it when it exists. The
-    directory itself is followed when it is a link: it is what the operator pointed us at."""
+    """Create `path` (and its parents) with mode `most`, or tighten it when it exists; NotPrivate
+    when it belongs to another user or stays looser than `most`. The directory itself is
+    followed when it is a link: it is what the operator pointed us at."""
     path.mkdir(mode=most, parents=True, exist_ok=True)
-    tighten(path, most, path.stat().st_mode)
+    st = path.stat()
+    euid = _euid()
+    # Root could tighten it, but its owner could loosen it again, or plant links, at any time.
+    if euid is not None and st.st_uid != euid:
+        raise NotPrivate(f"it belongs to {_user(st.st_uid)}, not to {_user(euid)} that runs "
+                         "this, so its files could not be kept private; give it to this user "
+                         "(chown) or choose another directory", path)
+    tighten(path, most, st.st_mode)
+    left = stat.S_IMODE(path.stat().st_mode)
+    if left & ~most:
+        raise NotPrivate(f"its mode stays {left:04o} (it could not be tightened to {most:04o}), "
+                         "so its files could not be kept private; fix its mode or choose "
+                         "another directory", path)
 
 
 def tighten_tree(root: Path, dir_most: int, file_most: int) -> int:
@@ -65,23 +124,46 @@ def tighten_tree(root: Path, dir_most: int, file_most: int) -> int:
 
 
 def tighten_children(folder: Path, dir_most: int, file_most: int) -> int:
-    """Tighten the directories and files directly in `folder` (one level, links left alone)."""
+    """Tighten the directories and files directly in `folder` (one level). A link to a
+    directory is left alone (a store on another disk; whoever uses it makes it private); any
+    other link is refused: every file at this level is the service's own."""
     changed = 0
     with os.scandir(folder) as entries:
         for entry in entries:
+            if entry.is_symlink() and not entry.is_dir():
+                refuse_link(Path(entry.path))
             is_dir = entry.is_dir(follow_symlinks=False)
             changed += tighten(Path(entry.path), dir_most if is_dir else file_most)
     return changed
 
 
 def create_file(path: Path, mode: int) -> None:
-    """Create `path` empty with mode `mode` (no looser, whatever the umask) unless it exists."""
+    """Create `path` empty with mode `mode` (no looser, whatever the umask) unless it exists;
+    NotPrivate when what exists there is a symbolic link (O_EXCL never follows one, but the
+    next open of the name would)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                      mode)
     except FileExistsError:
+        refuse_link(path)
         return
     os.close(fd)
+
+
+def open_new(path: Path, mode: int) -> int:
+    """A descriptor of `path`, made new and empty with mode `mode` (whatever the umask): what
+    was at that name before (a leftover, a planted link) is removed, never written through."""
+    path.unlink(missing_ok=True)
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+                   | getattr(os, "O_CLOEXEC", 0), mode)
+
+
+def write_new(path: Path, data: bytes, mode: int) -> None:
+    """Write `data` into a new file at `path` with mode `mode` (see open_new), flushed to disk."""
+    with os.fdopen(open_new(path, mode), "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def database_files(path: Path) -> tuple[Path, Path, Path]:

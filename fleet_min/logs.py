@@ -13,6 +13,7 @@ event is always one line and a grep or a line-based shipper sees it whole.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
@@ -60,8 +61,25 @@ def _handler(log_file: str) -> logging.Handler:
     if not log_file:
         return logging.StreamHandler(sys.stderr)
     path = os.path.abspath(os.path.expanduser(log_file))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    folder = os.path.dirname(path)
+    # Only the file's own folder is made: a mistyped path must not grow a tree of folders
+    # (anywhere at all, when the service runs as root).
+    if not os.path.isdir(folder):
+        with contextlib.suppress(FileExistsError):  # a file there: the open below says so
+            os.mkdir(folder)
     return logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+
+
+def _refuse(path: str, exc: OSError) -> SystemExit:
+    """Exit 2 with one line: a log file that cannot be written is a setting to fix, and the
+    service must not start and log nowhere."""
+    why = exc.strerror or str(exc)
+    if exc.filename and os.path.abspath(str(exc.filename)) != os.path.abspath(
+            os.path.expanduser(path)):
+        why += f" ({exc.filename})"
+    print(f"fleet-min: cannot write the log file {path} ({LOG_FILE_ENV}): "
+          f"{why[:1].lower() + why[1:]}", file=sys.stderr)
+    return SystemExit(2)
 
 
 def reopen() -> None:
@@ -94,10 +112,15 @@ def install_sighup() -> bool:
 def setup(level: str, log_file: str | None = None) -> None:
     """Log records of `level` and above, one line each, to stderr or to `log_file`.
 
-    log_file None means the FLEET_LOG_FILE environment variable (empty: stderr).
+    log_file None means the FLEET_LOG_FILE environment variable (empty: stderr). A file that
+    cannot be opened (its folder's parent missing, no permission, a directory in its place)
+    ends the process with one line on stderr and exit code 2.
     """
     path = os.environ.get(LOG_FILE_ENV, "") if log_file is None else log_file
-    handler = _handler(path)
+    try:
+        handler = _handler(path)
+    except OSError as exc:
+        raise _refuse(path, exc) from None
     handler.setFormatter(OneLineFormatter(FORMAT, DATEFMT))
     root = logging.getLogger()
     for old in root.handlers:

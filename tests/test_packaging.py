@@ -231,6 +231,28 @@ def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) ->
     assert all(LINE.match(line) for line in after.splitlines()), after
 
 
+@pytest.mark.parametrize("service", ["collector", "controlplane"])
+def test_a_log_file_that_cannot_be_written_stops_the_start_in_one_line(
+        tmp_path: Path, service: str) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    (tmp_path / "a-folder").mkdir()
+    where = ["--data" if service == "collector" else "--state", str(tmp_path / "dir")]
+    for log_file, why in ((tmp_path / "a-folder", "is a directory"),
+                          (a_file / "x.log", "not a directory"),
+                          (tmp_path / "missing" / "deeper" / "x.log",
+                           f"no such file or directory ({tmp_path / 'missing' / 'deeper'})")):
+        result = subprocess.run(
+            [sys.executable, "-m", "fleet_min", service, "--port", "0", *where],
+            capture_output=True, text=True, timeout=60, cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT), "FLEET_LOG_FILE": str(log_file)})
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"fleet-min: cannot write the log file {log_file} (FLEET_LOG_FILE): {why}"]
+    # only the log file's own folder is ever made, never a tree of them
+    assert not (tmp_path / "missing").exists()
+
+
 @pytest.mark.slow
 def test_log_level_and_sighup_without_a_log_file(tmp_path: Path) -> None:
     proc = CollectorProcess(tmp_path / "data", env={"FLEET_LOG_LEVEL": "WARNING",

@@ -9,11 +9,12 @@
 # replacing an earlier value and keeping every other line. --log sets FLEET_ADMISSION_LOG there
 # too (default: ~/.config/fleet-min/admission.log, where the control plane looks unless
 # FLEET_ADMISSION_LOG tells it otherwise). A runner reads .env when it starts: restart its
-# service afterwards (or drain and resume it from the control plane).
+# service afterwards (or drain and resume it from the control plane). .env keeps its mode
+# (a new one is made 0600), and a value with a newline or another control character is refused.
 set -eu
 
 usage() {
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
 }
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,6 +34,18 @@ done
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 
 hook="$dest/job-started.sh"
+# Each value becomes one line of .env: a newline in it would add lines of its own choosing
+# (LD_PRELOAD=...) to the runner's environment.
+refuse_control() {
+  case $2 in
+    *[[:cntrl:]]*)
+      echo "install-admission-hook: $1 contains a newline or another control character;" \
+        "refused (it would become more than one line of .env)" >&2
+      exit 2 ;;
+  esac
+}
+refuse_control "--log" "$log"
+refuse_control "the hook directory (FLEET_HOOK_DIR, or HOME)" "$hook"
 if [ "$uninstall" = 0 ]; then
   mkdir -p "$dest"
   cp "$here/job-started.sh" "$hook.new"
@@ -48,17 +61,22 @@ for dir in "$@"; do
     continue
   fi
   env_file="$dir/.env"
-  touch "$env_file"
+  new="$env_file.fleet-new"
+  [ -e "$env_file" ] || (umask 077 && : > "$env_file")
+  # The copy takes .env's mode (it may hold secrets) before the new lines go into it; rm first,
+  # so a leftover or a link at that name is replaced, not written through.
+  rm -f "$new"
+  cp -p "$env_file" "$new"
   grep -v -e '^ACTIONS_RUNNER_HOOK_JOB_STARTED=' -e '^FLEET_ADMISSION_LOG=' "$env_file" \
-    > "$env_file.fleet-new" || true
+    > "$new" || true
   if [ "$uninstall" = 0 ]; then
-    echo "ACTIONS_RUNNER_HOOK_JOB_STARTED=$hook" >> "$env_file.fleet-new"
-    if [ -n "$log" ]; then echo "FLEET_ADMISSION_LOG=$log" >> "$env_file.fleet-new"; fi
+    echo "ACTIONS_RUNNER_HOOK_JOB_STARTED=$hook" >> "$new"
+    if [ -n "$log" ]; then echo "FLEET_ADMISSION_LOG=$log" >> "$new"; fi
     echo "$dir: admission hook installed"
   else
     echo "$dir: admission hook removed"
   fi
-  mv -f "$env_file.fleet-new" "$env_file"
+  mv -f "$new" "$env_file"
 done
 echo "Restart each runner's service so it reads its .env again."
 exit "$status"

@@ -47,14 +47,33 @@ def _token_command(argv: list[str]) -> int:
         print(f"fleet-min controlplane: {exc}", file=sys.stderr)
         return 2
     state = Path(cfg.state_dir).expanduser()
-    if host is not None:
-        # Made from the agent token the daemon holds now (the control token while there is no
-        # separate one), so it is good at once, without a restart.
-        print(tokens.host_token(tokens.agent_token(state, tokens.ensure_token(state)), host))
-        return 0
-    name = tokens.AGENT_FILE if args.agent else tokens.CONTROL_FILE
-    print(tokens.ensure_token(state, name))
+    try:
+        if host is not None:
+            # Made from the agent token the daemon holds now (the control token while there is
+            # no separate one), so it is good at once, without a restart.
+            print(tokens.host_token(tokens.agent_token(state, tokens.ensure_token(state)), host))
+            return 0
+        name = tokens.AGENT_FILE if args.agent else tokens.CONTROL_FILE
+        print(tokens.ensure_token(state, name))
+    except OSError as exc:
+        print(f"fleet-min controlplane token: cannot use the state directory {cfg.state_dir}: "
+              f"{_why(exc, state)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _why(exc: OSError, state: Path) -> str:
+    """An OSError as the end of a sentence about the state directory, naming the file it was
+    about when that is not the directory itself (a NotPrivate reason names it already)."""
+    if isinstance(exc, (FileExistsError, NotADirectoryError)) and not state.is_dir():
+        return "it is a file, not a directory" if state.exists() else \
+            "a file stands where a directory on its path should be"
+    text = exc.strerror or str(exc)
+    text = text[:1].lower() + text[1:]
+    if exc.filename and Path(exc.filename) != state and not isinstance(
+            exc, filemodes.NotPrivate):
+        text += f" ({exc.filename})"
+    return text
 
 
 def _announce(cfg: Any) -> Callable[[list[tuple[str, int]]], None]:

@@ -1,7 +1,9 @@
 """The control and agent tokens: 32 random bytes, hex, in owner-only files under the state dir.
 
 Rotation is "delete the file and restart", so a file that is shorter than a token, not hex, or
-unreadable is replaced rather than trusted.
+unreadable is replaced rather than trusted. A token file is never read through a symbolic link:
+one planted while the state directory was loose could hand the daemon a token its planter knows
+(the control token is refused with a sentence; an agent-token link is not read).
 
 A host token (`token --agent-host NAME`) is the agent token narrowed to one agent host:
 `NAME~` and an HMAC of the name under the agent token. The coordinator checks it with the agent
@@ -17,6 +19,7 @@ import hmac
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -28,7 +31,11 @@ _TOKEN = re.compile(r"[0-9a-f]{64}")
 
 def _read_valid(path: Path) -> str | None:
     try:
-        text = path.read_text(encoding="ascii").strip()
+        # O_NONBLOCK: a FIFO in its place reads as empty (and is replaced) instead of hanging.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as handle:
+            text = handle.read().decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if _TOKEN.fullmatch(text) else None
@@ -51,8 +58,10 @@ def _write_new(path: Path) -> str:
 
 
 def ensure_token(state_dir: Path, name: str = CONTROL_FILE) -> str:
-    """The token stored in `state_dir/name`, created (or replaced when invalid) as needed."""
+    """The token stored in `state_dir/name`, created (or replaced when invalid) as needed;
+    filemodes.NotPrivate when that name is a symbolic link."""
     path = state_dir / name
+    filemodes.refuse_link(path)
     token = _read_valid(path)
     if token is not None:
         if path.stat().st_mode & 0o077:
@@ -80,11 +89,12 @@ class AgentToken:
 
     def _signature(self) -> tuple[int, int, int] | None:
         try:
-            st = os.stat(self.path)
+            st = os.lstat(self.path)
         except OSError:
             return None
-        # A token file another user could read is no secret (tightened as ensure_token does).
-        if st.st_mode & 0o077:
+        # A token file another user could read is no secret (tightened as ensure_token does);
+        # a link is never read, and chmod would change whatever it points at.
+        if st.st_mode & 0o077 and not stat.S_ISLNK(st.st_mode):
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
         # A new token is written to a fresh file and renamed over the old: a new inode.

@@ -1,20 +1,26 @@
 """Nothing in the collector's data directory is for other users: a real collector process makes
 the directory 0750 and its files 0640 (database, -wal, -shm, collector id, artifacts), takes the
-'other' bits away from what an older version left, and keeps it so after writes."""
+'other' bits away from what an older version left, and keeps it so after writes. A directory it
+cannot make private (another user's, a mode that will not change) is refused, and so is a link
+planted where its own files go while the directory was loose."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sqlite3
 import stat
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support.collector import CollectorProcess, job
+from tests.support.collector import ROOT, CollectorProcess, job
+from tests.support.life import HANG_S
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +101,77 @@ def test_a_looser_data_directory_is_tightened_at_start(tmp_path: Path) -> None:
         proc.stop()
     changed = [line for line in proc.log().splitlines() if "tightened the mode of" in line]
     assert len(changed) == 6, changed  # the directory, the database, the id and the store's 3
+
+
+# -- a data directory someone else could write before the start ------------------------------
+
+
+def start_refused(data: Path, prefix: tuple[str, ...] = ()) -> str:
+    """A real collector start that must end at once with one sentence (a start that is not
+    refused runs until the hang detector ends it, failing the test)."""
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "fleet_min", "collector", "--bind", "127.0.0.1",
+         "--port", "0", "--data", str(data)], capture_output=True, text=True, timeout=HANG_S,
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stderr
+
+
+@pytest.mark.parametrize("name, dangling", [
+    ("collector.lock", False),  # truncated and written with the pid
+    ("collector-id", False),  # read as the id /api/health shows anyone
+    ("fleet.sqlite3", True),  # the whole database made where the link points
+    ("fleet.sqlite3-wal", True),
+])
+def test_a_link_planted_in_a_loose_data_directory_is_refused_not_followed(
+        tmp_path: Path, name: str, dangling: bool) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)  # anyone could have planted the link before this start
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "notes.txt"
+    if not dangling:
+        victim.write_text("precious\n")
+    (data / name).symlink_to(victim)
+    stderr = start_refused(data)
+    assert f"{name} is a symbolic link" in stderr and "remove the link" in stderr, stderr
+    if dangling:
+        assert list(elsewhere.iterdir()) == []
+    else:
+        assert victim.read_text() == "precious\n"
+    assert (data / name).is_symlink()
+    assert not (data / "fleet.sqlite3").exists()  # refused before the database was opened
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="giving a directory to another user needs root")
+def test_a_data_directory_another_user_owns_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    os.chown(data, 65534, 65534)  # its owner could loosen it, or plant links, at any time
+    stderr = start_refused(data)
+    assert f"cannot use the data directory {data}: it belongs to uid 65534" in stderr, stderr
+    assert list(data.iterdir()) == [] and mode(data) == 0o777  # nothing made, nothing changed
+
+
+def read_only_mount(folder: Path) -> tuple[str, ...]:
+    """A prefix that runs a command with `folder` on a read-only bind mount (root, in a private
+    mount namespace): a mode there cannot be changed, as on a foreign file system."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        pytest.skip("a read-only bind mount needs root")
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-m", "true"], capture_output=True).returncode != 0:
+        pytest.skip("root here cannot make a private mount namespace (no unshare -m)")
+    script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+    return ("unshare", "-m", "sh", "-c", script, str(folder))
+
+
+def test_a_data_directory_whose_mode_cannot_be_tightened_is_refused(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    data.chmod(0o777)
+    stderr = start_refused(data, read_only_mount(data))
+    assert "its mode stays 0777 (it could not be tightened to 0750)" in stderr, stderr

@@ -1,11 +1,14 @@
 """`fleet-min collector backup` while agents write, `restore`, and a collector started on the
 restored data: everything acknowledged before the backup began is there, and the copy is one
-consistent moment (no job closed without its final row)."""
+consistent moment (no job closed without its final row). A backup and a restore leave the data
+directory's modes whatever the umask, a restore writes through no link planted in the data
+directory, and a damaged backup is refused in one line before anything is touched."""
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -16,7 +19,15 @@ from typing import Any
 import pytest
 
 from tests.support.collector import ROOT, CollectorProcess, HttpClient
-from tests.support.faults import LeanAgent, Ledger, Producer, invariants, losses, read_db
+from tests.support.faults import (
+    LeanAgent,
+    Ledger,
+    Producer,
+    invariants,
+    losses,
+    read_db,
+    upload,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -147,3 +158,138 @@ def test_backup_and_restore_refuse_with_a_sentence(tmp_path: Path) -> None:
     assert ok.returncode == 0, ok.stderr
     assert not (tmp_path / "b" / "artifacts").exists()  # bytes only with --with-artifacts
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+# -- what a backup and a restore leave on disk, and what they refuse ----------------------------
+
+
+def stopped_collector(tmp_path: Path) -> tuple[Path, str]:
+    """A data directory with a job and an artifact, its collector stopped; the artifact's hash."""
+    data = tmp_path / "data"
+    proc = CollectorProcess(data).start()
+    try:
+        assert proc.client.post("/jobs", {"schema": 1, "job_id": "x", "workload": "benchmark",
+                                          "executor": "device", "backend": "synthetic"})[0] == 201
+        status, reply = upload(proc.url, b"an unreleased build")
+        assert status == 201, reply
+    finally:
+        proc.stop()
+    return data, reply["sha256"]
+
+
+def under_umask(mask: int, *args: str) -> subprocess.CompletedProcess[str]:
+    old = os.umask(mask)  # the child inherits it
+    try:
+        return fleet(*args)
+    finally:
+        os.umask(old)
+
+
+def looser_than(root: Path, dir_most: int, file_most: int) -> dict[str, str]:
+    """Every directory or file under root (root included) with a bit beyond the given modes."""
+    found = {}
+    for path in [root, *root.rglob("*")]:
+        bits = stat.S_IMODE(path.lstat().st_mode)
+        if bits & ~(dir_most if path.is_dir() else file_most):
+            found[str(path.relative_to(root))] = oct(bits)
+    return found
+
+
+def test_a_backup_keeps_the_data_directory_modes_whatever_the_umask(tmp_path: Path) -> None:
+    data, sha = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "backups" / "one"
+    result = under_umask(0o022, "backup", str(backup_dir), "--data", str(data),
+                         "--with-artifacts")
+    assert result.returncode == 0, result.stderr
+    for name in ("fleet.sqlite3", "collector-id", "manifest.json", f"artifacts/{sha[:2]}/{sha}"):
+        assert (backup_dir / name).is_file(), name
+    assert looser_than(backup_dir, 0o750, 0o640) == {}
+
+
+def test_a_restore_leaves_the_collector_modes_whatever_the_umask(tmp_path: Path) -> None:
+    data, sha = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    fresh, loose = tmp_path / "fresh", tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)  # what a careless operator made
+    for target in (fresh, loose):
+        result = under_umask(0o022, "restore", str(backup_dir), "--data", str(target))
+        assert result.returncode == 0, result.stderr
+        assert (target / "artifacts" / sha[:2] / sha).read_bytes() == b"an unreleased build"
+        assert looser_than(target, 0o750, 0o640) == {}, target
+
+
+@pytest.mark.parametrize("name", ["collector-id", "fleet.sqlite3.restoring", "artifacts/SHARD"])
+def test_a_restore_writes_nothing_through_a_link_in_the_data_directory(
+        tmp_path: Path, name: str) -> None:
+    data, sha = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    target = tmp_path / "target"
+    target.mkdir()
+    target.chmod(0o777)  # anyone could have planted the link before the restore
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "profile"
+    victim.write_text("precious\n")
+    link = target / name.replace("SHARD", sha[:2])
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(elsewhere if name.endswith("SHARD") else victim)
+    result = fleet("restore", str(backup_dir), "--data", str(target))
+    assert result.returncode == 1, result.stdout
+    # before it: one warning per mode it tightened, as the collector logs at start
+    said = [line for line in result.stderr.splitlines() if "tightened the mode" not in line]
+    assert "Traceback" not in result.stderr and len(said) == 1, result.stderr
+    assert said[0].startswith("fleet-min collector restore: cannot use ")
+    assert f"{link.name} is a symbolic link" in said[0], result.stderr
+    assert victim.read_text() == "precious\n" and sorted(elsewhere.iterdir()) == [victim]
+    assert not (target / "fleet.sqlite3").exists()  # refused before anything was written
+
+
+def damage(backup_dir: Path, how: str) -> None:
+    manifest_path = backup_dir / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    if how == "no database":
+        (backup_dir / "fleet.sqlite3").unlink()
+    elif how == "not a database":
+        (backup_dir / "fleet.sqlite3").write_bytes(b"these bytes are no SQLite file\n" * 100)
+    elif how == "an id of two lines":
+        (backup_dir / "collector-id").write_text("col-1\nFLEET_X=1\n")
+    else:
+        key, value = how.split("=", 1)
+        manifest[key] = json.loads(value)
+        manifest_path.write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how, words", [
+    ("no database", "fleet.sqlite3 is missing"),
+    ("not a database", "is not a readable SQLite database"),
+    ("an id of two lines", "is not a collector id"),
+    ('artifacts=["oops"]', "artifacts[0] is not an object"),
+    ('artifacts=[{"sha256": 5, "included": true}]', "artifacts[0].sha256 is not a SHA-256"),
+    ('artifacts=[{"sha256": "' + "a" * 64 + '", "included": "yes"}]',
+     "artifacts[0].included is not true or false"),
+    ('artifacts={"a": 1}', "artifacts is not a list"),
+    ('counts={"jobs": "many"}', "counts.jobs is not an integer"),
+    ('schema_version="7"', "schema_version is not an integer"),
+    ("format=true", "a backup format this program does not know"),
+])
+def test_a_damaged_backup_is_refused_in_one_line_and_changes_nothing(
+        tmp_path: Path, how: str, words: str) -> None:
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    damage(backup_dir, how)
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    fresh = tmp_path / "fresh"
+    for target, force in ((fresh, ()), (data, ("--force",))):
+        result = fleet("restore", str(backup_dir), "--data", str(target), *force)
+        assert result.returncode == 1, result.stdout
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+        assert words in result.stderr, result.stderr
+    assert not fresh.exists()
+    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before

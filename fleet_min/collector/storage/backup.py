@@ -13,7 +13,9 @@ The `artifacts` table inside that copy is the artifact index; its rows are liste
 manifest. Artifact bytes are copied after the snapshot and each file is hashed while it is
 copied, so a file that does not match its name is never put in a backup. The directory is built
 under a temporary name and renamed into place only when complete and checked, so a backup that
-was interrupted never looks finished.
+was interrupted never looks finished. A backup holds what the data directory holds, so it gets
+the data directory's modes (fleet_min.filemodes: directories 0750, files 0640), whatever the
+umask.
 
 Restore refuses to touch a data directory in use. It takes the directory's lock, the one a
 running collector holds for its whole life (fleet_min.dirlock), and keeps it until it is done,
@@ -22,6 +24,13 @@ anything else has the database open: every connection to a WAL database holds a 
 the "dead man switch" byte of its `-shm` file for as long as it is open, so a sqlite3 shell, or
 a collector older than the lock, is seen too. An existing database is moved aside into
 `DIR/pre-restore-<time>/`, never deleted, and only with --force.
+
+Everything about the backup is checked before the data directory is touched (the manifest's
+every field, the database, the collector id), so a damaged backup changes nothing. The data
+directory is made private as the collector makes it (refused when another user owns it), and a
+symbolic link where restore would write (the database, its -wal and -shm, the collector id, an
+artifact or its folder) is refused before anything is written: every file is written under a
+new name with mode 0640 and renamed into place, never opened through a link.
 
 Backup takes no lock: it is an online backup, meant to run beside the live collector.
 """
@@ -33,6 +42,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import sys
@@ -53,6 +63,7 @@ _CHUNK = 1 << 20
 # Byte 128 of the -shm file: SQLite's unix VFS keeps a shared lock there per open connection
 # (UNIX_SHM_DMS = (22 + SQLITE_SHM_NLOCK) * 4 + SQLITE_SHM_NLOCK, with SQLITE_SHM_NLOCK = 8).
 _SHM_DMS_BYTE = 128
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 class BackupError(RuntimeError):
@@ -86,7 +97,7 @@ def database_in_use(db_path: Path) -> bool:
     """True when some process has the WAL database open (holds its -shm dead-man-switch lock)."""
     shm = Path(str(db_path) + "-shm")
     try:
-        fd = os.open(shm, os.O_RDWR)
+        fd = os.open(shm, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
     except FileNotFoundError:
         return False  # a WAL database that nobody has open has no -shm (or a stale one)
     try:
@@ -109,11 +120,15 @@ def _fsync_path(path: Path, directory: bool = False) -> None:
 
 
 def _copy_hashed(src: Path, dest: Path, expected: str) -> int:
-    """Copy src to dest, hashing on the way; refuse (and leave nothing) when the hash differs."""
+    """Copy src to dest (0640, in a 0750 folder), hashing on the way; refuse (and leave nothing)
+    when the hash differs."""
     digest, size = hashlib.sha256(), 0
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    for folder in (dest.parent.parent, dest.parent):
+        folder.mkdir(mode=filemodes.COLLECTOR_DIR, exist_ok=True)
+    filemodes.refuse_link(dest.parent)
     part = dest.with_name(dest.name + ".part")
-    with open(src, "rb") as reader, open(part, "wb") as writer:
+    with open(src, "rb") as reader, \
+            os.fdopen(filemodes.open_new(part, filemodes.COLLECTOR_FILE), "wb") as writer:
         for chunk in iter(lambda: reader.read(_CHUNK), b""):
             digest.update(chunk)
             writer.write(chunk)
@@ -130,6 +145,16 @@ def _copy_hashed(src: Path, dest: Path, expected: str) -> int:
 
 def _check_database(path: Path) -> tuple[int, dict[str, int]]:
     """Integrity-check a database file; its schema version and row counts."""
+    if not path.is_file():
+        raise BackupError(f"{path} is missing (or not a file); the backup is damaged")
+    try:
+        return _checked(path)
+    except sqlite3.Error as exc:
+        raise BackupError(f"{path} is not a readable SQLite database ({exc}); the backup is "
+                          "damaged") from None
+
+
+def _checked(path: Path) -> tuple[int, dict[str, int]]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         verdict = [row[0] for row in conn.execute("PRAGMA integrity_check")]
@@ -176,7 +201,7 @@ def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
         raise BackupError(f"{dest} already exists; a backup goes into a new (or empty) directory")
     work = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
     shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    work.mkdir(mode=filemodes.COLLECTOR_DIR, parents=True)
     try:
         report = _fill(data_dir, source, work, with_artifacts)
         if dest.exists():
@@ -197,7 +222,14 @@ def _snapshot(source: Path, target: Path) -> None:
         reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
     except sqlite3.Error as exc:
         raise BackupError(f"cannot open {source} for reading: {exc}") from None
-    writer = sqlite3.connect(target)
+    try:
+        # Made with its mode before SQLite opens it: SQLite's own default is 0644, and its
+        # journal takes the database file's mode.
+        filemodes.create_file(target, filemodes.COLLECTOR_FILE)
+        writer = sqlite3.connect(target)
+    except BaseException:
+        reader.close()
+        raise
     try:
         reader.execute("PRAGMA busy_timeout = 30000")
         # pages=-1: one step, so the copy is one snapshot even while the collector writes.
@@ -219,7 +251,8 @@ def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Rep
     collector_id = (data_dir / ID_NAME).read_text().strip() if (data_dir / ID_NAME).exists() \
         else ""
     if collector_id:
-        (work / ID_NAME).write_text(collector_id + "\n")
+        filemodes.write_new(work / ID_NAME, (collector_id + "\n").encode(),
+                            filemodes.COLLECTOR_FILE)
     rows = _artifact_rows(copy)
     included: list[dict[str, Any]] = []
     for sha256, size in rows:
@@ -241,7 +274,9 @@ def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Rep
         "schema_version": version, "counts": counts, "with_artifacts": with_artifacts,
         "artifacts": included,
     }
-    (work / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    filemodes.write_new(work / MANIFEST,
+                        (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
+                        filemodes.COLLECTOR_FILE)
     for path in _walk(work):
         _fsync_path(path)
     _fsync_path(work, directory=True)
@@ -262,11 +297,90 @@ def read_manifest(src: Path) -> dict[str, Any]:
         manifest = json.loads((src / MANIFEST).read_text())
     except FileNotFoundError:
         raise BackupError(f"{src} is not a fleet-min collector backup (no {MANIFEST})") from None
-    except ValueError:
+    except (ValueError, UnicodeDecodeError):
         raise BackupError(f"{src / MANIFEST} is not valid JSON; the backup is damaged") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    if not isinstance(manifest, dict) or type(manifest.get("format")) is not int \
+            or manifest["format"] != FORMAT:
         raise BackupError(f"{src} is a backup format this program does not know")
     return manifest
+
+
+# What backup writes into a manifest, by field: the type each must have when present.
+_FIELDS: dict[str, tuple[type, str]] = {
+    "kind": (str, "a string"), "created_at": (str, "a string"), "source": (str, "a string"),
+    "collector_id": (str, "a string"), "schema_version": (int, "an integer"),
+    "counts": (dict, "an object"), "with_artifacts": (bool, "true or false"),
+    "artifacts": (list, "a list"),
+}
+
+
+def _typed(value: Any, kind: type) -> bool:
+    # JSON's true is no count and 1 is no flag, though Python's bool is an int.
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def manifest_artifacts(src: Path, manifest: dict[str, Any]) -> list[tuple[str, bool]]:
+    """Check every field of the manifest; each listed artifact's hash and whether the backup
+    says it holds its bytes. BackupError naming the first wrong field."""
+    def damaged(what: str) -> BackupError:
+        return BackupError(f"{src / MANIFEST} is damaged ({what}); nothing was restored")
+
+    for key, (kind, shown) in _FIELDS.items():
+        if key in manifest and not _typed(manifest[key], kind):
+            raise damaged(f"{key} is not {shown}")
+    for table, count in (manifest.get("counts") or {}).items():
+        if not _typed(count, int):
+            raise damaged(f"counts.{str(table)[:40]} is not an integer")
+    listed = []
+    for index, entry in enumerate(manifest.get("artifacts") or []):
+        where = f"artifacts[{index}]"
+        if not isinstance(entry, dict):
+            raise damaged(f"{where} is not an object")
+        sha256 = entry.get("sha256")
+        if not isinstance(sha256, str) or not _HEX64.fullmatch(sha256):
+            raise damaged(f"{where}.sha256 is not a SHA-256 in hex")
+        if "size" in entry and not (_typed(entry["size"], int) and entry["size"] >= 0):
+            raise damaged(f"{where}.size is not a size in bytes")
+        if "included" in entry and not _typed(entry["included"], bool):
+            raise damaged(f"{where}.included is not true or false")
+        listed.append((sha256, bool(entry.get("included"))))
+    return listed
+
+
+def _backup_id(src: Path) -> str | None:
+    """The collector id the backup holds (None when it holds none), checked to be one line of
+    text: it is written into the data directory and shown by /api/health as it is."""
+    path = src / ID_NAME
+    if not path.exists():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        text = ""
+    if not text or len(text) > 200 or not text.isprintable():
+        raise BackupError(f"{path} is not a collector id (one short line of text); the backup "
+                          "is damaged")
+    return text
+
+
+@dataclass
+class _Checked:
+    """What restore learnt from the backup before touching the data directory."""
+    version: int
+    counts: dict[str, int]
+    collector_id: str | None
+    artifacts: list[tuple[str, bool]]
+
+
+def check_backup(src: Path) -> _Checked:
+    """The whole backup checked: manifest, database, collector id. BackupError when damaged."""
+    manifest = read_manifest(src)
+    artifacts = manifest_artifacts(src, manifest)
+    version, counts = _check_database(src / DB_NAME)
+    if version > known_schema_version():
+        raise BackupError(f"the backup is at schema version {version}, newer than this program "
+                          f"knows ({known_schema_version()}); restore it with a newer fleet-min")
+    return _Checked(version, counts, _backup_id(src), artifacts)
 
 
 def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
@@ -277,45 +391,56 @@ def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
     that is being replaced.
     """
     started = time.monotonic()
-    manifest = read_manifest(src)
-    version, counts = _check_database(src / DB_NAME)
-    if version > known_schema_version():
-        raise BackupError(f"the backup is at schema version {version}, newer than this program "
-                          f"knows ({known_schema_version()}); restore it with a newer fleet-min")
+    checked = check_backup(src)
     try:
         lock = dirlock.hold(data_dir, "collector restore", mode=filemodes.COLLECTOR_DIR)
     except dirlock.DirectoryInUse as exc:
         raise BackupError(f"{exc}; stop it first") from None
     try:
-        return _restore_into(src, data_dir, force, manifest, (version, counts), started)
+        return _restore_into(src, data_dir, force, checked, started)
     finally:
         lock.release()
 
 
-def _restore_into(src: Path, data_dir: Path, force: bool, manifest: dict[str, Any],
-                  checked: tuple[int, dict[str, int]], started: float) -> Report:
-    version, counts = checked
+def _refuse_links(data_dir: Path, checked: _Checked) -> None:
+    """NotPrivate, before anything is written, for a link where restore would write: the
+    collector's files at the top (filemodes.tighten_children refuses them, as the collector
+    does at start), the artifact store when it is not this user's private folder, a shard or an
+    artifact file."""
+    filemodes.tighten_children(data_dir, filemodes.COLLECTOR_DIR, filemodes.COLLECTOR_FILE)
+    store = data_dir / "artifacts"
+    if not checked.artifacts:
+        return
+    if os.path.lexists(store):
+        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
+    for sha256, _ in checked.artifacts:
+        filemodes.refuse_link(store / sha256[:2])
+        filemodes.refuse_link(store / sha256[:2] / sha256)
+
+
+def _restore_into(src: Path, data_dir: Path, force: bool, checked: _Checked,
+                  started: float) -> Report:
     target = data_dir / DB_NAME
+    _refuse_links(data_dir, checked)
     if database_in_use(target):
         raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "
                           "stop the collector first")
-    report = Report(path=str(data_dir), counts=counts, schema_version=version)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    report = Report(path=str(data_dir), counts=checked.counts, schema_version=checked.version)
     if target.exists():
         if not force:
             raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
                               "aside (into pre-restore-<time>/) and restore over it")
         report.moved_aside = str(_move_aside(data_dir))
     _place_database(src / DB_NAME, target)
-    if (src / ID_NAME).exists():
-        shutil.copyfile(src / ID_NAME, data_dir / ID_NAME)
-        _fsync_path(data_dir / ID_NAME)
+    if checked.collector_id is not None:
+        _place(data_dir / ID_NAME, (checked.collector_id + "\n").encode())
     store = data_dir / "artifacts"
-    for entry in manifest.get("artifacts") or []:
-        sha256 = str(entry.get("sha256"))
+    if checked.artifacts:
+        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
+    for sha256, included in checked.artifacts:
         dest = _artifact_file(store, sha256)
         packed = _artifact_file(src / "artifacts", sha256)
-        if entry.get("included") and packed.exists() and not dest.exists():
+        if included and packed.exists() and not os.path.lexists(dest):
             report.artifacts_bytes += _copy_hashed(packed, dest, sha256)
             report.artifacts_copied += 1
         if not dest.exists():
@@ -327,17 +452,28 @@ def _restore_into(src: Path, data_dir: Path, force: bool, manifest: dict[str, An
 
 def _move_aside(data_dir: Path) -> Path:
     aside = data_dir / f"pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    aside.mkdir()
+    aside.mkdir(mode=filemodes.COLLECTOR_DIR)
     for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", ID_NAME):
         if (data_dir / name).exists():
             os.replace(data_dir / name, aside / name)
     return aside
 
 
+def _place(target: Path, data: bytes) -> None:
+    """Write a new file with the collector's mode and rename it over `target` (a rename
+    replaces whatever is there, never writing through it)."""
+    part = target.with_name(target.name + ".restoring")
+    filemodes.write_new(part, data, filemodes.COLLECTOR_FILE)
+    os.replace(part, target)
+
+
 def _place_database(copy: Path, target: Path) -> None:
     part = target.with_name(target.name + ".restoring")
-    shutil.copyfile(copy, part)
-    _fsync_path(part)
+    with open(copy, "rb") as reader, \
+            os.fdopen(filemodes.open_new(part, filemodes.COLLECTOR_FILE), "wb") as writer:
+        shutil.copyfileobj(reader, writer, _CHUNK)
+        writer.flush()
+        os.fsync(writer.fileno())
     for stale in (Path(str(target) + "-wal"), Path(str(target) + "-shm")):
         stale.unlink(missing_ok=True)  # never let an old WAL replay onto the restored file
     os.replace(part, target)
@@ -397,6 +533,13 @@ def main(command: str, argv: list[str]) -> int:
             print(_summary("restored into", report))
     except BackupError as exc:
         print(f"fleet-min collector {command}: {exc}", file=sys.stderr)
+        return 1
+    except filemodes.NotPrivate as exc:
+        print(f"fleet-min collector {command}: cannot use {exc.filename}: {exc.strerror}",
+              file=sys.stderr)
+        return 1
+    except sqlite3.Error as exc:  # what the checks above did not word (a database gone bad)
+        print(f"fleet-min collector {command}: SQLite refused: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
         print(f"fleet-min collector {command}: {exc.strerror or exc}: "
