@@ -21,6 +21,7 @@ import pytest
 
 from tests.support.collector import ROOT, CollectorProcess, job
 from tests.support.life import HANG_S
+from tests.support.planted import assert_refused_untouched, plant_link
 
 pytestmark = pytest.mark.slow
 
@@ -129,18 +130,8 @@ def test_a_link_planted_in_a_loose_data_directory_is_refused_not_followed(
     data = tmp_path / "data"
     data.mkdir()
     data.chmod(0o777)  # anyone could have planted the link before this start
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    victim = elsewhere / "notes.txt"
-    if not dangling:
-        victim.write_text("precious\n")
-    (data / name).symlink_to(victim)
-    stderr = start_refused(data)
-    assert f"{name} is a symbolic link" in stderr and "remove the link" in stderr, stderr
-    if dangling:
-        assert list(elsewhere.iterdir()) == []
-    else:
-        assert victim.read_text() == "precious\n"
+    victim = plant_link(data, name, tmp_path / "elsewhere", "notes.txt", dangling)
+    assert_refused_untouched(start_refused(data), name, victim, dangling)
     assert (data / name).is_symlink()
     assert not (data / "fleet.sqlite3").exists()  # refused before the database was opened
 

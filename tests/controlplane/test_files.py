@@ -24,6 +24,7 @@ import pytest
 from tests.support import pyz as pyzs
 from tests.support.controlplane import Host
 from tests.support.life import HANG_S, fleet_min, lines
+from tests.support.planted import assert_refused_untouched, plant_link
 
 pytestmark = pytest.mark.slow
 
@@ -146,18 +147,8 @@ def loose_state(host: Host) -> Path:
 def test_a_link_planted_in_a_loose_state_directory_is_refused_not_followed(
         host: Host, name: str, dangling: bool) -> None:
     state = loose_state(host)
-    elsewhere = host.tmp / "elsewhere"
-    elsewhere.mkdir()
-    victim = elsewhere / "id_ed25519"
-    if not dangling:
-        victim.write_text("precious\n")
-    (state / name).symlink_to(victim)
-    stderr = start_refused(host)
-    assert f"{name} is a symbolic link" in stderr and "remove the link" in stderr, stderr
-    if dangling:
-        assert list(elsewhere.iterdir()) == []
-    else:
-        assert victim.read_text() == "precious\n"
+    victim = plant_link(state, name, host.tmp / "elsewhere", "id_ed25519", dangling)
+    assert_refused_untouched(start_refused(host), name, victim, dangling)
     assert not (state / "control-token").exists()
 
 
