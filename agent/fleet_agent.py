@@ -39,6 +39,7 @@ import shutil
 import signal
 import socket
 import ssl
+import stat
 import statistics
 import subprocess
 import sys
@@ -49,6 +50,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see lock_state_dir)
+    fcntl = None  # type: ignore[assignment]
 
 AGENT_VERSION = "0.1.0"
 WIRE_SCHEMA = 1
@@ -710,16 +716,190 @@ def work_root(state_dir: str, reporter_id: str) -> str:
     return path
 
 
-def tighten_dirs(state_dir: str) -> None:
-    """The agent's own directories are 0700 (an earlier version made some of them 0755)."""
-    for name in ("spool", os.path.join("spool", "rejected"), "cache", "work"):
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.join(state_dir, name), 0o700)
+class UnsafeState(Exception):
+    """A state directory the agent will not run from (exit status 2); the message says why."""
 
 
-def load_device_id(state_dir: str, wanted: str | None, probe: Probe) -> str:
-    """The id kept in state.json; a --device-id flag replaces it and is remembered. An id that
-    could escape the state directory is refused, from the flag or from the file."""
+LOCK_NAME = "agent.lock"
+# What the agent acts on from its state directory: the scripts it may run, the repositories it
+# may clone, its id, and the directories of signing secrets, verified artifacts, the rows it
+# reports and the scratch it deletes. Whoever can change one of them can run code as the agent,
+# so each must be this user's own and none may be a link to somewhere else.
+TRUSTED_FILES = ("state.json", "shell-allowlist", "build-repos")
+TRUSTED_DIRS = ("spool", os.path.join("spool", "rejected"), "cache", "credentials", "work")
+# work/ is only ever deleted (rmtree does not follow links), so only it, not what it holds,
+# is checked; what the others hold is read and trusted.
+ENTRIES_CHECKED = ("spool", os.path.join("spool", "rejected"), "cache", "credentials")
+
+
+def owner_problem(info: os.stat_result) -> str | None:
+    """Why a file is not this user's own; None when it is. A root agent wants root's files too,
+    as sshd does: a file another user owns is theirs to change whoever runs the agent."""
+    if not hasattr(os, "geteuid"):  # Windows: no owners to compare
+        return None
+    euid = os.geteuid()
+    if info.st_uid != euid:
+        return f"is owned by uid {info.st_uid}, not by uid {euid} that the agent runs as"
+    return None
+
+
+def make_private(path: str, info: os.stat_result, bits: int, state_dir: str) -> None:
+    """Clear the mode `bits` of a file or directory this user owns, or refuse the state dir."""
+    mode = stat.S_IMODE(info.st_mode)
+    if os.name == "nt" or not mode & bits:
+        return
+    try:
+        # No link to follow: the state directory is a real path, an entry was lstat'ed as no
+        # link, and only this user can swap entries in a directory already private.
+        os.chmod(path, mode & ~bits)
+        mode = stat.S_IMODE(os.lstat(path).st_mode)
+    except OSError as exc:
+        raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: {path} has "
+                          f"mode {stat.S_IMODE(info.st_mode):04o} and could not be made "
+                          f"private ({exc.strerror or exc})") from exc
+    if mode & bits:  # a file system without Unix modes, such as FAT
+        raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: {path} has "
+                          f"mode {mode:04o} and could not be made private")
+    log.warning("tightened the mode of %s from %04o to %04o", path,
+                stat.S_IMODE(info.st_mode), mode)
+
+
+def secure_state_dir(state_dir: str) -> str:
+    """The state directory, created 0700 when missing, else checked to be this user's and
+    tightened to 0700; its real path, so a link that names it cannot be turned elsewhere
+    once checked."""
+    try:
+        private_dirs(state_dir)
+        real = os.path.realpath(state_dir)
+        info = os.stat(real)
+    except OSError as exc:
+        raise UnsafeState(f"fleet_agent: cannot use the state directory {state_dir}: "
+                          f"{exc.strerror or exc}") from exc
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeState(f"fleet_agent: cannot use the state directory {state_dir}: it is "
+                          "not a directory")
+    problem = owner_problem(info)
+    if problem:
+        raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: it {problem}; "
+                          "give it to that user or choose another --state-dir")
+    make_private(real, info, 0o077, state_dir)
+    return real
+
+
+def check_trusted(state_dir: str) -> None:
+    """Refuse a state directory holding a trusted file or directory that is a link or another
+    user's; make the directories 0700 and the files unwritable by others. Runs once the
+    directory itself is private, so nobody else can add an entry after it is checked."""
+    def refuse(path: str, problem: str) -> UnsafeState:
+        return UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: {path} "
+                           f"{problem}")
+
+    def lstat(path: str) -> os.stat_result | None:
+        try:
+            return os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise refuse(path, f"cannot be checked ({exc.strerror or exc})") from exc
+
+    def check(path: str, info: os.stat_result) -> None:
+        if stat.S_ISLNK(info.st_mode):
+            raise refuse(path, "is a symbolic link, which the agent does not follow for what "
+                               "it trusts")
+        problem = owner_problem(info)
+        if problem:
+            raise refuse(path, problem)
+
+    for name in TRUSTED_FILES:
+        path = os.path.join(state_dir, name)
+        info = lstat(path)
+        if info is not None:
+            check(path, info)
+            make_private(path, info, 0o022, state_dir)
+    for name in TRUSTED_DIRS:
+        path = os.path.join(state_dir, name)
+        info = lstat(path)
+        if info is None:
+            continue
+        check(path, info)
+        if not stat.S_ISDIR(info.st_mode):
+            raise refuse(path, "is not a directory")
+        make_private(path, info, 0o077, state_dir)
+        if name not in ENTRIES_CHECKED:
+            continue
+        try:
+            names = os.listdir(path)
+        except OSError as exc:
+            raise refuse(path, f"cannot be listed ({exc.strerror or exc})") from exc
+        for entry in names:
+            inner = os.path.join(path, entry)
+            info = lstat(inner)
+            if info is not None:
+                check(inner, info)
+
+
+def lock_state_dir(state_dir: str) -> int | None:
+    """Hold an exclusive lock on the state directory for as long as this process lives, so a
+    second agent cannot wipe the first one's work/ or share its spool and device id. The
+    descriptor is not inherited by jobs (os.open's default), so a job's leftover child cannot
+    keep the lock after the agent is gone."""
+    if fcntl is None:
+        # Windows has no flock: the agent runs there unlocked, as the services do, and says
+        # so, rather than carry a second locking scheme for one platform.
+        log.warning("cannot lock %s on this platform (no fcntl): make sure only one agent "
+                    "uses it", state_dir)
+        return None
+    path = os.path.join(state_dir, LOCK_NAME)
+    try:
+        # O_NOFOLLOW: a link planted under the lock's name would have the pid written through it.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        why = ("is a symbolic link, which the agent does not follow" if os.path.islink(path)
+               else f"cannot be opened ({exc.strerror or exc})")
+        raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: its lock "
+                          f"file {path} {why}") from exc
+    try:
+        info = os.fstat(fd)
+        problem = owner_problem(info) or (None if stat.S_ISREG(info.st_mode)
+                                          else "is not a regular file")
+        if problem:
+            raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: its lock "
+                              f"file {path} {problem}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+            pid = holder if holder.isdigit() else "unknown"
+            raise UnsafeState(f"fleet_agent: another agent (pid {pid}) is running on the state "
+                              f"directory {state_dir}; stop it, or give this agent its own "
+                              "--state-dir") from exc
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def claim_state_dir(state_dir: str) -> tuple[str, int | None]:
+    """The state directory, made private, checked and locked for this agent: its real path and
+    the lock's descriptor, which must stay open while the agent runs."""
+    real = secure_state_dir(state_dir)
+    lock = lock_state_dir(real)
+    try:
+        check_trusted(real)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+    return real, lock
+
+
+def load_device_id(state_dir: str, wanted: str | None, probe: Probe,
+                   remember: bool = True) -> str:
+    """The id kept in state.json; a --device-id flag replaces it and is remembered (unless not
+    `remember`). An id that could escape the state directory is refused, from the flag or from
+    the file."""
     path = os.path.join(state_dir, "state.json")
     state = read_json(path)
     state = state if isinstance(state, dict) else {}
@@ -729,7 +909,7 @@ def load_device_id(state_dir: str, wanted: str | None, probe: Probe) -> str:
         device_id = checked_id(state["device_id"], path)
     else:
         device_id = host_device_id(probe)
-    if state.get("device_id") != device_id:
+    if remember and state.get("device_id") != device_id:
         state.update(device_id=device_id, created_at=state.get("created_at") or now_iso())
         atomic_write_json(path, state)
     return device_id
@@ -1086,6 +1266,13 @@ class Collector:
     def download_artifact(self, sha256: str, dest: str, limit: int = MAX_ARTIFACT_BYTES) -> str:
         """Fetch an artifact into `dest`, refusing it unless its bytes hash to `sha256`, and
         refusing one larger than `limit` bytes or one that would fill the disk."""
+        self.download_verified(sha256, dest, limit)
+        return dest
+
+    def download_verified(self, sha256: str, dest: str,
+                          limit: int = MAX_ARTIFACT_BYTES) -> os.stat_result:
+        """download_artifact, answering the lstat of `dest` once it is in place: the very file
+        whose bytes were hashed as they were written (or an ArtifactError)."""
         sha256 = sha256.lower()
         if not HEX64.match(sha256):
             raise ArtifactError(f"the artifact reference {sha256!r} is not a SHA-256 hex digest")
@@ -1095,6 +1282,7 @@ class Collector:
         try:
             with os.fdopen(fd, "wb") as out:
                 actual = self._stream(url, out, limit, os.path.dirname(tmp))
+                written = os.fstat(out.fileno())
             if actual != sha256:
                 raise ArtifactError(
                     f"refused artifact {sha256[:12]}: its downloaded bytes have SHA-256 "
@@ -1102,13 +1290,17 @@ class Collector:
                     "altered or corrupted")
             os.chmod(tmp, 0o600)
             os.replace(tmp, dest)
+            placed = os.lstat(dest)
+            if (placed.st_dev, placed.st_ino) != (written.st_dev, written.st_ino):
+                raise ArtifactError(f"artifact {sha256[:12]} was replaced in the cache as it "
+                                    "was stored; refused")
         except (OSError, http.client.HTTPException, Unreachable, NoRoom) as exc:
             raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: {exc}") \
                 from exc
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-        return dest
+        return placed
 
     @staticmethod
     def _stream(url: str, out, limit: int, directory: str) -> str:
@@ -1146,13 +1338,28 @@ def download_room(directory: str, size: int, limit: int, coming: int = 0) -> Non
                      f"agent keeps {DOWNLOAD_FREE_RESERVE} of them free")
 
 
+def file_mark(info: os.stat_result) -> tuple[int, ...]:
+    """What changes whenever a file's bytes may have: another file put in its place (device,
+    inode), a write (size, mtime), and anything done to it, utime and touch -d included (ctime,
+    which only the kernel sets)."""
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+
 class ArtifactCache:
-    """Verified downloads kept by hash, so a model is fetched once per device."""
+    """Verified downloads kept by hash, so a model is fetched once per device.
+
+    A cached file is trusted only while it is provably what was verified: the first use after
+    each start hashes it again, and so does any use after its file_mark changed since this
+    process last hashed it. Hashing at every use would be simpler, but a model can be many GB
+    (minutes of hashing on a Raspberry Pi, before every job); the mark costs one fstat and no
+    one but root can change a file's bytes and keep its mark. The marks live in memory only,
+    so nothing on disk can vouch for a file."""
 
     def __init__(self, directory: str):
         self.directory = directory
         private_dirs(directory)
         self.remove_abandoned()
+        self.marks: dict[str, tuple[int, ...]] = {}  # path -> file_mark when last verified
 
     def remove_abandoned(self) -> None:
         """Partial downloads a crashed or killed run left behind. One untouched for longer
@@ -1169,14 +1376,65 @@ class ArtifactCache:
 
     def fetch(self, collector: Collector, sha256: str, suffix: str = "",
               limit: int = MAX_ARTIFACT_BYTES) -> str:
+        """The path of the artifact's verified bytes: the cached file when it still hashes to
+        its name, else a fresh download (a changed cached file is removed first)."""
         sha256 = str(sha256).lower()
         path = os.path.join(self.directory, sha256 + suffix)
-        if HEX64.match(sha256) and os.path.exists(path):
-            if os.path.getsize(path) > limit:
+        if HEX64.match(sha256) and self.still_verified(path, sha256, limit):
+            return path
+        self.marks.pop(path, None)
+        placed = collector.download_verified(sha256, path, limit)
+        self.marks[path] = file_mark(placed)
+        return path
+
+    def still_verified(self, path: str, sha256: str, limit: int) -> bool:
+        """Whether the cached `path` holds the bytes of `sha256`. One that does not (changed,
+        a link, not a regular file, another user's or writable by others) is removed.
+
+        Between this check and its use, only this user can change the file: the cache is a
+        private directory of a state directory checked at start."""
+        try:
+            # O_NOFOLLOW: a link would be hashed as its target and then used as whatever it
+            # points to by then; O_NONBLOCK: a FIFO must not hang the job.
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_NONBLOCK", 0))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            return self.discard(path, sha256, f"it cannot be opened ({exc.strerror or exc})")
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                return self.discard(path, sha256, "it is not a regular file")
+            problem = owner_problem(info) or (
+                "it is writable by others" if os.name != "nt" and info.st_mode & 0o022 else None)
+            if problem:
+                return self.discard(path, sha256, problem)
+            if info.st_size > limit:
                 raise ArtifactError(f"artifact {sha256[:12]} is larger than the {limit} bytes "
                                     "the agent takes for this use")
-            return path
-        return collector.download_artifact(sha256, path, limit)
+            if self.marks.get(path) == file_mark(info):
+                return True
+            digest = hashlib.sha256()
+            with os.fdopen(os.dup(fd), "rb") as fh:
+                for chunk in iter(lambda: fh.read(DOWNLOAD_CHUNK), b""):
+                    digest.update(chunk)
+            if digest.hexdigest() != sha256:
+                return self.discard(path, sha256, "its bytes no longer hash to its name")
+            if file_mark(os.fstat(fd)) != file_mark(info):
+                return self.discard(path, sha256, "it changed while it was being hashed")
+            self.marks[path] = file_mark(info)
+            return True
+        finally:
+            os.close(fd)
+
+    def discard(self, path: str, sha256: str, why: str) -> bool:
+        log.warning("cached artifact %s was not used: %s; it is removed and downloaded again",
+                    sha256[:12], why)
+        self.marks.pop(path, None)
+        with contextlib.suppress(OSError):  # a directory: the download then fails to replace it
+            os.unlink(path)
+        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -6660,24 +6918,37 @@ def find_tools(explicit: dict, probe: Probe) -> dict:
 
 
 class Runtime:
-    """State shared by every collector link: identity, tools, the job gate, the outbox."""
+    """State shared by every collector link: identity, tools, the job gate, the outbox.
 
-    def __init__(self, cfg: argparse.Namespace, probe: Probe):
+    A `diagnostic` runtime (--describe, --print-descriptor) only reads: it creates, changes and
+    removes nothing, so it can run beside the agent that owns the state directory. It has no
+    outbox, cache or work root."""
+
+    outbox: Outbox
+    cache: ArtifactCache
+    work_root: str
+    state_lock: int | None = None  # the descriptor of the state directory's lock (main)
+
+    def __init__(self, cfg: argparse.Namespace, probe: Probe, diagnostic: bool = False):
         self.cfg = cfg
         self.probe = probe
         self.mode = cfg.executor
         self.state_dir = cfg.state_dir
-        private_dirs(self.state_dir)
+        if not diagnostic:
+            private_dirs(self.state_dir)
         if self.mode == "host":
             self.reporter_id = checked_id(cfg.name, "--name", device=False)
         else:
-            self.reporter_id = load_device_id(self.state_dir, cfg.device_id, probe)
-        self.outbox = Outbox(os.path.join(self.state_dir, "spool"))
-        self.cache = ArtifactCache(os.path.join(self.state_dir, "cache"))
-        self.work_root = work_root(self.state_dir, self.reporter_id)
-        shutil.rmtree(self.work_root, ignore_errors=True)  # leftovers of a crashed run
-        private_dirs(self.work_root)
-        tighten_dirs(self.state_dir)
+            self.reporter_id = load_device_id(self.state_dir, cfg.device_id, probe,
+                                              remember=not diagnostic)
+        if not diagnostic:
+            self.outbox = Outbox(os.path.join(self.state_dir, "spool"))
+            self.cache = ArtifactCache(os.path.join(self.state_dir, "cache"))
+            self.work_root = work_root(self.state_dir, self.reporter_id)
+            # Leftovers of a crashed run; main() holds the state directory's lock by now, so
+            # they are no running agent's.
+            shutil.rmtree(self.work_root, ignore_errors=True)
+            private_dirs(self.work_root)
         self.allowlist_path = cfg.allowlist or os.path.join(self.state_dir, "shell-allowlist")
         self.tools = find_tools(self.explicit_tools(cfg), probe)
         self.descriptor = detect_descriptor(probe) if self.mode == "device" else {}
@@ -7232,16 +7503,22 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     probe = Probe(root=cfg.sysroot)
     if cfg.describe:
-        print(describe(Runtime(cfg, probe)))
+        print(describe(Runtime(cfg, probe, diagnostic=True)))
         return 0
     if cfg.print_descriptor:
         cfg.collectors = cfg.collectors or []
-        runtime = Runtime(cfg, probe)
+        runtime = Runtime(cfg, probe, diagnostic=True)
         print(json.dumps({"device_id": runtime.reporter_id, "descriptor": runtime.descriptor,
                           "capabilities": runtime.capabilities(), "vitals": runtime.vitals(),
                           "tools": runtime.tools}, indent=2, sort_keys=True))
         return 0
+    try:
+        cfg.state_dir, lock = claim_state_dir(cfg.state_dir)
+    except UnsafeState as exc:
+        print(exc, file=sys.stderr)
+        return 2
     runtime = Runtime(cfg, probe)
+    runtime.state_lock = lock  # open, so held, until the process exits
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("%s: stopping", signal.Signals(signum).name)

@@ -300,16 +300,22 @@ class AgentProc:
     """`python agent/fleet_agent.py ...` as a real process with its own state directory."""
 
     def __init__(self, tmp: Path, collectors: list[str], device_id: str, *extra: str,
-                 env: dict | None = None, python: str = sys.executable) -> None:
-        self.state = tmp / f"state-{device_id}"
+                 env: dict | None = None, python: str = sys.executable,
+                 home: Path | None = None) -> None:
+        # With `home`, the agent runs as a person starts it: HOME=home and no --state-dir, so
+        # its state is the default ~/.fleet-agent.
+        self.state = home / ".fleet-agent" if home else tmp / f"state-{device_id}"
         self.log_path = tmp / f"agent-{device_id}.log"
         self.argv = [python, str(AGENT_FILE), "--collector", ",".join(collectors),
-                     "--state-dir", str(self.state), "--beacon-s", "1", "--retry-base-s",
-                     "0.2", "--retry-cap-s", "1", "--poll-timeout-s", "10", "--log-level",
-                     "DEBUG", *extra]
+                     *([] if home else ["--state-dir", str(self.state)]), "--beacon-s", "1",
+                     "--retry-base-s", "0.2", "--retry-cap-s", "1", "--poll-timeout-s", "10",
+                     "--log-level", "DEBUG", *extra]
         if "--executor" not in extra:
             self.argv += ["--device-id", device_id]
         self.env = dict(os.environ, **(env or {}))
+        if home:
+            self.env["HOME"] = str(home)
+            self.env.pop("FLEET_AGENT_STATE", None)
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> AgentProc:
