@@ -13,13 +13,11 @@ speak for NAME only. Rotating the agent token rotates every host token with it.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import hmac
 import os
 import re
 import secrets
-import stat
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -45,14 +43,9 @@ def _write_new(path: Path) -> str:
     token = secrets.token_bytes(32).hex()
     filemodes.private_dir(path.parent, filemodes.CONTROLPLANE_DIR)
     tmp = path.with_name(path.name + ".new")
-    # O_EXCL on a fresh name plus mode 0600 at creation: the token is never readable by others,
-    # not even for the moment between create and chmod.
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as handle:
-        handle.write(token + "\n")
-        handle.flush()
-        os.fsync(handle.fileno())
+    # A fresh name made with mode 0600: the token is never readable by others, not even for the
+    # moment between create and chmod, and a link at the name is never written through.
+    filemodes.write_new(tmp, f"{token}\n".encode("ascii"), filemodes.CONTROLPLANE_FILE)
     os.replace(tmp, path)
     return token
 
@@ -64,8 +57,8 @@ def ensure_token(state_dir: Path, name: str = CONTROL_FILE) -> str:
     filemodes.refuse_link(path)
     token = _read_valid(path)
     if token is not None:
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)  # someone loosened it; a token readable by others is not a secret
+        # Someone loosened it: a token readable by others is not a secret.
+        filemodes.tighten(path, filemodes.CONTROLPLANE_FILE)
         return token
     return _write_new(path)
 
@@ -92,11 +85,9 @@ class AgentToken:
             st = os.lstat(self.path)
         except OSError:
             return None
-        # A token file another user could read is no secret (tightened as ensure_token does);
-        # a link is never read, and chmod would change whatever it points at.
-        if st.st_mode & 0o077 and not stat.S_ISLNK(st.st_mode):
-            with contextlib.suppress(OSError):
-                os.chmod(self.path, 0o600)
+        # A token file another user could read is no secret (tightened as ensure_token does;
+        # tighten leaves a link alone, which is never read either).
+        filemodes.tighten(self.path, filemodes.CONTROLPLANE_FILE, st.st_mode)
         # A new token is written to a fresh file and renamed over the old: a new inode.
         return st.st_ino, st.st_mtime_ns, st.st_size
 

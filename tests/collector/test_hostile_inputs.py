@@ -288,7 +288,8 @@ def test_template_rewriting_walks_any_depth_without_recursion():
     deep = "${jobs.make.artifact}"
     for _ in range(5_000):  # deeper than the recursion limit: a row from before the body limit
         deep = [deep]
-    rewritten = templates.rewrite({"params": {"x": deep}}, lambda job_id, kind, key: "a" * 64)
+    rewritten = templates.Rewrites(lambda job_id, kind, key: "a" * 64, None, None).rewrite(
+        {"params": {"x": deep}})
     inner = rewritten["params"]["x"]
     for _ in range(5_000):
         inner = inner[0]

@@ -45,11 +45,6 @@ def references(value: Any) -> list[tuple[str, str, str | None]]:
     return find_template_refs(value)
 
 
-def rewrite(value: Any, lookup: Lookup) -> Any:
-    """A copy of value with every reference replaced, without size limits (see Rewrites)."""
-    return Rewrites(lookup, None, None).rewrite(value)
-
-
 class Rewrites:
     """The rewrites of one promotion or one request, which share their lookups and a budget.
 
