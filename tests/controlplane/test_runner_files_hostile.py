@@ -347,9 +347,14 @@ def test_a_process_with_odd_arguments_is_read_from_proc(tmp_path: Path) -> None:
     if not Path("/proc/self/cmdline").exists():
         pytest.skip("no /proc here")
     odd = os.fsencode(tmp_path) + b"/r\xff\xfe/bin/Runner.Worker"
-    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", odd,
-                              "x" * 100_000], stdin=subprocess.PIPE)
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import sys; print('up', flush=True); sys.stdin.read()", odd,
+                              "x" * 100_000], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
+        # Popen returns when exec closes the error pipe, a moment before the kernel records
+        # where the new argv lies: until then /proc/<pid>/cmdline reads empty. A line from the
+        # child itself says the exec is complete.
+        assert child.stdout is not None and child.stdout.readline() == b"up\n"
         mine = [p for p in process_table() if p.pid == child.pid]
         assert len(mine) == 1 and mine[0].argv[4] == "x" * 100_000
         assert mine[0].argv[3].endswith("/r\ufffd\ufffd/bin/Runner.Worker")
@@ -357,6 +362,8 @@ def test_a_process_with_odd_arguments_is_read_from_proc(tmp_path: Path) -> None:
         assert child.stdin is not None
         child.stdin.close()
         child.wait()
+        assert child.stdout is not None
+        child.stdout.close()
     assert not [p for p in process_table() if p.pid == child.pid]
 
 
