@@ -166,3 +166,33 @@ def test_a_data_directory_whose_mode_cannot_be_tightened_is_refused(tmp_path: Pa
     data.chmod(0o777)
     stderr = start_refused(data, read_only_mount(data))
     assert "its mode stays 0777 (it could not be tightened to 0750)" in stderr, stderr
+
+
+@pytest.mark.parametrize("where", ["shard", "file", "tmp"])
+def test_a_link_planted_in_the_artifact_store_is_refused_not_followed(
+        tmp_path: Path, where: str) -> None:
+    """The store's shard folders, its files and its tmp folder are its own: a link among them
+    would have had the start chmod its target, adopt what it holds as artifacts and serve it."""
+    data = tmp_path / "data"
+    store = data / "artifacts"
+    store.mkdir(parents=True)
+    data.chmod(0o777)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    secret = b"someone else's file"
+    sha = hashlib.sha256(secret).hexdigest()
+    (elsewhere / sha).write_bytes(secret)
+    elsewhere.chmod(0o777)
+    (elsewhere / sha).chmod(0o644)
+    name = {"shard": sha[:2], "file": sha, "tmp": "tmp"}[where]
+    if where == "shard":
+        (store / sha[:2]).symlink_to(elsewhere)
+    elif where == "file":
+        (store / sha[:2]).mkdir()
+        (store / sha[:2] / sha).symlink_to(elsewhere / sha)
+    else:
+        (store / "tmp").symlink_to(elsewhere)
+    stderr = start_refused(data)
+    assert f"{name} is a symbolic link" in stderr and "remove the link" in stderr, stderr
+    assert mode(elsewhere) == 0o777 and mode(elsewhere / sha) == 0o644
+    assert (elsewhere / sha).read_bytes() == secret and [*elsewhere.iterdir()] == [elsewhere / sha]

@@ -367,19 +367,36 @@ class ArtifactStore:
         """Also takes 'other' bits away from the store's directories and files (see
         fleet_min.filemodes), from the stat this scan makes anyway."""
         filemodes.private_dir(self.root, filemodes.COLLECTOR_DIR)
+        # The store's root may be a link the operator made; nothing inside it may be, or a
+        # chmod, an adopted row and later downloads would reach wherever it points.
+        filemodes.refuse_link(self.tmp)
         filemodes.private_dir(self.tmp, filemodes.COLLECTOR_DIR)
         for leftover in self.tmp.iterdir():
             with contextlib.suppress(OSError):
                 leftover.unlink()
         found = []
-        for shard in self.root.iterdir():
-            if len(shard.name) != 2 or not shard.is_dir():
-                continue
-            filemodes.tighten(shard, filemodes.COLLECTOR_DIR)
-            for entry in shard.iterdir():
+        with os.scandir(self.root) as shards:
+            for shard in shards:
+                if len(shard.name) != 2:
+                    continue
+                shard_path = Path(shard.path)
+                filemodes.refuse_link(shard_path)
+                if not shard.is_dir(follow_symlinks=False):
+                    continue
+                filemodes.tighten(shard_path, filemodes.COLLECTOR_DIR)
+                found.extend(self._stored(shard_path))
+        return found
+
+    @staticmethod
+    def _stored(shard: Path) -> list[tuple[str, int, float]]:
+        found = []
+        with os.scandir(shard) as entries:
+            for entry in entries:
                 if _HEX64.fullmatch(entry.name) and entry.name[:2] == shard.name:
-                    stat = entry.stat()
-                    filemodes.tighten(entry, filemodes.COLLECTOR_FILE, stat.st_mode)
+                    path = Path(entry.path)
+                    filemodes.refuse_link(path)
+                    stat = entry.stat(follow_symlinks=False)
+                    filemodes.tighten(path, filemodes.COLLECTOR_FILE, stat.st_mode)
                     found.append((entry.name, stat.st_size, stat.st_mtime))
         return found
 
