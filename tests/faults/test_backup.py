@@ -293,3 +293,23 @@ def test_a_damaged_backup_is_refused_in_one_line_and_changes_nothing(
         assert words in result.stderr, result.stderr
     assert not fresh.exists()
     assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+
+
+def test_backup_and_restore_take_a_path_a_uri_would_misread(tmp_path: Path) -> None:
+    """Backup and restore open databases read-only through a `file:` URI: a `?`, `#` or `%`
+    in a folder's name is encoded, not read as the URI's query, fragment or an escape."""
+    odd = tmp_path / "shelf?mode=rw#lab %41"
+    odd.mkdir()
+    data, sha = stopped_collector(odd)
+    backup_dir = odd / "bk?1#2"
+    result = fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts")
+    assert result.returncode == 0, result.stderr
+    target = odd / "restored#%20"
+    result = fleet("restore", str(backup_dir), "--data", str(target))
+    assert result.returncode == 0, result.stderr
+    assert (target / "artifacts" / sha[:2] / sha).read_bytes() == b"an unreleased build"
+    proc = CollectorProcess(target).start()
+    try:
+        assert proc.client.get("/api/jobs/x")[0] == 200
+    finally:
+        proc.stop()

@@ -154,8 +154,15 @@ def _check_database(path: Path) -> tuple[int, dict[str, int]]:
                           "damaged") from None
 
 
+def read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to the database at `path`. The URI is built by pathlib, which
+    percent-encodes what a URI would read otherwise: a `?` or `#` in a folder's name began
+    the query or the fragment, and `%` an escape."""
+    return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
+
+
 def _checked(path: Path) -> tuple[int, dict[str, int]]:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    conn = read_only(path)
     try:
         verdict = [row[0] for row in conn.execute("PRAGMA integrity_check")]
         if verdict != ["ok"]:
@@ -171,7 +178,7 @@ def _checked(path: Path) -> tuple[int, dict[str, int]]:
 
 
 def _artifact_rows(db_path: Path) -> list[tuple[str, int]]:
-    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=30)
+    conn = read_only(db_path)
     try:
         return [(row[0], int(row[1])) for row in
                 conn.execute("SELECT sha256, size FROM artifacts ORDER BY sha256")]
@@ -219,7 +226,7 @@ def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
 def _snapshot(source: Path, target: Path) -> None:
     """The whole database as of one read transaction, through SQLite's backup API."""
     try:
-        reader = sqlite3.connect(f"file:{source}?mode=ro", uri=True, timeout=30)
+        reader = read_only(source)
     except sqlite3.Error as exc:
         raise BackupError(f"cannot open {source} for reading: {exc}") from None
     try:
