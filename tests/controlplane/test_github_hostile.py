@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import json
 import time
+import tracemalloc
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -107,6 +108,27 @@ async def test_an_endless_body_is_cut_at_the_cap(github: FakeGitHub, gh: GitHub)
     async with asyncio.timeout(HANG_GUARD_S):
         with pytest.raises(GitHubError, match="larger than"):
             await gh.runners("o/r")
+
+
+async def test_a_dense_answer_is_refused_before_it_is_parsed(github: FakeGitHub,
+                                                              gh: GitHub) -> None:
+    """16 MiB of `{},` is within the body cap, yet would parse into about 540 MB of dicts for
+    a moment: it is refused from its bytes, and what parsing would have made is never made."""
+    github.repo("o/r")
+    dense = '{"runners": [' + "{}," * (MAX_BODY_BYTES // 3 - 10) + "{}]}"
+    assert len(dense) <= MAX_BODY_BYTES
+    github.hijack = serve("/actions/runners", dense)
+    tracemalloc.start()
+    try:
+        with pytest.raises(GitHubError, match="too dense"):
+            await gh.runners("o/r")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # The fake GitHub in this process holds the body as text and bytes, and the client reads and
+    # joins it: a few copies of 16 MiB, against the 540 MB parsing it would take.
+    assert peak < 6 * MAX_BODY_BYTES, peak
+    assert requests_to(github, "/actions/runners") == 1  # not retried: it would say it again
 
 
 async def trickle(request: web.Request) -> web.StreamResponse:

@@ -48,6 +48,10 @@ ETAG_ENTRIES = 4096
 # answer may take a quarter of it (100 runs, GitHub's largest page, are about 7 MiB); a larger
 # one is not kept, and is asked for in full each time.
 ETAG_BYTES = 64 * 1024 * 1024
+# The most memory one answer may parse into, as _footprint estimates it before parsing. GitHub's
+# largest page (100 runs) is about 7 MiB of it; 16 MiB of `{},` would be 540 MB for a moment
+# (every object a dict), past any bound applied to the records made afterwards.
+MAX_ANSWER_FOOTPRINT = 64 * 1024 * 1024
 # How many items of each list become records. GitHub sends at most `per_page` (at most 100) on
 # a page, MAX_PAGES pages make a listing, a job has at most about 1,000 steps and a run at most
 # 256 matrix jobs per attempt. Past these the answer is not GitHub's, and the rest is dropped:
@@ -176,11 +180,17 @@ class GitHub:
                         # HTML page): callers decide on 403/404, and retrying will not help.
                         raise GitHubError(self._refusal(resp.status, _error_body(raw)),
                                           resp.status)
+                    footprint = _footprint(raw)
+                    if footprint > MAX_ANSWER_FOOTPRINT:
+                        raise GitHubError(
+                            f"GitHub's answer ({len(raw)} bytes) is too dense to parse: about "
+                            f"{footprint >> 20} MiB of objects, past the "
+                            f"{MAX_ANSWER_FOOTPRINT >> 20} MiB one answer may take")
                     body = _decode(raw)
                     found = _LINK_NEXT.search(resp.headers.get("Link", ""))
                     nxt = found.group(1) if found else None
                     if conditional and resp.headers.get("ETag"):
-                        self._remember(url, (resp.headers["ETag"], body, nxt, _footprint(raw)))
+                        self._remember(url, (resp.headers["ETag"], body, nxt, footprint))
                     return body, nxt
             except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
                 last_error = f"GitHub could not be reached ({type(exc).__name__})"
