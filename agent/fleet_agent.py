@@ -1456,6 +1456,11 @@ class Outbox:
     Rows are posted in the order they were written, per collector, so a job's final row never
     overtakes its iteration rows. A collector that is down keeps its rows; a restarted agent
     posts whatever an earlier run left behind.
+
+    A spooled file is never rewritten, so the collector it names is read once per process and
+    remembered (and again only with a body a failed post read); a row's body is read only when
+    it is about to be posted. While a collector is down, rows pile up and every new one
+    triggers a flush: reading the whole spool each time would cost the square of the backlog.
     """
 
     def __init__(self, directory: str):
@@ -1469,6 +1474,11 @@ class Outbox:
         self.delivered: dict[str, int] = {}  # rows each collector acknowledged, since start
         # Collectors whose latest row was refused or kept on disk, until one is delivered.
         self.troubled: set[str] = set()
+        # File name -> the collector it names (None: not a row entry, to be set aside).
+        self.owners: dict[str, str | None] = {}
+        # Held across a listing and the forgetting of names it lacks, so a row put meanwhile
+        # is not forgotten as gone before the listing could see it.
+        self.owners_lock = threading.Lock()
 
     def newest_name(self) -> int:
         """The largest sequence number a spooled row is named by (0 for an empty spool)."""
@@ -1487,15 +1497,44 @@ class Outbox:
             name = f"{self.last:020d}-{self.counter:06d}.json"
         path = os.path.join(self.directory, name)
         atomic_write_json(path, {"collector": collector_url, "row": row})
+        with self.owners_lock:
+            self.owners[name] = collector_url
         return path
 
     def pending(self, collector_url: str | None = None) -> list[str]:
-        names = sorted(n for n in os.listdir(self.directory)
-                       if n.endswith(".json") and not n.startswith("."))
-        paths = [os.path.join(self.directory, n) for n in names]
-        if collector_url is None:
-            return paths
-        return [p for p in paths if (read_json(p) or {}).get("collector") == collector_url]
+        names = self._names()
+        if collector_url is not None:
+            names = [n for n in names if self._owner(n)[0] == collector_url]
+        return [os.path.join(self.directory, n) for n in names]
+
+    def _names(self) -> list[str]:
+        """Spooled file names, oldest first; the collectors of files now gone are forgotten."""
+        with self.owners_lock:
+            names = sorted(n for n in os.listdir(self.directory)
+                           if n.endswith(".json") and not n.startswith("."))
+            present = set(names)
+            for gone in [n for n in self.owners if n not in present]:
+                del self.owners[gone]
+        return names
+
+    def _owner(self, name: str) -> tuple[str | None, dict | None]:
+        """The collector a spooled file names, and its entry when this call had to read it."""
+        with self.owners_lock:
+            if name in self.owners:
+                return self.owners[name], None
+        entry = read_json(os.path.join(self.directory, name))
+        owner = _spooled_collector(entry)
+        with self.owners_lock:
+            self.owners[name] = owner
+        return owner, entry if isinstance(entry, dict) and owner is not None else None
+
+    def _forget(self, paths: list[str]) -> None:
+        # Rows a failed post read are read again on the next try anyway; reading their
+        # collector afresh then costs nothing more, and a row whose entry was pointed at
+        # another collector meanwhile (a collector's new address) goes where it now says.
+        with self.owners_lock:
+            for path in paths:
+                self.owners.pop(os.path.basename(path), None)
 
     def flush(self, only: str | None = None) -> bool:
         """Post pending rows in order; True when nothing is left for `only` (or for anyone).
@@ -1504,22 +1543,33 @@ class Outbox:
         request; the usual single fresh row goes on its own.
         """
         with self.flush_lock:
-            by_collector: dict[str, list[tuple[str, dict]]] = {}
-            for path in self.pending():
-                entry = read_json(path)
-                if not isinstance(entry, dict) or "row" not in entry:
-                    self._reject(path)
+            queues: dict[str, list[str]] = {}
+            # Entries read to learn their collector, kept only for each collector's first
+            # request so that memory stays bounded by BATCH_ROWS rows per collector.
+            read: dict[str, dict] = {}
+            for name in self._names():
+                owner, entry = self._owner(name)
+                if owner is None:
+                    self._reject(os.path.join(self.directory, name))
                     continue
-                url = str(entry.get("collector"))
-                if only is None or url == only:
-                    by_collector.setdefault(url, []).append((path, entry["row"]))
-            stuck = {url for url, rows in by_collector.items() if not self._deliver(url, rows)}
+                if only is not None and owner != only:
+                    continue
+                queue = queues.setdefault(owner, [])
+                if entry is not None and len(queue) < BATCH_ROWS:
+                    read[name] = entry
+                queue.append(name)
+            stuck = {url for url, names in queues.items()
+                     if not self._deliver(url, names, read)}
             return not stuck if only is None else only not in stuck
 
-    def _deliver(self, url: str, rows: list[tuple[str, dict]]) -> bool:
-        """Post one collector's rows in order; False when it cannot be reached."""
-        for start in range(0, len(rows), BATCH_ROWS):
-            chunk = rows[start:start + BATCH_ROWS]
+    def _deliver(self, url: str, names: list[str], read: dict[str, dict]) -> bool:
+        """Post one collector's rows in order; False when it cannot be reached.
+
+        Bodies are read a request at a time, so a collector that is down costs one request's
+        worth of reads, not its whole backlog.
+        """
+        for start in range(0, len(names), BATCH_ROWS):
+            chunk = self._load(url, names[start:start + BATCH_ROWS], read)
             if len(chunk) > 1:
                 try:
                     Collector(url, timeout=30).post_results([row for _, row in chunk])
@@ -1528,6 +1578,7 @@ class Outbox:
                     log.debug("%d result rows kept on disk for later (%s)", len(chunk),
                               printable(exc, 500))
                     self.troubled.add(url)
+                    self._forget([path for path, _ in chunk])
                     return False
                 except HttpError:
                     pass  # a refused row, or a collector without arrays: one at a time below
@@ -1536,10 +1587,30 @@ class Outbox:
                         os.unlink(path)
                     self._count(url, len(chunk))
                     continue
-            for path, row in chunk:
+            for index, (path, row) in enumerate(chunk):
                 if not self._post(url, row, path):
+                    self._forget([path for path, _ in chunk[index:]])
                     return False
         return True
+
+    def _load(self, url: str, names: list[str], read: dict[str, dict]) -> list[tuple[str, dict]]:
+        """The rows of these spooled files, in order; a file that is no row is set aside."""
+        rows: list[tuple[str, dict]] = []
+        for name in names:
+            path = os.path.join(self.directory, name)
+            entry = read.pop(name, None)
+            if entry is None:
+                entry = read_json(path)
+            owner = _spooled_collector(entry)
+            if owner is None or not isinstance(entry, dict):
+                self._reject(path)
+            elif owner != url:
+                # A row goes only to the collector its file names: here a later flush's.
+                with self.owners_lock:
+                    self.owners[name] = owner
+            else:
+                rows.append((path, entry["row"]))
+        return rows
 
     def _post(self, url: str, row: dict, path: str) -> bool:
         try:
@@ -1567,7 +1638,10 @@ class Outbox:
     def _reject(self, path: str) -> None:
         """Move a row to rejected/, keeping only the newest REJECTED_KEEP_FILES there, in at
         most REJECTED_KEEP_BYTES."""
-        os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
+        try:
+            os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
+        except FileNotFoundError:
+            return  # gone since it was listed (a person tidying the spool): nothing to keep
         kept, size = 0, 0
         # Names start with the time the row was spooled, so they sort oldest first.
         for name in sorted(os.listdir(self.rejected_dir), reverse=True):
@@ -1577,6 +1651,13 @@ class Outbox:
                 kept += 1
                 if kept > 1 and (kept > REJECTED_KEEP_FILES or size > REJECTED_KEEP_BYTES):
                     os.unlink(target)
+
+
+def _spooled_collector(entry: object) -> str | None:
+    """The collector a spooled entry is for; None when the entry is no row."""
+    if not isinstance(entry, dict) or "row" not in entry:
+        return None
+    return str(entry.get("collector"))
 
 
 # --------------------------------------------------------------------------------------------
