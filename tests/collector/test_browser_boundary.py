@@ -206,8 +206,12 @@ def test_a_foreign_origin_cannot_change_anything(collector: CollectorProcess,
     assert job_status(collector, "foreign") is None
     assert job_status(collector, "queued") == "queued"
     assert "victim" in device_ids(collector) and "foreign" not in device_ids(collector)
-    # Reads stay open to it (a browser will not hand the page the answer: no CORS grant).
+    # A page cannot read an answer (no CORS grant), but it could still make every visitor's
+    # browser ask for listings: API reads are refused too, all but the health check.
     assert ask(port, "GET", "/api/health", headers)[0] == 200
+    for path in ("/api/jobs", "/api/devices", "/api/stream"):
+        status, reply = ask(port, "GET", path, headers)
+        assert status == 403 and "another site" in reply["error"], (path, reply)
 
 
 def test_the_same_origin_may_change_things(collector: CollectorProcess) -> None:

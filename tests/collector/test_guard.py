@@ -199,14 +199,16 @@ async def test_cross_site_browser_requests_are_refused_even_without_a_token(
     assert resp.status == 403 and "another site" in (await resp.json())["error"]
     assert (await (await client.get("/jobs/j")).json())["status"] == "queued"
     # the collector's own dashboard is same-origin; a page elsewhere cannot enqueue either
-    # (every change is refused to it, open routes too), but reads are never refused
+    # (every change is refused to it, open routes too), nor make a visitor's browser read
     resp = await client.post("/api/jobs/j/cancel", headers={"Sec-Fetch-Site": "same-origin"})
     assert resp.status == 200
     resp = await client.post("/jobs", json=job("k"), headers={"Sec-Fetch-Site": "cross-site"})
     assert resp.status == 403
     assert (await client.get("/jobs/k")).status == 404
     resp = await client.get("/api/jobs", headers={"Sec-Fetch-Site": "cross-site"})
-    assert resp.status == 200
+    assert resp.status == 403
+    for own in ({"Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"}, {}):
+        assert (await client.get("/api/jobs", headers=own)).status == 200, own
 
 
 async def test_cross_site_is_refused_with_the_right_token_too(collector_factory, monkeypatch):

@@ -31,6 +31,7 @@ AGENT_ROUTES = frozenset({
 MESH_NODE = "fleet_mesh_node"  # request key: the caller's mesh node, None off the mesh
 HOST_GATE = web.AppKey("host_gate", origin.HostGate)
 BODY_TYPES = {UPLOAD_TEMPLATE: origin.BINARY_TYPE, MIRROR_TEMPLATE: "image/jpeg"}
+HEALTH_PATH = "/api/health"  # the one API read another site's page may still make
 # GET routes that change state: a poll claims a job (and an executor's poll records its slots).
 CLAIMING_READS = frozenset({"/devices/{device_id}/next-job", "/executor/next-job"})
 
@@ -62,7 +63,14 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             wanted = BODY_TYPES.get(template or "", origin.JSON_TYPE)
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
             guard.check(method, template, request.path, headers, token)
-        elif origin.from_a_page(headers) and _template(request) in CLAIMING_READS:
+        elif origin.from_a_page(headers) and (
+                (request.path.startswith("/api/") and request.path != HEALTH_PATH)
+                or _template(request) in CLAIMING_READS):
+            # A claim changes state. An API read does not, but a page on another site cannot
+            # read the answer (no CORS) while it can still make every visitor's browser ask
+            # for listings, long waits and streams: only the collector's own pages, an
+            # address typed, and clients that are no browser may. Health stays open: it is
+            # cheap, and a status page elsewhere may ping it to show the collector is up.
             origin.check_page_read(headers, guard.CROSS_SITE)
 
     return boundary_and_guard
