@@ -34,25 +34,26 @@ async def running(client, job_id="run", executor="lab"):
     assert resp.status == 200 and (await resp.json())["job_id"] == job_id
 
 
-PART_HEAD = b"--fleet-frame\r\nContent-Type: image/jpeg\r\n\r\n"
+def part_head(boundary: str) -> bytes:
+    return f"--{boundary}\r\nContent-Type: image/jpeg\r\n\r\n".encode()
 
 
 class Frames:
     """The viewer's side of the multipart stream: frame after frame, each ended by the next
     boundary and part head, which the collector sends right after each frame."""
 
-    END = b"\r\n" + PART_HEAD
-
-    def __init__(self, response) -> None:
+    def __init__(self, response, boundary: str) -> None:
         self.response = response
+        self.boundary = boundary
+        self.end = b"\r\n" + part_head(boundary)
         self.buffer = b""
 
     async def next(self) -> bytes:
-        while (at := self.buffer.find(self.END)) < 0:
+        while (at := self.buffer.find(self.end)) < 0:
             chunk = await self.response.content.read(1 << 16)
             assert chunk, "the stream ended"
             self.buffer += chunk
-        frame, self.buffer = self.buffer[:at], self.buffer[at + len(self.END):]
+        frame, self.buffer = self.buffer[:at], self.buffer[at + len(self.end):]
         return frame
 
     async def ended(self) -> bool:
@@ -62,9 +63,11 @@ class Frames:
 async def view(client, job_id="run") -> Frames:
     viewer = await client.get(f"/api/jobs/{job_id}/mirror")
     assert viewer.status == 200
-    assert viewer.headers["Content-Type"] == "multipart/x-mixed-replace; boundary=fleet-frame"
-    assert await asyncio.wait_for(viewer.content.readexactly(len(PART_HEAD)), 10) == PART_HEAD
-    return Frames(viewer)
+    kind, _, boundary = viewer.headers["Content-Type"].partition("; boundary=")
+    assert kind == "multipart/x-mixed-replace" and boundary.startswith("fleet-frame-")
+    head = part_head(boundary)
+    assert await asyncio.wait_for(viewer.content.readexactly(len(head)), 10) == head
+    return Frames(viewer, boundary)
 
 
 @pytest.fixture
@@ -155,3 +158,20 @@ async def test_only_a_running_host_job_is_mirrored(mirror):
     await mirror.get("/devices/d1/next-job")
     status, text = await post_frame(mirror, "bench", jpeg(b"x"))
     assert status == 409 and "device job" in text
+
+
+async def test_a_frame_cannot_start_a_part_of_its_own(mirror):
+    """A frame is the poster's bytes between JPEG markers: one holding a boundary and a
+    text/html part head must stay inside its image part. Each stream's boundary is its own
+    (no poster can know it), and the stream runs nothing whatever a browser makes of it."""
+    await running(mirror)
+    forged = b"\r\n--fleet-frame\r\nContent-Type: text/html\r\n\r\n<script>alert(1)</script>"
+    assert (await post_frame(mirror, "run", jpeg(b"x" + forged, 256)))[0] == 204
+    first, second = await view(mirror), await view(mirror)
+    assert first.boundary != second.boundary
+    for viewer in (first, second):
+        assert viewer.response.headers["Content-Security-Policy"] == "default-src 'none'; sandbox"
+        frame = await asyncio.wait_for(viewer.next(), 10)
+        assert forged in frame and frame.startswith(b"\xff\xd8\xff")
+        assert viewer.boundary.encode() not in frame
+        viewer.response.close()

@@ -8,6 +8,8 @@ Routes:
 
 from __future__ import annotations
 
+import secrets
+
 from aiohttp import web
 
 from fleet_min.collector.http import access
@@ -17,8 +19,11 @@ from fleet_min.errors import NotFound
 from fleet_min.http import SECURITY_HEADERS, json_response, read_bytes
 from fleet_min.timeutil import iso, now
 
-BOUNDARY = "fleet-frame"
-PART_HEAD = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\n\r\n".encode()
+# A frame's poster chooses its bytes: with a boundary known in advance, a "JPEG" holding
+# `\r\n--boundary\r\nContent-Type: text/html` would start a part of its own, which a browser
+# that renders each part by its type would run as a page of the collector's origin. So each
+# stream has a boundary of its own, which no poster can know, and a policy that runs nothing.
+STREAM_POLICY = "default-src 'none'; sandbox"
 # A viewer with no new frame re-checks the job this often, so a stream of a job that ended
 # without a word (a lapsed lease) ends too.
 RECHECK_S = 10.0
@@ -56,13 +61,16 @@ class Handlers:
     async def view(self, request: web.Request) -> web.StreamResponse:
         job_id = request.match_info["job_id"]
         await self._check_viewable(job_id)
+        boundary = f"fleet-frame-{secrets.token_hex(16)}"
+        part_head = f"--{boundary}\r\nContent-Type: image/jpeg\r\n\r\n".encode()
         response = web.StreamResponse(headers={
-            "Content-Type": f"multipart/x-mixed-replace; boundary={BOUNDARY}",
-            "Cache-Control": "no-store", "X-Accel-Buffering": "no", **SECURITY_HEADERS})
+            "Content-Type": f"multipart/x-mixed-replace; boundary={boundary}",
+            "Cache-Control": "no-store", "X-Accel-Buffering": "no", **SECURITY_HEADERS,
+            "Content-Security-Policy": STREAM_POLICY})
         await response.prepare(request)
         # Each frame is followed at once by the next boundary and the next part's headers:
         # Chromium shows a part only once it has read the headers of the part after it.
-        await response.write(PART_HEAD)
+        await response.write(part_head)
         seq = 0
         self.mirrors.join(job_id)
         try:
@@ -76,7 +84,7 @@ class Handlers:
                     continue
                 assert isinstance(frame, mirror.Frame)
                 # The newest frame each time the viewer has taken the last: never a backlog.
-                await response.write(frame.data + b"\r\n" + PART_HEAD)
+                await response.write(frame.data + b"\r\n" + part_head)
                 seq = frame.seq
         finally:
             self.mirrors.leave(job_id)
