@@ -123,3 +123,40 @@ def test_the_one_line_command_fetches_and_starts_the_agent(tmp_path):
         assert started.returncode == 0 and "--collector" in started.stdout
     finally:
         assert proc.stop() == 0
+
+
+async def test_a_pinned_runner_build_is_offered_before_any_newer_upload(collector_factory):
+    """Uploads are open, so the newest build of the runner may be anyone's: a build pinned
+    (approved) by the operator wins over newer uploads, and an unpinned one says it is not."""
+    api = await collector_factory()
+    approved = await upload(api, b"runner 1 as built by us", app="fleet-runner-android",
+                            build="1", name="runner-1.apk")
+    planted = await upload(api, b"runner 9.9.9 from the network", app="fleet-runner-android",
+                           build="9.9.9", name="fleet-runner-9.9.9.apk")
+    got = await (await api.get("/api/enroll")).json()
+    assert got["runner_apk"]["sha256"] == planted and got["runner_apk"]["approved"] is False
+    assert got["runner_pinned_only"] is False
+    resp = await api.post(f"/api/artifacts/{approved}/pin", json={"reason": "runner release"})
+    assert resp.status == 200, await resp.text()
+    await upload(api, b"runner 10 from the network", app="fleet-runner-android", build="10")
+    apk = (await (await api.get("/api/enroll")).json())["runner_apk"]
+    assert apk["sha256"] == approved and apk["approved"] is True
+
+
+async def test_with_a_dashboard_token_only_a_pinned_runner_build_is_offered(collector_factory,
+                                                                             monkeypatch):
+    """With FLEET_DASH_TOKEN set, pinning needs the operator's token while uploading does
+    not: an upload alone never reaches the Add-a-device page."""
+    monkeypatch.setenv("FLEET_DASH_TOKEN", "operator-secret")
+    api = await collector_factory(dash_token="operator-secret")
+    planted = await upload(api, b"runner from the network", app="fleet-runner-android",
+                           build="9.9.9", name="fleet-runner-9.9.9.apk")
+    got = await (await api.get("/api/enroll")).json()
+    assert got["runner_apk"] is None and got["runner_pinned_only"] is True
+    assert (await api.post(f"/api/artifacts/{planted}/pin", json={"reason": "x"})).status == 401
+    ours = await upload(api, b"runner as built by us", app="fleet-runner-android", build="2")
+    resp = await api.post(f"/api/artifacts/{ours}/pin", json={"reason": "runner release"},
+                          headers={"X-Fleet-Token": "operator-secret"})
+    assert resp.status == 200, await resp.text()
+    apk = (await (await api.get("/api/enroll")).json())["runner_apk"]
+    assert apk["sha256"] == ours and apk["approved"] is True

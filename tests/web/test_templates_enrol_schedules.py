@@ -4,6 +4,8 @@ test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -70,6 +72,27 @@ def test_add_a_device_shows_the_command_a_qr_code_and_who_arrives(
     assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= PHONE["width"]
     shot(phone, "enroll-phone")
     assert page.watch.errors == [] and phone.watch.errors == []
+
+
+def test_add_a_device_offers_the_runner_build_with_its_hash_until_it_is_pinned(
+        seeded: SeededCollector, open_page: Callable[..., Any]) -> None:
+    """Uploads are open: an unpinned runner build is shown with its hash and a note saying
+    anyone could have put it there; pinning it (approving it) takes the note away."""
+    body = b"a runner build from the network"
+    request = urllib.request.Request(
+        seeded.url + "/artifacts", data=body, method="POST",
+        headers={"Content-Type": "application/octet-stream",
+                 "x-artifact-app": "fleet-runner-android", "x-artifact-build": "77"})
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        sha = json.loads(reply.read())["sha256"]
+    page = open_page(seeded.url + "/dash/devices/new", wait="#runner-download")
+    assert page.inner_text("#runner-sha") == sha
+    assert "anyone who can reach" in page.inner_text("#runner-unapproved")
+    status, _ = seeded.proc.client.post(f"/api/artifacts/{sha}/pin", {"reason": "runner 77"})
+    assert status == 200
+    page.wait_for_selector("#runner-unapproved", state="detached")
+    assert page.inner_text("#runner-sha") == sha
+    assert page.watch.errors == []
 
 
 def test_edit_a_schedules_cron_and_template_in_place(seeded: SeededCollector,

@@ -115,15 +115,21 @@ def describe(bases: Iterable[Base], port: int) -> list[dict[str, Any]]:
     return out
 
 
-async def runner_build(db: Database, app: str) -> dict[str, Any] | None:
-    """The newest published build of `app`: the order is queue.latest_build's, the one `latest`
-    in a job spec resolves by."""
+async def runner_build(db: Database, app: str, pinned_only: bool) -> dict[str, Any] | None:
+    """The build of `app` to offer: the newest pinned one, else (unless `pinned_only`) the
+    newest published one, in the order queue.latest_build resolves `latest` by.
+
+    Uploads are open (agents and CI publish builds), so a build is approved by pinning it,
+    which the dashboard guard keeps to the operator when a token is set: then only a pinned
+    build is offered, never one anyone on the network could have put there last."""
     # The original's runner builds arrive with no app header, named fleet-runner-<build>.apk.
     by_name = (" OR (app IS NULL AND name LIKE 'fleet-runner%.apk')" if app == RUNNER_APP
                else "")
-    row = await db.read_one("SELECT sha256, name, app, build, platform, size, created_at "
-                            f"FROM artifacts WHERE app = ?{by_name} "
-                            "ORDER BY created_at DESC, rowid DESC LIMIT 1", (app,))
+    row = await db.read_one("SELECT sha256, name, app, build, platform, size, created_at, "
+                            "pinned_reason IS NOT NULL AS pinned "
+                            f"FROM artifacts WHERE (app = ?{by_name})"
+                            f"{' AND pinned_reason IS NOT NULL' if pinned_only else ''} "
+                            "ORDER BY pinned DESC, created_at DESC, rowid DESC LIMIT 1", (app,))
     if row is None:
         return None
     sha = row["sha256"]
@@ -131,6 +137,7 @@ async def runner_build(db: Database, app: str) -> dict[str, Any] | None:
     return {"sha256": row["sha256"], "name": row["name"], "app": row["app"],
             "build": row["build"], "platform": row["platform"], "size": row["size"],
             "created_at": iso(row["created_at"]), "filename": filename,
+            "approved": bool(row["pinned"]),
             "download": f"/artifacts/{sha}?filename={quote(filename, safe='')}"}
 
 

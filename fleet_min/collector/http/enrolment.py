@@ -9,7 +9,7 @@ import socket
 
 from aiohttp import web
 
-from fleet_min.collector.access import enrolment, mdns
+from fleet_min.collector.access import enrolment, guard, mdns
 from fleet_min.collector.service import Service
 from fleet_min.errors import BadRequest
 from fleet_min.http import json_response, static_file
@@ -33,6 +33,7 @@ def qr_svg(text: str) -> bytes:
 
 def _routes(service: Service) -> list[web.RouteDef]:
     config = service.config
+    guarded = guard.dash_token(config) is not None  # pins then need the operator's token
 
     async def enroll(request: web.Request) -> web.Response:
         app = request.query.get("app") or enrolment.RUNNER_APP
@@ -50,7 +51,8 @@ def _routes(service: Service) -> list[web.RouteDef]:
             "agent": {"path": enrolment.AGENT_PATH,
                       "options": "--pool <name> joins a pool; --name <label> names it"},
             "runner_app": app,
-            "runner_apk": await enrolment.runner_build(service.db, app),
+            "runner_apk": await enrolment.runner_build(service.db, app, pinned_only=guarded),
+            "runner_pinned_only": guarded,
             "known_device_ids": device_ids,
             "pools": pools,
         })

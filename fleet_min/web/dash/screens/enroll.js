@@ -3,7 +3,7 @@
 import { html, useState, useEffect } from "../lib/core.js";
 import { get, seg, currentPeer } from "../lib/api.js";
 import { useResource } from "../lib/hooks.js";
-import { Page, Section, Loaded, CopyButton, DeviceLink, Empty, Ago } from "../lib/ui.js";
+import { Page, Section, Loaded, CopyButton, DeviceLink, Empty, Ago, Link } from "../lib/ui.js";
 import { bytes } from "../lib/format.js";
 
 const KIND = {
@@ -38,14 +38,21 @@ function Watch({ before }) {
     open it to give it a name, notes or pools.</li>`)}</ul>`;
 }
 
-function Runner({ apk, app }) {
+function Runner({ apk, app, pinnedOnly }) {
   if (!apk) {
-    return html`<p class="muted">No build of <code>${app}</code> in the artifact store yet. Upload one with the
-      header <code>x-artifact-app: ${app}</code> and it is offered here.</p>`;
+    return html`<p class="muted" id="runner-none">No ${pinnedOnly ? "pinned " : ""}build of <code>${app}</code> in the artifact store yet.
+      Upload one with the header <code>x-artifact-app: ${app}</code>${pinnedOnly
+        ? ", then pin it on its artifact page: with a dashboard token set, only a build you pinned is offered here"
+        : " and it is offered here"}.</p>`;
   }
   const link = apk.download;  // carries ?filename= already
   return html`<p><a href=${link} download=${apk.filename} id="runner-download"><strong>${apk.filename}</strong></a>
     <span class="muted"> ${bytes(apk.size)} · build ${apk.build || "–"} · <${Ago} iso=${apk.created_at} /></span></p>
+    <p class="small">SHA-256 <code id="runner-sha">${apk.sha256}</code></p>
+    ${apk.approved ? null : html`<p class="notice" role="note" id="runner-unapproved">Not pinned: anyone who can reach
+      this collector can upload a build, and the newest upload is offered. Check this hash against your own build,
+      then pin it on <${Link} to=${`/artifacts/${seg(apk.sha256)}`}>its artifact page<//> to approve it; a pinned build
+      is offered before any newer upload.</p>`}
     <p class="hint">Open that link on the phone itself (scan the code above, then browse to /dash/devices/new), or sideload
       it over USB: <code>adb install -r ${apk.filename}</code>.</p>`;
 }
@@ -85,7 +92,7 @@ export function Enroll() {
           <${Command} text=${pick.command} what="command" />
           <p class="hint">Add <code>${"--pool <name>"}</code> to put it in a pool. For a service that starts at boot, see the agent's docs.</p>
           <h3 class="sub">Android runner app</h3>
-          <${Runner} apk=${d.runner_apk} app=${d.runner_app} />
+          <${Runner} apk=${d.runner_apk} app=${d.runner_app} pinnedOnly=${d.runner_pinned_only} />
         <//>
       </div>
       <${Section} title="3 · Watch for it" id="enroll-watch">
