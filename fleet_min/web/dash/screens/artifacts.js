@@ -27,7 +27,7 @@ function PinForm({ sha, onDone }) {
   if (!open) return html`<button type="button" class="btn small" onClick=${() => setOpen(true)}>Pin</button>`;
   const submit = async (e) => {
     e.preventDefault();
-    if (await run(() => post(`/api/artifacts/${sha}/pin`, { reason }), `Pinned ${shortSha(sha)}.`)) { setOpen(false); onDone(); }
+    if (await run(() => post(`/api/artifacts/${seg(sha)}/pin`, { reason }), `Pinned ${shortSha(sha)}.`)) { setOpen(false); onDone(); }
   };
   return html`<form class="inline" onSubmit=${submit}>
     <label class="sr-only" for=${`pin-${sha}`}>Reason for the pin</label>
@@ -38,8 +38,8 @@ function PinForm({ sha, onDone }) {
 
 function ArtifactRows({ items, reload }) {
   const [run] = useAction(notify);
-  const unpin = async (a) => { if (await run(() => del(`/api/artifacts/${a.sha256}/pin`), `Unpinned ${shortSha(a.sha256)}.`)) reload(); };
-  const remove = async (a) => { if (await run(() => del(`/api/artifacts/${a.sha256}`), `Deleted ${shortSha(a.sha256)}.`)) reload(); };
+  const unpin = async (a) => { if (await run(() => del(`/api/artifacts/${seg(a.sha256)}/pin`), `Unpinned ${shortSha(a.sha256)}.`)) reload(); };
+  const remove = async (a) => { if (await run(() => del(`/api/artifacts/${seg(a.sha256)}`), `Deleted ${shortSha(a.sha256)}.`)) reload(); };
   return html`<${Table} label="Artifacts" empty="No artifacts here." className="artifacts"
     head=${["Artifact", "App · build", "Platform", "Size", "Stored", "Pin", ""]}
     rows=${items.map((a) => html`<tr>
@@ -85,9 +85,9 @@ export function ArtifactDetail({ sha }) {
   const res = useResource(() => get(`/api/artifacts/${seg(sha)}`), [sha], (e) => e.type === "artifact" && e.sha256 === sha);
   const [run, busy] = useAction(notify);
   const a = res.data;
-  const baseline = async () => { if (await run(() => post(`/api/artifacts/${sha}/baseline`, { accepted: !a.baseline }), a.baseline ? "No longer a baseline." : "Accepted as a baseline.")) res.reload(); };
-  const unpin = async () => { if (await run(() => del(`/api/artifacts/${sha}/pin`), "Unpinned.")) res.reload(); };
-  const remove = async () => { if (await run(() => del(`/api/artifacts/${sha}`), "Deleted.")) navigate(href("/artifacts")); };
+  const baseline = async () => { if (await run(() => post(`/api/artifacts/${seg(sha)}/baseline`, { accepted: !a.baseline }), a.baseline ? "No longer a baseline." : "Accepted as a baseline.")) res.reload(); };
+  const unpin = async () => { if (await run(() => del(`/api/artifacts/${seg(sha)}/pin`), "Unpinned.")) res.reload(); };
+  const remove = async () => { if (await run(() => del(`/api/artifacts/${seg(sha)}`), "Deleted.")) navigate(href("/artifacts")); };
   return html`<${Page} title=${a?.name || `Artifact ${shortSha(sha)}…`} subtitle=${html`<span class="small">SHA-256 <${Hash} value=${sha} full /></span>`}
     actions=${a ? html`<a class="btn" href=${a.url} download>Download</a>
       ${a.pinned ? html`<${Action} onClick=${unpin} disabled=${busy}>Unpin<//>` : html`<${PinForm} sha=${sha} onDone=${res.reload} />`}
