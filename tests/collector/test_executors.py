@@ -248,3 +248,18 @@ async def test_a_host_fan_out_reaches_only_the_executors_that_would_take_it(coll
         "workload": "web-shots", "executor": "host", "fanout": True})).json()
     assert preview["executors"] == ["never-said", "web"]
     assert await executor_claim(client, "web") == "shots--web"
+
+
+@pytest.mark.parametrize("name", ["mac\u2011mini\u200b", "mac-mini ", " mac-mini", "mac-mini\x00",
+                                  "\u202einim-cam", "mac\u00a0mini", "mac-mini\n"])
+async def test_an_executor_name_that_would_list_as_a_twin_is_refused(client, name):
+    """Jobs target an executor by its exact name and people pick it from a listing: a name
+    with an invisible, control or direction-changing character, or a space at an end, would
+    show as another's twin. Registration and the poll refuse it alike; nothing is stored."""
+    await register(client, "mac-mini")
+    refused = await register(client, name, status=400)
+    assert "the executor's name" in refused["error"]
+    resp = await client.get("/executor/next-job", params={"name": name})
+    assert resp.status == 400
+    listed = (await (await client.get("/api/executors")).json())["executors"]
+    assert [e["name"] for e in listed] == ["mac-mini"]

@@ -123,9 +123,7 @@ async def _poll(request: web.Request, claimant: Claimant) -> web.StreamResponse:
 
 
 async def executor_next_job(request: web.Request) -> web.StreamResponse:
-    name = request.query.get("name", "")
-    if not name or len(name) > 200:
-        raise BadRequest("name is required: the executor's label, e.g. ?name=mac-mini")
+    name = executors.check_name(request.query.get("name"))
     # How many claimed jobs the executor may hold at once; it is offered none beyond them.
     # Omitted (0): the last value it said, by a poll or its registration, else 1.
     slots = int_param(request.query, "slots", 0, 1, rules.MAX_SLOTS)

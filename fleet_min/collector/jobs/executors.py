@@ -39,12 +39,25 @@ class Registration:
     agent: str | None
 
 
-def check_registration(body: dict[str, Any]) -> Registration:
-    """A registration body as the queue stores it; BadRequest with a sentence otherwise."""
-    name = body.get("name")
+def check_name(name: Any) -> str:
+    """An executor's name as given at registration or in a poll's ?name=; BadRequest else.
+
+    Jobs are targeted at an executor by its exact name, and people pick it from listings: a
+    name with a control, zero-width or direction-changing character, or spaces at its ends,
+    would list as a twin of another executor's that no operator could tell apart."""
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         raise BadRequest(f"name is required: the executor's label (1 to {MAX_NAME} characters), "
-                         "the same name it polls /executor/next-job with")
+                         "the same name it polls /executor/next-job with, e.g. mac-mini")
+    if not name.isprintable() or name != name.strip():
+        raise BadRequest("the executor's name may hold no control, invisible or "
+                         "direction-changing character and no space at either end: "
+                         f"{json.dumps(name[:60])}")
+    return name
+
+
+def check_registration(body: dict[str, Any]) -> Registration:
+    """A registration body as the queue stores it; BadRequest with a sentence otherwise."""
+    name = check_name(body.get("name"))
     capabilities = body.get("capabilities")
     if "capabilities" in body and not _is_capability_list(capabilities):
         raise BadRequest(f"capabilities must be a list of at most {MAX_CAPABILITIES} non-empty "
