@@ -64,7 +64,8 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
             guard.check(method, template, request.path, headers, token)
         elif origin.from_a_page(headers) and (
-                (request.path.startswith("/api/") and request.path != HEALTH_PATH)
+                (method in ("GET", "HEAD") and request.path.startswith("/api/")
+                 and request.path != HEALTH_PATH)
                 or _template(request) in CLAIMING_READS):
             # A claim changes state. An API read does not, but a page on another site cannot
             # read the answer (no CORS) while it can still make every visitor's browser ask
