@@ -3302,11 +3302,31 @@ def check_url(url: object, name: str) -> str:
     return url
 
 
+# IPv6 forms that carry an IPv4 address: NAT64's well-known prefix (RFC 6052: the last 32 bits,
+# how an IPv6-only phone network reaches 169.254.169.254 or the LAN's 192.168.1.1) and 6to4 are
+# judged by the IPv4 address inside. ipaddress calls several of them global whatever they carry.
+NAT64_PREFIX = ipaddress.IPv6Network("64:ff9b::/96")
+# Refused outright: local-use NAT64 (RFC 8215, where the IPv4 bits sit depends on the network's
+# prefix length), Teredo, IPv4-compatible (::a.b.c.d, deprecated) and IPv4-translated addresses.
+REFUSED_IPV6 = tuple(ipaddress.IPv6Network(net) for net in (
+    "64:ff9b:1::/48", "2001::/32", "::/96", "::ffff:0:0:0/96"))
+
+
 def address_allowed(address: str, allow_private: bool) -> bool:
-    ip = ipaddress.ip_address(address.split("%", 1)[0])
-    mapped = getattr(ip, "ipv4_mapped", None)
-    ip = mapped or ip
-    return allow_private or (ip.is_global and not ip.is_multicast)
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(
+        address.split("%", 1)[0])
+    if allow_private:
+        return True
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif ip in NAT64_PREFIX:
+            ip = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        elif ip.sixtofour is not None:
+            ip = ip.sixtofour
+        elif any(ip in net for net in REFUSED_IPV6):
+            return False
+    return ip.is_global and not ip.is_multicast
 
 
 def connect_timed(url: str, timeout: float, allow_private: bool,
@@ -3394,7 +3414,11 @@ def web_exchange(url: str, limit: WebLimit, allow_private: bool, method: str = "
     """`method` `url` over a connection made by connect_timed, held to `limit`; yields
     (response with its status and headers read, phase times)."""
     parts = urllib.parse.urlsplit(url)
-    conn = http.client.HTTPConnection(parts.hostname or "", timeout=limit.timeout)
+    host = parts.hostname or ""
+    # An IPv6 literal keeps its brackets: http.client reads what follows a bare one's last colon
+    # as a port. (The connection itself is connect_timed's; this only names the host.)
+    conn = http.client.HTTPConnection(f"[{host}]" if ":" in host else host,
+                                      timeout=limit.timeout)
     watch = limit.watch(conn, url)
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     try:
