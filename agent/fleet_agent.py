@@ -3289,7 +3289,7 @@ MAX_REDIRECTS = 5
 
 
 def check_url(url: object, name: str) -> str:
-    if not isinstance(url, str) or not URL_CHARS.match(url):
+    if not isinstance(url, str) or not URL_CHARS.fullmatch(url):  # $ alone admits a final \n
         raise Refusal(f"{name} must be http:// or https:// URLs without spaces; the job gave "
                       f"{shown(url)}")
     parts = urllib.parse.urlsplit(url)
@@ -4729,8 +4729,8 @@ LAUNCH_STATES = ("cold", "warm", "hot")
 
 
 def android_component(adb: str, serial: str, app_id: str) -> str:
-    result = run_cmd([adb, "-s", serial, "shell", "cmd", "package", "resolve-activity",
-                      "--brief", app_id], timeout=30)
+    result = run_cmd(adb_shell_argv(adb, serial, "cmd", "package", "resolve-activity",
+                                    "--brief", app_id), timeout=30)
     lines = [line.strip() for line in result.out.splitlines() if "/" in line]
     if not result.ok or not lines:
         raise Refusal(f"{app_id} has no launchable activity on {serial}")
@@ -4738,13 +4738,13 @@ def android_component(adb: str, serial: str, app_id: str) -> str:
 
 
 def android_launch_ms(adb: str, serial: str, app_id: str, component: str, state: str) -> float:
-    shell = [adb, "-s", serial, "shell"]
     # cold: no process; warm: process alive, activity gone (back); hot: activity backgrounded.
     prepare = {"cold": ["am", "force-stop", app_id],
                "warm": ["input", "keyevent", "KEYCODE_BACK"],
                "hot": ["input", "keyevent", "KEYCODE_HOME"]}[state]
-    run_cmd([*shell, *prepare], timeout=30)
-    result = run_cmd([*shell, "am", "start", "-W", "-n", component], timeout=120)
+    run_cmd(adb_shell_argv(adb, serial, *prepare), timeout=30)
+    result = run_cmd(adb_shell_argv(adb, serial, "am", "start", "-W", "-n", component),
+                     timeout=120)
     match = re.search(r"TotalTime:\s*(\d+)", result.out)
     if not result.ok or not match:
         said = tail(result.out + result.err, 200)
@@ -4774,8 +4774,8 @@ def wl_cold_start(runtime: Runtime, ctx: JobContext) -> dict:
     serial = target["device_id"]
     if target["platform"] == "android":
         component = android_component(runtime.tools["adb"], serial, app_id)
-        run_cmd([runtime.tools["adb"], "-s", serial, "shell", "am", "start", "-W", "-n",
-                 component], timeout=120)  # a first, unmeasured launch makes warm/hot possible
+        run_cmd(adb_shell_argv(runtime.tools["adb"], serial, "am", "start", "-W", "-n",
+                               component), timeout=120)  # unmeasured: makes warm/hot possible
 
         def launch(state: str) -> float:
             return android_launch_ms(runtime.tools["adb"], serial, app_id, component, state)
@@ -4800,13 +4800,26 @@ def wl_cold_start(runtime: Runtime, ctx: JobContext) -> dict:
 # --- web-test / web-shots with a local Chromium ---
 
 
+# What a web job's URL keeps as it is once checked: RFC 3986's unreserved and reserved characters
+# and %. Anything else (quotes, backticks, <>, \\, ^, {|}, letters beyond ASCII) is percent-encoded,
+# as a browser sends it anyway. A URL also reaches a phone's shell (android-device), where it is
+# quoted as well: the encoding keeps what the browser is given plain, the quoting keeps sh out.
+URL_KEPT = "-._~:/?#[]@!$&'()*+,;=%"
+URL_HOST = re.compile(r"^[A-Za-z0-9._:%-]{1,253}$")
+
+
 def web_url(spec: dict) -> str:
     targets = spec.get("targets") if isinstance(spec.get("targets"), dict) else {}
     url = targets.get("url") or (spec.get("params") or {}).get("url")
     # Only the web: file:// or chrome:// would let a job read this machine's files.
     if not isinstance(url, str) or not re.match(r"^https?://", url):
         raise Refusal("web jobs need targets.url starting with http:// or https://")
-    return url
+    url = check_url(url, "targets.url")
+    host = urllib.parse.urlsplit(url).hostname or ""
+    if not URL_HOST.match(host):
+        raise Refusal(f"targets.url: the host {shown(host)} must be a DNS name (its xn-- form "
+                      "for letters beyond ASCII) or an IP address")
+    return urllib.parse.quote(url, safe=URL_KEPT)
 
 
 def requested_browsers(value: object, available: list[str]) -> list[str]:
@@ -4879,8 +4892,8 @@ def chromium_shot(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | No
 
 def android_shot(runtime: Runtime, serial: str, url: str, settle_s: float):
     adb = runtime.tools["adb"]
-    run_cmd([adb, "-s", serial, "shell", "am", "start", "-a", "android.intent.action.VIEW",
-             "-d", url], timeout=60)
+    run_cmd(adb_shell_argv(adb, serial, "am", "start", "-a", "android.intent.action.VIEW",
+                           "-d", url), timeout=60)
     time.sleep(settle_s)  # the page renders on the device; there is no load event to wait on
     result = run_cmd([adb, "-s", serial, "exec-out", "screencap", "-p"], timeout=60)
     if not result.ok or not result.raw.startswith(b"\x89PNG"):
@@ -4928,9 +4941,10 @@ def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
 # --- what the longer host workloads share: the app, its flows, launches and screenshots ---
 #
 # Everything sent to a device through `adb shell` is joined by adb into a command line the
-# device's shell reads, so every value that goes there (app ids, locales, numbers) is checked
-# against a narrow pattern first. Settings a workload changes on a device (font scale, locale,
-# charging) are put back in a `finally`, so a cancel or a failure restores them too.
+# device's shell reads, so every word is quoted for that shell (adb_shell_argv) and every value
+# that goes there (app ids, locales, numbers) is also checked against a narrow pattern first.
+# Settings a workload changes on a device (font scale, locale, charging) are put back in a
+# `finally`, so a cancel or a failure restores them too.
 
 APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 FLOW_NAME = re.compile(r"^[A-Za-z0-9_.][^\x00-\x1f\x7f]{0,499}$")
@@ -4997,8 +5011,8 @@ def launch_app(runtime: Runtime, target: dict, app_id: str) -> str | None:
     serial = target["device_id"]
     if target["platform"] == "android":
         component = android_component(runtime.tools["adb"], serial, app_id)
-        result = run_cmd([runtime.tools["adb"], "-s", serial, "shell", "am", "start", "-W",
-                          "-n", component], timeout=120)
+        result = run_cmd(adb_shell_argv(runtime.tools["adb"], serial, "am", "start", "-W",
+                                        "-n", component), timeout=120)
         problem = "Error" in result.out or not result.ok
     else:
         result = run_cmd([runtime.tools["xcrun"], "simctl", "launch", serial, app_id],
@@ -5046,8 +5060,19 @@ def settle(ctx: JobContext, seconds: float) -> None:
         ctx.check()
 
 
+def adb_shell_argv(adb: str, serial: str, *command: str) -> list[str]:
+    """`adb -s serial shell` with each word of `command` quoted for the device's sh.
+
+    adb joins the words after `shell` with spaces, unquoted, into the one line the device's sh
+    runs, so a word holding ; | & $ ` ( or a space (a URL's query, a `$` in an activity's class
+    name) would split the line or run a command of its own on the phone. Quoted, each word
+    reaches the command as itself; a plain word (com.example.app, 1.3) is left as it is.
+    """
+    return [adb, "-s", serial, "shell", *(shlex.quote(word) for word in command)]
+
+
 def adb_shell(runtime: Runtime, serial: str, *command: str, timeout: float = 30) -> CmdResult:
-    return run_cmd([runtime.tools["adb"], "-s", serial, "shell", *command], timeout=timeout)
+    return run_cmd(adb_shell_argv(runtime.tools["adb"], serial, *command), timeout=timeout)
 
 
 def device_targets(runtime: Runtime, ctx: JobContext, what: str,
@@ -5551,10 +5576,10 @@ def set_system_locale(runtime: Runtime, serial: str, tag: str, pause) -> None:
 def set_android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None, tag: str,
                        pause) -> None:
     if way == "app":
-        # adb joins its arguments into one command line for the device's shell, so an empty
-        # list (the app follows the system again) is spelled as the shell's empty string.
+        # An empty list (the app follows the system again) is an empty word, which
+        # adb_shell_argv spells as the shell's '' like any other word it quotes.
         adb_shell(runtime, serial, "cmd", "locale", "set-app-locales", str(app_id),
-                  "--locales", tag or "''")
+                  "--locales", tag)
     elif tag:
         set_system_locale(runtime, serial, tag, pause)
 
@@ -6897,7 +6922,7 @@ SIM_KINDS = (("iPad", "tablet"), ("Apple TV", "tv"), ("Watch", "watch"), ("Visio
 
 def android_props(adb: str, serial: str) -> dict[str, str]:
     """`getprop` of one device as a dict ([ro.product.model]: [Pixel 8] lines)."""
-    result = run_cmd([adb, "-s", serial, "shell", "getprop"], timeout=20)
+    result = run_cmd(adb_shell_argv(adb, serial, "getprop"), timeout=20)
     found = re.findall(r"(?m)^\[([^\]]+)\]: \[([^\]]*)\]", result.out if result.ok else "")
     return dict(found)
 

@@ -5,10 +5,15 @@ sh), its "device" a scratch folder."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+
+from tests.support.agent import make_tool
 
 # --- the address rule: IPv6 forms that carry a private IPv4 address ---
 
@@ -69,3 +74,144 @@ def test_an_ipv6_literal_url_is_fetched(fa):
     finally:
         server.shutdown()
         server.server_close()
+
+
+# --- adb: what a job's text becomes on the phone's shell ---
+
+# adb as the real one treats `shell`: the words after it joined with spaces, unquoted, and run
+# by the device's sh (here: sh in the device's scratch folder, with the device's commands first
+# on its PATH). Every argv is kept, and so is each line the "device" ran.
+HOSTILE_ADB = r"""
+import subprocess
+root = os.environ["HOSTILE_DEVICE"]
+args = sys.argv[1:]
+with open(os.path.join(root, "adb-argv.jsonl"), "a") as log:
+    log.write(json.dumps(args) + "\n")
+if args[:2] == ["devices", "-l"]:
+    print("List of devices attached")
+    print("HOSTILE01              device product:x model:Pixel_7 device:x transport_id:1")
+    print()
+    sys.exit(0)
+if args[:2] != ["-s", "HOSTILE01"]:
+    print("adb: device not found", file=sys.stderr)
+    sys.exit(1)
+rest = args[2:]
+if rest[:1] == ["shell"]:
+    line = " ".join(rest[1:])
+    with open(os.path.join(root, "shell-lines.txt"), "a") as log:
+        log.write(line + "\n")
+    env = dict(os.environ, PATH=os.path.join(root, "bin") + os.pathsep + "/usr/bin:/bin")
+    sys.exit(subprocess.call(["sh", "-c", line], cwd=os.path.join(root, "sdcard"), env=env))
+if rest[:3] == ["exec-out", "screencap", "-p"]:
+    sys.stdout.buffer.write(b"\x89PNG\r\n\x1a\nscreen")
+    sys.exit(0)
+sys.exit(0)
+"""
+
+# The device's own commands: each keeps the argv it was given (as the device's sh split it).
+DEVICE_AM = r"""
+with open(os.path.join(os.environ["HOSTILE_DEVICE"], "am.jsonl"), "a") as log:
+    log.write(json.dumps(sys.argv[1:]) + "\n")
+if "-W" in sys.argv:
+    print("Status: ok")
+    print("TotalTime: 120")
+"""
+DEVICE_CMD = r"""
+if sys.argv[1:4] == ["package", "resolve-activity", "--brief"]:
+    print("priority=0 preferredOrder=0 match=0x108000 specificIndex=-1 isDefault=true")
+    print(sys.argv[-1] + "/.Main$Launcher")  # a nested class: Java names may hold a $
+"""
+DEVICE_GETPROP = r"""
+print("[ro.product.model]: [Pixel 7]")
+print("[ro.build.version.release]: [14]")
+"""
+
+INJECTING_URLS = [
+    # the reviewer's: `;` ends am's line, then id and uname run with their output in a file
+    "https://example.com/;id>pwned-by-job.txt;echo${IFS}$(uname${IFS}-a)>>pwned-by-job.txt",
+    # ; $ ( ) ' & are a URL's own characters, kept as they are: encoding alone stops nothing
+    "https://example.com/a;touch$IFS'pwned-semicolon';b?q=$(touch$IFS'pwned-subst')"
+    "&r=1|touch$IFS'pwned-pipe'&&touch$IFS'pwned-and'",
+]
+# What am is given instead: the URL itself, one word (re-encoded where a URL must be).
+AS_GIVEN = [
+    "https://example.com/;id%3Epwned-by-job.txt;echo$%7BIFS%7D$(uname$%7BIFS%7D-a)%3E%3E"
+    "pwned-by-job.txt",
+    "https://example.com/a;touch$IFS'pwned-semicolon';b?q=$(touch$IFS'pwned-subst')"
+    "&r=1%7Ctouch$IFS'pwned-pipe'&&touch$IFS'pwned-and'",
+]
+
+
+def hostile_device(tmp_path: Path) -> tuple[Path, dict]:
+    """The fake adb on PATH and its device folder; the executor's environment."""
+    root = tmp_path / "device"
+    (root / "sdcard").mkdir(parents=True)
+    bin_dir = tmp_path / "fake-bin"
+    make_tool(bin_dir, "adb", HOSTILE_ADB)
+    make_tool(root / "bin", "am", DEVICE_AM)
+    make_tool(root / "bin", "cmd", DEVICE_CMD)
+    make_tool(root / "bin", "getprop", DEVICE_GETPROP)
+    make_tool(root / "bin", "input", "")
+    env = {"HOSTILE_DEVICE": str(root), "PATH": f"{bin_dir}{os.pathsep}/usr/bin:/bin"}
+    return root, env
+
+
+def host_job(job_id: str, workload: str, **fields) -> dict:
+    return {"schema": 1, "job_id": job_id, "workload": workload, "executor": "host", **fields}
+
+
+def jsonl(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.slow
+def test_a_web_shots_url_runs_nothing_on_the_phone(procs, tmp_path):
+    """web-shots' android-device profile opens the job's URL with `adb shell am start -d URL`:
+    the URL reaches am as one word, and none of the commands in it runs on the device."""
+    root, env = hostile_device(tmp_path)
+    collector = procs.collector()
+    jobs = [host_job(f"shots-{n}", "web-shots", targets={"url": url},
+                     params={"browser": ["android-device"], "settle_s": 0})
+            for n, url in enumerate(INJECTING_URLS)]
+    for spec in jobs:
+        collector.enqueue(spec)
+    procs.agent([collector], "host", "--executor", "host", "--name", "shelf", env=env)
+    final = {spec["job_id"]: collector.wait_status(spec["job_id"], ("done", "failed"), 60)
+             for spec in jobs}
+
+    assert sorted(p.name for p in (root / "sdcard").iterdir()) == []  # nothing was written
+    opened = [argv for argv in jsonl(root / "am.jsonl") if "-d" in argv]
+    assert sorted(opened) == sorted(["start", "-a", "android.intent.action.VIEW", "-d", url]
+                                    for url in AS_GIVEN)
+    for spec in jobs:  # and the screenshot was still taken
+        assert final[spec["job_id"]]["status"] == "done", final[spec["job_id"]]
+
+
+@pytest.mark.slow
+def test_an_activity_name_with_a_dollar_reaches_am_as_it_is(procs, tmp_path):
+    """cold-start launches the component the device names (`cmd package resolve-activity`);
+    a nested class's `$` is quoted for the device's shell, not expanded by it."""
+    root, env = hostile_device(tmp_path)
+    collector = procs.collector()
+    collector.enqueue(host_job("cold", "cold-start", targets={"device_id": "HOSTILE01"},
+                               params={"app_id": "com.example.shop", "launches": 1}))
+    procs.agent([collector], "host", "--executor", "host", "--name", "shelf", env=env)
+    assert collector.wait_status("cold", ("done", "failed"), 60)["status"] == "done"
+    launched = [argv for argv in jsonl(root / "am.jsonl") if "-n" in argv]
+    assert launched and all(argv[-1] == "com.example.shop/.Main$Launcher" for argv in launched)
+
+
+def test_web_urls_are_checked_and_re_encoded(fa):
+    web = fa.web_url
+    assert web({"targets": {"url": "https://shop.test/a?b=1&c=2#top"}}) == \
+        "https://shop.test/a?b=1&c=2#top"
+    assert web({"targets": {"url": 'http://shop.test/<a\\href="x">`id`{x}|^'}}) == \
+        "http://shop.test/%3Ca%5Chref=%22x%22%3E%60id%60%7Bx%7D%7C%5E"
+    assert web({"targets": {"url": "http://shop.test/caf\u00e9"}}) == \
+        "http://shop.test/caf%C3%A9"
+    assert web({"targets": {"url": "http://[::1]:8080/"}}) == "http://[::1]:8080/"
+    for bad in ("http://shop.test/a b", "http://shop.test/\n", "http://user:pw@shop.test/",
+                "http://sh$op.test/", "http://a;b/", "http://shop.test:99999/", "http:///x",
+                "http://caf\u00e9.test/"):
+        with pytest.raises(fa.Refusal):
+            web({"targets": {"url": bad}})
