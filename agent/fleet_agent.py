@@ -34,6 +34,7 @@ import platform
 import queue
 import random
 import re
+import selectors
 import shlex
 import shutil
 import signal
@@ -4805,7 +4806,9 @@ def wl_cold_start(runtime: Runtime, ctx: JobContext) -> dict:
 # as a browser sends it anyway. A URL also reaches a phone's shell (android-device), where it is
 # quoted as well: the encoding keeps what the browser is given plain, the quoting keeps sh out.
 URL_KEPT = "-._~:/?#[]@!$&'()*+,;=%"
-URL_HOST = re.compile(r"^[A-Za-z0-9._:%-]{1,253}$")
+# A host spelled plainly: a browser decodes a percent-encoded one (127.0.0.%31 is 127.0.0.1) that
+# this machine's resolver, which checks it first, would not.
+URL_HOST = re.compile(r"^[A-Za-z0-9._:-]{1,253}$")
 
 
 def web_url(spec: dict) -> str:
@@ -4822,6 +4825,243 @@ def web_url(spec: dict) -> str:
     return urllib.parse.quote(url, safe=URL_KEPT)
 
 
+def browser_may_open(runtime: Runtime, url: str) -> None:
+    """Refuse a web job whose host resolves here to an address address_allowed refuses, unless
+    the owner passed --allow-private-urls: every address the name has must be allowed.
+
+    A name this machine cannot resolve is left to the browser: Chromium reaches nothing through
+    its BrowserGuard that the guard cannot resolve and check, and a phone resolves on its own."""
+    if getattr(runtime.cfg, "allow_private_urls", False):
+        return
+    parts = urllib.parse.urlsplit(url)
+    try:
+        infos = socket.getaddrinfo(parts.hostname, parts.port or (
+            443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return
+    for info in infos:
+        if not address_allowed(str(info[4][0]), False):
+            raise Refusal(f"{parts.hostname} resolves to {info[4][0]}, a private or local "
+                          "address; the agent's owner can allow those with "
+                          "--allow-private-urls")
+
+
+# --- what a job's browser may reach ---
+#
+# web-test, web-shots and web-audit load the page a job names in this machine's Chromium and
+# send back what it showed, so what the page makes the browser fetch (redirects, frames, images,
+# scripts' fetch() and WebSockets) must keep to the addresses vantage and web-unfurl may reach.
+# Unless the owner passed --allow-private-urls, Chromium is started with a BrowserGuard as its
+# proxy for every request, loopback too: the guard resolves each target itself, connects only to
+# an address address_allowed admits (the address it checked, so a name cannot resolve elsewhere
+# in between) and answers anything else 403. The browser itself then resolves no name.
+
+GUARD_HEAD_BYTES = 256 << 10  # the most a request's or a response's line and headers may take
+GUARD_CHUNK = 64 << 10
+GUARD_CONNECT_S = 30.0
+GUARD_IDLE_S = 120.0  # a connection with no bytes either way for this long is closed
+GUARD_HOP_HEADERS = (b"connection", b"proxy-connection", b"keep-alive", b"proxy-authorization")
+MAX_GUARD_REFUSED = 20
+
+
+class BrowserGuard:
+    """A forward HTTP proxy (plain requests and CONNECT) on 127.0.0.1 for one browser run."""
+
+    def __init__(self) -> None:
+        self.refused: list[str] = []  # the host:port of refused requests, each once
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        self.closed = False
+        self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            self.listener.bind(("127.0.0.1", 0))
+            self.listener.listen(64)
+            self.listener.setblocking(False)
+            self.wake_read, self.wake_write = socket.socketpair()
+        except OSError:
+            self.listener.close()
+            raise
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="browser-guard", daemon=True).start()
+
+    def flags(self) -> list[str]:
+        return [f"--proxy-server=http://127.0.0.1:{self.port}",
+                # Chromium sends localhost, 127.0.0.1 and [::1] past any proxy unless told not to
+                "--proxy-bypass-list=<-loopback>",
+                # WebRTC's UDP and QUIC would go around the proxy
+                "--force-webrtc-ip-handling-policy=disable_non_proxied_udp", "--disable-quic"]
+
+    def close(self) -> None:
+        with self.lock:
+            self.closed = True
+            left = list(self.open)
+        with contextlib.suppress(OSError):
+            self.wake_write.send(b"x")
+        for sock in left:  # their threads close them; shutdown wakes their waits
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _keep(self, sock: socket.socket) -> bool:
+        with self.lock:
+            if not self.closed:
+                self.open.add(sock)
+            return not self.closed
+
+    def _drop(self, sock: socket.socket | None) -> None:
+        if sock is not None:
+            with self.lock:
+                self.open.discard(sock)
+            sock.close()
+
+    def _accept(self) -> None:
+        with selectors.DefaultSelector() as watch:
+            watch.register(self.listener, selectors.EVENT_READ)
+            watch.register(self.wake_read, selectors.EVENT_READ)
+            while not any(key.fileobj is self.wake_read for key, _ in watch.select()):
+                try:
+                    client, _ = self.listener.accept()
+                except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                    continue
+                except OSError as exc:  # out of descriptors: the browser gets no more answers
+                    log.warning("the browser's guard stopped taking connections: %s", exc)
+                    break
+                if not self._keep(client):
+                    client.close()
+                    break
+                threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+        for sock in (self.listener, self.wake_read, self.wake_write):
+            sock.close()
+
+    def _serve(self, client: socket.socket) -> None:
+        upstream = None
+        try:
+            client.setblocking(True)
+            client.settimeout(GUARD_IDLE_S)
+            head, rest = guard_read_head(client)
+            lines = head.split(b"\r\n")
+            method, target, version = lines[0].decode("latin-1").split(" ")
+            connect = method == "CONNECT"
+            parts = urllib.parse.urlsplit(("//" if connect else "") + target)
+            if not parts.hostname or (not connect and parts.scheme != "http"):
+                guard_answer(client, "400 Bad Request", f"{target} is not a proxy request")
+                return
+            port = parts.port or (443 if connect else 80)
+            upstream = self._connect(client, parts.hostname, port)
+            if upstream is None:
+                return
+            if connect:
+                client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                upstream.sendall(rest)
+            else:
+                path = (parts.path or "/") + ("?" + parts.query if parts.query else "")
+                kept = [line for line in lines[1:] if line and line.split(b":", 1)[0].strip()
+                        .lower() not in GUARD_HOP_HEADERS]
+                upstream.sendall(b"\r\n".join([
+                    f"{method} {path} {version}".encode("latin-1"), *kept,
+                    b"Connection: close", b"", b""]) + rest)
+                # The answer says close too: a kept-alive proxy connection would carry the
+                # browser's next request, for any host, to this upstream.
+                head, rest = guard_read_head(upstream)
+                lines = head.split(b"\r\n")
+                kept = [line for line in lines[1:] if line.split(b":", 1)[0].strip()
+                        .lower() not in GUARD_HOP_HEADERS]
+                client.sendall(b"\r\n".join([lines[0], *kept, b"Connection: close",
+                                             b"Proxy-Connection: close", b"", b""]) + rest)
+            guard_relay(client, upstream)
+        except (OSError, ValueError, UnicodeError):
+            pass  # the browser sees the connection close, as it would a server's
+        finally:
+            self._drop(upstream)
+            self._drop(client)
+
+    def _connect(self, client: socket.socket, host: str, port: int) -> socket.socket | None:
+        """A connection to an allowed address of host, or None with the browser answered."""
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except (OSError, UnicodeError):
+            guard_answer(client, "502 Bad Gateway", f"{host} does not resolve")
+            return None
+        allowed = [info for info in infos if address_allowed(str(info[4][0]), False)]
+        if not allowed:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            with self.lock:
+                if len(self.refused) < MAX_GUARD_REFUSED and target not in self.refused:
+                    self.refused.append(target)
+            log.info("the browser's guard refused %s:%s (%s)", host, port, infos[0][4][0])
+            guard_answer(client, "403 Forbidden",
+                         f"fleet_agent refused {host}:{port}: it resolves to {infos[0][4][0]}, "
+                         "a private or local address (the agent's owner can allow those with "
+                         "--allow-private-urls)")
+            return None
+        try:
+            upstream = connect_first(allowed, GUARD_CONNECT_S)
+        except OSError as exc:
+            guard_answer(client, "502 Bad Gateway", f"{host}:{port} did not answer ({exc})")
+            return None
+        if not self._keep(upstream):
+            upstream.close()
+            return None
+        upstream.settimeout(GUARD_IDLE_S)
+        return upstream
+
+
+def guard_read_head(sock: socket.socket) -> tuple[bytes, bytes]:
+    """(request or status line with the headers, the bytes read past them)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        if len(data) > GUARD_HEAD_BYTES:
+            raise ValueError("the head is too large")
+        chunk = sock.recv(GUARD_CHUNK)
+        if not chunk:
+            raise ValueError("closed before the end of its head")
+        data += chunk
+    head, rest = data.split(b"\r\n\r\n", 1)
+    return head, rest
+
+
+def guard_answer(sock: socket.socket, status: str, text: str) -> None:
+    body = (text + "\n").encode("utf-8")
+    sock.sendall(f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                 f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+                 "Proxy-Connection: close\r\n\r\n".encode("ascii") + body)
+
+
+def guard_relay(one: socket.socket, other: socket.socket) -> None:
+    """Bytes both ways until either side closes, or neither sends for GUARD_IDLE_S."""
+    with selectors.DefaultSelector() as watch:
+        watch.register(one, selectors.EVENT_READ, other)
+        watch.register(other, selectors.EVENT_READ, one)
+        while True:
+            ready = watch.select(GUARD_IDLE_S)
+            if not ready:
+                return
+            for key, _ in ready:
+                data = key.fileobj.recv(GUARD_CHUNK)  # type: ignore[union-attr]
+                if not data:
+                    return
+                key.data.sendall(data)
+
+
+@contextlib.contextmanager
+def browser_guard(runtime: Runtime):
+    """The BrowserGuard of one browser run, or None when the owner allows private URLs."""
+    if getattr(runtime.cfg, "allow_private_urls", False):
+        yield None
+        return
+    guard = BrowserGuard()
+    try:
+        yield guard
+    finally:
+        guard.close()
+
+
+def guard_note(guard: BrowserGuard | None) -> str:
+    if guard is None or not guard.refused:
+        return ""
+    return ("the agent refused the page's requests to private or local addresses: "
+            + ", ".join(guard.refused))
+
+
 def requested_browsers(value: object, available: list[str]) -> list[str]:
     if value in (None, "all") or value == ["all"]:
         return list(available)
@@ -4832,10 +5072,12 @@ def requested_browsers(value: object, available: list[str]) -> list[str]:
     raise Refusal("params.browser must be a browser name, a list of names, or all")
 
 
-def chromium_argv(runtime: Runtime, ctx: JobContext, profile: str) -> list[str]:
+def chromium_argv(runtime: Runtime, ctx: JobContext, profile: str,
+                  guard: BrowserGuard | None = None) -> list[str]:
     argv = [runtime.tools["chromium"], "--headless=new", "--disable-gpu", "--no-first-run",
             "--no-default-browser-check", "--hide-scrollbars",
-            "--user-data-dir=" + os.path.join(ctx.workdir, "profile-" + profile)]
+            "--user-data-dir=" + os.path.join(ctx.workdir, "profile-" + profile),
+            *(guard.flags() if guard is not None else [])]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         argv.append("--no-sandbox")  # Chromium refuses to start as root otherwise
     return argv
@@ -4843,10 +5085,16 @@ def chromium_argv(runtime: Runtime, ctx: JobContext, profile: str) -> list[str]:
 
 def chromium_page(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | None, dict, bytes]:
     """(error, metrics, DOM bytes) for one load of `url`."""
-    result = run_cmd([*chromium_argv(runtime, ctx, "test"), "--dump-dom", url], timeout=120)
+    with browser_guard(runtime) as guard:
+        result = run_cmd([*chromium_argv(runtime, ctx, "test", guard), "--dump-dom", url],
+                         timeout=120)
     metrics = {"load_ms": round(result.ms, 1)}
+    if guard is not None:
+        metrics["refused_requests"] = len(guard.refused)
     if not result.ok:
         return f"Chromium could not load {url}: {tail(result.err, 200)}", metrics, b""
+    if guard_note(guard):  # what the page showed may be the guard's refusal
+        return f"{url}: {guard_note(guard)}", metrics, result.raw
     if "<html" not in result.out.lower():
         return f"Chromium loaded {url} but printed no HTML document", metrics, result.raw
     expected = ctx.params.get("expect_text")
@@ -4857,6 +5105,7 @@ def chromium_page(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | No
 
 def wl_web_test(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
+    browser_may_open(runtime, url)
     available = ["chromium"] if runtime.tools.get("chromium") else []
     failures = []
     browsers = requested_browsers(ctx.params.get("browser"), available)
@@ -4881,13 +5130,14 @@ def chromium_shot(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | No
     size = str(ctx.params.get("viewport") or "1280x800")
     if not re.match(r"^\d{2,5}x\d{2,5}$", size):
         raise Refusal("params.viewport must look like 1280x800")
-    argv = [*chromium_argv(runtime, ctx, "shots"), "--screenshot=" + path,
-            "--window-size=" + size.replace("x", ","), url]
-    result = run_cmd(argv, timeout=120)
+    with browser_guard(runtime) as guard:
+        argv = [*chromium_argv(runtime, ctx, "shots", guard), "--screenshot=" + path,
+                "--window-size=" + size.replace("x", ","), url]
+        result = run_cmd(argv, timeout=120)
     if not result.ok or not os.path.exists(path):
         return f"Chromium could not screenshot {url}: {tail(result.err, 200)}", b""
     with open(path, "rb") as fh:
-        return None, fh.read()
+        return (f"{url}: {guard_note(guard)}" if guard_note(guard) else None), fh.read()
 
 
 def android_shot(runtime: Runtime, serial: str, url: str, settle_s: float):
@@ -4915,6 +5165,7 @@ def shot_profiles(runtime: Runtime, browsers: list[str]) -> list[tuple[str, str 
 
 def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
+    browser_may_open(runtime, url)
     available = ["chromium"] if runtime.tools.get("chromium") else []
     browsers = requested_browsers(ctx.params.get("browser"), available)
     settle = float(int_param(ctx.params, "settle_s", 3, 0, 60))
@@ -6242,9 +6493,18 @@ def evaluate(tools: DevTools, session: str, expression: str) -> object:
 
 
 def audit_page(runtime: Runtime, ctx: JobContext, url: str, plan: dict) -> dict:
+    with browser_guard(runtime) as guard:
+        found = audit_with(runtime, ctx, url, plan, guard)
+    found["refused_requests"] = list(guard.refused) if guard is not None else []
+    return found
+
+
+def audit_with(runtime: Runtime, ctx: JobContext, url: str, plan: dict,
+               guard: BrowserGuard | None) -> dict:
     try:
-        tools = DevTools([*chromium_argv(runtime, ctx, "audit"), "--remote-debugging-pipe",
-                          "about:blank"], os.path.join(ctx.workdir, "chromium.log"))
+        tools = DevTools([*chromium_argv(runtime, ctx, "audit", guard),
+                          "--remote-debugging-pipe", "about:blank"],
+                         os.path.join(ctx.workdir, "chromium.log"))
     except DevToolsError as exc:
         raise Refusal(f"the audit of {url} failed: {exc}") from exc
     try:
@@ -6274,6 +6534,7 @@ def audit_page(runtime: Runtime, ctx: JobContext, url: str, plan: dict) -> dict:
 
 
 AUDIT_COUNTS = (("console_errors", "console error"), ("failed_requests", "failed request"),
+                ("refused_requests", "refused request"),
                 ("missing_alt", "image without a text alternative"),
                 ("unlabeled_inputs", "unlabeled form field"),
                 ("unnamed_controls", "button or link without a name"),
@@ -6290,6 +6551,7 @@ def audit_verdict(found: dict) -> str | None:
 
 def wl_web_audit(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
+    browser_may_open(runtime, url)
     size = str(ctx.params.get("viewport") or "1280x800")
     if not re.match(r"^\d{2,5}x\d{2,5}$", size):
         raise Refusal("params.viewport must look like 1280x800")
@@ -7538,9 +7800,10 @@ def build_parser() -> argparse.ArgumentParser:
         action.env, action.shown, action.meaning = option.env, option.shown, option.help
         action.literal = option.literal
     for flag, help_text in (
-            ("--allow-private-urls", "Let vantage, dataset-prep and web-unfurl reach private, "
-                                     "loopback and link-local addresses (refused by default: a "
-                                     "job could otherwise probe this machine's LAN)."),
+            ("--allow-private-urls", "Let vantage, dataset-prep, web-unfurl and the browser of "
+                                     "web-test, web-shots and web-audit reach private, loopback "
+                                     "and link-local addresses (refused by default: a job could "
+                                     "otherwise probe this machine's LAN)."),
             ("--print-descriptor", "Print the device id, descriptor, capabilities, vitals and "
                                    "tools as JSON and exit."),
             ("--describe", "Print the descriptor and the capabilities this machine would declare "

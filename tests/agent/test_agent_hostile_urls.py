@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import textwrap
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from tests.support.agent import make_tool
+from tests.support.agent import http_bytes, make_tool
 
 # --- the address rule: IPv6 forms that carry a private IPv4 address ---
 
@@ -212,6 +214,205 @@ def test_web_urls_are_checked_and_re_encoded(fa):
     assert web({"targets": {"url": "http://[::1]:8080/"}}) == "http://[::1]:8080/"
     for bad in ("http://shop.test/a b", "http://shop.test/\n", "http://user:pw@shop.test/",
                 "http://sh$op.test/", "http://a;b/", "http://shop.test:99999/", "http:///x",
-                "http://caf\u00e9.test/"):
+                "http://caf\u00e9.test/", "http://127.0.0.%31/"):
         with pytest.raises(fa.Refusal):
             web({"targets": {"url": bad}})
+
+
+# --- the executor's Chromium: no way to this machine or its LAN ---
+
+SECRET = b"SecretAccessKey=wJalrXUtnFEMI-K7MDENG-bPxRfiCY"
+PUBLIC_NAME = "public.test"
+PUBLIC_ADDRESS = "93.184.216.34"  # any global address: connections to it are made locally
+
+
+class Site:
+    """A real HTTP server on 127.0.0.1 answering `pages` (path -> status, body, headers) and
+    keeping every path asked for."""
+
+    def __init__(self, pages: dict) -> None:
+        self.paths: list[str] = []
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                site.paths.append(self.path)
+                status, body, headers = pages.get(self.path, (404, b"not here", {}))
+                self.send_response(status)
+                for name, value in {"content-length": str(len(body)), **headers}.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def secret_site():
+    """The loopback-only page a job wants: what a cloud metadata service or a router's admin
+    page is to a machine."""
+    site = Site({"/latest/meta-data/iam/security-credentials/role.json":
+                 (200, b"<html><body>" + SECRET + b"</body></html>",
+                  {"content-type": "text/html", "access-control-allow-origin": "*"})})
+    yield site
+    site.close()
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser") or \
+        shutil.which("google-chrome")
+    if not found:
+        pytest.skip("no Chromium on this machine")
+    return found
+
+
+def browser_jobs(prefix: str, url: str) -> list[dict]:
+    return [host_job(f"{prefix}-test", "web-test", targets={"url": url},
+                     params={"browser": "chromium"}),
+            host_job(f"{prefix}-shots", "web-shots", targets={"url": url},
+                     params={"browser": ["chromium"], "settle_s": 0}),
+            host_job(f"{prefix}-audit", "web-audit", targets={"url": url},
+                     params={"settle_s": 0, "timeout_s": 30})]
+
+
+def artifacts_of(collector, job_id: str) -> list[bytes]:
+    return [http_bytes(f"{collector.url}/artifacts/{sha}")
+            for row in collector.results(job_id) for sha in row.get("artifacts") or []]
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_browser_job_naming_a_loopback_page_is_refused(procs, tmp_path, secret_site):
+    """web-test, web-shots and web-audit refuse a page on this machine by its loopback address,
+    by localhost and by an IPv4-mapped IPv6 literal: the real Chromium never asks for it."""
+    browser = chromium()
+    collector = procs.collector()
+    path = "/latest/meta-data/iam/security-credentials/role.json"
+    port = secret_site.port
+    jobs = [*browser_jobs("loop", f"http://127.0.0.1:{port}{path}"),
+            *browser_jobs("name", f"http://localhost:{port}{path}"),
+            *browser_jobs("mapped", f"http://[::ffff:7f00:1]:{port}{path}")]
+    for spec in jobs:
+        collector.enqueue(spec)
+    procs.agent([collector], "host", "--executor", "host", "--name", "shelf", "--chromium",
+                browser)
+    for spec in jobs:
+        job = collector.wait_status(spec["job_id"], ("done", "failed"), 120)
+        assert job["status"] == "failed", job
+        assert "a private or local address" in job["last_error"], job
+        assert "--allow-private-urls" in job["last_error"]
+        assert not any(SECRET in blob for blob in artifacts_of(collector, spec["job_id"]))
+    assert secret_site.paths == []
+
+
+PUBLIC_LOOKUP = """\
+import socket
+
+# {name} is a public web site at {address}, served from 127.0.0.1 on this machine: the name
+# resolves to that global address, and a connection to it is made to 127.0.0.1 instead.
+_lookup = socket.getaddrinfo
+_connect = socket.socket.connect
+
+
+def _getaddrinfo(host, port, *args, **kwargs):
+    if isinstance(host, str) and host.lower() == {name!r}:
+        return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "",
+                 ({address!r}, int(port)))]
+    return _lookup(host, port, *args, **kwargs)
+
+
+def _connect_to(self, address):
+    if isinstance(address, tuple) and address[0] == {address!r}:
+        address = ("127.0.0.1", address[1])
+    return _connect(self, address)
+
+
+socket.getaddrinfo = _getaddrinfo
+socket.socket.connect = _connect_to
+"""
+
+# The browser's view of the same: Chromium resolves the name itself when it has no proxy.
+BROWSER_LOOKUP = """
+os.execv({chromium!r}, [{chromium!r}, "--host-resolver-rules=MAP {name} 127.0.0.1",
+                        *sys.argv[1:]])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_a_public_page_cannot_lead_the_browser_to_a_private_one(procs, tmp_path, secret_site):
+    """A page on a public address that redirects to a loopback page, or loads one in a frame,
+    an image or a fetch(), gets nothing from it: Chromium's every request goes through the
+    agent's guard, which refuses private and local addresses as web-unfurl does.
+
+    This machine has no public web site of its own, so one is made: public.test resolves to a
+    global address in the executor (a sitecustomize module replaces only the name lookup and
+    the connect to that address) and to the same local server in its Chromium (a
+    --host-resolver-rules wrapper, which matters only to a Chromium that resolves names
+    itself)."""
+    browser = chromium()
+    secret = f"http://127.0.0.1:{secret_site.port}/latest/meta-data/iam/security-credentials/" \
+        "role.json"
+    page = textwrap.dedent(f"""\
+        <!doctype html><html lang="en"><head><title>Public</title></head><body>
+        <p>a public page</p>
+        <iframe title="frame" src="{secret}?frame"></iframe>
+        <img alt="pixel" src="{secret.replace('127.0.0.1', 'localhost')}?img">
+        <pre id="out"></pre>
+        <script>fetch("{secret}?fetch").then(r => r.text()).then(
+          t => {{ document.getElementById("out").textContent = t; }}, () => {{}});</script>
+        </body></html>""").encode()
+    public = Site({"/redirect": (302, b"", {"location": secret}),
+                   "/page": (200, page, {"content-type": "text/html"}),
+                   "/plain": (200, b"<!doctype html><html lang=en><head><title>Plain</title>"
+                              b"</head><body><p>a plain public page</p></body></html>",
+                              {"content-type": "text/html"})})
+    try:
+        folder = tmp_path / "public-lookup"
+        folder.mkdir()
+        (folder / "sitecustomize.py").write_text(PUBLIC_LOOKUP.format(
+            name=PUBLIC_NAME, address=PUBLIC_ADDRESS))
+        wrapper = make_tool(tmp_path / "browser", "chromium",
+                            BROWSER_LOOKUP.format(chromium=browser, name=PUBLIC_NAME))
+        base = f"http://{PUBLIC_NAME}:{public.port}"
+        jobs = [host_job("plain", "web-test", targets={"url": base + "/plain"},
+                         params={"browser": "chromium", "expect_text": "a plain public page"}),
+                *browser_jobs("redirect", base + "/redirect"),
+                *browser_jobs("page", base + "/page")]
+        collector = procs.collector()
+        for spec in jobs:
+            collector.enqueue(spec)
+        procs.agent([collector], "host", "--executor", "host", "--name", "shelf",
+                    "--chromium", str(wrapper), env={"PYTHONPATH": str(folder)})
+        final = {spec["job_id"]: collector.wait_status(spec["job_id"], ("done", "failed"), 120)
+                 for spec in jobs}
+
+        # nothing reached the loopback page, by any of the ways the pages tried
+        assert secret_site.paths == []
+        for spec in jobs:
+            assert not any(SECRET in blob for blob in artifacts_of(collector, spec["job_id"]))
+        # a public page that asks for nothing private is loaded through the guard
+        assert final["plain"]["status"] == "done", final["plain"]
+        assert any(b"a plain public page" in blob for blob in artifacts_of(collector, "plain"))
+        # what the guard refused is said
+        for job_id in ("redirect-test", "page-test", "redirect-shots", "page-shots"):
+            assert final[job_id]["status"] == "failed", final[job_id]
+            error = final[job_id]["last_error"]
+            assert "refused the page's requests to private or local addresses: " in error
+            assert f"127.0.0.1:{secret_site.port}" in error, error
+        dom = b"".join(artifacts_of(collector, "page-test"))
+        assert b"a public page" in dom
+        assert final["redirect-audit"]["last_error"].endswith(", 1 refused request")
+        assert final["page-audit"]["last_error"].endswith(", 2 refused requests")
+        assert public.paths.count("/page") == 3 and public.paths.count("/redirect") == 3
+    finally:
+        public.close()

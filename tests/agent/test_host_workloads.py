@@ -772,7 +772,8 @@ def test_web_audit_finds_the_known_faults_of_a_page(host, website):
                     "/style.css": (200, b".faint{color:#bbb;background:#fff}",
                                    {"content-type": "text/css"}),
                     "/logo.png": (200, PIXEL, {"content-type": "image/png"})})
-    rt = host.runtime("--chromium", chromium(), tools=())
+    # the site is on 127.0.0.1: only an owner's --allow-private-urls lets a browser job there
+    rt = host.runtime("--chromium", chromium(), "--allow-private-urls", tools=())
     result = host.run({"workload": "web-audit", "targets": {"url": site.url + "/"},
                        "params": {"settle_s": 0.5}}, rt)
     findings = result["findings"]
