@@ -3596,15 +3596,25 @@ def fetch_url(ctx: JobContext, url: str, dest: str, max_bytes: int, allow_privat
 
 def stream_to_file(response: http.client.HTTPResponse, limit: WebLimit, dest: str,
                    max_bytes: int, url: str) -> str:
+    """The body into dest; its SHA-256. Never past max_bytes, nor into the disk's last
+    DOWNLOAD_FREE_RESERVE bytes, as with an artifact download (download_room)."""
     digest, size = hashlib.sha256(), 0
-    with open(dest, "wb") as out:
-        for chunk in web_body(response, limit, max_bytes + 1):
-            size += len(chunk)
-            if size > max_bytes:
-                raise Refusal(f"params.source {url} is larger than params.max_bytes "
-                              f"({max_bytes} bytes)")
-            digest.update(chunk)
-            out.write(chunk)
+    directory = os.path.dirname(os.path.abspath(dest))
+    declared = _int_or_none(response.getheader("content-length"))
+    try:
+        if declared is not None and declared > 0:  # past max_bytes, it is cut there
+            download_room(directory, min(declared, max_bytes), max_bytes)
+        with open(dest, "wb") as out:
+            for chunk in web_body(response, limit, max_bytes + 1):
+                size += len(chunk)
+                if size > max_bytes:
+                    raise Refusal(f"params.source {url} is larger than params.max_bytes "
+                                  f"({max_bytes} bytes)")
+                download_room(directory, size, max_bytes, len(chunk))
+                digest.update(chunk)
+                out.write(chunk)
+    except NoRoom as exc:
+        raise Refusal(f"params.source {url} was not downloaded: {exc}") from None
     return digest.hexdigest()
 
 
@@ -3732,7 +3742,7 @@ def hf_directory(ctx: JobContext, archive: str) -> str:
     if not zipfile.is_zipfile(archive):
         raise Refusal("params.input_sha256 must name a GGUF file or a zip of a Hugging Face "
                       "model folder")
-    safe_unzip(archive, unpacked)
+    safe_unzip(archive, unpacked, check=ctx.check)
     for current, dirs, files in os.walk(unpacked):
         dirs.sort()
         if "config.json" in files:
@@ -4555,13 +4565,72 @@ def target_fields(target: dict) -> dict:
 # --- install ---
 
 
-def safe_unzip(archive: str, dest: str) -> None:
+# A model folder or an .app bundle holds far fewer files; each member is a file made on the disk.
+MAX_ZIP_MEMBERS = 100_000
+
+
+def safe_unzip(archive: str, dest: str, limit: int = MAX_ARTIFACT_BYTES, check=None) -> None:
+    """Unpack a zip into `dest`, refusing it before anything is written when a member's path
+    leaves `dest`, when it has more than MAX_ZIP_MEMBERS members, or when the sizes its members
+    declare add up past `limit` (the download limit of the artifact it came as) or into the
+    disk's last DOWNLOAD_FREE_RESERVE bytes: a few MB of zip can declare terabytes of zeros.
+    `check` (a job's) is called between chunks, so a cancel stops a long unpack."""
     with zipfile.ZipFile(archive) as bundle:
-        for member in bundle.namelist():
-            resolved = os.path.realpath(os.path.join(dest, member))
-            if not resolved.startswith(os.path.realpath(dest) + os.sep):
-                raise Refusal(f"the app archive contains an unsafe path ({member})")
-        bundle.extractall(dest)
+        members = bundle.infolist()
+        if len(members) > MAX_ZIP_MEMBERS:
+            raise Refusal(f"the archive has {len(members)} members; the agent unpacks at most "
+                          f"{MAX_ZIP_MEMBERS}")
+        root = os.path.realpath(dest)
+        for member in members:
+            resolved = os.path.realpath(os.path.join(root, member.filename))
+            if not resolved.startswith(root + os.sep):
+                raise Refusal(f"the archive contains an unsafe path ({member.filename})")
+        declared = sum(member.file_size for member in members)
+        try:
+            download_room(root, declared, limit)
+            unpack_members(bundle, members, root, limit, check)
+        except NoRoom as exc:
+            raise Refusal(f"the archive unpacks to {declared} bytes in {len(members)} files, "
+                          f"so it was not unpacked: {exc}") from None
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise Refusal(f"the archive could not be unpacked: {exc}") from None
+
+
+def unpack_members(bundle: zipfile.ZipFile, members: list[zipfile.ZipInfo], root: str,
+                   limit: int, check) -> None:
+    """Write the members (their paths checked by safe_unzip) under root, keeping the disk's
+    reserve free as a download does, as the disk may fill while the archive is unpacked."""
+    written = 0
+    for member in members:
+        target = os.path.join(root, member.filename)
+        if member.is_dir():
+            os.makedirs(target, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "wb") as out:
+            for chunk in member_chunks(bundle, member, check):
+                written += len(chunk)
+                download_room(root, written, limit, len(chunk))
+                out.write(chunk)
+
+
+def member_chunks(bundle: zipfile.ZipFile, member: zipfile.ZipInfo, check):
+    """A member's bytes up to the size it declares and no further, so a header that lies cannot
+    make the unpacking write more than the total safe_unzip checked: one that holds more is
+    refused, not cut."""
+    copied = 0
+    with bundle.open(member) as source:
+        while True:
+            if check is not None:
+                check()
+            chunk = source.read(min(DOWNLOAD_CHUNK, member.file_size - copied + 1))
+            if not chunk:
+                return
+            copied += len(chunk)
+            if copied > member.file_size:
+                raise Refusal(f"the archive's member {member.filename} holds more than the "
+                              f"{member.file_size} bytes it declares")
+            yield chunk
 
 
 def find_app_bundle(root: str) -> str | None:
@@ -4585,7 +4654,7 @@ def app_payload(ctx: JobContext, platform_name: str) -> str:
     if not os.path.isdir(unpacked):
         os.makedirs(unpacked, mode=0o700)
         try:
-            safe_unzip(archive, unpacked)
+            safe_unzip(archive, unpacked, check=ctx.check)
         except zipfile.BadZipFile as exc:
             raise Refusal(f"the {platform_name} build must be a zip of an .app bundle") \
                 from exc
@@ -6995,7 +7064,7 @@ def ios_archive_argv(runtime: Runtime, ctx: JobContext, source: str, item: dict,
                       "not have (a Mac with Xcode)")
     unpacked = os.path.join(ctx.workdir, "xcarchive")
     os.makedirs(unpacked, mode=0o700)
-    safe_unzip(source, unpacked)
+    safe_unzip(source, unpacked, check=ctx.check)
     archive = next((os.path.join(d, n) for d, dirs, _ in os.walk(unpacked) for n in dirs
                     if n.endswith(".xcarchive")), None)
     if archive is None:
