@@ -2006,14 +2006,28 @@ def synthetic_run(prompt_tokens: int, gen_tokens: int, check) -> dict:
     return metrics
 
 
-def benchmark_params(params: dict) -> dict:
-    """The plan of a benchmark job, with the defaults of decisions.md."""
-    return {
+# The synthetic tokens one benchmark job may run, warm-up included: about 14 minutes at 3 ms a
+# token (the development VM), a few hours on a slow SBC. The defaults run 2,560.
+SYNTHETIC_MAX_TOKENS = 250_000
+
+
+def benchmark_params(params: dict, synthetic: bool = True) -> dict:
+    """The plan of a benchmark job, with the defaults of decisions.md. A synthetic one is
+    refused past SYNTHETIC_MAX_TOKENS in all: every device declares it, so anyone who can
+    enqueue could otherwise keep a device's CPU busy for months."""
+    plan = {
         "prompt_tokens": int_param(params, "prompt_tokens", 512, 0, 1_000_000),
         "gen_tokens": int_param(params, "gen_tokens", 128, 0, 1_000_000),
         "warmup_iters": int_param(params, "warmup_iters", 1, 0, 1000),
         "measure_iters": int_param(params, "measure_iters", 3, 1, 10_000),
     }
+    tokens = (plan["warmup_iters"] + plan["measure_iters"]) * (plan["prompt_tokens"]
+                                                               + plan["gen_tokens"])
+    if synthetic and tokens > SYNTHETIC_MAX_TOKENS:
+        raise Refusal(f"refused: a synthetic benchmark runs at most {SYNTHETIC_MAX_TOKENS} "
+                      "tokens in all, (warmup_iters + measure_iters) x (prompt_tokens + "
+                      f"gen_tokens); this job asks for {tokens}")
+    return plan
 
 
 def load_progress(ctx: JobContext, plan: dict) -> list[dict]:
@@ -2156,7 +2170,7 @@ def llama_ttft_ms(prompt_tokens: int, prefill_ts: float | None, decode_ts: float
 
 
 def wl_benchmark_llama(runtime: Runtime, ctx: JobContext) -> dict:
-    plan = benchmark_params(ctx.params)
+    plan = benchmark_params(ctx.params, synthetic=False)
     model = ctx.spec.get("model") if isinstance(ctx.spec.get("model"), dict) else {}
     if not model.get("sha256"):
         raise Refusal("a llama.cpp benchmark needs model.sha256 naming the model artifact")
@@ -3831,15 +3845,23 @@ SERVE_BODY_LIMIT = 1 << 20
 
 
 def serve_address(ctx: JobContext) -> tuple[str, int]:
+    """(bind, port) of a serve job. Any address but loopback opens a port on the owner's
+    machine to its network, for as long as the job runs: only those the owner listed with
+    --allow-serve-bind are taken."""
     bind = ctx.params.get("bind", "127.0.0.1")
     if bind == "localhost":
         bind = "127.0.0.1"
     try:
-        ipaddress.ip_address(bind)
+        address = ipaddress.ip_address(bind if isinstance(bind, str) else "")
     except ValueError:
         raise Refusal(f"params.bind must be an IP address such as 127.0.0.1 or 0.0.0.0; the job "
                       f"gave {shown(bind)}") from None
-    return str(bind), int_param(ctx.params, "port", 8080, 1, 65535)
+    allowed = getattr(ctx.runtime.cfg, "serve_binds", None) or []
+    if not address.is_loopback and address not in allowed:
+        raise Refusal(f"refused: params.bind {address} would let other machines reach this "
+                      "one; this agent serves on loopback (127.0.0.1, ::1) only unless its "
+                      "owner lists the address with --allow-serve-bind")
+    return str(address), int_param(ctx.params, "port", 8080, 1, 65535)
 
 
 def probe_host(bind: str) -> str:
@@ -7378,6 +7400,20 @@ def find_tools(explicit: dict, probe: Probe) -> dict:
     return found
 
 
+def job_ceiling(ctx: JobContext, seconds: float | None) -> threading.Timer | None:
+    """Stop the job once it has run `seconds` (the owner's --max-job-seconds; 0 or None: never),
+    as a cancel stops it, with the reason its final row gives. Lease beacons would otherwise
+    keep a job that never ends claimed and running for as long as the agent lives."""
+    if not seconds or seconds <= 0:
+        return None
+    reason = (f"stopped: the job ran for the {seconds:g} s this agent allows a job (its owner's "
+              "--max-job-seconds)")
+    timer = threading.Timer(seconds, ctx.request_stop, args=(reason,))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 class Runtime:
     """State shared by every collector link: identity, tools, the job gate, the outbox.
 
@@ -7492,6 +7528,7 @@ class Runtime:
         log.info("job %s started: %s from %s", printable(ctx.job_id),
                  printable(spec.get("workload")), collector.url)
         started = time.monotonic()
+        ceiling = job_ceiling(ctx, getattr(self.cfg, "max_job_seconds", 0))
         try:
             row = final_row(ctx, self.leased(ctx))
             try:
@@ -7504,6 +7541,8 @@ class Runtime:
                      ": " + printable(row["error"], MAX_ERROR_CHARS) if row.get("error")
                      else "")
         finally:
+            if ceiling is not None:
+                ceiling.cancel()
             shutil.rmtree(ctx.workdir, ignore_errors=True)
 
     def leased(self, ctx: JobContext) -> dict:
@@ -7784,6 +7823,14 @@ def _shown(default: object) -> str:
     return str(default)
 
 
+def job_seconds(raw: str) -> float:
+    """--max-job-seconds: a number of seconds, 0 for no ceiling."""
+    value = float(raw)
+    if not 0 <= value <= 366 * 86400:
+        raise ValueError(f"{raw!r} is not from 0 to a year of seconds")
+    return value
+
+
 TOOL_HELP = {"llama-bench": "llama.cpp's benchmark tool (benchmark:llama.cpp, thermal:llama.cpp)",
              "adb": "Android's adb (the host workloads on Android devices)",
              "xcrun": "Xcode's xcrun (iOS simulators)",
@@ -7838,6 +7885,13 @@ OPTIONS = (
     Option("--grace-s", "FLEET_AGENT_GRACE_S", 30.0,
            "On SIGTERM or SIGINT, how long the running job gets to hand back and post.",
            type=float, metavar="S"),
+    Option("--max-job-seconds", "FLEET_AGENT_MAX_JOB_SECONDS", 6 * 3600.0,
+           "Longest a job may run here; one past it is stopped as a cancel stops it, its final "
+           "row saying why (a serve job too). 0: no ceiling.", type=job_seconds, metavar="S"),
+    Option("--allow-serve-bind", "FLEET_AGENT_ALLOW_SERVE_BIND", None,
+           "Addresses besides loopback a serve job may listen on (0.0.0.0 or :: for every "
+           "interface, or one of this machine's); repeat or comma-separate. With none a job "
+           "asking for another address is refused.", action="append", metavar="ADDRESS"),
     Option("--set", "FLEET_AGENT_SET", None,
            "Override a descriptor field (kind=tablet); an empty value means null. Repeat the "
            "flag, or comma-separate in the variable.", action="append",
@@ -7914,6 +7968,7 @@ def parse_args(argv: list[str] | None, environ: dict | None = None) -> argparse.
     cfg.collectors = split_list(cfg.collector)
     cfg.pools = split_list(cfg.pool)
     cfg.descriptor_overrides = parse_overrides(parser, cfg.set or [])
+    cfg.serve_binds = serve_binds(parser, split_list(cfg.allow_serve_bind))
     if cfg.executor == "host" and not cfg.name:
         parser.error("--executor host needs --name")
     if not cfg.collectors and not cfg.print_descriptor and not cfg.describe:
@@ -7933,6 +7988,18 @@ def parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict:
         number = _int_or_none(value)
         overrides[key] = None if value == "" else number if number is not None else value
     return overrides
+
+
+def serve_binds(parser: argparse.ArgumentParser, items: list[str]) -> list:
+    """The addresses --allow-serve-bind lets serve jobs listen on, besides loopback."""
+    addresses = []
+    for item in items:
+        try:
+            addresses.append(ipaddress.ip_address(item))
+        except ValueError:
+            parser.error(f"--allow-serve-bind wants IP addresses (0.0.0.0, ::, or one of this "
+                         f"machine's), not {item!r}")
+    return addresses
 
 
 def serve(runtime: Runtime) -> int:
