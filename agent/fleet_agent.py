@@ -7885,9 +7885,10 @@ OPTIONS = (
     Option("--grace-s", "FLEET_AGENT_GRACE_S", 30.0,
            "On SIGTERM or SIGINT, how long the running job gets to hand back and post.",
            type=float, metavar="S"),
-    Option("--max-job-seconds", "FLEET_AGENT_MAX_JOB_SECONDS", 6 * 3600.0,
+    Option("--max-job-seconds", "FLEET_AGENT_MAX_JOB_SECONDS", 0.0,
            "Longest a job may run here; one past it is stopped as a cancel stops it, its final "
-           "row saying why (a serve job too). 0: no ceiling.", type=job_seconds, metavar="S"),
+           "row saying why (a serve job too). 0 (the default): no ceiling but the job's own.",
+           type=job_seconds, metavar="S"),
     Option("--allow-serve-bind", "FLEET_AGENT_ALLOW_SERVE_BIND", None,
            "Addresses besides loopback a serve job may listen on (0.0.0.0 or :: for every "
            "interface, or one of this machine's); repeat or comma-separate. With none a job "
