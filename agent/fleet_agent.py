@@ -6943,7 +6943,10 @@ def wl_digest(runtime: Runtime, ctx: JobContext) -> dict:
 # STATE/credentials/<account>.json (mode 0600, like an ssh key), or on macOS a Keychain generic
 # password with service "fleet-agent" and that account holding the same JSON. Secrets reach the
 # tools in 0600 files in the job's scratch directory (passwords as bundletool's and apksigner's
-# file: form), never on a command line another user could read with ps.
+# file: form), never on a command line another user could read with ps. An item signs only for
+# the apps its owner lists in its "apps" field (the job's params.app / app.name, what the result
+# is published under): whoever can enqueue a job picks the bytes and the app, so an item with no
+# list signs nothing.
 
 ACCOUNT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 KEYCHAIN_SERVICE = "fleet-agent"
@@ -6957,11 +6960,17 @@ def credentials_path(runtime: Runtime, account: str) -> str:
     return os.path.join(runtime.state_dir, "credentials", account + ".json")
 
 
-def credential_item(runtime: Runtime, account: str) -> dict:
+def credential_item(runtime: Runtime, account: str, app: str) -> dict:
     """The credential item named `account` from this machine's store (a Refusal naming where
-    to put it when there is none)."""
+    to put it when there is none), when its owner bound it to `app`.
+
+    Anyone who can enqueue a job chooses the bytes to sign and the app to publish them under,
+    so an item signs only for the apps its owner listed in its "apps" field; an item without
+    that list signs nothing. The Refusals name the field and where the item lives, never a
+    value the item holds."""
     path = credentials_path(runtime, account)
     text = None
+    where = path
     if os.path.isfile(path):
         mode = os.stat(path).st_mode & 0o777
         if mode & 0o077:
@@ -6973,6 +6982,8 @@ def credential_item(runtime: Runtime, account: str) -> dict:
         found = run_cmd([runtime.tools["security"], "find-generic-password", "-s",
                          KEYCHAIN_SERVICE, "-a", account, "-w"], timeout=30)
         text = found.out if found.ok else None
+        where = (f"the Keychain item with service {KEYCHAIN_SERVICE} and account {account} "
+                 "(its JSON)")
     if text is None:
         raise Refusal(f"this executor has no credential item {account!r}: put it in {path} "
                       "(mode 0600)" + (", or in the Keychain as a generic password with "
@@ -6984,6 +6995,18 @@ def credential_item(runtime: Runtime, account: str) -> dict:
         raise Refusal(f"the credential item {account!r} is not a JSON object") from None
     if not isinstance(item, dict):
         raise Refusal(f"the credential item {account!r} is not a JSON object")
+    apps = item.get("apps")
+    if apps is None:
+        raise Refusal(f"refused: the credential item {account!r} lists no apps, so it signs "
+                      f"nothing; its owner opts an app in by naming it in an \"apps\" list in "
+                      f"{where}, e.g. \"apps\": [\"shop\"]")
+    if not isinstance(apps, list) or not all(isinstance(a, str) and a for a in apps):
+        raise Refusal(f"refused: the \"apps\" field of the credential item {account!r} must "
+                      f"be a list of app names; its owner fixes it in {where}")
+    if app not in apps:
+        raise Refusal(f"refused: the credential item {account!r} signs only the apps its "
+                      f"\"apps\" list names, and this job's app {shown(app)} is not one of them; "
+                      f"its owner adds the app to \"apps\" in {where} to allow it")
     return item
 
 
@@ -7133,7 +7156,7 @@ def run_archive_tool(ctx: JobContext, argv: list[str], timeout: float) -> float:
 
 def wl_archive(runtime: Runtime, ctx: JobContext) -> dict:
     plan = archive_plan(ctx)
-    item = credential_item(runtime, plan["account"])
+    item = credential_item(runtime, plan["account"], plan["app"])  # before a byte is fetched
     source = ctx.fetch(plan["source"], ".zip")
     kind = source_kind(source)
     out = os.path.join(ctx.workdir, "out")

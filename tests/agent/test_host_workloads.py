@@ -494,7 +494,8 @@ def credential(host, account: str, item: dict, mode: int = 0o600) -> Path:
 def keystore(host) -> dict:
     store = host.tmp / "upload.jks"
     store.write_bytes(b"keystore bytes")
-    return {"keystore": str(store), "keystore_password": "s3cret", "key_alias": "upload"}
+    return {"apps": ["shop"], "keystore": str(store), "keystore_password": "s3cret",
+            "key_alias": "upload"}
 
 
 def stored(host, data: bytes) -> str:
@@ -554,7 +555,7 @@ def test_archive_signs_an_apk_and_exports_an_xcarchive(host):
     assert result["ok"] is True, result
     assert host.stub.blobs[result["artifacts"][0]] == APK + b"signed"
     assert host.stub.headers[result["artifacts"][0]]["x-artifact-build"] == "88"
-    credential(host, "asc", {"team_id": "ABCDE12345", "api_key_id": "KEY123",
+    credential(host, "asc", {"apps": ["shop"], "team_id": "ABCDE12345", "api_key_id": "KEY123",
                              "api_issuer_id": "69a6de70-0000", "api_key_p8":
                              "-----BEGIN PRIVATE KEY-----\nMIGT\n-----END PRIVATE KEY-----\n"})
     result = host.run({"job_id": "ios", "workload": "archive", "params": {

@@ -82,8 +82,8 @@ def start_executor(procs, collector, tmp_path, website) -> tuple:
     keystore = tmp_path / "upload.jks"
     keystore.write_bytes(b"keystore")
     item = state / "credentials" / "play-upload.json"
-    item.write_text(json.dumps({"keystore": str(keystore), "keystore_password": "s3cret",
-                                "key_alias": "upload"}))
+    item.write_text(json.dumps({"apps": ["shop"], "keystore": str(keystore),
+                                "keystore_password": "s3cret", "key_alias": "upload"}))
     item.chmod(0o600)
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     extra = ["--chromium", browser] if browser else []
