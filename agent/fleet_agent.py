@@ -4123,7 +4123,10 @@ def serve_llama(runtime: Runtime, ctx: JobContext, bind: str, port: int,
 # it needs its owner's consent: the agent builds only repositories listed in --build-repos
 # (default STATE/build-repos; exact URLs, or prefixes ending in "/"). With none listed, or no
 # git, no build capability is declared. The job's task is plain words (targets, subcommands)
-# plus a few known flags per toolchain, so it cannot pass an option that runs a command.
+# plus a few known flags per toolchain, so it cannot pass an option that runs a command. A
+# toolchain with subcommands takes only those that compile or test the checkout (`go run`,
+# `go install`, `cargo install` fetch and run code from elsewhere); no word names a module
+# version (`@`) or a path outside the checkout (absolute, or with a `..` segment).
 
 BUILD_TOOLCHAINS = {  # kind -> (tool key, default task, flags a task may use)
     "make": ("make", "", ()),
@@ -4137,8 +4140,13 @@ BUILD_TOOLCHAINS = {  # kind -> (tool key, default task, flags a task may use)
                                           "--target", "--example", "-p")),
     "go": ("go", "build ./...", ("-trimpath", "-v", "-o", "-tags")),
 }
-TASK_WORD = re.compile(r"^[A-Za-z0-9_@][A-Za-z0-9_.:/+@,-]*$")
-FLAG_VALUE = re.compile(r"^[A-Za-z0-9_@][A-Za-z0-9_.:/+@,= -]*$")
+# kind -> the subcommands (go, cargo) or actions (xcodebuild) a task may use: compile, test, check
+BUILD_SUBCOMMANDS = {"go": ("build", "test", "vet"), "cargo": ("build", "test", "check"),
+                     "xcodebuild": ("build", "build-for-testing", "test", "analyze")}
+OUTPUT_FLAGS = ("-o", "--target-dir", "--out-dir")  # their value must stay inside the checkout
+# A leading / or . passes these patterns so that build_task can say why such a path is refused.
+TASK_WORD = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_.:/+,-]*$")
+FLAG_VALUE = re.compile(r"^[A-Za-z0-9_./][A-Za-z0-9_.:/+,= -]*$")
 GIT_REF = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/-]{0,199}$")
 APP_PATH = re.compile(r"^[A-Za-z0-9_*?][A-Za-z0-9_.*?/+@ -]{0,299}$")
 SCP_LIKE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[A-Za-z0-9_~][^:\s]*$")
@@ -4200,14 +4208,48 @@ def build_task(kind: str, task: object) -> list[str]:
         words = shlex.split(task)
     except ValueError:
         raise Refusal(f"params.task {shown(task)} has an unbalanced quote") from None
+    bare = []  # the words that are neither a flag nor a flag's value: subcommands, targets
     for index, word in enumerate(words):
         after_flag = index > 0 and words[index - 1] in flags and not word.startswith("-")
-        if word in flags or (after_flag and FLAG_VALUE.match(word)) or (
-                TASK_WORD.match(word) and ".." not in word):
+        if "@" in word:
+            raise Refusal(f"params.task may not hold @ (a module@version is fetched from "
+                          f"elsewhere and run); the job gave {shown(word)}")
+        if word in flags:
             continue
-        raise Refusal(f"params.task may hold targets and the {kind} flags "
-                      f"{', '.join(flags) or '(none)'}; {shown(word)} is neither")
+        if after_flag and FLAG_VALUE.match(word):
+            pass
+        elif TASK_WORD.match(word):
+            bare.append(word)
+        else:
+            raise Refusal(f"params.task may hold targets and the {kind} flags "
+                          f"{', '.join(flags) or '(none)'}; {shown(word)} is neither")
+        for piece in re.split(r"[\s=,:]", word):
+            if piece.startswith("/") or ".." in piece.split("/"):
+                raise Refusal(f"params.task may name paths only inside the checkout (relative, "
+                              f"with no .. segment); the job gave {shown(word)}")
+    allowed = BUILD_SUBCOMMANDS.get(kind, ())
+    if kind == "xcodebuild":  # actions may stand anywhere among the flags
+        others = [word for word in bare if word not in allowed]
+        if others:
+            raise Refusal(f"params.task may use the xcodebuild actions {', '.join(allowed)}; "
+                          f"{shown(others[0])} is not one of them")
+    elif allowed and (not words or words[0] not in allowed):
+        raise Refusal(f"params.task must start with one of the {kind} subcommands "
+                      f"{', '.join(allowed)} (others fetch or run code from elsewhere); the "
+                      f"job gave {shown(words[0] if words else task)}")
     return words
+
+
+def check_build_outputs(task: list[str], checkout: str) -> None:
+    """An output flag's value (go's -o) names a place inside the checkout once links in the
+    checked-out tree are followed: the build writes there."""
+    root = os.path.realpath(checkout)
+    for index, word in enumerate(task[1:], 1):
+        if task[index - 1] in OUTPUT_FLAGS:
+            place = os.path.realpath(os.path.join(root, word))
+            if place != root and not place.startswith(root + os.sep):
+                raise Refusal(f"params.task's {task[index - 1]} {shown(word)} leads outside "
+                              "the checkout; the build must write inside it")
 
 
 def build_commands(kind: str, tool: str, task: list[str], checkout: str) -> list[list[str]]:
@@ -4359,6 +4401,7 @@ def wl_build(runtime: Runtime, ctx: JobContext) -> dict:
     checkout = os.path.join(ctx.workdir, "src")
     started = time.monotonic()
     commit = checkout_ref(runtime, ctx, plan["repo"], plan["ref"], checkout, plan["timeout_s"])
+    check_build_outputs(plan["task"], checkout)
     clone_ms = round((time.monotonic() - started) * 1000, 1)
     headers = publish_headers(runtime, ctx, commit)
     ctx.post(ctx.row(1, True, {"duration_ms": clone_ms}, phase="clone", commit=commit))
