@@ -4810,8 +4810,10 @@ def suite_argv(runtime: Runtime, ctx: JobContext, target: dict, report: str) -> 
         flag = kind.replace("_", "-")
         raise Refusal(f"this executor has no {kind} tool configured (--{flag} or "
                       f"FLEET_{kind.upper()})")
+    flows = suite.get("flows")  # none: the tool's own default
+    flows = flow_inside(ctx, flows, "suite.flows") if flows not in (None, "") else ""
     argv = [tool, "--platform", target["platform"], "--device", target["device_id"],
-            "--flows", str(suite.get("flows") or ""), "--report", report]
+            "--flows", flows, "--report", report]
     app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
     if app.get("name"):
         argv += ["--app-name", str(app["name"])]
@@ -5332,6 +5334,9 @@ def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
 # `finally`, so a cancel or a failure restores them too.
 
 APP_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+# A flow is a file relative to the job's scratch directory, the runner's working directory:
+# never an option (-), never absolute (/), no control character (NUL included), and (checked
+# apart) no `..` segment; flow_inside then follows links to keep it inside that directory.
 FLOW_NAME = re.compile(r"^[A-Za-z0-9_.][^\x00-\x1f\x7f]{0,499}$")
 SETTLE_S = 2.0  # after a launch or a flow, before a reading or a screenshot
 
@@ -5346,15 +5351,31 @@ def app_id_param(ctx: JobContext, required: bool = True) -> str | None:
     return value
 
 
+def flow_name(value: object, field: str) -> str:
+    """A flow file (or folder) for the flow runner, as its argument: a relative path that
+    stays in the job's directory and is never an option."""
+    if not isinstance(value, str) or not FLOW_NAME.match(value) or ".." in value.split("/"):
+        raise Refusal(f"{field} must be a flow file inside the job's directory: a relative "
+                      f"path with no .. segment, not starting with - or /; the job gave "
+                      f"{shown(value)}")
+    return value
+
+
+def flow_inside(ctx: JobContext, flow: str, field: str) -> str:
+    """The flow, once it is sure to resolve (links followed) inside the job's directory."""
+    root = os.path.realpath(ctx.workdir)
+    place = os.path.realpath(os.path.join(root, flow_name(flow, field)))
+    if place != root and not place.startswith(root + os.sep):
+        raise Refusal(f"{field} {shown(flow)} leads outside the job's directory")
+    return flow
+
+
 def flow_param(params: dict, name: str = "flow") -> str | None:
-    """A flow file for the flow runner, as its argument; never an option (no leading -)."""
+    """A flow file for the flow runner, as its argument (see flow_name)."""
     value = params.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not FLOW_NAME.match(value):
-        raise Refusal(f"params.{name} must be a flow file for the flow runner (not starting "
-                      f"with -); the job gave {shown(value)}")
-    return value
+    return flow_name(value, f"params.{name}")
 
 
 def flow_runner(runtime: Runtime, what: str) -> str:
@@ -5371,7 +5392,8 @@ def run_flow(runtime: Runtime, ctx: JobContext, target: dict, flow: str, name: s
     None when every flow in its report passed, else the sentence saying what failed."""
     report = os.path.join(ctx.workdir, name + ".report")
     argv = [flow_runner(runtime, "a flow"), "--platform", target["platform"], "--device",
-            target["device_id"], "--flows", flow, "--report", report]
+            target["device_id"], "--flows", flow_inside(ctx, flow, "params.flow"), "--report",
+            report]
     app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
     if isinstance(app.get("name"), str):
         argv += ["--app-name", app["name"]]
