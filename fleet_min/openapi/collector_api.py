@@ -59,6 +59,10 @@ NO_JOB = "no job with that id"
 NO_DEVICE = "no device with that id"
 GUARD_401 = "FLEET_DASH_TOKEN is set and X-Fleet-Token is missing"
 GUARD_403 = "X-Fleet-Token is wrong, or the request comes from another site's page"
+SIGNING_401 = ("FLEET_DASH_TOKEN is set and an archive job (it signs with an executor's release "
+               "key) came without X-Fleet-Token")
+SIGNING_403 = ("the request comes from another site's page, or an archive job came with a wrong "
+               "X-Fleet-Token")
 MESH_403 = ("FLEET_MESH_ALLOW is set and the mesh peer is unidentified or not listed, or is "
             "not the mesh node the device registered from (or its executor name is bound to)")
 # A claim is a GET (the agents' protocol), so the boundary's Origin check for changes does not
@@ -332,7 +336,8 @@ def _jobs() -> list[Route]:
     return [
         Route("POST", "/jobs", "Enqueue a job, or an array of jobs (all or none)",
               {201: json_reply({"anyOf": [enqueued, batch]}, "stored")},
-              {**JSON_ERRORS, 409: "a job_id exists already (or repeats in the array)",
+              {**JSON_ERRORS, 401: SIGNING_401, 403: SIGNING_403,
+               409: "a job_id exists already (or repeats in the array)",
                422: "no registered agent declares the workload (the sentence names it), or a "
                     "fan-out matches no device (no executor, for a host job)"},
               body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
@@ -340,7 +345,8 @@ def _jobs() -> list[Route]:
                         "one job spec, or an array of up to 1000"), tag=tag),
         Route("POST", "/api/jobs", "POST /jobs under the name the original's clients use",
               {201: json_reply({"anyOf": [enqueued, batch]}, "stored")},
-              {**JSON_ERRORS, 409: "a job_id exists already (or repeats in the array)",
+              {**JSON_ERRORS, 401: SIGNING_401, 403: SIGNING_403,
+               409: "a job_id exists already (or repeats in the array)",
                422: "no registered agent declares the workload, or a fan-out matches nothing"},
               body=Body({"anyOf": [ref("JobSpec"), arr(ref("JobSpec"), minItems=1,
                                                         maxItems=1000)]},

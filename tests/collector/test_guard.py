@@ -223,3 +223,32 @@ async def test_encoded_slash_cannot_slip_past_the_guard(collector_factory, monke
     client = await start(collector_factory, monkeypatch, TOKEN)
     resp = await client.post("/api/jobs/a%2Fb/cancel")
     assert resp.status == 401
+
+
+def archive_job(job_id: str) -> dict:
+    return job(job_id, workload="archive", executor="host",
+               params={"source": "a" * 64, "app": "shop", "account": "release"})
+
+
+async def test_a_signing_job_needs_the_token_when_one_is_set(collector_factory, monkeypatch):
+    """POST /jobs is open, but an archive job has an executor sign bytes the job names with its
+    owner's release key: with a token set, it is a dashboard change, alone or in a batch."""
+    client = await start(collector_factory, monkeypatch, TOKEN)
+    resp = await client.post("/jobs", json=archive_job("sign-1"))
+    assert resp.status == 401 and "release key" in (await resp.json())["error"]
+    resp = await client.post("/jobs", json=archive_job("sign-2"),
+                             headers={"X-Fleet-Token": "wrong"})
+    assert resp.status == 403
+    resp = await client.post("/api/jobs", json=[job("plain-1"), archive_job("sign-3")])
+    assert resp.status == 401
+    for job_id in ("sign-1", "sign-2", "sign-3", "plain-1"):
+        assert (await client.get(f"/jobs/{job_id}")).status == 404, job_id  # nothing stored
+    assert (await client.post("/jobs", json=job("plain-2"))).status == 201  # others stay open
+    resp = await client.post("/jobs", json=archive_job("sign-4"), headers=GOOD)
+    assert resp.status == 201, await resp.text()
+
+
+async def test_without_a_token_a_signing_job_is_as_open_as_any(collector_factory, monkeypatch):
+    client = await start(collector_factory, monkeypatch)
+    resp = await client.post("/jobs", json=archive_job("sign-1"))
+    assert resp.status == 201, await resp.text()

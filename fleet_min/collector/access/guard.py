@@ -139,14 +139,34 @@ def check(method: str, template: str | None, path: str, headers: Mapping[str, st
     """
     if not is_guarded(method.upper(), template, path):
         return
-    if not token:
-        return
+    if token:
+        _require(headers, token, MISSING)
+
+
+def _require(headers: Mapping[str, str], token: str, missing: str) -> None:
+    """401 without the token, 403 with another; the comparison is constant-time."""
     given = headers.get(TOKEN_HEADER)
     if given is None or given == "":
-        raise Unauthorized(MISSING)
+        raise Unauthorized(missing)
     if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
                                token.encode("utf-8", "surrogateescape")):
         raise Forbidden(WRONG)
+
+
+# Workloads whose jobs use a secret of the executor's owner on bytes the job names: an archive
+# job signs its source with a release key. POST /jobs stays open (the spec), so with a token set
+# such a job is a dashboard change: whoever can reach the collector must not get their own bytes
+# signed under the owner's name.
+SIGNING_WORKLOADS = frozenset({"archive"})
+SIGNING_MISSING = ("this collector requires X-Fleet-Token for jobs that sign with an executor's "
+                   "release key (the archive workload)")
+
+
+def check_signing_jobs(workloads: list[str], headers: Mapping[str, str],
+                       token: str | None) -> None:
+    """Refuse jobs of a signing workload without the dashboard token, when one is set."""
+    if token and not SIGNING_WORKLOADS.isdisjoint(workloads):
+        _require(headers, token, SIGNING_MISSING)
 
 
 def dash_token(config: CollectorConfig) -> str | None:

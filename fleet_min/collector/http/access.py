@@ -96,6 +96,14 @@ def mesh_caller(request: web.Request) -> str | None:
     return node
 
 
+def check_signing_jobs(request: web.Request, specs: list[JobSpec],
+                       config: CollectorConfig) -> None:
+    """Refuse (401/403) jobs that sign with an executor's release key without the dashboard
+    token, when one is set (see guard.SIGNING_WORKLOADS)."""
+    guard.check_signing_jobs([str(spec.get("workload")) for spec in specs], request.headers,
+                             guard.dash_token(config))
+
+
 def check_ci_target(request: web.Request, spec: JobSpec) -> None:
     """Refuse (400) a spec whose report_to.ci_status is outside FLEET_CI_STATUS_REPOS."""
     ci_status.check_spec(request.app[CI].settings, spec)
