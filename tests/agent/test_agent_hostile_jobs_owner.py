@@ -14,11 +14,9 @@ neighbour of an open collector has: POST /artifacts and POST /jobs.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -31,19 +29,12 @@ from tests.support.agent import (
     FAKE_XCODEBUILD,
     make_tool,
     wait_for,
+    zip_of,
 )
 
 pytestmark = pytest.mark.slow
 
 SECRET = "s3cret"  # the keystore password the fakes expect; never in a row or an error
-
-
-def zip_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as bundle:
-        for name, data in files.items():
-            bundle.writestr(name, data)
-    return buffer.getvalue()
 
 
 APK = zip_of({"AndroidManifest.xml": b"attacker manifest", "classes.dex": b"ATTACKER PAYLOAD"})

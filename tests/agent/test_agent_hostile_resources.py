@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent import free_port, http_bytes, make_tool, wait_for
+from tests.support.agent import device_job, free_port, http_bytes, make_tool, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -32,14 +32,6 @@ open(out, "wb").write(b"GGUF converted")
 """
 
 BLOCK = b"\0" * (16 << 20)
-
-
-def job(job_id: str, workload: str, backend: str | None = None, **fields) -> dict:
-    spec = {"schema": 1, "job_id": job_id, "workload": workload, "executor": "device"}
-    if backend:
-        spec["backend"] = backend
-    spec.update(fields)
-    return spec
 
 
 def registered(collector, device_id: str) -> bool:
@@ -125,7 +117,7 @@ def converted(log: Path) -> list[dict]:
 
 def convert(collector, job_id: str, archive: bytes) -> dict:
     sha = collector.upload(archive, job_id + ".zip")
-    collector.enqueue(job(job_id, "model-convert", model={"name": job_id},
+    collector.enqueue(device_job(job_id, "model-convert", model={"name": job_id},
                           params={"input_sha256": sha, "quant": "f16"}))
     return collector.job(job_id)
 
@@ -180,9 +172,9 @@ def test_a_job_past_max_job_seconds_is_stopped_and_the_next_job_runs(procs):
     agent = procs.agent([collector], "ceiling-1", "--max-job-seconds", "1.5")
     wait_for(lambda: registered(collector, "ceiling-1"), 20, what="registration")
     # About 80 s of synthetic work (24,576 tokens at ~3 ms), within the benchmark's own bound.
-    collector.enqueue(job("long", "benchmark", "synthetic", params={
+    collector.enqueue(device_job("long", "benchmark", "synthetic", params={
         "prompt_tokens": 4096, "gen_tokens": 4096, "warmup_iters": 0, "measure_iters": 3}))
-    collector.enqueue(job("next", "self-check"))
+    collector.enqueue(device_job("next", "self-check"))
     status, row = ended(collector, "long", 30)
     assert status == "failed", row
     assert row["error"] == ("stopped: the job ran for the 1.5 s this agent allows a job (its "
@@ -195,7 +187,7 @@ def test_a_benchmark_sized_for_months_is_refused(procs):
     collector = procs.collector()
     procs.agent([collector], "bench-1")
     wait_for(lambda: registered(collector, "bench-1"), 20, what="registration")
-    collector.enqueue(job("months", "benchmark", "synthetic", params={
+    collector.enqueue(device_job("months", "benchmark", "synthetic", params={
         "prompt_tokens": 1_000_000, "gen_tokens": 1_000_000, "warmup_iters": 1000,
         "measure_iters": 10_000}))
     status, row = ended(collector, "months", 20)
@@ -227,7 +219,7 @@ def test_serve_listens_beyond_loopback_only_where_the_owner_allows(procs):
     wait_for(lambda: registered(collector, "plain-1"), 20, what="registration")
     port = free_port()
     for job_id, bind in (("every", "0.0.0.0"), ("lan", "10.20.30.40")):
-        collector.enqueue(job(job_id, "serve", "synthetic", targets={"device_id": "plain-1"},
+        collector.enqueue(device_job(job_id, "serve", "synthetic", targets={"device_id": "plain-1"},
                               params={"bind": bind, "port": port, "duration_s": 3}))
         status, row = ended(collector, job_id)
         assert status == "failed", row
@@ -236,13 +228,13 @@ def test_serve_listens_beyond_loopback_only_where_the_owner_allows(procs):
             "serves on loopback (127.0.0.1, ::1) only unless its owner lists the address with "
             "--allow-serve-bind")
         assert not listening(port)
-    collector.enqueue(job("loop", "serve", "synthetic", targets={"device_id": "plain-1"},
+    collector.enqueue(device_job("loop", "serve", "synthetic", targets={"device_id": "plain-1"},
                           params={"bind": "127.0.0.1", "port": port}))
     assert serve_until_cancelled(collector, "loop", port)["ok"] is True
     # An owner who lists 0.0.0.0 lets jobs serve the LAN from that machine.
     procs.agent([collector], "open-1", "--allow-serve-bind", "0.0.0.0")
     wait_for(lambda: registered(collector, "open-1"), 20, what="registration")
     other = free_port()
-    collector.enqueue(job("allowed", "serve", "synthetic", targets={"device_id": "open-1"},
+    collector.enqueue(device_job("allowed", "serve", "synthetic", targets={"device_id": "open-1"},
                           params={"bind": "0.0.0.0", "port": other}))
     assert serve_until_cancelled(collector, "allowed", other)["ok"] is True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.agent import http_bytes, make_tool
+from tests.support.agent import WebSite, http_bytes, make_tool
 
 # --- the address rule: IPv6 forms that carry a private IPv4 address ---
 
@@ -226,41 +226,11 @@ PUBLIC_NAME = "public.test"
 PUBLIC_ADDRESS = "93.184.216.34"  # any global address: connections to it are made locally
 
 
-class Site:
-    """A real HTTP server on 127.0.0.1 answering `pages` (path -> status, body, headers) and
-    keeping every path asked for."""
-
-    def __init__(self, pages: dict) -> None:
-        self.paths: list[str] = []
-        site = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                site.paths.append(self.path)
-                status, body, headers = pages.get(self.path, (404, b"not here", {}))
-                self.send_response(status)
-                for name, value in {"content-length": str(len(body)), **headers}.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.port = self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def secret_site():
     """The loopback-only page a job wants: what a cloud metadata service or a router's admin
     page is to a machine."""
-    site = Site({"/latest/meta-data/iam/security-credentials/role.json":
+    site = WebSite({"/latest/meta-data/iam/security-credentials/role.json":
                  (200, b"<html><body>" + SECRET + b"</body></html>",
                   {"content-type": "text/html", "access-control-allow-origin": "*"})})
     yield site
@@ -311,7 +281,7 @@ def test_a_browser_job_naming_a_loopback_page_is_refused(procs, tmp_path, secret
         assert "a private or local address" in job["last_error"], job
         assert "--allow-private-urls" in job["last_error"]
         assert not any(SECRET in blob for blob in artifacts_of(collector, spec["job_id"]))
-    assert secret_site.paths == []
+    assert secret_site.hits == []
 
 
 PUBLIC_LOOKUP = """\
@@ -371,7 +341,7 @@ def test_a_public_page_cannot_lead_the_browser_to_a_private_one(procs, tmp_path,
         <script>fetch("{secret}?fetch").then(r => r.text()).then(
           t => {{ document.getElementById("out").textContent = t; }}, () => {{}});</script>
         </body></html>""").encode()
-    public = Site({"/redirect": (302, b"", {"location": secret}),
+    public = WebSite({"/redirect": (302, b"", {"location": secret}),
                    "/page": (200, page, {"content-type": "text/html"}),
                    "/plain": (200, b"<!doctype html><html lang=en><head><title>Plain</title>"
                               b"</head><body><p>a plain public page</p></body></html>",
@@ -397,7 +367,7 @@ def test_a_public_page_cannot_lead_the_browser_to_a_private_one(procs, tmp_path,
                  for spec in jobs}
 
         # nothing reached the loopback page, by any of the ways the pages tried
-        assert secret_site.paths == []
+        assert secret_site.hits == []
         for spec in jobs:
             assert not any(SECRET in blob for blob in artifacts_of(collector, spec["job_id"]))
         # a public page that asks for nothing private is loaded through the guard
@@ -413,6 +383,6 @@ def test_a_public_page_cannot_lead_the_browser_to_a_private_one(procs, tmp_path,
         assert b"a public page" in dom
         assert final["redirect-audit"]["last_error"].endswith(", 1 refused request")
         assert final["page-audit"]["last_error"].endswith(", 2 refused requests")
-        assert public.paths.count("/page") == 3 and public.paths.count("/redirect") == 3
+        assert public.hits.count("/page") == 3 and public.hits.count("/redirect") == 3
     finally:
         public.close()

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.support.agent import free_port, http_bytes, http_json, python38, wait_for
+from tests.support.agent import device_job, free_port, http_bytes, http_json, python38, wait_for
 from tests.support.fake_llama import GGUF_MODEL, install_fakes, jsonl, wav_bytes
 
 pytestmark = pytest.mark.slow
@@ -25,14 +25,6 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def registered(collector, device_id: str) -> bool:
     return collector.get(f"/api/devices/{device_id}")[0] == 200
-
-
-def job(job_id: str, workload: str, backend: str | None = None, **fields) -> dict:
-    spec = {"schema": 1, "job_id": job_id, "workload": workload, "executor": "device"}
-    if backend:
-        spec["backend"] = backend
-    spec.update(fields)
-    return spec
 
 
 def final_row(collector, job_id: str) -> dict:
@@ -85,22 +77,23 @@ def test_every_device_workload_runs_on_a_real_agent(procs, tmp_path, website):
                        "expected": 1}]), "pairs")
     dataset = up(jsonl([{"n": n} for n in range(20)]), "dataset.jsonl")
     specs = [
-        job("thermal", "thermal", "synthetic",
+        device_job("thermal", "thermal", "synthetic",
             params={"prompt_tokens": 4, "gen_tokens": 2, "duration_s": 1}),
-        job("thermal-llama", "thermal", "llama.cpp", **llama,
+        device_job("thermal-llama", "thermal", "llama.cpp", **llama,
             params={"prompt_tokens": 8, "gen_tokens": 4, "duration_s": 0}),
-        job("batch", "batch", "synthetic", params={"input_sha256": prompts, "max_tokens": 2}),
-        job("batch-llama", "batch", "llama.cpp", **llama, params={"input_sha256": prompts}),
-        job("llm-eval", "llm-eval", "llama.cpp", **llama, params={"input_sha256": evalset}),
-        job("vision", "vision-eval", "llama.cpp", **llama,
+        device_job("batch", "batch", "synthetic",
+                   params={"input_sha256": prompts, "max_tokens": 2}),
+        device_job("batch-llama", "batch", "llama.cpp", **llama, params={"input_sha256": prompts}),
+        device_job("llm-eval", "llm-eval", "llama.cpp", **llama, params={"input_sha256": evalset}),
+        device_job("vision", "vision-eval", "llama.cpp", **llama,
             params={"input_sha256": images, "mmproj_sha256": up(b"GGUF proj", "proj")}),
-        job("speech", "speech-eval", "whisper.cpp", **llama, params={"input_sha256": audio}),
-        job("embed", "embed-eval", "llama.cpp", **llama, params={"input_sha256": pairs}),
-        job("vantage", "vantage", params={"urls": [site.url + "/"], "repeats": 2}),
-        job("prep", "dataset-prep", params={"source": dataset, "split": "train:3,test:1"}),
-        job("convert", "model-convert", model={"name": "tiny"},
+        device_job("speech", "speech-eval", "whisper.cpp", **llama, params={"input_sha256": audio}),
+        device_job("embed", "embed-eval", "llama.cpp", **llama, params={"input_sha256": pairs}),
+        device_job("vantage", "vantage", params={"urls": [site.url + "/"], "repeats": 2}),
+        device_job("prep", "dataset-prep", params={"source": dataset, "split": "train:3,test:1"}),
+        device_job("convert", "model-convert", model={"name": "tiny"},
             params={"input_sha256": gguf, "formats": ["gguf"], "quant": "Q4_K_M"}),
-        job("build", "build", "make", app={"name": "shelf-app", "platform": "linux"},
+        device_job("build", "build", "make", app={"name": "shelf-app", "platform": "linux"},
             params={"repo": str(repo), "ref": "main", "kind": "make", "task": "all",
                     "app": "dist/app.bin"}),
     ]
@@ -154,14 +147,15 @@ def test_pipeline_follows_a_topic_through_preemption_until_cancelled(procs):
     agent = procs.agent([collector], "pipe-1")
     wait_for(lambda: registered(collector, "pipe-1"), 20, what="registration")
     first = publish(collector, "prompts", {"prompt": "abcd"})
-    collector.enqueue(job("pipe", "pipeline", "synthetic", preemptible=True,
+    collector.enqueue(device_job("pipe", "pipeline", "synthetic", preemptible=True,
                           targets={"device_id": "pipe-1"},
                           params={"topic": "prompts", "output_topic": "answers",
                                   "max_tokens": 2, "after": first - 1}))
     publish(collector, "prompts", "a plain string prompt")
     wait_for(lambda: len(item_rows(collector, "pipe")) >= 2, 30, what="two events")
     # A higher-priority job for this device preempts the pipeline; it resumes after it.
-    collector.enqueue(job("urgent", "self-check", priority=10, targets={"device_id": "pipe-1"}))
+    collector.enqueue(device_job("urgent", "self-check", priority=10,
+                                 targets={"device_id": "pipe-1"}))
     assert collector.wait_status("urgent", ("done", "failed"), 40)["status"] == "done"
     wait_for(lambda: collector.job("pipe")["status"] == "claimed" and collector.job(
         "pipe")["spec"]["params"].get("resume_from"), 40, what="the pipeline to resume")
@@ -189,7 +183,7 @@ def test_serve_answers_on_its_port_until_cancelled(procs):
     procs.agent([collector], "serve-1")
     wait_for(lambda: registered(collector, "serve-1"), 20, what="registration")
     port = free_port()
-    collector.enqueue(job("srv", "serve", "synthetic", params={"port": port, "report_s": 1}))
+    collector.enqueue(device_job("srv", "serve", "synthetic", params={"port": port, "report_s": 1}))
     wait_for(lambda: item_rows(collector, "srv"), 30, what="the ready row")
     for _ in range(2):
         request = urllib.request.Request(
@@ -212,21 +206,21 @@ def test_a_job_waits_for_an_agent_that_declares_its_backend(procs, tmp_path):
     oldest = python38()  # the plain agent on the oldest Python the agent supports, when present
     procs.agent([collector], "plain-1", **({"python": oldest} if oldest else {}))
     wait_for(lambda: registered(collector, "plain-1"), 20, what="registration")
-    status, reply = http_json("POST", collector.url + "/jobs", job(
+    status, reply = http_json("POST", collector.url + "/jobs", device_job(
         "early", "batch", "llama.cpp", params={"input_sha256": "a" * 64}))
     assert status == 422 and "batch:llama.cpp" in reply["error"]  # nobody declares it yet
     procs.agent([collector], "llama-1", env=tool_path(tmp_path))
     wait_for(lambda: registered(collector, "llama-1"), 20, what="registration")
     # llama-1 is kept busy serving; the llama.cpp batch must wait for it, not go to plain-1.
     port = free_port()
-    collector.enqueue(job("busy", "serve", "synthetic", targets={"device_id": "llama-1"},
+    collector.enqueue(device_job("busy", "serve", "synthetic", targets={"device_id": "llama-1"},
                           params={"port": port}))
     wait_for(lambda: collector.job("busy")["status"] == "claimed", 30, what="the server")
     prompts = collector.upload(jsonl([{"prompt": "say ok"}]), "p")
     gguf = collector.upload(GGUF_MODEL, "m")
-    collector.enqueue(job("needs-llama", "batch", "llama.cpp",
+    collector.enqueue(device_job("needs-llama", "batch", "llama.cpp",
                           model={"name": "m", "sha256": gguf}, params={"input_sha256": prompts}))
-    collector.enqueue(job("plain", "batch", "synthetic", params={"input_sha256": prompts}))
+    collector.enqueue(device_job("plain", "batch", "synthetic", params={"input_sha256": prompts}))
     plain = collector.wait_status("plain", ("done", "failed"), 30)
     assert plain["status"] == "done" and plain["claimed_by"] == "plain-1"
     time.sleep(2)  # plain-1 polls again meanwhile; it must not be offered the llama.cpp job

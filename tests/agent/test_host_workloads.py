@@ -33,6 +33,7 @@ from tests.support.agent import (
     make_tool,
     run_job,
     wait_for,
+    zip_of,
 )
 
 ALL_TOOLS = {"adb": FAKE_ADB, "xcrun": FAKE_XCRUN, "fleet-flow-runner": FAKE_FLOW_RUNNER,
@@ -466,14 +467,6 @@ def test_a_cancel_stops_web_unfurl_waiting_on_a_silent_page(fa, host, trickle):
 
 
 # --- archive ---
-
-
-def zip_of(files: dict[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as bundle:
-        for name, data in files.items():
-            bundle.writestr(name, data)
-    return buffer.getvalue()
 
 
 AAB = zip_of({"BundleConfig.pb": b"cfg", "base/manifest/AndroidManifest.xml": b"<m/>"})

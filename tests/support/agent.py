@@ -7,6 +7,7 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
+import io
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -801,6 +803,24 @@ class JobThread(threading.Thread):
         return self.result
 
 
+def zip_of(files: dict[str, bytes]) -> bytes:
+    """A zip archive holding `files` (name -> bytes)."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for name, data in files.items():
+            bundle.writestr(name, data)
+    return buffer.getvalue()
+
+
+def device_job(job_id: str, workload: str, backend: str | None = None, **fields) -> dict:
+    """A device job spec of `workload` (and `backend`), with any other fields given."""
+    spec = {"schema": 1, "job_id": job_id, "workload": workload, "executor": "device"}
+    if backend:
+        spec["backend"] = backend
+    spec.update(fields)
+    return spec
+
+
 class WebSite:
     """A local web server with fixed pages: path -> (status, body, headers); it counts hits."""
 
@@ -827,7 +847,8 @@ class WebSite:
         if tls_context is not None:
             self.server.socket = tls_context.wrap_socket(self.server.socket, server_side=True)
             scheme = "https"
-        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}"
+        self.port = self.server.server_address[1]
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
