@@ -197,6 +197,7 @@ class CollectorConfig:
     stop_grace_s: float
     max_artifact_bytes: int
     max_mirror_bytes: int
+    write_stall_s: float
     schedule_tz: str
     schedule_tick_s: float
     alert_tick_s: float
@@ -263,6 +264,9 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
             "length is refused before the body is sent)."),
     Setting("max_mirror_bytes", "FLEET_MAX_MIRROR_BYTES", 1 << 20, byte_size,
             "Largest live-mirror frame accepted by POST /api/jobs/{id}/mirror (413 above it)."),
+    Setting("write_stall_s", "FLEET_WRITE_STALL_S", 60.0, positive_float,
+            "Seconds a streamed answer (an artifact download, a live-mirror viewer) waits for "
+            "its client to take the next piece (at most 1 MiB) before cutting the connection."),
     # scheduler and alerts
     Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", timezone_name,
             "IANA time zone cron expressions are read in; empty means the host's local time."),

@@ -14,18 +14,21 @@ import math
 import mimetypes
 from collections.abc import AsyncIterator, Awaitable, Callable
 from importlib import resources
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp import web
 from aiohttp.typedefs import Middleware
+from aiohttp.web_protocol import RequestPayloadError
 
 from fleet_min import jsonio, metrics
 from fleet_min.db import StorageError
 from fleet_min.errors import BadRequest, Refused, TimedOut, TooLarge
+from fleet_min.logs import Throttled
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # A feature's life on an app (app.cleanup_ctx): start, yield while the app serves, stop.
@@ -33,6 +36,12 @@ CleanupContext = Callable[[web.Application], AsyncIterator[None]]
 
 MAX_JSON_KEY = web.AppKey("max_json_bytes", int)
 BODY_TIMEOUT_S = 60.0  # a JSON body must have arrived by then: a slow client is cut off
+# A streamed answer (an artifact, the live mirror) whose client takes none of a piece for this
+# long is cut: a client that stops reading would otherwise hold its connection, its descriptors
+# and the bytes queued for it for ever (aiohttp has no send timeout).
+WRITE_STALL_KEY = web.AppKey("write_stall_s", float)
+WRITE_STALL_S = 60.0
+_stalled = Throttled(log, "cut a client of %s that took nothing for %g s")
 
 SECURITY_HEADERS = {
     "X-Content-Type-Options": "nosniff",
@@ -117,14 +126,14 @@ async def read_bytes(request: web.Request, limit: int) -> bytes | bytearray:
 
 async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
     content = request.content
-    if content.is_eof():  # the whole body came with the headers: the usual small JSON body
-        whole = content.read_nowait(limit + 1)
-        if len(whole) > limit:
-            raise TooLarge(f"the request body is larger than the {limit}-byte limit")
-        return whole
-    # read() returns what has arrived so far, so a large body takes several reads.
-    raw = bytearray()
     try:
+        if content.is_eof():  # the whole body came with the headers: the usual small JSON body
+            whole = content.read_nowait(limit + 1)
+            if len(whole) > limit:
+                raise TooLarge(f"the request body is larger than the {limit}-byte limit")
+            return whole
+        # read() returns what has arrived so far, so a large body takes several reads.
+        raw = bytearray()
         async with asyncio.timeout(BODY_TIMEOUT_S):
             while len(raw) <= limit:
                 chunk = await content.read(limit + 1 - len(raw))
@@ -133,9 +142,63 @@ async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
                 raw += chunk
     except TimeoutError:
         raise TimedOut(f"the request body did not arrive within {BODY_TIMEOUT_S:g} s") from None
+    except RequestPayloadError as exc:
+        raise unreadable_body(request, exc) from None
     if len(raw) > limit:
         raise TooLarge(f"the request body is larger than the {limit}-byte limit")
     return raw
+
+
+def unreadable_body(request: web.BaseRequest, exc: RequestPayloadError) -> BadRequest:
+    """The refusal of a body aiohttp could not decode (`Content-Encoding: gzip` over bytes that
+    are not gzip). Nothing more of it is read: the connection closes after the answer, and
+    aiohttp does not read on to log the same failure as its own."""
+    request.content.feed_eof()  # else aiohttp drains the rest after the answer and logs it
+    request.protocol.close()  # the parser gave up on this connection: no next request
+    cause = exc.__cause__
+    reason = str(getattr(cause, "message", None) or cause or exc).strip().rstrip(".")[:200]
+    encoding = request.headers.get("Content-Encoding", "")[:40]
+    advice = (f"; send it plain, or encoded as its Content-Encoding ({encoding}) says"
+              if encoding else "")
+    return BadRequest(f"the request body could not be read: {reason}{advice}")
+
+
+def write_stall_s(request: web.Request) -> float:
+    """How long a streamed answer may wait for its client to take a piece (FLEET_WRITE_STALL_S)."""
+    return request.app.get(WRITE_STALL_KEY, WRITE_STALL_S)
+
+
+async def within_stall(request: web.BaseRequest, stall_s: float, step: Awaitable[T]) -> T:
+    """`step` (a write, a drain, one slice of sendfile) awaited until it completes, or for
+    `stall_s`: then the client has taken nothing of it, and its connection is cut (and the
+    cut logged, at most once a minute) instead of holding it and its queued bytes for ever."""
+    try:
+        async with asyncio.timeout(stall_s):
+            return await step
+    except TimeoutError:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+        _stalled(f"{request.method} {request.path}", stall_s)
+        raise ConnectionResetError(f"the client took nothing for {stall_s:g} s") from None
+
+
+async def write_shared(request: web.BaseRequest, response: web.StreamResponse, data: bytes,
+                       stall_s: float) -> None:
+    """Send `data` as one piece of a prepared streamed answer, handing the transport the bytes
+    object itself. aiohttp joins a chunk with its framing, a copy of it for every client; a
+    frame sent to a thousand live-mirror viewers who read slowly would be held a thousand
+    times. The same bytes object queued for each is held once."""
+    transport = request.transport
+    if transport is None or transport.is_closing():
+        raise ConnectionResetError("the client went away")
+    if response.chunked:
+        transport.write(b"%x\r\n" % len(data))
+        transport.write(data)
+        transport.write(b"\r\n")
+    else:
+        transport.write(data)
+    await within_stall(request, stall_s, request.writer.drain())
 
 
 def _not_json(name: str) -> Any:

@@ -20,10 +20,13 @@ import os
 import signal
 import sys
 import threading
+import time
+from typing import Any
 
 LOG_FILE_ENV = "FLEET_LOG_FILE"
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DATEFMT = "%Y-%m-%dT%H:%M:%S"
+WARN_EVERY_S = 60.0
 
 
 class OneLineFormatter(logging.Formatter):
@@ -31,6 +34,22 @@ class OneLineFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         return " | ".join(part for part in super().format(record).splitlines() if part.strip())
+
+
+class Throttled:
+    """A warning said at most once per WARN_EVERY_S, with how often it happened meanwhile: a
+    flood of the same event is one line a minute, not one line an event."""
+
+    def __init__(self, log: logging.Logger, message: str) -> None:
+        self.log, self.message = log, message
+        self.count, self._next = 0, 0.0
+
+    def __call__(self, *args: Any) -> None:
+        self.count += 1
+        at = time.monotonic()
+        if at >= self._next:
+            self._next = at + WARN_EVERY_S
+            self.log.warning(self.message + " (%d times so far)", *args, self.count)
 
 
 class MalformedRequests(logging.Filter):

@@ -12,6 +12,12 @@ Both services run through here. The order matters:
    then the database writer commits every write it had accepted and closes. A write is only
    ever acknowledged after its COMMIT, so nothing acknowledged is lost either way.
 4. A second signal exits at once, with a line saying it did not wait.
+
+Every connection counts against a cap below the process's descriptor limit (RLIMIT_NOFILE):
+past it a new connection is closed at once and a warning says so (at most once a minute), so
+the descriptors left over always open the database, artifact files and the log. At the limit
+itself the event loop would drop every new connection without a word and SQLite could no longer
+open its files. Request heads are held to MAX_HEADERS lines of MAX_FIELD_SIZE bytes at most.
 """
 
 from __future__ import annotations
@@ -25,14 +31,135 @@ import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
 from fleet_min import dirlock
 from fleet_min.db import StorageError
+from fleet_min.logs import Throttled
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+# aiohttp keeps an unfinished request head in memory at about twice its size, and its defaults
+# (128 lines of 8190 bytes) let one connection hold ~2 MiB that way: a few thousand connections
+# that never end their heads took gigabytes. 32 lines leave room for a browser's (15 to 20) and
+# a proxy's additions; 8190 bytes a line (aiohttp's and Apache's default) keeps a Cookie header
+# that other sites on the same host name have filled. A head past them is answered 400/431.
+MAX_HEADERS = 32
+MAX_FIELD_SIZE = 8190
+MAX_LINE_SIZE = 8190  # the request line: a long query string still fits
+HEAD_LIMITS = {"max_headers": MAX_HEADERS, "max_field_size": MAX_FIELD_SIZE,
+               "max_line_size": MAX_LINE_SIZE}
+# Descriptors kept out of the connection cap: the database (its file, -wal and -shm on each of
+# its connections), artifact files being sent or received, the log, the listening sockets, the
+# event loop's own, and a few to spare.
+FD_RESERVE = 128
+
+
+def connection_cap(soft_limit: int | None = None) -> int:
+    """How many connections may be open at once: the descriptor limit less FD_RESERVE, and at
+    least half of a small limit. 0 where there is no limit to keep below."""
+    if soft_limit is None:
+        try:
+            import resource
+        except ImportError:  # Windows: no RLIMIT_NOFILE
+            return 0
+        soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft_limit == resource.RLIM_INFINITY:
+            return 0
+    return max(soft_limit - FD_RESERVE, soft_limit // 2)
+
+
+class _Counted(asyncio.Protocol):
+    """A connection's protocol as the server made it, counted out of the cap when it ends."""
+
+    __slots__ = ("_cap", "_inner")
+
+    def __init__(self, inner: asyncio.Protocol, cap: ConnectionCap) -> None:
+        self._inner, self._cap = inner, cap
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cap.held -= 1
+        self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._inner.resume_writing()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the cap: closed as soon as it is made."""
+
+    __slots__ = ()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # Nothing of it is read; its descriptor is free again at once. (An asyncio.Transport:
+        # uvloop's transports have its methods but not its class.)
+        cast(asyncio.Transport, transport).abort()
+
+
+class ConnectionCap:
+    """Counts the open connections of a service's listening sockets and refuses those past
+    `cap` (0: no cap). It wraps the protocol factory the sockets accept with, so it works the
+    same on any event loop (asyncio's, uvloop's)."""
+
+    def __init__(self, cap: int, log: logging.Logger) -> None:
+        self.cap, self.held = cap, 0
+        self.refused = Throttled(log, "%d connections are open, the most this process's "
+                                      "descriptor limit allows with some to spare: new ones are "
+                                      "closed at once; raise the limit (LimitNOFILE=, ulimit -n)")
+
+    def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
+        def make() -> asyncio.Protocol:
+            if self.cap and self.held >= self.cap:
+                self.refused(self.held)
+                return _Refused()
+            # Counted when made, not when connected: the loop may accept a whole backlog
+            # before the first of them is connected.
+            self.held += 1
+            return _Counted(factory(), self)
+        return make
+
+    def report(self) -> dict[str, int]:
+        return {"held": self.held, "cap": self.cap, "refused": self.refused.count}
+
+
+CONNECTIONS: web.AppKey[ConnectionCap] = web.AppKey("connections", ConnectionCap)
+
+
+class CappedSite(web.BaseSite):
+    """A bound listening socket served through the app's runner, every connection counted
+    against `cap` (web.SockSite, with the cap's protocol factory)."""
+
+    __slots__ = ("_cap", "_sock")
+
+    def __init__(self, runner: web.BaseRunner, sock: socket.socket, cap: ConnectionCap) -> None:
+        super().__init__(runner)
+        self._sock, self._cap = sock, cap
+
+    @property
+    def name(self) -> str:
+        host, port = self._sock.getsockname()[:2]
+        return f"http://{url_host(host)}:{port}"
+
+    async def start(self) -> None:
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        self._server = await asyncio.get_running_loop().create_server(
+            self._cap.wrap(server), sock=self._sock, backlog=self._backlog)
 
 
 class BindError(OSError):
@@ -135,14 +262,17 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
     started is cleaned up."""
     stopper = Stopper(name)
     stopper.install()  # a signal during start-up is kept and honoured once started
+    cap = ConnectionCap(connection_cap(), stopper.log)
+    app[CONNECTIONS] = cap  # for the service's health report
     # keepalive_timeout also closes a connection that never completes a request (slow loris).
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace_s,
-                           access_log=None, keepalive_timeout=75.0, **runner_kwargs)
+                           access_log=None, keepalive_timeout=75.0,
+                           **{**HEAD_LIMITS, **runner_kwargs})
     try:
         await runner.setup()
         if stopper.why is None:
             for sock in sockets:
-                await web.SockSite(runner, sock).start()
+                await CappedSite(runner, sock, cap).start()
             announce(addresses(sockets))
             await stopper.event.wait()
     finally:

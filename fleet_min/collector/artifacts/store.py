@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 LIMIT_ENV = "FLEET_MAX_ARTIFACT_BYTES"
 BATCH_BYTES = 1 << 20  # of an upload, hashed and written by the worker threads at a time
-READ_BYTES = 1 << 20  # read from disk at a time when sendfile is not available
+READ_BYTES = 256 << 10  # read from disk at a time when sendfile is not available (uvloop):
+# a client that stops reading holds one such piece until its connection is cut
 PER_PAGE = 50
 MAX_HEADER_CHARS = 200
 MAX_REASON_CHARS = 500

@@ -43,12 +43,14 @@ from fleet_min.errors import BadRequest, NotFound
 from fleet_min.http import (
     CHECK_KEY,
     MAX_JSON_KEY,
+    WRITE_STALL_KEY,
     base_middleware_with,
     json_response,
     read_json,
     read_json_object,
 )
 from fleet_min.query import int_param
+from fleet_min.serving import CONNECTIONS
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
 
@@ -415,6 +417,7 @@ def create_app(config: CollectorConfig) -> web.Application:
     app[access.HOST_GATE] = gate
     app[CHECK_KEY] = check
     app[MAX_JSON_KEY] = config.max_json_bytes
+    app[WRITE_STALL_KEY] = config.write_stall_s
     service = Service(config)
     app[SERVICE] = service
     _setup_service(app, service)
@@ -442,6 +445,11 @@ def _setup_service(app: web.Application, service: Service) -> None:
         await service.dispatcher.close()
         service.hub.close()
 
+    def connections() -> dict[str, Any]:
+        cap = app.get(CONNECTIONS)  # set by fleet_min.serving; absent under a test client
+        return {"connections": cap.report()} if cap is not None else {}
+
     app.cleanup_ctx.append(running)
     app.on_startup.append(settle)
     app.on_shutdown.append(answer_waiting)
+    service.health_extras.append(connections)

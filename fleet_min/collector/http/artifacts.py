@@ -12,17 +12,29 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import ClientPayloadError, web
+from aiohttp.web_protocol import RequestPayloadError
 
 from fleet_min.collector.artifacts import store as artifacts
 from fleet_min.collector.artifacts.store import ArtifactStore, Opened, RangeNotSatisfiable
 from fleet_min.collector.service import Service
 from fleet_min.errors import BadRequest, TimedOut, TooLarge
-from fleet_min.http import early_refusal, error_response, json_response, read_json_object
+from fleet_min.http import (
+    early_refusal,
+    error_response,
+    json_response,
+    read_json_object,
+    unreadable_body,
+    within_stall,
+    write_stall_s,
+)
 from fleet_min.timeutil import now
 
 STORE = web.AppKey("artifact_store", ArtifactStore)
 IMMUTABLE = "public, max-age=31536000, immutable"  # a hash's bytes never change
 UPLOAD_WINDOW_S, UPLOAD_MIN_BYTES = 60.0, 64 * 1024  # slower than ~1 KiB/s is cut off
+# sendfile is called for this much at a time, each call under the write-stall deadline: a
+# client that takes less than a slice in FLEET_WRITE_STALL_S (60 s, ~17 KiB/s) is cut off.
+SENDFILE_SLICE = 1 << 20
 
 
 def store_of(request: web.Request) -> ArtifactStore:
@@ -77,6 +89,8 @@ async def upload(request: web.Request) -> web.Response:
     except (ClientPayloadError, ConnectionResetError):
         raise BadRequest("the upload ended before its body was complete; nothing was stored")\
             from None
+    except RequestPayloadError as exc:
+        raise unreadable_body(request, exc) from None
     # 201 every time, bytes stored now or already (decisions.md): one answer for clients to
     # check; `existed` says which.
     return json_response(stored, status=201)
@@ -108,12 +122,14 @@ async def at_a_living_rate(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]
 
 class ArtifactResponse(web.StreamResponse):
     """The bytes of one artifact, or a range of them; sent with sendfile where the event loop
-    has it, else read a MiB at a time on a worker thread. Either way memory stays flat."""
+    has it, else read 256 KiB at a time on a worker thread. Either way memory stays flat, and a
+    client that takes nothing of a piece for `stall_s` is cut off."""
 
-    def __init__(self, opened: Opened, span: tuple[int, int] | None) -> None:
+    def __init__(self, opened: Opened, span: tuple[int, int] | None, stall_s: float) -> None:
         first, last = span if span is not None else (0, opened.size - 1)
         super().__init__(status=206 if span is not None else 200)
         self._opened, self._offset, self._count = opened, first, max(0, last - first + 1)
+        self._stall_s = stall_s
         self.content_type = "application/octet-stream"
         self.content_length = self._count
         self.headers.update({"ETag": f'"{opened.sha256}"', "Accept-Ranges": "bytes",
@@ -135,19 +151,24 @@ class ArtifactResponse(web.StreamResponse):
         transport = request.transport
         if transport is None:
             raise ConnectionResetError("the client went away")
+        loop, offset, left = asyncio.get_running_loop(), self._offset, self._count
         try:
-            await asyncio.get_running_loop().sendfile(transport, self._opened.file,
-                                                      self._offset, self._count)
+            while left > 0:
+                sent = await within_stall(request, self._stall_s, loop.sendfile(
+                    transport, self._opened.file, offset, min(SENDFILE_SLICE, left)))
+                if not sent:
+                    raise ConnectionResetError("the artifact file was truncated while being sent")
+                offset, left = offset + sent, left - sent
         except NotImplementedError:  # uvloop, TLS: read it ourselves
-            await self._send_by_reading()
+            await self._send_by_reading(request, offset, left)
 
-    async def _send_by_reading(self) -> None:
-        fd, offset, left = self._opened.file.fileno(), self._offset, self._count
+    async def _send_by_reading(self, request: web.BaseRequest, offset: int, left: int) -> None:
+        fd = self._opened.file.fileno()
         while left > 0:
             chunk = await asyncio.to_thread(os.pread, fd, min(artifacts.READ_BYTES, left), offset)
             if not chunk:
                 raise ConnectionResetError("the artifact file was truncated while being sent")
-            await self.write(chunk)
+            await within_stall(request, self._stall_s, self.write(chunk))
             offset += len(chunk)
             left -= len(chunk)
 
@@ -178,7 +199,7 @@ async def download(request: web.Request) -> web.StreamResponse:
                                        "bytes")
         response.headers.update({**headers, "Content-Range": f"bytes */{opened.size}"})
         return response
-    sent = ArtifactResponse(opened, span)
+    sent = ArtifactResponse(opened, span, write_stall_s(request))
     filename = artifacts.download_name(request.query.get("filename"))
     if filename is not None:
         sent.headers["Content-Disposition"] = f'attachment; filename="{filename}"'

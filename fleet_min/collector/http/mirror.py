@@ -10,13 +10,20 @@ from __future__ import annotations
 
 import secrets
 
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 
 from fleet_min.collector.http import access
 from fleet_min.collector.insight import mirror
 from fleet_min.collector.service import Service
 from fleet_min.errors import NotFound
-from fleet_min.http import SECURITY_HEADERS, json_response, read_bytes
+from fleet_min.http import (
+    SECURITY_HEADERS,
+    json_response,
+    read_bytes,
+    within_stall,
+    write_shared,
+    write_stall_s,
+)
 from fleet_min.timeutil import iso, now
 
 # A frame's poster chooses its bytes: with a boundary known in advance, a "JPEG" holding
@@ -67,28 +74,39 @@ class Handlers:
             "Content-Type": f"multipart/x-mixed-replace; boundary={boundary}",
             "Cache-Control": "no-store", "X-Accel-Buffering": "no", **SECURITY_HEADERS,
             "Content-Security-Policy": STREAM_POLICY})
+        if request.version >= HttpVersion11:
+            response.enable_chunked_encoding()  # what aiohttp would choose; write_shared frames it
         await response.prepare(request)
-        # Each frame is followed at once by the next boundary and the next part's headers:
-        # Chromium shows a part only once it has read the headers of the part after it.
-        await response.write(part_head)
-        seq = 0
         self.mirrors.join(job_id)
         try:
-            while True:
-                frame = await self.mirrors.next_frame(job_id, seq, RECHECK_S)
-                if frame is mirror.ENDED:
-                    break
-                if frame is None:
-                    if await self._status(job_id) != "claimed":
-                        break
-                    continue
-                assert isinstance(frame, mirror.Frame)
-                # The newest frame each time the viewer has taken the last: never a backlog.
-                await response.write(frame.data + b"\r\n" + part_head)
-                seq = frame.seq
+            await self._send_frames(request, response, job_id, part_head)
+        except ConnectionResetError:
+            pass  # the viewer went, or took nothing for the stall deadline and was cut off
         finally:
             self.mirrors.leave(job_id)
         return response
+
+    async def _send_frames(self, request: web.Request, response: web.StreamResponse,
+                           job_id: str, part_head: bytes) -> None:
+        stall_s = write_stall_s(request)
+        # Each frame is followed at once by the next boundary and the next part's headers:
+        # Chromium shows a part only once it has read the headers of the part after it.
+        await within_stall(request, stall_s, response.write(part_head))
+        seq = 0
+        while True:
+            frame = await self.mirrors.next_frame(job_id, seq, RECHECK_S)
+            if frame is mirror.ENDED:
+                return
+            if frame is None:
+                if await self._status(job_id) != "claimed":
+                    return
+                continue
+            assert isinstance(frame, mirror.Frame)
+            # The newest frame each time the viewer has taken the last: never a backlog. The
+            # frame's bytes object itself is queued, one for every viewer, not a copy each.
+            await write_shared(request, response, frame.data, stall_s)
+            await within_stall(request, stall_s, response.write(b"\r\n" + part_head))
+            seq = frame.seq
 
     async def _status(self, job_id: str) -> str | None:
         row = await self.service.db.read_one(mirror.STATUS_SQL, (job_id,))
