@@ -55,11 +55,14 @@ HEAD_LIMITS = {"max_headers": MAX_HEADERS, "max_field_size": MAX_FIELD_SIZE,
 # its connections), artifact files being sent or received, the log, the listening sockets, the
 # event loop's own, and a few to spare.
 FD_RESERVE = 128
+BACKLOG = 128  # of each listening socket
+MIN_CAP = 16
 
 
-def connection_cap(soft_limit: int | None = None) -> int:
-    """How many connections may be open at once: the descriptor limit less FD_RESERVE, and at
-    least half of a small limit. 0 where there is no limit to keep below."""
+def connection_cap(accept_burst: int, soft_limit: int | None = None) -> int:
+    """How many connections may be open at once: the descriptor limit less FD_RESERVE and less
+    `accept_burst`, the connections the event loop may accept before it counts the first (16
+    at least). 0 where there is no limit to keep below."""
     if soft_limit is None:
         try:
             import resource
@@ -68,7 +71,14 @@ def connection_cap(soft_limit: int | None = None) -> int:
         soft_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         if soft_limit == resource.RLIM_INFINITY:
             return 0
-    return max(soft_limit - FD_RESERVE, soft_limit // 2)
+    return max(soft_limit - FD_RESERVE - accept_burst, MIN_CAP)
+
+
+def accept_burst(loop: asyncio.AbstractEventLoop, sockets: int) -> int:
+    """asyncio's own loop accepts up to a backlog of connections in one go and makes their
+    protocols a step later, so that many descriptors can be open beyond the count; uvloop makes
+    each connection's protocol as it accepts it."""
+    return BACKLOG * sockets if isinstance(loop, asyncio.BaseEventLoop) else 0
 
 
 class _Counted(asyncio.Protocol):
@@ -126,7 +136,7 @@ class ConnectionCap:
             if self.cap and self.held >= self.cap:
                 self.refused(self.held)
                 return _Refused()
-            # Counted when made, not when connected: the loop may accept a whole backlog
+            # Counted when made, not when connected: asyncio makes a burst of protocols
             # before the first of them is connected.
             self.held += 1
             return _Counted(factory(), self)
@@ -159,7 +169,7 @@ class CappedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._cap.wrap(server), sock=self._sock, backlog=self._backlog)
+            self._cap.wrap(server), sock=self._sock, backlog=BACKLOG)
 
 
 class BindError(OSError):
@@ -186,7 +196,7 @@ def _listener(info: tuple[Any, ...]) -> socket.socket:
         if family == socket.AF_INET6:  # "::" means IPv6 only; 0.0.0.0 is its own address
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(address)
-        sock.listen(128)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
     except OSError:
         sock.close()
@@ -262,7 +272,8 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
     started is cleaned up."""
     stopper = Stopper(name)
     stopper.install()  # a signal during start-up is kept and honoured once started
-    cap = ConnectionCap(connection_cap(), stopper.log)
+    burst = accept_burst(asyncio.get_running_loop(), len(sockets))
+    cap = ConnectionCap(connection_cap(burst), stopper.log)
     app[CONNECTIONS] = cap  # for the service's health report
     # keepalive_timeout also closes a connection that never completes a request (slow loris).
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace_s,
