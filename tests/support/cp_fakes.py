@@ -375,3 +375,17 @@ def kill_all_listeners(root: Path) -> None:
                 os.kill(pid, signal.SIGTERM)
         except (OSError, ValueError):
             pass
+    # A listener an action started as the test ended may not have written its pid file yet:
+    # any process whose command line names a path under root is one of the test's own.
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    under = os.fsencode(root) + b"/"
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if under in (entry / "cmdline").read_bytes():
+                os.kill(int(entry.name), signal.SIGTERM)
+        except OSError:
+            pass  # gone meanwhile, or not ours to read
