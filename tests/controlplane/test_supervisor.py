@@ -72,15 +72,23 @@ async def test_systemd_install_writes_a_user_unit_and_uninstall_removes_it(apply
     assert ["--user", "disable", "actions.runner.octo-app.r2.service"] in tools
 
 
-async def test_launchd_install_load_unload(apply_env: Host, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
-    host = apply_env
+async def installed_on_launchd(host: Host, monkeypatch: pytest.MonkeyPatch
+                               ) -> tuple[Launchd, Any]:
+    """Runner mac1 installed as a launchd job by its own svc.sh, read back (its .service now
+    names the plist)."""
     monkeypatch.setenv("FAKE_SVC_MODE", "launchd")
     host.add_runner("mac1", unit=False)
     sup = Launchd(20)
     [runner] = discover(host.root, [])
     assert (await sup.install(runner, None)).ok
-    [runner] = discover(host.root, [])  # svc.sh wrote .service with the plist path
+    [runner] = discover(host.root, [])
+    return sup, runner
+
+
+async def test_launchd_install_load_unload(apply_env: Host, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    host = apply_env
+    sup, runner = await installed_on_launchd(host, monkeypatch)
     assert service_name(runner) == "actions.runner.octo-app.mac1"
     plist = Path(host.env["HOME"]) / "Library/LaunchAgents/actions.runner.octo-app.mac1.plist"
     assert plistlib.loads(plist.read_bytes())["Label"] == "actions.runner.octo-app.mac1"
@@ -203,12 +211,7 @@ async def test_launchd_reads_a_pid_or_status_that_is_no_number_as_none(
         apply_env: Host, monkeypatch: pytest.MonkeyPatch, pid: str, status: str,
         active: str) -> None:
     host = apply_env
-    monkeypatch.setenv("FAKE_SVC_MODE", "launchd")
-    host.add_runner("mac1", unit=False)
-    sup = Launchd(20)
-    [runner] = discover(host.root, [])
-    assert (await sup.install(runner, None)).ok
-    [runner] = discover(host.root, [])
+    sup, runner = await installed_on_launchd(host, monkeypatch)
     assert (await sup.start(runner, (await sup.states([runner]))["mac1"])).ok
     listener = host.wait_listener("mac1")
     rewrite(host, monkeypatch, "launchctl", r"(?m)^[^\t\n]*\t[^\t\n]*\t(?=actions\.)",
