@@ -195,6 +195,7 @@ class CollectorConfig:
     synchronous: str
     log_level: str
     stop_grace_s: float
+    max_devices: int
     max_artifact_bytes: int
     max_mirror_bytes: int
     write_stall_s: float
@@ -258,6 +259,12 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
     Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
             "On SIGTERM or SIGINT, how long requests in progress (an upload) get to finish "
             "before they are cut; long polls and streams end at once, a second signal exits."),
+    Setting("max_devices", "FLEET_MAX_DEVICES", 25000, positive_int,
+            "Most devices the registry holds. Past it a new device takes the place of a "
+            "temporary one (a browser runner's) that left the shelf, or is refused with 507; "
+            "one already registered may always register again. Every device listing reads "
+            "them all, so a bound keeps a flood of registrations from making each listing "
+            "gigabytes."),
     # artifacts
     Setting("max_artifact_bytes", "FLEET_MAX_ARTIFACT_BYTES", 4 << 30, byte_size,
             "Largest artifact accepted by POST /artifacts (413 above it; a larger declared "

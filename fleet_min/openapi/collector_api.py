@@ -248,7 +248,9 @@ def _agents() -> list[Route]:
             "ok": OK_TRUE, "device_id": STR, "capabilities": null(arr(STR)),
             "pools": arr(STR)}), "the effective capabilities and pools")},
             {**JSON_ERRORS, 403: MESH_403,
-             413: f"{TOO_LARGE}, or its descriptor is over 16 KiB of JSON"},
+             413: f"{TOO_LARGE}, or its descriptor is over 16 KiB of JSON",
+             507: "a new device, and the registry holds FLEET_MAX_DEVICES devices none of "
+                  "which is a temporary device that has left the shelf"},
             body=Body(ref("Registration"), "the registration body"), tag=tag),
         Route("POST", "/executors/register", "Register (upsert) a host executor",
               {200: json_reply(obj({"ok": OK_TRUE, "name": STR,
@@ -463,7 +465,12 @@ def _devices() -> list[Route]:
                   "executor": null(enum("device", "host")), "acquired_at": TIME,
                   "expires_at": null(TIME)}))}))}, tag=tag),
         Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
-              {200: json_reply(obj({"devices": arr(ref("Device")), "pools": arr(STR)}))},
+              {200: json_reply(obj({"devices": arr({"allOf": [ref("Device"), obj({
+                  "trimmed": arr(enum("descriptor", "last_beacon"))}, description=(
+                  "which of the two a listing carries cut down: past 2,048 characters of "
+                  "JSON, only their first 32 plain fields (text up to 200 characters); "
+                  "GET /api/devices/{device_id} has them whole"))]}),
+                  "pools": arr(STR)}))},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
                                             "devices"),), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",

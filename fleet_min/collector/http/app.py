@@ -86,7 +86,8 @@ async def register(request: web.Request) -> web.Response:
     _refuse_invalid(validate.validate_register(body))
     service = service_of(request)
     reply = await service.transact(devices.register, body, now(), request.remote,
-                                   caller=access.mesh_caller(request))
+                                   caller=access.mesh_caller(request),
+                                   max_devices=service.config.max_devices)
     return json_response(reply)
 
 

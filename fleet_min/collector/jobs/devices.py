@@ -14,7 +14,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, Conflict, NotFound, TooLarge
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
@@ -106,13 +106,18 @@ def load_device(conn: sqlite3.Connection, device_id: str) -> Device | None:
 
 
 def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address: str | None,
-             effects: Effects, caller: str | None = None) -> dict[str, Any]:
+             effects: Effects, caller: str | None = None,
+             max_devices: int | None = None) -> dict[str, Any]:
     """Upsert a device from a validated registration body; returns the reply of decisions.md.
     A poll the device holds waiting looks again (its capabilities may have changed).
 
     `caller` is the mesh node the registration came from (None off the mesh or without
     FLEET_MESH_ALLOW): a device first registered from the mesh remembers that node, and another
     mesh node may not register it again (fleet_min.collector.jobs.authority).
+
+    `max_devices` (FLEET_MAX_DEVICES) bounds the registry: a device already registered may
+    always register again; a new one takes the place of the temporary device that left the
+    shelf longest ago when the registry is full, and is refused when none has left it.
     """
     device_id = body["device_id"]
     existing = conn.execute(
@@ -120,6 +125,8 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
         (device_id,)).fetchone()
     if caller is not None and existing is not None:
         authority.check_device_node(device_id, existing["mesh_node"], caller)
+    if existing is None and max_devices is not None:
+        _make_room(conn, max_devices, now, effects)
     descriptor: dict[str, Any] = dict(body.get("descriptor") or {})
     if not descriptor.get("platform"):
         descriptor["platform"] = rules.infer_platform(descriptor.get("os"))
@@ -155,6 +162,40 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
     effects.claimant_changed(Executor.DEVICE, device_id)
     return {"ok": True, "device_id": device_id, "capabilities": device.capabilities,
             "pools": device.pools}
+
+
+class RegistryFull(Refused):
+    """507: the registry holds FLEET_MAX_DEVICES devices and none of them may give way."""
+
+    status = 507
+
+
+def _make_room(conn: sqlite3.Connection, max_devices: int, now: float, effects: Effects) -> None:
+    """Before a new device is stored: forget expired temporary devices (silent past their own
+    TTL, holding no lock) until the registry has room for one more, or refuse.
+
+    Without a bound, anyone who can reach the port could register devices until every listing
+    of them (the dashboard reloads it every few seconds) took gigabytes; with it, a flood can
+    at worst keep new devices out, which the refusal's sentence tells the operator how to end.
+    """
+    count = conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
+    if count < max_devices:
+        return
+    # A browser runner's tab is a new device each session: such devices come and go for
+    # good, so the ones long gone give way rather than the registry filling up over months.
+    gone = conn.execute(
+        "SELECT device_id FROM devices d WHERE ttl_s IS NOT NULL AND last_seen + ttl_s < ? "
+        "AND NOT EXISTS (SELECT 1 FROM device_locks l WHERE l.device_id = d.device_id) "
+        "ORDER BY last_seen + ttl_s LIMIT ?", (now, count - max_devices + 1)).fetchall()
+    for (device_id,) in gone:
+        conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
+        effects.emit("device", device_id=device_id, forgotten=True)
+    if count - len(gone) >= max_devices:
+        raise RegistryFull(
+            f"this collector's registry holds {count:,} devices, the most FLEET_MAX_DEVICES "
+            f"allows ({max_devices:,}), and none is a temporary device that has left the shelf; "
+            "forget devices that are gone (DELETE /api/devices/{id}, or the dashboard's Devices "
+            "page) or raise FLEET_MAX_DEVICES")
 
 
 # A second's precision is plenty for minute-scale statuses, and not rewriting a fresh value

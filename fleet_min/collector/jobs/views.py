@@ -236,9 +236,45 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
     return _paged(total, page, "results", [result_record(r) for r in rows])
 
 
+# A listing carries each device's descriptor and last beacon whole up to this many characters
+# of stored JSON (an agent's are a few hundred); a larger one is cut down by SQLite, before it
+# reaches Python, to its first LISTED_SUMMARY_KEYS plain fields, each text no longer than
+# LISTED_TEXT_CHARS (model, os, battery, thermal: what a listing shows), and the record names it
+# in `trimmed`. GET /api/devices/{id} has it whole. 25,000 devices of 16 KiB each made a listing
+# of 800 MB, which the dashboard reloads every few seconds.
+LISTED_JSON_CHARS = 2048
+LISTED_SUMMARY_KEYS = 32
+LISTED_TEXT_CHARS = 200
+
+
+def _listed_json(column: str) -> str:
+    """SQL for `column` (a JSON object) as a listing carries it (LISTED_JSON_CHARS)."""
+    plain = ("CASE type WHEN 'true' THEN json('true') WHEN 'false' THEN json('false') "
+             "ELSE value END")
+    return (f"CASE WHEN {column} IS NULL OR length({column}) <= {LISTED_JSON_CHARS} "
+            f"THEN {column} ELSE (SELECT json_group_object(key, {plain}) FROM "
+            f"(SELECT key, type, value FROM json_each({column}) WHERE type IN "
+            "('integer', 'real', 'true', 'false', 'null') OR (type = 'text' AND "
+            f"length(value) <= {LISTED_TEXT_CHARS}) LIMIT {LISTED_SUMMARY_KEYS})) END "
+            f"AS {column}, length({column}) > {LISTED_JSON_CHARS} AS {column}_trimmed")
+
+
+_LISTED_DEVICE = (
+    "SELECT device_id, name, notes, platform, kind, pools, pools_override, capabilities, ttl_s, "
+    "first_seen, last_seen, last_beacon_at, busy_job_id, busy_collector, busy_at, address, "
+    f"mesh_node, {_listed_json('descriptor')}, {_listed_json('last_beacon')} FROM devices "
+    "ORDER BY last_seen DESC, device_id")
+
+
 async def list_devices(db: Database, now: float, include_expired: bool) -> dict[str, Any]:
-    rows = await db.read("SELECT * FROM devices ORDER BY last_seen DESC, device_id")
-    records = [device_record(r, now) for r in rows]
+    rows = await db.read(_LISTED_DEVICE)
+    records = []
+    for row in rows:
+        record = device_record(row, now)
+        # `beacon`, the original's name for last_beacon, is the same object.
+        record["trimmed"] = [name for name in ("descriptor", "last_beacon")
+                             if row[f"{name}_trimmed"]]
+        records.append(record)
     if not include_expired:
         records = [r for r in records if not r["expired"]]
     # The facet the pool filter offers: every effective pool of the devices listed.

@@ -1,0 +1,108 @@
+"""The device registry's bounds against a neighbour who registers without end: FLEET_MAX_DEVICES
+(new devices past it are refused, or take the place of temporary devices long gone) and the
+listing's trim of bulky descriptors and beacons (the whole record stays one GET away)."""
+
+from __future__ import annotations
+
+from tests.support.collector import age_rows, edit_rows, registration
+
+
+async def register(client, device_id: str, **fields):
+    resp = await client.post("/devices/register", json=registration(device_id, **fields))
+    return resp.status, await resp.json()
+
+
+async def listed(client, query: str = "?expired=1") -> dict[str, dict]:
+    listing = await (await client.get(f"/api/devices{query}")).json()
+    return {d["device_id"]: d for d in listing["devices"]}
+
+
+async def test_a_full_registry_refuses_a_new_device_and_changes_nothing(collector_factory):
+    client = await collector_factory(max_devices=3)
+    for name in ("a", "b", "c"):
+        assert (await register(client, name))[0] == 200
+    status, reply = await register(client, "d")
+    assert status == 507
+    assert "FLEET_MAX_DEVICES" in reply["error"] and "3" in reply["error"]
+    assert "forget" in reply["error"]
+    assert set(await listed(client)) == {"a", "b", "c"}
+    # One already registered may always register again, with a new descriptor.
+    status, _ = await register(client, "b", descriptor={"platform": "linux", "model": "new"})
+    assert status == 200
+    assert (await listed(client))["b"]["descriptor"]["model"] == "new"
+    # Forgetting one makes room.
+    assert (await client.delete("/api/devices/a")).status in (200, 204)
+    assert (await register(client, "d"))[0] == 200
+
+
+async def test_temporary_devices_that_left_the_shelf_give_way_oldest_first(
+        collector_factory, db_path):
+    client = await collector_factory(max_devices=3)
+    await register(client, "shelf")
+    await register(client, "tab-old", ttl_s=60)
+    await register(client, "tab-new", ttl_s=60)
+    # Both tabs left the shelf (silent past their TTL); the older went first.
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 500 WHERE device_id = 'tab-old'")
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 100 WHERE device_id = 'tab-new'")
+    assert (await register(client, "tab-3", ttl_s=60))[0] == 200
+    assert set(await listed(client)) == {"shelf", "tab-new", "tab-3"}
+    # A temporary device still within its TTL, and a shelf device however silent, stay.
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 100000 WHERE device_id = 'shelf'")
+    assert (await register(client, "tab-4", ttl_s=60))[0] == 200  # tab-new gives way
+    status, _ = await register(client, "tab-5", ttl_s=60)
+    assert status == 507
+    assert set(await listed(client)) == {"shelf", "tab-3", "tab-4"}
+
+
+async def test_a_gone_temporary_device_a_job_holds_locked_does_not_give_way(
+        collector_factory, db_path):
+    client = await collector_factory(max_devices=2)
+    await register(client, "tab", ttl_s=60)
+    await register(client, "shelf")
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 500 WHERE device_id = 'tab'")
+    edit_rows(db_path, "INSERT INTO device_locks (device_id, job_id, locked_at) "
+                       "VALUES ('tab', 'soak', 0)")
+    status, reply = await register(client, "new")
+    assert status == 507, reply
+    assert set(await listed(client)) == {"tab", "shelf"}
+
+
+async def test_the_listing_trims_bulky_descriptors_and_beacons_the_record_keeps_them(client):
+    bulky = {"platform": "android", "model": "Pixel 8", "ram_mb": 8192, "rooted": False,
+             "adb": True, "note": "n" * 3000, "sensors": {"list": ["x"] * 10},
+             "extra": None}
+    assert (await register(client, "bulky", descriptor=bulky))[0] == 200
+    await register(client, "small", descriptor={"platform": "linux", "model": "Pi 5"})
+    resp = await client.post("/results", json={
+        "schema": 1, "kind": "beacon", "device_id": "bulky",
+        "beacon": {"battery_pct": 55, "charging": True, "thermal": "nominal", "log": "l" * 4000}})
+    assert resp.status == 200, await resp.text()
+
+    got = await listed(client, "")
+    assert got["small"]["trimmed"] == []
+    assert got["small"]["descriptor"] == {"platform": "linux", "model": "Pi 5"}
+    record = got["bulky"]
+    assert record["trimmed"] == ["descriptor", "last_beacon"]
+    # Plain fields a listing shows survive with their JSON types; long text and nested
+    # values are left to the device's own record.
+    assert record["descriptor"] == {"platform": "android", "model": "Pixel 8", "ram_mb": 8192,
+                                    "rooted": False, "adb": True, "extra": None}
+    assert record["last_beacon"]["battery_pct"] == 55
+    assert record["last_beacon"]["charging"] is True
+    assert record["last_beacon"]["thermal"] == "nominal"
+    assert "log" not in record["last_beacon"]
+    assert record["beacon"] == record["last_beacon"]
+
+    whole = await (await client.get("/api/devices/bulky")).json()
+    assert whole["descriptor"] == bulky
+    assert whole["last_beacon"]["log"] == "l" * 4000
+
+
+async def test_a_listing_of_many_bulky_devices_stays_small(client):
+    # 200 devices whose descriptors are each near the 16 KiB a registration may carry: whole,
+    # they would make the listing over 3 MB; trimmed, each record is a few hundred bytes.
+    descriptor = {"platform": "linux", "model": "m", "pad": "p" * 15000}
+    for n in range(200):
+        assert (await register(client, f"d{n}", descriptor=descriptor))[0] == 200
+    body = await (await client.get("/api/devices")).read()
+    assert len(body) < 200 * 2000, len(body)
