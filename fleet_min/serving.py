@@ -17,7 +17,10 @@ Every connection counts against a cap below the process's descriptor limit (RLIM
 past it a new connection is closed at once and a warning says so (at most once a minute), so
 the descriptors left over always open the database, artifact files and the log. At the limit
 itself the event loop would drop every new connection without a word and SQLite could no longer
-open its files. Request heads are held to MAX_HEADERS lines of MAX_FIELD_SIZE bytes at most.
+open its files. One peer (an IPv4 address, an IPv6 /64) may hold only a share of the cap
+(FLEET_MAX_PEER_CONNECTIONS), so a neighbour that opens connections until the cap is reached
+does not lock out every agent, dashboard and health check; loopback is exempt. Request heads are
+held to MAX_HEADERS lines of MAX_FIELD_SIZE bytes at most.
 """
 
 from __future__ import annotations
@@ -74,6 +77,52 @@ def connection_cap(accept_burst: int, soft_limit: int | None = None) -> int:
     return max(soft_limit - FD_RESERVE - accept_burst, MIN_CAP)
 
 
+# What one peer may hold when FLEET_MAX_PEER_CONNECTIONS is auto: a quarter of the cap, so it
+# takes four busy neighbours to fill it, and at least PEER_SHARE_MIN, so a host executor or a few
+# agents behind one NAT address still fit under a small descriptor limit.
+PEER_SHARE_DIVISOR = 4
+PEER_SHARE_MIN = 64
+PEER_SHARE_ENV = "FLEET_MAX_PEER_CONNECTIONS"
+
+
+def peer_share(cap: int, setting: str = "auto") -> int:
+    """The most connections one peer group may hold: `setting` as a count (0: no per-peer
+    rule), or for auto a quarter of `cap`, PEER_SHARE_MIN at least (0 where there is no cap:
+    no descriptor limit to share)."""
+    if setting != "auto":
+        return int(setting)
+    return max(cap // PEER_SHARE_DIVISOR, PEER_SHARE_MIN) if cap else 0
+
+
+_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:0:0/96, IPv4-mapped IPv6
+_LOOPBACK6 = bytes(15) + b"\x01"
+
+
+def peer_group(peername: Any) -> str | None:
+    """The group a peer's connections count in, as a log line names it: an IPv4 address, an
+    IPv4-mapped IPv6 address as its IPv4 address, an IPv6 address as its /64 prefix (a host is
+    handed a whole /64 and may use any address in it), a link-local IPv6 address whole (all
+    neighbours share fe80::/64). None for the exempt: loopback (a reverse proxy or a benchmark
+    on this host), a Unix socket, no peer name at all. (inet_pton, not ipaddress: this runs
+    for every connection, and ipaddress takes ten times as long.)"""
+    host = peername[0] if isinstance(peername, tuple) and peername else None
+    if not host or not isinstance(host, str):
+        return None
+    if ":" not in host:  # IPv4, as the kernel writes it: the common case, with no parsing
+        return None if host.startswith("127.") else host
+    try:
+        packed = socket.inet_pton(socket.AF_INET6, host.partition("%")[0])
+    except OSError:
+        return None
+    if packed.startswith(_MAPPED):
+        return None if packed[12] == 127 else socket.inet_ntop(socket.AF_INET, packed[12:])
+    if packed == _LOOPBACK6:
+        return None
+    if packed[0] == 0xFE and packed[1] & 0xC0 == 0x80:  # fe80::/10
+        return host
+    return socket.inet_ntop(socket.AF_INET6, packed[:8] + bytes(8)) + "/64"
+
+
 def accept_burst(loop: asyncio.AbstractEventLoop, sockets: int) -> int:
     """asyncio's own loop accepts up to a backlog of connections in one go and makes their
     protocols a step later, so that many descriptors can be open beyond the count; uvloop makes
@@ -82,31 +131,60 @@ def accept_burst(loop: asyncio.AbstractEventLoop, sockets: int) -> int:
 
 
 class _Counted(asyncio.Protocol):
-    """A connection's protocol as the server made it, counted out of the cap when it ends."""
+    """A connection as the cap admitted it, counted in `held` since it was made. Once its peer
+    is known it is also counted in its peer group, or, past the group's share, closed at once
+    and counted out again; only an admitted connection gets the server's protocol, and only it
+    is counted out when it ends."""
 
-    __slots__ = ("_cap", "_inner")
+    __slots__ = ("_cap", "_factory", "_group", "_inner")
 
-    def __init__(self, inner: asyncio.Protocol, cap: ConnectionCap) -> None:
-        self._inner, self._cap = inner, cap
+    def __init__(self, factory: Callable[[], asyncio.Protocol], cap: ConnectionCap) -> None:
+        self._factory, self._cap = factory, cap
+        self._inner: asyncio.Protocol | None = None
+        self._group: str | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        cap = self._cap
+        if cap.peer_cap:
+            group = peer_group(transport.get_extra_info("peername"))
+            if group is not None:
+                held = cap.peers.get(group, 0)
+                if held >= cap.peer_cap:
+                    cap.held -= 1
+                    cap.peer_refused(group, held)
+                    cast(asyncio.Transport, transport).abort()  # see _Refused
+                    return
+                cap.peers[group] = held + 1
+                self._group = group
+        self._inner = self._factory()
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._cap.held -= 1
+        if self._inner is None:  # refused by its peer's share: counted out already
+            return
+        cap = self._cap
+        cap.held -= 1
+        if (group := self._group) is not None:
+            left = cap.peers[group] - 1
+            if left:
+                cap.peers[group] = left
+            else:  # a peer that is gone leaves nothing behind
+                del cap.peers[group]
         self._inner.connection_lost(exc)
 
+    # Called only after connection_made, and never on a refused connection (abort stops
+    # reading and writing), so _inner is set.
     def data_received(self, data: bytes) -> None:
-        self._inner.data_received(data)
+        cast(asyncio.Protocol, self._inner).data_received(data)
 
     def eof_received(self) -> bool | None:
-        return self._inner.eof_received()
+        return cast(asyncio.Protocol, self._inner).eof_received()
 
     def pause_writing(self) -> None:
-        self._inner.pause_writing()
+        cast(asyncio.Protocol, self._inner).pause_writing()
 
     def resume_writing(self) -> None:
-        self._inner.resume_writing()
+        cast(asyncio.Protocol, self._inner).resume_writing()
 
 
 class _Refused(asyncio.Protocol):
@@ -122,14 +200,19 @@ class _Refused(asyncio.Protocol):
 
 class ConnectionCap:
     """Counts the open connections of a service's listening sockets and refuses those past
-    `cap` (0: no cap). It wraps the protocol factory the sockets accept with, so it works the
-    same on any event loop (asyncio's, uvloop's)."""
+    `cap` (0: no cap), and those of a peer group that holds `peer_cap` already (0: no such
+    rule; see peer_group). It wraps the protocol factory the sockets accept with, so it works
+    the same on any event loop (asyncio's, uvloop's)."""
 
-    def __init__(self, cap: int, log: logging.Logger) -> None:
-        self.cap, self.held = cap, 0
+    def __init__(self, cap: int, log: logging.Logger, peer_cap: int = 0) -> None:
+        self.cap, self.held, self.peer_cap = cap, 0, peer_cap
+        self.peers: dict[str, int] = {}  # connections held by each peer group holding any
         self.refused = Throttled(log, "%d connections are open, the most this process's "
                                       "descriptor limit allows with some to spare: new ones are "
                                       "closed at once; raise the limit (LimitNOFILE=, ulimit -n)")
+        self.peer_refused = Throttled(log, f"%s holds %d connections, the most one peer may "
+                                           f"hold ({PEER_SHARE_ENV}); new ones from it are "
+                                           f"closed at once")
 
     def wrap(self, factory: Callable[[], asyncio.Protocol]) -> Callable[[], asyncio.Protocol]:
         def make() -> asyncio.Protocol:
@@ -139,11 +222,12 @@ class ConnectionCap:
             # Counted when made, not when connected: asyncio makes a burst of protocols
             # before the first of them is connected.
             self.held += 1
-            return _Counted(factory(), self)
+            return _Counted(factory, self)
         return make
 
     def report(self) -> dict[str, int]:
-        return {"held": self.held, "cap": self.cap, "refused": self.refused.count}
+        return {"held": self.held, "cap": self.cap, "refused": self.refused.count,
+                "peer_cap": self.peer_cap, "peer_refused": self.peer_refused.count}
 
 
 CONNECTIONS: web.AppKey[ConnectionCap] = web.AppKey("connections", ConnectionCap)
@@ -266,14 +350,15 @@ class Stopper:
 
 async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name: str,
                 grace_s: float, announce: Callable[[list[tuple[str, int]]], None],
-                **runner_kwargs: Any) -> str:
+                peer_connections: str = "auto", **runner_kwargs: Any) -> str:
     """Run `app` on the bound sockets until a stop signal; the name of the signal. The sockets
     are closed either way; a failure of the app's start-up propagates after whatever had
-    started is cleaned up."""
+    started is cleaned up. `peer_connections` is FLEET_MAX_PEER_CONNECTIONS (see peer_share)."""
     stopper = Stopper(name)
     stopper.install()  # a signal during start-up is kept and honoured once started
     burst = accept_burst(asyncio.get_running_loop(), len(sockets))
-    cap = ConnectionCap(connection_cap(burst), stopper.log)
+    limit = connection_cap(burst)
+    cap = ConnectionCap(limit, stopper.log, peer_share(limit, peer_connections))
     app[CONNECTIONS] = cap  # for the service's health report
     # keepalive_timeout also closes a connection that never completes a request (slow loris).
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace_s,
@@ -298,11 +383,11 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
 def run(name: str, directory: Path, shown: str, what: str, hosts: Sequence[str], port: int,
         make_app: Callable[[], web.Application], *, grace_s: float,
         announce: Callable[[list[tuple[str, int]]], None], log_file: str = "",
-        dir_mode: int = 0o700, **runner_kwargs: Any) -> int:
+        dir_mode: int = 0o700, peer_connections: str = "auto", **runner_kwargs: Any) -> int:
     """A service's whole life, the same for both: own its directory (made with `dir_mode` when
     missing; `what` names it in a refusal, `shown` as the person gave it), bind, build the app,
     run until a signal, and say how it ended. The exit code: 0 after a signal, 1 when it could
-    not start."""
+    not start. `peer_connections`: FLEET_MAX_PEER_CONNECTIONS (see peer_share)."""
     log = logging.getLogger(f"fleet_min.{name}")
     try:
         dirlock.hold(directory, name, shown=shown, mode=dir_mode)  # held until the process ends
@@ -313,7 +398,8 @@ def run(name: str, directory: Path, shown: str, what: str, hosts: Sequence[str],
         return _refuse(name, f"cannot use the {what} {shown}: {reason(exc)}")
     try:
         why = asyncio.run(serve(make_app(), sockets, name=name, grace_s=grace_s,
-                                announce=announce, **runner_kwargs))
+                                announce=announce, peer_connections=peer_connections,
+                                **runner_kwargs))
     except StorageError as exc:
         log.error("%s", exc)
         # The log went to a file: the person at the terminal is told too.
