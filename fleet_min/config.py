@@ -109,6 +109,32 @@ def flag(text: str) -> bool:
     raise ValueError(f"must be 1/0, true/false, yes/no or on/off, got {text!r}")
 
 
+def peer_connections(text: str) -> str:
+    """FLEET_MAX_PEER_CONNECTIONS: auto, or a count of connections (0 turns the rule off); the
+    count stays text because auto is only a number once the descriptor limit is known
+    (fleet_min.serving.peer_share)."""
+    cleaned = text.strip().lower()
+    if cleaned == "auto":
+        return cleaned
+    try:
+        value = int(cleaned)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"must be auto or a number of connections (0 turns the rule off), "
+                         f"got {text[:80]!r}")
+    return str(value)
+
+
+PEER_CONNECTIONS_HELP = (
+    "The most connections one peer may hold at once: an IPv4 address, an IPv6 /64 (loopback "
+    "and Unix sockets are exempt); past it, that peer's new connections are closed at once. "
+    "auto is a quarter of the connection cap (the descriptor limit less a reserve), 64 at "
+    "least, so no one neighbour can take every connection and lock out the agents, dashboards "
+    "and health checks. A host executor driving many devices, or agents behind one NAT or "
+    "proxy address, may need more: set a number (and raise LimitNOFILE= or ulimit -n to "
+    "match); 0 turns the rule off.")
+
 _FLAG_TRUE = {"1", "true", "yes", "on"}
 _FLAG_FALSE = {"0", "false", "no", "off", ""}
 
@@ -199,6 +225,7 @@ class CollectorConfig:
     max_artifact_bytes: int
     max_mirror_bytes: int
     write_stall_s: float
+    max_peer_connections: str
     schedule_tz: str
     schedule_tick_s: float
     alert_tick_s: float
@@ -274,6 +301,8 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
     Setting("write_stall_s", "FLEET_WRITE_STALL_S", 60.0, positive_float,
             "Seconds a streamed answer (an artifact download, a live-mirror viewer) waits for "
             "its client to take the next piece (at most 1 MiB) before cutting the connection."),
+    Setting("max_peer_connections", "FLEET_MAX_PEER_CONNECTIONS", "auto", peer_connections,
+            PEER_CONNECTIONS_HELP),
     # scheduler and alerts
     Setting("schedule_tz", "FLEET_SCHEDULE_TZ", "", timezone_name,
             "IANA time zone cron expressions are read in; empty means the host's local time."),

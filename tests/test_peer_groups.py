@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleet_min.config import peer_connections
 from fleet_min.serving import peer_group, peer_share
 
 
@@ -55,3 +56,15 @@ def test_a_share_that_was_set_is_taken_as_it_is():
     assert peer_share(272, "500") == 500
     assert peer_share(272, "1") == 1
     assert peer_share(272, "0") == 0  # the rule is off
+
+
+@pytest.mark.parametrize(("text", "value"), [("auto", "auto"), (" AUTO ", "auto"),
+                                             ("0", "0"), ("64", "64"), (" 007 ", "7")])
+def test_the_setting_reads_auto_or_a_count(text, value):
+    assert peer_connections(text) == value
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "1.5", "", "64k"])
+def test_the_setting_refuses_anything_else_with_a_sentence(text):
+    with pytest.raises(ValueError, match="must be auto or a number of connections"):
+        peer_connections(text)

@@ -81,6 +81,7 @@ def _serve(app: web.Application, config: CollectorConfig, fast: bool) -> int:
         config.port, lambda: app, grace_s=config.stop_grace_s,
         announce=_announce(config, fast), log_file=config.log_file,
         dir_mode=filemodes.COLLECTOR_DIR,
+        peer_connections=config.max_peer_connections,
         # A client that goes away ends its handler at once: a held long poll or stream is
         # released (and counted out of stream_clients) without waiting for a write.
         handler_cancellation=True)

@@ -94,7 +94,8 @@ def _run(cfg: Any) -> int:
     return serving.run("controlplane", Path(cfg.state_dir).expanduser(), cfg.state_dir,
                        "state directory", [cfg.host], cfg.port, lambda: create_app(cfg),
                        grace_s=cfg.stop_grace_s, announce=_announce(cfg),
-                       log_file=cfg.log_file, dir_mode=filemodes.CONTROLPLANE_DIR)
+                       log_file=cfg.log_file, dir_mode=filemodes.CONTROLPLANE_DIR,
+                       peer_connections=cfg.max_peer_connections)
 
 
 def main(argv: list[str]) -> int:

@@ -18,9 +18,11 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet_min.config import (
+    PEER_CONNECTIONS_HELP,
     Setting,
     SettingsTable,
     flag,
+    peer_connections,
     port_number,
     positive_float,
     positive_int,
@@ -89,6 +91,7 @@ class ControlPlaneConfig:
     log_level: str
     log_file: str
     stop_grace_s: float
+    max_peer_connections: str
     host_name: str
     coordinator: str
     coordinator_token_file: str
@@ -134,6 +137,8 @@ CONTROLPLANE_SETTINGS: SettingsTable[ControlPlaneConfig] = SettingsTable(
     Setting("stop_grace_s", "FLEET_STOP_GRACE_S", 3.0, positive_float,
             "On SIGTERM or SIGINT, how long requests in progress get to finish before they "
             "are cut; streams end at once, a second signal exits."),
+    Setting("max_peer_connections", "FLEET_MAX_PEER_CONNECTIONS", "auto", peer_connections,
+            PEER_CONNECTIONS_HELP),
     Setting("host_name", "FLEET_HOST_NAME", "", _host_name,
             "This host's name in the federation (default: the system's host name)."),
     Setting("coordinator", "FLEET_COORDINATOR", "", _coordinator,
