@@ -508,7 +508,12 @@ def _reads() -> list[Route]:
         Route("GET", "/api/health", "Health", {200: json_reply(obj({
             "ok": BOOL, "collector": STR, "name": STR, "instance": STR, "started_at": TIME,
             "uptime_s": NUM, "now": TIME, "node": STR, "pid": INT, "stream_clients": integer(0),
-            "guard": BOOL}))}, tag=tag),
+            "guard": BOOL,
+            # A served collector's connections: open, the cap, refused past it; the most one
+            # peer group may hold (0: no such rule) and how many it refused.
+            "connections?": obj({"held": integer(0), "cap": integer(0), "refused": integer(0),
+                                 "peer_cap": integer(0), "peer_refused": integer(0)})}))},
+              tag=tag),
         Route("GET", "/api/overview", "Fleet overview in one call", {200: json_reply(obj({
             "devices": obj({"total": INT, "online": INT, "stale": INT, "offline": INT,
                             "low_battery_devices": arr(STR)}),
