@@ -163,8 +163,9 @@ class HttpClient:
 class CollectorProcess:
     def __init__(self, data_dir: Path, port: int | None = None,
                  env: dict[str, str] | None = None, argv: list[str] | None = None,
-                 cwd: Path | None = None) -> None:
+                 cwd: Path | None = None, bind: str = "127.0.0.1") -> None:
         self.data_dir = data_dir
+        self.bind = bind  # --bind, comma-separated; keep 127.0.0.1 in it for `client` below
         self.port = port or free_port()
         self.extra_env = env or {}
         self.argv = argv or [sys.executable, "-m", "fleet_min", "collector"]
@@ -188,7 +189,7 @@ class CollectorProcess:
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(
             [*self.argv, "--port", str(self.port), "--data", str(self.data_dir),
-             "--bind", "127.0.0.1"],
+             "--bind", self.bind],
             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.cwd)
         log.close()
         if wait:
