@@ -299,8 +299,9 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
     Setting("max_mirror_bytes", "FLEET_MAX_MIRROR_BYTES", 1 << 20, byte_size,
             "Largest live-mirror frame accepted by POST /api/jobs/{id}/mirror (413 above it)."),
     Setting("write_stall_s", "FLEET_WRITE_STALL_S", 60.0, positive_float,
-            "Seconds a streamed answer (an artifact download, a live-mirror viewer) waits for "
-            "its client to take the next piece (at most 1 MiB) before cutting the connection."),
+            "Seconds a client may take nothing of an answer before its connection is cut: a "
+            "streamed answer's next piece (an artifact download's 1 MiB, a live-mirror frame), "
+            "or any other answer once more than 64 KiB of it waits for the client."),
     Setting("max_peer_connections", "FLEET_MAX_PEER_CONNECTIONS", "auto", peer_connections,
             PEER_CONNECTIONS_HELP),
     # scheduler and alerts

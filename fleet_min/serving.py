@@ -40,6 +40,7 @@ from aiohttp import web
 
 from fleet_min import dirlock
 from fleet_min.db import StorageError
+from fleet_min.http import WRITE_STALL_KEY, WRITE_STALL_S
 from fleet_min.logs import Throttled
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -136,12 +137,14 @@ class _Counted(asyncio.Protocol):
     and counted out again; only an admitted connection gets the server's protocol, and only it
     is counted out when it ends."""
 
-    __slots__ = ("_cap", "_factory", "_group", "_inner")
+    __slots__ = ("_cap", "_factory", "_group", "_inner", "_stall", "_transport")
 
     def __init__(self, factory: Callable[[], asyncio.Protocol], cap: ConnectionCap) -> None:
         self._factory, self._cap = factory, cap
         self._inner: asyncio.Protocol | None = None
         self._group: str | None = None
+        self._transport: asyncio.Transport | None = None
+        self._stall: StallWatch | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         cap = self._cap
@@ -156,12 +159,16 @@ class _Counted(asyncio.Protocol):
                     return
                 cap.peers[group] = held + 1
                 self._group = group
+        self._transport = cast(asyncio.Transport, transport)
         self._inner = self._factory()
         self._inner.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._inner is None:  # refused by its peer's share: counted out already
             return
+        if self._stall is not None:
+            self._stall.stop()
+            self._stall = None
         cap = self._cap
         cap.held -= 1
         if (group := self._group) is not None:
@@ -180,11 +187,54 @@ class _Counted(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return cast(asyncio.Protocol, self._inner).eof_received()
 
+    # The transport calls these when what it holds for the client passes its high-water mark
+    # and when it falls under the low one. Between the two the client is taking its answer
+    # slowly or not at all: the watch cuts it once it has taken nothing for the stall time.
     def pause_writing(self) -> None:
+        if self._stall is None and self._cap.write_stall_s and self._transport is not None:
+            self._stall = StallWatch(self._transport, self._cap)
         cast(asyncio.Protocol, self._inner).pause_writing()
 
     def resume_writing(self) -> None:
+        if self._stall is not None:
+            self._stall.stop()
+            self._stall = None
         cast(asyncio.Protocol, self._inner).resume_writing()
+
+
+class StallWatch:
+    """Cuts a connection whose client takes none of what it is sent for the cap's
+    `write_stall_s`. Every answer is covered, not only the streamed ones (which have their
+    own deadline per piece, fleet_min.http.within_stall): aiohttp hands a whole JSON answer to
+    the transport at once, and a client that asks for a large listing and never reads it
+    would otherwise hold that answer's megabytes for as long as it keeps the socket open.
+    A client that reads slowly but steadily is not cut: the watch looks again after each
+    period and only a buffer that has not shrunk since ends the connection."""
+
+    __slots__ = ("_cap", "_handle", "_left", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cap: ConnectionCap) -> None:
+        self._transport, self._cap = transport, cap
+        self._left = transport.get_write_buffer_size()
+        self._handle = asyncio.get_running_loop().call_later(cap.write_stall_s, self._look)
+
+    def _look(self) -> None:
+        transport = self._transport
+        if transport.is_closing():
+            return
+        left = transport.get_write_buffer_size()
+        if left and left >= self._left:
+            peer = transport.get_extra_info("peername")
+            self._cap.stalled(peer[0] if isinstance(peer, tuple) and peer else "?",
+                              self._cap.write_stall_s, left)
+            transport.abort()
+            return
+        self._left = left
+        self._handle = asyncio.get_running_loop().call_later(self._cap.write_stall_s,
+                                                             self._look)
+
+    def stop(self) -> None:
+        self._handle.cancel()
 
 
 class _Refused(asyncio.Protocol):
@@ -204,12 +254,16 @@ class ConnectionCap:
     rule; see peer_group). It wraps the protocol factory the sockets accept with, so it works
     the same on any event loop (asyncio's, uvloop's)."""
 
-    def __init__(self, cap: int, log: logging.Logger, peer_cap: int = 0) -> None:
+    def __init__(self, cap: int, log: logging.Logger, peer_cap: int = 0,
+                 write_stall_s: float = WRITE_STALL_S) -> None:
         self.cap, self.held, self.peer_cap = cap, 0, peer_cap
+        self.write_stall_s = write_stall_s  # see StallWatch; 0: no watch
         self.peers: dict[str, int] = {}  # connections held by each peer group holding any
         self.refused = Throttled(log, "%d connections are open, the most this process's "
                                       "descriptor limit allows with some to spare: new ones are "
                                       "closed at once; raise the limit (LimitNOFILE=, ulimit -n)")
+        self.stalled = Throttled(log, "cut a client at %s that took nothing for %g s of the "
+                                      "%d bytes queued for it (FLEET_WRITE_STALL_S)")
         self.peer_refused = Throttled(log, f"%s holds %d connections, the most one peer may "
                                            f"hold ({PEER_SHARE_ENV}); new ones from it are "
                                            f"closed at once")
@@ -358,7 +412,8 @@ async def serve(app: web.Application, sockets: Sequence[socket.socket], *, name:
     stopper.install()  # a signal during start-up is kept and honoured once started
     burst = accept_burst(asyncio.get_running_loop(), len(sockets))
     limit = connection_cap(burst)
-    cap = ConnectionCap(limit, stopper.log, peer_share(limit, peer_connections))
+    cap = ConnectionCap(limit, stopper.log, peer_share(limit, peer_connections),
+                        app.get(WRITE_STALL_KEY, WRITE_STALL_S))
     app[CONNECTIONS] = cap  # for the service's health report
     # keepalive_timeout also closes a connection that never completes a request (slow loris).
     runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=grace_s,
