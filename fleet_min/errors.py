@@ -58,3 +58,10 @@ class Unprocessable(Refused):
 
 class Unavailable(Refused):
     status = 503
+
+
+class RegistryFull(Refused):
+    """507: a registry (devices, host executors) holds as many as its bound allows and the
+    request would add one more."""
+
+    status = 507

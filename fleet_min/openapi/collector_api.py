@@ -57,6 +57,8 @@ STORAGE = "the database cannot be written (disk full, read-only file); nothing c
 BAD_QUERY = "a query parameter is malformed (the sentence names it)"
 NO_JOB = "no job with that id"
 NO_DEVICE = "no device with that id"
+EXECUTORS_FULL = ("a new executor name, and the collector keeps 1,000 host executors, none "
+                  "silent for a day")
 GUARD_401 = "FLEET_DASH_TOKEN is set and X-Fleet-Token is missing"
 GUARD_403 = "X-Fleet-Token is wrong, or the request comes from another site's page"
 SIGNING_401 = ("FLEET_DASH_TOKEN is set and an archive job (it signs with an executor's release "
@@ -257,7 +259,7 @@ def _agents() -> list[Route]:
                                     "capabilities": null(arr(STR)), "slots": integer(1, 64)}),
                                "what the executor is offered now: its capabilities (null: "
                                "every host job) and slots")},
-              {**JSON_ERRORS, 403: MESH_403},
+              {**JSON_ERRORS, 403: MESH_403, 507: EXECUTORS_FULL},
               body=Body(obj({"name": string(minLength=1, maxLength=200),
                              "capabilities?": arr(string(minLength=1, maxLength=200),
                                                   maxItems=100),
@@ -270,7 +272,8 @@ def _agents() -> list[Route]:
                503: STORAGE}, tag=tag),
         Route("GET", "/executor/next-job", "Long-poll for a host job", next_job,
               {400: "name is missing or longer than 200 characters, or slots is not an "
-                    "integer from 1 to 64", 403: CLAIM_403, 503: STORAGE},
+                    "integer from 1 to 64", 403: CLAIM_403, 503: STORAGE,
+               507: EXECUTORS_FULL},
               params=(query("name", string(minLength=1, maxLength=200),
                             "the executor's label", required=True),
                       query("slots", integer(1, 64),

@@ -1,9 +1,11 @@
 """The device registry's bounds against a neighbour who registers without end: FLEET_MAX_DEVICES
 (new devices past it are refused, or take the place of temporary devices long gone) and the
-listing's trim of bulky descriptors and beacons (the whole record stays one GET away)."""
+listing's trim of bulky descriptors and beacons (the whole record stays one GET away); the host
+executors a collector keeps (any name a poll gives is stored)."""
 
 from __future__ import annotations
 
+from fleet_min.collector.jobs.executors import MAX_EXECUTORS
 from tests.support.collector import age_rows, edit_rows, registration
 
 
@@ -106,3 +108,42 @@ async def test_a_listing_of_many_bulky_devices_stays_small(client):
         assert (await register(client, f"d{n}", descriptor=descriptor))[0] == 200
     body = await (await client.get("/api/devices")).read()
     assert len(body) < 200 * 2000, len(body)
+
+
+def fill_executors(db_path, count: int, silent_s: float = 0.0) -> None:
+    """`count` host executors, stored as a collector stores polls, last heard `silent_s` ago."""
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                       "WHERE i < ?) INSERT INTO executors (name, first_seen, last_poll, slots) "
+                       "SELECT 'host-' || i, unixepoch() - ?, unixepoch() - ?, 1 FROM n",
+              (count, silent_s, silent_s))
+
+
+async def executors_named(client) -> set[str]:
+    listing = await (await client.get("/api/executors")).json()
+    return {e["name"] for e in listing["executors"]}
+
+
+async def test_a_full_executor_registry_refuses_new_names_by_poll_and_registration(
+        client, db_path):
+    await client.get("/api/health")  # the database exists
+    fill_executors(db_path, MAX_EXECUTORS)
+    resp = await client.get("/executor/next-job?name=newcomer")
+    assert resp.status == 507, await resp.text()
+    assert "1,000" in (await resp.json())["error"]
+    resp = await client.post("/executors/register", json={"name": "newcomer", "slots": 1})
+    assert resp.status == 507
+    names = await executors_named(client)
+    assert "newcomer" not in names and len(names) == MAX_EXECUTORS
+    # A name it keeps still polls.
+    assert (await client.get("/executor/next-job?name=host-7")).status == 204
+
+
+async def test_an_executor_silent_for_a_day_gives_way_to_a_new_name(client, db_path):
+    await client.get("/api/health")
+    fill_executors(db_path, MAX_EXECUTORS - 1)
+    edit_rows(db_path, "INSERT INTO executors (name, first_seen, last_poll, slots) "
+                       "VALUES ('old-mac', unixepoch() - 200000, unixepoch() - 100000, 1)")
+    assert (await client.get("/executor/next-job?name=new-mac")).status == 204
+    names = await executors_named(client)
+    assert "new-mac" in names and "old-mac" not in names
+    assert len(names) == MAX_EXECUTORS

@@ -281,6 +281,7 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
     node the poll came from; None off the mesh) may not act for the claimant.
     """
     if claimant.executor != Executor.DEVICE:
+        executors.admit(conn, claimant.id, now)
         if caller is not None:
             authority.bind_executor(conn, claimant.id, caller, now)
         executors.seen(conn, claimant.id, claimant.slots, now)

@@ -14,7 +14,7 @@ from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
+from fleet_min.errors import BadRequest, Conflict, NotFound, RegistryFull, TooLarge
 from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
@@ -162,12 +162,6 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
     effects.claimant_changed(Executor.DEVICE, device_id)
     return {"ok": True, "device_id": device_id, "capabilities": device.capabilities,
             "pools": device.pools}
-
-
-class RegistryFull(Refused):
-    """507: the registry holds FLEET_MAX_DEVICES devices and none of them may give way."""
-
-    status = 507
 
 
 def _make_room(conn: sqlite3.Connection, max_devices: int, now: float, effects: Effects) -> None:

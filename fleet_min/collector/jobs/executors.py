@@ -19,12 +19,16 @@ from typing import Any
 from fleet_min.collector.jobs import authority, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest
+from fleet_min.errors import BadRequest, RegistryFull
 
 # A second's precision is plenty for a 15-minute horizon; an executor polling in a tight loop
 # does not rewrite its row every time.
 SEEN_EVERY_S = 1.0
 MAX_NAME = 200
+# Host executors a collector keeps: a lab has a few hosts, a large one some dozens. Any name a
+# poll gives is stored, so without a bound a client could add rows for ever, and every listing
+# and every host job's enqueue reads them all.
+MAX_EXECUTORS = 1000
 MAX_CAPABILITIES = 100
 MAX_CAPABILITY_CHARS = 200
 
@@ -81,11 +85,39 @@ def _is_capability_list(value: Any) -> bool:
                     for cap in value))
 
 
+GONE_AFTER_S = 86400.0  # an executor silent this long gives way to a new name when full
+
+
+def admit(conn: sqlite3.Connection, name: str, now: float) -> None:
+    """Before a registration or a poll stores an executor's name. A new name, when the
+    collector keeps MAX_EXECUTORS already, takes the place of the executor silent longest
+    (for GONE_AFTER_S at least, holding no claimed job), or is refused (507, nothing stored)."""
+    if conn.execute("SELECT 1 FROM executors WHERE name = ?", (name,)).fetchone() is not None:
+        return
+    count = conn.execute("SELECT COUNT(*) FROM executors").fetchone()[0]
+    if count < MAX_EXECUTORS:
+        return
+    gone = conn.execute(
+        "SELECT name FROM executors e WHERE max(first_seen, COALESCE(last_poll, 0), "
+        "COALESCE(registered_at, 0)) < ? "
+        "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.status = 'claimed' AND j.executor = ? "
+        "AND j.claimed_by = e.name) ORDER BY max(first_seen, COALESCE(last_poll, 0), "
+        "COALESCE(registered_at, 0)) "
+        "LIMIT ?", (now - GONE_AFTER_S, Executor.HOST, count - MAX_EXECUTORS + 1)).fetchall()
+    conn.executemany("DELETE FROM executors WHERE name = ?", gone)
+    if count - len(gone) >= MAX_EXECUTORS:
+        raise RegistryFull(
+            f"this collector keeps {count:,} host executors, the most it keeps "
+            f"({MAX_EXECUTORS:,}), and none has been silent for a day to give way to "
+            f"the new name {name[:80]!r}")
+
+
 def register(conn: sqlite3.Connection, reg: Registration, now: float, effects: Effects,
              caller: str | None = None) -> dict[str, Any]:
     """Upsert an executor's registration. `caller` (the mesh node it came from, None off the
     mesh) is held to the executor name's binding, as its polls are. A poll it holds waiting
     looks again: what it may take may have changed."""
+    admit(conn, reg.name, now)
     if caller is not None:
         authority.bind_executor(conn, reg.name, caller, now)
     capabilities = json.dumps(reg.capabilities) if reg.capabilities is not None else None
