@@ -79,6 +79,13 @@ def _review(page: Any, width: int) -> list[str]:
     return []
 
 
+def _start_runner(page: Any, width: int) -> list[str]:
+    """Press the runner's Start (before it the page sends nothing) and wait for the enrolment."""
+    page.get_by_role("button", name="Start", exact=True).click()
+    page.wait_for_selector("#log >> text=enrolled as")
+    return []
+
+
 ARTIFACT = hashlib.sha256(APP_BUILD).hexdigest()
 DASH_READY = "#page-title"
 NOTHING_LOADING = ":root:not(:has(.loading))"  # no "Loading…" line left on the screen
@@ -132,8 +139,9 @@ COLLECTOR: list[Stop] = [
     Stop("legacy-schedules", "/dash/legacy/schedules"),
     Stop("legacy-alerts", "/dash/legacy/alerts"),
     Stop("legacy-artifacts", "/dash/legacy/artifacts"),
-    # Last: opening it enrols this browser as a device, which the other pages would then show.
-    Stop("runner", "/runner", "#log >> text=enrolled as"),
+    Stop("runner", "/runner", "#start"),
+    # Last: Start enrols this browser as a device, which the other pages would then show.
+    Stop("runner-started", "/runner", "#start", act=_start_runner),
 ]
 
 

@@ -1,7 +1,8 @@
-"""The browser runner page (/runner) in headless Chromium against a live collector: it enrols as a
-temporary web device, runs synthetic benchmarks with both browser backends, and posts a summary
-whose attestation digest equals the reference (decisions.md, and computed here with hashlib);
-it stops claiming while hidden and hands back a job it claimed too late."""
+"""The browser runner page (/runner) in headless Chromium against a live collector: once Start is
+pressed it enrols as a temporary web device, runs synthetic benchmarks with both browser
+backends, and posts a summary whose attestation digest equals the reference (decisions.md, and
+computed here with hashlib); it stops claiming while hidden and hands back a job it claimed too
+late."""
 
 from __future__ import annotations
 
@@ -51,6 +52,12 @@ def enrolled(page: Any) -> str:
     return str(page.text_content("#device-id"))
 
 
+def start(page: Any) -> str:
+    """Press Start as a person does (a real click), wait for the enrolment; the device's id."""
+    page.get_by_role("button", name="Start", exact=True).click()
+    return enrolled(page)
+
+
 @pytest.fixture
 def collector(tmp_path: Path) -> Any:
     proc = CollectorProcess(tmp_path / "data").start()
@@ -62,7 +69,7 @@ def test_runner_posts_synthetic_benchmarks_matching_the_reference(
         collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
     client = collector.client
     page = open_page(collector.url + "/runner")
-    device_id = enrolled(page)
+    device_id = start(page)
     device = client.get(f"/api/devices/{device_id}")[1]
     assert device["platform"] == "web" and device["kind"] == "browser"
     assert device["temporary"] and device["ttl_s"] > 0
@@ -106,7 +113,7 @@ def test_runner_stops_claiming_while_hidden_and_refuses_what_it_cannot_run(
         collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
     client = collector.client
     page = open_page(collector.url + "/runner")
-    device_id = enrolled(page)
+    device_id = start(page)
     page.wait_for_selector("#status >> text=Waiting for a job")
     page.evaluate("""() => {
         Object.defineProperty(document, "hidden", {value: true, configurable: true});
@@ -146,7 +153,7 @@ def test_runner_stops_a_cancelled_job_at_its_next_beacon(
         collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
     client = collector.client
     page = open_page(collector.url + "/runner")
-    device_id = enrolled(page)
+    device_id = start(page)
     # Short iterations (a slow, shared CI machine must still reach the second one quickly) and
     # many of them, so the job is far from done when it is cancelled; an 8 s lease makes the page
     # beacon every 2 s.
@@ -187,7 +194,7 @@ BRAND_CASES = [
 def test_runner_enrols_with_the_browser_brand_not_the_grease_one(
         collector: CollectorProcess, open_page: Callable[..., Any]) -> None:
     page = open_page(collector.url + "/runner")
-    device_id = enrolled(page)
+    device_id = start(page)
     model = collector.client.get(f"/api/devices/{device_id}")[1]["descriptor"]["model"]
     brands = page.evaluate("navigator.userAgentData.brands.map((b) => [b.brand, b.version])")
     # Debian's Chromium lists "Chromium" and a made-up GREASE brand such as "Not;A=Brand".

@@ -1,6 +1,8 @@
-// The browser runner: enrols this browser as a temporary device, long-polls for jobs, runs
-// synthetic benchmarks (jssha: SHA-256 written in the page; webcrypto: the platform digest),
-// posts per-iteration rows and a summary, beacons while open, and stops claiming when hidden.
+// The browser runner: once the person presses Start, enrols this browser as a temporary device,
+// long-polls for jobs, runs synthetic benchmarks (jssha: SHA-256 written in the page; webcrypto:
+// the platform digest), posts per-iteration rows and a summary, beacons while open, and stops
+// claiming when hidden. Until Start, the page sends nothing to the collector: a link, a redirect
+// or a popup from another site must not make a visitor's browser a worker.
 
 import { browserModel } from "./brand.js";
 
@@ -12,6 +14,8 @@ const HANDBACK_ITER_TOP = 1000000; // the agent's iteration numbers for hand-bac
 // computes another digest computes SHA-256 wrongly, and its figures mean nothing.
 const ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a2fe078a84";
 const DEFAULTS = { prompt_tokens: 512, gen_tokens: 128, warmup_iters: 1, measure_iters: 3 };
+// sessionStorage (this tab, this origin): Start was pressed on this tab's runner page.
+const STARTED_KEY = "fleet.runner.started";
 
 const $ = (id) => document.getElementById(id);
 
@@ -28,6 +32,25 @@ function deviceId() {
     try { sessionStorage.setItem(key, id); } catch { /* as above */ }
   }
   return id;
+}
+
+// Start pressed in this tab is remembered for reloads of the page only. Another site can send
+// the tab here by a link, a redirect, window.open (which copies sessionStorage into the new tab)
+// or history.back(), but cannot reload this page: those arrive as navigate or back_forward.
+function startedBefore() {
+  let started = false;
+  try {
+    started = sessionStorage.getItem(STARTED_KEY) === "1";
+  } catch { /* storage off: Start is asked for on every load */ }
+  const arrival = performance.getEntriesByType("navigation")[0]?.type;
+  return { started, resume: started && arrival === "reload" };
+}
+
+function rememberStarted(started) {
+  try {
+    if (started) sessionStorage.setItem(STARTED_KEY, "1");
+    else sessionStorage.removeItem(STARTED_KEY);
+  } catch { /* storage off: nothing to remember */ }
 }
 
 function descriptor() {
@@ -82,6 +105,12 @@ async function http(method, path, body, signal) {
 
 const sleep = (s) => new Promise((r) => setTimeout(r, s * 1000));
 
+// Why a job is stopped before its end: the log's words, and for a job handed back (its final
+// row says preempted, and the collector queues it again) the row's error.
+const PREEMPTED = { reason: "a job of higher priority is waiting", handBack: "preempted by a job of higher priority" };
+const STOP_PRESSED = { reason: "Stop pressed", handBack: "stopped on the browser runner page" };
+const FROM_HISTORY = { reason: "back from the browser's history, so Start is asked for again", handBack: "stopped on the browser runner page" };
+
 function intParam(params, name, fallback, low, high) {
   const v = params[name] ?? fallback;
   if (!Number.isInteger(v) || v < low || v > high) {
@@ -100,8 +129,13 @@ class Runner {
   constructor() {
     this.id = deviceId();
     this.caps = capabilities();
+    this.running = false;    // between Start (or a resuming reload) and the end of the loops
+    this.everStarted = false;
+    this.registered = false;
+    this.loop = null;        // the poll loop's promise while running
+    this.poll = null;        // aborts the waiting long poll on Stop
     this.paused = false;
-    this.job = null;         // { spec, stop: null | reason }
+    this.job = null;         // { spec, stop: null | { reason, handBack } }
     this.worker = null;
     this.nextMessage = 1;
     this.pending = new Map();
@@ -179,7 +213,9 @@ class Runner {
 
   // -- the loops ------------------------------------------------------------------------------
 
-  async start() {
+  // What the page knows without asking the collector; then idle, or running again after a reload
+  // of a tab where Start was pressed.
+  init() {
     $("device-id").textContent = this.id;
     $("device-link").href = `/dash/devices/${encodeURIComponent(this.id)}`;
     $("device-id").href = $("device-link").href;
@@ -187,21 +223,92 @@ class Runner {
     $("caps").textContent = this.caps.join(", ");
     $("secure").textContent = window.isSecureContext ? "secure context: webcrypto offered"
       : "not a secure context (plain http to another host): only jssha is offered";
+    $("start").addEventListener("click", (ev) => this.pressStart(ev));
+    $("stop").addEventListener("click", () => this.stop(STOP_PRESSED));
     $("pause").addEventListener("click", () => this.togglePause());
     document.addEventListener("visibilitychange", () => this.visibility());
+    // A page the browser kept in its back/forward cache comes back as it was left, running:
+    // history.back() from another site must not bring back a worker either.
+    window.addEventListener("pageshow", (ev) => {
+      if (ev.persisted) this.stop(FROM_HISTORY);
+    });
     this.idleBeacons();
-    await this.pollLoop();
+    const { started, resume } = startedBefore();
+    if (resume) {
+      this.begin("resumed after a reload: Start was pressed in this tab");
+    } else {
+      if (started) {
+        rememberStarted(false);
+        this.log("not resumed: this tab came back to the page by a link or its history, not a reload");
+      }
+      this.idle();
+    }
+  }
+
+  pressStart(ev) {
+    // Only the person's own click or key press: no script of this page clicks the button.
+    if (!ev.isTrusted || this.running || this.loop) return;
+    rememberStarted(true);
+    this.begin("Start pressed");
+  }
+
+  begin(why) {
+    this.running = true;
+    this.everStarted = true;
+    this.registered = false;   // enrol again: a stopped device may have left the shelf
+    this.paused = false;
+    this.showPause();
+    this.showControls();
+    this.log(why);
+    this.loop = this.pollLoop().finally(() => {
+      this.loop = null;
+      this.idle();
+    });
+  }
+
+  // Stop claiming, give back a waiting poll and a running job, forget Start; the poll loop
+  // then ends and the page is idle again.
+  stop(why) {
+    if (!this.running) return;
+    this.running = false;
+    rememberStarted(false);
+    this.log(`${why.reason}: no new jobs will be claimed`);
+    this.status("Stopping…", "idle");
+    if (this.poll) this.poll.abort();  // the collector hands back a job claimed for a poll that went away
+    if (this.job) this.stopJob(why);
+    if (this.wake) this.wake();
+  }
+
+  idle() {
+    this.showControls();
+    if (this.registered) this.log(`stopped; ${this.id} leaves the shelf after ten minutes of silence`);
+    this.registered = false;
+    this.status(this.everStarted ? "Stopped: this browser sends nothing more to the collector until you press Start."
+      : "Not started: this browser sends nothing to the collector until you press Start.", "idle");
+  }
+
+  showControls() {
+    const moveFocus = document.activeElement === $(this.running ? "start" : "stop");
+    $("start").hidden = this.running;  // hidden in the HTML until this script runs
+    $("stop").hidden = !this.running;
+    $("pause").hidden = !this.running;
+    if (moveFocus) $(this.running ? "stop" : "start").focus();
+  }
+
+  showPause() {
+    $("pause").textContent = this.paused ? "Resume claiming" : "Pause claiming";
+    $("pause").setAttribute("aria-pressed", String(this.paused));
   }
 
   togglePause() {
     this.paused = !this.paused;
-    $("pause").textContent = this.paused ? "Resume claiming" : "Pause claiming";
-    $("pause").setAttribute("aria-pressed", String(this.paused));
+    this.showPause();
     this.log(this.paused ? "paused: no new jobs will be claimed" : "resumed claiming jobs");
     if (!this.paused && this.wake) this.wake();
   }
 
   visibility() {
+    if (!this.running) return;
     if (document.hidden) {
       this.log("page hidden: no new jobs will be claimed until it is shown again");
     } else {
@@ -210,11 +317,11 @@ class Runner {
     }
   }
 
-  canClaim() { return !this.paused && !document.hidden; }
+  canClaim() { return this.running && !this.paused && !document.hidden; }
 
   idleBeacons() {
     const tick = async () => {
-      if (!this.job && this.registered) {
+      if (this.running && !this.job && this.registered) {
         try { await this.beacon(); } catch (err) {
           if (err.status === 404) this.registered = false;  // forgotten: enrol again
         }
@@ -223,46 +330,77 @@ class Runner {
     setInterval(tick, IDLE_BEACON_S * 1000);
   }
 
+  // Until the page may claim, or `seconds` pass (when given); Stop ends the wait at once.
+  async rest(seconds) {
+    await new Promise((resolve) => {
+      this.wake = resolve;
+      if (seconds !== undefined) setTimeout(resolve, seconds * 1000);
+    });
+    this.wake = null;
+  }
+
   async waitUntilClaimable() {
-    while (!this.canClaim()) {
+    while (this.running && !this.canClaim()) {
       this.status(this.paused ? "Paused: not claiming jobs." : "Hidden: not claiming jobs until this page is shown.", "idle");
-      await new Promise((resolve) => { this.wake = resolve; });
-      this.wake = null;
+      await this.rest();
     }
   }
 
   async pollLoop() {
     let backoff = 1;
-    for (;;) {
+    while (this.running) {
       await this.waitUntilClaimable();
+      if (!this.running) break;
       try {
-        if (!this.registered) {
-          this.status("Enrolling this browser as a device…");
-          await this.register();
-          this.log(`enrolled as ${this.id} (${this.caps.join(", ")})`, "good");
-          await this.beacon();
-        }
-        this.status("Waiting for a job…", "idle");
-        const { status, data } = await http("GET", `/devices/${encodeURIComponent(this.id)}/next-job`);
+        await this.pollOnce();
         backoff = 1;
-        if (status === 200 && data) await this.claimed(data);
       } catch (err) {
+        if (!this.running) break;  // Stop aborted the poll
         this.status(`Cannot reach the collector (${err.message}); retrying in ${backoff} s.`, "bad");
         this.log(`poll failed: ${err.message}`, "bad");
         if (err.status === 404) this.registered = false;
-        await sleep(backoff);
+        await this.rest(backoff);
         backoff = Math.min(backoff * 2, MAX_POLL_BACKOFF_S);
       }
     }
   }
 
+  // Enrol when not enrolled, then one long poll, and the job it brings.
+  async pollOnce() {
+    if (!this.registered) {
+      this.status("Enrolling this browser as a device…");
+      await this.register();
+      this.log(`enrolled as ${this.id} (${this.caps.join(", ")})`, "good");
+      await this.beacon();
+      if (!this.running) return;
+    }
+    this.status("Waiting for a job…", "idle");
+    this.poll = new AbortController();
+    try {
+      const { status, data } = await http("GET", `/devices/${encodeURIComponent(this.id)}/next-job`, undefined, this.poll.signal);
+      if (status === 200 && data) await this.claimed(data);
+    } finally {
+      this.poll = null;
+    }
+  }
+
+  whyNotClaiming() {
+    if (!this.running) return "stopped";
+    return this.paused ? "paused" : "hidden";
+  }
+
   async claimed(spec) {
     if (!this.canClaim()) {
-      // The long poll was already waiting when the page was hidden or paused: hand the job back.
+      // The long poll was already waiting when the page was hidden, paused or stopped: hand
+      // the job back.
       try {
         await http("POST", `/jobs/${encodeURIComponent(spec.job_id)}/release`, { device_id: this.id });
-        this.log(`handed ${spec.job_id} back: this page is ${this.paused ? "paused" : "hidden"}`);
+        this.log(`handed ${spec.job_id} back: this page is ${this.whyNotClaiming()}`);
       } catch (err) {
+        if (!this.running) {
+          this.log(`could not hand ${spec.job_id} back (${err.message}); the collector queues it again when its lease lapses`, "bad");
+          return;
+        }
         this.log(`could not hand ${spec.job_id} back (${err.message}); running it`, "bad");
         await this.run(spec);
       }
@@ -279,8 +417,12 @@ class Runner {
     const ttl = spec.lease?.ttl_s > 0 ? spec.lease.ttl_s : 600;
     const keeper = setInterval(() => this.renew(), Math.max(2, Math.min(30, ttl / 4)) * 1000);
     try {
-      const outcome = await this.benchmark(spec);
+      const outcome = await this.outcome(spec);
       await this.post({ job_id: spec.job_id, iter: 0, final: true, ...outcome });
+      if (outcome.preempted) {
+        this.log(`handed ${spec.job_id} back: ${this.job.stop.reason}`);
+        return;
+      }
       this.done += 1;
       $("done").textContent = String(this.done);
       if (outcome.ok) {
@@ -299,23 +441,36 @@ class Runner {
     }
   }
 
+  // The job's final row: the benchmark's, or a hand-back's when the job was stopped to be given
+  // back (a preemption, or Stop), whichever phase it was in.
+  async outcome(spec) {
+    try {
+      return await this.benchmark(spec);
+    } catch (err) {
+      const stop = this.job?.stop;
+      if (err instanceof Stopped && stop?.handBack) return this.handBack(spec, stop.handBack);
+      throw err;
+    }
+  }
+
   async renew() {
     const job = this.job;
     if (!job) return;
     try {
       const reply = await this.beacon(job.spec.job_id);
-      if (reply.lease_renewed === false) this.stopJob("the collector no longer holds this job for this browser (cancelled, or the lease lapsed)");
-      else if (reply.preempt) this.stopJob("a job of higher priority is waiting", true);
+      if (reply.lease_renewed === false) this.stopJob({ reason: "the collector no longer holds this job for this browser (cancelled, or the lease lapsed)" });
+      else if (reply.preempt) this.stopJob(PREEMPTED);
     } catch (err) {
       this.log(`beacon failed: ${err.message}`, "bad");
     }
   }
 
-  stopJob(reason, handBack = false) {
+  // `why`: { reason, handBack }, handBack the final row's error when the job is given back.
+  stopJob(why) {
     if (!this.job || this.job.stop) return;
-    this.job.stop = { reason, handBack };
+    this.job.stop = why;
     if (this.worker) { this.worker.terminate(); this.worker = null; }
-    for (const [, p] of this.pending) p.reject(new Stopped(reason));
+    for (const [, p] of this.pending) p.reject(new Stopped(why.reason));
     this.pending.clear();
   }
 
@@ -396,7 +551,6 @@ class Runner {
     }
     const battery = (await vitals()).battery_pct;
     const completed = await this.measure(spec, plan);
-    if (completed === null) return this.handBack(spec);
     const metrics = {};
     for (const key of ["prefill_tok_s", "decode_tok_s", "ttft_ms"]) {
       const values = completed.map((m) => m[key]).filter((x) => typeof x === "number");
@@ -414,30 +568,25 @@ class Runner {
     return { ok: true, metrics, runner: { backend: spec.backend, user_agent: navigator.userAgent } };
   }
 
-  // Warm-up then measured iterations; null when the collector asked for the job back.
+  // Warm-up then measured iterations.
   async measure(spec, plan) {
     const total = plan.warmup + plan.measure;
     const completed = [];
-    try {
-      for (let i = 1; i <= total; i += 1) {
-        const warm = i <= plan.warmup;
-        const phase = warm ? `warm-up ${i} of ${plan.warmup}` : `iteration ${i - plan.warmup} of ${plan.measure}`;
-        this.status(`Running ${spec.job_id} (${spec.backend}): ${phase}`, "busy");
-        this.showJob(spec, i - 1, total, phase);
+    for (let i = 1; i <= total; i += 1) {
+      const warm = i <= plan.warmup;
+      const phase = warm ? `warm-up ${i} of ${plan.warmup}` : `iteration ${i - plan.warmup} of ${plan.measure}`;
+      this.status(`Running ${spec.job_id} (${spec.backend}): ${phase}`, "busy");
+      this.showJob(spec, i - 1, total, phase);
+      this.check();
+      const metrics = await this.iteration(spec.backend, plan.p, plan.g, i === 1);
+      this.check();
+      if (!warm) {
+        completed.push(metrics);
+        const reply = await this.post({ job_id: spec.job_id, iter: completed.length, ok: true, final: false, metrics });
+        // The reply tells the job's status: closed (cancelled) means stop without a beacon.
+        if (["cancelled", "failed", "done"].includes(reply.status)) this.stopJob({ reason: `the job is ${reply.status} at the collector` });
         this.check();
-        const metrics = await this.iteration(spec.backend, plan.p, plan.g, i === 1);
-        this.check();
-        if (!warm) {
-          completed.push(metrics);
-          const reply = await this.post({ job_id: spec.job_id, iter: completed.length, ok: true, final: false, metrics });
-          // The reply tells the job's status: closed (cancelled) means stop without a beacon.
-          if (["cancelled", "failed", "done"].includes(reply.status)) this.stopJob(`the job is ${reply.status} at the collector`);
-          this.check();
-        }
       }
-    } catch (err) {
-      if (err instanceof Stopped && this.job?.stop?.handBack) return null;
-      throw err;
     }
     this.showJob(spec, total, total, "posting the summary");
     return completed;
@@ -449,13 +598,12 @@ class Runner {
     return n;
   }
 
-  handBack(spec) {
-    this.log(`handing ${spec.job_id} back: a job of higher priority is waiting`);
+  handBack(spec, why) {
     return {
       ok: false, preempted: true, iter: HANDBACK_ITER_TOP - this.handedBack(spec.job_id), metrics: {},
-      error: "preempted by a job of higher priority; the job was handed back (this workload restarts from the beginning)",
+      error: `${why}; the job was handed back (this workload restarts from the beginning)`,
     };
   }
 }
 
-new Runner().start();
+new Runner().init();
