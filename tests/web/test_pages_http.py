@@ -70,6 +70,14 @@ async def test_runner_shell(client: TestClient) -> None:
     assert resp.status == 200
     text = await resp.text()
     assert "/runner/runner.js" in text and resp.headers["Content-Security-Policy"] == PAGE_CSP
+    # No other site may frame it (a Start click must be the person's own, on this page), and it
+    # has no inline script or handler for the policy to refuse.
+    assert resp.headers["X-Frame-Options"] == "DENY" and "frame-ancestors 'none'" in PAGE_CSP
+    assert re.findall(r"<script[^>]*>", text) == [
+        '<script type="module" src="' + await static_prefix(client, "/runner")
+        + '/runner/runner.js">']
+    assert not re.search(r"\son[a-z]+=", text)
+    assert '<button id="start" type="button"' in text
     assert (await client.get("/favicon.svg")).content_type == "image/svg+xml"
 
 
