@@ -3,6 +3,8 @@ the proxy sends it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -233,3 +235,53 @@ async def test_peer_that_went_away_is_502(collector_factory, monkeypatch, tmp_pa
     assert resp.status == 502 and "unreachable" in (await resp.json())["error"]
     [peer] = (await (await local.get("/api/peers")).json())["peers"]
     assert peer["id"] == FAKE_ID and peer["reachable"] is False
+
+
+# -- a peer's id is bound to its address ---------------------------------------------------------
+
+
+def health_naming(collector_id):
+    return json.dumps({"ok": True, "collector": collector_id, "name": "honest-looking"}).encode()
+
+
+async def test_a_peer_claiming_another_peers_id_serves_neither(collector_factory, monkeypatch,
+                                                              tmp_path, fake_peer):
+    """A liar listed first that names the real peer's id must not answer in its place."""
+    fake_peer.devices_body = b'{"devices": [{"device_id": "FAKE-from-liar"}]}'
+    remote = await start(collector_factory, monkeypatch, tmp_path, "remote")
+    remote_id = (await (await remote.get("/api/health")).json())["collector"]
+    fake_peer.health_body = health_naming(remote_id)
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server), url_of(remote)])
+    listing = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert [p["id"] for p in listing] == [remote_id, remote_id]
+    for peer, other in zip(listing, reversed(listing), strict=True):
+        assert peer["reachable"] is False
+        assert f"also claimed by {other['url']}" in peer["error"]
+    resp = await local.get(f"/api/peers/{remote_id}/api/devices")
+    assert resp.status == 502
+    assert "also claimed by" in (await resp.json())["error"]
+    assert not [r for r in fake_peer.requests if r[1].startswith("/api/devices")]
+
+
+async def test_a_peer_that_changes_its_id_is_not_served(collector_factory, monkeypatch,
+                                                        tmp_path, fake_peer, caplog):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 200
+    fake_peer.health_body = health_naming("col-someone-else")
+    caplog.set_level("WARNING", logger="fleet_min.collector.peers")
+    for _ in range(2):
+        [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+        assert peer["id"] == FAKE_ID and peer["reachable"] is False
+        assert "now names collector col-someone-else" in peer["error"]
+    warnings = [r for r in caplog.records if "now names collector" in r.getMessage()]
+    assert len(warnings) == 1  # throttled: not one per check
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == 502 and "now names collector" in (await resp.json())["error"]
+    resp = await local.get("/api/peers/col-someone-else/api/devices")
+    assert resp.status == 404
+    fake_peer.health_body = None  # it names its first id again
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["reachable"] is True and peer["error"] is None
+    assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 200

@@ -1,7 +1,10 @@
 """Other collectors, known only as addresses to read (FLEET_PEERS).
 
 Each peer is checked through its /api/health every REFRESH_S seconds and on demand; its stable
-id (`collector` in that health answer) is how the proxy addresses it. The proxy only reads: GET
+id (`collector` in that health answer) is how the proxy addresses it. A configured address keeps
+the id it named first: a later answer naming another id, or two addresses naming the same id,
+puts that id in doubt, and an id in doubt is never served (a peer cannot take over another's
+id, nor answer under one id today and another tomorrow). The proxy only reads: GET
 requests to an allow-list of read endpoints, no client header forwarded (in particular never the
 client's X-Fleet-Token), no redirect followed, a short timeout and a cap on the answer's size.
 """
@@ -31,6 +34,7 @@ REFRESH_S = 30.0
 TIMEOUT_S = 3.0
 MAX_BODY = 8 << 20  # bytes of one proxied answer
 HEALTH_MAX = 64 << 10
+WARN_EVERY_S = 600.0  # at most one warning per peer this often, not one per check
 COLLECTOR_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 # The read endpoints a peer may be asked for; `{}` is one path segment.
@@ -96,7 +100,8 @@ def readable_path(raw_tail: str) -> str:
 @dataclass
 class Peer:
     url: str
-    id: str | None = None
+    id: str | None = None  # pinned: the id this address named when it first answered
+    claimed: str | None = None  # the id its latest answer named, when that is another
     name: str | None = None
     instance: str | None = None
     reachable: bool = False
@@ -104,10 +109,11 @@ class Peer:
     latency_ms: float | None = None
     error: str | None = None
 
-    def record(self) -> dict[str, Any]:
-        return {"id": self.id, "name": self.name, "url": self.url, "reachable": self.reachable,
+    def record(self, doubt: str | None) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "url": self.url,
+                "reachable": self.reachable and doubt is None,
                 "last_checked": iso(self.last_checked), "latency_ms": self.latency_ms,
-                "instance": self.instance, "error": self.error}
+                "instance": self.instance, "error": doubt or self.error}
 
 
 def _problem(exc: BaseException) -> str:
@@ -127,6 +133,7 @@ class Peers:
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._refreshing: asyncio.Task[None] | None = None
+        self._warned: dict[str, float] = {}  # url -> when its last warning was logged
 
     async def close(self) -> None:
         self._closed = True
@@ -165,6 +172,10 @@ class Peers:
 
     async def _check_all(self) -> None:
         await asyncio.gather(*(self._check(peer) for peer in self.peers))
+        for peer in self.peers:
+            doubt = self.doubt(peer)
+            if doubt is not None:
+                self._warn(peer.url, doubt)
 
     async def _check(self, peer: Peer) -> None:
         started = time.perf_counter()
@@ -186,20 +197,52 @@ class Peers:
             return
         assert health is not None and isinstance(ident, str)
         name = health.get("name")
-        peer.id, peer.reachable, peer.error = ident, True, None
+        if peer.id is None:
+            peer.id = ident  # pinned on first contact
+        peer.claimed = ident if ident != peer.id else None
+        peer.reachable, peer.error = True, None
         peer.name = name if isinstance(name, str) else None
         instance = health.get("instance")
         peer.instance = instance if isinstance(instance, str) else None
 
+    def doubt(self, peer: Peer) -> str | None:
+        """Why this peer's pinned id cannot be trusted to name it, or None."""
+        if peer.id is None:
+            return None
+        if peer.claimed is not None:
+            return (f"its /api/health now names collector {peer.claimed}, but it named "
+                    f"{peer.id} when first contacted; it is not served under either id until "
+                    "it names the first again (restart this collector if the peer was "
+                    "replaced on purpose)")
+        others = [p.url for p in self.peers if p is not peer and p.id == peer.id]
+        if others:
+            return (f"collector id {peer.id} is also claimed by {', '.join(others)}; no "
+                    "address is served under an id two claim (list each collector once in "
+                    "FLEET_PEERS, and remove the address that is not that collector)")
+        return None
+
+    def _warn(self, url: str, problem: str) -> None:
+        """Log a problem with a peer at most once per WARN_EVERY_S, not at every check (a peer
+        that changes its answer at will cannot flood the log either)."""
+        at = time.monotonic()
+        last = self._warned.get(url)
+        if last is None or at - last >= WARN_EVERY_S:
+            self._warned[url] = at
+            log.warning("peer %s: %s", url, problem)
+
     def listing(self) -> dict[str, Any]:
-        return {"peers": [peer.record() for peer in self.peers]}
+        return {"peers": [peer.record(self.doubt(peer)) for peer in self.peers]}
 
     async def find(self, peer_id: str) -> Peer:
-        """The peer with this stable id; an unknown id triggers one refresh before a 404."""
+        """The one peer pinned to this id; an unknown id triggers one refresh before a 404, an
+        id in doubt (changed, or claimed by two addresses) is BadGateway (502)."""
         for attempt in range(2):
             matches = [p for p in self.peers if p.id == peer_id]
             if matches:
-                return next((p for p in matches if p.reachable), matches[0])
+                doubt = self.doubt(matches[0])
+                if doubt is not None:
+                    raise BadGateway(f"peer {peer_id} at {matches[0].url} is not served: {doubt}")
+                return matches[0]
             if attempt == 0 and self.peers:
                 await self.refresh()
         raise NotFound(f"no peer collector with id {peer_id!r}; GET /api/peers lists them")
