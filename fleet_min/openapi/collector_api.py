@@ -930,7 +930,8 @@ def _access() -> list[Route]:
                {200: json_reply(ANY, "the peer's answer")},
                {403: "the path is not one the proxy reads",
                 404: "no peer with that id, or the peer's own 404",
-                502: "the peer is unreachable, silent, or answered something not JSON"}),
+                502: "the peer is unreachable, silent, or answered something not JSON; or "
+                     "its id is in doubt (it now names another, or two peers name it)"}),
               *[(m, "Refused: the proxy never forwards a change", {},
                  {403: "the peer proxy only reads",
                   404: "the path matches no route at all (a line break in it)"})
