@@ -13,6 +13,7 @@ import struct
 import pytest
 
 from fleet_min.collector.access import mdns
+from tests.support.collector import CollectorProcess
 
 ADVERT = mdns.Advert("shelf", "col-0123456789abcdef", 8788, ("192.0.2.10",))
 WAIT_S = 10
@@ -123,6 +124,35 @@ def test_long_names_are_shortened_to_one_label():
     label = mdns.instance_label("a" * 80, "col-0123456789abcdef")
     assert len(label.encode()) <= 63 and label.endswith("(col-0123456789abcdef)")
     assert "." not in mdns.instance_label("pi5.local", "col-1")
+
+
+LONG_IDS = ["col-" + "a" * 76, "col-" + "b" * 196, "c" * 58, "col-" + "é" * 60,
+            "col-" + "😀" * 50, "col." + "d" * 70]
+
+
+@pytest.mark.timeout(10)  # the label once never came back for an id over 58 characters
+@pytest.mark.parametrize("name", ["shelf", "", "a" * 80, "ünïcødé nåme 😀" * 6, "pi5.local"])
+@pytest.mark.parametrize("collector_id", LONG_IDS, ids=lambda i: f"{len(i)}-chars")
+def test_a_long_collector_id_still_gives_names_that_fit(name, collector_id):
+    label = mdns.instance_label(name, collector_id)
+    host = mdns.host_label(collector_id)
+    for one in (label, host):
+        assert 0 < len(one.encode()) <= 63 and "." not in one
+        one.encode("utf-8")  # whole characters only
+    advert = mdns.Advert(name, collector_id, 8788, ("192.0.2.10",))
+    assert advert.host == host + ".local"
+    records = advert.records()  # every name and record encodes
+    assert mdns.read_name(records["ptr"].data, 0)[0] == advert.instance
+    if name.strip():
+        assert label.startswith(name.replace(".", "-")[:4])  # the name keeps a place
+    # two long ids that start alike still give two names
+    other = collector_id[:-1] + "z"
+    assert mdns.instance_label(name, other) != label and mdns.host_label(other) != host
+
+
+def test_ids_that_fit_are_advertised_whole():
+    assert mdns.host_label("col-0123456789abcdef") == "fleet-col-0123456789abcdef"
+    assert mdns.instance_label("vm", "col-" + "a" * 40) == f"vm (col-{'a' * 40})"
 
 
 # -- the responder over UDP ----------------------------------------------------------------------
@@ -257,3 +287,34 @@ async def test_without_mdns_the_advertised_name_is_not_answered(collector_factor
     collector = (await (await client.get("/api/health")).json())["collector"]
     resp = await client.get("/api/health", headers={"Host": f"fleet-{collector}.local"})
     assert resp.status == 421
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("length", [76, 200])
+def test_a_collector_with_a_long_id_starts_advertises_and_stops(tmp_path, length):
+    """A real collector process whose id (as a restored backup may hold) is too long for one
+    DNS label: it starts, advertises shortened names, answers to the advertised host name and
+    stops on SIGTERM."""
+    lan = mdns.advertised_addresses(["0.0.0.0"])
+    if not lan:
+        pytest.skip("this machine has no non-loopback IPv4 address to advertise")
+    data = tmp_path / "data"
+    data.mkdir(mode=0o700)
+    collector_id = "col-" + "a" * (length - 4)
+    (data / "collector-id").write_text(collector_id + "\n")
+    proc = CollectorProcess(data, env={"FLEET_MDNS": "1"}, bind=f"127.0.0.1,{lan[0]}")
+    try:
+        proc.start()
+        status, health = proc.client.get("/api/health")
+        assert status == 200 and health["collector"] == collector_id
+        if health["mdns"].startswith("unavailable"):
+            pytest.skip(f"mDNS cannot run here: {health['mdns']}")
+        assert health["mdns"] == "advertising"
+        host = mdns.Advert("x", collector_id, proc.port, ()).host
+        status, _ = proc.client.get("/api/health", headers={"Host": f"{host}:{proc.port}"})
+        assert status == 200
+        assert f"mDNS: advertising {mdns.Advert(health['name'], collector_id, 0, ()).instance}" \
+            in proc.log()
+    finally:
+        code = proc.stop(timeout=30)
+    assert code == 0, proc.log()

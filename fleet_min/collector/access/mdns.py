@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import ipaddress
 import logging
 import socket
@@ -38,6 +39,9 @@ QU = 0x8000
 MAX_PACKET = 9000
 MAX_JUMPS = 32
 LEGACY_TTL = 10
+LABEL_MAX = 63  # bytes of one DNS label
+HASH_LEN = 10  # hex digits of the hash that stands for the rest of a long collector id
+NAME_ROOM = 16  # bytes of the instance label kept for the collector's name beside a long id
 
 
 class MalformedPacket(ValueError):
@@ -152,12 +156,34 @@ def build_response(records: list[Record], ident: int = 0,
 # -- what this collector says about itself --------------------------------------------------------
 
 
+def clip(text: str, max_bytes: int) -> str:
+    """The longest start of `text` that fits `max_bytes` of UTF-8, never half a character."""
+    return text.encode("utf-8", "replace")[:max(max_bytes, 0)].decode("utf-8", "ignore")
+
+
+def id_part(collector_id: str, max_bytes: int) -> str:
+    """The collector id as a name may carry it: dots made dashes (a dot would split the label),
+    and an id longer than `max_bytes` cut short with a hash of the whole id appended, so two
+    long ids that start alike still give two names."""
+    text = collector_id.replace(".", "-")
+    if len(text.encode("utf-8", "replace")) <= max_bytes:
+        return text
+    digest = hashlib.sha256(collector_id.encode("utf-8", "surrogatepass")).hexdigest()[:HASH_LEN]
+    return clip(text, max_bytes - HASH_LEN - 1) + "-" + digest
+
+
 def instance_label(name: str, collector_id: str) -> str:
-    label = f"{name} ({collector_id})".replace(".", "-")
-    while len(label.encode("utf-8")) > 63:
-        name = name[:-1]
-        label = f"{name} ({collector_id})".replace(".", "-")
-    return label
+    """`<name> (<id>)` in one label of at most 63 bytes: the name is shortened first, the id
+    only when it would leave the name fewer than NAME_ROOM bytes."""
+    room = NAME_ROOM if name.strip() else 0
+    ident = f"({id_part(collector_id, LABEL_MAX - 3 - room)})"
+    shown = clip(name.replace(".", "-"), LABEL_MAX - len(ident.encode("utf-8")) - 1).rstrip()
+    return f"{shown} {ident}" if shown else ident
+
+
+def host_label(collector_id: str) -> str:
+    """`fleet-<id>`, the advertised host's one label, at most 63 bytes."""
+    return "fleet-" + id_part(collector_id, LABEL_MAX - len("fleet-"))
 
 
 @dataclass(frozen=True)
@@ -176,7 +202,7 @@ class Advert:
 
     @property
     def host(self) -> str:
-        return f"fleet-{self.collector_id}.local"
+        return f"{host_label(self.collector_id)}.local"
 
     def records(self) -> dict[str, Record]:
         srv = struct.pack("!HHH", 0, 0, self.port) + encode_name(self.host)
