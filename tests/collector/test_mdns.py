@@ -209,6 +209,56 @@ async def test_other_questions_and_junk_get_no_answer():
         await advertiser.stop()
 
 
+PTR_QUESTION = mdns.encode_name(mdns.SERVICE) + struct.pack("!HH", mdns.PTR, 1)
+
+
+@pytest.mark.parametrize("odd", [
+    b"\x00",  # the root name
+    bytes([63]) + b"\xff" * 63 + b"\x00",  # a label that is no UTF-8
+    b"\x01.\x00",  # a label holding a dot: an empty label once written back
+], ids=["root", "0xff-label", "dot-label"])
+async def test_a_question_that_cannot_be_written_back_is_not_echoed(odd, caplog):
+    """A valid question beside an odd one is answered, echoing only the question answered;
+    nothing is logged as an error, and the responder keeps answering."""
+    caplog.set_level("DEBUG")
+    advertiser, address = await unicast_responder()
+    packet = (struct.pack("!HHHHHH", 0x4242, 0, 2, 0, 0, 0) + PTR_QUESTION + odd
+              + struct.pack("!HH", mdns.A, 1))
+    try:
+        ident, _, qd, records = await ask(address, packet)
+        assert ident == 0x4242 and qd == 1
+        assert {r[1] for r in records} >= {mdns.PTR, mdns.SRV}
+        odd_only = struct.pack("!HHHHHH", 7, 0, 1, 0, 0, 0) + odd + struct.pack("!HH", 1, 1)
+        loop = asyncio.get_running_loop()
+        transport, receiver = await loop.create_datagram_endpoint(
+            Receiver, local_addr=("127.0.0.1", 0))
+        try:
+            for _ in range(50):
+                transport.sendto(odd_only, address)
+            transport.sendto(query(mdns.SERVICE, mdns.PTR, ident=8), address)  # the marker
+            async with asyncio.timeout(WAIT_S):
+                data, _ = await receiver.packets.get()
+            assert decode_response(data)[0] == 8  # the odd ones got nothing
+        finally:
+            transport.close()
+    finally:
+        await advertiser.stop()
+    assert not [r for r in caplog.records if r.levelno >= 40], caplog.text
+
+
+@pytest.mark.parametrize(("source", "answered"), [
+    ("127.0.0.1", True), ("192.168.1.20", True), ("10.1.2.3", True), ("172.16.0.9", True),
+    ("169.254.7.7", True), ("fe80::1%eth0", True), ("fd00::5", True), ("::ffff:192.168.1.2", True),
+    ("8.8.8.8", False), ("203.0.114.9", False), ("100.64.0.5", False), ("2001:4860::8888", False),
+    ("::ffff:8.8.8.8", False), ("not an address", False),
+])
+def test_only_sources_on_a_local_network_are_answered(source, answered):
+    """RFC 6762 section 11: a reply to any source would let a spoofed query reflect it at an
+    address elsewhere. (A public source address cannot be sent from on a test machine, so the
+    rule is shown here; the responder consults it before anything else.)"""
+    assert mdns.on_local_network(source) is answered
+
+
 async def test_multicast_query_gets_a_multicast_answer():
     """On the real group address (on a free port, not 5353, so nothing else is disturbed)."""
     port = free_udp_port()

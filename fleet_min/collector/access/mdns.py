@@ -7,8 +7,10 @@ at stop. It does not probe for name conflicts: the instance and host names carry
 unique id, so two collectors cannot pick the same ones.
 
 Answers go where RFC 6762 says: a query from a port other than 5353 (a "legacy" one-shot
-resolver, and the tests) gets a unicast reply with the query id echoed and TTLs capped at 10 s;
-a query asking for unicast (the QU bit) is answered to the sender; the rest are multicast.
+resolver, and the tests) gets a unicast reply with the query id and the questions answered
+echoed and TTLs capped at 10 s; a query asking for unicast (the QU bit) is answered to the
+sender; the rest are multicast. Only sources on a local network are answered (on_local_network),
+so the responder cannot be used to reflect traffic at an address elsewhere.
 """
 
 from __future__ import annotations
@@ -220,23 +222,49 @@ class Advert:
 
     def answer(self, questions: list[Question]) -> list[Record]:
         """The records that answer these questions, with the ones a browser needs next."""
+        return self.answered(questions)[1]
+
+    def answered(self, questions: list[Question]) -> tuple[list[Question], list[Record]]:
+        """(the questions this collector has an answer to, the records answering them)."""
         rec = self.records()
         addresses = [r for key, r in rec.items() if key.startswith("a")]
+        asked: list[Question] = []
         wanted: list[Record] = []
         for q in questions:
-            name, qtype = q.name.lower().rstrip("."), q.qtype
-            if name == SERVICE.lower() and qtype in (PTR, ANY):
-                wanted += [rec["ptr"], rec["srv"], rec["txt"], *addresses]
-            elif name == ENUMERATION.lower() and qtype in (PTR, ANY):
-                wanted.append(rec["enum"])
-            elif name == self.instance.lower():
-                if qtype in (SRV, ANY):
-                    wanted += [rec["srv"], *addresses]
-                if qtype in (TXT, ANY):
-                    wanted.append(rec["txt"])
-            elif name == self.host.lower() and qtype in (A, ANY):
-                wanted += addresses
-        return list(dict.fromkeys(wanted))
+            found = self._answer_one(q, rec, addresses)
+            if found:
+                asked.append(q)
+                wanted += found
+        return asked, list(dict.fromkeys(wanted))
+
+    def _answer_one(self, q: Question, rec: dict[str, Record], addresses: list[Record]
+                    ) -> list[Record]:
+        name, qtype = q.name.lower().rstrip("."), q.qtype
+        if name == SERVICE.lower() and qtype in (PTR, ANY):
+            return [rec["ptr"], rec["srv"], rec["txt"], *addresses]
+        if name == ENUMERATION.lower() and qtype in (PTR, ANY):
+            return [rec["enum"]]
+        if name == self.instance.lower():
+            return ([rec["srv"], *addresses] if qtype in (SRV, ANY) else []) + (
+                [rec["txt"]] if qtype in (TXT, ANY) else [])
+        if name == self.host.lower() and qtype in (A, ANY):
+            return addresses
+        return []
+
+
+def on_local_network(host: str) -> bool:
+    """Whether a query's source may be answered (RFC 6762 section 11: only the local link).
+    Which subnets are directly connected cannot be read portably, so this holds to the
+    addresses a local network uses: loopback, link-local and the private ranges. A public
+    source (the spoofed victim of a reflection) and a mesh address (100.64.0.0/10, which
+    carries no multicast) are not answered."""
+    try:
+        address = ipaddress.ip_address(host.partition("%")[0])
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_link_local or address.is_private
 
 
 # -- the responder -------------------------------------------------------------------------
@@ -249,26 +277,43 @@ class Responder(asyncio.DatagramProtocol):
         self.multicast = multicast
         self.transport: asyncio.DatagramTransport | None = None
         self.answered = 0
+        self.dropped = 0  # malformed queries and queries that could not be answered
+        self.refused = 0  # queries from sources off the local network
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # CPython's selector datagram transport does not subclass DatagramTransport.
         self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | Any, int]) -> None:
+        # Nothing a packet holds may raise out of here: the loop would log a traceback for
+        # each one, and anyone on the network could fill the log.
+        if not on_local_network(str(addr[0])):
+            self.refused += 1
+            return
         try:
-            ident, questions = parse_query(data)
-        except MalformedPacket:
+            reply = self._reply(data, addr)
+        except ValueError:  # MalformedPacket, or a name that cannot be encoded back
+            self.dropped += 1
             return
-        answers = self.advert.answer(questions)
-        if not answers or self.transport is None:
-            return
-        self.answered += 1
+        if reply is not None and self.transport is not None:
+            self.answered += 1
+            with contextlib.suppress(OSError):
+                self.transport.sendto(*reply)
+
+    def _reply(self, data: bytes, addr: tuple[str | Any, int]
+               ) -> tuple[bytes, tuple[str | Any, int]] | None:
+        """(packet, where to) answering a query, or None when there is nothing to say."""
+        ident, questions = parse_query(data)
+        asked, answers = self.advert.answered(questions)
+        if not answers:
+            return None
         if addr[1] != self.group[1]:  # a one-shot resolver: unicast, id echoed, short TTLs
-            self.transport.sendto(build_response(answers, ident, questions, legacy=True), addr)
-        elif all(q.unicast for q in questions) or not self.multicast:
-            self.transport.sendto(build_response(answers), addr)
-        else:
-            self.transport.sendto(build_response(answers), self.group)
+            # Only the questions answered are echoed: the others may hold names (the root,
+            # an empty label, undecodable bytes) that cannot be written back.
+            return build_response(answers, ident, asked, legacy=True), addr
+        if all(q.unicast for q in questions) or not self.multicast:
+            return build_response(answers), addr
+        return build_response(answers), self.group
 
     def announce(self, goodbye: bool = False) -> None:
         if self.transport is not None and self.multicast:
