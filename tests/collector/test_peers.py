@@ -38,6 +38,7 @@ class FakePeer:
         self.requests = []
         self.devices_body = b'{"devices": []}'
         self.content_type = "application/json"
+        self.devices_status = 200
         self.health_body: bytes | None = None  # what /api/health answers, if not a collector's
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
@@ -50,7 +51,8 @@ class FakePeer:
         if request.path == "/api/health":
             return web.json_response({"ok": True, "collector": FAKE_ID, "name": "fake"})
         if request.path == "/api/devices":
-            return web.Response(body=self.devices_body, content_type=self.content_type)
+            return web.Response(body=self.devices_body, content_type=self.content_type,
+                                status=self.devices_status)
         return web.json_response({"error": "no such route"}, status=404)
 
 
@@ -197,6 +199,40 @@ async def test_oversized_or_non_json_answers_are_502(collector_factory, monkeypa
     fake_peer.devices_body, fake_peer.content_type = b"<html></html>", "text/html"
     resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
     assert resp.status == 502 and "no JSON" in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), [
+    (b"<script>alert(1)</script>", 200, "not JSON"),
+    (b'{"devices": [', 200, "not JSON"),
+    (b"[" * 200_000, 200, "nested deeper than 64 levels"),
+    (b"[" * 65 + b"]" * 65, 200, "nested deeper than 64 levels"),
+    (b'"' + b"a" * (peers.PARSE_INLINE + 1), 200, "not JSON"),  # parsed off the loop
+    (b'{"x": 1}', 101, "status 101"),
+    (b'{"x": 1}', 600, "status 600"),
+    (b'{"x": 1}', 302, "status 302"),
+], ids=["script", "cut-short", "deep", "65-levels", "large", "101", "600", "302"])
+async def test_an_answer_the_proxy_cannot_vouch_for_is_502(collector_factory, monkeypatch,
+                                                          tmp_path, fake_peer, body, status,
+                                                          words):
+    """Labelled application/json by the peer is not enough: what is relayed as JSON parses as
+    JSON no deeper than the collector takes on input, with a status a client can act on."""
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    fake_peer.devices_body, fake_peer.devices_status = body, status
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == 502 and resp.content_type == "application/json"
+    assert words in (await resp.json())["error"]
+
+
+@pytest.mark.parametrize("status", [200, 201, 299, 400, 418, 503, 599])
+async def test_json_answers_with_2xx_4xx_5xx_pass_through(collector_factory, monkeypatch,
+                                                           tmp_path, fake_peer, status):
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    deep_enough = b'{"devices": ' + b"[" * 63 + b"]" * 63 + b"}"  # 64 levels: accepted
+    fake_peer.devices_body, fake_peer.devices_status = deep_enough, status
+    resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
+    assert resp.status == status and await resp.read() == deep_enough
 
 
 @pytest.mark.parametrize("health", [b"[" * 5000, b'{"collector": "\\ud800"}', b"\xff\xfe{"],

@@ -34,6 +34,7 @@ REFRESH_S = 30.0
 TIMEOUT_S = 3.0
 MAX_BODY = 8 << 20  # bytes of one proxied answer
 HEALTH_MAX = 64 << 10
+PARSE_INLINE = 256 << 10  # a proxied answer larger than this is parsed off the loop
 WARN_EVERY_S = 600.0  # at most one warning per peer this often, not one per check
 COLLECTOR_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
@@ -255,16 +256,20 @@ class Peers:
         try:
             async with self.session.get(url, allow_redirects=False,
                                         headers={"Accept": "application/json"}) as resp:
+                status = resp.status
+                if not (200 <= status < 300 or 400 <= status < 600):
+                    raise BadGateway(f"peer {peer_id} answered {path} with status {status}; "
+                                     "the proxy relays only 2xx, 4xx and 5xx answers")
                 body = await _capped(resp, MAX_BODY)
                 if not resp.content_type.startswith("application/json"):
-                    raise BadGateway(f"peer {peer_id} answered {path} with {resp.status} and "
-                                     "no JSON")
-                peer.reachable, peer.error = True, None
-                return resp.status, body
+                    raise BadGateway(f"peer {peer_id} answered {path} with {status} and no JSON")
         except (aiohttp.ClientError, TimeoutError) as exc:
             peer.reachable, peer.error = False, _problem(exc)
             raise BadGateway(f"peer {peer_id} at {peer.url} is unreachable: "
                              f"{_problem(exc)}") from None
+        await _check_json(body, f"peer {peer_id} answered {path} with {status} and")
+        peer.reachable, peer.error = True, None
+        return status, body
 
 
 async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
@@ -273,6 +278,23 @@ async def _capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
     if body is None:
         raise BadGateway(f"the peer's answer is larger than the proxy's {limit}-byte limit")
     return body
+
+
+async def _check_json(body: bytes, said: str) -> None:
+    """BadGateway unless the body is JSON nested no deeper than the collector accepts on input:
+    what is relayed as application/json must be that. A large body is parsed on a thread so the
+    loop keeps serving meanwhile."""
+    try:
+        if len(body) > PARSE_INLINE:
+            await asyncio.to_thread(jsonio.loads_foreign, body)
+        else:
+            jsonio.loads_foreign(body)
+    except jsonio.TooDeep:
+        raise BadGateway(f"{said} JSON nested deeper than {jsonio.MAX_DEPTH} levels, which "
+                         "the proxy does not relay") from None
+    except ValueError:
+        raise BadGateway(f"{said} a body that is not JSON, which the proxy does not relay"
+                         ) from None
 
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
