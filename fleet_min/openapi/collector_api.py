@@ -930,8 +930,9 @@ def _access() -> list[Route]:
                {200: json_reply(ANY, "the peer's answer")},
                {403: "the path is not one the proxy reads",
                 404: "no peer with that id, or the peer's own 404",
-                502: "the peer is unreachable, silent, or answered something not JSON; or "
-                     "its id is in doubt (it now names another, or two peers name it)"}),
+                502: "the peer is unreachable or silent, answered something not JSON (or "
+                     "nested past 64 levels, or over 8 MiB) or a status outside 2xx, 4xx and "
+                     "5xx; or its id is in doubt (it now names another, or two peers name it)"}),
               *[(m, "Refused: the proxy never forwards a change", {},
                  {403: "the peer proxy only reads",
                   404: "the path matches no route at all (a line break in it)"})
