@@ -25,6 +25,8 @@ ANSWERS = {
     "100.127.0.9": whois("", "pi5", hostname="pi5"),  # no MagicDNS name: unidentified
     "100.64.0.10": "this is not json",
     "100.64.0.11": "hang",
+    "100.64.0.12": "[" * 100_000 + "]" * 100_000,  # deeper than any parser should follow
+    "100.64.0.13": "flood",
 }
 
 
@@ -300,3 +302,21 @@ async def test_a_lock_cannot_make_another_nodes_device_speak_for_an_executor(
     beacon["device_id"] = "lan-device"
     assert (await (await client.post("/results", json=beacon, headers=laptop)).json())[
         "lease_renewed"] is True
+
+
+@pytest.mark.parametrize(("address", "words"), [
+    ("100.64.0.12", "did not answer JSON"),
+    ("100.64.0.13", "answered more than 1 MiB"),
+], ids=["deep-json", "endless-output"])
+async def test_a_lookup_answering_deep_or_endless_output_is_refused_and_cached(
+        collector_factory, monkeypatch, fake_tailscale, address, words):
+    """Nesting 100,000 deep is refused like any answer that is not JSON, and output without end
+    is cut at MAX_OUTPUT (the process stopped there, not read to its end); both are definite
+    answers, cached like the others, so the next requests start no new lookup."""
+    client = await start(collector_factory, monkeypatch, "pi5")
+    for attempt in range(3):
+        resp = await register_from(client, address, device=f"x{attempt}")
+        assert resp.status == 403, await resp.text()
+        assert words in (await resp.json())["error"]
+    assert fake_tailscale.read_text().splitlines() == [f"whois --json {address}"]
+    assert (await client.get("/api/health")).status == 200

@@ -1,6 +1,7 @@
 """A fake mesh identity lookup: a real executable named `tailscale` written into a directory
 that goes first on PATH. It answers `tailscale whois --json <ip>` from a JSON map of address to
-answer (a whois object, a string printed as is, or "hang" to sleep 30 s) and appends each argv
+answer (a whois object, a string printed as is, "hang" to sleep 30 s, or "flood" to print
+spaces until it is stopped) and appends each argv
 to a log file, so a test can count the lookups a collector made."""
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ FAKE = textwrap.dedent("""\
     answer = answers.get(sys.argv[3])
     if answer == "hang":
         time.sleep(30)
+    if answer == "flood":  # output without end, until the collector stops it
+        while True:
+            sys.stdout.write(" " * 65536)
     if answer is None:
         sys.exit("no match for IP:port " + sys.argv[3])
     print(answer if isinstance(answer, str) else json.dumps(answer))

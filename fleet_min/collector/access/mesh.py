@@ -25,14 +25,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
+import os
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden
 
@@ -44,7 +46,9 @@ LOOKUP_TIMEOUT_S = 3.0
 CACHE_S = 60.0
 REFRESH_AHEAD_S = 15.0  # a cached answer used this close to its end is looked up again
 CACHE_MAX = 4096
-MAX_OUTPUT = 1 << 20
+MAX_OUTPUT = 1 << 20  # bytes of a lookup's answer; past it the process is stopped
+MAX_ERROR = 4 << 10  # bytes of its stderr kept (for the first line of a failure)
+READ_CHUNK = 64 << 10
 PARALLEL_LOOKUPS = 4
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -259,17 +263,19 @@ class MeshGate:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
+                stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return Lookup(frozenset(), f"cannot run {self.settings.whois}: {exc.strerror}"), False
         try:
-            out, err = await asyncio.wait_for(proc.communicate(), LOOKUP_TIMEOUT_S)
+            out, err = await asyncio.wait_for(_output(proc), LOOKUP_TIMEOUT_S)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
+            _kill(proc)
             await proc.wait()
             return Lookup(frozenset(), f"the identity lookup took over {LOOKUP_TIMEOUT_S:g} s"
                           ), False
+        if len(out) > MAX_OUTPUT:  # it was stopped there, whatever it would have said after
+            return Lookup(frozenset(), "the identity lookup answered more than "
+                          f"{MAX_OUTPUT >> 20} MiB"), True
         if proc.returncode != 0:
             reason = err.decode("utf-8", "replace").strip().splitlines()[:1]
             detail = reason[0][:200] if reason else f"exit status {proc.returncode}"
@@ -277,11 +283,54 @@ class MeshGate:
         return _parse_whois(out), True
 
 
-def _parse_whois(out: bytes) -> Lookup:
-    if len(out) > MAX_OUTPUT:
-        return Lookup(frozenset(), "the identity lookup answered too much")
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Stop the lookup and whatever it started (it runs in a session of its own): a script's
+    child still holding the pipes would otherwise write on into them."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if hasattr(os, "killpg"):
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+
+
+async def _output(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
+    """The lookup's stdout, at most MAX_OUTPUT + 1 bytes (the process is killed once it passes
+    MAX_OUTPUT), and the start of its stderr; once it has ended."""
+    assert proc.stdout is not None and proc.stderr is not None
+    errors = asyncio.ensure_future(_read_upto(proc.stderr, MAX_ERROR, drain=True))
     try:
-        answer = json.loads(out)
+        out = await _read_upto(proc.stdout, MAX_OUTPUT + 1)
+        if len(out) > MAX_OUTPUT:
+            _kill(proc)
+            await proc.wait()
+            return out, b""
+        err = await errors
+        await proc.wait()
+        return out, err
+    finally:
+        errors.cancel()
+
+
+async def _read_upto(stream: asyncio.StreamReader, limit: int, drain: bool = False) -> bytes:
+    """At most `limit` bytes of a stream, read until it ends or they are in; with `drain`, the
+    rest is read and dropped, so a process writing more than that is never blocked on it."""
+    data = bytearray()
+    while True:
+        chunk = await stream.read(READ_CHUNK if drain else min(READ_CHUNK, limit - len(data)))
+        if not chunk:
+            break
+        if len(data) < limit:
+            data += chunk[:limit - len(data)]
+        if len(data) >= limit and not drain:
+            break
+    return bytes(data)
+
+
+def _parse_whois(out: bytes) -> Lookup:
+    try:
+        # Depth-checked before parsing: nesting past jsonio.MAX_DEPTH is a ValueError like
+        # any other answer that is not JSON, never a RecursionError.
+        answer = jsonio.loads_foreign(out)
     except ValueError:
         return Lookup(frozenset(), "the identity lookup did not answer JSON")
     names = node_names(answer)
