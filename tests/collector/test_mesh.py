@@ -309,7 +309,7 @@ async def test_a_lock_cannot_make_another_nodes_device_speak_for_an_executor(
     ("100.64.0.13", "answered more than 1 MiB"),
 ], ids=["deep-json", "endless-output"])
 async def test_a_lookup_answering_deep_or_endless_output_is_refused_and_cached(
-        collector_factory, monkeypatch, fake_tailscale, address, words):
+        collector_factory, monkeypatch, fake_tailscale, address, words, caplog):
     """Nesting 100,000 deep is refused like any answer that is not JSON, and output without end
     is cut at MAX_OUTPUT (the process stopped there, not read to its end); both are definite
     answers, cached like the others, so the next requests start no new lookup."""
@@ -320,3 +320,4 @@ async def test_a_lookup_answering_deep_or_endless_output_is_refused_and_cached(
         assert words in (await resp.json())["error"]
     assert fake_tailscale.read_text().splitlines() == [f"whois --json {address}"]
     assert (await client.get("/api/health")).status == 200
+    assert "did not end once stopped" not in caplog.text  # stopped, its pipes read to the end

@@ -266,13 +266,11 @@ class MeshGate:
                 stderr=asyncio.subprocess.PIPE, start_new_session=True)
         except OSError as exc:
             return Lookup(frozenset(), f"cannot run {self.settings.whois}: {exc.strerror}"), False
-        try:
-            out, err = await asyncio.wait_for(_output(proc), LOOKUP_TIMEOUT_S)
-        except TimeoutError:
-            _kill(proc)
-            await proc.wait()
+        ran = await _output(proc)
+        if ran is None:
             return Lookup(frozenset(), f"the identity lookup took over {LOOKUP_TIMEOUT_S:g} s"
                           ), False
+        out, err = ran
         if len(out) > MAX_OUTPUT:  # it was stopped there, whatever it would have said after
             return Lookup(frozenset(), "the identity lookup answered more than "
                           f"{MAX_OUTPUT >> 20} MiB"), True
@@ -293,22 +291,56 @@ def _kill(proc: asyncio.subprocess.Process) -> None:
             proc.kill()
 
 
-async def _output(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes]:
-    """The lookup's stdout, at most MAX_OUTPUT + 1 bytes (the process is killed once it passes
-    MAX_OUTPUT), and the start of its stderr; once it has ended."""
+async def _output(proc: asyncio.subprocess.Process) -> tuple[bytes, bytes] | None:
+    """The lookup's stdout, at most MAX_OUTPUT + 1 bytes (past MAX_OUTPUT it is stopped rather
+    than read to its end), and the start of its stderr, once it has ended; None when it ran
+    past LOOKUP_TIMEOUT_S (stopped then too). Each pipe has one reader for its whole life."""
     assert proc.stdout is not None and proc.stderr is not None
-    errors = asyncio.ensure_future(_read_upto(proc.stderr, MAX_ERROR, drain=True))
+    deadline = asyncio.get_running_loop().time() + LOOKUP_TIMEOUT_S
+    out = asyncio.ensure_future(_read_upto(proc.stdout, MAX_OUTPUT + 1))
+    err = asyncio.ensure_future(_read_upto(proc.stderr, MAX_ERROR, drain=True))
+    ended = asyncio.ensure_future(proc.wait())
     try:
-        out = await _read_upto(proc.stdout, MAX_OUTPUT + 1)
-        if len(out) > MAX_OUTPUT:
+        if await _within(deadline, out) and len(out.result()) <= MAX_OUTPUT:
+            if await _within(deadline, err, ended):
+                return out.result(), err.result()
+        elif out.done():  # too much: it is stopped, and what it said so far is the answer
+            await _reap(proc, out, err, ended)
+            return out.result(), b""
+        await _reap(proc, out, err, ended)
+        return None
+    finally:  # also when the collector stops while a lookup runs
+        for task in (out, err, ended):
+            task.cancel()
+        if proc.returncode is None:
             _kill(proc)
-            await proc.wait()
-            return out, b""
-        err = await errors
-        await proc.wait()
-        return out, err
-    finally:
-        errors.cancel()
+
+
+async def _within(deadline: float, *tasks: asyncio.Future[Any]) -> bool:
+    """Whether these all end before the deadline (they are left running if not)."""
+    left = deadline - asyncio.get_running_loop().time()
+    _done, pending = await asyncio.wait(tasks, timeout=max(left, 0))
+    return not pending
+
+
+async def _reap(proc: asyncio.subprocess.Process, out: asyncio.Future[bytes],
+                *others: asyncio.Future[Any]) -> None:
+    """Stop the lookup, then read its pipes to their end while waiting for it: a pipe left
+    holding unread output is never seen to close, and the process is then never reaped.
+    Bounded in case something it started left its session and still holds a pipe."""
+    _kill(proc)
+    assert proc.stdout is not None
+    stdout = proc.stdout
+
+    async def rest_of_stdout() -> None:
+        await asyncio.gather(out, return_exceptions=True)  # its one reader ends first
+        await _read_upto(stdout, 0, drain=True)
+
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(LOOKUP_TIMEOUT_S):
+            await asyncio.gather(rest_of_stdout(), *others, return_exceptions=True)
+            return
+    log.warning("the identity lookup (pid %s) did not end once stopped", proc.pid)
 
 
 async def _read_upto(stream: asyncio.StreamReader, limit: int, drain: bool = False) -> bytes:
