@@ -19,10 +19,11 @@ the first pass only. Jobs with `*` in the minute or hour field simply follow the
 
 from __future__ import annotations
 
+import bisect
 import calendar
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta, tzinfo
+from datetime import date, datetime, timedelta, tzinfo
 from functools import lru_cache
 
 MAX_LENGTH = 200  # longer text is refused before parsing (nothing to gain, something to abuse)
@@ -43,6 +44,7 @@ WEEKDAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 # A valid expression always matches within 8 years (Feb 29 across a century year); past this
 # horizon next_after gives up with an error instead of looping.
 _HORIZON_S = 9 * 366 * 86400
+_HORIZON_MONTHS = 9 * 12 + 2  # months _next_day looks through: past the horizon in any zone
 _MINUTE = timedelta(minutes=1)
 
 
@@ -137,19 +139,44 @@ class Cron:
 
     def _next_candidate(self, wall: datetime) -> datetime:
         """The next wall minute after `wall` that is not ruled out by a coarser field."""
-        if wall.month not in self.months:
-            return datetime(wall.year + wall.month // 12, wall.month % 12 + 1, 1)
+        if wall.month not in self.months or not self._day_matches(wall):
+            return self._next_day(wall.date() + timedelta(days=1))
         midnight = wall.replace(hour=0, minute=0, second=0, microsecond=0)
-        if not self._day_matches(wall):
-            return midnight + timedelta(days=1)
         later_hours = [h for h in self.hours if h > wall.hour]
         if wall.hour not in self.hours:
             return (midnight.replace(hour=min(later_hours)) if later_hours
-                    else midnight + timedelta(days=1))
+                    else self._next_day(wall.date() + timedelta(days=1)))
         later_minutes = [m for m in self.minutes if m > wall.minute]
         if later_minutes:
             return wall.replace(minute=min(later_minutes), second=0, microsecond=0)
         return wall.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+
+    def _next_day(self, start: date) -> datetime:
+        """Midnight of the first day on or after `start` whose month and day match, found by
+        calendar arithmetic a month at a time: a rare date ('0 0 29 2 */7', 29 February on a
+        Sunday) costs a look-up per month, not a time-zone conversion per day. Past the
+        horizon it answers a day beyond it, where next_after stops."""
+        year, month, day = start.year, start.month, start.day
+        for _ in range(_HORIZON_MONTHS):
+            if month in self.months:
+                first_weekday, length = calendar.monthrange(year, month)
+                days = _month_days(self, (first_weekday + 1) % 7, length)
+                later = days[bisect.bisect_left(days, day):]
+                if later:
+                    return datetime(year, month, later[0])
+            year, month, day = year + month // 12, month % 12 + 1, 1
+        return datetime(min(year, 9998), month, 1)
+
+
+@lru_cache(maxsize=1024)
+def _month_days(cron: Cron, first_weekday: int, length: int) -> tuple[int, ...]:
+    """The days of a month of `length` days starting on `first_weekday` (0 = sunday) that the
+    day-of-month and day-of-week fields match: 28 month shapes, so at most 28 entries a cron."""
+    def matches(day: int) -> bool:
+        dom = day in cron.days
+        dow = (first_weekday + day - 1) % 7 in cron.weekdays
+        return dom and dow if cron.dom_star or cron.dow_star else dom or dow
+    return tuple(day for day in range(1, length + 1) if matches(day))
 
 
 def _wall(t: float, tz: tzinfo | None) -> datetime:

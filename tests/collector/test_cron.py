@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -213,3 +213,46 @@ def test_next_after_is_the_first_due_minute(minute, hour, dom, month, dow, start
         assert found >= window_end
     if tz is UTC:  # with no DST, due means the wall minute matches
         assert cron.matches_wall(at(found))
+
+
+class CountingZone(tzinfo):
+    """Europe/Berlin, counting the wall-clock conversions asked of it: the work next_after does
+    is one or two conversions per candidate minute it looks at."""
+
+    def __init__(self) -> None:
+        self.conversions = 0
+
+    def utcoffset(self, dt):
+        return BERLIN.utcoffset(dt)
+
+    def dst(self, dt):
+        return BERLIN.dst(dt)
+
+    def tzname(self, dt):
+        return BERLIN.tzname(dt)
+
+    def fromutc(self, dt):
+        self.conversions += 1
+        return BERLIN.fromutc(dt.replace(tzinfo=BERLIN)).replace(tzinfo=self)
+
+
+@pytest.mark.parametrize(("expr", "start", "expected"), [
+    ("0 0 29 2 */7", ts(2026, 11, 27), ts(2032, 2, 29, tz=BERLIN)),      # 29 Feb on a Sunday
+    ("0 0 */31 11 */7", ts(2028, 11, 27), ts(2037, 11, 1, tz=BERLIN)),  # 1 Nov on a Sunday
+    ("59 23 31 12 */7", ts(2026, 11, 27), ts(2028, 12, 31, 23, 59, tz=BERLIN)),
+    ("0 0 */30 * */7", ts(2026, 11, 27), ts(2027, 1, 31, tz=BERLIN)),
+])
+def test_a_rare_date_costs_a_few_conversions_not_one_per_day(expr, start, expected):
+    # The tick and the listings ask next_after of every schedule: a date years away must not
+    # be found by walking each of its months' days through the time zone (the old walk made
+    # several hundred conversions for '0 0 29 2 */7', 1-4 ms a schedule).
+    zone = CountingZone()
+    assert parse(expr).next_after(start, zone) == expected
+    assert zone.conversions <= 20
+
+
+def test_past_the_horizon_is_refused_after_a_few_conversions():
+    zone = CountingZone()
+    with pytest.raises(CronError, match="no due minute in the next nine years"):
+        parse("0 0 */31 11 */7").next_after(ts(2026, 11, 27), zone)
+    assert zone.conversions <= 20
