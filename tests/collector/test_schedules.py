@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 
 import pytest
@@ -578,3 +578,78 @@ def test_slots_are_utc_minutes():
     assert schedules.slot_of(ts(2026, 12, 31, 23, 59, 59)) == "202612312359"
     assert schedules.slot_time("202612312359") == ts(2026, 12, 31, 23, 59)
     assert schedules.slot_time("manual-20261231235959") is None
+
+
+class CountingUTC(tzinfo):
+    """UTC, counting the wall-clock conversions asked of it: next_after makes one or two for
+    each candidate minute it looks at, so this counts the cron work a tick or a listing does."""
+
+    def __init__(self) -> None:
+        self.conversions = 0
+
+    def utcoffset(self, dt):
+        return timedelta(0)
+
+    def dst(self, dt):
+        return timedelta(0)
+
+    def tzname(self, dt):
+        return "UTC"
+
+    def fromutc(self, dt):
+        self.conversions += 1
+        return dt + timedelta(0)
+
+
+RARE = "0 0 29 2 */7"  # 29 February on a Sunday: next in 2032
+
+
+def make_in(conn, zone: tzinfo, cron: str, now: float, schedule_id: str,
+            enabled: bool = True) -> None:
+    view = schedules.View(now, zone)
+    in_transaction(conn, schedules.create, {"id": schedule_id, "cron": cron,
+                                            "template": TEMPLATE, "enabled": enabled},
+                   now, Effects(), view=view)
+
+
+def test_a_tick_with_nothing_due_computes_no_cron(conn):
+    # Every schedule's next due minute was recomputed on every tick (3,000 of '0 0 29 2 */7'
+    # held the loop 5.9 s a tick); a next_run computed at or before now is already the next
+    # due minute, so only a clock set back (or another zone) makes the tick look again.
+    zone, start = CountingUTC(), ts(2026, 11, 27, 12, 0, 30)
+    for i in range(200):
+        make_in(conn, zone, RARE, start, f"rare{i:03d}")
+    make_in(conn, zone, "0 * * * *", start, "hourly")
+    zone.conversions = 0
+    for later in (start + 20, start + 40, start + 600, start + 1800):
+        assert run_zone_tick(conn, later, zone).fired == []
+    assert zone.conversions == 0
+    # The hourly one fires and moves on: its own cron is read, not the 200 others'.
+    assert [f["schedule_id"] for f in run_zone_tick(conn, start + 3600, zone).fired] == [
+        "hourly"]
+    assert 0 < zone.conversions <= 40
+
+
+def test_a_clock_set_back_still_brings_next_run_back(conn):
+    zone, start = CountingUTC(), ts(2026, 11, 27, 12, 0, 30)
+    make_in(conn, zone, "0 * * * *", start, "hourly")
+    assert record(conn, "hourly", start)["next_run"] == "2026-11-27T13:00:00.000000Z"
+    run_zone_tick(conn, start - 2 * 3600, zone)  # 10:00:30
+    assert record(conn, "hourly", start)["next_run"] == "2026-11-27T11:00:00.000000Z"
+    assert [f["slot"] for f in run_zone_tick(conn, ts(2026, 11, 27, 11, 0, 10), zone).fired] == [
+        "202611271100"]
+
+
+def test_listing_disabled_rare_schedules_costs_a_few_conversions_each(conn):
+    zone, start = CountingUTC(), ts(2026, 11, 27, 12, 0, 30)
+    for i in range(100):
+        make_in(conn, zone, RARE, start, f"off{i:03d}", enabled=False)
+    zone.conversions = 0
+    rows = conn.execute(schedules.SELECT + " ORDER BY s.id").fetchall()
+    listed = [schedules.schedule_record(row, schedules.View(start, zone)) for row in rows]
+    assert {r["next_run"] for r in listed} == {"2032-02-29T00:00:00.000000Z"}
+    assert zone.conversions <= 100 * 10
+
+
+def run_zone_tick(conn, now: float, zone: tzinfo) -> schedules.TickReport:
+    return in_transaction(conn, schedules.tick, now, Effects(), tz=zone)

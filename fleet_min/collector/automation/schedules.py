@@ -206,6 +206,8 @@ def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: 
     if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone():
         raise Conflict(f"schedule {schedule_id!r} already exists")
     next_run = _arm(cron, None, now, view.tz) if enabled else None
+    if enabled:
+        note_clock(conn, now, view.tz)
     conn.execute(
         "INSERT INTO schedules (id, cron, enabled, template, next_run, created_at, updated_at) "
         "VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -255,6 +257,7 @@ def update(conn: sqlite3.Connection, schedule_id: str, changes: dict[str, Any], 
         next_run = None
     elif cron is not None or not row["enabled"] or stopped:
         next_run = _arm(cron or check_cron(row["cron"]), row["last_slot"], now, view.tz)
+        note_clock(conn, now, view.tz)
     conn.execute(
         "UPDATE schedules SET cron = ?, enabled = ?, template = ?, next_run = ?, updated_at = ? "
         "WHERE id = ?",
@@ -364,16 +367,49 @@ def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | No
     _pull_back_next_runs(conn, now, tz)
     rows = conn.execute("SELECT * FROM schedules WHERE enabled = 1 AND next_run IS NOT NULL "
                         "AND next_run <= ? ORDER BY next_run, id", (now,)).fetchall()
+    if rows:
+        note_clock(conn, now, tz)  # the next_runs moved on below are computed from now
     for row in rows:
         _tick_one(conn, row, now, effects, tz, report)
     return report
 
 
+CLOCK_KEY = "scheduler_clock"
+
+
+def _zone_key(tz: tzinfo | None) -> str:
+    return "local" if tz is None else str(getattr(tz, "key", None) or tz)
+
+
+def _clock(conn: sqlite3.Connection) -> dict[str, Any] | None:
+    row = conn.execute("SELECT value FROM meta WHERE key = ?", (CLOCK_KEY,)).fetchone()
+    return cast(dict[str, Any], json.loads(row[0])) if row else None
+
+
+def note_clock(conn: sqlite3.Connection, now: float, tz: tzinfo | None) -> None:
+    """Remember the latest time (and the zone) any next_run was computed from. While the clock
+    reads at or past it in the same zone, every stored next_run is already the next due minute
+    from now, and the tick need not compute them again."""
+    mark, zone = _clock(conn), _zone_key(tz)
+    at = max(now, mark["at"]) if mark is not None and mark["tz"] == zone else now
+    if mark is None or mark["at"] != at or mark["tz"] != zone:
+        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                     (CLOCK_KEY, json.dumps({"at": at, "tz": zone})))
+
+
 def _pull_back_next_runs(conn: sqlite3.Connection, now: float, tz: tzinfo | None) -> None:
     """A next_run later than the next due minute from now was computed before the clock was set
-    back; left alone, the schedule would stay silent until the clock caught up with it. It comes
-    back to the next due minute after the current one (the minute the clock landed in is not
-    fired: it may be one that already ran before the clock was set)."""
+    back (or in another time zone); left alone, the schedule would stay silent until the clock
+    caught up with it. It comes back to the next due minute after the current one (the minute
+    the clock landed in is not fired: it may be one that already ran before the clock was set).
+
+    Only then: a next_run computed at or before now is the next due minute from now already, so
+    a tick with the clock at or past the mark note_clock keeps computes nothing here (a tick
+    over every schedule's cron, each tick, held the loop for seconds with thousands of them)."""
+    mark = _clock(conn)
+    if mark is not None and mark["tz"] == _zone_key(tz) and now >= mark["at"]:
+        return
+    note_clock(conn, now, tz)
     current = math.floor(now / 60) * 60
     rows = conn.execute("SELECT id, cron, next_run FROM schedules WHERE enabled = 1 "
                         "AND next_run > ?", (current + 60,)).fetchall()
