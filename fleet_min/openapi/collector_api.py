@@ -797,14 +797,16 @@ def _automation() -> list[Route]:
     return [
         guarded("POST", "/api/schedules", "Create a schedule (disabled unless enabled is true)",
                 {201: json_reply(ref("Schedule"))},
-                {**JSON_ERRORS, 409: "the id exists"},
+                {**JSON_ERRORS, 409: "the id exists, or the collector holds the most "
+                 "schedules it keeps (1,000)"},
                 body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
                                "enabled?": BOOL}, closed=True),
                           "a cron expression and a job spec without job_id"), tag=tag),
         guarded("POST", "/schedules", "Create or replace a schedule (the original's route)",
                 {201: json_reply(ref("ScheduleOk"), "created"),
                  200: json_reply(ref("ScheduleOk"), "replaced")},
-                JSON_ERRORS,
+                {**JSON_ERRORS, 409: "a new id while the collector holds the most schedules "
+                 "it keeps (1,000)"},
                 body=Body(obj({"id": SCHEDULE_ID, "cron": STR, "template": obj(),
                                "enabled?": BOOL}, closed=True),
                           "a cron expression and a job spec without job_id"), tag=tag),

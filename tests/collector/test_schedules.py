@@ -16,7 +16,7 @@ from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 from fleet_min.errors import BadRequest
-from tests.support.collector import CollectorProcess, age_rows
+from tests.support.collector import CollectorProcess, age_rows, edit_rows
 from tests.support.faults import faketime_lib
 
 TEMPLATE = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
@@ -653,3 +653,29 @@ def test_listing_disabled_rare_schedules_costs_a_few_conversions_each(conn):
 
 def run_zone_tick(conn, now: float, zone: tzinfo) -> schedules.TickReport:
     return in_transaction(conn, schedules.tick, now, Effects(), tz=zone)
+
+
+async def test_a_collector_holds_at_most_max_schedules(api, db_path):
+    await create(api, "s0000")
+    # The rest written straight into the file, as many creates would leave them.
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+              "WHERE i < ?) INSERT INTO schedules (id, cron, enabled, template, created_at, "
+              "updated_at) SELECT printf('s%04d', i), cron, 0, template, created_at, updated_at "
+              "FROM n, schedules WHERE schedules.id = 's0000'", (schedules.MAX_SCHEDULES - 1,))
+    before = await (await api.get("/api/schedules")).json()
+    assert len(before["schedules"]) == schedules.MAX_SCHEDULES
+    for path in ("/api/schedules", "/schedules"):
+        resp = await api.post(path, json={"id": "one-more", "cron": "@daily",
+                                          "template": TEMPLATE, "enabled": True})
+        assert resp.status == 409
+        error = (await resp.json())["error"]
+        assert f"holds {schedules.MAX_SCHEDULES} schedules" in error
+        assert "delete one" in error
+    assert await (await api.get("/api/schedules")).json() == before
+    # Replacing one that exists is no new schedule, and deleting one makes room.
+    resp = await api.post("/schedules", json={"id": "s0001", "cron": "@daily",
+                                              "template": TEMPLATE})
+    assert resp.status == 200
+    assert (await api.delete("/api/schedules/s0002")).status == 200
+    await create(api, "one-more")
+

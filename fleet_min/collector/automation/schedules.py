@@ -38,6 +38,10 @@ PLACEHOLDER_JOB_ID = "schedule-template"
 MISSED_RECORDED = 100   # missed minutes written to schedule_runs one by one; the rest counted
 MISSED_COUNTED = 1000   # beyond this many, the count says "more than"
 HISTORY_LIMIT = 50
+# Schedules one collector holds. Creating one is an open route (or a dashboard change), and
+# every listing reads each schedule's cron, so their number is bounded as a request's jobs
+# are: a shelf needs tens; 1,000 list in well under a second on a Raspberry-Pi-class host.
+MAX_SCHEDULES = 1000
 LATE_S = 300.0          # this late without a run is missed (FLEET_ALERT_SCHEDULE_LATE_S)
 EDITABLE = ("cron", "enabled", "template")
 # A schedule with its latest handled run, which is what "missed" reads.
@@ -205,6 +209,11 @@ def create(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: 
                          "it is true)")
     if conn.execute("SELECT 1 FROM schedules WHERE id = ?", (schedule_id,)).fetchone():
         raise Conflict(f"schedule {schedule_id!r} already exists")
+    held = conn.execute("SELECT COUNT(*) FROM schedules").fetchone()[0]
+    if held >= MAX_SCHEDULES:
+        raise Conflict(f"this collector already holds {held} schedules, the most it keeps is "
+                       f"{MAX_SCHEDULES}; delete one it no longer needs (DELETE "
+                       "/api/schedules/{id}) before creating another")
     next_run = _arm(cron, None, now, view.tz) if enabled else None
     if enabled:
         note_clock(conn, now, view.tz)
