@@ -679,3 +679,59 @@ async def test_a_collector_holds_at_most_max_schedules(api, db_path):
     assert (await api.delete("/api/schedules/s0002")).status == 200
     await create(api, "one-more")
 
+
+def clone_device(db_path: Path, device_id: str, count: int) -> None:
+    """`count` copies of a registered device's row, written straight into the file (a shelf
+    that large registering one by one would make the test a benchmark)."""
+    conn = sqlite3.connect(db_path, timeout=30)
+    try:
+        conn.row_factory = sqlite3.Row
+        row = dict(conn.execute("SELECT * FROM devices WHERE device_id = ?", (device_id,))
+                   .fetchone())
+        columns = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        conn.executemany(f"INSERT INTO devices ({columns}) VALUES ({marks})",
+                         [tuple({**row, "device_id": f"{device_id}-{i:04d}"}.values())
+                          for i in range(count)])
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def count_jobs(db_path: Path) -> int:
+    conn = sqlite3.connect(db_path, timeout=30)
+    try:
+        return int(conn.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_one_tick_creates_at_most_the_request_budget_and_defers_the_rest(api, db_path):
+    # Six fan-outs due in the same minute over 2,100 devices are 12,606 jobs: one tick wrote
+    # them all in one transaction (50 such schedules over 2,000 devices: 100,000 jobs, every
+    # minute). The tick has one budget, queue.MAX_JOBS_PER_REQUEST: the runs that would pass
+    # it wait for the next tick, first in line, and nothing is recorded for them meanwhile.
+    resp = await api.post("/devices/register", json={"device_id": "d", "platform": "linux"})
+    assert resp.status in (200, 201), await resp.text()
+    clone_device(db_path, "d", 2099)
+    for i in range(6):
+        await create(api, f"fan{i}", "0 0 1 1 *", {**TEMPLATE, "fanout": True})
+        await enable(api, f"fan{i}")
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    per_run = 2100 + 1  # the children and their parent
+    first = await tick(api)
+    assert [f["schedule_id"] for f in first["fired"]] == ["fan0", "fan1", "fan2", "fan3"]
+    assert [d["schedule_id"] for d in first["deferred"]] == ["fan4", "fan5"]
+    assert all(d["slot"] == "202601010000" and "next tick" in d["reason"]
+               and "10000" in d["reason"] for d in first["deferred"])
+    assert count_jobs(db_path) == 4 * per_run <= schedules.queue.MAX_JOBS_PER_REQUEST
+    held = await (await api.get("/api/schedules/fan4")).json()
+    assert held["last_skip"].startswith("deferred") and held["last_slot"] is None
+    assert (await history(api, "fan4"))["runs"] == []
+    second = await tick(api)
+    assert [f["schedule_id"] for f in second["fired"]] == ["fan4", "fan5"]
+    assert second["deferred"] == [] and second["failed"] == []
+    assert count_jobs(db_path) == 6 * per_run
+    ran = await (await api.get("/api/schedules/fan4")).json()
+    assert ran["last_skip"] is None and ran["last_slot"] == "2026-01-01T00:00:00.000000Z"
+    assert (await tick(api))["fired"] == []

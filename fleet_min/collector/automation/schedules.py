@@ -48,8 +48,12 @@ EDITABLE = ("cron", "enabled", "template")
 SELECT = ("SELECT s.*, r.at AS run_at, r.outcome AS run_outcome, r.detail AS run_detail "
           "FROM schedules s LEFT JOIN schedule_runs r "
           "ON r.schedule_id = s.id AND r.slot = s.last_slot")
-_MISSED = ("missed: the collector was not running (or its clock jumped) at this due minute; "
-           "only the most recent due minute runs")
+_MISSED = ("missed: the collector was not running (or its clock jumped) at this due minute, "
+           "or the tick's job budget held its run back until a later due minute came; only the "
+           "most recent due minute runs")
+_DEFERRED = ("deferred: the runs fired before it in this tick created {spent} jobs, and this "
+             "one would pass the {ceiling} one tick may create (as one request may); it runs in "
+             "the next tick, first in line")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,21 +320,22 @@ def _run_spec(template: dict[str, Any], job_id: str) -> JobSpec:
 
 
 def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: JobSpec, now: float,
-             effects: Effects) -> dict[str, Any]:
+             effects: Effects, spent: int = 0) -> queue.Enqueued:
     """queue.enqueue inside a savepoint: a refusal undoes only this run and its effects."""
     recorded = effects.mark()
     conn.execute("SAVEPOINT schedule_run")
     try:
         queue.refuse_lone_surrogates(spec, f"the template of schedule {schedule_id}",
                                      "replace the template (PATCH the schedule)")
-        enqueued = queue.enqueue(conn, [spec], now, effects, template_id=schedule_id)
+        enqueued = queue.enqueue(conn, [spec], now, effects, template_id=schedule_id,
+                                 spent=spent)
     except Refused:
         conn.execute("ROLLBACK TO schedule_run")
         conn.execute("RELEASE schedule_run")
         effects.rewind(recorded)
         raise
     conn.execute("RELEASE schedule_run")
-    return enqueued.replies[0]
+    return enqueued
 
 
 def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Effects
@@ -349,7 +354,7 @@ def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Eff
         effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
         return {"ok": True, "schedule_id": schedule_id, "outcome": "skipped", "job_id": None,
                 "reason": reason}
-    reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects)
+    reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects).replies[0]
     _record_run(conn, schedule_id, slot, now, job_id, "enqueued", None)
     conn.execute("UPDATE schedules SET last_run = ? WHERE id = ?", (now, schedule_id))
     effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
@@ -362,11 +367,13 @@ class TickReport:
     fired: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
+    deferred: list[dict[str, Any]] = field(default_factory=list)
     missed: int = 0
+    jobs: int = 0  # created by this tick's runs, under one budget (queue.MAX_JOBS_PER_REQUEST)
 
     def reply(self) -> dict[str, Any]:
         return {"ok": True, "fired": self.fired, "skipped": self.skipped, "failed": self.failed,
-                "missed": self.missed}
+                "deferred": self.deferred, "missed": self.missed}
 
 
 def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | None = None
@@ -446,8 +453,9 @@ def _tick_one(conn: sqlite3.Connection, row: sqlite3.Row, now: float, effects: E
         return
     due = due_minutes(cron, row["next_run"], current, tz)
     # due.latest is None when next_run was not due under this time zone: it only moves on.
-    if due.latest is not None:
-        _fire_due(conn, row, slot_of(due.latest), due, now, effects, report)
+    if due.latest is not None and not _fire_due(conn, row, slot_of(due.latest), due, now,
+                                                 effects, report):
+        return  # held back: next_run stays, so the next tick takes it first
     try:
         upcoming = cron.next_after(current, tz)
     except CronError as exc:  # e.g. '0 0 */31 3 */7' after 2026-03-01: next due in 2037
@@ -465,28 +473,32 @@ def _stop(conn: sqlite3.Connection, schedule_id: str, reason: str, effects: Effe
 
 
 def _fire_due(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, due: Due, now: float,
-              effects: Effects, report: TickReport) -> None:
-    """Record the missed minutes as skipped and fire the latest due minute, `slot`."""
-    for minute in due.missed:
-        conn.execute("INSERT OR IGNORE INTO schedule_runs (schedule_id, slot, at, outcome, "
-                     "detail) VALUES (?, ?, ?, 'skipped', ?)",
-                     (row["id"], slot_of(minute), now, _MISSED))
-    report.missed += due.missed_count
+              effects: Effects, report: TickReport) -> bool:
+    """Fire the latest due minute, `slot`, and record the missed minutes as skipped; or, when
+    the tick's job budget cannot take the run, hold it back (False) and record nothing."""
     note = None
     if due.missed_count:
         count = f"more than {due.missed_count}" if due.more else str(due.missed_count)
         note = (f"{count} earlier due minutes were missed while the collector was not running; "
                 "they are recorded as skipped")
-    _fire_slot(conn, row, slot, now, effects, report, note)
+    if not _fire_slot(conn, row, slot, now, effects, report, note):
+        return False
+    for minute in due.missed:
+        conn.execute("INSERT OR IGNORE INTO schedule_runs (schedule_id, slot, at, outcome, "
+                     "detail) VALUES (?, ?, ?, 'skipped', ?)",
+                     (row["id"], slot_of(minute), now, _MISSED))
+    report.missed += due.missed_count
     conn.execute("UPDATE schedules SET last_slot = ? WHERE id = ?", (slot, row["id"]))
+    return True
 
 
 def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float,
-               effects: Effects, report: TickReport, note: str | None) -> None:
+               effects: Effects, report: TickReport, note: str | None) -> bool:
+    """Enqueue, skip or fail the run of `slot`; False when the tick's budget held it back."""
     schedule_id = row["id"]
     if conn.execute("SELECT 1 FROM schedule_runs WHERE schedule_id = ? AND slot = ?",
                     (schedule_id, slot)).fetchone():
-        return  # handled already (before a restart or a clock jump)
+        return True  # handled already (before a restart or a clock jump)
     template = json.loads(row["template"])
     reason = missing_build(conn, template)
     if reason:
@@ -494,21 +506,40 @@ def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float
         conn.execute("UPDATE schedules SET last_skip = ? WHERE id = ?", (reason, schedule_id))
         report.skipped.append({"schedule_id": schedule_id, "slot": slot, "reason": reason})
         effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
-        return
+        return True
     job_id = f"{schedule_id}-{slot}"
     try:
-        reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects)
+        enqueued = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects,
+                            report.jobs)
     except Refused as exc:
+        # Past the budget after other runs: held back. Alone past it: failed, as such a
+        # request is refused (it would never fit).
+        if isinstance(exc, queue.OverBudget) and report.jobs:
+            _defer(conn, schedule_id, slot, effects, report)
+            return False
         _record_run(conn, schedule_id, slot, now, None, "failed", exc.message)
         report.failed.append({"schedule_id": schedule_id, "slot": slot, "error": exc.message})
         effects.emit("schedule", schedule_id=schedule_id, action="failed", slot=slot)
-        return
+        return True
+    report.jobs += enqueued.jobs
+    reply = enqueued.replies[0]
     _record_run(conn, schedule_id, slot, now, job_id, "enqueued", note)
     conn.execute("UPDATE schedules SET last_run = ?, last_skip = NULL WHERE id = ?",
                  (now, schedule_id))
     report.fired.append({"schedule_id": schedule_id, "slot": slot, "job_id": job_id,
                          "status": reply["status"]})
     effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
+    return True
+
+
+def _defer(conn: sqlite3.Connection, schedule_id: str, slot: str, effects: Effects,
+           report: TickReport) -> None:
+    """Hold a run back for the next tick: nothing is recorded for its slot and next_run stays
+    (so it sorts first), and last_skip says why until a run enqueues."""
+    reason = _DEFERRED.format(spent=report.jobs, ceiling=queue.MAX_JOBS_PER_REQUEST)
+    conn.execute("UPDATE schedules SET last_skip = ? WHERE id = ?", (reason, schedule_id))
+    report.deferred.append({"schedule_id": schedule_id, "slot": slot, "reason": reason})
+    effects.emit("schedule", schedule_id=schedule_id, action="deferred", slot=slot)
 
 
 @dataclass

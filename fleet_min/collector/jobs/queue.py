@@ -118,6 +118,12 @@ def _may_lock(row: sqlite3.Row) -> bool:
 @dataclass
 class Enqueued:
     replies: list[dict[str, Any]]
+    jobs: int = 0  # jobs written, fan-out parents and children counted
+
+
+class OverBudget(Unprocessable):
+    """The jobs (or fan-out bytes) would pass what one request may create. The scheduler's tick
+    shares one budget among its schedules and holds back the run that meets this."""
 
 
 # Jobs one request may create, fan-out parents and children included: a POST /jobs of 1,000
@@ -153,14 +159,14 @@ class _Tally:
     def add_children(self, parent_id: str, children: int, spec_bytes: int) -> None:
         self.jobs += children
         if self.jobs > MAX_JOBS_PER_REQUEST:
-            raise Unprocessable(
+            raise OverBudget(
                 f"this request would create at least {self.jobs} jobs, more than the "
                 f"{MAX_JOBS_PER_REQUEST} one request may create (fan-out {parent_id} alone "
                 f"reaches {children} targets); narrow the fan-outs' targets (a pool, a match "
                 "expression, fanout.distinct) or send them in several requests")
         self.fanout_bytes += children * spec_bytes
         if self.fanout_bytes > MAX_FANOUT_BYTES:
-            raise Unprocessable(
+            raise OverBudget(
                 f"this request's fan-out children would hold at least {self.fanout_bytes} "
                 f"bytes of spec, more than the {MAX_FANOUT_BYTES} one request may store "
                 f"(fan-out {parent_id} alone: {children} copies of a {spec_bytes}-byte spec); "
@@ -170,10 +176,12 @@ class _Tally:
 
 @replayable
 def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
-            effects: Effects, template_id: str | None = None) -> Enqueued:
-    """Store validated specs atomically (all or none).
+            effects: Effects, template_id: str | None = None, *, spent: int = 0) -> Enqueued:
+    """Store validated specs atomically (all or none). `spent` is the jobs already written
+    under the same budget (the scheduler's tick: every run it fires shares one).
 
-    Raises Conflict, BadRequest or Unprocessable, and then nothing is stored.
+    Raises Conflict, BadRequest or Unprocessable (OverBudget past the budget), and then
+    nothing is stored.
     """
     ids = [spec["job_id"] for spec in specs]
     seen: set[str] = set()
@@ -187,12 +195,15 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
     for spec in specs:
         _check_capability(conn, spec)
     order = _dependency_order(conn, specs)
-    tally = _Tally(conn, len(specs))
+    tally = _Tally(conn, spent + len(specs))
+    if tally.jobs > MAX_JOBS_PER_REQUEST:
+        raise OverBudget(f"{spent} jobs were created already under this budget of "
+                         f"{MAX_JOBS_PER_REQUEST}; {len(specs)} more would pass it")
     replies: dict[str, dict[str, Any]] = {}
     for spec in order:
         replies[spec["job_id"]] = _store(conn, spec, now, effects, tally,
                                          template_id=template_id)
-    return Enqueued([replies[job_id] for job_id in ids])
+    return Enqueued([replies[job_id] for job_id in ids], tally.jobs - spent)
 
 
 def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
