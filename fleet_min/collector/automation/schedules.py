@@ -51,9 +51,9 @@ SELECT = ("SELECT s.*, r.at AS run_at, r.outcome AS run_outcome, r.detail AS run
 _MISSED = ("missed: the collector was not running (or its clock jumped) at this due minute, "
            "or the tick's job budget held its run back until a later due minute came; only the "
            "most recent due minute runs")
-_DEFERRED = ("deferred: the runs fired before it in this tick created {spent} jobs, and this "
-             "one would pass the {ceiling} one tick may create (as one request may); it runs in "
-             "the next tick, first in line")
+_DEFERRED = ("deferred: the runs fired before it in this tick created {spent} jobs, and a "
+             "tick may create {ceiling} (as one request may), so this run and those due after "
+             "it wait; they run in the next tick, in the order they came due")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -508,6 +508,9 @@ def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float
         effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
         return True
     job_id = f"{schedule_id}-{slot}"
+    if report.deferred:  # the budget is spent: the rest wait their turn, untried (a refused
+        _defer(conn, schedule_id, slot, effects, report)  # fan-out still reads every device)
+        return False
     try:
         enqueued = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects,
                             report.jobs)
