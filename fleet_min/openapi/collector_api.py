@@ -150,7 +150,7 @@ ALERT = obj({
     "seen_count": integer(1), "first_seen": TIME, "last_seen": TIME, "resolved_at": null(TIME),
     "acked_at": null(TIME), "snoozed_until": null(TIME), "muted": BOOL, "detail": null(STR),
     "status": enum("open", "acked", "snoozed", "resolved"),
-    "webhook_state": null(enum("pending", "delivered", "failed"))})
+    "webhook_state": null(enum("pending", "delivered", "failed", "folded"))})
 
 TOPIC_EVENT = obj({"seq": INT, "at": TIME, "source": null(STR), "payload": ANY})
 

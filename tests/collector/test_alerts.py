@@ -508,3 +508,58 @@ async def test_a_restart_resumes_pending_deliveries(monkeypatch, collector_facto
     row = await wait_webhook_state(second, alert_id, "delivered")
     assert [p[0] for p in hook.posts] == [503, 200] and len(hook.delivered(alert_id)) == 1
     assert row["state"] == "open"
+
+
+async def fail_jobs(client, prefix: str, count: int) -> None:
+    """`count` jobs claimed by d1 and failed by a final row: what any client may do."""
+    resp = await client.post("/jobs", json=[job(f"{prefix}{i:03d}") for i in range(count)])
+    assert resp.status == 201, await resp.text()
+    for _ in range(count):
+        claimed = await client.get("/devices/d1/next-job")
+        assert claimed.status == 200
+        job_id = (await claimed.json())["job_id"]
+        await client.post("/results", json=result_row(job_id, "d1", 0, final=True, ok=False,
+                                                      error="<!channel> click here"))
+
+
+async def settled(client, ids, seconds=15.0):
+    """The alert rows once none of `ids` is pending any more."""
+    for _ in range(int(seconds / 0.05)):
+        rows = {a["id"]: a for a in await listing(client, "?state=all&limit=1000")}
+        if all(rows[i]["webhook_state"] != "pending" for i in ids):
+            return rows
+        await asyncio.sleep(0.05)
+    raise AssertionError("deliveries still pending")
+
+
+async def test_a_burst_of_alerts_is_posted_as_a_few_and_one_summary(
+        monkeypatch, collector_factory, receiver):
+    # 300 failing jobs made 300 webhook POSTs within seconds. Past WEBHOOK_PER_WINDOW in a
+    # minute the new rows of a tick go out as one summary; none is left unsaid.
+    hook = await receiver()
+    monkeypatch.setenv("FLEET_ALERT_WEBHOOK", hook.url)
+    client = await collector_factory()
+    await named_device(client)
+    await fail_jobs(client, "burst", 30)
+    opened = (await alert_tick(client))["opened"]
+    assert len(opened) == 30
+    rows = await settled(client, opened)
+    states = [rows[i]["webhook_state"] for i in sorted(opened)]
+    assert states == ["delivered"] * 11 + ["folded"] * 19
+    assert len(hook.posts) == alerts.WEBHOOK_PER_WINDOW + 1
+    singles = [p[1] for p in hook.posts if p[1]["type"] == "alert"]
+    [summary] = [p[1] for p in hook.posts if p[1]["type"] == "alert-summary"]
+    assert len(singles) == 10
+    first_folded = sorted(opened)[10]
+    assert summary["summary"] == {"alerts": 20, "rules": {"job-failed": 20},
+                                  "first_id": first_folded, "last_id": max(opened)}
+    assert summary["delivery_id"].endswith(f":alerts:{first_folded}")
+    assert "20 new alerts at once" in summary["text"] and "job-failed 20" in summary["text"]
+    assert "<" not in summary["text"]
+    # The window's share is spent: the next burst within the minute is one summary alone.
+    await fail_jobs(client, "again", 3)
+    more = (await alert_tick(client))["opened"]
+    rows = await settled(client, more)
+    assert [rows[i]["webhook_state"] for i in sorted(more)] == ["delivered", "folded", "folded"]
+    assert len(hook.posts) == alerts.WEBHOOK_PER_WINDOW + 2
+    assert hook.posts[-1][1]["summary"]["alerts"] == 3

@@ -404,9 +404,17 @@ def tick(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes, web
     return record(conn, findings, now, effects, webhook_armed)
 
 
+# Webhook deliveries opened one by one in any WEBHOOK_WINDOW_S: past them, the new rows of a
+# tick go out as one summary delivery. Any client can fail jobs, and each failed job opened a
+# row and a POST (300 failing jobs, 300 chat messages in seconds).
+WEBHOOK_PER_WINDOW = 10
+WEBHOOK_WINDOW_S = 60.0
+
+
 def record(conn: sqlite3.Connection, findings: Iterable[Finding], now: float, effects: Effects,
            webhook_armed: bool) -> TickResult:
     result = TickResult()
+    room = _webhook_room(conn, now) if webhook_armed else 0
     open_rows = {(row["rule"], row["subject"]): row for row in conn.execute(
         "SELECT * FROM alerts WHERE state = 'open'")}
     current = {(f.rule, f.subject): f for f in findings}
@@ -425,7 +433,38 @@ def record(conn: sqlite3.Connection, findings: Iterable[Finding], now: float, ef
             effects.emit("alert", alert_id=row["id"], rule=row["rule"], subject=row["subject"],
                          state=AlertState.RESOLVED, action="resolved")
     result.still_open = len(current)
+    if webhook_armed:
+        _fold_deliveries(conn, result.opened, room)
     return result
+
+
+def _webhook_room(conn: sqlite3.Connection, now: float) -> int:
+    """How many more deliveries may open one by one in the window ending now."""
+    row = conn.execute("SELECT COUNT(*) FROM alerts WHERE first_seen > ? AND webhook_state IN "
+                       "('pending', 'delivered', 'failed') AND webhook_summary IS NULL",
+                       (now - WEBHOOK_WINDOW_S,)).fetchone()
+    return max(0, WEBHOOK_PER_WINDOW - int(row[0]))
+
+
+def _fold_deliveries(conn: sqlite3.Connection, opened: list[int], room: int) -> None:
+    """Keep the first `room` new deliveries; the first of the rest carries a summary of them
+    all (itself included) and the others are marked folded into it, never posted alone."""
+    if not opened:
+        return
+    marks = ", ".join("?" for _ in opened)
+    pending = conn.execute(f"SELECT id, rule FROM alerts WHERE id IN ({marks}) AND "
+                           "webhook_state = 'pending' ORDER BY id", opened).fetchall()
+    rest = pending[room:]
+    if not rest:
+        return
+    rules: dict[str, int] = {}
+    for row in rest:
+        rules[row["rule"]] = rules.get(row["rule"], 0) + 1
+    summary = {"alerts": len(rest), "rules": rules, "last_id": rest[-1]["id"]}
+    conn.execute("UPDATE alerts SET webhook_summary = ? WHERE id = ?",
+                 (json.dumps(summary), rest[0]["id"]))
+    conn.executemany("UPDATE alerts SET webhook_state = 'folded' WHERE id = ?",
+                     [(row["id"],) for row in rest[1:]])
 
 
 def _open(conn: sqlite3.Connection, finding: Finding, now: float, effects: Effects,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
 import random
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from fleet_min.collector.automation.alerts import alert_record
+from fleet_min.collector.automation.alerts import WEBHOOK_PER_WINDOW, alert_record
 from fleet_min.db import Database
 from fleet_min.timeutil import now
 
@@ -58,10 +59,23 @@ def chat_text(text: str) -> str:
 
 def payload(row: Any, collector: dict[str, str]) -> dict[str, Any]:
     record = alert_record(row, now())
-    text = chat_text(f"[{collector.get('name', '')}] {record['rule']} {record['subject']}: "
-                     f"{record['detail']}")
-    return {"type": "alert", "delivery_id": f"{collector.get('collector', '')}:alert:{row['id']}",
-            "collector": collector, "alert": record, "text": text}
+    line = f"{record['rule']} {record['subject']}: {record['detail']}"
+    summary = json.loads(row["webhook_summary"]) if row["webhook_summary"] else None
+    if summary is None:
+        text = chat_text(f"[{collector.get('name', '')}] {line}")
+        return {"type": "alert",
+                "delivery_id": f"{collector.get('collector', '')}:alert:{row['id']}",
+                "collector": collector, "alert": record, "text": text}
+    rules = ", ".join(f"{rule} {count}" for rule, count in sorted(summary["rules"].items()))
+    text = chat_text(f"[{collector.get('name', '')}] {summary['alerts']} new alerts at once, "
+                     f"past the {WEBHOOK_PER_WINDOW} a minute posted one by one ({rules}); "
+                     f"the first: {line}. The dashboard lists them all.")
+    return {"type": "alert-summary",
+            "delivery_id": f"{collector.get('collector', '')}:alerts:{row['id']}",
+            "collector": collector, "alert": record,
+            "summary": {"alerts": summary["alerts"], "rules": summary["rules"],
+                        "first_id": row["id"], "last_id": summary["last_id"]},
+            "text": text}
 
 
 class WebhookSender:

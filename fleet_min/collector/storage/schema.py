@@ -384,4 +384,10 @@ MIGRATIONS: list[str] = [
         WHERE workload = 'ui-test' AND variant IS NULL
           AND json_type(spec, '$.suite.kind') = 'text';
     """,
+    # 11: a burst of new alerts is posted to the webhook as one summary past a few a minute
+    # (automation/alerts.py): the summary's counts ride on the pending row that carries it
+    # (JSON), and the rows it stands for are webhook_state 'folded'.
+    """
+    ALTER TABLE alerts ADD COLUMN webhook_summary TEXT;
+    """,
 ]
