@@ -135,7 +135,14 @@ class Cron:
         landed = _wall(step, tz).replace(fold=0)
         if landed > target:  # a jump forward in between: step back to the wall time wanted
             step -= int((landed - target).total_seconds())
-        return step if step > t else t + 60
+        step = step if step > t else t + 60
+        if not self.fixed_time:
+            # Wall minutes already passed come round again once the clocks go back; a wildcard
+            # job follows the wall clock, so the second pass must be looked at too.
+            repeat = _repeat_starts(t, wall, tz)
+            if repeat is not None and repeat < step:
+                return repeat
+        return step
 
     def _next_candidate(self, wall: datetime) -> datetime:
         """The next wall minute after `wall` that is not ruled out by a coarser field."""
@@ -177,6 +184,34 @@ def _month_days(cron: Cron, first_weekday: int, length: int) -> tuple[int, ...]:
         dow = (first_weekday + day - 1) % 7 in cron.weekdays
         return dom and dow if cron.dom_star or cron.dow_star else dom or dow
     return tuple(day for day in range(1, length + 1) if matches(day))
+
+
+_EPOCH = datetime(1970, 1, 1)
+_LONGEST_SETBACK_S = 3 * 3600  # clocks have gone back by two hours at most (double summer time)
+
+
+def _offset(t: int, wall: datetime) -> int:
+    """Seconds the wall clock is ahead of UTC at `t` (`wall` is its wall time)."""
+    return int((wall.replace(fold=0) - _EPOCH).total_seconds()) - t
+
+
+def _repeat_starts(t: int, wall: datetime, tz: tzinfo | None) -> int | None:
+    """When `t` lies in the first pass of wall time that repeats (the clocks go back within
+    the next stretch of that length), the first minute of the second pass; else None. One
+    conversion when there is no such transition ahead, a few more around one."""
+    offset = _offset(t, wall)
+    probe = t + _LONGEST_SETBACK_S
+    setback = offset - _offset(probe, _wall(probe, tz))
+    if setback <= 0 or _offset(t + setback, _wall(t + setback, tz)) >= offset:
+        return None  # no setback ahead, or `t` is before the stretch that repeats
+    low, high = t, t - -setback // 60 * 60  # the offset drops in (low, high]: find the minute
+    while high - low > 60:
+        middle = low + (high - low) // 120 * 60
+        if _offset(middle, _wall(middle, tz)) < offset:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _wall(t: float, tz: tzinfo | None) -> datetime:

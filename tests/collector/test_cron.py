@@ -183,6 +183,36 @@ def test_a_wildcard_minute_follows_the_wall_clock_through_both_passes():
     assert seen == ["00:00", "00:30", "01:00", "01:30", "01:00"]  # UTC; the last is Oct 26
 
 
+CHATHAM = ZoneInfo("Pacific/Chatham")  # on 2027-04-04 the clocks go back from 03:45 to 02:45
+
+
+@pytest.mark.parametrize(("expr", "second_pass"), [
+    ("* 2 * * *", ["02:45", "02:46", "02:47"]),
+    ("*/7 2 * * *", ["02:49", "02:56", "02:00"]),  # the last on the next day
+])
+def test_a_wildcard_job_runs_in_a_repeated_stretch_that_starts_off_the_hour(expr, second_pass):
+    # From late in the first pass of 02:xx, next_after jumped to the next day's 02:00 and
+    # stepped over 02:45-02:59 the second time round, which is_due calls due.
+    cron, t, seen = parse(expr), ts(2027, 4, 4, 2, 59, tz=CHATHAM), []
+    for _ in range(3):
+        t = cron.next_after(t, CHATHAM)
+        assert cron.is_due(t, CHATHAM)
+        seen.append(datetime.fromtimestamp(t, CHATHAM).strftime("%H:%M"))
+    assert seen == second_pass
+
+
+@pytest.mark.parametrize("expr", ["* 2 * * *", "*/7 2 * * *", "30 2 * * *", "* * * * *",
+                                  "15,45 1-3 * * *"])
+def test_next_after_agrees_with_is_due_across_chathams_setback(expr):
+    cron, start = parse(expr), ts(2027, 4, 4, 0, tz=CHATHAM)
+    for t in range(int(start), int(start) + 6 * 3600, 600):
+        found, minute = cron.next_after(t, CHATHAM), (t // 60 + 1) * 60
+        while minute < found:
+            assert not cron.is_due(minute, CHATHAM), (t, minute)
+            minute += 60
+        assert cron.is_due(found, CHATHAM)
+
+
 def test_hourly_jobs_lose_the_skipped_hour_and_keep_real_time():
     got = runs("0 * * * *", ts(2026, 3, 29, 0, 30, tz=BERLIN), 3, BERLIN)
     assert got == [datetime(2026, 3, 29, 1), datetime(2026, 3, 29, 3), datetime(2026, 3, 29, 4)]
@@ -241,6 +271,7 @@ class CountingZone(tzinfo):
     ("0 0 */31 11 */7", ts(2028, 11, 27), ts(2037, 11, 1, tz=BERLIN)),  # 1 Nov on a Sunday
     ("59 23 31 12 */7", ts(2026, 11, 27), ts(2028, 12, 31, 23, 59, tz=BERLIN)),
     ("0 0 */30 * */7", ts(2026, 11, 27), ts(2027, 1, 31, tz=BERLIN)),
+    ("* * 29 2 */7", ts(2026, 11, 27), ts(2032, 2, 29, tz=BERLIN)),     # wildcard: DST probes
 ])
 def test_a_rare_date_costs_a_few_conversions_not_one_per_day(expr, start, expected):
     # The tick and the listings ask next_after of every schedule: a date years away must not
