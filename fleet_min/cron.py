@@ -175,7 +175,7 @@ class Cron:
         return datetime(min(year, 9998), month, 1)
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=32768)  # 28 month shapes for each of a collector's 1,000 schedules
 def _month_days(cron: Cron, first_weekday: int, length: int) -> tuple[int, ...]:
     """The days of a month of `length` days starting on `first_weekday` (0 = sunday) that the
     day-of-month and day-of-week fields match: 28 month shapes, so at most 28 entries a cron."""

@@ -6,6 +6,10 @@ row, retrying with exponential backoff and jitter, and marks it `delivered` (any
 (attempts used up, or a 4xx other than 408/425/429, which no retry can mend). A restart picks up
 the rows still pending, with the attempts they already used counted (webhook_attempts).
 
+Past alerts.WEBHOOK_PER_WINDOW rows a minute, the alert tick marks the rest of its new rows
+`folded` and one of them carries a summary of them (`webhook_summary`): that one is posted as an
+`alert-summary`, so a burst of failing jobs is a few messages, not one per job.
+
 A row is never posted again once delivered, and never by two tasks at once. The one gap no
 sender can close: the receiver took the POST but the reply was lost (timeout, crash before the
 commit), so the row is retried. Every POST therefore carries the same `Idempotency-Key` and
