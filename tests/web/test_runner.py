@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import expect
 
 from tests.support.collector import CollectorProcess, HttpClient, job
 from tests.support.browser import CHROMIUM, CHROMIUM_ARGS, DESKTOP, Watch, page_server, shot
@@ -325,6 +326,32 @@ def test_the_runner_sends_nothing_until_start_is_pressed(
     assert tab.page.watch.errors == []
 
 
+# Every change of the Start button, as the page makes it: each record is its state once the
+# script's step that changed it is over, which is how it is drawn.
+START_STATES = """
+window.startStates = [];
+new MutationObserver(() => {
+  const start = document.getElementById("start");
+  if (start) window.startStates.push({hidden: start.hidden, disabled: start.disabled});
+}).observe(document, {subtree: true, attributes: true, attributeFilter: ["hidden", "disabled"]});
+"""
+
+
+def test_start_answers_only_once_it_has_been_on_screen_a_moment(
+        collector: CollectorProcess, new_context: Callable[[], Any]) -> None:
+    """A popup opened under the visitor's pointer must not take the second click of a
+    double-click as a press of Start: the button is disabled when it first appears."""
+    page = new_context().new_page()
+    page.add_init_script(START_STATES)
+    page.goto(collector.url + "/runner")
+    expect(page.get_by_role("button", name="Start", exact=True)).to_be_enabled()
+    states = page.evaluate("window.startStates")
+    first_shown = next(state for state in states if not state["hidden"])
+    assert first_shown["disabled"] is True, states
+    assert device_ids(collector) == []
+    start(page)  # and once armed, a click starts it
+
+
 def test_a_page_on_another_site_cannot_start_the_runner(
         collector: CollectorProcess, new_context: Callable[[], Any]) -> None:
     """A link followed, a popup opened, a redirect: each lands on the runner page, and none of
@@ -450,7 +477,8 @@ def test_stop_gives_back_the_poll_and_the_job_and_forgets_start(
     page.wait_for_selector("#status >> text=Waiting for a job")
     stop.click()
     page.wait_for_selector("#status >> text=Stopped")
-    assert page.evaluate("document.activeElement.id") == "start"  # focus follows the controls
+    # Focus follows the controls, once Start is armed (a disabled button cannot take it).
+    expect(page.locator("#start")).to_be_focused()
     assert stop.is_hidden() and page.locator("#pause").is_hidden()
     tab.sent.clear()
     spec = pinned("long-one", device_id, iterations=5000)

@@ -16,6 +16,7 @@ const ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a2fe0
 const DEFAULTS = { prompt_tokens: 512, gen_tokens: 128, warmup_iters: 1, measure_iters: 3 };
 // sessionStorage (this tab, this origin): Start was pressed on this tab's runner page.
 const STARTED_KEY = "fleet.runner.started";
+const START_ARM_MS = 800;         // Start stays disabled this long after it is shown (armStart)
 
 const $ = (id) => document.getElementById(id);
 
@@ -287,12 +288,27 @@ class Runner {
       : "Not started: this browser sends nothing to the collector until you press Start.", "idle");
   }
 
+  // Start answers only once it has been on screen for a moment. A page elsewhere can open this
+  // one in a popup timed so that the visitor's next click (the second of a double-click they
+  // were asked for) lands on the button: that click comes before the delay is over.
+  armStart(focus = false) {
+    const start = $("start");
+    start.disabled = true;
+    clearTimeout(this.armTimer);
+    this.armTimer = setTimeout(() => {
+      start.disabled = false;
+      if (focus && document.activeElement === document.body) start.focus();
+    }, START_ARM_MS);
+  }
+
   showControls() {
     const moveFocus = document.activeElement === $(this.running ? "start" : "stop");
+    // Start, shown again, takes the focus once it is armed (a disabled button cannot).
+    if (!this.running && $("start").hidden) this.armStart(moveFocus);
     $("start").hidden = this.running;  // hidden in the HTML until this script runs
     $("stop").hidden = !this.running;
     $("pause").hidden = !this.running;
-    if (moveFocus) $(this.running ? "stop" : "start").focus();
+    if (moveFocus && this.running) $("stop").focus();
   }
 
   showPause() {
@@ -308,7 +324,10 @@ class Runner {
   }
 
   visibility() {
-    if (!this.running) return;
+    if (!this.running) {
+      if (!document.hidden) this.armStart();  // shown again, perhaps brought to the front
+      return;
+    }
     if (document.hidden) {
       this.log("page hidden: no new jobs will be claimed until it is shown again");
     } else {
