@@ -193,7 +193,12 @@ def _components() -> dict[str, Schema]:
         "Device": DEVICE,
         "DeviceDetail": {"allOf": [ref("Device"), obj({"running": arr(obj({
             "job_id": STR, "workload": STR, "lease_deadline": null(TIME)})),
-            "jobs": arr(ref("JobRecord")), "benchmarks": arr(ref("ResultRecord"))})]},
+            "jobs": arr(ref("JobListed")), "benchmarks": arr(ref("ResultRecord"))})]},
+        "JobListed": {"allOf": [ref("JobRecord"), obj({"trimmed": arr(enum("spec"))},
+            description="a job as a listing carries it: a spec past 8,192 characters of JSON "
+                        "keeps only its first 64 fields that are plain, or text, objects or "
+                        "arrays of at most 1,024 characters (`trimmed` then names it); "
+                        "GET /api/jobs/{job_id} has it whole")]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
         "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
@@ -367,7 +372,7 @@ def _jobs() -> list[Route]:
         Route("GET", "/jobs/{job_id}", "A job row with its spec",
               {200: json_reply(ref("JobRecord"))}, {404: NO_JOB}, tag=tag),
         Route("GET", "/api/jobs", "List jobs, newest first, 50 a page",
-              {200: json_reply(paged("jobs", ref("JobRecord"), status_counts=map_of(
+              {200: json_reply(paged("jobs", ref("JobListed"), status_counts=map_of(
                   integer(0)), workloads=arr(STR), pools=arr(STR)))}, {400: BAD_QUERY},
               params=(query("status", STR, "comma-separated statuses"),
                       query("workload", STR, "exact workload"),

@@ -1,12 +1,13 @@
 """The device registry's bounds against a neighbour who registers without end: FLEET_MAX_DEVICES
 (new devices past it are refused, or take the place of temporary devices long gone) and the
-listing's trim of bulky descriptors and beacons (the whole record stays one GET away); the host
+listing's trim of bulky descriptors and beacons, and the job listings' of bulky specs (the whole
+record stays one GET away); the host
 executors a collector keeps (any name a poll gives is stored)."""
 
 from __future__ import annotations
 
 from fleet_min.collector.jobs.executors import MAX_EXECUTORS
-from tests.support.collector import age_rows, edit_rows, registration
+from tests.support.collector import age_rows, edit_rows, job, registration
 
 
 async def register(client, device_id: str, **fields):
@@ -147,3 +148,36 @@ async def test_an_executor_silent_for_a_day_gives_way_to_a_new_name(client, db_p
     names = await executors_named(client)
     assert "new-mac" in names and "old-mac" not in names
     assert len(names) == MAX_EXECUTORS
+
+
+async def test_job_listings_trim_bulky_specs_and_the_job_record_keeps_them(client):
+    bulky_params = {"prompt": "p" * 200_000, "measure_iters": 3}
+    spec = job("bulky", params=bulky_params, targets={"pool": "lab"}, priority=5)
+    assert (await client.post("/jobs", json=spec)).status == 201
+    assert (await client.post("/jobs", json=job("small", params={"measure_iters": 2}))).status \
+        == 201
+
+    listing = await (await client.get("/api/jobs")).json()
+    got = {j["job_id"]: j for j in listing["jobs"]}
+    assert got["small"]["trimmed"] == []
+    assert got["small"]["spec"]["params"] == {"measure_iters": 2}
+    record = got["bulky"]
+    assert record["trimmed"] == ["spec"]
+    # Short fields, objects among them, keep their JSON types; the large params are left out.
+    assert record["spec"]["targets"] == {"pool": "lab"}
+    assert record["spec"]["priority"] == 5 and record["spec"]["job_id"] == "bulky"
+    assert "params" not in record["spec"]
+    assert record["pool"] == "lab"
+
+    whole = await (await client.get("/api/jobs/bulky")).json()
+    assert whole["spec"]["params"] == bulky_params
+
+
+async def test_a_page_of_bulky_jobs_and_the_overview_stay_small(client):
+    for n in range(50):
+        assert (await client.post("/jobs", json=job(f"j{n}", params={
+            "prompt": "p" * 900_000}))).status == 201
+    page = await (await client.get("/api/jobs")).read()
+    assert len(page) < 50 * 4000, len(page)  # whole, 45 MB
+    overview = await (await client.get("/api/overview")).read()
+    assert len(overview) < 50_000

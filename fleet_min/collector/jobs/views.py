@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from fleet_min.collector.jobs import authority, executors, locks, queue, rules
@@ -81,10 +82,10 @@ async def list_jobs(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         where, params = [*where, status_clause], [*params, *statuses]
     clause = " AND ".join(where)
     total_row = await db.read_one(f"SELECT COUNT(*) FROM jobs WHERE {clause}", params)
-    rows = await db.read(f"SELECT * FROM jobs WHERE {clause} ORDER BY seq DESC "
+    rows = await db.read(f"SELECT {_LISTED_JOB} FROM jobs WHERE {clause} ORDER BY seq DESC "
                          "LIMIT ? OFFSET ?", [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
-    return {"jobs": [_listed(r) for r in rows], "page": page, "per_page": PER_PAGE,
+    return {"jobs": [_listed_trimmed(r) for r in rows], "page": page, "per_page": PER_PAGE,
             "total": total, "pages": max(1, -(-total // PER_PAGE)), **facets}
 
 
@@ -92,6 +93,11 @@ def _listed(row: Any) -> dict[str, Any]:
     """A job as the /api listings show it: the record plus `pool` (targets.pool, what the
     pool filter matches), so a filtered list shows why each row is in it."""
     return {**queue.job_record(row), "pool": row["pool"]}
+
+
+def _listed_trimmed(row: Any) -> dict[str, Any]:
+    """_listed for a row read with _LISTED_JOB: its spec may be cut down (SPEC_TRIM)."""
+    return {**_listed(row), "trimmed": _trimmed_names(row, "spec")}
 
 
 async def get_job(db: Database, job_id: str) -> dict[str, Any]:
@@ -236,33 +242,55 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
     return _paged(total, page, "results", [result_record(r) for r in rows])
 
 
-# A listing carries each device's descriptor and last beacon whole up to this many characters
-# of stored JSON (an agent's are a few hundred); a larger one is cut down by SQLite, before it
-# reaches Python, to its first LISTED_SUMMARY_KEYS plain fields, each text no longer than
-# LISTED_TEXT_CHARS (model, os, battery, thermal: what a listing shows), and the record names it
-# in `trimmed`. GET /api/devices/{id} has it whole. 25,000 devices of 16 KiB each made a listing
-# of 800 MB, which the dashboard reloads every few seconds.
-LISTED_JSON_CHARS = 2048
-LISTED_SUMMARY_KEYS = 32
-LISTED_TEXT_CHARS = 200
+# Listings carry a stored JSON object (a device's descriptor and last beacon, a job's spec)
+# whole up to `whole` characters; a larger one is cut down by SQLite, before it reaches Python,
+# to its first `keys` fields that are plain (numbers, booleans, null), or text (and with
+# `nested`, objects and arrays as JSON) no longer than `field` characters, and the record names
+# it in `trimmed`. The record of the one device or job has it whole. Without this, 25,000
+# devices of 16 KiB made a device listing of 800 MB, and 50 jobs of 1 MiB made every page of
+# jobs 50 MB; the dashboard reloads both on every change.
+@dataclass(frozen=True)
+class Trim:
+    whole: int
+    field: int
+    keys: int
+    nested: bool
 
 
-def _listed_json(column: str) -> str:
-    """SQL for `column` (a JSON object) as a listing carries it (LISTED_JSON_CHARS)."""
-    plain = ("CASE type WHEN 'true' THEN json('true') WHEN 'false' THEN json('false') "
-             "ELSE value END")
-    return (f"CASE WHEN {column} IS NULL OR length({column}) <= {LISTED_JSON_CHARS} "
-            f"THEN {column} ELSE (SELECT json_group_object(key, {plain}) FROM "
-            f"(SELECT key, type, value FROM json_each({column}) WHERE type IN "
-            "('integer', 'real', 'true', 'false', 'null') OR (type = 'text' AND "
-            f"length(value) <= {LISTED_TEXT_CHARS}) LIMIT {LISTED_SUMMARY_KEYS})) END "
-            f"AS {column}, length({column}) > {LISTED_JSON_CHARS} AS {column}_trimmed")
+# An agent's descriptor and beacon are a few hundred characters; a listing shows their model,
+# os, battery and thermal fields.
+DEVICE_TRIM = Trim(whole=2048, field=200, keys=32, nested=False)
+# A spec's targets, lease and constraints are short; params can be large (a prompt, a flow).
+SPEC_TRIM = Trim(whole=8192, field=1024, keys=64, nested=True)
 
+
+def _trimmed_json(column: str, trim: Trim) -> str:
+    """SQL for `column` (a JSON object) as a listing carries it, and `<column>_trimmed`."""
+    sized = "'text', 'object', 'array'" if trim.nested else "'text'"
+    value = ("CASE type WHEN 'true' THEN json('true') WHEN 'false' THEN json('false') "
+             "WHEN 'object' THEN json(value) WHEN 'array' THEN json(value) ELSE value END")
+    return (f"CASE WHEN {column} IS NULL OR length({column}) <= {trim.whole} THEN {column} "
+            f"ELSE (SELECT json_group_object(key, {value}) FROM (SELECT key, type, value FROM "
+            f"json_each({column}) WHERE type IN ('integer', 'real', 'true', 'false', 'null') "
+            f"OR (type IN ({sized}) AND length(value) <= {trim.field}) LIMIT {trim.keys})) END "
+            f"AS {column}, length({column}) > {trim.whole} AS {column}_trimmed")
+
+
+def _trimmed_names(row: Any, *columns: str) -> list[str]:
+    return [column for column in columns if row[f"{column}_trimmed"]]
+
+
+# The columns queue.job_record and _listed read, the spec cut down for a listing.
+_LISTED_JOB = ("job_id, workload, executor, backend, status, priority, claimed_by, attempts, "
+               "max_attempts, ttl_s, lease_deadline, last_error, parent_job_id, template_id, "
+               "is_group, created_at, updated_at, claimed_at, finished_at, warnings, pin, pool, "
+               f"{_trimmed_json('spec', SPEC_TRIM)}")
 
 _LISTED_DEVICE = (
     "SELECT device_id, name, notes, platform, kind, pools, pools_override, capabilities, ttl_s, "
     "first_seen, last_seen, last_beacon_at, busy_job_id, busy_collector, busy_at, address, "
-    f"mesh_node, {_listed_json('descriptor')}, {_listed_json('last_beacon')} FROM devices "
+    f"mesh_node, {_trimmed_json('descriptor', DEVICE_TRIM)}, "
+    f"{_trimmed_json('last_beacon', DEVICE_TRIM)} FROM devices "
     "ORDER BY last_seen DESC, device_id")
 
 
@@ -272,8 +300,7 @@ async def list_devices(db: Database, now: float, include_expired: bool) -> dict[
     for row in rows:
         record = device_record(row, now)
         # `beacon`, the original's name for last_beacon, is the same object.
-        record["trimmed"] = [name for name in ("descriptor", "last_beacon")
-                             if row[f"{name}_trimmed"]]
+        record["trimmed"] = _trimmed_names(row, "descriptor", "last_beacon")
         records.append(record)
     if not include_expired:
         records = [r for r in records if not r["expired"]]
@@ -302,13 +329,14 @@ async def device_history(db: Database, device_id: str) -> dict[str, Any]:
     """The device detail's history as the original shows it: `jobs`, the newest jobs it
     claimed, was pinned to or reported on; `benchmarks`, its newest benchmark summary rows."""
     jobs = await db.read(
-        "SELECT * FROM jobs WHERE is_group = 0 AND (claimed_by = ? OR target_device = ? OR "
+        f"SELECT {_LISTED_JOB} FROM jobs WHERE is_group = 0 AND (claimed_by = ? OR "
+        "target_device = ? OR "
         "job_id IN (SELECT job_id FROM results WHERE device_id = ?)) ORDER BY seq DESC LIMIT ?",
         (device_id, device_id, device_id, DEVICE_HISTORY))
     benches = await db.read(
         "SELECT * FROM results WHERE device_id = ? AND workload = 'benchmark' AND iter = 0 "
         "ORDER BY created_at DESC, id DESC LIMIT ?", (device_id, DEVICE_HISTORY))
-    return {"jobs": [_listed(r) for r in jobs],
+    return {"jobs": [_listed_trimmed(r) for r in jobs],
             "benchmarks": [result_record(r) for r in benches]}
 
 
@@ -370,9 +398,11 @@ async def overview(db: Database, now: float, low_battery: LowBattery | None = No
     for row in await db.read("SELECT status, COUNT(*) AS n FROM jobs WHERE is_group = 0 "
                              "GROUP BY status"):
         counts[row["status"]] = row["n"]
-    running = await db.read("SELECT * FROM jobs WHERE status = 'claimed' ORDER BY claimed_at "
-                            "LIMIT 100")
-    failures = await db.read("SELECT * FROM jobs WHERE status = 'failed' "
+    # The columns shown only: a spec may be a megabyte.
+    running = await db.read("SELECT job_id, workload, claimed_by, claimed_at, lease_deadline "
+                            "FROM jobs WHERE status = 'claimed' ORDER BY claimed_at LIMIT 100")
+    failures = await db.read("SELECT job_id, workload, last_error, finished_at, attempts, "
+                             "max_attempts FROM jobs WHERE status = 'failed' "
                              "ORDER BY finished_at DESC LIMIT 20")
     # Progress is the current attempt's: late rows of a lapsed one are not this run's.
     progress = await db.read(
