@@ -31,12 +31,21 @@ import logging
 import os
 import signal
 import socket
+import struct
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from aiohttp import web
+
+try:  # the socket's own send queue (StallWatch); Linux only
+    import fcntl
+    import termios
+
+    _OUTQ: int | None = termios.TIOCOUTQ if sys.platform.startswith("linux") else None
+except ImportError:  # Windows
+    _OUTQ = None
 
 from fleet_min import dirlock
 from fleet_min.db import StorageError
@@ -209,20 +218,24 @@ class StallWatch:
     the transport at once, and a client that asks for a large listing and never reads it
     would otherwise hold that answer's megabytes for as long as it keeps the socket open.
     A client that reads slowly but steadily is not cut: the watch looks again after each
-    period and only a buffer that has not shrunk since ends the connection."""
+    period, and only bytes queued for it that have not gone down since end the connection.
+    Those are the transport's and, where the system says (Linux), the socket's own: the kernel
+    takes more from the transport only once a third of its send buffer (megabytes) is free, so
+    a client reading a few hundred KiB a second can leave the transport's count unchanged for
+    seconds."""
 
     __slots__ = ("_cap", "_handle", "_left", "_transport")
 
     def __init__(self, transport: asyncio.Transport, cap: ConnectionCap) -> None:
         self._transport, self._cap = transport, cap
-        self._left = transport.get_write_buffer_size()
+        self._left = _queued(transport)
         self._handle = asyncio.get_running_loop().call_later(cap.write_stall_s, self._look)
 
     def _look(self) -> None:
         transport = self._transport
         if transport.is_closing():
             return
-        left = transport.get_write_buffer_size()
+        left = _queued(transport)
         if left and left >= self._left:
             peer = transport.get_extra_info("peername")
             self._cap.stalled(peer[0] if isinstance(peer, tuple) and peer else "?",
@@ -235,6 +248,18 @@ class StallWatch:
 
     def stop(self) -> None:
         self._handle.cancel()
+
+
+def _queued(transport: asyncio.Transport) -> int:
+    """Bytes waiting for the client: in the transport, and in the socket's send queue where the
+    system tells (SIOCOUTQ, which is TIOCOUTQ's number, on Linux)."""
+    queued = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if _OUTQ is not None and sock is not None:
+        # (Closed meanwhile, or not a socket that keeps a send queue: the transport's count.)
+        with contextlib.suppress(OSError, ValueError):
+            queued += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, bytes(4)))[0]
+    return queued
 
 
 class _Refused(asyncio.Protocol):
