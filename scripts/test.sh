@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh machine, then run the whole suite.
-#   bash scripts/test.sh            the full suite (what CI runs)
+#   bash scripts/test.sh            the full suite (what CI runs): the fast lane in parallel,
+#                                   then the rest one test at a time (pytest --rest)
 #   bash scripts/test.sh --fast     the fast lane: no browser, no process fleets or fault loops,
 #                                   no long fuzzing (tests/conftest.py says what it leaves out),
 #                                   in FLEET_TEST_WORKERS (4) pytest-xdist workers
@@ -35,7 +36,18 @@ fi
 python3 -m pip install --quiet --constraint constraints.txt --editable ".[test,fast]"
 # The fast lane's tests mostly wait on sockets and child processes, so four workers fill two
 # cores; work stealing moves the last long tests to idle workers instead of leaving one behind.
+fast_lane() {
+  python3 -m pytest --fast -n "${FLEET_TEST_WORKERS:-4}" --dist worksteal "$@"
+}
 if [ "${1:-}" = "--fast" ]; then
-  exec python3 -m pytest "$@" -n "${FLEET_TEST_WORKERS:-4}" --dist worksteal
+  shift
+  fast_lane "$@"
+  exit
+fi
+if [ "$#" -eq 0 ]; then
+  # The full suite (CI): the fast lane in parallel, then the rest (browsers, process fleets,
+  # fault loops, long fuzzing) one test at a time, as they time real processes.
+  fast_lane
+  exec python3 -m pytest --rest
 fi
 exec python3 -m pytest "$@"

@@ -23,18 +23,21 @@ BROWSER_FIXTURES = frozenset({"browser", "open_page"})
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fast", action="store_true",
                      help="the fast lane: leave out tests marked " + ", ".join(FAST_LANE_SKIPS))
+    parser.addoption("--rest", action="store_true",
+                     help="only what the fast lane leaves out (the full suite is the two lanes)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if BROWSER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.browser)
-    if not config.getoption("--fast"):
+    fast, rest = config.getoption("--fast"), config.getoption("--rest")
+    if not fast and not rest:
         return
     kept, left_out = [], []
     for item in items:
-        skip = any(item.get_closest_marker(name) for name in FAST_LANE_SKIPS)
-        (left_out if skip else kept).append(item)
+        slow = any(item.get_closest_marker(name) for name in FAST_LANE_SKIPS)
+        (left_out if slow == fast else kept).append(item)
     if left_out:
         config.hook.pytest_deselected(items=left_out)
         items[:] = kept
