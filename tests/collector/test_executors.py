@@ -190,6 +190,22 @@ async def test_the_last_slots_seen_win_and_a_poll_without_registration_still_wor
     assert (await listed(client))["bare"]["slots"] == 2
 
 
+
+async def test_the_slots_a_poll_says_hold_for_that_same_poll(client):
+    """A poll's first look reads the executor's row once, before recording the poll: the slots
+    the poll says must still count for its own claim, for a new name and a known one."""
+    cold = {"app_id": "com.example.shop"}
+    assert await executor_claim(client, "fresh") is None  # seen: no opinion, one slot
+    for n in range(4):
+        await enqueue(client, host(f"j{n}", "cold-start", params=cold))
+    assert await executor_claim(client, "fresh") == "j0"
+    assert await executor_claim(client, "fresh") is None  # one slot, held
+    assert await executor_claim(client, "fresh", "&slots=2") == "j1"  # said now, counts now
+    assert await executor_claim(client, "fresh") is None  # 2 stand, both held
+    assert await executor_claim(client, "newcomer", "&slots=2") == "j2"  # a new name, too
+    assert await executor_claim(client, "newcomer") == "j3"
+    assert (await listed(client))["newcomer"]["slots"] == 2
+
 # -- the listing -------------------------------------------------------------------------------
 
 

@@ -185,8 +185,8 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
 
 
 def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Device | None,
-          min_priority: int | None = None, ignore_job: str | None = None
-          ) -> tuple[sqlite3.Row | None, bool]:
+          min_priority: int | None = None, ignore_job: str | None = None,
+          view: executors.ClaimView | None = None) -> tuple[sqlite3.Row | None, bool]:
     """find_claimable, and whether anything stood in the way when it found nothing: a queued
     job it was refused, a busy flag, a job held (False: nothing queued it could be offered)."""
     workloads: list[str] | None = None
@@ -202,8 +202,8 @@ def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Devi
         routes = rules.declared_routes(device.capabilities)
     else:
         # What the executor declared (POST /executors/register) and its slots: one read by
-        # primary key.
-        capabilities, slots = executors.claim_view(conn, claimant.id)
+        # primary key, or none when the poll's first look has just read them.
+        capabilities, slots = view or executors.claim_view(conn, claimant.id)
         routes = rules.declared_routes(capabilities)
     if routes is not None:
         workloads, pairs = routes
@@ -233,15 +233,17 @@ def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant, slots: int,
 
 
 def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
-          effects: Effects, device: Device | None = None) -> dict[str, Any] | None:
-    """Claim the next job for a device or host executor: the spec to run, or None."""
+          effects: Effects, device: Device | None = None,
+          view: executors.ClaimView | None = None) -> dict[str, Any] | None:
+    """Claim the next job for a device or host executor: the spec to run, or None. `device`
+    (a device's row) or `view` (a host executor's) saves the read when the caller has it."""
     if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
             return None
         if touch_due(device.last_seen, now):  # written with others later: see jobs.sightings
             effects.sightings.append((claimant.id, now))
-    row, stood_in_the_way = _find(conn, claimant, now, device)
+    row, stood_in_the_way = _find(conn, claimant, now, device, view=view)
     if row is None:
         effects.looked.append((claimant.key, stood_in_the_way))
         return None
@@ -281,11 +283,12 @@ def first_claim(conn: sqlite3.Connection, claimant: Claimant, now: float, effect
     node the poll came from; None off the mesh) may not act for the claimant.
     """
     if claimant.executor != Executor.DEVICE:
-        executors.admit(conn, claimant.id, now)
+        stored = executors.admit(conn, claimant.id, now)
         if caller is not None:
             authority.bind_executor(conn, claimant.id, caller, now)
         executors.seen(conn, claimant.id, claimant.slots, now)
-        return executors.declared(conn, claimant.id), claim(conn, claimant, now, effects)
+        view = executors.view_after_poll(stored, claimant.slots)
+        return view[0], claim(conn, claimant, now, effects, view=view)
     device = load_device(conn, claimant.id)
     if device is None:
         raise NotFound(f"device {claimant.id!r} is not registered; register first "

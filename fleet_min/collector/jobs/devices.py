@@ -11,10 +11,10 @@ import sqlite3
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector.jobs import authority, rules
+from fleet_min.collector.jobs import authority, room, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, Conflict, NotFound, RegistryFull, TooLarge
+from fleet_min.errors import BadRequest, Conflict, NotFound, TooLarge
 from fleet_min.netkind import kind_of
 from fleet_min.timeutil import iso
 
@@ -164,32 +164,32 @@ def register(conn: sqlite3.Connection, body: dict[str, Any], now: float, address
             "pools": device.pools}
 
 
+# A browser runner's tab is a new device each session: such devices come and go for good, so
+# the temporary ones long gone (silent past their own TTL, holding no lock) give way rather than
+# the registry filling up over months.
+_DEVICES = room.BoundedTable(
+    "devices", "device_id",
+    "SELECT device_id FROM devices d WHERE ttl_s IS NOT NULL AND last_seen + ttl_s < ? "
+    "AND NOT EXISTS (SELECT 1 FROM device_locks l WHERE l.device_id = d.device_id) "
+    "ORDER BY last_seen + ttl_s LIMIT ?")
+
+
 def _make_room(conn: sqlite3.Connection, max_devices: int, now: float, effects: Effects) -> None:
-    """Before a new device is stored: forget expired temporary devices (silent past their own
-    TTL, holding no lock) until the registry has room for one more, or refuse.
+    """Before a new device is stored: forget expired temporary devices until the registry has
+    room for one more, or refuse.
 
     Without a bound, anyone who can reach the port could register devices until every listing
     of them (the dashboard reloads it every few seconds) took gigabytes; with it, a flood can
     at worst keep new devices out, which the refusal's sentence tells the operator how to end.
     """
-    count = conn.execute("SELECT COUNT(*) FROM devices").fetchone()[0]
-    if count < max_devices:
-        return
-    # A browser runner's tab is a new device each session: such devices come and go for
-    # good, so the ones long gone give way rather than the registry filling up over months.
-    gone = conn.execute(
-        "SELECT device_id FROM devices d WHERE ttl_s IS NOT NULL AND last_seen + ttl_s < ? "
-        "AND NOT EXISTS (SELECT 1 FROM device_locks l WHERE l.device_id = d.device_id) "
-        "ORDER BY last_seen + ttl_s LIMIT ?", (now, count - max_devices + 1)).fetchall()
-    for (device_id,) in gone:
-        conn.execute("DELETE FROM devices WHERE device_id = ?", (device_id,))
+    def refusal(count: int) -> str:
+        return (f"this collector's registry holds {count:,} devices, the most "
+                f"FLEET_MAX_DEVICES allows ({max_devices:,}), and none is a temporary device "
+                "that has left the shelf; forget devices that are gone (DELETE "
+                "/api/devices/{id}, or the dashboard's Devices page) or raise FLEET_MAX_DEVICES")
+
+    for device_id in room.make_room(conn, _DEVICES, max_devices, (now,), refusal):
         effects.emit("device", device_id=device_id, forgotten=True)
-    if count - len(gone) >= max_devices:
-        raise RegistryFull(
-            f"this collector's registry holds {count:,} devices, the most FLEET_MAX_DEVICES "
-            f"allows ({max_devices:,}), and none is a temporary device that has left the shelf; "
-            "forget devices that are gone (DELETE /api/devices/{id}, or the dashboard's Devices "
-            "page) or raise FLEET_MAX_DEVICES")
 
 
 # A second's precision is plenty for minute-scale statuses, and not rewriting a fresh value

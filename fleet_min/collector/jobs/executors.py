@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from fleet_min.collector.jobs import authority, rules
+from fleet_min.collector.jobs import authority, room, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest, RegistryFull
+from fleet_min.errors import BadRequest
 
 # A second's precision is plenty for a 15-minute horizon; an executor polling in a tight loop
 # does not rewrite its row every time.
@@ -88,28 +88,45 @@ def _is_capability_list(value: Any) -> bool:
 GONE_AFTER_S = 86400.0  # an executor silent this long gives way to a new name when full
 
 
-def admit(conn: sqlite3.Connection, name: str, now: float) -> None:
-    """Before a registration or a poll stores an executor's name. A new name, when the
-    collector keeps MAX_EXECUTORS already, takes the place of the executor silent longest
-    (for GONE_AFTER_S at least, holding no claimed job), or is refused (507, nothing stored)."""
-    if conn.execute("SELECT 1 FROM executors WHERE name = ?", (name,)).fetchone() is not None:
-        return
-    count = conn.execute("SELECT COUNT(*) FROM executors").fetchone()[0]
-    if count < MAX_EXECUTORS:
-        return
-    gone = conn.execute(
-        "SELECT name FROM executors e WHERE max(first_seen, COALESCE(last_poll, 0), "
-        "COALESCE(registered_at, 0)) < ? "
-        "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.status = 'claimed' AND j.executor = ? "
-        "AND j.claimed_by = e.name) ORDER BY max(first_seen, COALESCE(last_poll, 0), "
-        "COALESCE(registered_at, 0)) "
-        "LIMIT ?", (now - GONE_AFTER_S, Executor.HOST, count - MAX_EXECUTORS + 1)).fetchall()
-    conn.executemany("DELETE FROM executors WHERE name = ?", gone)
-    if count - len(gone) >= MAX_EXECUTORS:
-        raise RegistryFull(
-            f"this collector keeps {count:,} host executors, the most it keeps "
-            f"({MAX_EXECUTORS:,}), and none has been silent for a day to give way to "
-            f"the new name {name[:80]!r}")
+# Silent for GONE_AFTER_S at least and holding no claimed job, the one silent longest first.
+_EXECUTORS = room.BoundedTable(
+    "executors", "name",
+    "SELECT name FROM executors e WHERE max(first_seen, COALESCE(last_poll, 0), "
+    "COALESCE(registered_at, 0)) < ? "
+    "AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.status = 'claimed' AND j.executor = ? "
+    "AND j.claimed_by = e.name) ORDER BY max(first_seen, COALESCE(last_poll, 0), "
+    "COALESCE(registered_at, 0)) LIMIT ?")
+
+# What a claim for a host executor reads: its declared capabilities (None: no opinion) and slots.
+ClaimView = tuple[list[str] | None, int]
+
+
+def admit(conn: sqlite3.Connection, name: str, now: float) -> ClaimView | None:
+    """Before a registration or a poll stores an executor's name: a known name's claim view as
+    stored, or None for a new name. A new name, when the collector keeps MAX_EXECUTORS already,
+    takes the place of the executor silent longest (for GONE_AFTER_S at least, holding no
+    claimed job), or is refused (507, nothing stored)."""
+    row = conn.execute("SELECT capabilities, slots FROM executors WHERE name = ?",
+                       (name,)).fetchone()
+    if row is not None:
+        return decoded(row[0]), int(row[1])
+
+    def refusal(count: int) -> str:
+        return (f"this collector keeps {count:,} host executors, the most it keeps "
+                f"({MAX_EXECUTORS:,}), and none has been silent for a day to give way to "
+                f"the new name {name[:80]!r}")
+
+    room.make_room(conn, _EXECUTORS, MAX_EXECUTORS, (now - GONE_AFTER_S, Executor.HOST),
+                   refusal)
+    return None
+
+
+def view_after_poll(stored: ClaimView | None, slots: int) -> ClaimView:
+    """The claim view once seen() has recorded a poll, from the view admit() read before it:
+    the poll's `?slots=` replaces the stored slots when it says one (above 0), and a new name
+    starts with none declared and one slot, as seen() stores it."""
+    capabilities, stored_slots = stored if stored is not None else (None, 1)
+    return capabilities, slots if slots > 0 else stored_slots
 
 
 def register(conn: sqlite3.Connection, reg: Registration, now: float, effects: Effects,
@@ -149,12 +166,7 @@ def seen(conn: sqlite3.Connection, name: str, slots: int, now: float) -> None:
         (name, now, now, slots if said else 1, said, SEEN_EVERY_S, said))
 
 
-def declared(conn: sqlite3.Connection, name: str) -> list[str] | None:
-    """What the executor declared (None: no opinion, or never registered)."""
-    return claim_view(conn, name)[0]
-
-
-def claim_view(conn: sqlite3.Connection, name: str) -> tuple[list[str] | None, int]:
+def claim_view(conn: sqlite3.Connection, name: str) -> ClaimView:
     """What a claim for the executor reads: its declared capabilities and its slots, in one
     read by primary key (the JSON decoded once per distinct list)."""
     row = conn.execute("SELECT capabilities, slots FROM executors WHERE name = ?",
