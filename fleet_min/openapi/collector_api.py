@@ -193,12 +193,18 @@ def _components() -> dict[str, Schema]:
         "Device": DEVICE,
         "DeviceDetail": {"allOf": [ref("Device"), obj({"running": arr(obj({
             "job_id": STR, "workload": STR, "lease_deadline": null(TIME)})),
-            "jobs": arr(ref("JobListed")), "benchmarks": arr(ref("ResultRecord"))})]},
+            "jobs": arr(ref("JobListed")), "benchmarks": arr(ref("ResultListed"))})]},
         "JobListed": {"allOf": [ref("JobRecord"), obj({"trimmed": arr(enum("spec"))},
             description="a job as a listing carries it: a spec past 8,192 characters of JSON "
                         "keeps only its first 64 fields that are plain, or text, objects or "
                         "arrays of at most 1,024 characters (`trimmed` then names it); "
                         "GET /api/jobs/{job_id} has it whole")]},
+        "ResultListed": {"allOf": [ref("ResultRecord"), obj({"trimmed": arr(enum(
+            "metrics", "device", "extra"))}, description=(
+                "a result row as a listing carries it: metrics, device and the extra fields "
+                "an agent added, each past 8,192 characters of JSON (2,048 for device), keep "
+                "only their first fields that are plain, or short text, objects or arrays "
+                "(`trimmed` then names them); GET /api/jobs/{job_id} has the row whole"))]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
         "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
@@ -549,7 +555,7 @@ def _reads() -> list[Route]:
                                "ingestion, artifacts, database and process figures "
                                "(docs/metrics.md)", metrics.CONTENT_TYPE)}, tag=tag),
         Route("GET", "/api/results", "Result rows, newest first, 50 a page",
-              {200: json_reply(paged("results", ref("ResultRecord")))}, {400: BAD_QUERY},
+              {200: json_reply(paged("results", ref("ResultListed")))}, {400: BAD_QUERY},
               params=(query("job", STR, "job id"), query("device", STR, "device id"),
                       query("workload", STR, "workload"),
                       query("from", STR, "ISO-8601 time"), query("to", STR, "ISO-8601 time"),

@@ -173,11 +173,48 @@ async def test_job_listings_trim_bulky_specs_and_the_job_record_keeps_them(clien
     assert whole["spec"]["params"] == bulky_params
 
 
-async def test_a_page_of_bulky_jobs_and_the_overview_stay_small(client):
+async def test_a_page_of_bulky_jobs_stays_small(client):
     for n in range(50):
         assert (await client.post("/jobs", json=job(f"j{n}", params={
             "prompt": "p" * 900_000}))).status == 201
     page = await (await client.get("/api/jobs")).read()
     assert len(page) < 50 * 4000, len(page)  # whole, 45 MB
+    # The overview never carried specs; this guards against it starting to (its reading only
+    # the columns it shows lowers memory, not output, and is not measured here).
     overview = await (await client.get("/api/overview")).read()
     assert len(overview) < 50_000
+
+
+async def test_a_page_of_bulky_result_rows_stays_small_and_the_job_keeps_them_whole(client):
+    """Rows near the body limit (metrics, device and an agent's own fields, which validation
+    does not bound) are cut down in the results listing and a device's benchmark history;
+    the job's own record carries each row as posted."""
+    assert (await register(client, "bench-pi"))[0] == 200
+    assert (await client.post("/jobs", json=job("big", targets={
+        "device_id": "bench-pi"}))).status == 201
+    assert (await client.get("/devices/bench-pi/next-job")).status == 200
+    rows = 12
+    for n in range(rows):
+        resp = await client.post("/results", json={
+            "schema": 1, "kind": "result", "job_id": "big", "device_id": "bench-pi", "iter": n,
+            "final": n == rows - 1, "ok": True,
+            "metrics": {"decode_tok_s": 12.5, "notes": "m" * 150_000},
+            "device": {"model": "Pi 5", "soc": "s" * 150_000},
+            "log": "x" * 150_000, "exit_code": 0})
+        assert resp.status == 200, await resp.text()
+    listing = await (await client.get("/api/results?job=big")).read()
+    assert len(listing) < rows * 2000, len(listing)  # whole, 5.4 MB
+    results = (await (await client.get("/api/results?job=big")).json())["results"]
+    assert len(results) == rows
+    for row in results:
+        assert row["trimmed"] == ["metrics", "device", "extra"]
+        assert row["metrics"] == {"decode_tok_s": 12.5}  # the short fields stay
+        assert row["device"] == {"model": "Pi 5"} and row["exit_code"] == 0
+        assert "log" not in row
+    detail = await (await client.get("/api/devices/bench-pi")).json()
+    assert detail["benchmarks"][0]["trimmed"] == ["metrics", "device", "extra"]
+    assert detail["benchmarks"][0]["metrics"] == {"decode_tok_s": 12.5}
+    whole = await (await client.get("/api/jobs/big")).json()
+    assert len(whole["results"]) == rows
+    assert {len(r["log"]) for r in whole["results"]} == {150_000}
+    assert {len(r["metrics"]["notes"]) for r in whole["results"]} == {150_000}

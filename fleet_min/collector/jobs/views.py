@@ -235,11 +235,16 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
     page = page_param(query)
     clause = " AND ".join(where)
     total_row = await db.read_one(f"SELECT COUNT(*) FROM results WHERE {clause}", params)
-    rows = await db.read(f"SELECT * FROM results WHERE {clause} "
+    rows = await db.read(f"SELECT {_LISTED_RESULT} FROM results WHERE {clause} "
                          "ORDER BY created_at DESC, id DESC LIMIT ? OFFSET ?",
                          [*params, PER_PAGE, (page - 1) * PER_PAGE])
     total = total_row[0] if total_row else 0
-    return _paged(total, page, "results", [result_record(r) for r in rows])
+    return _paged(total, page, "results", [_listed_result(r) for r in rows])
+
+
+def _listed_result(row: Any) -> dict[str, Any]:
+    """A result row read with _LISTED_RESULT: its bulky JSON may be cut down (RESULT_TRIM)."""
+    return {**result_record(row), "trimmed": _trimmed_names(row, *_RESULT_TRIMMED)}
 
 
 # Listings carry a stored JSON object (a device's descriptor and last beacon, a job's spec)
@@ -247,8 +252,9 @@ async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]
 # to its first `keys` fields that are plain (numbers, booleans, null), or text (and with
 # `nested`, objects and arrays as JSON) no longer than `field` characters, and the record names
 # it in `trimmed`. The record of the one device or job has it whole. Without this, 25,000
-# devices of 16 KiB made a device listing of 800 MB, and 50 jobs of 1 MiB made every page of
-# jobs 50 MB; the dashboard reloads both on every change.
+# devices of 16 KiB made a device listing of 800 MB, 50 jobs of 1 MiB made every page of jobs
+# 50 MB, and a page of result rows near the body limit as much; the dashboard reloads them on
+# every change.
 @dataclass(frozen=True)
 class Trim:
     whole: int
@@ -285,6 +291,18 @@ _LISTED_JOB = ("job_id, workload, executor, backend, status, priority, claimed_b
                "max_attempts, ttl_s, lease_deadline, last_error, parent_job_id, template_id, "
                "is_group, created_at, updated_at, claimed_at, finished_at, warnings, pin, pool, "
                f"{_trimmed_json('spec', SPEC_TRIM)}")
+
+# A result row's metrics are a few numbers and its device three names, but metrics, device and
+# the fields an agent adds (kept in `extra`) may fill the body limit; its error (at most 4,000
+# characters) and artifacts (at most 100 digests) are bounded by validation. The row as posted
+# is in the job's own record.
+RESULT_TRIM = Trim(whole=8192, field=1024, keys=64, nested=True)
+_RESULT_TRIMMED = ("metrics", "device", "extra")
+# The columns results.result_record reads, the bulky ones cut down for a listing.
+_LISTED_RESULT = (
+    "id, job_id, device_id, iter, attempt, workload, ok, final, preempted, error, artifacts, "
+    f"created_at, {_trimmed_json('metrics', RESULT_TRIM)}, "
+    f"{_trimmed_json('device', DEVICE_TRIM)}, {_trimmed_json('extra', RESULT_TRIM)}")
 
 _LISTED_DEVICE = (
     "SELECT device_id, name, notes, platform, kind, pools, pools_override, capabilities, ttl_s, "
@@ -334,10 +352,10 @@ async def device_history(db: Database, device_id: str) -> dict[str, Any]:
         "job_id IN (SELECT job_id FROM results WHERE device_id = ?)) ORDER BY seq DESC LIMIT ?",
         (device_id, device_id, device_id, DEVICE_HISTORY))
     benches = await db.read(
-        "SELECT * FROM results WHERE device_id = ? AND workload = 'benchmark' AND iter = 0 "
-        "ORDER BY created_at DESC, id DESC LIMIT ?", (device_id, DEVICE_HISTORY))
+        f"SELECT {_LISTED_RESULT} FROM results WHERE device_id = ? AND workload = 'benchmark' "
+        "AND iter = 0 ORDER BY created_at DESC, id DESC LIMIT ?", (device_id, DEVICE_HISTORY))
     return {"jobs": [_listed_trimmed(r) for r in jobs],
-            "benchmarks": [result_record(r) for r in benches]}
+            "benchmarks": [_listed_result(r) for r in benches]}
 
 
 async def device_beacons(db: Database, device_id: str, query: Mapping[str, str], now: float
