@@ -279,3 +279,39 @@ async def test_an_executor_name_that_would_list_as_a_twin_is_refused(client, nam
     assert resp.status == 400
     listed = (await (await client.get("/api/executors")).json())["executors"]
     assert [e["name"] for e in listed] == ["mac-mini"]
+
+
+# -- forgetting ----------------------------------------------------------------------------------
+
+
+async def test_an_executor_that_is_gone_can_be_forgotten_but_not_one_running_a_job(client):
+    await register(client, "old-mac", capabilities=["cold-start"])
+    await register(client, "lab", capabilities=["cold-start"])
+    await enqueue(client, host("running", "cold-start", params={"app_id": "com.example.shop"},
+                               targets={"executor": "lab"}))
+    assert await executor_claim(client, "lab") == "running"
+    busy = await client.delete("/api/executors/lab")
+    assert busy.status == 409
+    assert "running" in (await busy.json())["error"]
+    resp = await client.delete("/api/executors/old-mac")
+    assert resp.status == 200
+    assert await resp.json() == {"ok": True, "name": "old-mac", "forgotten": True}
+    assert set(await listed(client)) == {"lab"}  # and lab, refused, is unchanged
+    assert (await client.delete("/api/executors/old-mac")).status == 404
+    assert (await client.delete("/api/executors/%20padded")).status == 400
+    # The job it ran stays; a poll under the name starts a new record (no opinion yet).
+    assert (await client.get("/api/jobs/running")).status == 200
+    assert await executor_claim(client, "old-mac") is None
+    assert (await listed(client))["old-mac"]["capabilities"] is None
+
+
+async def test_forgetting_an_executor_needs_the_dashboard_token_when_one_is_set(
+        collector_factory, monkeypatch):
+    monkeypatch.setenv("FLEET_DASH_TOKEN", "operator-secret")
+    client = await collector_factory(dash_token="operator-secret")
+    await register(client, "old-mac")
+    assert (await client.delete("/api/executors/old-mac")).status == 401
+    assert "old-mac" in await listed(client)
+    resp = await client.delete("/api/executors/old-mac",
+                               headers={"X-Fleet-Token": "operator-secret"})
+    assert resp.status == 200 and "old-mac" not in await listed(client)

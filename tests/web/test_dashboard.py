@@ -106,6 +106,33 @@ def test_a_host_job_names_its_executor_and_the_executors_screen_shows_it(
     assert page.watch.errors == []
 
 
+def test_an_executor_that_is_gone_is_forgotten_from_the_executors_screen(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    proc = CollectorProcess(tmp_path / "forget").start()
+    try:
+        for name in ("old-mac", "lab"):
+            assert proc.client.post("/executors/register", {"name": name,
+                                                            "capabilities": ["soak"]})[0] == 200
+        assert proc.client.post("/jobs", job("soaking", workload="soak", executor="host",
+                                             params={"app_id": "com.example"},
+                                             targets={"executor": "lab"}))[0] == 201
+        assert proc.client.get("/executor/next-job?name=lab")[0] == 200
+        page = open_page(proc.url + "/dash/executors", wait="#executor-lab")
+        # One running a job offers no Forget; asked, the other asks again before it acts.
+        assert page.locator("#executor-lab button").count() == 0
+        page.click("#executor-old-mac button:text-is('Forget')")
+        page.wait_for_selector("#executor-old-mac >> text=Its jobs are kept")
+        shot(page, "dash-executor-forget")
+        page.click("#executor-old-mac .confirm button:text-is('Forget')")
+        page.wait_for_selector("#executor-old-mac", state="detached")
+        page.wait_for_selector("text=Forgot old-mac.")
+        names = [e["name"] for e in proc.client.get("/api/executors")[1]["executors"]]
+        assert names == ["lab"]
+        assert page.watch.errors == []
+    finally:
+        proc.stop()
+
+
 def post_frame(base: str, job_id: str, executor: str, frame: bytes) -> int:
     request = urllib.request.Request(f"{base}/api/jobs/{job_id}/mirror?executor={executor}",
                                      data=frame, method="POST",

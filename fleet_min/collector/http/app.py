@@ -324,6 +324,12 @@ async def api_results(request: web.Request) -> web.Response:
     return json_response(await views.list_results(service_of(request).db, request.query))
 
 
+async def api_delete_executor(request: web.Request) -> web.Response:
+    name = executors.check_name(request.match_info["name"])
+    await service_of(request).transact(executors.forget, name)
+    return json_response({"ok": True, "name": name, "forgotten": True})
+
+
 async def api_executors(request: web.Request) -> web.Response:
     service = service_of(request)
     return json_response(await views.list_executors(
@@ -392,6 +398,7 @@ def add_routes(app: web.Application) -> None:
         web.get("/api/overview", api_overview),
         web.get("/api/stream", api_stream),
         web.get("/api/executors", api_executors),
+        web.delete("/api/executors/{name}", api_delete_executor),
         web.get("/api/locks", api_locks),
         web.get("/api/devices", api_devices),
         web.get("/api/devices/{device_id}", api_device),

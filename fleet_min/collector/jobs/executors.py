@@ -19,7 +19,7 @@ from typing import Any
 from fleet_min.collector.jobs import authority, room, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
-from fleet_min.errors import BadRequest
+from fleet_min.errors import BadRequest, Conflict, NotFound
 
 # A second's precision is plenty for a 15-minute horizon; an executor polling in a tight loop
 # does not rewrite its row every time.
@@ -150,6 +150,22 @@ def register(conn: sqlite3.Connection, reg: Registration, now: float, effects: E
     effects.claimant_changed(Executor.HOST, reg.name)
     capabilities_now, slots = claim_view(conn, reg.name)
     return {"ok": True, "name": reg.name, "capabilities": capabilities_now, "slots": slots}
+
+
+def forget(conn: sqlite3.Connection, name: str, effects: Effects) -> None:
+    """Forget an executor the operator knows is gone: its row, so listings and host fan-outs
+    no longer name it. One holding a claimed job is refused: the job is running there. Its
+    jobs and results stay, and so does a mesh node's hold on the name (authority's
+    executor_nodes), so forgetting does not hand the name to another node."""
+    if conn.execute("SELECT 1 FROM executors WHERE name = ?", (name,)).fetchone() is None:
+        raise NotFound(f"no host executor {name[:80]!r}")
+    held = conn.execute("SELECT job_id FROM jobs WHERE status = 'claimed' AND executor = ? "
+                        "AND claimed_by = ? LIMIT 1", (Executor.HOST, name)).fetchone()
+    if held is not None:
+        raise Conflict(f"host executor {name[:80]!r} holds job {held[0]}, which is running "
+                       "there; cancel that job or wait until it ends, then forget the executor")
+    conn.execute("DELETE FROM executors WHERE name = ?", (name,))
+    effects.emit("executor", name=name, forgotten=True)
 
 
 def seen(conn: sqlite3.Connection, name: str, slots: int, now: float) -> None:

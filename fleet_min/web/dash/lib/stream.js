@@ -5,7 +5,10 @@
 // example a proxy's error page), we open a new one with a growing delay and ?last_event_id=.
 // A changed collector instance (a restart resets event ids) tells listeners to reload.
 
-const TYPES = ["job", "device", "result", "beacon", "alert", "schedule", "artifact", "topic"];
+// Every event type a screen listens for (its useResource filter) must be here, or the screen
+// waits for its next reload instead (tests/web/test_stream_types.py reads both).
+const TYPES = ["job", "device", "executor", "result", "beacon", "alert", "schedule", "template",
+  "artifact", "topic"];
 
 class LiveStream {
   constructor() {

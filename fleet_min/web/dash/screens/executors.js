@@ -1,10 +1,11 @@
 // Executors: the host executors this collector knows (registered or polling), with what each
-// declared, the devices attached to it and the jobs it holds.
+// declared, the devices attached to it and the jobs it holds; one that is gone can be forgotten.
 import { html, useState } from "../lib/core.js";
-import { get } from "../lib/api.js";
-import { useResource, useTick } from "../lib/hooks.js";
+import { get, del, seg } from "../lib/api.js";
+import { useResource, useTick, useAction } from "../lib/hooks.js";
 import { setQuery } from "../lib/router.js";
-import { Page, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Chips } from "../lib/ui.js";
+import { notify } from "../lib/notify.js";
+import { Page, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Chips, ConfirmButton } from "../lib/ui.js";
 
 // The pill colours of the device statuses, for the executor's own.
 const TONE = { polling: "online", busy: "claimed", idle: "stale", offline: "offline" };
@@ -21,6 +22,8 @@ export function Executors({ query }) {
   const [text, setText] = useState(query.get("q") || "");
   const res = useResource(() => get("/api/executors"), [],
     (e) => e.type === "executor" || e.type === "device" || (e.type === "job" && e.executor === "host"), 2000);
+  const [run] = useAction(notify);
+  const forget = (name) => run(() => del(`/api/executors/${seg(name)}`), `Forgot ${name}.`);
   return html`<${Page} title="Executors" subtitle="Host executors: machines that run host jobs and drive the devices attached to them.">
     <form class="filters" onSubmit=${(e) => e.preventDefault()} role="search">
       <label>Search <input type="search" value=${text} placeholder="name, capability, device…"
@@ -31,7 +34,7 @@ export function Executors({ query }) {
       return html`<p class="muted count-line">${shown.length} of ${d.executors.length} executors</p>
       <${Table} label="Executors" className="executors"
         empty=${html`No executor matches. An executor appears once it registers or polls <code>/executor/next-job</code>.`}
-        head=${["Executor", "Status", "Capabilities", "Attached devices", "Jobs", "Slots", "Last seen"]}
+        head=${["Executor", "Status", "Capabilities", "Attached devices", "Jobs", "Slots", "Last seen", ""]}
         rows=${shown.map((x) => html`<tr id=${`executor-${x.name}`}>
           <td><strong>${x.name}</strong>${x.agent ? html`<div class="muted small">${x.agent}</div>` : null}</td>
           <td><${Pill} status=${TONE[x.status] || x.status} label=${x.status} /></td>
@@ -41,7 +44,10 @@ export function Executors({ query }) {
           <td>${x.jobs.length ? html`<ul class="plain">${x.jobs.map((j) => html`<li>
             <${JobLink} id=${j.job_id} /> <span class="muted">${j.workload}</span></li>`)}</ul>` : html`<span class="muted">none</span>`}</td>
           <td>${x.slots}</td>
-          <td><${Ago} iso=${x.last_seen} /></td></tr>`)} />`;
+          <td><${Ago} iso=${x.last_seen} /></td>
+          <td>${x.jobs.length ? null : html`<${ConfirmButton} small label="Forget"
+            question=${`Forget ${x.name}? Its jobs are kept; it reappears if it polls again.`}
+            confirmLabel="Forget" onConfirm=${() => forget(x.name)} />`}</td></tr>`)} />`;
     }}<//>
   <//>`;
 }
