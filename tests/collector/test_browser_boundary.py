@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -267,6 +268,29 @@ def test_a_page_elsewhere_cannot_claim_a_job_with_a_get(collector: CollectorProc
     assert ask(port, "GET", "/executor/next-job?name=typed&slots=1",
                {"Sec-Fetch-Site": "none"})[0] in (200, 204)
     assert "typed" in executor_names(collector)
+
+
+def test_a_page_elsewhere_cannot_make_the_originals_reads_or_hold_its_long_poll(
+        collector: CollectorProcess) -> None:
+    """The original's JSON reads outside /api/ follow the /api/ reads' rule: a page elsewhere
+    could not read them, but could hold a topic's long poll open from every visitor."""
+    port = collector.port
+    assert ask(port, "POST", "/jobs", JSON, as_json(job("read-me")))[0] == 201
+    reads = ("/events/page-topic/poll?wait_s=3", "/jobs/read-me", "/schedules",
+             "/status-reports")
+    for headers in PAGE_ASKED:
+        for path in reads:
+            started = time.monotonic()
+            status, reply = ask(port, "GET", path, headers)
+            assert status == 403 and "another site" in reply["error"], (headers, path, reply)
+            assert time.monotonic() - started < 2.5, path  # refused, not held for its wait
+    # Agents and scripts (no page headers), the collector's own pages and a typed address
+    # read them as before.
+    own = {"Sec-Fetch-Site": "same-origin", "Referer": f"http://127.0.0.1:{port}/dash"}
+    for headers in ({}, own, {"Sec-Fetch-Site": "none"}):
+        assert ask(port, "GET", "/jobs/read-me", headers)[0] == 200, headers
+        assert ask(port, "GET", "/status-reports", headers)[0] == 200, headers
+        assert ask(port, "GET", "/events/page-topic/poll?wait_s=0", headers)[0] in (200, 204)
 
 
 # -- Chromium ----------------------------------------------------------------------------------

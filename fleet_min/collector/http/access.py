@@ -34,6 +34,11 @@ BODY_TYPES = {UPLOAD_TEMPLATE: origin.BINARY_TYPE, MIRROR_TEMPLATE: "image/jpeg"
 HEALTH_PATH = "/api/health"  # the one API read another site's page may still make
 # GET routes that change state: a poll claims a job (and an executor's poll records its slots).
 CLAIMING_READS = frozenset({"/devices/{device_id}/next-job", "/executor/next-job"})
+# The original's JSON reads outside /api/, held to the rule of the /api/ reads; its topic long
+# poll above all, which a page elsewhere could otherwise keep waiting from every visitor.
+ORIGINAL_READS = frozenset({"/events/{topic}/poll", "/jobs/{job_id}", "/schedules",
+                            "/status-reports"})
+NOT_FOR_OTHER_PAGES = CLAIMING_READS | ORIGINAL_READS
 
 
 def _template(request: web.Request) -> str | None:
@@ -66,7 +71,7 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
         elif origin.from_a_page(headers) and (
                 (method in ("GET", "HEAD") and request.path.startswith("/api/")
                  and request.path != HEALTH_PATH)
-                or _template(request) in CLAIMING_READS):
+                or _template(request) in NOT_FOR_OTHER_PAGES):
             # A claim changes state. An API read does not, but a page on another site cannot
             # read the answer (no CORS) while it can still make every visitor's browser ask
             # for listings, long waits and streams: only the collector's own pages, an
