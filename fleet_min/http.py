@@ -149,12 +149,22 @@ async def _read_body(request: web.Request, limit: int) -> bytes | bytearray:
     return raw
 
 
+def stop_reading(request: web.BaseRequest) -> None:
+    """Read nothing more of this request's body, and close its connection after the answer.
+
+    aiohttp reads on through a body its handler left unread ("lingering", up to 10 s), so that
+    the client can finish sending and read the answer; for a body with a Content-Encoding each
+    piece it reads is inflated on the event loop first. One gzip megabyte refused at once with
+    413 still cost the loop up to a second after the answer, each."""
+    request.content.feed_eof()
+    request.protocol.close()  # no next request on this connection: the rest of it is garbage
+
+
 def unreadable_body(request: web.BaseRequest, exc: RequestPayloadError) -> BadRequest:
     """The refusal of a body aiohttp could not decode (`Content-Encoding: gzip` over bytes that
     are not gzip). Nothing more of it is read: the connection closes after the answer, and
     aiohttp does not read on to log the same failure as its own."""
-    request.content.feed_eof()  # else aiohttp drains the rest after the answer and logs it
-    request.protocol.close()  # the parser gave up on this connection: no next request
+    stop_reading(request)  # else aiohttp drains the rest after the answer and logs it
     cause = exc.__cause__
     reason = str(getattr(cause, "message", None) or cause or exc).strip().rstrip(".")[:200]
     encoding = request.headers.get("Content-Encoding", "")[:40]
@@ -282,6 +292,9 @@ def base_middleware_with(check: RequestCheck) -> Middleware:
         except Exception:
             log.exception("unhandled error on %s %s", request.method, request.path)
             response = error_response(500, "internal error; the service log has the details")
+        if (request.body_exists and "Content-Encoding" in request.headers
+                and not request.content.is_eof()):
+            stop_reading(request)  # an encoded body left unread: refused, or never wanted
         headers = response.headers
         if "X-Frame-Options" not in headers:  # json_response sets all three together
             for name, value in SECURITY_HEADERS.items():

@@ -15,6 +15,8 @@ another site posting to the collector, and a page whose own name is rebound to 1
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import socket
 import time
@@ -158,6 +160,24 @@ def test_artifact_uploads_keep_their_binary_type(collector: CollectorProcess) ->
     for refused in ({"Content-Type": "text/plain"}, {}):
         status, reply = ask(collector.port, "POST", "/artifacts", refused, b"a build")
         assert status == 415 and "application/octet-stream" in reply["error"], reply
+
+
+def test_uploads_and_mirror_frames_take_no_content_encoding(collector: CollectorProcess) -> None:
+    """Stored or relayed as the bytes that arrive: one gzip megabyte inflated on the way in
+    stored a gigabyte. Refused before the body is read, and nothing is stored."""
+    port = collector.port
+    bomb = gzip.compress(bytes(8 << 20), compresslevel=1)  # 8 MiB of zeros in ~8 KiB
+    stored = hashlib.sha256(bytes(8 << 20)).hexdigest()
+    for encoding in ("gzip", "deflate", "GZIP, identity"):
+        status, reply = ask(port, "POST", "/artifacts", {
+            "Content-Type": "application/octet-stream", "Content-Encoding": encoding}, bomb)
+        assert status == 415 and "Content-Encoding" in reply["error"], (encoding, reply)
+        status, reply = ask(port, "POST", "/api/jobs/any/mirror?executor=lab", {
+            "Content-Type": "image/jpeg", "Content-Encoding": encoding}, bomb)
+        assert status == 415 and "Content-Encoding" in reply["error"], (encoding, reply)
+    assert ask(port, "GET", f"/artifacts/{stored}")[0] == 404
+    plain = {"Content-Type": "application/octet-stream", "Content-Encoding": "identity"}
+    assert ask(port, "POST", "/artifacts", plain, b"a build, plain")[0] == 201
 
 
 def first_line_of_upload(port: int, host: str, content_type: str) -> bytes:

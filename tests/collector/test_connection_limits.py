@@ -502,3 +502,34 @@ def test_a_body_not_in_its_content_encoding_is_a_400_without_a_traceback(tmp_pat
     assert post(gzip.compress(body))[0] in (200, 201)  # a real gzip body is still read
     log = proc.log()
     assert "Traceback" not in log and " ERROR " not in log, log
+
+
+@pytest.mark.parametrize("path", ["/results", "/api/events/t1"])
+def test_an_encoded_body_refused_is_not_read_on(tmp_path, started, path):
+    """aiohttp reads on through a body its handler left unread, for up to 10 s, inflating each
+    piece of a Content-Encoding on the event loop: one gzip megabyte (a gigabyte of zeros)
+    refused at once with 413 still held the loop up to a second. The collector answers and
+    closes instead, without waiting for the rest. Closing a socket with bytes still arriving
+    resets it, so a sender still sending may see the reset before the 413: either ends it."""
+    proc = collector(tmp_path)
+    started.append(proc)
+    zeros = gzip.compress(bytes(64 << 20), compresslevel=1)  # 64 MiB of zeros, ~64 KiB sent
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            "Content-Type: application/json\r\nContent-Encoding: gzip\r\n"
+            f"Content-Length: {2 << 20}\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", proc.port), timeout=30) as sock:
+        sock.sendall(head + zeros)  # a part of the declared 2 MiB: the rest never comes
+        sock.settimeout(5)  # well inside aiohttp's 10 s of lingering
+        answer = b""
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                pytest.fail(f"the connection stayed open after the answer: {answer[:200]!r}")
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+    assert answer == b"" or answer.startswith(b"HTTP/1.1 413"), answer[:200]
+    assert proc.client.get("/api/health")[0] == 200

@@ -12,7 +12,7 @@ from fleet_min.collector.access import ci_status, guard, mdns, mesh, peers
 from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
-from fleet_min.errors import Forbidden
+from fleet_min.errors import Forbidden, UnsupportedMediaType
 from fleet_min.http import CleanupContext, Handler, RequestCheck, json_response
 
 PEERS = web.AppKey("peers", peers.Peers)
@@ -67,6 +67,8 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             template = _template(request)
             wanted = BODY_TYPES.get(template or "", origin.JSON_TYPE)
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
+            if template in BODY_TYPES and "Content-Encoding" in headers:
+                _check_plain_bytes(headers["Content-Encoding"])
             guard.check(method, template, request.path, headers, token)
         elif origin.from_a_page(headers) and (
                 (method in ("GET", "HEAD") and request.path.startswith("/api/")
@@ -80,6 +82,16 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             origin.check_page_read(headers, guard.CROSS_SITE)
 
     return boundary_and_guard
+
+
+def _check_plain_bytes(encoding: str) -> None:
+    """An upload or a mirror frame is stored or relayed as the bytes that arrive, so it comes
+    without a Content-Encoding: inflated on the way in, one gzip megabyte stored a gigabyte
+    (the artifact cap counts what is stored), and the inflating ran on the event loop."""
+    if encoding.strip().lower() not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"send the bytes as they are: this route takes no Content-Encoding "
+            f"({encoding[:40]!r}); compress the file itself if it should be stored compressed")
 
 
 def mesh_middleware(gate: mesh.MeshGate) -> Middleware:
