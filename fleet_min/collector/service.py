@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import platform
-import secrets
 import socket
 import sqlite3
 import time
@@ -26,31 +25,14 @@ from fleet_min import filemodes, jsonio
 from fleet_min.collector.jobs import queue, sightings
 from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.storage import identity
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
-from fleet_min.db import Database, Periodic
+from fleet_min.db import Database, Periodic, StorageError
 from fleet_min.sse import EventHub
 from fleet_min.timeutil import iso, now
 
 log = logging.getLogger("fleet_min.collector")
-
-
-def stable_id(data_dir: Path) -> str:
-    """The collector's id: made once, kept in the data directory, never overridable."""
-    path = data_dir / "collector-id"
-    try:
-        existing = path.read_text().strip()
-        if existing:
-            return existing
-    except FileNotFoundError:
-        pass
-    value = "col-" + secrets.token_hex(8)
-    tmp = path.with_suffix(".tmp")
-    tmp.unlink(missing_ok=True)
-    filemodes.create_file(tmp, filemodes.COLLECTOR_FILE)
-    tmp.write_text(value + "\n")
-    os.replace(tmp, path)
-    return value
 
 
 CLOCK_JUMP_S = 10.0  # wall-clock moves beyond elapsed monotonic time by more than this: a jump
@@ -132,7 +114,12 @@ class Service:
         filemodes.private_dir(self.data_dir, filemodes.COLLECTOR_DIR)
         filemodes.tighten_children(self.data_dir, filemodes.COLLECTOR_DIR,
                                    filemodes.COLLECTOR_FILE)
-        self.collector_id = stable_id(self.data_dir)
+        try:
+            self.collector_id = identity.stable_id(self.data_dir)
+        except ValueError as exc:
+            raise StorageError(f"{exc}; restore it from a backup, or remove it to make a new "
+                               "id (peers that pinned the old one then list this collector "
+                               "as changed)") from None
         await self.db.open()
         try:
             await self._start_loops()

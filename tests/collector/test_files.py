@@ -119,6 +119,23 @@ def start_refused(data: Path, prefix: tuple[str, ...] = ()) -> str:
     return result.stderr
 
 
+@pytest.mark.parametrize("held", [
+    b"\xff\xfe not UTF-8", b"col-1\nFLEET_X=1\n", b"x" * 10_000, b"col-\x1b[31mred",
+    "col-\u202eevil".encode()])
+def test_a_collector_id_file_that_holds_no_id_is_refused_and_kept(tmp_path: Path,
+                                                                  held: bytes) -> None:
+    """Peers pin the id, mDNS advertises it and /api/health shows it: a file that holds
+    something else (edited by hand, damaged) stops the start with a sentence rather than
+    reaching them, or being replaced by a new id that every peer would see as a changed
+    collector."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o750)
+    (data / "collector-id").write_bytes(held)
+    sentence = start_refused(data)
+    assert "does not hold a collector id" in sentence and "backup" in sentence, sentence
+    assert (data / "collector-id").read_bytes() == held
+
+
 @pytest.mark.parametrize("name, dangling", [
     ("collector.lock", False),  # truncated and written with the pid
     ("collector-id", False),  # read as the id /api/health shows anyone

@@ -53,10 +53,11 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import dirlock, filemodes
+from fleet_min.collector.storage import identity
+from fleet_min.collector.storage.identity import ID_NAME
 from fleet_min.timeutil import iso
 
 DB_NAME = "fleet.sqlite3"
-ID_NAME = "collector-id"
 MANIFEST = "manifest.json"
 FORMAT = 1
 _CHUNK = 1 << 20
@@ -255,8 +256,10 @@ def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Rep
     _snapshot(source, copy)
     version, counts = _check_database(copy)
     report = Report(path=str(work), counts=counts, schema_version=version)
-    collector_id = (data_dir / ID_NAME).read_text().strip() if (data_dir / ID_NAME).exists() \
-        else ""
+    try:
+        collector_id = identity.read_id(data_dir / ID_NAME)
+    except ValueError as exc:
+        raise BackupError(f"{exc}; a backup would carry it on") from None
     if collector_id:
         filemodes.write_new(work / ID_NAME, (collector_id + "\n").encode(),
                             filemodes.COLLECTOR_FILE)
@@ -361,10 +364,10 @@ def _backup_id(src: Path) -> str | None:
     if not path.exists():
         return None
     try:
-        text = path.read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        text = ""
-    if not text or len(text) > 200 or not text.isprintable():
+        text = identity.read_id(path)
+    except (OSError, ValueError):
+        text = None
+    if text is None:
         raise BackupError(f"{path} is not a collector id (one short line of text); the backup "
                           "is damaged")
     return text
