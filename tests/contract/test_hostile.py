@@ -174,7 +174,8 @@ def known_path_values(live: LiveCollector) -> dict[str, str]:
     return {"job_id": live.seeded.jobs["queued"], "device_id": "pixel-7",
             "sha256": live.seeded.artifact, "id": "weekly-selfcheck",
             "alert_id": str(alerts[0]["id"] if alerts else 1), "topic": "build-log",
-            "peer_id": "p", "tail": "api/health", "build": "b", "path": "dash/app.js"}
+            "peer_id": "p", "tail": "api/health", "build": "b", "path": "dash/app.js",
+            "name": "mac-mini"}
 
 
 # --------------------------------------------------------------------------------------------
@@ -779,7 +780,7 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CollectorProce
 
 
 GUARD_VALUES = {"job_id": "g-job", "device_id": "g-dev", "sha256": "0" * 64, "id": "g-sched",
-                "alert_id": "1"}
+                "alert_id": "1", "name": "g-exec"}
 
 
 def _guard_state(proc: CollectorProcess) -> Any:
