@@ -507,6 +507,18 @@ def _devices() -> list[Route]:
                 {400: "not an executor name", 404: "no such executor",
                  409: "it holds a claimed job (named)", 503: STORAGE},
                 tag=tag),
+        guarded("POST", "/api/devices/forget", "Forget many devices at once (results stay)",
+                {200: json_reply(obj({
+                    "ok": OK_TRUE, "forgotten": arr(STR),
+                    "kept": arr(obj({"device_id": STR, "locked_by": STR})),
+                    "unknown": arr(STR)}))},
+                {**JSON_ERRORS},
+                body=Body(obj({"device_ids?": arr(STR), "silent_for_s?": NUM}, closed=True,
+                              minProperties=1, maxProperties=1),
+                          "the ids to forget (at most 1,000), or silent_for_s: every device "
+                          "not seen for that many seconds (3600 at least); a device a running "
+                          "job holds locked is kept"),
+                tag=tag),
         guarded("DELETE", "/api/devices/{device_id}", "Forget a device (its results stay)",
                 {200: json_reply(obj({"ok": OK_TRUE, "device_id": STR, "forgotten": enum(True)}))},
                 {404: NO_DEVICE, 409: "a running job holds the device locked (named)",

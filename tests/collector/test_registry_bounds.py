@@ -6,6 +6,8 @@ executors a collector keeps (any name a poll gives is stored)."""
 
 from __future__ import annotations
 
+import pytest
+
 from fleet_min.collector.jobs.executors import MAX_EXECUTORS
 from tests.support.collector import age_rows, edit_rows, job, registration
 
@@ -68,6 +70,52 @@ async def test_a_gone_temporary_device_a_job_holds_locked_does_not_give_way(
     status, reply = await register(client, "new")
     assert status == 507, reply
     assert set(await listed(client)) == {"tab", "shelf"}
+
+
+async def test_a_flood_is_forgotten_in_one_request_and_locked_devices_are_kept(
+        collector_factory, db_path):
+    """A registry filled by a flood is cleared by one request, not one device at a time: by
+    silence (every device not seen for a while) or by a list of ids."""
+    client = await collector_factory(max_devices=60)
+    for n in range(50):
+        assert (await register(client, f"flood-{n}"))[0] == 200
+    for name in ("shelf-pi", "held-phone", "fresh"):
+        assert (await register(client, name))[0] == 200
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 7200 WHERE device_id != 'fresh'")
+    edit_rows(db_path, "INSERT INTO device_locks (device_id, job_id, locked_at) "
+                       "VALUES ('held-phone', 'soak', 0)")
+    events = await client.get("/api/stream")  # one event for the whole forget, not fifty-one
+    resp = await client.post("/api/devices/forget", json={"silent_for_s": 3600})
+    reply = await resp.json()
+    assert resp.status == 200, reply
+    assert len(reply["forgotten"]) == 51 and "shelf-pi" in reply["forgotten"]
+    assert reply["kept"] == [{"device_id": "held-phone", "locked_by": "soak"}]
+    assert reply["unknown"] == []
+    assert set(await listed(client)) == {"held-phone", "fresh"}
+    assert (await register(client, "marker"))[0] == 200  # the next device event
+    frames = b""
+    while b'"marker"' not in frames:
+        frames += await events.content.readany()
+    events.close()
+    assert frames.count(b"event: device") == 2, frames.decode(errors="replace")[-2000:]
+    assert b'"count": 51' in frames or b'"count":51' in frames
+    # By ids: the unknown ones are named, the rest forgotten.
+    resp = await client.post("/api/devices/forget", json={"device_ids": ["fresh", "nobody"]})
+    reply = await resp.json()
+    assert reply["forgotten"] == ["fresh"] and reply["unknown"] == ["nobody"]
+    assert set(await listed(client)) == {"held-phone", "marker"}
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"device_ids": []}, {"device_ids": "a"}, {"device_ids": [""]}, {"device_ids": [1]},
+    {"device_ids": ["a"] * 1001}, {"silent_for_s": 60}, {"silent_for_s": True},
+    {"silent_for_s": "3600"}, {"silent_for_s": 1e300}, {"device_ids": ["a"], "silent_for_s": 3600},
+    {"everything": True}])
+async def test_a_bulk_forget_is_refused_unless_it_says_which_devices(client, body):
+    assert (await register(client, "a"))[0] == 200
+    resp = await client.post("/api/devices/forget", json=body)
+    assert resp.status == 400, await resp.text()
+    assert set(await listed(client)) == {"a"}
 
 
 async def test_the_listing_trims_bulky_descriptors_and_beacons_the_record_keeps_them(client):

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.collector import CollectorProcess, job, registration
 from tests.support.browser import PHONE, SeededCollector, shot
+from tests.support.collector import CollectorProcess, age_rows, job, registration
 
 pytestmark = pytest.mark.slow
 
@@ -128,6 +128,28 @@ def test_an_executor_that_is_gone_is_forgotten_from_the_executors_screen(
         page.wait_for_selector("text=Forgot old-mac.")
         names = [e["name"] for e in proc.client.get("/api/executors")[1]["executors"]]
         assert names == ["lab"]
+        assert page.watch.errors == []
+    finally:
+        proc.stop()
+
+
+def test_devices_silent_for_a_week_are_forgotten_from_the_devices_screen(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    proc = CollectorProcess(tmp_path / "shelf").start()
+    try:
+        for name in ("old-1", "old-2", "on-shelf"):
+            assert proc.client.post("/devices/register", registration(name))[0] == 200
+        age_rows(proc.data_dir / "fleet.sqlite3", "UPDATE devices SET last_seen = last_seen - "
+                 "8 * 86400 WHERE device_id LIKE 'old-%'")
+        page = open_page(proc.url + "/dash/devices", wait="text=3 of 3 devices")
+        page.click("#forget-silent button:text-is('Forget 2 not seen for a week')")
+        page.wait_for_selector("#forget-silent >> text=Their results are kept")
+        page.click("#forget-silent .confirm button:text-is('Forget them')")
+        page.wait_for_selector("text=Forgot 2 devices.")
+        page.wait_for_selector("text=1 of 1 devices")
+        assert page.locator("#forget-silent").count() == 0  # none silent is left
+        names = [d["device_id"] for d in proc.client.get("/api/devices")[1]["devices"]]
+        assert names == ["on-shelf"]
         assert page.watch.errors == []
     finally:
         proc.stop()

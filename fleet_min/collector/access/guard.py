@@ -66,6 +66,7 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("PATCH", "/api/jobs/{}", "change a job's priority"),
     rule("PATCH DELETE", "/api/devices/{}", "edit or forget a device"),
     rule("*", "/api/devices/{}/*", "any other change to a device"),
+    rule("POST", "/api/devices/forget", "forget many devices at once"),
     rule("DELETE", "/api/executors/{}", "forget a host executor"),
     rule("*", "/api/schedules*", "create, change, enable, run or delete a schedule"),
     rule("POST", "/schedules", "create or replace a schedule (the original's route)"),

@@ -315,6 +315,12 @@ async def api_delete_device(request: web.Request) -> web.Response:
     return json_response({"ok": True, "device_id": device_id, "forgotten": True})
 
 
+async def api_forget_devices(request: web.Request) -> web.Response:
+    device_ids, silent_for_s = devices.check_forget_many(await read_json_object(request))
+    return json_response(await service_of(request).transact(
+        devices.forget_many, device_ids, silent_for_s, now()))
+
+
 async def api_device_beacons(request: web.Request) -> web.Response:
     return json_response(await views.device_beacons(
         service_of(request).db, request.match_info["device_id"], request.query, now()))
@@ -401,6 +407,7 @@ def add_routes(app: web.Application) -> None:
         web.delete("/api/executors/{name}", api_delete_executor),
         web.get("/api/locks", api_locks),
         web.get("/api/devices", api_devices),
+        web.post("/api/devices/forget", api_forget_devices),
         web.get("/api/devices/{device_id}", api_device),
         web.patch("/api/devices/{device_id}", api_patch_device),
         web.delete("/api/devices/{device_id}", api_delete_device),

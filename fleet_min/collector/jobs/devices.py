@@ -279,6 +279,60 @@ def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any], effe
     effects.claimant_changed(Executor.DEVICE, device_id)
 
 
+MAX_FORGET_LISTED = 1000  # ids one request may name; `silent_for_s` reaches any number
+FORGET_EVENT_IDS = 100  # ids one bulk forget's event names (the dashboard reloads on it)
+
+
+def check_forget_many(body: dict[str, Any]) -> tuple[list[str] | None, float | None]:
+    """A bulk forget's body: `device_ids` (a list), or `silent_for_s` (every device not seen
+    for that long, an hour at least), not both; BadRequest with a sentence otherwise."""
+    if set(body) - {"device_ids", "silent_for_s"} or len(body) != 1:
+        raise BadRequest('name the devices to forget: {"device_ids": [...]} (at most '
+                         f'{MAX_FORGET_LISTED:,}), or {{"silent_for_s": <seconds>}} for every '
+                         "device not seen for that long (3600 at least)")
+    ids = body.get("device_ids")
+    if "device_ids" in body:
+        if (not isinstance(ids, list) or not 1 <= len(ids) <= MAX_FORGET_LISTED
+                or not all(isinstance(i, str) and i for i in ids)):
+            raise BadRequest(f"device_ids must be a list of 1 to {MAX_FORGET_LISTED:,} device "
+                             "ids")
+        return list(dict.fromkeys(ids)), None
+    silent = body.get("silent_for_s")
+    if (not isinstance(silent, int | float) or isinstance(silent, bool)
+            or not 3600 <= silent <= 10 * 365 * 86400):
+        raise BadRequest("silent_for_s must be a number of seconds from 3600 (an hour) to ten "
+                         "years: devices not seen for that long are forgotten")
+    return None, float(silent)
+
+
+def forget_many(conn: sqlite3.Connection, device_ids: list[str] | None,
+                silent_for_s: float | None, now: float, effects: Effects) -> dict[str, Any]:
+    """Forget the devices named, or every device silent for `silent_for_s`: what forget() does
+    one at a time, for a shelf cleared out or a registry filled by a flood. A device a running
+    job holds locked is kept, and the reply says so; ids not registered are listed as unknown.
+    """
+    locked_sql = "SELECT job_id FROM device_locks l WHERE l.device_id = d.device_id"
+    if device_ids is not None:
+        marks = ",".join("?" * len(device_ids))
+        rows = conn.execute(f"SELECT device_id, ({locked_sql}) AS lock FROM devices d "
+                            f"WHERE device_id IN ({marks})", device_ids).fetchall()
+    else:
+        assert silent_for_s is not None
+        rows = conn.execute(f"SELECT device_id, ({locked_sql}) AS lock FROM devices d "
+                            "WHERE last_seen < ? ORDER BY last_seen", (now - silent_for_s,)
+                            ).fetchall()
+    gone = [row["device_id"] for row in rows if row["lock"] is None]
+    conn.executemany("DELETE FROM devices WHERE device_id = ?", [(d,) for d in gone])
+    if gone:
+        effects.emit("device", device_id=None, forgotten=True, count=len(gone),
+                     device_ids=gone[:FORGET_EVENT_IDS])
+    found = {row["device_id"] for row in rows}
+    return {"ok": True, "forgotten": gone,
+            "kept": [{"device_id": row["device_id"], "locked_by": row["lock"]}
+                     for row in rows if row["lock"] is not None],
+            "unknown": [d for d in device_ids or () if d not in found]}
+
+
 def forget(conn: sqlite3.Connection, device_id: str, effects: Effects) -> None:
     """Forget a device; its results and beacon history stay (they belong to jobs). A device a
     running job holds locked is refused: the job is using it."""

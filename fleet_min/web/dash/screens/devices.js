@@ -1,7 +1,7 @@
 // Devices: the list (status, battery, thermal, pools, capabilities) and one device's detail
 // (beacon charts, edit name/notes/pools, forget).
 import { html, useState, useMemo } from "../lib/core.js";
-import { get, patch, del, seg, currentPeer } from "../lib/api.js";
+import { get, post, patch, del, seg, currentPeer } from "../lib/api.js";
 import { useResource, useTick, useAction } from "../lib/hooks.js";
 import { navigate, href, setQuery } from "../lib/router.js";
 import { notify } from "../lib/notify.js";
@@ -11,6 +11,10 @@ import {
   Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Chips, Battery, Thermal,
   ConfirmButton, Empty, Link,
 } from "../lib/ui.js";
+
+// The Devices list offers to forget, in one go, every device silent this long (a shelf cleared
+// out, or a registry a flood filled); POST /api/devices/forget decides by the same horizon.
+const SILENT_S = 7 * 86400;
 
 function matches(d, text, status) {
   if (status && d.status !== status) return false;
@@ -29,6 +33,9 @@ export function Devices({ query }) {
   const res = useResource(() => get("/api/devices", { expired: expired ? "1" : "" }), [expired],
     (e) => e.type === "device" || e.type === "beacon", 2000);
   const update = (next) => setQuery({ q: text, status, expired: expired ? "1" : "", ...next });
+  const [run] = useAction(notify);
+  const forgetSilent = () => run(() => post("/api/devices/forget", { silent_for_s: SILENT_S }),
+    (r) => `Forgot ${r.forgotten.length} devices.` + (r.kept.length ? ` ${r.kept.length} locked by a running job stayed.` : ""));
   return html`<${Page} title="Devices" subtitle="Everything that registered: agents on devices and browser runners."
     actions=${currentPeer() ? null : html`<${Link} to="/devices/new" class="btn primary" id="add-device">Add a device<//>`}>
     <form class="filters" onSubmit=${(e) => e.preventDefault()} role="search">
@@ -41,7 +48,11 @@ export function Devices({ query }) {
     </form>
     <${Loaded} res=${res}>${(d) => {
       const shown = d.devices.filter((x) => matches(x, text, status));
-      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices</p>
+      const silent = d.devices.filter((x) => Date.now() - (parseTime(x.last_seen) ?? Date.now()) > SILENT_S * 1000).length;
+      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices
+        ${silent ? html` <span id="forget-silent"><${ConfirmButton} small label=${`Forget ${silent} not seen for a week`}
+          question=${`Forget the ${silent} devices not seen for 7 days? Their results are kept; one a running job holds locked stays.`}
+          confirmLabel="Forget them" onConfirm=${forgetSilent} /></span>` : null}</p>
       <${Table} label="Devices" empty="No device matches." className="devices"
         head=${["Device", "Status", "Platform", "Model", "Battery", "Thermal", "Pools", "Capabilities", "Last seen"]}
         rows=${shown.map((x) => html`<tr>
