@@ -96,6 +96,7 @@ class ControlPlaneConfig:
     coordinator: str
     coordinator_token_file: str
     watch_repos: tuple[str, ...]
+    agent_repos: tuple[str, ...]
     backfill_days: int
     admission_log: str
 
@@ -149,6 +150,11 @@ CONTROLPLANE_SETTINGS: SettingsTable[ControlPlaneConfig] = SettingsTable(
     Setting("watch_repos", "FLEET_WATCH_REPOS", (), _repos,
             "Repositories to collect history and workflow files for besides those of the "
             "runners (owner/project, comma-separated)."),
+    Setting("agent_repos", "FLEET_AGENT_REPOS", (), _repos,
+            "Coordinator: repositories of agent hosts' runners it watches too (owner/project, "
+            "comma-separated). An agent's runner of a repository neither listed here nor "
+            "watched already (this host's runners, FLEET_WATCH_REPOS) is shown but costs no "
+            "GitHub request."),
     Setting("backfill_days", "FLEET_BACKFILL_DAYS", 30, _days,
             "Days of job history fetched when a repository is first watched."),
     Setting("admission_log", "FLEET_ADMISSION_LOG", "", str,

@@ -120,11 +120,28 @@ class Plane:
         for pacer in (self.tick, self.github_round, self.analysis_round):
             pacer.retime()
 
+    def own_repos(self) -> list[str]:
+        """This host's runners' repositories and FLEET_WATCH_REPOS."""
+        return sorted({r.repo for r in self.runners if r.repo} | set(self.cfg.watch_repos))
+
     def watched_repos(self) -> list[str]:
-        """This host's runners' repositories, the agents' and FLEET_WATCH_REPOS."""
-        repos = {r.repo for r in self.runners if r.repo}
-        repos |= {r["repo"] for r in self.hosts.remote_views(float("inf")) if r.get("repo")}
-        return sorted(repos | set(self.cfg.watch_repos))
+        """This host's own repositories, and those of live agents' runners that are already
+        among them or listed in FLEET_AGENT_REPOS (in that list's spelling: GitHub's names
+        ignore case, so `OCTO/lib` is octo/lib, not one more repository to read). A host token
+        speaks for its own host: the runners it reports cannot make this host read others."""
+        own = self.own_repos()
+        allowed = self._agent_watchable(own)
+        live = self.hosts.live_repos(self.setting("stale_after_s"))
+        return sorted(set(own) | {allowed[repo.lower()] for repo in live
+                                  if repo.lower() in allowed})
+
+    def unwatched(self, repos: set[str]) -> list[str]:
+        """Those of `repos` an agent's runner does not make watched: listed, never read."""
+        allowed = self._agent_watchable(self.own_repos())
+        return sorted(repo for repo in repos if repo.lower() not in allowed)
+
+    def _agent_watchable(self, own: list[str]) -> dict[str, str]:
+        return {repo.lower(): repo for repo in (*self.cfg.agent_repos, *own)}
 
     def find(self, name: str) -> tuple[Runner, ServiceState]:
         for runner in self.runners:

@@ -143,7 +143,9 @@ def _reads() -> list[Route]:
         Route("GET", "/api/hosts", "This host and every agent host that sent a heartbeat",
               {200: json_reply(obj({"generated_at?": TIME, "hosts": arr(obj({
                   "host": STR, "role": enum("coordinator", "agent"), "runners": ANY,
-                  "capacity": ANY, "load": ANY, "heartbeat_age_s": NUM}))}))}, tag=tag),
+                  "capacity": ANY, "load": ANY, "heartbeat_age_s": NUM,
+                  "unwatched_repos?": arr(STR)}))}))},
+              tag=tag),
         *_analysis(),
     ]
 
@@ -244,9 +246,11 @@ def _agents() -> list[Route]:
     return [
         Route("POST", "/api/host/heartbeat", "An agent host reports its state",
               {200: json_reply(obj({"ok": enum(True), "queue": STR, "commands": arr(obj({
-                  "id": STR, "seq": integer(1), "action": STR, "args": obj()}))}),
+                  "id": STR, "seq": integer(1), "action": STR, "args": obj()})),
+                  "unwatched_repos": arr(STR)}),
                   "stored; the host's queue id and its unfinished commands numbered after "
-                  "`applied`, in order (held up to wait_s for one)")},
+                  "`applied`, in order (held up to wait_s for one); which of its runners' "
+                  "repositories the coordinator does not watch")},
               {400: BAD_JSON, **AUTH_ERRORS, 403: refused,
                409: "the host is this coordinator's own name, a new host past the 100 agent "
                     "hosts kept, or a name another agent instance has used within "

@@ -58,7 +58,9 @@ async def test_coordinator_and_agent(tmp_path: Any, github: FakeGitHub,
     edge_host.add_runner("b-1", repo="octo/lib", labels=["linux"])
     pid = edge_host.start_unit("b-1", "octo/lib")
     agent_token(coord_host, edge_host)
-    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "3"})
+    # octo/lib is the agent's alone: the coordinator reads it from GitHub because it is listed.
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_STALE_AFTER_S": "3",
+                                "FLEET_AGENT_REPOS": "octo/lib"})
     edge = None
     try:
         edge = Daemon(edge_host, {"FLEET_HOST_NAME": "edge", "FLEET_HEARTBEAT_S": "1"},

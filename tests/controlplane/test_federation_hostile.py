@@ -8,6 +8,7 @@ posing as an agent holding the agent token (floods, forged results, odd bodies).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import re
@@ -22,7 +23,11 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from fleet_min.controlplane.federation.hosts import MAX_HOSTS, MAX_RESULTS, REPLY_BUDGET
+from fleet_min.controlplane.federation.hosts import (
+    MAX_HOSTS,
+    MAX_RESULTS,
+    REPLY_BUDGET,
+)
 from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
 from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
@@ -720,3 +725,125 @@ async def test_a_newer_heartbeat_answers_the_one_held_before_it(
         assert [c["id"] for c in reply["commands"]] == [queued["command_id"]]
     finally:
         coord.stop()
+
+
+# --- what an agent's report makes the coordinator read, and keep ----------------------------
+
+def _runner_listings(github: FakeGitHub, since: int = 0) -> list[str]:
+    """The repositories whose runner list the coordinator asked GitHub for, in order (each
+    refresh of a repository starts with it)."""
+    return [path.split("/")[2] + "/" + path.split("/")[3] for _, path, _ in github.log[since:]
+            if re.fullmatch(r"/repos/[^/]+/[^/]+/actions/runners\?.*", path)]
+
+
+async def _own_rounds(github: FakeGitHub, since: int, rounds: int) -> None:
+    """Until the coordinator has refreshed its own octo/app `rounds` times after `since`."""
+    await until(lambda: _runner_listings(github, since).count("octo/app") >= rounds,
+                timeout=30)
+
+
+async def test_a_host_token_cannot_make_the_coordinator_read_other_repositories(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Every repository an agent's runner named was watched: one heartbeat on a host token
+    with 500 runners of victim/private-N made the coordinator read each one from GitHub with
+    its own token (2,500 requests a round, its own repository waiting behind them) and serve
+    what it read without a token. An agent's runner now makes its repository watched only
+    when the coordinator watches it already or FLEET_AGENT_REPOS lists it; the rest are
+    listed, named in the reply, and never asked for. Its own repositories go first."""
+    coord_host = Host(tmp_path, github)
+    coord_host.add_runner("a-1", repo="octo/app")
+    for repo in ("aaa/tools", *(f"victim/private-{i}" for i in range(40))):
+        github.repo(repo)
+    made = _cli(coord_host, "token", "--agent-host", "evil", "--state", str(coord_host.state))
+    assert made.returncode == 0, made.stderr
+    listings: list[tuple[float, str]] = []  # when each runner list was asked for
+
+    async def timed(request: web.Request) -> None:
+        if re.fullmatch(r"/repos/[^/]+/[^/]+/actions/runners", request.path):
+            listings.append((asyncio.get_running_loop().time(), request.path.split("/")[2]))
+    github.hijack = timed
+    # Rounds 2 s apart: a refresh's requests come milliseconds apart, rounds seconds apart.
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_AGENT_REPOS": "aaa/tools",
+                                "FLEET_GITHUB_S": "2"})
+    try:
+        await _own_rounds(github, 0, 1)
+        before = len(github.log)
+        victims = [f"victim/private-{i}" for i in range(40)]
+        runners = [{"name": f"x{i}", "repo": repo} for i, repo in enumerate(victims)]
+        runners += [{"name": "t1", "repo": "aaa/tools"}, {"name": "t2", "repo": "AAA/Tools"},
+                    {"name": "o1", "repo": "Octo/App"}, {"name": "n1"}]
+        async with http.post(f"{coord.url}/api/host/heartbeat",
+                             json={"host": "evil", "runners": runners},
+                             headers={"Authorization": f"Bearer {made.stdout.strip()}"}) as resp:
+            assert resp.status == 200, await resp.text()
+            reply = await resp.json()
+        # The allow-listed repository is watched (in the list's spelling, once) ...
+        await until(lambda: "aaa/tools" in _runner_listings(github, before), timeout=30)
+        await _own_rounds(github, before, 3)
+        asked = {path for _, path, _ in github.log[before:]}
+        assert not [p for p in asked if "victim" in p.lower()], sorted(asked)[:5]
+        assert reply["unwatched_repos"] == sorted(victims), reply
+        assert not [p for p in asked if "/AAA/" in p or "/Octo/" in p]
+        # ... always after the coordinator's own, in each round (though "aaa" sorts first).
+        rounds = [[listings[0][1]]]
+        for (was, _), (at, owner) in itertools.pairwise(listings):
+            if at - was > 1.0:
+                rounds.append([])
+            rounds[-1].append(owner)
+        assert ["octo", "aaa"] in rounds and all(r in (["octo"], ["octo", "aaa"])
+                                                 for r in rounds), rounds
+        state = await (await http.get(f"{coord.url}/api/state")).json()
+        assert sorted(state["github"]["repos"]) == ["aaa/tools", "octo/app"]
+        shown = [r["name"] for r in state["runners"] if r["host"] == "evil"]
+        assert len(shown) == len(runners)  # listed as that host's runners all the same
+        async with http.get(f"{coord.url}/api/repo", params={"name": victims[7]}) as resp:
+            assert resp.status == 404, await resp.text()
+        evil = next(h for h in (await Agentish(coord, http).hosts())["hosts"]
+                    if h["host"] == "evil")
+        assert evil["unwatched_repos"] == sorted(victims)
+    finally:
+        coord.stop()
+
+
+async def test_a_stale_hosts_repositories_stop_being_watched(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A host's repositories stayed watched for the 7 days its report is kept, long after it
+    fell silent (and across restarts). They are watched while it is heard from (within
+    stale_after_s) and no longer: the host and its runners are still listed, as stale."""
+    coord_host = Host(tmp_path, github)
+    coord_host.add_runner("a-1", repo="octo/app")
+    github.repo("octo/lib")
+    coord = Daemon(coord_host, {"FLEET_HOST_NAME": "coord", "FLEET_AGENT_REPOS": "octo/lib",
+                                "FLEET_STALE_AFTER_S": "3"})
+    try:
+        agent = Agentish(coord, http)
+        status, _ = await agent.post("/api/host/heartbeat", {
+            "host": "edge", "runners": [{"name": "b-1", "repo": "octo/lib"}]})
+        assert status == 200
+
+        async def watched() -> list[str]:
+            async with http.get(f"{coord.url}/api/state") as resp:
+                return sorted((await resp.json())["github"]["repos"])
+        await until(lambda: "octo/lib" in _runner_listings(github), timeout=30)
+        hosts = await until(lambda: _stale(agent), timeout=30)
+        assert [r["name"] for r in hosts["edge"]["runners"]] == ["b-1"]
+        await until(lambda: _is(watched(), ["octo/app"]), timeout=30)
+        since = len(github.log)
+        await _own_rounds(github, since, 4)
+        assert "octo/lib" not in _runner_listings(github, since)
+        # Heard from again: watched again.
+        await agent.post("/api/host/heartbeat", {
+            "host": "edge", "runners": [{"name": "b-1", "repo": "octo/lib"}]})
+        await until(lambda: "octo/lib" in _runner_listings(github, since), timeout=30)
+    finally:
+        coord.stop()
+
+
+async def _stale(agent: Agentish) -> dict[str, Any] | None:
+    hosts = {h["host"]: h for h in (await agent.hosts())["hosts"]}
+    return hosts if hosts.get("edge", {}).get("stale") else None
+
+
+async def _is(value: Awaitable[Any], expected: Any) -> bool:
+    return bool(await value == expected)
+

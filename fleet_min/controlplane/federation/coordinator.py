@@ -46,9 +46,16 @@ class Coordinator:
         report, wait_s, applied, instance = (clean_report(body), wait_of(body),
                                              applied_of(body), instance_of(body))
         del body  # not held while the heartbeat waits: only the cleaned report is kept
+        unwatched = self._unwatched(report)
         queue, commands = await self.plane.hosts.heartbeat(
             host, report, wait_s, applied, instance, self.plane.setting("stale_after_s"))
-        return {"ok": True, "queue": queue, "commands": commands}
+        return {"ok": True, "queue": queue, "commands": commands, "unwatched_repos": unwatched}
+
+    def _unwatched(self, report: dict[str, Any]) -> list[str]:
+        """The repositories of a report's runners this coordinator does not read from GitHub
+        (neither its own nor in FLEET_AGENT_REPOS): listed, never watched."""
+        return self.plane.unwatched({r["repo"] for r in report.get("runners", [])
+                                     if r.get("repo")})
 
     async def results(self, body: dict[str, Any], who: str, bound: str | None = None
                       ) -> dict[str, Any]:
@@ -80,6 +87,7 @@ class Coordinator:
             link = self.link.status()
             here["coordinator"] = {**link, "last_ok_at": iso(link["last_ok_at"])}
         stale = plane.setting("stale_after_s")
-        agents = [{**h, "local": False} for h in await plane.hosts.listing(stale)]
+        agents = [{**h, "local": False, "unwatched_repos": self._unwatched(h)}
+                  for h in await plane.hosts.listing(stale)]
         return {"generated_at": iso(plane.clock()), "stale_after_s": stale,
                 "hosts": [here, *agents], "commands": await plane.hosts.commands(limit=50)}

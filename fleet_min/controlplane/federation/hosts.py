@@ -312,6 +312,12 @@ class Hosts:
             f"FLEET_HOST_NAME (a restarted machine is let in once the old one has been silent "
             f"{hold_s:g} s)")
 
+    def live_repos(self, stale_after_s: float) -> set[str]:
+        """The repositories of the runners of hosts heard from within stale_after_s."""
+        return {runner["repo"] for host, report in self.reports.items()
+                if self.age(host) <= stale_after_s
+                for runner in report.get("runners", []) if runner.get("repo")}
+
     async def heartbeat(self, host: str, report: dict[str, Any], wait_s: float,
                         applied: tuple[str | None, int] = (None, 0),
                         instance: str | None = None, hold_s: float = 0.0

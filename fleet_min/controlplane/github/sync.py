@@ -59,7 +59,10 @@ class GitHubSync:
             await self.plane.github_round.wait(time.monotonic())  # the pause is between rounds
 
     async def refresh(self) -> None:
-        repos = self.plane.watched_repos()
+        # This host's own repositories first: those agents add wait behind them, never the
+        # other way round.
+        own = set(self.plane.own_repos())
+        repos = sorted(self.plane.watched_repos(), key=lambda repo: repo not in own)
         known = self.plane.repos
         for repo in list(known):
             if repo not in repos:
