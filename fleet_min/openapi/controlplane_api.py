@@ -144,7 +144,7 @@ def _reads() -> list[Route]:
               {200: json_reply(obj({"generated_at?": TIME, "hosts": arr(obj({
                   "host": STR, "role": enum("coordinator", "agent"), "runners": ANY,
                   "capacity": ANY, "load": ANY, "heartbeat_age_s": NUM,
-                  "unwatched_repos?": arr(STR)}))}))},
+                  "dropped_runners?": integer(0), "unwatched_repos?": arr(STR)}))}))},
               tag=tag),
         *_analysis(),
     ]
@@ -247,10 +247,12 @@ def _agents() -> list[Route]:
         Route("POST", "/api/host/heartbeat", "An agent host reports its state",
               {200: json_reply(obj({"ok": enum(True), "queue": STR, "commands": arr(obj({
                   "id": STR, "seq": integer(1), "action": STR, "args": obj()})),
+                  "runners_kept": integer(0), "runners_dropped": integer(0),
                   "unwatched_repos": arr(STR)}),
                   "stored; the host's queue id and its unfinished commands numbered after "
-                  "`applied`, in order (held up to wait_s for one); which of its runners' "
-                  "repositories the coordinator does not watch")},
+                  "`applied`, in order (held up to wait_s for one); how many of its runners "
+                  "were kept (2,000 across all agent hosts) and which of their repositories "
+                  "the coordinator does not watch")},
               {400: BAD_JSON, **AUTH_ERRORS, 403: refused,
                409: "the host is this coordinator's own name, a new host past the 100 agent "
                     "hosts kept, or a name another agent instance has used within "

@@ -25,8 +25,12 @@ from aiohttp import web
 
 from fleet_min.controlplane.federation.hosts import (
     MAX_HOSTS,
+    MAX_LABEL_CHARS,
+    MAX_REMOTE_RUNNERS,
     MAX_RESULTS,
+    MAX_RUNNERS,
     REPLY_BUDGET,
+    clean_report,
 )
 from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
 from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
@@ -783,6 +787,7 @@ async def test_a_host_token_cannot_make_the_coordinator_read_other_repositories(
         asked = {path for _, path, _ in github.log[before:]}
         assert not [p for p in asked if "victim" in p.lower()], sorted(asked)[:5]
         assert reply["unwatched_repos"] == sorted(victims), reply
+        assert (reply["runners_kept"], reply["runners_dropped"]) == (len(runners), 0)
         assert not [p for p in asked if "/AAA/" in p or "/Octo/" in p]
         # ... always after the coordinator's own, in each round (though "aaa" sorts first).
         rounds = [[listings[0][1]]]
@@ -847,3 +852,79 @@ async def _stale(agent: Agentish) -> dict[str, Any] | None:
 async def _is(value: Awaitable[Any], expected: Any) -> bool:
     return bool(await value == expected)
 
+
+async def test_remote_runners_are_bounded_across_hosts(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """100 host names of 500 runners each (all a holder of the agent token needs) made every
+    snapshot 18.7 MB and stalled the loop a quarter second a tick. The coordinator keeps
+    MAX_REMOTE_RUNNERS of them across its hosts: a report past the room the others leave keeps
+    its first runners, and the reply and the hosts list say how many were dropped. A runner's
+    labels are bounded as a whole, and a restart keeps the bound."""
+    coord = start_coordinator(tmp_path, github)
+    labels = [f"L{j:02d}" + "x" * 10 for j in range(10)]
+
+    def report(host: str, count: int, first: int = 0) -> dict[str, Any]:
+        return {"host": host, "runners": [
+            {"name": f"r{i}", "repo": "octo/app", "labels": labels, "state": "idle",
+             "owner": "o", "version": "v", "registration": "registered"}
+            for i in range(first, first + count)]}
+    full = MAX_REMOTE_RUNNERS // MAX_RUNNERS
+    try:
+        agent = Agentish(coord, http)
+        for i in range(full):
+            status, reply = await agent.post("/api/host/heartbeat", report(f"h{i}", MAX_RUNNERS))
+            assert status == 200, reply
+        status, late = await agent.post("/api/host/heartbeat", report("late", MAX_RUNNERS))
+        assert status == 200  # still heard: its commands flow, its runners are not kept
+
+        async def remote_count() -> tuple[int, int]:
+            async with http.get(f"{coord.url}/api/state") as resp:
+                body = await resp.read()
+            return sum(r["remote"] for r in json.loads(body)["runners"]), len(body)
+        listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
+        assert sum(len(h["runners"]) for h in listed.values() if not h["local"]) \
+            == MAX_REMOTE_RUNNERS and listed["late"]["runners"] == []
+        assert (late["runners_kept"], late["runners_dropped"]) == (0, MAX_RUNNERS), late
+        # A host already kept keeps its own room.
+        status, reply = await agent.post("/api/host/heartbeat", report("h0", MAX_RUNNERS, 1))
+        assert (reply["runners_kept"], reply["runners_dropped"]) == (MAX_RUNNERS, 0)
+        # Room given back goes to the next report, its first runners in its own order.
+        await agent.post("/api/host/heartbeat", report("h1", 100))
+        status, reply = await agent.post("/api/host/heartbeat", report("late", MAX_RUNNERS))
+        assert (reply["runners_kept"], reply["runners_dropped"]) == (400, 100)
+        listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
+        assert listed["late"]["dropped_runners"] == 100 and listed["h1"]["dropped_runners"] == 0
+        assert [r["name"] for r in listed["late"]["runners"]] == [f"r{i}" for i in range(400)]
+        await until(lambda: _counted(remote_count()), timeout=10)  # the snapshot, bounded
+        count, size = await remote_count()
+        assert count == MAX_REMOTE_RUNNERS and size < 1_500_000, (count, size)
+
+        # A runner's labels: kept in order while they fit MAX_LABEL_CHARS together.
+        await agent.post("/api/host/heartbeat", {"host": "h1", "runners": [
+            {"name": "wide", "labels": [f"{j:03d}" + "y" * 97 for j in range(50)]}]})
+        listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
+        kept = listed["h1"]["runners"][0]["labels"]
+        assert kept == [f"{j:03d}" + "y" * 97 for j in range(MAX_LABEL_CHARS // 100)]
+
+        # Reports kept beyond the bound (by an older version) are cut to it at the next start,
+        # the hosts heard from last keeping theirs first.
+        coord.stop()
+        with sqlite3.connect(coord.host.state / "controlplane.db") as conn:
+            conn.execute("UPDATE hosts SET report = ?, last_seen = last_seen + 1 WHERE "
+                         "name = 'h1'", (json.dumps(clean_report(report("h1", MAX_RUNNERS))),))
+            conn.execute("UPDATE hosts SET report = ?, last_seen = (SELECT min(last_seen) "
+                         "FROM hosts) - 1 WHERE name = 'late'",
+                         (json.dumps(clean_report(report("late", MAX_RUNNERS))),))
+        coord = Daemon(coord.host, {"FLEET_HOST_NAME": "coord"})
+        listed = {h["host"]: h for h in (await Agentish(coord, http).hosts())["hosts"]}
+        assert sum(len(h["runners"]) for h in listed.values() if not h["local"]) \
+            == MAX_REMOTE_RUNNERS
+        assert len(listed["h1"]["runners"]) == MAX_RUNNERS
+        assert (len(listed["late"]["runners"]), listed["late"]["dropped_runners"]) == (
+            0, MAX_RUNNERS)
+    finally:
+        coord.stop()
+
+
+async def _counted(value: Awaitable[tuple[int, int]]) -> bool:
+    return (await value)[0] == MAX_REMOTE_RUNNERS

@@ -46,10 +46,13 @@ class Coordinator:
         report, wait_s, applied, instance = (clean_report(body), wait_of(body),
                                              applied_of(body), instance_of(body))
         del body  # not held while the heartbeat waits: only the cleaned report is kept
+        report = self.plane.hosts.fit(host, report)
         unwatched = self._unwatched(report)
         queue, commands = await self.plane.hosts.heartbeat(
             host, report, wait_s, applied, instance, self.plane.setting("stale_after_s"))
-        return {"ok": True, "queue": queue, "commands": commands, "unwatched_repos": unwatched}
+        return {"ok": True, "queue": queue, "commands": commands,
+                "runners_kept": len(report["runners"]), "runners_dropped": report["dropped"],
+                "unwatched_repos": unwatched}
 
     def _unwatched(self, report: dict[str, Any]) -> list[str]:
         """The repositories of a report's runners this coordinator does not read from GitHub

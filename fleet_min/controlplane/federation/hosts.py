@@ -52,6 +52,10 @@ MAX_SEQ = 2**53
 FORGET_S = 7 * 86400.0  # an agent silent this long is dropped from the hosts list
 MAX_WAIT_S = 30.0
 MAX_RUNNERS = 500
+# Agents' runners the coordinator keeps, all hosts together (stale ones too: every snapshot
+# lists them): a fleet's worth. 100 names of 500 runners made each snapshot 18.7 MB.
+MAX_REMOTE_RUNNERS = 2000
+MAX_LABEL_CHARS = 1000  # a runner's labels, all together (an agent's own are a few dozen)
 # Agent hosts the coordinator keeps: each holds up to a request body of report in memory and
 # every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
 MAX_HOSTS = 100
@@ -110,12 +114,23 @@ def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
         out[key] = value[:100] if isinstance(value, str) else None
     repo = runner.get("repo")
     out["repo"] = repo if isinstance(repo, str) and valid_repo(repo) else None
-    labels = runner.get("labels")
-    out["labels"] = [x[:100] for x in labels[:50] if isinstance(x, str)] \
-        if isinstance(labels, list) else []
+    out["labels"] = _labels(runner.get("labels"))
     for key in ("busy", "draining"):
         out[key] = runner.get(key) is True
     out["registered"] = _registered(runner.get("registered"))
+    return out
+
+
+def _labels(labels: Any) -> list[str]:
+    """A runner's labels, in order, while they fit MAX_LABEL_CHARS (each cut to 100)."""
+    out: list[str] = []
+    size = 0
+    for label in labels[:50] if isinstance(labels, list) else []:
+        if isinstance(label, str):
+            size += len(label[:100])
+            if size > MAX_LABEL_CHARS:
+                break
+            out.append(label[:100])
     return out
 
 
@@ -265,6 +280,14 @@ def _results(conn: sqlite3.Connection, host: str, results: list[dict[str, Any]],
     return done
 
 
+def _fit(report: dict[str, Any], room: int) -> dict[str, Any]:
+    """The report keeping at most `room` runners, the rest counted in `dropped`."""
+    runners = report.get("runners", [])
+    room = max(0, room)
+    return {**report, "runners": runners[:room],
+            "dropped": report.get("dropped", 0) + max(0, len(runners) - room)}
+
+
 def _text(value: Any, limit: int) -> str | None:
     return None if value is None else str(value)[:limit]
 
@@ -284,9 +307,13 @@ class Hosts:
         self.closed = False
 
     async def load(self) -> None:
+        room = MAX_REMOTE_RUNNERS  # the hosts heard from last keep their runners first
         for row in await self.db.read("SELECT name, last_seen, report, instance FROM hosts "
-                                      "WHERE last_seen >= ?", (self.clock() - FORGET_S,)):
-            self.reports[row["name"]] = json.loads(row["report"])
+                                      "WHERE last_seen >= ? ORDER BY last_seen DESC",
+                                      (self.clock() - FORGET_S,)):
+            report = _fit(json.loads(row["report"]), room)
+            room -= len(report["runners"])
+            self.reports[row["name"]] = report
             self.received[row["name"]] = row["last_seen"]
             if row["instance"] is not None:
                 self.instances[row["name"]] = row["instance"]
@@ -312,6 +339,22 @@ class Hosts:
             f"FLEET_HOST_NAME (a restarted machine is let in once the old one has been silent "
             f"{hold_s:g} s)")
 
+    def _forget(self, at: float) -> None:
+        for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
+            self.reports.pop(gone, None)
+            self.received.pop(gone, None)
+            self.instances.pop(gone, None)
+            self._bells.pop(gone, None)
+            self._unmatched_warned.pop(gone, None)
+
+    def fit(self, host: str, report: dict[str, Any]) -> dict[str, Any]:
+        """The report with as many of its runners as MAX_REMOTE_RUNNERS leaves room for beside
+        the other hosts' (the first ones, in the agent's order); `dropped` counts the rest."""
+        self._forget(self.clock())
+        others = sum(len(r.get("runners", [])) for name, r in self.reports.items()
+                     if name != host)
+        return _fit(report, MAX_REMOTE_RUNNERS - others)
+
     def live_repos(self, stale_after_s: float) -> set[str]:
         """The repositories of the runners of hosts heard from within stale_after_s."""
         return {runner["repo"] for host, report in self.reports.items()
@@ -326,12 +369,7 @@ class Hosts:
         to wait_s for one when there are none. Refused when another instance holds the name
         (check_instance)."""
         at = self.clock()
-        for gone in [h for h, seen in self.received.items() if seen < at - FORGET_S]:
-            self.reports.pop(gone, None)
-            self.received.pop(gone, None)
-            self.instances.pop(gone, None)
-            self._bells.pop(gone, None)
-            self._unmatched_warned.pop(gone, None)
+        self._forget(at)
         self.check_instance(host, instance, hold_s)
         if host not in self.reports and len(self.reports) >= MAX_HOSTS:
             raise Conflict(f"this coordinator already follows {MAX_HOSTS} agent hosts, the most "
@@ -406,7 +444,8 @@ class Hosts:
                         "capacity": report.get("capacity"), "vitals": report.get("vitals"),
                         "load": report.get("load"), "heartbeat_age_s": round(age, 1),
                         "last_heartbeat_at": iso(self.received.get(host)),
-                        "stale": age > stale_after_s, "pending_commands": pending.get(host, 0)})
+                        "stale": age > stale_after_s, "pending_commands": pending.get(host, 0),
+                        "dropped_runners": report.get("dropped", 0)})
         return out
 
     async def commands(self, host: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
