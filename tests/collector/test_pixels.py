@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import struct
+import tracemalloc
 import zlib
 
 import png
 import pytest
 
 from fleet_min.collector.artifacts import pixels
-from tests.support.images import png_bytes, with_stripe
+from tests.support.images import palette_png, png_bytes, with_stripe
 
 
 def compare(a: bytes, b: bytes, **kw) -> pixels.Difference:
@@ -102,3 +103,43 @@ def _written_interlaced(width: int, height: int) -> bytes:
     png.Writer(width, height, greyscale=False, alpha=True, interlace=True).write(
         out, [[0] * (4 * width)] * height)
     return out.getvalue()
+
+
+@pytest.mark.parametrize(("width", "height", "words"), [
+    (40_000_000, 1, "the capture is 40,000,000 pixels wide, wider than the 16,384"),
+    (16_385, 1, "the capture is 16,385 pixels wide"),
+    (1, 65_537, "the capture is 65,537 pixels tall, taller than the 65,536"),
+])
+def test_a_row_too_wide_or_a_picture_too_tall_is_refused_from_its_header(width, height, words):
+    """pypng turns a palette row into a tuple a pixel in Python: the 39 KB PNG of 40,000,000 x
+    1 passed the pixel limit and took one comparison to 2.3 GB and 18 s."""
+    png_file = palette_png(width, height)
+    tracemalloc.start()
+    try:
+        with pytest.raises(pixels.NotComparable, match=words):
+            compare(palette_png(8, 8), png_file)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, peak  # the header is read; no row is
+
+
+def test_an_idat_chunk_that_inflates_to_much_more_than_the_picture_is_read_in_pieces():
+    """pypng inflates each IDAT chunk in one call: 64 KB of deflated zeros behind a 16 x 16
+    header was a 64 MB allocation (twice) before the first row. The reader hands the chunk on
+    in pieces, and rows past the header's height are never decoded."""
+    bomb = palette_png(16, 16, inflated=64 << 20)
+    assert len(bomb) < 100_000
+    tracemalloc.start()
+    try:
+        found = compare(palette_png(16, 16), bomb)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (found.width, found.height, found.differing) == (16, 16, 0)
+    assert peak < 4 << 20, peak
+
+
+def test_a_wide_palette_picture_within_the_limits_compares():
+    found = compare(palette_png(16_384, 3), palette_png(16_384, 3))
+    assert (found.width, found.height, found.differing) == (16_384, 3, 0)

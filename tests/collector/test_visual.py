@@ -10,7 +10,7 @@ import pytest
 
 from fleet_min.collector.artifacts import visual
 from tests.support.collector import job, result_row
-from tests.support.images import png_bytes, with_stripe
+from tests.support.images import palette_png, png_bytes, with_stripe
 
 URL = "http://shop.test/pricing?plan=pro"
 SUITE, PAGE = "shop.test", "/pricing?plan=pro"
@@ -244,3 +244,20 @@ async def test_a_shot_named_by_something_else_than_a_hash_is_one_cell_not_the_ma
     cell = by_profile(matrix)["chromium"]
     assert (cell["status"], cell["sha256"], cell["diff_sha256"]) == ("missing", None, None)
     assert "not a SHA-256" in cell["note"]
+
+
+async def test_a_capture_wider_than_a_screen_is_an_error_cell_and_never_decoded(client, db_path):
+    """A 40,000,000 x 1 palette PNG (39 KB) passed the pixel limit, and pypng's row of tuples
+    took one matrix request to 2.3 GB. A row past 16,384 pixels is refused from the header, and
+    the sentence is kept with the pair like any comparison's outcome."""
+    wide = palette_png(16_385, 1)
+    baseline = await upload(client, wide, "base.png")
+    await accept(client, baseline)
+    [capture] = await shots_run(client, "wide", [("chromium", wide + b"\0")])
+    cell = by_profile(await get(client, f"/api/visual/matrix?suite={SUITE}"))["chromium"]
+    assert cell["status"] == "error", cell
+    assert cell["note"] == ("the baseline is 16,385 pixels wide, wider than the 16,384 this "
+                            "compares")
+    with sqlite3.connect(db_path) as conn:
+        kept = conn.execute("SELECT capture, diff_pct, width, error FROM visual_diffs").fetchall()
+    assert kept == [(capture, None, None, cell["note"])]

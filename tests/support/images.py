@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 from collections.abc import Callable
 
 import png
@@ -27,3 +29,20 @@ def png_bytes(width: int, height: int, pixel: Pixel = solid, alpha: bool = True)
 def with_stripe(columns: int, base: Pixel = solid) -> Pixel:
     """The base picture with its first `columns` columns painted red."""
     return lambda x, y: (255, 0, 0, 255) if x < columns else base(x, y)
+
+
+def _chunk(kind: bytes, data: bytes) -> bytes:
+    return (struct.pack(">I", len(data)) + kind + data
+            + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+
+def palette_png(width: int, height: int, inflated: int | None = None) -> bytes:
+    """An 8-bit palette PNG of black, its rows (or `inflated` zero bytes, rows and whatever
+    follows them) deflated into one IDAT chunk: zeros compress some 1,000 to one."""
+    squeeze = zlib.compressobj(9)
+    size = inflated if inflated is not None else height * (1 + width)
+    idat = b"".join(squeeze.compress(bytes(min(1 << 20, size - at)))
+                    for at in range(0, size, 1 << 20)) + squeeze.flush()
+    header = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"PLTE", bytes(6))
+            + _chunk(b"IDAT", idat) + _chunk(b"IEND", b""))
