@@ -612,7 +612,9 @@ UI_RUN = obj({"job_id": STR, "device_id": STR, "build": STR, "ok": null(BOOL),
 def job_run(device: dict[str, Any]) -> dict[str, Any]:
     """A job of the original's per-run views, with a row per device."""
     return obj({"job_id": STR, "workload": STR, "status": JOB_STATUS, "created_at": TIME,
-                "finished_at": null(TIME), "devices": arr(device)})
+                "finished_at": null(TIME), "devices": arr(device), "truncated": BOOL},
+               description="a run lists its first 1,000 devices in device order, an answer "
+                           "10,000 across its runs; `truncated` says the run had more")
 
 
 def _result_views(tag: str) -> list[Route]:

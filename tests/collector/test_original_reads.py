@@ -186,9 +186,33 @@ async def test_soak_and_vision_views_list_runs(client):
     await client.post("/results", json=result_row("soak1", "d1", 1, metrics={"mem_mb": 100}))
     soak = await get(client, "/api/results/soak")
     assert [(r["job_id"], r["devices"][0]["rows"]) for r in soak["runs"]] == [("soak1", 1)]
+    assert soak["runs"][0]["truncated"] is False
     assert soak["series"]  # our shape stays beside it
     vision = await get(client, "/api/results/vision")
     assert vision == {"workload": "vision", "runs": []}
+
+
+async def test_a_vision_run_of_many_devices_counts_each_and_lists_the_first_thousand(client):
+    """A host executor may file rows under any device_id: 10,000 devices of one job made the
+    view count each device's rows against every row (10.5 s with the loop held). Counts come
+    from SQLite; a run lists its first 1,000 devices in device order and says it was cut."""
+    await client.post("/executors/register", json={"name": "mac", "capabilities": ["vision"]})
+    await client.post("/jobs", json=job("v1", workload="vision", executor="host"))
+    assert (await client.get("/executor/next-job?name=mac")).status == 200
+    names = [f"d{i:04d}" for i in range(1_200)]
+    for start in range(0, len(names), 600):
+        rows = [result_row("v1", name, 1, executor="mac", ok=True, metrics={"n": 1})
+                for name in names[start:start + 600]]
+        assert (await client.post("/results", json=rows)).status == 200
+    again = [result_row("v1", "d0005", i, executor="mac", ok=i < 3, metrics={"n": i})
+             for i in (2, 3)] + [result_row("v1", "host:mac", 0, executor="mac", final=True)]
+    assert (await client.post("/results", json=again)).status == 200
+    (run,) = (await get(client, "/api/results/vision"))["runs"]
+    assert run["truncated"] is True
+    assert [d["device_id"] for d in run["devices"]] == names[:1_000]
+    assert [d["rows"] for d in run["devices"]] == [3 if n == "d0005" else 1 for n in names[:1_000]]
+    newest = run["devices"][5]
+    assert (newest["ok"], newest["metrics"]) == (False, {"n": 3})
 
 
 # -- system, retention and the sweep --------------------------------------------------------------

@@ -17,6 +17,8 @@ from fleet_min.query import int_param
 from fleet_min.timeutil import iso
 
 RUNS_LIMIT = 200  # jobs a drain, soak or vision listing reads, newest first
+RUN_DEVICES = 1_000  # devices one of their runs lists (in device order); `truncated` past it
+ANSWER_DEVICES = 10_000  # devices one answer lists across its runs
 RUN_METRICS = ("decode_tok_s", "prefill_tok_s", "ttft_ms", "peak_mem_mb")
 
 
@@ -118,21 +120,38 @@ def _matrix(runs: list[dict[str, Any]], devices: list[str]) -> list[dict[str, An
 # -- drain, soak and vision: per job -----------------------------------------------------------
 
 
-async def _jobs_with_rows(db: Database, workloads: list[str], query: Mapping[str, str]
-                          ) -> tuple[list[Any], dict[str, list[Any]]]:
+# Each device's newest row of one job and how many rows it filed, the first `LIMIT` devices in
+# device order; an executor's own `host:` summary is not a device. SQLite counts and picks (the
+# grouping walks the (job_id, device_id, ...) index and stops at the limit), so a job of 10,000
+# devices costs the loop 1,000 short rows, not 10,000 x 10,000 comparisons.
+_NEWEST_BY_DEVICE = """
+    SELECT l.device_id, l.n, r.ok, r.error, r.metrics, r.created_at FROM (
+        SELECT device_id, COUNT(*) AS n FROM results
+        WHERE job_id = ? AND preempted = 0 AND substr(device_id, 1, 5) != 'host:'
+        GROUP BY device_id ORDER BY device_id LIMIT ?) l
+    JOIN results r ON r.id = (
+        SELECT id FROM results WHERE job_id = ? AND device_id = l.device_id AND preempted = 0
+        ORDER BY created_at + 0 DESC, id DESC LIMIT 1)
+    ORDER BY l.device_id"""
+
+
+async def _jobs_with_devices(db: Database, workloads: list[str], query: Mapping[str, str]
+                             ) -> list[tuple[Any, list[Any], bool]]:
+    """The newest jobs of the workloads, each with its devices' newest rows (RUN_DEVICES at
+    most, ANSWER_DEVICES for all of them) and whether some were left out."""
     limit = int_param(query, "limit", 50, 1, RUNS_LIMIT)
     jobs = await db.read(
         "SELECT job_id, workload, status, created_at, finished_at FROM jobs "
         f"WHERE workload IN ({','.join('?' * len(workloads))}) AND is_group = 0 "
         "ORDER BY seq DESC LIMIT ?", [*workloads, limit])
-    rows: dict[str, list[Any]] = defaultdict(list)
-    if jobs:
-        for row in await db.read(
-                "SELECT job_id, device_id, iter, ok, error, metrics, created_at FROM results "
-                "WHERE job_id IN (SELECT value FROM json_each(?)) AND preempted = 0 "
-                "ORDER BY created_at, id", (json.dumps([j["job_id"] for j in jobs]),)):
-            rows[row["job_id"]].append(row)
-    return jobs, rows
+    out = []
+    room = ANSWER_DEVICES
+    for job in jobs:
+        take = min(RUN_DEVICES, room)
+        rows = await db.read(_NEWEST_BY_DEVICE, (job["job_id"], take + 1, job["job_id"]))
+        out.append((job, rows[:take], len(rows) > take))
+        room -= len(rows[:take])
+    return out
 
 
 def drain_rate(metrics: dict[str, Any]) -> tuple[float | None, bool]:
@@ -151,30 +170,20 @@ def _job_head(job: Any) -> dict[str, Any]:
             "created_at": iso(job["created_at"]), "finished_at": iso(job["finished_at"])}
 
 
-def _newest_by_device(rows: list[Any]) -> dict[str, Any]:
-    """Each device's newest row; a host executor's own `host:` summary is not a device."""
-    newest: dict[str, Any] = {}
-    for row in rows:  # oldest first: the last row of a device wins
-        if not row["device_id"].startswith("host:"):
-            newest[row["device_id"]] = row
-    return newest
-
-
 async def drain_runs(db: Database, query: Mapping[str, str]) -> list[dict[str, Any]]:
-    jobs, rows = await _jobs_with_rows(db, ["drain"], query)
     out = []
-    for job in jobs:
+    for job, rows, truncated in await _jobs_with_devices(db, ["drain"], query):
         devices = []
-        for device_id, row in sorted(_newest_by_device(rows[job["job_id"]]).items()):
+        for row in rows:
             metrics = _object(row["metrics"])
             rate, inferred = drain_rate(metrics)
-            devices.append({"device_id": device_id, "pct_per_h": rate,
+            devices.append({"device_id": row["device_id"], "pct_per_h": rate,
                             "pct_per_h_inferred": inferred,
                             "battery_start_pct": numbers.finite(metrics.get("battery_start_pct")),
                             "battery_end_pct": numbers.finite(metrics.get("battery_end_pct")),
                             "ok": None if row["ok"] is None else bool(row["ok"]),
                             "at": iso(row["created_at"])})
-        out.append({**_job_head(job), "devices": devices})
+        out.append({**_job_head(job), "devices": devices, "truncated": truncated})
     return out
 
 
@@ -182,14 +191,9 @@ async def job_runs(db: Database, workloads: list[str], query: Mapping[str, str]
                    ) -> list[dict[str, Any]]:
     """Soak and vision runs: each job with each device's newest row (its metrics and verdict)
     and how many rows it filed."""
-    jobs, rows = await _jobs_with_rows(db, workloads, query)
-    out = []
-    for job in jobs:
-        filed = rows[job["job_id"]]
-        devices = [{"device_id": device_id, "rows": sum(r["device_id"] == device_id
-                                                         for r in filed),
-                    "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"],
-                    "metrics": _object(row["metrics"]), "at": iso(row["created_at"])}
-                   for device_id, row in sorted(_newest_by_device(filed).items())]
-        out.append({**_job_head(job), "devices": devices})
-    return out
+    return [{**_job_head(job), "devices": [
+                {"device_id": row["device_id"], "rows": row["n"],
+                 "ok": None if row["ok"] is None else bool(row["ok"]), "error": row["error"],
+                 "metrics": _object(row["metrics"]), "at": iso(row["created_at"])}
+                for row in rows], "truncated": truncated}
+            for job, rows, truncated in await _jobs_with_devices(db, workloads, query)]
