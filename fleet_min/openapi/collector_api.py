@@ -638,7 +638,9 @@ def _result_views(tag: str) -> list[Route]:
               {200: json_reply(paged("jobs", obj({
                   "job_id": STR, "status": JOB_STATUS, "app": ANY, "last_error": null(STR),
                   "created_at": TIME, "finished_at": null(TIME), "pass": integer(0),
-                  "fail": integer(0), "flows": arr(obj())}), workload=STR,
+                  "fail": integer(0), "flows": arr(obj()), "truncated": BOOL},
+                  description="a job's flows and runs are read from its newest 5,000 rows; "
+                              "`truncated` says it had more"), workload=STR,
                   runs=arr(UI_RUN), devices=arr(STR), matrix=arr(obj({
                       "build": STR, "cells": arr(obj({"device": STR,
                                                       "latest": null(UI_RUN)}))}))))},

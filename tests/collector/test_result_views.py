@@ -161,6 +161,31 @@ async def test_ui_device_filter_counts_that_device_only_and_pages(client):
     assert (await client.get("/api/results/ui?page=0")).status == 400
 
 
+async def test_a_ui_job_of_many_rows_is_read_from_its_newest_5000(client):
+    """A host executor may file rows under any device id: 20,000 rows of one ui-test job, each
+    a device of its own, made one page 8 MB and held the event loop 3.1 s (a flow's device list
+    searched for each row). A job's flows and runs are read from its newest 5,000 rows, and the
+    job says so."""
+    await host_run(client, "small", "ui-test", [("emu-1", {"ok": True, "flow": "login"})])
+    await client.post("/jobs", json=job("big", "ui-test", "host"))
+    assert (await (await client.get("/executor/next-job?name=mac")).json())["job_id"] == "big"
+    names = [f"d{i:04d}" for i in range(5_200)]
+    for start in range(0, len(names), 1_000):
+        rows = [result_row("big", name, 1, executor="mac", ok=name != "d5199", flow="login",
+                           error=None if name != "d5199" else "no button",
+                           test={"passed": 1, "failed": 0}) for name in names[start:start + 1_000]]
+        assert (await client.post("/results", json=rows)).status == 200
+    body = await get(client, "/api/results/ui")
+    big, small = body["jobs"]
+    assert (big["job_id"], big["truncated"], small["truncated"]) == ("big", True, False)
+    (login,) = big["flows"]
+    assert (login["runs"], login["pass"], login["fail"]) == (5_000, 4_999, 1)
+    assert login["devices"] == names[200:] and login["attempts"] == [1]
+    assert login["latest_error"] == "no button"
+    assert len(body["runs"]) == 5_001 and len(body["devices"]) == 5_001
+    assert {r["passed"] for r in body["runs"] if r["job_id"] == "big"} == {1}
+
+
 # -- drain -------------------------------------------------------------------------------------
 
 

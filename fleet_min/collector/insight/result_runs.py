@@ -75,35 +75,34 @@ def bench_configs(runs: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 # -- ui: runs and the build x device matrix ----------------------------------------------------
 
 
-def _counts(extra: dict[str, Any]) -> tuple[int | None, int | None]:
-    test = extra.get("test")
-    if not isinstance(test, dict):
-        return None, None
-    passed, failed = numbers.finite(test.get("passed")), numbers.finite(test.get("failed"))
-    return (None if passed is None else int(passed)), (None if failed is None else int(failed))
+def _count(value: Any) -> int | None:
+    number = numbers.finite(value)
+    return None if number is None else int(number)
 
 
-async def ui_runs(db: Database, jobs: list[Any]) -> dict[str, Any]:
-    """One run per (job, device) of the listed jobs: the device's newest row, final or not (a
-    host executor files each device's verdict as a row of its own). An executor's own
-    `host:` summary row is not a device and is left out."""
+def ui_runs(jobs: list[Any], rows: list[Any]) -> dict[str, Any]:
+    """One run per (job, device) of the listed jobs: the device's newest row (of `rows`, the
+    jobs' rows oldest first), final or not (a host executor files each device's verdict as a
+    row of its own), with the `test` counts SQLite read from it. An executor's own `host:`
+    summary row is not a device and is left out."""
     builds = {j["job_id"]: j for j in jobs}
-    if not builds:
-        return {"runs": [], "devices": [], "matrix": []}
-    rows = await db.read(
-        "SELECT job_id, device_id, ok, error, extra, created_at FROM results "
-        "WHERE job_id IN (SELECT value FROM json_each(?)) AND preempted = 0 "
-        "AND device_id NOT LIKE 'host:%' ORDER BY created_at, id", (json.dumps(list(builds)),))
     latest: dict[tuple[str, str], dict[str, Any]] = {}
+    first: dict[tuple[str, str], tuple[float, int]] = {}
     for row in rows:
-        passed, failed = _counts(_object(row["extra"]))
+        if row["device_id"][:5].lower() == "host:":  # as SQL's LIKE 'host:%' read it
+            continue
+        key = (row["job_id"], row["device_id"])
+        first.setdefault(key, (row["created_at"], row["id"]))
         job = builds[row["job_id"]]
-        latest[(row["job_id"], row["device_id"])] = {
+        latest[key] = {
             "job_id": row["job_id"], "device_id": row["device_id"],
             "build": " ".join(p for p in (job["app"], job["build"]) if p) or row["job_id"],
-            "ok": None if row["ok"] is None else bool(row["ok"]), "passed": passed,
-            "failed": failed, "error": row["error"], "at": iso(row["created_at"])}
-    runs = sorted(latest.values(), key=lambda r: r["at"] or "", reverse=True)
+            "ok": None if row["ok"] is None else bool(row["ok"]),
+            "passed": _count(row["passed"]), "failed": _count(row["failed"]),
+            "error": row["error"], "at": iso(row["created_at"])}
+    # Newest first; runs at the same time in the order their first rows were stored.
+    runs = sorted(latest.values(), key=lambda r: first[(r["job_id"], r["device_id"])])
+    runs.sort(key=lambda r: r["at"] or "", reverse=True)
     devices = sorted({r["device_id"] for r in runs})
     return {"runs": runs, "devices": devices, "matrix": _matrix(runs, devices)}
 
