@@ -804,11 +804,14 @@ def _visual() -> list[Route]:
     run = obj({"job_id": STR, "status": JOB_STATUS, "created_at": null(TIME)})
     return [
         Route("GET", "/api/visual/suites", "Suites with baselines or recent screenshots",
-              {200: json_reply(obj({"suites": arr(STR)}))}, {}, tag=tag),
+              {200: json_reply(obj({"suites": arr(STR), "truncated": BOOL}, description=(
+                  "read from the newest 200 screenshot jobs, 5,000 rows of each and 50,000 of "
+                  "them all; `truncated` says some rows were left unread")))}, {}, tag=tag),
         Route("GET", "/api/visual/matrix", "A suite's latest run, page x profile, judged",
               {200: json_reply(obj({"suite": STR, "threshold_pct": NUM, "latest": null(run),
                                     "runs": arr(run), "pages": arr(STR),
-                                    "profiles": arr(STR), "cells": arr(cell)}))},
+                                    "profiles": arr(STR), "cells": arr(cell),
+                                    "truncated": BOOL}))},
               {400: BAD_QUERY},
               params=(query("suite", name, "the suite (required)"),
                       query("runs", integer(1, 25), "runs to read, history included (10)"),

@@ -67,7 +67,7 @@ async def test_captures_become_new_then_pass_or_diverged_against_the_baseline(cl
     [first, missing] = await shots_run(client, "run-1", [("chromium", picture),
                                                           ("android-device", None)])
     assert missing is None
-    assert await get(client, "/api/visual/suites") == {"suites": [SUITE]}
+    assert await get(client, "/api/visual/suites") == {"suites": [SUITE], "truncated": False}
     matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")
     assert matrix["latest"]["job_id"] == "run-1"
     assert matrix["pages"] == [PAGE] and matrix["profiles"] == ["chromium", "android-device"]
@@ -261,3 +261,20 @@ async def test_a_capture_wider_than_a_screen_is_an_error_cell_and_never_decoded(
     with sqlite3.connect(db_path) as conn:
         kept = conn.execute("SELECT capture, diff_pct, width, error FROM visual_diffs").fetchall()
     assert kept == [(capture, None, None, cell["note"])]
+
+
+async def test_one_request_reads_at_most_its_share_of_rows_and_says_so(client, monkeypatch):
+    """The suite list and the matrix parse every row they read on the loop: 200 jobs of 5,000
+    rows took one request some 25 s. A request reads ROWS_PER_REQUEST rows at most."""
+    monkeypatch.setattr(visual, "ROWS_PER_REQUEST", 2, raising=False)
+    picture = png_bytes(4, 4)
+    await shots_run(client, "old", [("chromium", picture), ("firefox", picture)],
+                    targets={"url": "http://old.test/"})
+    await shots_run(client, "new", [("chromium", picture), ("firefox", picture)])
+    listed = await get(client, "/api/visual/suites")
+    assert listed == {"suites": [SUITE], "truncated": True}  # old.test's rows went unread
+    matrix = await get(client, f"/api/visual/matrix?suite={SUITE}&runs=1")  # "new" is enough
+    assert matrix["truncated"] is False and matrix["profiles"] == ["chromium", "firefox"]
+    assert (await get(client, "/api/visual/matrix?suite=old.test"))["truncated"] is True
+    monkeypatch.setattr(visual, "ROWS_PER_REQUEST", 50_000)
+    assert (await get(client, "/api/visual/suites"))["suites"] == ["old.test", SUITE]

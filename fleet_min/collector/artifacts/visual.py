@@ -41,6 +41,8 @@ from fleet_min.timeutil import iso
 WORKLOADS = ("web-shots", "locale-shots", "a11y-audit")
 MAX_NAME_CHARS = 200
 RECENT_JOBS = 200  # the newest screenshot jobs a matrix or the suite list reads
+ROWS_PER_JOB = 5_000  # result rows read of one job
+ROWS_PER_REQUEST = 50_000  # of all the jobs one matrix or suite list reads; `truncated` past it
 DEFAULT_RUNS, MAX_RUNS = 10, 25
 DEFAULT_THRESHOLD_PCT = 0.1  # the share of pixels that may differ and still match
 COMPUTE_BUDGET_S = 15.0  # comparisons one matrix request may run; the rest show "pending"
@@ -176,13 +178,26 @@ async def _recent_jobs(db: Database) -> list[sqlite3.Row]:
                          f"ORDER BY seq DESC LIMIT {RECENT_JOBS}", WORKLOADS)
 
 
-async def _slotted_rows(db: Database, job: sqlite3.Row
+@dataclass
+class _Reading:
+    """Rows one request may still read (each row is parsed on the loop: 200 jobs of 5,000
+    rows took a suite list some 25 s) and whether a job's rows were left unread."""
+
+    left: int = field(default_factory=lambda: ROWS_PER_REQUEST)
+    truncated: bool = False
+
+
+async def _slotted_rows(db: Database, job: sqlite3.Row, reading: _Reading
                         ) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
     """A job's screenshot rows with their slots, the newest attempt's row winning a slot."""
     spec = json.loads(job["spec"])
     suite = job_suite(job["workload"], spec, job["template_id"])
+    take = min(ROWS_PER_JOB, reading.left)
     rows = await db.read("SELECT * FROM results WHERE job_id = ? AND iter > 0 "
-                         "ORDER BY attempt, iter, id LIMIT 5000", (job["job_id"],))
+                         "ORDER BY attempt, iter, id LIMIT ?", (job["job_id"], take + 1))
+    if len(rows) > take:
+        reading.truncated, rows = True, rows[:take]
+    reading.left -= len(rows)
     slotted: dict[tuple[str, str, str], dict[str, Any]] = {}
     for row in rows:
         payload = result_payload(row)
@@ -197,9 +212,10 @@ async def suites(db: Database) -> dict[str, Any]:
     """Every suite with a baseline or a recent capture (a new suite has runs but no
     baselines; a retired one baselines but no runs)."""
     names = {r[0] for r in await db.read("SELECT DISTINCT suite FROM visual_baselines")}
+    reading = _Reading()
     for job in await _recent_jobs(db):
-        names |= {slot[0] for slot, _row in await _slotted_rows(db, job)}
-    return {"suites": sorted(names)}
+        names |= {slot[0] for slot, _row in await _slotted_rows(db, job, reading)}
+    return {"suites": sorted(names), "truncated": reading.truncated}
 
 
 async def baselines(db: Database, suite: str | None) -> dict[str, Any]:
@@ -215,18 +231,19 @@ def baseline_record(row: Any) -> dict[str, Any]:
             "accepted_from_job": row["accepted_from_job"]}
 
 
-async def _runs(db: Database, suite: str, wanted: int) -> list[Run]:
+async def _runs(db: Database, suite: str, wanted: int) -> tuple[list[Run], bool]:
     runs: list[Run] = []
+    reading = _Reading()
     for job in await _recent_jobs(db):
         if len(runs) >= wanted:
             break
         run = Run(job["job_id"], job["status"], iso(job["created_at"]))
-        for (row_suite, page, profile), row in await _slotted_rows(db, job):
+        for (row_suite, page, profile), row in await _slotted_rows(db, job, reading):
             if row_suite == suite:
                 run.cells[(page, profile)] = _cell(page, profile, row)
         if run.cells:
             runs.append(run)
-    return runs
+    return runs, reading.truncated
 
 
 # -- baselines ----------------------------------------------------------------------------------
@@ -306,10 +323,10 @@ class Review:
 
     async def matrix(self, suite: str, runs: int, threshold: float, now: float
                      ) -> dict[str, Any]:
-        found = await _runs(self.store.db, suite, runs)
+        found, truncated = await _runs(self.store.db, suite, runs)
         if not found:
             return {"suite": suite, "threshold_pct": threshold, "latest": None, "runs": [],
-                    "pages": [], "profiles": [], "cells": []}
+                    "pages": [], "profiles": [], "cells": [], "truncated": truncated}
         pointers = {(r["page"], r["profile"]): r["sha256"] for r in await self.store.db.read(
             "SELECT page, profile, sha256 FROM visual_baselines WHERE suite = ?", (suite,))}
         latest = found[0]
@@ -327,7 +344,7 @@ class Review:
                      for r in found],
             "pages": list(dict.fromkeys(page for page, _profile in latest.cells)),
             "profiles": list(dict.fromkeys(profile for _page, profile in latest.cells)),
-            "cells": cells,
+            "cells": cells, "truncated": truncated,
         }
 
     async def _judge(self, cell: Cell, baseline: str | None, threshold: float, deadline: float,
