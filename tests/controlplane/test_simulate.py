@@ -8,6 +8,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from bisect import bisect_right
 from typing import Any
 
 import pytest
@@ -131,3 +132,35 @@ def test_peak_overlap_equals_the_event_sweep(seed: int) -> None:
         start = rng.choice([rng.randrange(0, 50), rng.uniform(0, 50)])
         intervals.append((start, start + rng.choice([0, -1, 1, rng.uniform(0, 20)])))
     assert stats.peak_overlap(iter(intervals)) == _peak_overlap(intervals)
+
+
+# --- the pieces that keep a million jobs from holding the GIL ----------------------------------
+
+@pytest.mark.parametrize("seed", range(20))
+def test_order_statistics_found_across_sorted_pieces_equal_one_sort(seed: int) -> None:
+    rng = random.Random(seed)
+    values = [rng.choice([0, 0.0, 2.5, math.inf, rng.random() * 100])
+              for _ in range(rng.randrange(1, 300))]
+    ordered = stats.Ordered(values, piece=rng.choice([1, 2, 3, 7, 64]))
+    expect = sorted(values)
+    assert [ordered.at(k) for k in range(1, len(values) + 1)] == expect
+    assert list(ordered.ascending()) == expect and ordered.last() == expect[-1]
+    assert [ordered.percentile(p) for p in (1, 50, 90, 95, 100)] == \
+        [stats.percentile(expect, p) for p in (1, 50, 90, 95, 100)]
+    assert all(ordered.count_le(x) == bisect_right(expect, x) for x in (-1, 0, 50, math.inf))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_peak_overlap_walked_in_pieces_equals_the_event_sweep(seed: int) -> None:
+    rng = random.Random(seed)
+    arrivals, durations, _ = _build(_jobs(rng, rng.choice([1, 2, 50, 400])))
+    intervals = [(a, a + d) for a, d in zip(arrivals, durations, strict=True)]
+    assert stats.peak_overlap(intervals, piece=rng.choice([1, 3, 16])) == \
+        _peak_overlap(intervals)
+
+
+def test_a_trace_of_rows_in_arrival_order_equals_one_built_by_sorting() -> None:
+    jobs = _jobs(random.Random(5), 500)
+    trace = Trace.from_ordered(sorted(jobs, key=lambda j: (j[1], j[0])))
+    assert [list(trace.arrivals), list(trace.durations), list(trace.recorded_waits)] == \
+        list(_build(jobs))

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_right
-from collections.abc import Sequence
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from operator import add, itemgetter
 from typing import Any
 
-from fleet_min.controlplane.analysis.stats import peak_overlap, percentile
+from fleet_min.controlplane.analysis.stats import Ordered, peak_overlap
 
 MAX_COUNT = 256
 MAX_COUNTS = 16
@@ -33,27 +33,37 @@ MAX_COUNTS = 16
 @dataclass(frozen=True)
 class Trace:
     """Recorded jobs as parallel arrays sorted by arrival."""
-    arrivals: list[float]
-    durations: list[float]
-    recorded_waits: list[float]
+    arrivals: Sequence[float]
+    durations: Sequence[float]
+    recorded_waits: Sequence[float]
 
     @classmethod
     def build(cls, jobs: Sequence[Sequence[Any]]) -> Trace:
         """jobs: (job id, created, started, completed) of jobs that ran (any sequence whose
         first four items are those, such as a database row)."""
-        ordered = sorted(jobs, key=itemgetter(1, 0))
-        # `x if x > 0.0 else 0.0` is max(0.0, x) without a call per job.
-        return cls([j[1] for j in ordered],
-                   [d if (d := j[3] - j[2]) > 0.0 else 0.0 for j in ordered],
-                   [w if (w := j[2] - j[1]) > 0.0 else 0.0 for j in ordered])
+        return cls.from_ordered(sorted(jobs, key=itemgetter(1, 0)))
+
+    @classmethod
+    def from_ordered(cls, jobs: Iterable[Sequence[Any]]) -> Trace:
+        """build() of jobs already in order of (created, job id), such as a cursor over rows
+        sorted by the database: a loop in Python, where the GIL changes hands, and no sort
+        (one sorted() of a million rows with a C key holds the GIL for seconds)."""
+        # Arrays of doubles: the garbage collector walks every item of a young list.
+        arrivals, durations, waits = array("d"), array("d"), array("d")
+        for job in jobs:
+            arrivals.append(job[1])
+            # `x if x > 0.0 else 0.0` is max(0.0, x) without a call per job.
+            durations.append(d if (d := job[3] - job[2]) > 0.0 else 0.0)
+            waits.append(w if (w := job[2] - job[1]) > 0.0 else 0.0)
+        return cls(arrivals, durations, waits)
 
 
-def replay(trace: Trace, runners: int) -> list[float]:
+def replay(trace: Trace, runners: int) -> Sequence[float]:
     """Each job's wait (s) with `runners` runners, in arrival order."""
     arrivals, durations = trace.arrivals, trace.durations
     if runners <= 0:
-        return [math.inf] * len(arrivals)
-    waits: list[float] = []
+        return array("d", [math.inf]) * len(arrivals)
+    waits = array("d")
     append = waits.append
     if runners == 1 or len(arrivals) <= 1:  # one runner: its free-at time needs no heap
         free_at = arrivals[0] if arrivals else 0.0
@@ -72,14 +82,14 @@ def replay(trace: Trace, runners: int) -> list[float]:
     return waits
 
 
-def _figures(waits: list[float], slo_s: float) -> tuple[dict[str, Any], bool]:
+def _figures(waits: Sequence[float], slo_s: float) -> tuple[dict[str, Any], bool]:
     """(the figures of these waits, whether any job waited)."""
-    ordered = sorted(waits)
-    over = len(ordered) - bisect_right(ordered, slo_s)
-    last = ordered[-1] if ordered else None
+    ordered = Ordered(waits)  # sorted in pieces: one sort of a million holds the GIL
+    over = len(ordered) - ordered.count_le(slo_s)
+    last = ordered.last()
 
     def pct(p: int) -> float | None:
-        value = percentile(ordered, p)
+        value = ordered.percentile(p)
         return None if value is None or value == math.inf else round(value, 1)
 
     return ({"wait_s": {"p50": pct(50), "p90": pct(90), "p95": pct(95),
@@ -93,7 +103,9 @@ def _figures(waits: list[float], slo_s: float) -> tuple[dict[str, Any], bool]:
 def compare(trace: Trace, counts: Sequence[int], slo_s: float) -> dict[str, Any]:
     """Queue figures per runner count, plus the recorded reality for reference."""
     busy_s = sum(trace.durations)
-    span_s = (max(map(add, trace.arrivals, trace.durations)) - trace.arrivals[0]
+    # A generator, not map(add, ...): a C loop over a million jobs holds the GIL throughout.
+    span_s = (max(a + d for a, d in zip(trace.arrivals, trace.durations, strict=True))
+              - trace.arrivals[0]
               if trace.arrivals else 0.0)
     unconstrained, _ = peak_overlap(
         zip(trace.arrivals, map(add, trace.arrivals, trace.durations), strict=True))
