@@ -590,6 +590,24 @@ class Database:
             raise StorageError("the database is closed")
         return list(await self._reader.execute_fetchall(sql, params))
 
+    async def read_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(conn, *args) in a worker thread, on a read-only connection of its own (rows as
+        plain tuples), closed after. For reports over many rows: the rows and what is made of
+        them never pass through the event loop's thread, and the shared reader stays free for
+        other requests meanwhile. fn must not hand a row-sized structure back to be freed on
+        the loop's thread (freeing a million objects is one call that holds the GIL)."""
+        if self._reader is None:
+            raise StorageError("the database is closed")
+        return await asyncio.to_thread(self._in_thread, fn, args)
+
+    def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            conn.execute("PRAGMA query_only = ON")
+            return fn(conn, *args)
+        finally:
+            conn.close()
+
     async def read_one(self, sql: str, params: Params = ()) -> sqlite3.Row | None:
         rows = await self.read(sql, params)
         return rows[0] if rows else None

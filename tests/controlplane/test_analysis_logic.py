@@ -14,8 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
-from fleet_min.controlplane.analysis import analytics, autoscale, forecast, stats, workflows
+from fleet_min.controlplane.analysis import (
+    analytics,
+    autoscale,
+    forecast,
+    reports,
+    stats,
+    workflows,
+)
 from fleet_min.controlplane.analysis.simulate import Trace, compare, replay
+from fleet_min.controlplane.github.history import job_row
 from tests.support import history_gen
 
 # --- stats -------------------------------------------------------------------------------------
@@ -65,6 +73,26 @@ def test_e2e_jobs_by_job_or_workflow_name() -> None:
     assert analytics.is_e2e_job("End-to-end", None)
     assert not analytics.is_e2e_job("unit tests", "CI")
     assert not analytics.is_e2e_job("release notes", "Release")  # "e2e" needs a word boundary
+
+
+def test_analytics_windows_cover_the_days_asked_for() -> None:
+    assert [reports.window_days(d) for d in (1, 7, 8, 30, 31, 90, 91, 364, 365)] == \
+        [1, 7, 10, 30, 45, 90, 120, 365, 365]
+    assert all(d <= reports.window_days(d) <= 365 for d in range(1, 366))
+    assert {7, 30, 90, 365} <= set(reports.WINDOWS)  # the web page's choices are exact
+
+
+def test_browser_figures_of_the_rows_that_may_count_equal_those_of_all() -> None:
+    history = history_gen.generate("octo/app", 1_800_000_000, 6, runners=2, seed=5,
+                                   ids=itertools.count(1))
+    rows = [job_row({"repo": "octo/app", "run_id": run["id"], **job}, run)
+            for run in history.runs for job in history.jobs[run["id"]]]
+    for row in rows[::3]:  # as the database hands steps over: only those with a browser word
+        row["steps"] = None
+    kept = [row for row in rows if analytics.may_be_browser_test(row)]
+    assert 0 < len(kept) < len(rows)
+    assert analytics.browser_test(kept) == analytics.browser_test(rows)
+    assert analytics.per_repo(iter(rows)) == analytics.per_repo(rows)
 
 
 def test_job_figures_failure_rate_leaves_cancels_out() -> None:

@@ -29,7 +29,7 @@ from fleet_min.controlplane.runners.actions import Actions
 from fleet_min.controlplane.runners.detail import runner_detail
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.errors import BadRequest, Conflict, NotFound
-from fleet_min.timeutil import iso
+from fleet_min.timeutil import iso, parse_iso
 from tests.support import cp_fakes as fakes
 from tests.support import history_gen
 from tests.support.controlplane import Host, Parts, open_parts
@@ -207,11 +207,19 @@ async def test_reports_alone_replay_and_count_the_stored_jobs(host: Host) -> Non
         assert [r["repo"] for r in figures["repos"]] == ["octo/app"]
         # Built once for every request that asks while it is built (twenty at once took
         # twenty copies of the window's rows: 4.5 GB at 200,000 jobs); another window is its
-        # own report, and one that is asked for later is built again.
+        # own report. 8 days is read as the 10-day window, and the report says so.
         same = await asyncio.gather(*(reports.analytics(7) for _ in range(5)),
                                     reports.analytics(8))
         assert all(report is same[0] for report in same[:5]) and same[5] is not same[0]
-        assert await reports.analytics(7) is not same[0]
+        assert (same[0]["days"], same[5]["days"]) == (7, 10)
+        assert abs(parse_iso(same[5]["until"]) - parse_iso(same[5]["since"]) - 10 * 86400) < 1
+        # Asked for later with the same jobs in its window, a report is answered anew from the
+        # figures it kept; a job entering the window has them built again.
+        again = await reports.analytics(7)
+        assert again is not same[0] and again["repos"] is same[0]["repos"]
+        await plane.db.write(store.upsert_jobs, [_job(6, at + 600)])
+        fresh = await reports.analytics(7)
+        assert fresh["repos"] is not same[0]["repos"] and fresh["repos"][0]["jobs"] == 7
         repos = await asyncio.gather(reports.repo("octo/app"), reports.repo("octo/app"))
         assert repos[0] is repos[1] and repos[0]["repo"] == "octo/app"
         with pytest.raises(NotFound):  # a failure reaches every request that shared it
