@@ -381,6 +381,13 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
                                        {"workload": "benchmark", "executor": "root"},
                                        {"workload": "benchmark",
                                         "targets": {"match": "(" * 40 + "a" + ")" * 40}}],
+    "POST /api/devices/forget": [
+        {}, [], {"device_ids": []}, {"device_ids": "pixel-7"}, {"device_ids": [None]},
+        {"device_ids": [""]}, {"device_ids": ["pixel-7"] * 1001}, {"device_ids": {"a": 1}},
+        {"silent_for_s": 0}, {"silent_for_s": -HUGE}, {"silent_for_s": HUGE},
+        {"silent_for_s": 1e999}, {"silent_for_s": "86400"}, {"silent_for_s": None},
+        {"silent_for_s": False}, {"device_ids": ["pixel-7"], "silent_for_s": 86400},
+        {"all": True}],
     "PATCH /api/devices/{device_id}": [{}, {"name": 5}, {"notes": "x" * 2001},
                                        {"pools": "a"}, {"pools": [""]}, {"pools": [5]},
                                        {"device_id": "other"}, {"capabilities": []}],
