@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from fleet_min import __version__
@@ -16,6 +17,15 @@ Run `fleet-min <command> --help` for the options of one command.
 """
 
 
+def private_umask() -> None:
+    """Make nothing the services write group-writable or open to others, whatever umask the
+    shell had (the systemd units set UMask=0027 too). Each file and folder of their own is
+    made with its mode, but the parents a path needs, a log file and a backup's folders take
+    the umask's: under umask 000 they were 0777 and 0666, so another user could write the log
+    or swap the data directory for a link before the next start."""
+    os.umask(os.umask(0o027) | 0o027)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in {"-h", "--help", "help"}:
@@ -25,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fleet-min {__version__}")
         return 0
     command, rest = args[0], args[1:]
+    private_umask()
     if command == "collector":
         from fleet_min.collector.cli import main as collector_main
         return collector_main(rest)

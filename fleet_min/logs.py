@@ -30,10 +30,22 @@ WARN_EVERY_S = 60.0
 
 
 class OneLineFormatter(logging.Formatter):
-    """The usual format, with newlines in the message or the traceback folded into ' | '."""
+    """The usual format, with newlines in the message or the traceback folded into ' | ', and
+    every other character that does not print (ESC, BEL, a direction override) written as its
+    escape: a record quotes what clients sent (a malformed request line, a path), and an escape
+    sequence reaching a terminal could erase the line and draw a forged one in its place."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return " | ".join(part for part in super().format(record).splitlines() if part.strip())
+        line = " | ".join(part for part in super().format(record).splitlines() if part.strip())
+        return line if line.isprintable() else "".join(map(_printable, line))
+
+
+def _printable(char: str) -> str:
+    if char.isprintable():
+        return char
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 \
+        else f"\\U{code:08x}"
 
 
 class Throttled:
@@ -86,7 +98,18 @@ def _handler(log_file: str) -> logging.Handler:
     if not os.path.isdir(folder):
         with contextlib.suppress(FileExistsError):  # a file there: the open below says so
             os.mkdir(folder)
-    return logging.handlers.WatchedFileHandler(path, encoding="utf-8")
+    return _LogFile(path, encoding="utf-8")
+
+
+class _LogFile(logging.handlers.WatchedFileHandler):
+    """The log file, made 0640 and never opened through a link, at the start and at every
+    reopen after a rotation: a link planted where the log goes would make the service append
+    what clients send to a file of the link's choosing (as root, any file)."""
+
+    def _open(self) -> Any:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        return open(os.open(self.baseFilename, flags, 0o640), "a",
+                    encoding=self.encoding, errors=self.errors)
 
 
 def _refuse(path: str, exc: OSError) -> SystemExit:

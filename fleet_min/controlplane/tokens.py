@@ -3,7 +3,9 @@
 Rotation is "delete the file and restart", so a file that is shorter than a token, not hex, or
 unreadable is replaced rather than trusted. A token file is never read through a symbolic link:
 one planted while the state directory was loose could hand the daemon a token its planter knows
-(the control token is refused with a sentence; an agent-token link is not read).
+(the control token is refused with a sentence; an agent-token link is not read). For the same
+reason a token file is trusted only when it is a regular file this user owns, with one name:
+another user's file, or a hard link, is replaced (the agent token's is not read).
 
 A host token (`token --agent-host NAME`) is the agent token narrowed to one agent host:
 `NAME~` and an HMAC of the name under the agent token. The coordinator checks it with the agent
@@ -18,6 +20,7 @@ import hmac
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -33,10 +36,21 @@ def _read_valid(path: Path) -> str | None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
                      | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as handle:
-            text = handle.read().decode("ascii").strip()
+            if not _ours(os.fstat(handle.fileno())):
+                return None
+            text = handle.read(200).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
     return text if _TOKEN.fullmatch(text) else None
+
+
+def _ours(st: os.stat_result) -> bool:
+    """A token file this user (or root, who could read it anyway) made: a regular file with
+    one name. One another user wrote (while the state directory was loose) is a token they
+    know, and a second name (a hard link) may be one they can still read."""
+    euid = getattr(os, "geteuid", lambda: None)()
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (euid is None
+                                                              or st.st_uid in (euid, 0))
 
 
 def _write_new(path: Path) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from fleet_min.controlplane.tokens import host_token
 from tests.support import pyz as pyzs
 from tests.support.controlplane import Host
 from tests.support.life import HANG_S, fleet_min, lines
@@ -165,6 +166,36 @@ def test_a_control_token_linked_to_a_file_someone_else_wrote_is_refused(host: Ho
                              f"{state}: control-token is a symbolic link, and this file is never "
                              "opened through one (a link planted in a loose directory would "
                              "redirect it); remove the link"]
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                    reason="a file of another user's needs root to make")
+def test_a_token_file_another_user_wrote_is_replaced_not_trusted(host: Host) -> None:
+    """A regular file planted while the state directory was loose is a token its planter
+    knows, just as a link to one is."""
+    state = loose_state(host)
+    planted = "ab" * 32
+    for name in ("control-token", "agent-token"):
+        (state / name).write_text(planted + "\n")
+        os.chown(state / name, 65534, 65534)
+    result = token_command(state, host.env)
+    assert result.returncode == 0, result.stderr
+    assert planted not in result.stdout and len(result.stdout.strip()) == 64
+    assert (state / "control-token").stat().st_uid == os.geteuid()
+    agent = fleet_min("controlplane", "token", "--agent-host", "h1", "--state", str(state),
+                      env=host.env)  # the planted agent token is not the one it is made from
+    assert agent.returncode == 0 and agent.stdout.strip() != host_token(planted, "h1"), agent
+
+
+def test_a_token_file_with_a_second_name_is_replaced(host: Host) -> None:
+    """A hard link is a second name the token could still be read by, after a rotation or from
+    a folder its linker can read."""
+    first = token_command(host.state if host.state.exists() else loose_state(host), host.env)
+    assert first.returncode == 0, first.stderr
+    os.link(host.state / "control-token", host.tmp / "kept-copy")
+    again = token_command(host.state, host.env)
+    assert again.returncode == 0 and again.stdout != first.stdout
+    assert (host.tmp / "kept-copy").read_text().strip() == first.stdout.strip()
 
 
 def test_an_agent_token_link_is_never_read(host: Host) -> None:
