@@ -3,6 +3,7 @@ the proxy sends it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -40,6 +41,8 @@ class FakePeer:
         self.content_type = "application/json"
         self.devices_status = 200
         self.health_body: bytes | None = None  # what /api/health answers, if not a collector's
+        self.devices_delay_s = 0.0
+        self.in_flight = self.most_in_flight = 0
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self.handle)
         self.server = TestServer(app, host="127.0.0.1")
@@ -51,6 +54,12 @@ class FakePeer:
         if request.path == "/api/health":
             return web.json_response({"ok": True, "collector": FAKE_ID, "name": "fake"})
         if request.path == "/api/devices":
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await asyncio.sleep(self.devices_delay_s)
+            finally:
+                self.in_flight -= 1
             return web.Response(body=self.devices_body, content_type=self.content_type,
                                 status=self.devices_status)
         return web.json_response({"error": "no such route"}, status=404)
@@ -199,6 +208,19 @@ async def test_oversized_or_non_json_answers_are_502(collector_factory, monkeypa
     fake_peer.devices_body, fake_peer.content_type = b"<html></html>", "text/html"
     resp = await local.get(f"/api/peers/{FAKE_ID}/api/devices")
     assert resp.status == 502 and "no JSON" in (await resp.json())["error"]
+
+
+async def test_at_most_a_few_proxied_reads_are_in_flight(collector_factory, monkeypatch,
+                                                        tmp_path, fake_peer):
+    """Each proxied read holds up to MAX_BODY while its JSON is checked: a neighbour asking a
+    hundred times at once waits its turn instead of holding a hundred answers."""
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    fake_peer.devices_delay_s = 0.2
+    replies = await asyncio.gather(*(local.get(f"/api/peers/{FAKE_ID}/api/devices")
+                                     for _ in range(3 * peers.MAX_READS)))
+    assert [r.status for r in replies] == [200] * (3 * peers.MAX_READS)
+    assert fake_peer.most_in_flight == peers.MAX_READS
 
 
 @pytest.mark.parametrize(("body", "status", "words"), [

@@ -33,6 +33,10 @@ log = logging.getLogger("fleet_min.collector.peers")
 REFRESH_S = 30.0
 TIMEOUT_S = 3.0
 MAX_BODY = 8 << 20  # bytes of one proxied answer
+# Proxied reads in flight at once; more wait their turn. Each holds up to MAX_BODY while its JSON
+# is checked, and the client session alone would allow 100: 800 MiB on a Pi for a neighbour who
+# asks a hundred times at once.
+MAX_READS = 8
 HEALTH_MAX = 64 << 10
 PARSE_INLINE = 256 << 10  # a proxied answer larger than this is parsed off the loop
 WARN_EVERY_S = 600.0  # at most one warning per peer this often, not one per check
@@ -135,6 +139,7 @@ class Peers:
         self._closed = False
         self._refreshing: asyncio.Task[None] | None = None
         self._warned: dict[str, float] = {}  # url -> when its last warning was logged
+        self._reads = asyncio.Semaphore(MAX_READS)
 
     async def close(self) -> None:
         self._closed = True
@@ -249,9 +254,14 @@ class Peers:
         raise NotFound(f"no peer collector with id {peer_id!r}; GET /api/peers lists them")
 
     async def read(self, peer_id: str, raw_tail: str, raw_query: str) -> tuple[int, bytes]:
-        """GET an allow-listed path from a peer: (status, JSON body bytes)."""
+        """GET an allow-listed path from a peer: (status, JSON body bytes); MAX_READS at once."""
         path = readable_path(raw_tail)
         peer = await self.find(peer_id)
+        async with self._reads:
+            return await self._read(peer, peer_id, path, raw_query)
+
+    async def _read(self, peer: Peer, peer_id: str, path: str, raw_query: str
+                    ) -> tuple[int, bytes]:
         url = URL(peer.url + path + (f"?{raw_query}" if raw_query else ""), encoded=True)
         try:
             async with self.session.get(url, allow_redirects=False,
