@@ -210,6 +210,25 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE hosts ADD COLUMN instance TEXT;
     """,
+    # 5: a count of the changes to jobs a report reads (analysis/reports.py keeps a window's
+    # figures while it stands). Kept by triggers, so every writer bumps it, and an upsert that
+    # changes nothing a report reads (the sync's every round) does not.
+    """
+    CREATE TABLE jobs_changes (n INTEGER NOT NULL);
+    INSERT INTO jobs_changes (n) VALUES (0);
+    CREATE TRIGGER jobs_inserted AFTER INSERT ON jobs
+        BEGIN UPDATE jobs_changes SET n = n + 1; END;
+    CREATE TRIGGER jobs_deleted AFTER DELETE ON jobs
+        BEGIN UPDATE jobs_changes SET n = n + 1; END;
+    CREATE TRIGGER jobs_updated AFTER UPDATE ON jobs
+        WHEN OLD.status IS NOT NEW.status OR OLD.conclusion IS NOT NEW.conclusion
+          OR OLD.runner IS NOT NEW.runner OR OLD.created_at IS NOT NEW.created_at
+          OR OLD.started_at IS NOT NEW.started_at OR OLD.completed_at IS NOT NEW.completed_at
+          OR OLD.steps IS NOT NEW.steps OR OLD.labels IS NOT NEW.labels
+          OR OLD.name IS NOT NEW.name OR OLD.workflow IS NOT NEW.workflow
+          OR OLD.repo IS NOT NEW.repo
+        BEGIN UPDATE jobs_changes SET n = n + 1; END;
+    """,
 ]
 
 KEEP_AUDIT = 20000

@@ -220,6 +220,15 @@ async def test_reports_alone_replay_and_count_the_stored_jobs(host: Host) -> Non
         await plane.db.write(store.upsert_jobs, [_job(6, at + 600)])
         fresh = await reports.analytics(7)
         assert fresh["repos"] is not same[0]["repos"] and fresh["repos"][0]["jobs"] == 7
+        # The sync's next round upserts the same jobs: nothing a report reads changed.
+        await plane.db.write(store.upsert_jobs, [_job(n, at + 30 * n) for n in range(6)])
+        assert (await reports.analytics(7))["repos"] is fresh["repos"]
+        # A conclusion corrected in place changes neither the count nor the completion times
+        # of the window's jobs, and is seen at once.
+        await plane.db.write(store.upsert_jobs, [{**_job(3, at + 90), "conclusion": "failure"}])
+        corrected = await reports.analytics(7)
+        assert corrected["repos"] is not fresh["repos"]
+        assert corrected["repos"][0]["failures"] == 1
         repos = await asyncio.gather(reports.repo("octo/app"), reports.repo("octo/app"))
         assert repos[0] is repos[1] and repos[0]["repo"] == "octo/app"
         with pytest.raises(NotFound):  # a failure reaches every request that shared it

@@ -11,8 +11,9 @@ loop keeps serving the stream and the actions meanwhile. Domain only: no aiohttp
 
 Analytics windows are a fixed set (WINDOWS): a request for `days` gets the shortest of them that
 covers it, and says so in its `days` and `since`. A window's figures are kept and served again
-while the jobs in it stay the same (their count and the sum of their completion times), so a
-sweep over every `days` from 1 to 365 builds at most len(WINDOWS) reports, not 365.
+while the jobs in it stay the same (their count, the sum of their completion times, and no job
+changed since: store's jobs_changes), so a sweep over every `days` from 1 to 365 builds at most
+len(WINDOWS) reports, not 365.
 """
 
 from __future__ import annotations
@@ -73,8 +74,10 @@ def _release(rows: list[Any]) -> None:
 
 def _window_mark(conn: sqlite3.Connection, since: float) -> _Mark:
     """What tells one window's jobs from another's: their count and the sum of their completion
-    times (from the index on completed_at, without reading the rows)."""
-    return tuple(conn.execute("SELECT count(*), total(completed_at) FROM jobs "
+    times (from the index on completed_at, without reading the rows), and the count of changes
+    to any job (store's jobs_changes): a job's conclusion corrected in place changes neither."""
+    return tuple(conn.execute("SELECT count(*), total(completed_at), "
+                              "(SELECT n FROM jobs_changes) FROM jobs "
                               "WHERE completed_at >= ?", (since,)).fetchone())
 
 
