@@ -505,7 +505,8 @@ def _devices() -> list[Route]:
         guarded("DELETE", "/api/executors/{name}", "Forget a host executor (its jobs stay)",
                 {200: json_reply(obj({"ok": OK_TRUE, "name": STR, "forgotten": enum(True)}))},
                 {400: "not an executor name", 404: "no such executor",
-                 409: "it holds a claimed job (named)", 503: STORAGE},
+                 409: "it is not offline (heard within 3 minutes, or a poll of its waits), "
+                      "or it holds a claimed job (named)", 503: STORAGE},
                 tag=tag),
         guarded("POST", "/api/devices/forget", "Forget many devices at once (results stay)",
                 {200: json_reply(obj({

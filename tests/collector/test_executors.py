@@ -284,12 +284,21 @@ async def test_an_executor_name_that_would_list_as_a_twin_is_refused(client, nam
 # -- forgetting ----------------------------------------------------------------------------------
 
 
-async def test_an_executor_that_is_gone_can_be_forgotten_but_not_one_running_a_job(client):
+def silence(db_path, name, seconds=600):
+    age_rows(db_path, "UPDATE executors SET first_seen = first_seen - ?, "
+             "last_poll = last_poll - ?, registered_at = registered_at - ? WHERE name = ?",
+             (seconds, seconds, seconds, name))
+
+
+async def test_an_executor_that_is_gone_can_be_forgotten_but_not_one_running_a_job(
+        client, db_path):
     await register(client, "old-mac", capabilities=["cold-start"])
     await register(client, "lab", capabilities=["cold-start"])
     await enqueue(client, host("running", "cold-start", params={"app_id": "com.example.shop"},
                                targets={"executor": "lab"}))
     assert await executor_claim(client, "lab") == "running"
+    silence(db_path, "old-mac")
+    silence(db_path, "lab")
     busy = await client.delete("/api/executors/lab")
     assert busy.status == 409
     assert "running" in (await busy.json())["error"]
@@ -305,11 +314,35 @@ async def test_an_executor_that_is_gone_can_be_forgotten_but_not_one_running_a_j
     assert (await listed(client))["old-mac"]["capabilities"] is None
 
 
+async def test_a_live_executor_is_not_forgotten(collector_factory, db_path):
+    """Forgotten, a live executor's next poll would be a new name's: no declared capabilities,
+    offered every host job (a soak job meant for another host) until its agent registers."""
+    client = await collector_factory(long_poll_s=3)
+    await register(client, "web-host", capabilities=["web-test"])
+    await register(client, "soak-host", capabilities=["soak"])
+    await enqueue(client, host("soaking", "soak", params={"app_id": "com.example.shop"}))
+    assert await executor_claim(client, "web-host") is None  # polled just now
+    refused = await client.delete("/api/executors/web-host")
+    assert refused.status == 409
+    assert "is not gone" in (await refused.json())["error"]
+    # Silent by its times, but a poll of its waits now.
+    silence(db_path, "web-host")
+    waiting = asyncio.create_task(client.get("/executor/next-job?name=web-host"))
+    await asyncio.sleep(0.5)
+    silence(db_path, "web-host")  # the poll's own sighting, moved back too
+    refused = await client.delete("/api/executors/web-host")
+    assert refused.status == 409 and "waits now" in (await refused.json())["error"]
+    assert (await waiting).status == 204
+    assert (await listed(client))["web-host"]["capabilities"] == ["web-test"]
+    assert (await (await client.get("/api/jobs/soaking")).json())["status"] == "queued"
+
+
 async def test_forgetting_an_executor_needs_the_dashboard_token_when_one_is_set(
-        collector_factory, monkeypatch):
+        collector_factory, monkeypatch, db_path):
     monkeypatch.setenv("FLEET_DASH_TOKEN", "operator-secret")
     client = await collector_factory(dash_token="operator-secret")
     await register(client, "old-mac")
+    silence(db_path, "old-mac")
     assert (await client.delete("/api/executors/old-mac")).status == 401
     assert "old-mac" in await listed(client)
     resp = await client.delete("/api/executors/old-mac",

@@ -117,9 +117,16 @@ def test_an_executor_that_is_gone_is_forgotten_from_the_executors_screen(
                                              params={"app_id": "com.example"},
                                              targets={"executor": "lab"}))[0] == 201
         assert proc.client.get("/executor/next-job?name=lab")[0] == 200
+        for name in ("old-mac", "lab"):  # both silent for ten minutes: offline
+            age_rows(proc.data_dir / "fleet.sqlite3", "UPDATE executors SET first_seen = "
+                     "first_seen - 600, last_poll = last_poll - 600, registered_at = "
+                     "registered_at - 600 WHERE name = ?", (name,))
+        assert proc.client.post("/executors/register", {"name": "live"})[0] == 200
         page = open_page(proc.url + "/dash/executors", wait="#executor-lab")
-        # One running a job offers no Forget; asked, the other asks again before it acts.
+        # One running a job, or one heard from lately, offers no Forget; asked, the other asks
+        # again before it acts.
         assert page.locator("#executor-lab button").count() == 0
+        assert page.locator("#executor-live button").count() == 0
         page.click("#executor-old-mac button:text-is('Forget')")
         page.wait_for_selector("#executor-old-mac >> text=Its jobs are kept")
         shot(page, "dash-executor-forget")
@@ -127,7 +134,7 @@ def test_an_executor_that_is_gone_is_forgotten_from_the_executors_screen(
         page.wait_for_selector("#executor-old-mac", state="detached")
         page.wait_for_selector("text=Forgot old-mac.")
         names = [e["name"] for e in proc.client.get("/api/executors")[1]["executors"]]
-        assert names == ["lab"]
+        assert names == ["lab", "live"]
         assert page.watch.errors == []
     finally:
         proc.stop()

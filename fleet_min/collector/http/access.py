@@ -68,7 +68,8 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
             wanted = BODY_TYPES.get(template or "", origin.JSON_TYPE)
             origin.check_request(method, headers, "collector", guard.CROSS_SITE, wanted)
             if template in BODY_TYPES and "Content-Encoding" in headers:
-                _check_plain_bytes(headers["Content-Encoding"])
+                # Every value: aiohttp's parser inflates by the last of several lines.
+                _check_plain_bytes(headers.getall("Content-Encoding"))
             guard.check(method, template, request.path, headers, token)
         elif origin.from_a_page(headers) and (
                 (method in ("GET", "HEAD") and request.path.startswith("/api/")
@@ -84,14 +85,16 @@ def request_check(config: CollectorConfig, gate: origin.HostGate) -> RequestChec
     return boundary_and_guard
 
 
-def _check_plain_bytes(encoding: str) -> None:
+def _check_plain_bytes(encodings: list[str]) -> None:
     """An upload or a mirror frame is stored or relayed as the bytes that arrive, so it comes
     without a Content-Encoding: inflated on the way in, one gzip megabyte stored a gigabyte
-    (the artifact cap counts what is stored), and the inflating ran on the event loop."""
-    if encoding.strip().lower() not in ("", "identity"):
+    (the artifact cap counts what is stored), and the inflating ran on the event loop. Each
+    coding of each Content-Encoding line must be identity."""
+    said = ", ".join(encodings)
+    if any(coding.strip().lower() not in ("", "identity") for coding in said.split(",")):
         raise UnsupportedMediaType(
             f"send the bytes as they are: this route takes no Content-Encoding "
-            f"({encoding[:40]!r}); compress the file itself if it should be stored compressed")
+            f"({said[:40]!r}); compress the file itself if it should be stored compressed")
 
 
 def mesh_middleware(gate: mesh.MeshGate) -> Middleware:

@@ -332,7 +332,9 @@ async def api_results(request: web.Request) -> web.Response:
 
 async def api_delete_executor(request: web.Request) -> web.Response:
     name = executors.check_name(request.match_info["name"])
-    await service_of(request).transact(executors.forget, name)
+    service = service_of(request)
+    polling = name in service.dispatcher.waiting_for(Executor.HOST)
+    await service.transact(executors.forget, name, polling, now())
     return json_response({"ok": True, "name": name, "forgotten": True})
 
 

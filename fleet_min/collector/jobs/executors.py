@@ -152,18 +152,32 @@ def register(conn: sqlite3.Connection, reg: Registration, now: float, effects: E
     return {"ok": True, "name": reg.name, "capabilities": capabilities_now, "slots": slots}
 
 
-def forget(conn: sqlite3.Connection, name: str, effects: Effects) -> None:
+def forget(conn: sqlite3.Connection, name: str, polling: bool, now: float,
+           effects: Effects) -> None:
     """Forget an executor the operator knows is gone: its row, so listings and host fan-outs
-    no longer name it. One holding a claimed job is refused: the job is running there. Its
-    jobs and results stay, and so does a mesh node's hold on the name (authority's
-    executor_nodes), so forgetting does not hand the name to another node."""
-    if conn.execute("SELECT 1 FROM executors WHERE name = ?", (name,)).fetchone() is None:
+    no longer name it. Its jobs and results stay, and so does a mesh node's hold on the name
+    (authority's executor_nodes), so forgetting does not hand the name to another node.
+
+    Only an executor that is offline may go (silent OFFLINE_AFTER_S, no poll waiting, holding
+    no claimed job): a live one's next poll would be a new name's, with no declared
+    capabilities, offered every host job until its agent registers again."""
+    row = conn.execute("SELECT first_seen, last_poll, registered_at FROM executors "
+                       "WHERE name = ?", (name,)).fetchone()
+    if row is None:
         raise NotFound(f"no host executor {name[:80]!r}")
     held = conn.execute("SELECT job_id FROM jobs WHERE status = 'claimed' AND executor = ? "
                         "AND claimed_by = ? LIMIT 1", (Executor.HOST, name)).fetchone()
     if held is not None:
         raise Conflict(f"host executor {name[:80]!r} holds job {held[0]}, which is running "
                        "there; cancel that job or wait until it ends, then forget the executor")
+    silent_s = now - last_seen(row)
+    if polling or silent_s < OFFLINE_AFTER_S:
+        waits = " and a poll of its waits now" if polling else ""
+        raise Conflict(f"host executor {name[:80]!r} is not gone: it was heard "
+                       f"{max(0, round(silent_s))} s ago{waits}; "
+                       "stop its agent, then forget it once it has been silent "
+                       f"{OFFLINE_AFTER_S / 60:g} minutes (a live executor forgotten would "
+                       "poll on as a new name, offered every host job)")
     conn.execute("DELETE FROM executors WHERE name = ?", (name,))
     effects.emit("executor", name=name, forgotten=True)
 

@@ -1,5 +1,6 @@
 // Executors: the host executors this collector knows (registered or polling), with what each
-// declared, the devices attached to it and the jobs it holds; one that is gone can be forgotten.
+// declared, the devices attached to it and the jobs it holds; one that is gone (offline, holding
+// no job) can be forgotten: a live one would poll on as a new name, offered every host job.
 import { html, useState } from "../lib/core.js";
 import { get, del, seg } from "../lib/api.js";
 import { useResource, useTick, useAction } from "../lib/hooks.js";
@@ -45,7 +46,7 @@ export function Executors({ query }) {
             <${JobLink} id=${j.job_id} /> <span class="muted">${j.workload}</span></li>`)}</ul>` : html`<span class="muted">none</span>`}</td>
           <td>${x.slots}</td>
           <td><${Ago} iso=${x.last_seen} /></td>
-          <td>${x.jobs.length ? null : html`<${ConfirmButton} small label="Forget"
+          <td>${x.status !== "offline" || x.jobs.length ? null : html`<${ConfirmButton} small label="Forget"
             question=${`Forget ${x.name}? Its jobs are kept; it reappears if it polls again.`}
             confirmLabel="Forget" onConfirm=${() => forget(x.name)} />`}</td></tr>`)} />`;
     }}<//>
