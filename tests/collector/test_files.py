@@ -136,6 +136,26 @@ def test_a_collector_id_file_that_holds_no_id_is_refused_and_kept(tmp_path: Path
     assert (data / "collector-id").read_bytes() == held
 
 
+@pytest.mark.parametrize("kind, words", [("fifo", "is not a regular file"),
+                                         ("huge", "is larger than 802 bytes")])
+def test_a_collector_id_that_is_a_fifo_or_huge_is_refused_without_reading_it(
+        tmp_path: Path, kind: str, words: str) -> None:
+    """The id is read from a regular file only, and at most as many bytes as an id can hold: a
+    FIFO in its place does not block the start, a gigabyte (sparse) does not fill memory."""
+    data = tmp_path / "data"
+    data.mkdir(mode=0o750)
+    held = data / "collector-id"
+    if kind == "fifo":
+        os.mkfifo(held, 0o640)
+    else:
+        with open(held, "wb") as handle:
+            handle.truncate(1 << 30)
+    sentence = start_refused(data)
+    assert "does not hold a collector id" in sentence and words in sentence, sentence
+    assert stat.S_ISFIFO(held.lstat().st_mode) if kind == "fifo" else \
+        held.stat().st_size == 1 << 30
+
+
 @pytest.mark.parametrize("name, dangling", [
     ("collector.lock", False),  # truncated and written with the pid
     ("collector-id", False),  # read as the id /api/health shows anyone
