@@ -25,7 +25,7 @@ from fleet_min import filemodes, jsonio
 from fleet_min.collector.jobs import queue, sightings
 from fleet_min.collector.jobs.dispatch import Dispatcher, Handouts
 from fleet_min.collector.jobs.effects import Effects
-from fleet_min.collector.storage import identity
+from fleet_min.collector.storage import identity, restore
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Database, Periodic, StorageError
@@ -114,6 +114,11 @@ class Service:
         filemodes.private_dir(self.data_dir, filemodes.COLLECTOR_DIR)
         filemodes.tighten_children(self.data_dir, filemodes.COLLECTOR_DIR,
                                    filemodes.COLLECTOR_FILE)
+        # Before anything is made: a new id or an empty database on a half-restored directory
+        # would hide the data the interrupted restore had moved aside.
+        for problem in (restore.interrupted(self.data_dir), restore.orphan_log(self.data_dir)):
+            if problem:
+                raise StorageError(problem)
         try:
             self.collector_id = identity.stable_id(self.data_dir)
         except ValueError as exc:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import shutil
+import signal
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -18,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.collector import ROOT, CollectorProcess, HttpClient
+from tests.support.collector import ROOT, CollectorProcess, HttpClient, running_collector
 from tests.support.faults import (
     LeanAgent,
     Ledger,
@@ -28,14 +32,36 @@ from tests.support.faults import (
     read_db,
     upload,
 )
+from tests.support.life import HANG_S
 
 pytestmark = pytest.mark.slow
 
 
-def fleet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "fleet_min", "collector", *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+def child(*argv: str, env: dict[str, str] | None = None, timeout: float = 120
+          ) -> subprocess.CompletedProcess[str]:
+    """A child process run from the repository; `timeout` is a hang detector. Its address
+    space is capped at 1 GiB: a restore that reads a hostile file whole fails with MemoryError
+    instead of taking the machine's memory."""
+    def cap_memory() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                          preexec_fn=cap_memory)
+
+
+def fleet(*args: str, env: dict[str, str] | None = None, timeout: float = 120
+          ) -> subprocess.CompletedProcess[str]:
+    return child(sys.executable, "-m", "fleet_min", "collector", *args, env=env,
+                 timeout=timeout)
+
+
+def start_refused(data: Path) -> str:
+    """A collector start on data that must end at once (rc 1) with a sentence on stderr."""
+    result = child(sys.executable, "-m", "fleet_min", "collector", "--bind", "127.0.0.1",
+                   "--port", "0", "--data", str(data), timeout=HANG_S)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    return result.stderr
 
 
 def consistent(db: Path) -> list[str]:
@@ -284,15 +310,30 @@ def test_a_damaged_backup_is_refused_in_one_line_and_changes_nothing(
     assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
                  ).returncode == 0
     damage(backup_dir, how)
-    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
-    fresh = tmp_path / "fresh"
+    refused_unchanged(backup_dir, data, tmp_path / "fresh", words)
+
+
+def files_of(data: Path) -> dict[Path, bytes]:
+    """Every file under data with its bytes; the lock file only names its last holder."""
+    return {p: p.read_bytes() for p in data.rglob("*") if p.is_file()
+            and p.name != "collector.lock"}
+
+
+def refused_unchanged(backup_dir: Path, data: Path, fresh: Path, words: str,
+                      timeout: float = 120) -> None:
+    """A restore of backup_dir into a new directory and over data (--force) is refused in one
+    line saying `words`, without a traceback, leaving no new directory and data as it was."""
+    before, names = files_of(data), sorted(p.name for p in data.iterdir())
     for target, force in ((fresh, ()), (data, ("--force",))):
-        result = fleet("restore", str(backup_dir), "--data", str(target), *force)
+        result = fleet("restore", str(backup_dir), "--data", str(target), *force,
+                       timeout=timeout)
         assert result.returncode == 1, result.stdout
-        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+        assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, \
+            result.stderr
         assert words in result.stderr, result.stderr
     assert not fresh.exists()
-    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
+    assert files_of(data) == before
+    assert sorted(p.name for p in data.iterdir()) == names
 
 
 def test_backup_and_restore_take_a_path_a_uri_would_misread(tmp_path: Path) -> None:
@@ -313,3 +354,205 @@ def test_backup_and_restore_take_a_path_a_uri_would_misread(tmp_path: Path) -> N
         assert proc.client.get("/api/jobs/x")[0] == 200
     finally:
         proc.stop()
+
+
+# -- a restore interrupted at any step, a backup changed while it is read, hostile backups ------
+
+# `python -c KILL_AT N ARGS...`: run fleet-min with ARGS and SIGKILL it just before its Nth
+# os.replace (every step of a restore that moves or installs a file is one).
+KILL_AT = """
+import os, signal, sys
+n, calls, real = int(sys.argv[1]), [0], os.replace
+def replace(*args, **kw):
+    calls[0] += 1
+    if calls[0] == n:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real(*args, **kw)
+os.replace = replace
+from fleet_min.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+# `python -c SWAP_AFTER_OPEN BACKUP PAYLOAD ARGS...`: run fleet-min with ARGS; the first time it
+# opens an SQLite database, PAYLOAD is renamed over BACKUP/fleet.sqlite3 (what someone who can
+# write the backup could do between restore's check and its install).
+SWAP_AFTER_OPEN = """
+import os, sqlite3, sys
+backup, payload, real = sys.argv[1], sys.argv[2], sqlite3.connect
+def connect(*args, **kw):
+    conn = real(*args, **kw)
+    if os.path.exists(payload):
+        os.replace(payload, os.path.join(backup, "fleet.sqlite3"))
+    return conn
+sqlite3.connect = connect
+from fleet_min.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def jobs_in(folder: Path, scratch: Path) -> list[str] | None:
+    """The job ids of the database in folder (with its -wal), read from a copy so that reading
+    changes nothing there; None when folder holds no database."""
+    if not (folder / "fleet.sqlite3").exists():
+        return None
+    shutil.rmtree(scratch, ignore_errors=True)
+    scratch.mkdir()
+    for name in ("fleet.sqlite3", "fleet.sqlite3-wal"):
+        if (folder / name).exists():
+            shutil.copyfile(folder / name, scratch / name)
+    conn = sqlite3.connect(scratch / "fleet.sqlite3")
+    try:
+        return [row[0] for row in conn.execute("SELECT job_id FROM jobs ORDER BY job_id")]
+    finally:
+        conn.close()
+
+
+def crashed_collector(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A data directory whose collector took jobs and was killed (-9): the jobs are in the
+    database's write-ahead log, not yet in the database file."""
+    data = tmp_path / "live"
+    proc = CollectorProcess(data).start()
+    ids = [f"live{i}" for i in range(7)]
+    try:
+        for job_id in ids:
+            assert proc.client.post("/jobs", {"schema": 1, "job_id": job_id,
+                                              "workload": "benchmark", "executor": "device",
+                                              "backend": "synthetic"})[0] == 201
+    finally:
+        proc.kill9()
+    assert (data / "fleet.sqlite3-wal").stat().st_size > 0
+    return data, ids
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "collector.lock"}
+
+
+@pytest.mark.timeout(900)
+def test_a_restore_killed_at_any_step_loses_nothing_and_blocks_the_start(
+        tmp_path: Path) -> None:
+    """`restore --force` over a crashed collector's data, killed (-9) before each step that
+    moves or installs a file: a collector start on what it left is refused with a sentence
+    (nothing made, nothing changed), and the restore run again finishes, with the previous
+    database and id kept, readable, in one pre-restore folder."""
+    src, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(src), "--with-artifacts"
+                 ).returncode == 0
+    backup_id = (backup_dir / "collector-id").read_text().strip()
+    live, ids = crashed_collector(tmp_path)
+    live_id = (live / "collector-id").read_text().strip()
+    refused_starts = 0
+    for n in range(1, 20):
+        data = tmp_path / f"killed-{n}"
+        shutil.copytree(live, data, symlinks=True)
+        killed = child(sys.executable, "-c", KILL_AT, str(n), "collector", "restore",
+                       str(backup_dir), "--data", str(data), "--force")
+        if killed.returncode == 0:
+            break
+        assert killed.returncode == -signal.SIGKILL, killed.stderr
+        if (data / "restore-in-progress").exists():
+            if refused_starts < 2:
+                left = tree(data)
+                sentence = start_refused(data)
+                assert "was interrupted" in sentence and "run the restore again" in sentence
+                assert tree(data) == left, sentence
+                refused_starts += 1
+        else:  # killed before the marker: nothing was moved
+            assert jobs_in(data, tmp_path / "probe") == ids
+        again = fleet("restore", str(backup_dir), "--data", str(data), "--force")
+        assert again.returncode == 0, (n, again.stderr)
+        aside = [p for p in data.iterdir() if p.name.startswith("pre-restore-")]
+        assert len(aside) == 1, (n, aside)
+        assert jobs_in(aside[0], tmp_path / "probe") == ids, n
+        assert (aside[0] / "collector-id").read_text().strip() == live_id
+        assert jobs_in(data, tmp_path / "probe") == ["x"], n
+        assert (data / "collector-id").read_text().strip() == backup_id
+        assert not (data / "restore-in-progress").exists() and not (data / "restore-work").exists()
+    else:
+        pytest.fail("the restore never ran to its end")
+    assert n > 3 and refused_starts == 2, (n, refused_starts)
+    with running_collector(data) as proc:
+        assert proc.client.get("/api/health")[1]["collector"] == backup_id
+        assert proc.client.get("/api/jobs/x")[0] == 200
+
+
+def test_a_backup_database_swapped_after_restore_opened_it_is_not_installed(
+        tmp_path: Path) -> None:
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    checked = (backup_dir / "fleet.sqlite3").read_bytes()
+    payload = tmp_path / "payload"
+    payload.write_bytes(b"this is not a database, it is whatever the attacker wants\n")
+    target = tmp_path / "restored"
+    result = child(sys.executable, "-c", SWAP_AFTER_OPEN, str(backup_dir), str(payload),
+                   "collector", "restore", str(backup_dir), "--data", str(target))
+    assert result.returncode == 0, result.stderr
+    assert not payload.exists()  # the swap happened
+    assert (target / "fleet.sqlite3").read_bytes() == checked
+
+
+def hostile(backup_dir: Path, how: str) -> None:
+    db = backup_dir / "fleet.sqlite3"
+    if how in ("fifo id", "fifo manifest"):
+        name = "collector-id" if how == "fifo id" else "manifest.json"
+        (backup_dir / name).unlink()
+        os.mkfifo(backup_dir / name)
+    elif how in ("huge id", "huge manifest"):
+        with open(backup_dir / ("collector-id" if how == "huge id" else "manifest.json"),
+                  "r+b") as handle:
+            handle.truncate(1 << 30)  # sparse: a gigabyte read, no disk used
+    elif how.startswith("/dev/zero as "):
+        name = how.removeprefix("/dev/zero as ")
+        (backup_dir / name).unlink()
+        (backup_dir / name).symlink_to("/dev/zero")
+    else:
+        conn = sqlite3.connect(db, isolation_level=None)
+        try:
+            if how == "recursive view":
+                conn.execute("ALTER TABLE jobs RENAME TO jobs_old")
+                conn.execute("CREATE VIEW jobs AS WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+                             "SELECT x + 1 FROM c) SELECT x FROM c")
+            elif how == "no jobs table":
+                conn.execute("DROP TABLE jobs")
+            elif how == "a trigger":
+                conn.execute("CREATE TRIGGER t AFTER INSERT ON jobs BEGIN DELETE FROM devices; "
+                             "END")
+            elif how == "a column missing":
+                conn.execute("ALTER TABLE devices DROP COLUMN notes")
+        finally:
+            conn.close()
+    if how == "wrong counts":
+        manifest = json.loads((backup_dir / "manifest.json").read_text())
+        manifest["counts"]["jobs"] = 5
+        (backup_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("how, words", [
+    ("fifo id", "is not a regular file"),
+    ("fifo manifest", "is not a regular file"),
+    ("huge id", "is larger than 802 bytes"),
+    ("huge manifest", "larger than such a file can be"),
+    ("/dev/zero as collector-id", "is a symbolic link"),
+    ("/dev/zero as manifest.json", "is a symbolic link"),
+    ("/dev/zero as fleet.sqlite3", "is a symbolic link"),
+    ("recursive view", "defines a view ('jobs'"),
+    ("a trigger", "defines a trigger ('t' on 'jobs')"),
+    ("no jobs table", "has no table 'jobs', which schema version"),
+    ("a column missing", "table 'devices' does not have the columns"),
+    ("wrong counts", "says 5 jobs, but the database holds 1"),
+])
+def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
+        tmp_path: Path, how: str, words: str) -> None:
+    """Whatever a backup's files are (a FIFO, a sparse gigabyte, a link to /dev/zero, a database
+    whose `jobs` is an endless view, that lacks a table or a column, has a trigger, or does not
+    hold what its manifest counts), restore refuses in one sentence, within the hang detector
+    and the child's 1 GiB of address space, and the data directory stays as it was."""
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    hostile(backup_dir, how)
+    refused_unchanged(backup_dir, data, tmp_path / "fresh", words, timeout=2 * HANG_S)

@@ -17,27 +17,20 @@ was interrupted never looks finished. A backup holds what the data directory hol
 the data directory's modes (fleet_min.filemodes: directories 0750, files 0640), whatever the
 umask.
 
-Restore refuses to touch a data directory in use. It takes the directory's lock, the one a
-running collector holds for its whole life (fleet_min.dirlock), and keeps it until it is done,
-so a collector cannot start half-way through either. It also asks the operating system whether
-anything else has the database open: every connection to a WAL database holds a shared lock on
-the "dead man switch" byte of its `-shm` file for as long as it is open, so a sqlite3 shell, or
-a collector older than the lock, is seen too. An existing database is moved aside into
+Restore (restore.py) refuses to touch a data directory in use. It takes the directory's lock,
+the one a running collector holds for its whole life (fleet_min.dirlock), and keeps it until it
+is done, so a collector cannot start half-way through either. It also asks the operating system
+whether anything else has the database open: every connection to a WAL database holds a shared
+lock on the "dead man switch" byte of its `-shm` file for as long as it is open, so a sqlite3
+shell, or a collector older than the lock, is seen too (database_in_use). It checks a copy of
+the backup (backup_check.py) and installs that copy; an existing database is moved aside into
 `DIR/pre-restore-<time>/`, never deleted, and only with --force.
-
-Everything about the backup is checked before the data directory is touched (the manifest's
-every field, the database, the collector id), so a damaged backup changes nothing. The data
-directory is made private as the collector makes it (refused when another user owns it), and a
-symbolic link where restore would write (the database, its -wal and -shm, the collector id, an
-artifact or its folder) is refused before anything is written: every file is written under a
-new name with mode 0640 and renamed into place, never opened through a link.
 
 Backup takes no lock: it is an online backup, meant to run beside the live collector.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
@@ -52,14 +45,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleet_min import dirlock, filemodes
-from fleet_min.collector.storage import identity
+from fleet_min import filemodes
+from fleet_min.collector.storage import backup_check, identity
 from fleet_min.collector.storage.identity import ID_NAME
 from fleet_min.timeutil import iso
 
 DB_NAME = "fleet.sqlite3"
 MANIFEST = "manifest.json"
 FORMAT = 1
+# About 120 bytes a listed artifact: room for a quarter of a million.
+MANIFEST_CAP = 32 << 20
 _CHUNK = 1 << 20
 # Byte 128 of the -shm file: SQLite's unix VFS keeps a shared lock there per open connection
 # (UNIX_SHM_DMS = (22 + SQLITE_SHM_NLOCK) * 4 + SQLITE_SHM_NLOCK, with SQLITE_SHM_NLOCK = 8).
@@ -79,6 +74,7 @@ class Report:
     artifacts_bytes: int = 0
     artifacts_missing: list[str] = field(default_factory=list)
     moved_aside: str | None = None
+    undone: str | None = None  # the folder an interrupted restore's files came back from
     schema_version: int = 0
     seconds: float = 0.0
 
@@ -112,7 +108,7 @@ def database_in_use(db_path: Path) -> bool:
         os.close(fd)
 
 
-def _fsync_path(path: Path, directory: bool = False) -> None:
+def fsync_path(path: Path, directory: bool = False) -> None:
     fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
     try:
         os.fsync(fd)
@@ -144,17 +140,6 @@ def _copy_hashed(src: Path, dest: Path, expected: str) -> int:
     return size
 
 
-def _check_database(path: Path) -> tuple[int, dict[str, int]]:
-    """Integrity-check a database file; its schema version and row counts."""
-    if not path.is_file():
-        raise BackupError(f"{path} is missing (or not a file); the backup is damaged")
-    try:
-        return _checked(path)
-    except sqlite3.Error as exc:
-        raise BackupError(f"{path} is not a readable SQLite database ({exc}); the backup is "
-                          "damaged") from None
-
-
 def read_only(path: Path) -> sqlite3.Connection:
     """A read-only connection to the database at `path`. The URI is built by pathlib, which
     percent-encodes what a URI would read otherwise: a `?` or `#` in a folder's name began
@@ -162,34 +147,7 @@ def read_only(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=30)
 
 
-def _checked(path: Path) -> tuple[int, dict[str, int]]:
-    conn = read_only(path)
-    try:
-        verdict = [row[0] for row in conn.execute("PRAGMA integrity_check")]
-        if verdict != ["ok"]:
-            raise BackupError(f"{path} fails SQLite's integrity check: {'; '.join(verdict[:3])}")
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        counts = {}
-        for table in ("jobs", "results", "devices", "artifacts", "schedules"):
-            with contextlib.suppress(sqlite3.OperationalError):
-                counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
-        return int(version), counts
-    finally:
-        conn.close()
-
-
-def _artifact_rows(db_path: Path) -> list[tuple[str, int]]:
-    conn = read_only(db_path)
-    try:
-        return [(row[0], int(row[1])) for row in
-                conn.execute("SELECT sha256, size FROM artifacts ORDER BY sha256")]
-    except sqlite3.OperationalError:
-        return []
-    finally:
-        conn.close()
-
-
-def _artifact_file(root: Path, sha256: str) -> Path:
+def artifact_file(root: Path, sha256: str) -> Path:
     if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
         raise BackupError(f"the artifact index names {sha256[:80]!r}, which is not a SHA-256")
     return root / sha256[:2] / sha256
@@ -202,6 +160,9 @@ def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
     """Write a consistent backup of data_dir's collector into the new directory dest."""
     started = time.monotonic()
     source = data_dir / DB_NAME
+    if os.path.lexists(data_dir / "restore-in-progress"):
+        raise BackupError(f"a restore into {data_dir} was interrupted; finish it (run the "
+                          "restore again) before taking a backup of it")
     if not source.is_file():
         raise BackupError(f"there is no collector database at {source}; pass the collector's "
                           "data directory with --data")
@@ -215,7 +176,7 @@ def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
         if dest.exists():
             dest.rmdir()
         os.replace(work, dest)
-        _fsync_path(dest.parent, directory=True)
+        fsync_path(dest.parent, directory=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -248,13 +209,17 @@ def _snapshot(source: Path, target: Path) -> None:
     finally:
         writer.close()
         reader.close()
-    _fsync_path(target)
+    fsync_path(target)
 
 
 def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Report:
     copy = work / DB_NAME
     _snapshot(source, copy)
-    version, counts = _check_database(copy)
+    try:
+        checked = backup_check.check_database(copy, known_schema_version())
+    except backup_check.Refused as exc:
+        raise BackupError(f"{exc} (copied from {source})") from None
+    version, counts = checked.version, checked.counts
     report = Report(path=str(work), counts=counts, schema_version=version)
     try:
         collector_id = identity.read_id(data_dir / ID_NAME)
@@ -263,14 +228,14 @@ def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Rep
     if collector_id:
         filemodes.write_new(work / ID_NAME, (collector_id + "\n").encode(),
                             filemodes.COLLECTOR_FILE)
-    rows = _artifact_rows(copy)
+    rows = checked.artifacts
     included: list[dict[str, Any]] = []
     for sha256, size in rows:
         entry: dict[str, Any] = {"sha256": sha256, "size": size}
         if with_artifacts:
-            src = _artifact_file(data_dir / "artifacts", sha256)
+            src = artifact_file(data_dir / "artifacts", sha256)
             try:
-                report.artifacts_bytes += _copy_hashed(src, _artifact_file(work / "artifacts",
+                report.artifacts_bytes += _copy_hashed(src, artifact_file(work / "artifacts",
                                                                            sha256), sha256)
                 report.artifacts_copied += 1
                 entry["included"] = True
@@ -288,8 +253,8 @@ def _fill(data_dir: Path, source: Path, work: Path, with_artifacts: bool) -> Rep
                         (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode(),
                         filemodes.COLLECTOR_FILE)
     for path in _walk(work):
-        _fsync_path(path)
-    _fsync_path(work, directory=True)
+        fsync_path(path)
+    fsync_path(work, directory=True)
     return report
 
 
@@ -299,14 +264,17 @@ def _walk(root: Path) -> Iterator[Path]:
             yield path
 
 
-# -- restore --------------------------------------------------------------------------------
+# -- what restore reads first (the rest: restore.py, backup_check.py) ----------------------
 
 
 def read_manifest(src: Path) -> dict[str, Any]:
+    """The manifest, read from a regular file of at most MANIFEST_CAP bytes."""
     try:
-        manifest = json.loads((src / MANIFEST).read_text())
+        manifest = json.loads(backup_check.read_small(src / MANIFEST, MANIFEST_CAP))
     except FileNotFoundError:
         raise BackupError(f"{src} is not a fleet-min collector backup (no {MANIFEST})") from None
+    except backup_check.Refused as exc:
+        raise BackupError(str(exc)) from None
     except (ValueError, UnicodeDecodeError):
         raise BackupError(f"{src / MANIFEST} is not valid JSON; the backup is damaged") from None
     if not isinstance(manifest, dict) or type(manifest.get("format")) is not int \
@@ -357,136 +325,24 @@ def manifest_artifacts(src: Path, manifest: dict[str, Any]) -> list[tuple[str, b
     return listed
 
 
-def _backup_id(src: Path) -> str | None:
+def backup_id(src: Path) -> str | None:
     """The collector id the backup holds (None when it holds none), checked to be one line of
     text: it is written into the data directory and shown by /api/health as it is."""
     path = src / ID_NAME
-    if not path.exists():
+    if not os.path.lexists(path):
         return None
+    why = ""
     try:
         text = identity.read_id(path)
-    except (OSError, ValueError):
-        text = None
+    except identity.NotAnId as exc:
+        text, why = None, exc.why and f"; {exc.why}"
+    except OSError as exc:
+        text, why = None, f"; it cannot be read: {exc.strerror}"
     if text is None:
-        raise BackupError(f"{path} is not a collector id (one short line of text); the backup "
-                          "is damaged")
+        raise BackupError(f"{path} is not a collector id (one short line of text{why}); the "
+                          "backup is damaged")
     return text
 
-
-@dataclass
-class _Checked:
-    """What restore learnt from the backup before touching the data directory."""
-    version: int
-    counts: dict[str, int]
-    collector_id: str | None
-    artifacts: list[tuple[str, bool]]
-
-
-def check_backup(src: Path) -> _Checked:
-    """The whole backup checked: manifest, database, collector id. BackupError when damaged."""
-    manifest = read_manifest(src)
-    artifacts = manifest_artifacts(src, manifest)
-    version, counts = _check_database(src / DB_NAME)
-    if version > known_schema_version():
-        raise BackupError(f"the backup is at schema version {version}, newer than this program "
-                          f"knows ({known_schema_version()}); restore it with a newer fleet-min")
-    return _Checked(version, counts, _backup_id(src), artifacts)
-
-
-def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
-    """Put the backup in src into data_dir; refuses while a collector runs on it.
-
-    The data directory's lock (the one a running collector holds) is held for the whole
-    restore, so a collector started meanwhile refuses to start instead of opening a database
-    that is being replaced.
-    """
-    started = time.monotonic()
-    checked = check_backup(src)
-    try:
-        lock = dirlock.hold(data_dir, "collector restore", mode=filemodes.COLLECTOR_DIR)
-    except dirlock.DirectoryInUse as exc:
-        raise BackupError(f"{exc}; stop it first") from None
-    try:
-        return _restore_into(src, data_dir, force, checked, started)
-    finally:
-        lock.release()
-
-
-def _refuse_links(data_dir: Path, checked: _Checked) -> None:
-    """NotPrivate, before anything is written, for a link where restore would write: the
-    collector's files at the top (filemodes.tighten_children refuses them, as the collector
-    does at start), the artifact store when it is not this user's private folder, a shard or an
-    artifact file."""
-    filemodes.tighten_children(data_dir, filemodes.COLLECTOR_DIR, filemodes.COLLECTOR_FILE)
-    store = data_dir / "artifacts"
-    if not checked.artifacts:
-        return
-    if os.path.lexists(store):
-        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
-    for sha256, _ in checked.artifacts:
-        filemodes.refuse_link(store / sha256[:2])
-        filemodes.refuse_link(store / sha256[:2] / sha256)
-
-
-def _restore_into(src: Path, data_dir: Path, force: bool, checked: _Checked,
-                  started: float) -> Report:
-    target = data_dir / DB_NAME
-    _refuse_links(data_dir, checked)
-    if database_in_use(target):
-        raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "
-                          "stop the collector first")
-    report = Report(path=str(data_dir), counts=checked.counts, schema_version=checked.version)
-    if target.exists():
-        if not force:
-            raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
-                              "aside (into pre-restore-<time>/) and restore over it")
-        report.moved_aside = str(_move_aside(data_dir))
-    _place_database(src / DB_NAME, target)
-    if checked.collector_id is not None:
-        _place(data_dir / ID_NAME, (checked.collector_id + "\n").encode())
-    store = data_dir / "artifacts"
-    if checked.artifacts:
-        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
-    for sha256, included in checked.artifacts:
-        dest = _artifact_file(store, sha256)
-        packed = _artifact_file(src / "artifacts", sha256)
-        if included and packed.exists() and not os.path.lexists(dest):
-            report.artifacts_bytes += _copy_hashed(packed, dest, sha256)
-            report.artifacts_copied += 1
-        if not dest.exists():
-            report.artifacts_missing.append(sha256)
-    _fsync_path(data_dir, directory=True)
-    report.seconds = round(time.monotonic() - started, 3)
-    return report
-
-
-def _move_aside(data_dir: Path) -> Path:
-    aside = data_dir / f"pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
-    aside.mkdir(mode=filemodes.COLLECTOR_DIR)
-    for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", ID_NAME):
-        if (data_dir / name).exists():
-            os.replace(data_dir / name, aside / name)
-    return aside
-
-
-def _place(target: Path, data: bytes) -> None:
-    """Write a new file with the collector's mode and rename it over `target` (a rename
-    replaces whatever is there, never writing through it)."""
-    part = target.with_name(target.name + ".restoring")
-    filemodes.write_new(part, data, filemodes.COLLECTOR_FILE)
-    os.replace(part, target)
-
-
-def _place_database(copy: Path, target: Path) -> None:
-    part = target.with_name(target.name + ".restoring")
-    with open(copy, "rb") as reader, \
-            os.fdopen(filemodes.open_new(part, filemodes.COLLECTOR_FILE), "wb") as writer:
-        shutil.copyfileobj(reader, writer, _CHUNK)
-        writer.flush()
-        os.fsync(writer.fileno())
-    for stale in (Path(str(target) + "-wal"), Path(str(target) + "-shm")):
-        stale.unlink(missing_ok=True)  # never let an old WAL replay onto the restored file
-    os.replace(part, target)
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -506,6 +362,8 @@ def _summary(verb: str, report: Report) -> str:
     if report.artifacts_copied:
         line += (f"; {report.artifacts_copied} artifact files "
                  f"({report.artifacts_bytes / 1048576:.1f} MiB)")
+    if report.undone:
+        line += f"; an interrupted restore was undone first (from {report.undone})"
     if report.moved_aside:
         line += f"; the previous database was moved to {report.moved_aside}"
     if report.artifacts_missing:
@@ -539,6 +397,8 @@ def main(command: str, argv: list[str]) -> int:
                             args.with_artifacts)
             print(_summary("backup written to", report))
         else:
+            from fleet_min.collector.storage.restore import restore
+
             report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force)
             print(_summary("restored into", report))
     except BackupError as exc:

@@ -1,0 +1,235 @@
+"""What is checked in a backup before restore changes anything, and how its files are read.
+
+A backup directory may come from anyone who could write to it (a USB stick, a network share), so
+nothing in it is trusted:
+
+- every file is opened once, with O_NOFOLLOW and O_NONBLOCK, and read only when it is a regular
+  file (a link to /dev/zero, a FIFO or a device is refused, never read or waited on), and at
+  most as many bytes as it may hold (the manifest, the collector id) or as its size said when it
+  was opened (the database, which is copied: never read into memory);
+- the database is checked on restore's own copy, the one it then installs: a file swapped in the
+  backup after the copy changes nothing;
+- the copy's schema is compared with the one the collector's own migrations make at the copy's
+  schema version before any query reads a table: every table is a table with the same columns,
+  every index is there, and there are no views or triggers (the collector makes none; a view in
+  a table's place could make a count run forever, a trigger would run on the collector's writes);
+- every statement on the copy runs under a time budget (a progress handler), and the manifest's
+  row counts must be the database's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import sqlite3
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fleet_min.db import migrate
+
+_CHUNK = 1 << 20
+COUNTED = ("jobs", "results", "devices", "artifacts", "schedules")
+# A second of checking per 2 MiB of database on top of two minutes: far beyond what a sound
+# database needs on a Raspberry Pi, a bound on what a hostile one can take.
+_BUDGET_S = 120.0
+_BUDGET_BYTES_PER_S = 2 << 20
+
+
+class Refused(ValueError):
+    """The backup cannot be restored; the message is a sentence for the operator."""
+
+
+def open_regular(path: Path) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at `path` and its stat; FileNotFoundError when there is
+    none, Refused for a link or anything but a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
+                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise Refused(f"{path} is a symbolic link; a backup holds only regular files, and "
+                          "none is read through a link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise Refused(f"{path} is not a regular file (a FIFO, a device or a folder); the backup "
+                      "is damaged")
+    return fd, st
+
+
+def read_small(path: Path, cap: int) -> bytes:
+    """The whole regular file at `path` when it holds at most `cap` bytes; Refused when larger
+    (at most cap + 1 bytes are read, whatever its size says)."""
+    fd, st = open_regular(path)
+    try:
+        if st.st_size > cap:
+            raise Refused(f"{path} is {st.st_size} bytes, larger than such a file can be "
+                          f"({cap} bytes); the backup is damaged")
+        data = bytearray()
+        while len(data) <= cap and (chunk := os.read(fd, min(_CHUNK, cap + 1 - len(data)))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise Refused(f"{path} is larger than such a file can be ({cap} bytes); the backup is "
+                      "damaged")
+    return bytes(data)
+
+
+def copy_regular(src: Path, dest_fd: int, limit: int | None = None,
+                 seen: Callable[[bytes], None] | None = None) -> int:
+    """Copy the regular file at `src` into the open descriptor `dest_fd`, fsynced; the bytes
+    copied. At most `limit` bytes (default: the size the file had when opened); Refused when
+    there are more (it grew, or it is not the size it should be). `seen` gets every chunk."""
+    fd, st = open_regular(src)
+    cap = st.st_size if limit is None else limit
+    copied = 0
+    try:
+        while chunk := os.read(fd, min(_CHUNK, cap + 1 - copied)):
+            copied += len(chunk)
+            if copied > cap:
+                raise Refused(f"{src} is longer than it should be ({cap} bytes) or grew while "
+                              "it was copied; the backup is damaged or being changed")
+            if seen is not None:
+                seen(chunk)
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(dest_fd, view):]
+        os.fsync(dest_fd)
+    finally:
+        os.close(fd)
+    return copied
+
+
+# -- the database ---------------------------------------------------------------------------
+
+
+@dataclass
+class Checked:
+    version: int
+    counts: dict[str, int]
+    artifacts: list[tuple[str, int]]  # the artifact index: (sha256, size), by hash
+
+
+def _budget(conn: sqlite3.Connection, size: int) -> float:
+    seconds = _BUDGET_S + size / _BUDGET_BYTES_PER_S
+    deadline = time.monotonic() + seconds
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    return seconds
+
+
+def expected_schema(version: int) -> dict[str, tuple[str, str, list[tuple[object, ...]]]]:
+    """What the collector's migrations make up to `version`: by name, (type, table, columns)."""
+    from fleet_min.collector.storage.schema import MIGRATIONS
+
+    fresh = sqlite3.connect(":memory:", isolation_level=None)
+    try:
+        migrate(fresh, MIGRATIONS[:version])
+        return _schema(fresh)
+    finally:
+        fresh.close()
+
+
+def _schema(conn: sqlite3.Connection) -> dict[str, tuple[str, str, list[tuple[object, ...]]]]:
+    found = {}
+    for kind, name, table in conn.execute("SELECT type, name, tbl_name FROM sqlite_master"):
+        columns = []
+        if kind == "table":
+            # name, declared type, NOT NULL, default, primary-key position
+            columns = [tuple(row[1:6]) for row in conn.execute(
+                "SELECT * FROM pragma_table_info(?)", (name,))]
+        found[name] = (kind, table, columns)
+    return found
+
+
+def _compare_schema(path: Path, conn: sqlite3.Connection, version: int) -> None:
+    want, have = expected_schema(version), _schema(conn)
+    for name, (kind, table, _) in have.items():
+        if kind in ("view", "trigger"):
+            raise Refused(f"{path} defines a {kind} ({name[:60]!r} on {table[:60]!r}), which a "
+                          "collector's database never holds; the backup is not one this "
+                          "program made")
+    for name, (kind, table, columns) in want.items():
+        if name not in have:
+            raise Refused(f"{path} has no {kind} {name!r}, which schema version {version} "
+                          "needs; the backup is damaged")
+        got_kind, got_table, got_columns = have[name]
+        if (got_kind, got_table) != (kind, table):
+            raise Refused(f"{path} has {name!r} as a {got_kind} on {got_table[:60]!r}, not the "
+                          f"{kind} on {table!r} that schema version {version} makes; the backup "
+                          "is damaged")
+        if got_columns != columns:
+            raise Refused(f"{path}'s table {name!r} does not have the columns schema version "
+                          f"{version} gives it; the backup is damaged")
+    extra = sorted(name for name in have if name not in want and not name.startswith("sqlite_"))
+    if extra:
+        raise Refused(f"{path} holds {len(extra)} tables or indexes the collector does not make "
+                      f"({', '.join(repr(name[:60]) for name in extra[:3])}); the backup is not "
+                      "one this program made")
+
+
+def check_database(path: Path, known: int) -> Checked:
+    """The database copy at `path` checked: schema version (at most `known`, the newest this
+    program knows), schema, integrity, row counts and artifact index. Refused when wrong."""
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5)
+    except sqlite3.Error as exc:
+        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+                      "damaged") from None
+    seconds = _budget(conn, path.stat().st_size)
+    try:
+        return _check(path, conn, known)
+    except sqlite3.OperationalError as exc:
+        if "interrupted" in str(exc):
+            raise Refused(f"checking {path} took longer than {seconds:.0f} s; the backup is "
+                          "damaged or hostile") from None
+        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+                      "damaged") from None
+    except sqlite3.Error as exc:
+        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+                      "damaged") from None
+    finally:
+        conn.close()
+
+
+def _check(path: Path, conn: sqlite3.Connection, known: int) -> Checked:
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > known:
+        raise Refused(f"the backup is at schema version {version}, newer than this program "
+                      f"knows ({known}); restore it with a newer fleet-min")
+    if version < 1:
+        raise Refused(f"{path} holds no collector schema (schema version 0); the backup is "
+                      "damaged")
+    _compare_schema(path, conn, version)
+    verdict = [row[0] for row in conn.execute("PRAGMA integrity_check")]
+    if verdict != ["ok"]:
+        raise Refused(f"{path} fails SQLite's integrity check: {'; '.join(verdict[:3])}")
+    # Only tables the schema check found to be the collector's (an old version has fewer).
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    counts = {table: int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+              for table in COUNTED if table in tables}
+    artifacts = [(str(row[0]), int(row[1])) for row in
+                 conn.execute("SELECT sha256, size FROM artifacts ORDER BY sha256")
+                 ] if "artifacts" in tables else []
+    return Checked(version, counts, artifacts)
+
+
+def compare_manifest(where: Path, manifest: dict[str, object], checked: Checked) -> None:
+    """Refused when the manifest's schema version or row counts are not the database's."""
+    version = manifest.get("schema_version")
+    if version is not None and version != checked.version:
+        raise Refused(f"{where} says schema version {version}, but the database is at "
+                      f"{checked.version}; the backup is damaged or was changed")
+    counts = manifest.get("counts") or {}
+    assert isinstance(counts, dict)  # checked by manifest_artifacts
+    for table, count in counts.items():
+        if table not in checked.counts:
+            raise Refused(f"{where} counts rows of {str(table)[:40]!r}, which the collector "
+                          "does not count; the backup is damaged")
+        if count != checked.counts[table]:
+            raise Refused(f"{where} says {count} {table}, but the database holds "
+                          f"{checked.counts[table]}; the backup is damaged or was changed")

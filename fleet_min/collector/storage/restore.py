@@ -1,0 +1,377 @@
+"""`fleet-min collector restore PATH --data DIR`: put a backup into a stopped collector's data
+directory, so that no interruption (Ctrl-C, `kill -9`, a power cut) can lose the data that was
+there, and no collector starts on a half-restored directory.
+
+Restore holds the data directory's lock (fleet_min.dirlock) from start to end, so a collector
+cannot start meanwhile, and refuses while anything has the database open. It then works in
+three phases:
+
+1. Stage. Everything restore will install is copied out of the backup into its own private
+   folder `DIR/restore-work/` and checked there (fleet_min.collector.storage.backup_check): the
+   database (schema, integrity, counts against the manifest), the collector id, each artifact
+   (hash and size). A backup that fails any check is refused with one sentence and `DIR` is as
+   it was. What is installed later is this checked copy, renamed: a file swapped in the backup
+   meanwhile is never read again.
+2. Fold. With --force over an existing database, its write-ahead log is checkpointed into it
+   (`PRAGMA wal_checkpoint(TRUNCATE)`; refused when that fails), so the database file alone
+   holds the data and the order of the moves below cannot strand it in a -wal.
+3. Commit. A marker `DIR/restore-in-progress` (fsynced, naming the backup and the folder the
+   previous data goes to) is written before the first move and removed after the last. Between
+   them the previous database, its -wal/-shm/-journal and collector id are moved into
+   `DIR/pre-restore-<time>/`, never deleted, then the staged files are renamed into place.
+
+A collector refuses to start while the marker is there (`interrupted`). Restore run again with
+the marker there first undoes the interrupted one (moves the previous files back from the
+folder the marker names; what the interrupted restore installed is replaced), then restores as
+asked: the previous data ends in a new pre-restore folder, readable, and nothing of it is lost.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleet_min import dirlock, filemodes
+from fleet_min.collector.storage import backup_check
+from fleet_min.collector.storage.backup import (
+    DB_NAME,
+    MANIFEST,
+    BackupError,
+    Report,
+    artifact_file,
+    backup_id,
+    database_in_use,
+    fsync_path,
+    known_schema_version,
+    manifest_artifacts,
+    read_manifest,
+)
+from fleet_min.collector.storage.backup_check import Refused
+from fleet_min.collector.storage.identity import ID_NAME
+from fleet_min.timeutil import iso
+
+MARKER = "restore-in-progress"
+WORK = "restore-work"
+# The previous collector's files, moved aside together (a hot -journal is a database's too).
+PREVIOUS = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal", ID_NAME)
+_ASIDE = re.compile(r"pre-restore-[0-9]{8}T[0-9]{6}Z(-[0-9]{1,4})?")
+_MARKER_CAP = 64 * 1024
+_SPARE = 64 << 20  # room left on the disk beyond what is staged
+
+
+# -- what a collector start asks ------------------------------------------------------------
+
+
+def interrupted(data_dir: Path) -> str | None:
+    """A sentence when a restore into data_dir was interrupted (its marker is there): a
+    collector must not start on a half-restored directory. None otherwise."""
+    if not os.path.lexists(data_dir / MARKER):
+        return None
+    try:
+        marker = _read_marker(data_dir)
+    except BackupError:
+        marker = {}
+    fix = (f"run the restore again (fleet-min collector restore "
+           f"{marker.get('backup') or 'BACKUP'} --data {data_dir} --force), which undoes the "
+           "interrupted one first")
+    if marker.get("aside"):
+        fix += (f", or put the files in {data_dir / marker['aside']} back into {data_dir} and "
+                f"remove {data_dir / MARKER}")
+    return (f"a restore into {data_dir} was interrupted ({MARKER} is there), so its database "
+            f"may be half-replaced; to finish, {fix}")
+
+
+def orphan_log(data_dir: Path) -> str | None:
+    """A sentence when data_dir holds a database's write-ahead log without the database: a
+    collector started there would make an empty database and the log's writes would be lost."""
+    wal = data_dir / (DB_NAME + "-wal")
+    with contextlib.suppress(OSError):
+        if not os.path.lexists(data_dir / DB_NAME) and wal.lstat().st_size > 0:
+            return (f"{data_dir} holds {wal.name} but no {DB_NAME}: the database's latest "
+                    f"writes are in that log and would be lost; put {DB_NAME} back beside it "
+                    "(from a pre-restore-<time>/ folder when a restore moved it), or move the "
+                    "log away to start empty")
+    return None
+
+
+# -- restore --------------------------------------------------------------------------------
+
+
+@dataclass
+class _Staged:
+    """What restore checked and copied into its work folder, ready to be renamed into place."""
+    checked: backup_check.Checked
+    database: Path
+    collector_id: Path | None
+    artifacts: list[tuple[str, Path]]  # (sha256, staged file)
+    listed: list[str]  # every artifact the manifest names
+
+
+def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
+    """Put the backup in src into data_dir; refuses while a collector runs on it."""
+    started = time.monotonic()
+    manifest = read_manifest(src)
+    listed = manifest_artifacts(src, manifest)
+    collector_id = backup_id(src)
+    made = not os.path.lexists(data_dir)
+    try:
+        lock = dirlock.hold(data_dir, "collector restore", mode=filemodes.COLLECTOR_DIR)
+    except dirlock.DirectoryInUse as exc:
+        raise BackupError(f"{exc}; stop it first") from None
+    done = False
+    try:
+        report = _restore_locked(src, data_dir, force, manifest, listed, collector_id)
+        done = True
+    except Refused as exc:
+        raise BackupError(str(exc)) from None
+    finally:
+        _clear(data_dir / WORK)
+        if made and not done:
+            _unmake(data_dir)
+        lock.release()
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, Any],
+                    listed: list[tuple[str, bool]], collector_id: str | None) -> Report:
+    target = data_dir / DB_NAME
+    _refuse_links(data_dir, listed)
+    if database_in_use(target):
+        raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "
+                          "stop the collector first")
+    marker = _read_marker(data_dir) if os.path.lexists(data_dir / MARKER) else None
+    staged = _stage(src, data_dir, manifest, listed, collector_id)
+    if not force and marker and marker["aside"]:
+        raise BackupError(f"an interrupted restore into {data_dir} had moved its data into "
+                          f"{marker['aside']}/; pass --force to put it back, move it aside "
+                          "again and restore over it")
+    if not force and target.exists():
+        raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
+                          "aside (into pre-restore-<time>/) and restore over it")
+    report = Report(path=str(data_dir), counts=staged.checked.counts,
+                    schema_version=staged.checked.version)
+    if marker is not None:
+        report.undone = _undo(data_dir, marker)
+    problem = orphan_log(data_dir)
+    if problem:
+        raise BackupError(problem)
+    if target.exists():
+        _fold_log(target)
+    _commit(src, data_dir, staged, report)
+    return report
+
+
+def _refuse_links(data_dir: Path, listed: list[tuple[str, bool]]) -> None:
+    """NotPrivate, before anything is written, for a link where restore would write: the
+    collector's files at the top (filemodes.tighten_children refuses them, as the collector
+    does at start), the artifact store when it is not this user's private folder, a shard or an
+    artifact file."""
+    filemodes.tighten_children(data_dir, filemodes.COLLECTOR_DIR, filemodes.COLLECTOR_FILE)
+    store = data_dir / "artifacts"
+    if not listed:
+        return
+    if os.path.lexists(store):
+        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
+    for sha256, _ in listed:
+        filemodes.refuse_link(store / sha256[:2])
+        filemodes.refuse_link(store / sha256[:2] / sha256)
+
+
+# -- stage: copy out of the backup, check the copies ---------------------------------------
+
+
+def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tuple[str, bool]],
+           collector_id: str | None) -> _Staged:
+    work = data_dir / WORK
+    _clear(work)
+    work.mkdir(mode=0o700)
+    database = work / DB_NAME
+    _copy_database(src / DB_NAME, database)
+    checked = backup_check.check_database(database, known_schema_version())
+    backup_check.compare_manifest(src / MANIFEST, manifest, checked)
+    staged_id = None
+    if collector_id is not None:
+        staged_id = work / ID_NAME
+        filemodes.write_new(staged_id, (collector_id + "\n").encode(), filemodes.COLLECTOR_FILE)
+    sizes = dict(checked.artifacts)
+    artifacts = []
+    for sha256, included in listed:
+        dest = artifact_file(data_dir / "artifacts", sha256)
+        packed = artifact_file(src / "artifacts", sha256)
+        if included and sha256 in sizes and os.path.lexists(packed) \
+                and not os.path.lexists(dest):
+            artifacts.append((sha256, _copy_artifact(packed, work / sha256, sha256,
+                                                     sizes[sha256])))
+    return _Staged(checked, database, staged_id, artifacts, [sha for sha, _ in listed])
+
+
+def _copy_database(src: Path, dest: Path) -> None:
+    try:
+        size = src.lstat().st_size
+    except FileNotFoundError:
+        raise BackupError(f"{src} is missing (or not a file); the backup is damaged") from None
+    free = shutil.disk_usage(dest.parent).free
+    if size + _SPARE > free:
+        raise BackupError(f"{src} is {size >> 20} MiB, more than the free space beside "
+                          f"{dest.parent.parent} ({free >> 20} MiB) allows; free some space")
+    with os.fdopen(filemodes.open_new(dest, filemodes.COLLECTOR_FILE), "wb") as writer:
+        try:
+            backup_check.copy_regular(src, writer.fileno(), limit=size)
+        except FileNotFoundError:
+            raise BackupError(f"{src} is missing (or not a file); the backup is "
+                              "damaged") from None
+
+
+def _copy_artifact(packed: Path, dest: Path, sha256: str, size: int) -> Path:
+    """The backup's bytes of one artifact, copied into the work folder and checked to be what
+    their name says (at most `size` bytes are read)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with os.fdopen(filemodes.open_new(dest, filemodes.COLLECTOR_FILE), "wb") as writer:
+        copied = backup_check.copy_regular(packed, writer.fileno(), limit=size,
+                                           seen=digest.update)
+    if copied != size or digest.hexdigest() != sha256:
+        raise Refused(f"artifact file {packed} does not match its SHA-256 name or size; the "
+                      "backup is damaged there")
+    return dest
+
+
+# -- undo an interrupted restore, fold the log, commit -------------------------------------
+
+
+def _read_marker(data_dir: Path) -> dict[str, Any]:
+    path = data_dir / MARKER
+    damaged = BackupError(f"{path} (left by an interrupted restore) is damaged; put the files "
+                          f"of the newest {data_dir}/pre-restore-<time>/ back into {data_dir} "
+                          "by hand and remove it")
+    try:
+        marker = json.loads(backup_check.read_small(path, _MARKER_CAP))
+    except (OSError, ValueError):
+        raise damaged from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("backup"), str) \
+            or not (marker.get("aside") is None
+                    or (isinstance(marker["aside"], str) and _ASIDE.fullmatch(marker["aside"])))\
+            or not isinstance(marker.get("moved"), list) \
+            or not all(name in PREVIOUS for name in marker["moved"]):
+        raise damaged
+    return marker
+
+
+def _write_marker(data_dir: Path, marker: dict[str, Any]) -> None:
+    part = data_dir / (MARKER + ".part")
+    filemodes.write_new(part, (json.dumps(marker) + "\n").encode(), filemodes.COLLECTOR_FILE)
+    os.replace(part, data_dir / MARKER)
+    fsync_path(data_dir, directory=True)
+
+
+def _undo(data_dir: Path, marker: dict[str, Any]) -> str | None:
+    """Put back what the interrupted restore the marker names had moved aside (a file it had
+    not moved yet is still in place); what it had installed where nothing was is removed. The
+    folder's name."""
+    aside = data_dir / marker["aside"] if marker["aside"] else None
+    for name in PREVIOUS:
+        if name not in marker["moved"]:
+            (data_dir / name).unlink(missing_ok=True)  # the interrupted restore's own
+        elif aside is not None and os.path.lexists(aside / name):
+            os.replace(aside / name, data_dir / name)
+    if aside is not None:
+        with contextlib.suppress(OSError):
+            aside.rmdir()  # only when empty: anything else left in it is kept
+    fsync_path(data_dir, directory=True)
+    (data_dir / MARKER).unlink()
+    fsync_path(data_dir, directory=True)
+    return marker["aside"] or "(nothing was there before it)"
+
+
+def _fold_log(target: Path) -> None:
+    """Checkpoint the existing database's WAL into it, so that the file alone holds its data."""
+    why = None
+    try:
+        conn = sqlite3.connect(f"{target.absolute().as_uri()}?mode=rw", uri=True, timeout=5,
+                               isolation_level=None)
+        try:
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        finally:
+            conn.close()
+        if busy:
+            why = "the log is busy"
+    except sqlite3.Error as exc:
+        why = str(exc)
+    if why:
+        raise BackupError(f"cannot fold the write-ahead log of {target} into it ({why}); move "
+                          f"{target.name} and its -wal and -shm files out of {target.parent} "
+                          "together (keep them: they are the previous data), then run the "
+                          "restore again")
+
+
+def _commit(src: Path, data_dir: Path, staged: _Staged, report: Report) -> None:
+    previous = [name for name in PREVIOUS if os.path.lexists(data_dir / name)]
+    aside = _aside_name(data_dir) if previous else None
+    _write_marker(data_dir, {"backup": str(src.absolute()), "aside": aside, "moved": previous,
+                             "started_at": iso(time.time())})
+    if aside is not None:
+        (data_dir / aside).mkdir(mode=filemodes.COLLECTOR_DIR)
+        for name in previous:
+            os.replace(data_dir / name, data_dir / aside / name)
+        fsync_path(data_dir / aside, directory=True)
+        report.moved_aside = str(data_dir / aside)
+    os.replace(staged.database, data_dir / DB_NAME)
+    if staged.collector_id is not None:
+        os.replace(staged.collector_id, data_dir / ID_NAME)
+    fsync_path(data_dir, directory=True)
+    _place_artifacts(data_dir / "artifacts", staged, report)
+    (data_dir / MARKER).unlink()
+    fsync_path(data_dir, directory=True)
+
+
+def _place_artifacts(store: Path, staged: _Staged, report: Report) -> None:
+    if staged.listed:
+        filemodes.private_dir(store, filemodes.COLLECTOR_DIR)
+    shards = set()
+    for sha256, file in staged.artifacts:
+        dest = artifact_file(store, sha256)
+        dest.parent.mkdir(mode=filemodes.COLLECTOR_DIR, exist_ok=True)
+        os.replace(file, dest)
+        shards.add(dest.parent)
+        report.artifacts_copied += 1
+        report.artifacts_bytes += dest.stat().st_size
+    for shard in sorted(shards):
+        fsync_path(shard, directory=True)
+    report.artifacts_missing = [sha for sha in staged.listed
+                                if not artifact_file(store, sha).exists()]
+
+
+def _aside_name(data_dir: Path) -> str:
+    base = f"pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    name, n = base, 1
+    while os.path.lexists(data_dir / name):
+        n += 1
+        name = f"{base}-{n}"
+    return name
+
+
+def _clear(work: Path) -> None:
+    """Remove restore's work folder (left by an interrupted run too); never follows a link."""
+    if os.path.islink(work) or os.path.isfile(work):
+        work.unlink()
+    elif os.path.lexists(work):
+        shutil.rmtree(work)
+
+
+def _unmake(data_dir: Path) -> None:
+    """Remove a data directory restore made and then refused to fill (only its lock file is
+    in it), so a refusal leaves no trace."""
+    with contextlib.suppress(OSError):
+        if os.listdir(data_dir) == [dirlock.lock_file(data_dir, "collector").name]:
+            dirlock.lock_file(data_dir, "collector").unlink()
+            data_dir.rmdir()
