@@ -172,25 +172,27 @@ def _compare_schema(path: Path, conn: sqlite3.Connection, version: int) -> None:
                       "one this program made")
 
 
-def check_database(path: Path, known: int) -> Checked:
+def check_database(path: Path, known: int, shown: Path | None = None) -> Checked:
     """The database copy at `path` checked: schema version (at most `known`, the newest this
-    program knows), schema, integrity, row counts and artifact index. Refused when wrong."""
+    program knows), schema, integrity, row counts and artifact index. Refused when wrong, naming
+    it as `shown` (default: path), the file it was copied from."""
+    named = shown or path
     try:
         conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=5)
     except sqlite3.Error as exc:
-        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+        raise Refused(f"{named} is not a readable SQLite database ({exc}); the backup is "
                       "damaged") from None
     seconds = _budget(conn, path.stat().st_size)
     try:
-        return _check(path, conn, known)
+        return _check(named, conn, known)
     except sqlite3.OperationalError as exc:
         if "interrupted" in str(exc):
-            raise Refused(f"checking {path} took longer than {seconds:.0f} s; the backup is "
+            raise Refused(f"checking {named} took longer than {seconds:.0f} s; the backup is "
                           "damaged or hostile") from None
-        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+        raise Refused(f"{named} is not a readable SQLite database ({exc}); the backup is "
                       "damaged") from None
     except sqlite3.Error as exc:
-        raise Refused(f"{path} is not a readable SQLite database ({exc}); the backup is "
+        raise Refused(f"{named} is not a readable SQLite database ({exc}); the backup is "
                       "damaged") from None
     finally:
         conn.close()

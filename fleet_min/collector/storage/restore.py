@@ -196,7 +196,7 @@ def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tup
     work.mkdir(mode=0o700)
     database = work / DB_NAME
     _copy_database(src / DB_NAME, database)
-    checked = backup_check.check_database(database, known_schema_version())
+    checked = backup_check.check_database(database, known_schema_version(), src / DB_NAME)
     backup_check.compare_manifest(src / MANIFEST, manifest, checked)
     staged_id = None
     if collector_id is not None:
