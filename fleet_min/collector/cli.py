@@ -89,9 +89,9 @@ def _serve(app: web.Application, config: CollectorConfig, fast: bool) -> int:
 
 def main(argv: list[str]) -> int:
     if argv and argv[0] in SUBCOMMANDS:
-        from fleet_min.collector.storage import backup
+        from fleet_min.collector.storage import backup_cli
 
-        return backup.main(argv[0], argv[1:])
+        return backup_cli.main(argv[0], argv[1:])
     args = _parser().parse_args(argv)
     try:
         config = resolve(COLLECTOR_SETTINGS, vars(args))

@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import sqlite3
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -342,77 +341,3 @@ def backup_id(src: Path) -> str | None:
         raise BackupError(f"{path} is not a collector id (one short line of text{why}); the "
                           "backup is damaged")
     return text
-
-
-
-# -- command line ---------------------------------------------------------------------------
-
-
-def _data_dir(given: str | None, required: bool) -> Path:
-    from fleet_min.config import COLLECTOR_SETTINGS, resolve
-
-    if given is None and required and not os.environ.get("FLEET_DATA_DIR"):
-        raise BackupError("say which data directory to restore into with --data DIR")
-    return Path(resolve(COLLECTOR_SETTINGS, {"data_dir": given}).data_dir)
-
-
-def _summary(verb: str, report: Report) -> str:
-    counts = ", ".join(f"{n} {table}" for table, n in report.counts.items())
-    line = f"{verb} {report.path}: {counts}; schema version {report.schema_version}"
-    if report.artifacts_copied:
-        line += (f"; {report.artifacts_copied} artifact files "
-                 f"({report.artifacts_bytes / 1048576:.1f} MiB)")
-    if report.undone:
-        line += f"; an interrupted restore was undone first (from {report.undone})"
-    if report.moved_aside:
-        line += f"; the previous database was moved to {report.moved_aside}"
-    if report.artifacts_missing:
-        line += (f"; {len(report.artifacts_missing)} indexed artifacts have no bytes "
-                 "(deleted meanwhile, or not in the backup: take one with --with-artifacts)")
-    return line + f" ({report.seconds} s)"
-
-
-def main(command: str, argv: list[str]) -> int:
-    """`fleet-min collector backup|restore ...`; 0 on success, 1 with a sentence on failure."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog=f"fleet-min collector {command}")
-    parser.add_argument("path", help="the backup directory (created by backup, read by restore)")
-    parser.add_argument("--data", dest="data_dir", default=None,
-                        help="the collector's data directory (env FLEET_DATA_DIR)")
-    if command == "backup":
-        parser.description = ("Take a consistent online backup of the collector's database and "
-                              "artifact index (safe while the collector runs).")
-        parser.add_argument("--with-artifacts", action="store_true",
-                            help="also copy the bytes of every artifact the index names")
-    else:
-        parser.description = ("Restore a backup into a data directory whose collector is "
-                              "stopped.")
-        parser.add_argument("--force", action="store_true",
-                            help="move an existing database aside (pre-restore-<time>/) first")
-    args = parser.parse_args(argv)
-    try:
-        if command == "backup":
-            report = backup(_data_dir(args.data_dir, False), Path(args.path),
-                            args.with_artifacts)
-            print(_summary("backup written to", report))
-        else:
-            from fleet_min.collector.storage.restore import restore
-
-            report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force)
-            print(_summary("restored into", report))
-    except BackupError as exc:
-        print(f"fleet-min collector {command}: {exc}", file=sys.stderr)
-        return 1
-    except filemodes.NotPrivate as exc:
-        print(f"fleet-min collector {command}: cannot use {exc.filename}: {exc.strerror}",
-              file=sys.stderr)
-        return 1
-    except sqlite3.Error as exc:  # what the checks above did not word (a database gone bad)
-        print(f"fleet-min collector {command}: SQLite refused: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"fleet-min collector {command}: {exc.strerror or exc}: "
-              f"{exc.filename or args.path}", file=sys.stderr)
-        return 1
-    return 0
