@@ -478,6 +478,43 @@ def test_a_restore_killed_at_any_step_loses_nothing_and_blocks_the_start(
         assert proc.client.get("/api/jobs/x")[0] == 200
 
 
+def test_undoing_an_interrupted_restore_keeps_what_was_put_there_since(
+        tmp_path: Path) -> None:
+    """A restore killed right after its marker moved nothing; the operator then put data of
+    their own in the directory. Run again, the restore moves that data into a
+    restore-undone-<time>/ folder, never deleting or overwriting it."""
+    src, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(src)).returncode == 0
+    live, ids = crashed_collector(tmp_path)
+    (live / "restore-in-progress").write_text(json.dumps(
+        {"backup": str(backup_dir), "aside": None, "moved": [],
+         "started_at": "2026-11-27T00:00:00Z"}) + "\n")
+    assert "was interrupted" in start_refused(live)
+    done = fleet("restore", str(backup_dir), "--data", str(live), "--force")
+    assert done.returncode == 0, done.stderr
+    kept = [p for p in live.iterdir() if p.name.startswith("restore-undone-")]
+    assert len(kept) == 1 and kept[0].name in done.stdout, done.stdout
+    assert jobs_in(kept[0], tmp_path / "probe") == ids
+    assert jobs_in(live, tmp_path / "probe") == ["x"]
+
+
+def test_a_restore_interrupted_while_it_staged_keeps_a_collector_from_starting(
+        tmp_path: Path) -> None:
+    """Killed while it copied and checked the backup, a restore into a new directory left only
+    its work folder: a collector start there would make an empty database and a new id where
+    the operator meant to restore."""
+    data = tmp_path / "new"
+    data.mkdir(mode=0o750)
+    (data / "restore-work").mkdir(mode=0o700)
+    sentence = start_refused(data)
+    assert "interrupted while it copied and checked the backup" in sentence, sentence
+    assert sorted(p.name for p in data.iterdir()) == ["collector.lock", "restore-work"]
+    (data / "restore-work").rmdir()
+    with running_collector(data) as proc:
+        assert proc.client.get("/api/health")[0] == 200
+
+
 def test_a_backup_database_swapped_after_restore_opened_it_is_not_installed(
         tmp_path: Path) -> None:
     data, _ = stopped_collector(tmp_path)

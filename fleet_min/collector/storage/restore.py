@@ -71,9 +71,15 @@ _SPARE = 64 << 20  # room left on the disk beyond what is staged
 
 
 def interrupted(data_dir: Path) -> str | None:
-    """A sentence when a restore into data_dir was interrupted (its marker is there): a
-    collector must not start on a half-restored directory. None otherwise."""
+    """A sentence when a restore into data_dir was interrupted (its marker is there, or its
+    work folder): a collector must not start on a half-restored directory, nor make an empty
+    database and a new id where the operator meant to restore. None otherwise."""
     if not os.path.lexists(data_dir / MARKER):
+        if os.path.lexists(data_dir / WORK) or os.path.lexists(data_dir / (MARKER + ".part")):
+            return (f"a restore into {data_dir} was interrupted while it copied and checked "
+                    f"the backup ({WORK}/ is there); nothing else in {data_dir} was changed: "
+                    f"run the restore again, or remove {data_dir / WORK} (and "
+                    f"{MARKER}.part, if there) to start on {data_dir} as it is")
         return None
     try:
         marker = _read_marker(data_dir)
@@ -276,21 +282,32 @@ def _write_marker(data_dir: Path, marker: dict[str, Any]) -> None:
 
 def _undo(data_dir: Path, marker: dict[str, Any]) -> str | None:
     """Put back what the interrupted restore the marker names had moved aside (a file it had
-    not moved yet is still in place); what it had installed where nothing was is removed. The
-    folder's name."""
+    not moved yet is still in place). Nothing is deleted or overwritten: whatever stands at one
+    of those names (what the interrupted restore installed, or anything put there since) is
+    moved into a `restore-undone-<time>/` folder first. Says where the previous files came
+    from, and where what was in the way went."""
     aside = data_dir / marker["aside"] if marker["aside"] else None
+    undone: str | None = None
     for name in PREVIOUS:
-        if name not in marker["moved"]:
-            (data_dir / name).unlink(missing_ok=True)  # the interrupted restore's own
-        elif aside is not None and os.path.lexists(aside / name):
+        back = name in marker["moved"] and aside is not None and os.path.lexists(aside / name)
+        if os.path.lexists(data_dir / name) and (back or name not in marker["moved"]):
+            if undone is None:
+                undone = _aside_name(data_dir, "restore-undone")
+                (data_dir / undone).mkdir(mode=filemodes.COLLECTOR_DIR)
+            os.replace(data_dir / name, data_dir / undone / name)
+        if back:
+            assert aside is not None
             os.replace(aside / name, data_dir / name)
+    if undone is not None:
+        fsync_path(data_dir / undone, directory=True)
     if aside is not None:
         with contextlib.suppress(OSError):
             aside.rmdir()  # only when empty: anything else left in it is kept
     fsync_path(data_dir, directory=True)
     (data_dir / MARKER).unlink()
     fsync_path(data_dir, directory=True)
-    return marker["aside"] or "(nothing was there before it)"
+    said = marker["aside"] or "(nothing was there before it)"
+    return said + (f"; what stood in the way is kept in {undone}/" if undone else "")
 
 
 def _fold_log(target: Path) -> None:
@@ -351,8 +368,8 @@ def _place_artifacts(store: Path, staged: _Staged, report: Report) -> None:
                                 if not artifact_file(store, sha).exists()]
 
 
-def _aside_name(data_dir: Path) -> str:
-    base = f"pre-restore-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+def _aside_name(data_dir: Path, kind: str = "pre-restore") -> str:
+    base = f"{kind}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
     name, n = base, 1
     while os.path.lexists(data_dir / name):
         n += 1
