@@ -77,7 +77,10 @@ def main(command: str, argv: list[str]) -> int:
         print(f"fleet-min collector {command}: SQLite refused: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:
-        print(f"fleet-min collector {command}: {exc.strerror or exc}: "
-              f"{exc.filename or args.path}", file=sys.stderr)
+        # A write that names no file: a backup writes under its PATH, a restore stages and
+        # installs inside the data directory, so that is the disk that is full.
+        where = exc.filename or (args.path if command == "backup" else
+                                 args.data_dir or os.environ.get("FLEET_DATA_DIR") or args.path)
+        print(f"fleet-min collector {command}: {exc.strerror or exc}: {where}", file=sys.stderr)
         return 1
     return 0
