@@ -528,7 +528,34 @@ def test_a_backup_database_swapped_after_restore_opened_it_is_not_installed(
                    "collector", "restore", str(backup_dir), "--data", str(target))
     assert result.returncode == 0, result.stderr
     assert not payload.exists()  # the swap happened
-    assert (target / "fleet.sqlite3").read_bytes() == checked
+    assert dump(target / "fleet.sqlite3") == dump_bytes(checked, tmp_path / "checked")
+
+
+def dump(db: Path) -> list[tuple[Any, ...]]:
+    """Every row of every table of the database at db with its rowid (when it has one),
+    AUTOINCREMENT sequences included, and its schema version."""
+    conn = sqlite3.connect(db)
+    try:
+        found: list[tuple[Any, ...]] = [
+            ("user_version", conn.execute("PRAGMA user_version").fetchone()[0])]
+        for (table,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND "
+                                     "name NOT LIKE 'sqlite_stat%' ORDER BY name").fetchall():
+            try:
+                rows = conn.execute(
+                    "SELECT name, seq FROM sqlite_sequence ORDER BY name" if table
+                    == "sqlite_sequence" else f"SELECT rowid, * FROM {table} ORDER BY rowid"
+                ).fetchall()
+            except sqlite3.OperationalError:  # WITHOUT ROWID
+                rows = conn.execute(f"SELECT * FROM {table} ORDER BY 1").fetchall()
+            found += [(table, *row) for row in rows]
+        return found
+    finally:
+        conn.close()
+
+
+def dump_bytes(data: bytes, scratch: Path) -> list[tuple[Any, ...]]:
+    scratch.write_bytes(data)
+    return dump(scratch)
 
 
 def hostile(backup_dir: Path, how: str) -> None:

@@ -23,8 +23,9 @@ is done, so a collector cannot start half-way through either. It also asks the o
 whether anything else has the database open: every connection to a WAL database holds a shared
 lock on the "dead man switch" byte of its `-shm` file for as long as it is open, so a sqlite3
 shell, or a collector older than the lock, is seen too (database_in_use). It checks a copy of
-the backup (backup_check.py) and installs that copy; an existing database is moved aside into
-`DIR/pre-restore-<time>/`, never deleted, and only with --force.
+the backup (backup_check.py) and installs a database the collector's migrations made, holding
+that copy's rows; an existing database is moved aside into `DIR/pre-restore-<time>/`, never
+deleted, and only with --force.
 
 Backup takes no lock: it is an online backup, meant to run beside the live collector.
 """

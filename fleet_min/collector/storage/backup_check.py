@@ -14,13 +14,18 @@ nothing in it is trusted:
   every index is there, and there are no views or triggers (the collector makes none; a view in
   a table's place could make a count run forever, a trigger would run on the collector's writes);
 - every statement on the copy runs under a time budget (a progress handler), and the manifest's
-  row counts must be the database's.
+  row counts must be the database's;
+- restore then installs no schema object of the backup (a CHECK, a COLLATE, a foreign key's
+  action or an index definition in the copy's SQL would otherwise rule the collector's writes):
+  `rebuild` makes a fresh database with the collector's own migrations and copies only the rows
+  into it, and that file is what is counted and installed.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 import stat
 import time
@@ -211,13 +216,103 @@ def _check(path: Path, conn: sqlite3.Connection, known: int) -> Checked:
     if verdict != ["ok"]:
         raise Refused(f"{path} fails SQLite's integrity check: {'; '.join(verdict[:3])}")
     # Only tables the schema check found to be the collector's (an old version has fewer).
-    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    counts = {table: int(conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+    counts, artifacts = _contents(conn)
+    return Checked(version, counts, artifacts)
+
+
+def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> Checked:
+    """Make the database at `dest` (an empty file) with the collector's own migrations up to
+    `version` and copy into it every table's rows from the checked copy at `copy` (attached
+    read-only), under the same time budget as the checks: no table, index, CHECK or COLLATE of
+    the copy is installed, only its rows. The rowid is carried for every table that has one and
+    AUTOINCREMENT sequences continue from the copy's. What the rebuilt database holds (counts,
+    artifact index); Refused, naming the copy as `shown`, when its rows do not fit the schema or
+    it takes too long. The caller fsyncs dest."""
+    from fleet_min.collector.storage.schema import MIGRATIONS
+
+    named = shown or copy
+    conn = sqlite3.connect(f"{dest.absolute().as_uri()}?mode=rw", uri=True, timeout=5,
+                           isolation_level=None)
+    seconds = _budget(conn, copy.stat().st_size)
+    try:
+        # what a collector gives a database it makes (fleet_min.db): only an empty file takes it
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        migrate(conn, MIGRATIONS[:version])
+        conn.execute("ATTACH DATABASE ? AS backup", (f"{copy.absolute().as_uri()}?mode=ro",))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            _copy_rows(conn)
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("DETACH DATABASE backup")
+        counts, artifacts = _contents(conn)
+        return Checked(int(conn.execute("PRAGMA user_version").fetchone()[0]), counts, artifacts)
+    except sqlite3.IntegrityError as exc:
+        raise Refused(f"{named}'s rows do not fit the collector's own schema at version "
+                      f"{version} ({exc}); the backup is damaged or hostile") from None
+    except sqlite3.OperationalError as exc:
+        if "interrupted" in str(exc):
+            raise Refused(f"copying the rows of {named} took longer than {seconds:.0f} s; the "
+                          "backup is damaged or hostile") from None
+        raise Refused(f"the rows of {named} cannot be copied into the collector's own schema "
+                      f"({exc}); the backup is damaged") from None
+    except sqlite3.Error as exc:
+        raise Refused(f"the rows of {named} cannot be copied into the collector's own schema "
+                      f"({exc}); the backup is damaged") from None
+    finally:
+        conn.close()
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _copy_rows(conn: sqlite3.Connection) -> None:
+    """INSERT ... SELECT every table of main (the collector's own) from the attached backup,
+    by the columns of main's table (the check proved the copy's are the same)."""
+    tables = conn.execute("SELECT name, sql FROM main.sqlite_master WHERE type = 'table' "
+                          "AND name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY name").fetchall()
+    autoincrement = []
+    for name, sql in tables:
+        info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?, 'main')",
+                            (name,)).fetchall()
+        columns = [_quote(column) for column, _, _ in info]
+        keys = [kind for _, kind, pk in info if pk]
+        without_rowid = re.search(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", sql, re.IGNORECASE)
+        alias = not without_rowid and len(keys) == 1 and keys[0].upper() == "INTEGER"
+        if not without_rowid and not alias:
+            columns.insert(0, "rowid")  # ORDER BY created_at DESC, rowid DESC reads it
+        if re.search(r"\bAUTOINCREMENT\b", sql, re.IGNORECASE):
+            autoincrement.append(name)
+        listed = ", ".join(columns)
+        order = "" if without_rowid else " ORDER BY rowid"
+        conn.execute(f"INSERT INTO main.{_quote(name)} ({listed}) "
+                     f"SELECT {listed} FROM backup.{_quote(name)}{order}")
+    # The copy's sequences, so a number handed out before the backup is never handed again
+    # (SQLite itself never goes below a table's largest rowid); the migrations' own go.
+    if autoincrement:
+        conn.execute("DELETE FROM main.sqlite_sequence")
+    if autoincrement and conn.execute("SELECT 1 FROM backup.sqlite_master WHERE type = 'table' "
+                                      "AND name = 'sqlite_sequence'").fetchone():
+        marks = ", ".join("?" * len(autoincrement))
+        conn.execute("INSERT INTO main.sqlite_sequence (name, seq) SELECT name, max(seq) FROM "
+                     f"backup.sqlite_sequence WHERE name IN ({marks}) AND typeof(seq) = "
+                     "'integer' GROUP BY name ORDER BY name", autoincrement)
+
+
+def _contents(conn: sqlite3.Connection) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """The row counts and the artifact index of main, of the tables it has (an old version has
+    fewer)."""
+    tables = {row[0] for row in conn.execute(
+        "SELECT name FROM main.sqlite_master WHERE type = 'table'")}
+    counts = {table: int(conn.execute(f"SELECT count(*) FROM main.{table}").fetchone()[0])
               for table in COUNTED if table in tables}
     artifacts = [(str(row[0]), int(row[1])) for row in
-                 conn.execute("SELECT sha256, size FROM artifacts ORDER BY sha256")
+                 conn.execute("SELECT sha256, size FROM main.artifacts ORDER BY sha256")
                  ] if "artifacts" in tables else []
-    return Checked(version, counts, artifacts)
+    return counts, artifacts
 
 
 def compare_manifest(where: Path, manifest: dict[str, object], checked: Checked) -> None:

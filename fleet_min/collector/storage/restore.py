@@ -10,8 +10,10 @@ three phases:
    folder `DIR/restore-work/` and checked there (fleet_min.collector.storage.backup_check): the
    database (schema, integrity, counts against the manifest), the collector id, each artifact
    (hash and size). A backup that fails any check is refused with one sentence and `DIR` is as
-   it was. What is installed later is this checked copy, renamed: a file swapped in the backup
-   meanwhile is never read again.
+   it was. The database installed later is not that copy but one made beside it by the
+   collector's own migrations, up to the copy's schema version, holding the copy's rows
+   (backup_check.rebuild): no table, index, CHECK or COLLATE written in the backup is ever
+   installed, and a file swapped in the backup meanwhile is never read again.
 2. Fold. With --force over an existing database, its write-ahead log is checkpointed into it
    (`PRAGMA wal_checkpoint(TRUNCATE)`; refused when that fails), so the database file alone
    holds the data and the order of the moves below cannot strand it in a -wal.
@@ -200,9 +202,12 @@ def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tup
     work = data_dir / WORK
     _clear(work)
     work.mkdir(mode=0o700)
-    database = work / DB_NAME
-    _copy_database(src / DB_NAME, database)
-    checked = backup_check.check_database(database, known_schema_version(), src / DB_NAME)
+    copy = work / (DB_NAME + ".checked")
+    _copy_database(src / DB_NAME, copy)
+    checked = backup_check.check_database(copy, known_schema_version(), src / DB_NAME)
+    database = _rebuild(copy, work / DB_NAME, checked.version, src / DB_NAME)
+    copy.unlink()
+    checked = backup_check.Checked(checked.version, database.counts, database.artifacts)
     backup_check.compare_manifest(src / MANIFEST, manifest, checked)
     staged_id = None
     if collector_id is not None:
@@ -217,7 +222,7 @@ def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tup
                 and not os.path.lexists(dest):
             artifacts.append((sha256, _copy_artifact(packed, work / sha256, sha256,
                                                      sizes[sha256])))
-    return _Staged(checked, database, staged_id, artifacts, [sha for sha, _ in listed])
+    return _Staged(checked, work / DB_NAME, staged_id, artifacts, [sha for sha, _ in listed])
 
 
 def _copy_database(src: Path, dest: Path) -> None:
@@ -235,6 +240,21 @@ def _copy_database(src: Path, dest: Path) -> None:
         except FileNotFoundError:
             raise BackupError(f"{src} is missing (or not a file); the backup is "
                               "damaged") from None
+
+
+def _rebuild(copy: Path, dest: Path, version: int, shown: Path) -> backup_check.Checked:
+    """The database restore installs, at dest: made by the collector's own migrations and
+    holding the checked copy's rows (backup_check.rebuild), fsynced; what it holds."""
+    size = copy.stat().st_size
+    free = shutil.disk_usage(dest.parent).free
+    if size + _SPARE > free:
+        raise BackupError(f"{shown} is {size >> 20} MiB, and restore needs room for a second "
+                          f"copy of it beside {dest.parent.parent} ({free >> 20} MiB free); "
+                          "free some space")
+    os.close(filemodes.open_new(dest, filemodes.COLLECTOR_FILE))
+    checked = backup_check.rebuild(copy, dest, version, shown)
+    fsync_path(dest)
+    return checked
 
 
 def _copy_artifact(packed: Path, dest: Path, sha256: str, size: int) -> Path:
