@@ -22,7 +22,13 @@ from typing import Any
 
 import pytest
 
-from tests.support.collector import ROOT, CollectorProcess, HttpClient, running_collector
+from tests.support.collector import (
+    ROOT,
+    CollectorProcess,
+    HttpClient,
+    registration,
+    running_collector,
+)
 from tests.support.faults import (
     LeanAgent,
     Ledger,
@@ -620,3 +626,95 @@ def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
                  ).returncode == 0
     hostile(backup_dir, how)
     refused_unchanged(backup_dir, data, tmp_path / "fresh", words, timeout=2 * HANG_S)
+
+
+# -- a backup whose schema differs only where the columns check cannot see ---------------------
+
+
+def schema_of(db: Path) -> list[tuple[str, str]]:
+    conn = sqlite3.connect(db)
+    try:
+        return sorted(conn.execute("SELECT name, sql FROM sqlite_master WHERE sql IS NOT NULL"))
+    finally:
+        conn.close()
+
+
+def rewrite_schema(db: Path, how: str) -> None:
+    """Change the backup's schema where only its SQL says so; integrity_check stays ok."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        if how == "unique index":  # a real index, consistent, under the collector's index name
+            conn.execute("DROP INDEX jobs_created")
+            conn.execute("CREATE UNIQUE INDEX jobs_created ON jobs(executor)")
+            return
+        table, change = {
+            "check": ("jobs", lambda sql: sql[:sql.rindex(")")]
+                      + ", CHECK (job_id GLOB 'x*'))"),
+            "collate nocase": ("devices", lambda sql: sql.replace(
+                "device_id TEXT PRIMARY KEY", "device_id TEXT PRIMARY KEY COLLATE NOCASE", 1)),
+        }[how]
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+        assert change(sql) != sql
+        version = conn.execute("PRAGMA schema_version").fetchone()[0]
+        conn.execute("PRAGMA writable_schema = ON")
+        conn.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?", (change(sql), table))
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+        conn.execute("PRAGMA writable_schema = OFF")
+    finally:
+        conn.close()
+    check = sqlite3.connect(db)
+    try:
+        assert check.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
+    finally:
+        check.close()
+
+
+@pytest.mark.parametrize("how", ["check", "collate nocase", "unique index"])
+def test_a_backup_schema_rewritten_in_its_sql_is_not_installed(tmp_path: Path, how: str) -> None:
+    """A backup whose jobs table carries an extra CHECK, whose devices.device_id is COLLATE
+    NOCASE, or whose index is UNIQUE on a column that is not (same name, table and columns, so
+    the columns check passes): restore installs the collector's own schema with the backup's
+    rows, and a collector started on it takes what that schema would have refused."""
+    data = tmp_path / "data"
+    proc = CollectorProcess(data).start()
+    try:
+        assert proc.client.post("/jobs", {"schema": 1, "job_id": "x", "workload": "benchmark",
+                                          "executor": "device", "backend": "synthetic"})[0] == 201
+        assert proc.client.post("/devices/register", registration("Pi-1"))[0] in (200, 201)
+        status, reply = upload(proc.url, b"an unreleased build")
+        assert status == 201, reply
+    finally:
+        proc.stop()
+    honest = schema_of(data / "fleet.sqlite3")
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    try:  # as when jobs were deleted: the next job's seq continues past the number handed out
+        assert conn.execute("UPDATE sqlite_sequence SET seq = 41 WHERE name = 'jobs'").rowcount
+    finally:
+        conn.close()
+    rows = dump(backup_dir / "fleet.sqlite3")
+    rewrite_schema(backup_dir / "fleet.sqlite3", how)
+    assert schema_of(backup_dir / "fleet.sqlite3") != honest
+    target = tmp_path / "restored"
+    result = fleet("restore", str(backup_dir), "--data", str(target))
+    assert result.returncode == 0, result.stderr
+    assert schema_of(target / "fleet.sqlite3") == honest
+    assert dump(target / "fleet.sqlite3") == rows
+    with running_collector(target) as restored:
+        client = restored.client
+        assert client.get("/api/jobs/x")[0] == 200  # the backup's rows are served
+        assert client.request("GET", f"/api/artifacts/{reply['sha256']}")[0] == 200
+        # ids the hostile schema refuses: not x*, a second job on the same executor
+        assert client.post("/jobs", {"schema": 1, "job_id": "y", "workload": "benchmark",
+                                     "executor": "device", "backend": "synthetic"})[0] == 201
+        assert client.post("/devices/register", registration("pi-1"))[0] in (200, 201)
+        devices = {d["device_id"] for d in client.get("/api/devices")[1]["devices"]}
+        assert devices == {"Pi-1", "pi-1"}, devices
+    conn = read_db(target / "fleet.sqlite3")
+    try:  # the backup's sequence carried over
+        assert [tuple(row) for row in conn.execute(
+            "SELECT job_id, seq FROM jobs ORDER BY seq")] == [("x", 1), ("y", 42)]
+    finally:
+        conn.close()
