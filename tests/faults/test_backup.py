@@ -592,6 +592,11 @@ def hostile(backup_dir: Path, how: str) -> None:
                              "END")
             elif how == "a column missing":
                 conn.execute("ALTER TABLE devices DROP COLUMN notes")
+            elif how == "a sequence near 2**63":
+                conn.execute("UPDATE sqlite_sequence SET seq = 9223372036854775806 "
+                             "WHERE name = 'jobs'")
+            elif how == "a row numbered near 2**63":
+                conn.execute("UPDATE jobs SET seq = 9223372036854775806")
         finally:
             conn.close()
     if how == "wrong counts":
@@ -613,6 +618,8 @@ def hostile(backup_dir: Path, how: str) -> None:
     ("no jobs table", "has no table 'jobs', which schema version"),
     ("a column missing", "table 'devices' does not have the columns"),
     ("wrong counts", "says 5 jobs, but the database holds 1"),
+    ("a sequence near 2**63", "numbers the rows of 'jobs' up to 9223372036854775806"),
+    ("a row numbered near 2**63", "up to 9223372036854775806"),
 ])
 def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
         tmp_path: Path, how: str, words: str) -> None:

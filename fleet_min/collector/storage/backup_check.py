@@ -242,6 +242,7 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
         conn.execute("BEGIN IMMEDIATE")
         try:
             _copy_rows(conn)
+            _check_numbering(conn, named)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -263,6 +264,30 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
                       f"({exc}); the backup is damaged") from None
     finally:
         conn.close()
+
+
+# Row numbers a collector hands out grow by one a row: a table's largest rowid or sequence past
+# this (2**53, where a JSON number stops being exact) is no collector's, and one set near 2**63
+# would make every later insert into an AUTOINCREMENT table fail (SQLITE_FULL).
+MAX_ROW_NUMBER = 1 << 53
+
+
+def _check_numbering(conn: sqlite3.Connection, named: Path) -> None:
+    """Refused when a table's largest rowid or AUTOINCREMENT sequence is past MAX_ROW_NUMBER."""
+    numbered = [name for (name, sql) in conn.execute(
+        "SELECT name, sql FROM main.sqlite_master WHERE type = 'table' "
+        "AND name NOT LIKE 'sqlite^_%' ESCAPE '^'")
+        if not re.search(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", sql, re.IGNORECASE)]
+    found = [(name, conn.execute(f"SELECT max(rowid) FROM main.{_quote(name)}").fetchone()[0])
+             for name in numbered]
+    if conn.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'sqlite_sequence'"
+                    ).fetchone():
+        found += conn.execute("SELECT name, seq FROM main.sqlite_sequence").fetchall()
+    for name, number in found:
+        if number is not None and number > MAX_ROW_NUMBER:
+            raise Refused(f"{named} numbers the rows of {name[:60]!r} up to {number}, past any "
+                          "a collector reaches (a later row could not be stored); the backup "
+                          "is damaged or hostile")
 
 
 def _quote(name: str) -> str:
