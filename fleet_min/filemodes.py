@@ -53,7 +53,8 @@ def _user(uid: int) -> str:
     return f"uid {uid} ({name})" if name else f"uid {uid}"
 
 
-def _euid() -> int | None:
+def effective_uid() -> int | None:
+    """The user this process acts as; None where files have no owners to compare (Windows)."""
     return os.geteuid() if hasattr(os, "geteuid") else None
 
 
@@ -98,7 +99,7 @@ def private_dir(path: Path, most: int) -> None:
     followed when it is a link: it is what the operator pointed us at."""
     path.mkdir(mode=most, parents=True, exist_ok=True)
     st = path.stat()
-    euid = _euid()
+    euid = effective_uid()
     # Root could tighten it, but its owner could loosen it again, or plant links, at any time.
     if euid is not None and st.st_uid != euid:
         raise NotPrivate(f"it belongs to {_user(st.st_uid)}, not to {_user(euid)} that runs "
@@ -164,6 +165,74 @@ def write_new(path: Path, data: bytes, mode: int) -> None:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+class NotRegular(ValueError):
+    """A file read by `open_regular` or `read_regular` that is not what it should be. `what` is
+    "link" (a symbolic link where none is followed), "special" (a FIFO, a device, a folder) or
+    "large" (more bytes than the cap); the message is a sentence starting with the path, which
+    callers may reword for their own readers."""
+
+    def __init__(self, path: Path, what: str, cap: int = 0) -> None:
+        sentence = {
+            "link": f"{path} is a symbolic link, and is never read through one",
+            "special": f"{path} is not a regular file (a FIFO, a device or a folder)",
+            "large": f"{path} is larger than {cap} bytes",
+        }[what]
+        super().__init__(sentence)
+        self.path, self.what, self.cap = path, what, cap
+
+
+_READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_regular(path: Path, *, follow: bool = False) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of the regular file at `path` and its stat, for a file someone
+    else may have put there. NotRegular for a link (unless `follow`) or anything but a regular
+    file: a FIFO, a device or a folder is never opened (opening some devices does something),
+    and the open never blocks (the name may be swapped for a FIFO between the check and the
+    open; the descriptor is checked again). FileNotFoundError when there is none."""
+    try:
+        before = os.stat(path, follow_symlinks=follow)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a loop of links, when following
+            raise NotRegular(path, "link") from None
+        raise
+    if stat.S_ISLNK(before.st_mode):
+        raise NotRegular(path, "link")
+    if not stat.S_ISREG(before.st_mode):
+        raise NotRegular(path, "special")
+    try:
+        fd = os.open(path, _READ_FLAGS | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise NotRegular(path, "link") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegular(path, "special")
+    return fd, st
+
+
+def read_regular(path: Path, cap: int, *, follow: bool = False, truncate: bool = False
+                 ) -> bytes:
+    """The bytes of the regular file at `path` (see open_regular), at most `cap` of them:
+    NotRegular("large") when it holds more, or with `truncate` its first `cap` bytes. Never
+    reads more than cap + 1 bytes, whatever the file's size says (it may grow meanwhile)."""
+    fd, st = open_regular(path, follow=follow)
+    try:
+        if st.st_size > cap and not truncate:
+            raise NotRegular(path, "large", cap)
+        want = cap if truncate else cap + 1
+        data = bytearray()
+        while len(data) < want and (chunk := os.read(fd, min(1 << 20, want - len(data)))):
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise NotRegular(path, "large", cap)
+    return bytes(data)
 
 
 def database_files(path: Path) -> tuple[Path, Path, Path]:

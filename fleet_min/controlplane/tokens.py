@@ -20,7 +20,6 @@ import hmac
 import os
 import re
 import secrets
-import stat
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -32,15 +31,18 @@ _TOKEN = re.compile(r"[0-9a-f]{64}")
 
 def _read_valid(path: Path) -> str | None:
     try:
-        # O_NONBLOCK: a FIFO in its place reads as empty (and is replaced) instead of hanging.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as handle:
-            if not _ours(os.fstat(handle.fileno())):
-                return None
-            text = handle.read(200).decode("ascii").strip()
+        # A FIFO, a link or a device in its place is not read (and is replaced), never waited on.
+        fd, st = filemodes.open_regular(path)
+    except (OSError, ValueError):
+        return None
+    try:
+        if not _ours(st):
+            return None
+        text = os.read(fd, 200).decode("ascii").strip()
     except (OSError, UnicodeDecodeError):
         return None
+    finally:
+        os.close(fd)
     return text if _TOKEN.fullmatch(text) else None
 
 
@@ -48,9 +50,8 @@ def _ours(st: os.stat_result) -> bool:
     """A token file this user (or root, who could read it anyway) made: a regular file with
     one name. One another user wrote (while the state directory was loose) is a token they
     know, and a second name (a hard link) may be one they can still read."""
-    euid = getattr(os, "geteuid", lambda: None)()
-    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (euid is None
-                                                              or st.st_uid in (euid, 0))
+    euid = filemodes.effective_uid()
+    return st.st_nlink == 1 and (euid is None or st.st_uid in (euid, 0))
 
 
 def _write_new(path: Path) -> str:

@@ -23,16 +23,15 @@ nothing in it is trusted:
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import sqlite3
-import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleet_min import filemodes
 from fleet_min.db import migrate
 
 _CHUNK = 1 << 20
@@ -47,42 +46,35 @@ class Refused(ValueError):
     """The backup cannot be restored; the message is a sentence for the operator."""
 
 
+_BACKUP_SENTENCE = {
+    "link": "{path} is a symbolic link; a backup holds only regular files, and none is read "
+            "through a link",
+    "special": "{path} is not a regular file (a FIFO, a device or a folder); the backup is "
+               "damaged",
+    "large": "{path} is larger than such a file can be ({cap} bytes); the backup is damaged",
+}
+
+
+def _refused(exc: filemodes.NotRegular) -> Refused:
+    return Refused(_BACKUP_SENTENCE[exc.what].format(path=exc.path, cap=exc.cap))
+
+
 def open_regular(path: Path) -> tuple[int, os.stat_result]:
     """A descriptor of the regular file at `path` and its stat; FileNotFoundError when there is
     none, Refused for a link or anything but a regular file."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise Refused(f"{path} is a symbolic link; a backup holds only regular files, and "
-                          "none is read through a link") from None
-        raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        raise Refused(f"{path} is not a regular file (a FIFO, a device or a folder); the backup "
-                      "is damaged")
-    return fd, st
+        return filemodes.open_regular(path)
+    except filemodes.NotRegular as exc:
+        raise _refused(exc) from None
 
 
 def read_small(path: Path, cap: int) -> bytes:
     """The whole regular file at `path` when it holds at most `cap` bytes; Refused when larger
     (at most cap + 1 bytes are read, whatever its size says)."""
-    fd, st = open_regular(path)
     try:
-        if st.st_size > cap:
-            raise Refused(f"{path} is {st.st_size} bytes, larger than such a file can be "
-                          f"({cap} bytes); the backup is damaged")
-        data = bytearray()
-        while len(data) <= cap and (chunk := os.read(fd, min(_CHUNK, cap + 1 - len(data)))):
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > cap:
-        raise Refused(f"{path} is larger than such a file can be ({cap} bytes); the backup is "
-                      "damaged")
-    return bytes(data)
+        return filemodes.read_regular(path, cap)
+    except filemodes.NotRegular as exc:
+        raise _refused(exc) from None
 
 
 def copy_regular(src: Path, dest_fd: int, limit: int | None = None,

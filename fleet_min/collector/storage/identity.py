@@ -4,10 +4,8 @@ what is read back from the file is checked before any of them sees it."""
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
-import stat
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -30,33 +28,6 @@ class NotAnId(ValueError):
         self.why = why
 
 
-def read_capped(path: Path, cap: int) -> bytes:
-    """The bytes of the regular file at `path`, at most `cap` of them; ValueError with a
-    sentence when it is a link, not a regular file (a FIFO, a device) or longer than `cap`.
-    FileNotFoundError when there is none. Never blocks, never reads more than cap + 1 bytes."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0)
-                     | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise ValueError(f"{path} is a symbolic link, and is never read through one") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError(f"{path} is not a regular file")
-        data = bytearray()
-        while len(data) <= cap:
-            chunk = os.read(fd, cap + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > cap:
-        raise ValueError(f"{path} is larger than {cap} bytes, more than an id can be")
-    return bytes(data)
-
-
 def read_id(path: Path) -> str | None:
     """The id kept at `path`, None when there is none (no file, or an empty one); ValueError
     with a sentence when the file holds something else (or is a link, a FIFO, a device, or
@@ -64,13 +35,16 @@ def read_id(path: Path) -> str | None:
     wrong = (f"{path} does not hold a collector id (one line of printable text, at most "
              f"{MAX_ID_CHARS} characters)")
     try:
-        text: str | None = read_capped(path, MAX_ID_CHARS * 4 + 2).decode("utf-8").strip()
+        raw = filemodes.read_regular(path, MAX_ID_CHARS * 4 + 2)
+        text: str | None = raw.decode("utf-8").strip()
     except FileNotFoundError:
         return None
     except UnicodeDecodeError:
         text = None  # not an id
-    except ValueError as exc:
+    except filemodes.NotRegular as exc:
         why = "it " + str(exc).removeprefix(f"{path} ")
+        if exc.what == "large":
+            why += ", more than an id can be"
         raise NotAnId(f"{wrong}: {why}", why) from None
     if text == "":
         return None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleet_min import jsonio
+from fleet_min import filemodes, jsonio
 from fleet_min.controlplane.runners.procs import Proc
 
 DRAIN_MARKER = ".fleet-drain"
@@ -88,27 +88,9 @@ def read_small(path: Path, limit: int = SMALL_FILE_BYTES, *, follow: bool = True
     not followed either (for text that is served: a link to `.credentials` must not be read).
     """
     try:
-        if not stat.S_ISREG(os.stat(path, follow_symlinks=follow).st_mode):
-            return None
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+        return filemodes.read_regular(path, limit, follow=follow, truncate=True)
     except (OSError, ValueError):
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        chunks: list[bytes] = []
-        left = limit
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        return b"".join(chunks)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def read_runner_file(path: Path) -> dict[str, Any]:
