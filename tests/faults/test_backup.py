@@ -521,6 +521,71 @@ def test_a_restore_interrupted_while_it_staged_keeps_a_collector_from_starting(
         assert proc.client.get("/api/health")[0] == 200
 
 
+def test_a_restore_killed_before_it_moved_anything_names_no_folder_that_is_not_there(
+        tmp_path: Path) -> None:
+    """Killed between writing its marker and making its pre-restore folder, a restore left a
+    marker that names a folder which does not exist: the start's sentence does not send the
+    operator to it, and says the previous files are still in place."""
+    live, ids = crashed_collector(tmp_path)
+    (live / "restore-in-progress").write_text(json.dumps(
+        {"backup": "/media/usb/bk", "aside": "pre-restore-20261127T101500Z",
+         "moved": ["fleet.sqlite3"], "started_at": "2026-11-27T10:15:00Z"}) + "\n")
+    sentence = start_refused(live)
+    assert "pre-restore-20261127T101500Z" not in sentence, sentence
+    assert "it had moved nothing yet" in sentence and "/media/usb/bk" in sentence, sentence
+    assert jobs_in(live, tmp_path / "probe") == ids
+
+
+def test_a_damaged_marker_names_the_pre_restore_folders_as_they_are(tmp_path: Path) -> None:
+    """A marker damaged by hand cannot say which folder its restore made. With none there, the
+    sentence says nothing was moved aside; with a finished restore's older folder and a newer
+    one, it names the newest as the one to check and the older as older, never as this
+    restore's own."""
+    live, ids = crashed_collector(tmp_path)
+    (live / "restore-in-progress").write_text("{not json")
+    sentence = start_refused(live)
+    assert "is damaged" in sentence and "no pre-restore folder" in sentence, sentence
+    for name in ("pre-restore-20261101T080000Z", "pre-restore-20261127T101500Z-9",
+                 "pre-restore-20261127T101500Z-10"):
+        (live / name).mkdir(mode=0o750)
+    sentence = start_refused(live)
+    assert "if the interrupted restore made pre-restore-20261127T101500Z-10/" in sentence, \
+        sentence
+    assert ("older: pre-restore-20261127T101500Z-9, pre-restore-20261101T080000Z"
+            in sentence), sentence
+    backup_dir = tmp_path / "bk"
+    src, _ = stopped_collector(tmp_path / "src")
+    assert fleet("backup", str(backup_dir), "--data", str(src)).returncode == 0
+    refused = fleet("restore", str(backup_dir), "--data", str(live), "--force")
+    assert refused.returncode == 1 and "is damaged" in refused.stderr, refused.stderr
+    assert "pre-restore-20261127T101500Z-10/" in refused.stderr, refused.stderr
+    assert jobs_in(live, tmp_path / "probe") == ids
+
+
+def test_a_restore_beside_a_sqlite3_shell_says_what_holds_the_database(tmp_path: Path) -> None:
+    """The data directory's lock keeps a collector of this version out, so a database still
+    open after restore took that lock is held by something else (a sqlite3 shell, a copy
+    tool): the refusal says so instead of naming a collector, and changes nothing."""
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    shell = subprocess.Popen(
+        [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
+         "c.execute('SELECT count(*) FROM jobs').fetchone(); print('open', flush=True); "
+         "sys.stdin.read()", str(data / "fleet.sqlite3")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert shell.stdout is not None and shell.stdout.readline().strip() == "open"
+        before = files_of(data)
+        refused = fleet("restore", str(backup_dir), "--data", str(data), "--force")
+        assert refused.returncode == 1, refused.stdout
+        assert "open in another process (a sqlite3 shell" in refused.stderr, refused.stderr
+        assert "a collector is running" not in refused.stderr
+        assert files_of(data) == before
+    finally:
+        shell.communicate("", timeout=30)
+
+
 def test_a_backup_database_swapped_after_restore_opened_it_is_not_installed(
         tmp_path: Path) -> None:
     data, _ = stopped_collector(tmp_path)

@@ -85,14 +85,18 @@ def interrupted(data_dir: Path) -> str | None:
         return None
     try:
         marker = _read_marker(data_dir)
-    except BackupError:
-        marker = {}
+    except BackupError as exc:
+        return (f"a restore into {data_dir} was interrupted, so its database may be "
+                f"half-replaced, and {exc}")
     fix = (f"run the restore again (fleet-min collector restore "
-           f"{marker.get('backup') or 'BACKUP'} --data {data_dir} --force), which undoes the "
+           f"{marker['backup']} --data {data_dir} --force), which undoes the "
            "interrupted one first")
-    if marker.get("aside"):
-        fix += (f", or put the files in {data_dir / marker['aside']} back into {data_dir} and "
+    aside = marker.get("aside")
+    if aside and os.path.isdir(data_dir / aside):
+        fix += (f", or put the files in {data_dir / aside} back into {data_dir} and "
                 f"remove {data_dir / MARKER}")
+    else:  # killed before it moved anything aside: the previous files are in place
+        fix += f", or remove {data_dir / MARKER} (it had moved nothing yet)"
     return (f"a restore into {data_dir} was interrupted ({MARKER} is there), so its database "
             f"may be half-replaced; to finish, {fix}")
 
@@ -154,8 +158,10 @@ def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, 
     target = data_dir / DB_NAME
     _refuse_links(data_dir, listed)
     if database_in_use(target):
-        raise BackupError(f"the database in {data_dir} is open (a collector is running on it); "
-                          "stop the collector first")
+        # Not a collector of this version: it would hold the directory's lock taken above.
+        raise BackupError(f"the database in {data_dir} is open in another process (a sqlite3 "
+                          "shell, a copy or backup tool, or a collector of a version before "
+                          "the data directory lock); close it first")
     marker = _read_marker(data_dir) if os.path.lexists(data_dir / MARKER) else None
     staged = _stage(src, data_dir, manifest, listed, collector_id)
     if not force and marker and marker["aside"]:
@@ -277,20 +283,42 @@ def _copy_artifact(packed: Path, dest: Path, sha256: str, size: int) -> Path:
 
 def _read_marker(data_dir: Path) -> dict[str, Any]:
     path = data_dir / MARKER
-    damaged = BackupError(f"{path} (left by an interrupted restore) is damaged; put the files "
-                          f"of the newest {data_dir}/pre-restore-<time>/ back into {data_dir} "
-                          "by hand and remove it")
     try:
         marker = json.loads(backup_check.read_small(path, _MARKER_CAP))
     except (OSError, ValueError):
-        raise damaged from None
+        marker = None
     if not isinstance(marker, dict) or not isinstance(marker.get("backup"), str) \
             or not (marker.get("aside") is None
                     or (isinstance(marker["aside"], str) and _ASIDE.fullmatch(marker["aside"])))\
             or not isinstance(marker.get("moved"), list) \
             or not all(name in PREVIOUS for name in marker["moved"]):
-        raise damaged
+        raise BackupError(f"{path} (left by an interrupted restore) is damaged; "
+                          + _damaged_marker_fix(data_dir))
     return marker
+
+
+def _damaged_marker_fix(data_dir: Path) -> str:
+    """What to do about a marker that cannot be read. Its restore wrote it just before making
+    its own pre-restore folder, so that folder, when there is one, is the newest; older ones
+    are finished restores' and hold nothing of this one. The marker's own time proves nothing
+    (it may have been edited since), so the folders are named as they are, not guessed."""
+    try:
+        folders = sorted((name for name in os.listdir(data_dir) if _ASIDE.fullmatch(name)),
+                         key=_aside_order)
+    except OSError:
+        folders = []
+    if not folders:
+        return (f"no pre-restore folder is in {data_dir}, so the restore had moved nothing "
+                f"aside and the previous files are still in place: remove {MARKER}")
+    older = f" (older: {', '.join(reversed(folders[-3:-1]))})" if len(folders) > 1 else ""
+    return (f"if the interrupted restore made {folders[-1]}/ (the newest{older}), put its "
+            f"files back into {data_dir} by hand; then remove {MARKER}")
+
+
+def _aside_order(name: str) -> tuple[str, int]:
+    """pre-restore-<time>[-n] in the order they were made (-10 after -9)."""
+    stamp, _, n = name[len("pre-restore-"):].partition("-")
+    return stamp, int(n or 1)
 
 
 def _write_marker(data_dir: Path, marker: dict[str, Any]) -> None:
