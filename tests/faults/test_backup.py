@@ -662,6 +662,16 @@ def hostile(backup_dir: Path, how: str) -> None:
                              "WHERE name = 'jobs'")
             elif how == "a row numbered near 2**63":
                 conn.execute("UPDATE jobs SET seq = 9223372036854775806")
+            elif how == "a spec that is not JSON":
+                conn.execute("UPDATE jobs SET spec = 'not json'")
+            elif how == "a time kept as text":
+                conn.execute("UPDATE jobs SET created_at = 'yesterday'")
+            elif how == "a job id that is not UTF-8":
+                conn.execute("UPDATE jobs SET job_id = CAST(X'FFFE41' AS TEXT)")
+            elif how == "a template with no workload":
+                conn.execute("INSERT INTO schedules (id, cron, enabled, template, created_at, "
+                             "updated_at) VALUES ('nightly', '0 3 * * *', 1, "
+                             "'{\"executor\": \"device\"}', 1, 1)")
         finally:
             conn.close()
     if how == "wrong counts":
@@ -685,12 +695,17 @@ def hostile(backup_dir: Path, how: str) -> None:
     ("wrong counts", "says 5 jobs, but the database holds 1"),
     ("a sequence near 2**63", "numbers the rows of 'jobs' up to 9223372036854775806"),
     ("a row numbered near 2**63", "up to 9223372036854775806"),
+    ("a spec that is not JSON", "column 'spec': holds 'not json' where a job spec"),
+    ("a time kept as text", "column 'created_at': holds 'yesterday' where a time"),
+    ("a job id that is not UTF-8", "column 'job_id': holds bytes that are not UTF-8"),
+    ("a template with no workload", "table 'schedules', rowid 1, column 'template'"),
 ])
 def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
         tmp_path: Path, how: str, words: str) -> None:
     """Whatever a backup's files are (a FIFO, a sparse gigabyte, a link to /dev/zero, a database
-    whose `jobs` is an endless view, that lacks a table or a column, has a trigger, or does not
-    hold what its manifest counts), restore refuses in one sentence, within the hang detector
+    whose `jobs` is an endless view, that lacks a table or a column, has a trigger, does not
+    hold what its manifest counts, or holds a row the collector could not have written: a
+    restored collector answered 500 on every job listing that met one), restore refuses in one sentence, within the hang detector
     and the child's 1 GiB of address space, and the data directory stays as it was."""
     data, _ = stopped_collector(tmp_path)
     backup_dir = tmp_path / "bk"

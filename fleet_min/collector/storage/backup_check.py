@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fleet_min import filemodes
+from fleet_min.collector.storage import row_check
 from fleet_min.db import migrate
 
 _CHUNK = 1 << 20
@@ -235,6 +236,7 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
         try:
             _copy_rows(conn)
             _check_numbering(conn, named)
+            row_check.check_rows(conn)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
@@ -242,6 +244,9 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
         conn.execute("DETACH DATABASE backup")
         counts, artifacts = _contents(conn)
         return Checked(int(conn.execute("PRAGMA user_version").fetchone()[0]), counts, artifacts)
+    except row_check.BadRow as exc:
+        raise Refused(f"{named} holds a row the collector could not have written ({exc}); the "
+                      "backup is damaged or hostile") from None
     except sqlite3.IntegrityError as exc:
         raise Refused(f"{named}'s rows do not fit the collector's own schema at version "
                       f"{version} ({exc}); the backup is damaged or hostile") from None
