@@ -705,8 +705,9 @@ def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
     """Whatever a backup's files are (a FIFO, a sparse gigabyte, a link to /dev/zero, a database
     whose `jobs` is an endless view, that lacks a table or a column, has a trigger, does not
     hold what its manifest counts, or holds a row the collector could not have written: a
-    restored collector answered 500 on every job listing that met one), restore refuses in one sentence, within the hang detector
-    and the child's 1 GiB of address space, and the data directory stays as it was."""
+    restored collector answered 500 on every job listing that met one), restore refuses in one
+    sentence, within the hang detector and the child's 1 GiB of address space, and the data
+    directory stays as it was."""
     data, _ = stopped_collector(tmp_path)
     backup_dir = tmp_path / "bk"
     assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
