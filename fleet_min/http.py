@@ -222,9 +222,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+# An integer of more digits than a float can hold: SQLite's JSON functions (the listings' trims,
+# json_each) turn a stored one into Inf, which no JSON reader takes back.
+MAX_INTEGER_DIGITS = 308
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
+        raise BadRequest(f"the number {text[:20]}... has more than {MAX_INTEGER_DIGITS} digits, "
+                         "past what a float holds")
+    return int(text)
+
+
 # Built once (json.loads with options builds a decoder per call). It decides every body orjson
 # did not take (see fleet_min.jsonio), and words the refusals.
-_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_float)
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite_float,
+                            parse_int=_bounded_int)
 
 
 async def read_json_object(request: web.Request, limit: int | None = None) -> dict[str, Any]:

@@ -149,6 +149,24 @@ async def test_the_listing_trims_bulky_descriptors_and_beacons_the_record_keeps_
     assert whole["last_beacon"]["log"] == "l" * 4000
 
 
+async def test_an_integer_a_float_cannot_hold_is_refused_before_a_listing_meets_it(client):
+    """SQLite's JSON functions, which trim a bulky descriptor for the listing, turn an integer
+    of 309 digits or more into Inf, which no JSON reader takes back: one device registered so
+    made the device listing answer 500. Such a body is refused; 308 digits still list."""
+    pad = "x" * 2100  # past the trim's threshold
+    resp = await client.post("/devices/register", data=(
+        '{"device_id": "huge", "descriptor": {"n": 1' + "0" * 308 + ', "pad": "' + pad + '"}}'),
+        headers={"Content-Type": "application/json"})
+    assert resp.status == 400 and "more than 308 digits" in (await resp.json())["error"]
+    resp = await client.post("/devices/register", data=(
+        '{"device_id": "wide", "descriptor": {"n": 9' + "9" * 307 + ', "pad": "' + pad + '"}}'),
+        headers={"Content-Type": "application/json"})
+    assert resp.status == 200, await resp.text()
+    got = await listed(client)
+    assert set(got) == {"wide"} and got["wide"]["trimmed"] == ["descriptor"]
+    assert got["wide"]["descriptor"]["n"] == pytest.approx(1e308)
+
+
 async def test_a_listing_of_many_bulky_devices_stays_small(client):
     # 200 devices whose descriptors are each near the 16 KiB a registration may carry: whole,
     # they would make the listing over 3 MB; trimmed, each record is a few hundred bytes.

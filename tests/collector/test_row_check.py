@@ -82,6 +82,8 @@ def test_rows_as_the_collector_writes_them_pass(db: sqlite3.Connection) -> None:
     ("UPDATE jobs SET job_id = X'00'", "job_id", "a blob where text is kept"),
     ("UPDATE jobs SET warnings = '[1]'", "warnings", "a JSON array of strings"),
     ("UPDATE results SET metrics = '[]'", "metrics", "where a JSON object is kept"),
+    ("UPDATE results SET metrics = '{\"n\": 1" + "0" * 400 + "}'", "metrics",
+     "the integer 10000000000000000000... is past a float's range"),
     ("UPDATE results SET extra = '5'", "extra", "where a JSON object is kept"),
     ("UPDATE results SET artifacts = '[{\"sha256\": 1}]'", "artifacts", "array of strings"),
     ("UPDATE schedule_runs SET slot = '202613010000' WHERE outcome = 'enqueued'", "slot",

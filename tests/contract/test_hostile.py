@@ -220,6 +220,8 @@ def generic_bodies(limit: int, any_json: bool) -> list[tuple[str, bytes, tuple[i
          (400,)),
         *NESTING_AND_SURROGATES,
         ("an integer of 5000 digits", b'{"x": ' + b"9" * 5000 + b"}", (400,)),
+        ("an integer of 400 digits (Inf to SQLite's JSON functions)",
+         b'{"x": ' + b"9" * 400 + b"}", (400,)),
         ("non-UTF-8 bytes", b'{"device_id": "\xff\xfe"}', (400,)),
         ("a UTF-16 body", '{"a": 1}'.encode("utf-16"), (400,)),
         ("NaN, which is not JSON", b"NaN", (400,)),

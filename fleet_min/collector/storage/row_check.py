@@ -245,8 +245,8 @@ def _shown(kind: str, value: Any) -> str:
 
 # -- what only Python can judge ---------------------------------------------------------------
 
-# A number token a float cannot hold, or an integer past the json module's 4,300 digits: a
-# cheap search first, the parse only when it finds one.
+# A number token a float cannot hold (SQLite's JSON functions turn an integer of 309 digits or
+# more into Inf): a cheap search first, the parse only when it finds one.
 _LARGE_NUMBER = re.compile(rb"[eE][+-]?[0-9]{3}|[0-9]{309}")
 
 
@@ -257,12 +257,18 @@ def _finite(text: str) -> float:
     return value
 
 
+def _bounded(text: str) -> int:
+    if len(text.lstrip("-")) > 308:
+        raise ValueError(f"the integer {text[:20]}... is past a float's range")
+    return int(text)
+
+
 def _json_problem(raw: bytes) -> str | None:
     if jsonio.too_deep(raw, STORED_DEPTH):
         return f"holds JSON nested deeper than {STORED_DEPTH} levels"
     if _LARGE_NUMBER.search(raw):
         try:
-            json.loads(raw, parse_float=_finite)
+            json.loads(raw, parse_float=_finite, parse_int=_bounded)
         except ValueError as exc:
             return f"holds JSON a reader cannot take ({str(exc)[:80]})"
     return None
