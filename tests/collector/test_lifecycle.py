@@ -417,6 +417,19 @@ async def test_the_waiters_one_final_row_promotes_may_add_16_mib_together(client
         "refer to smaller values (an artifact's hash, say) or from fewer jobs")
 
 
+async def test_the_legacy_job_page_lists_the_artifacts_a_job_made(client):
+    """The job detail lists artifacts as records (hash, role, name); the legacy page read them
+    as hashes and answered 500 for every job whose row listed one."""
+    await setup_claimed(client, "made")
+    resp = await client.post("/results", json=result_row("made", "d", 0, final=True, ok=True,
+                                                         artifacts=[SHA_A]))
+    assert resp.status == 200, await resp.text()
+    resp = await client.get("/dash/legacy/jobs/made")
+    assert resp.status == 200, await resp.text()
+    page = await resp.text()
+    assert f'href="/artifacts/{SHA_A}"' in page and "output" in page
+
+
 async def test_the_detail_lists_dependencies_in_the_specs_order_with_their_status(client):
     await client.post("/jobs", json=[job("z"), job("a"), job("w", depends_on=["z", "a"])])
     waiter = await (await client.get("/api/jobs/w")).json()

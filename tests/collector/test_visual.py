@@ -157,6 +157,17 @@ async def test_an_unknown_suite_has_an_empty_matrix(client):
     assert matrix["latest"] is None and matrix["cells"] == []
 
 
+async def test_a_screenshot_job_whose_url_is_not_one_leaves_the_views_answering(client):
+    """targets.url is any string to the spec's check; `http://[oops/` made urlsplit raise on
+    every read of the suites and the matrix while the job was among the newest."""
+    resp = await client.post("/jobs", json=job("w1", workload="web-shots", executor="host",
+                                               targets={"url": "http://[oops/"}))
+    assert resp.status == 201, await resp.text()
+    suites = await get(client, "/api/visual/suites")
+    assert isinstance(suites["suites"], list)
+    await get(client, "/api/visual/matrix?suite=web-shots")
+
+
 async def test_a_capture_that_is_not_a_png_is_an_error_cell(client):
     baseline = await upload(client, png_bytes(8, 8))
     await accept(client, baseline, page="/", suite="site.test")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from fleet_min import numbers
 from fleet_min.collector.artifacts import pixels
@@ -106,14 +106,22 @@ def _text(value: Any) -> str | None:
     return value.strip()[:MAX_NAME_CHARS] if isinstance(value, str) and value.strip() else None
 
 
+def _split_url(url: Any) -> SplitResult:
+    """targets.url in parts; empty parts for one that is not text or not a URL (`http://[x/`
+    is any string to the spec's check, and urlsplit raises on it)."""
+    try:
+        return urlsplit(url if isinstance(url, str) else "")
+    except ValueError:
+        return urlsplit("")
+
+
 def job_suite(workload: str, spec: Mapping[str, Any], template_id: str | None) -> str:
     """The suite a screenshot job's rows belong to unless a row says otherwise."""
     params = _dict(spec.get("params"))
     suite = _dict(spec.get("suite"))
     app = _dict(spec.get("app"))
     targets = _dict(spec.get("targets"))
-    url = targets.get("url")
-    url_host = urlsplit(url).hostname if isinstance(url, str) else None
+    url_host = _split_url(targets.get("url")).hostname
     for candidate in (params.get("suite"), suite.get("flows"), app.get("name"),
                       params.get("app_id"), url_host, template_id):
         if _text(candidate):
@@ -126,8 +134,7 @@ def _page_of_url(spec: Mapping[str, Any]) -> str:
     if _text(params.get("page")):
         return str(_text(params.get("page")))
     targets = _dict(spec.get("targets"))
-    url = targets.get("url")
-    parts = urlsplit(url if isinstance(url, str) else "")
+    parts = _split_url(targets.get("url"))
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 

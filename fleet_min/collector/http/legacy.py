@@ -371,8 +371,9 @@ def job(j: Mapping[str, Any]) -> Markup:
         *((job_link(d["job_id"]), pill(d["status"]), "waits for this") for d in j["dependents"]),
         *((job_link(c["job_id"]), pill(c["status"]), "fan-out child") for c in j["children"])],
         "No dependencies or children.")
-    artifacts = table(("SHA-256",), ((tag("a", short_sha(sha), href=f"/artifacts/{sha}"),)
-                                     for sha in j["artifacts"]), "No artifacts.")
+    artifacts = table(("SHA-256", "Role", "Name"), (
+        (tag("a", short_sha(a["sha256"]), href=a["url"]), a["role"], a["name"])
+        for a in j["artifacts"]), "No artifacts.")
     return (section("Job", info) + section("Attempts", attempts) + section("Results", results)
             + section("Chain and children", chain) + section("Artifacts", artifacts)
             + section("Spec", pretty(j.get("spec"))))
