@@ -9,7 +9,15 @@ import asyncio
 import hashlib
 import sqlite3
 
-from tests.support.collector import age_rows, beacon, executor_claim, job, registration, result_row
+from tests.support.collector import (
+    age_rows,
+    beacon,
+    edit_rows,
+    executor_claim,
+    job,
+    registration,
+    result_row,
+)
 
 
 async def claim(client, device_id):
@@ -314,3 +322,47 @@ async def test_a_template_reads_test_artifacts_when_the_row_has_none(client):
     waiter = await (await client.get("/jobs/publish")).json()
     assert waiter["status"] == "queued", waiter["last_error"]
     assert waiter["spec"]["params"]["source"] == sha
+
+
+# -- a template reference resolved to what no spec may hold -----------------------------------
+
+
+async def test_a_reference_resolved_to_what_no_spec_may_hold_fails_its_job(client):
+    """A reference may stand where text is kept; resolved to an object (a backend) or to text
+    that does not compile (a match expression), the spec is no job's, and storing it made a
+    device be handed a backend that is an object. The waiter fails with the reason instead, and
+    keeps the spec it was sent with."""
+    await client.post("/devices/register", json=registration("d"))
+    await enqueue(client, [
+        job("a"),
+        job("obj", backend="${jobs.a.metrics.k}", depends_on=["a"]),
+        job("expr", targets={"match": "model == '${jobs.a.metrics.q}'"}, depends_on=["a"]),
+        job("fine", params={"n": "${jobs.a.metrics.n}"}, depends_on=["a"])])
+    assert (await claim(client, "d"))["job_id"] == "a"
+    reply = await finish(client, "a", "d", metrics={"k": {"x": [1, 2]}, "q": "x' ((( ", "n": 3})
+    assert reply["promoted"] == ["fine"], reply
+    for job_id, words in (("obj", "backend"), ("expr", "targets.match")):
+        row = await (await client.get(f"/jobs/{job_id}")).json()
+        assert row["status"] == "failed", row
+        assert row["last_error"].startswith("with its template references resolved, the spec "
+                                            "is not one a job may have: "), row["last_error"]
+        assert words in row["last_error"], row["last_error"]
+        assert "${jobs.a.metrics." in str(row["spec"])  # stored as it was sent
+    fine = await (await client.get("/jobs/fine")).json()
+    assert fine["status"] == "queued" and fine["spec"]["params"]["n"] == 3
+
+
+async def test_retrying_a_job_whose_stored_spec_no_job_may_have_is_refused(client, db_path):
+    """A spec stored before resolved references were checked (or one a later rule refuses) is
+    refused by retry with a sentence, not stored again: a dict where a pool is kept made the
+    retry answer 500."""
+    await enqueue(client, job("bad", targets={"pool": "lab"}))
+    assert (await client.post("/api/jobs/bad/cancel", json={})).status == 200
+    edit_rows(db_path, "UPDATE jobs SET spec = json_set(spec, '$.targets.pool', "
+                       "json('{\"o\": 1}')) WHERE job_id = 'bad'")
+    resp = await client.post("/api/jobs/bad/retry", json={})
+    body = await resp.json()
+    assert resp.status == 409, body
+    assert "its stored spec does not pass the checks a new job's does" in body["error"], body
+    jobs = await (await client.get("/api/jobs")).json()
+    assert [j["job_id"] for j in jobs["jobs"]] == ["bad"]

@@ -29,7 +29,7 @@ from fleet_min.collector.jobs.kinds import (
     JobStatus,
     LeaseExpiry,
 )
-from fleet_min.collector.jobs.specs import JobSpec, Targets
+from fleet_min.collector.jobs.specs import JobSpec, Targets, check_spec
 from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
 from fleet_min.timeutil import iso
@@ -834,9 +834,19 @@ def _settle_group(conn: sqlite3.Connection, parent_id: str
 
 
 def _rewritten(rewrites: templates.Rewrites, spec: JobSpec) -> JobSpec:
+    """The spec with its template references resolved, checked again as POST /jobs checks a
+    spec: a reference may stand where text is kept (a workload, a pool, a match expression) and
+    resolve to an object, a number or text that does not compile, and the job would be stored
+    and handed out as no job could be sent (Unresolvable: the job fails, saying why)."""
     if not templates.references(spec):
         return spec
-    return cast(JobSpec, rewrites.rewrite(spec))
+    rewritten = cast(JobSpec, rewrites.rewrite(spec))
+    try:
+        return check_spec(rewritten)
+    except BadRequest as exc:
+        raise templates.Unresolvable(
+            f"with its template references resolved, the spec is not one a job may have: "
+            f"{exc.message}") from None
 
 
 def _rewrites(conn: sqlite3.Connection) -> templates.Rewrites:
@@ -987,6 +997,15 @@ def retry(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects) -
         params.pop("resume_from", None)
     if row["is_group"]:
         spec.setdefault("fanout", True)
+    try:
+        # A stored spec is a new job's again: one whose references were resolved to what no
+        # spec may hold (stored before that was checked), or that a later rule refuses, is
+        # refused here rather than stored (a dict where a pool is kept made this a 500).
+        spec = check_spec(spec)
+    except BadRequest as exc:
+        raise Conflict(f"job {job_id} cannot be retried: its stored spec does not pass the "
+                       f"checks a new job's does ({exc.message}); enqueue a corrected copy "
+                       "instead") from None
     reply = _store(conn, spec, now, effects, _Tally(conn, 1), template_id=row["template_id"],
                    parent=None)
     return {"ok": True, "job_id": spec["job_id"], "retry_of": job_id, "status": reply["status"],
