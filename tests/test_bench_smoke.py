@@ -162,3 +162,10 @@ def test_request_costs_smoke():
     assert all(r["requests"] > 0 and r["unexpected"] == 0 for r in kinds), kinds
     ratios = [r for r in records if r.get("figure") == "ratio"]
     assert {r["kind"] for r in ratios} == {"health", "beacon", "renewal"}
+
+
+def test_restore_rows_smoke():
+    result = figure(run_bench("restore_rows"), "row_check")
+    assert result["rows"] == 2000 + 2000 + 200
+    for key in ("rebuild_s", "check_s", "copy_s", "ratio", "check_us_per_row"):
+        assert isinstance(result[key], (int, float)) and result[key] > 0, key
