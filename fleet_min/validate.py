@@ -174,6 +174,33 @@ def _string(min_len: int = 0, max_len: int | None = None) -> _Check:
     return _Check(lambda v: isinstance(v, str) and min_len <= len(v) <= max_len, desc)
 
 
+# Characters that reorder the text shown after them (bidirectional embeddings, overrides and
+# isolates): a name holding one shows as another (`fleet-1.4-<U+202E>kpa.exe` reads as
+# `fleet-1.4-exe.apk`), and the reordering spills into the text beside it on a page. Marks
+# (U+200E, U+200F) and joiners stay allowed: right-to-left scripts and emoji need them.
+_REORDERING = re.compile("[\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+LABEL_WORDS = "no control characters and none that reorder the text after them"
+
+
+def is_label(text: str) -> bool:
+    """A one-line name a page shows (a device's name, a pool, a workload, an artifact's name):
+    no control characters, none that reorder the text after it."""
+    return not _CONTROL.search(text) and not _REORDERING.search(text)
+
+
+def is_note(text: str) -> bool:
+    """Free text a page shows (a device's notes): lines and tabs allowed, otherwise as a label."""
+    return not _CONTROL_BUT_LINES.search(text) and not _REORDERING.search(text)
+
+
+def _label(min_len: int, max_len: int) -> _Check:
+    return _Check(lambda v: isinstance(v, str) and min_len <= len(v) <= max_len
+                  and is_label(v),
+                  f"a string of {min_len} to {max_len} characters ({LABEL_WORDS})")
+
+
 def _one_of(*choices: str) -> _Check:
     words = [json.dumps(c) for c in choices]
     desc = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
@@ -394,7 +421,7 @@ _FANOUT = _Rule(_fanout_errors,
                 lambda value: isinstance(value, bool) or _FANOUT_OBJECT.ok(value))
 
 
-_NAME = _string(1, 100)
+_NAME = _label(1, 100)
 SUITE_KINDS = ("flow_runner", "native_bundle", "browser_runner")
 SUITE_KIND_ALIASES = {"maestro": "flow_runner", "xcuitest": "native_bundle",
                       "playwright": "browser_runner"}
@@ -595,8 +622,8 @@ _REGISTER = _object({
         **{k: _or_null(_integer(0)) for k in _DESCRIPTOR_INTEGERS},
         **{k: _NULLABLE_STRING for k in _DESCRIPTOR_STRINGS},
     }),
-    "pools": _array(_string(1, 100), "an array of pool labels", max_items=64),
-    "capabilities": _array(_string(1, 200), "an array of capability names", max_items=256),
+    "pools": _array(_label(1, 100), "an array of pool labels", max_items=64),
+    "capabilities": _array(_label(1, 200), "an array of capability names", max_items=256),
     "ttl_s": _integer(10, 31536000),
 }, required=("device_id",))
 

@@ -596,3 +596,21 @@ def test_upload_memory_is_flat_and_survives_kill_9(tmp_path):
         assert proc.client.get(f"/api/artifacts/{expected}")[1]["app"] == "big"
     finally:
         proc.stop()
+
+
+@pytest.mark.parametrize("header, value", [
+    ("name", "fleet-runner-1.4-\u202ekpa.exe"),  # shows as fleet-runner-1.4-exe.apk
+    ("app", "fleet-\u2067runner"), ("build", "1.4\u202d"), ("platform", "andr\u0085oid"),
+])
+async def test_a_name_that_reorders_or_hides_text_is_refused(client, header, value):
+    """An artifact's name, app, build and platform are shown on pages (the enrol page offers
+    the newest build by name): a direction override made `kpa.exe` read as `exe.apk` there,
+    while the download saved another name. They are refused, and nothing is stored."""
+    status, body = await upload(client, b"a build", **{header: value})  # UTF-8 on the wire
+    assert status == 400 and f"x-artifact-{header} must hold no control characters" in \
+        body["error"], body
+    listing = await (await client.get("/api/artifacts")).json()
+    assert listing["artifacts"] == []
+    # Right-to-left text and its marks are names like any other.
+    status, body = await upload(client, b"a build", name="\u05d1\u05e0\u05d9\u05d4\u200f.apk")
+    assert status == 201, body

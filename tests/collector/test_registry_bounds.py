@@ -284,3 +284,27 @@ async def test_a_page_of_bulky_result_rows_stays_small_and_the_job_keeps_them_wh
     assert len(whole["results"]) == rows
     assert {len(r["log"]) for r in whole["results"]} == {150_000}
     assert {len(r["metrics"]["notes"]) for r in whole["results"]} == {150_000}
+
+
+async def test_names_a_page_shows_refuse_characters_that_reorder_the_text(client):
+    """A direction override in a device's name, pools or capabilities, a job's workload or a
+    template's name reorders what a page shows after it (`<U+202E>kpa.exe` reads `exe.apk`):
+    each is refused with nothing stored. Right-to-left text with its marks is a name like any
+    other, and notes keep their lines."""
+    for fields in ({"pools": ["lab\u202e"]}, {"capabilities": ["bench\u2066mark"]}):
+        status, body = await register(client, "rtl", **fields)
+        assert status == 400 and "reorder the text" in body["error"], body
+    assert (await register(client, "rtl", pools=["\u05de\u05e2\u05d1\u05d3\u05d4\u200f"]))[0] == 200
+    for change in ({"name": "pixel\u202e"}, {"notes": "a\u2068b"}, {"pools": ["a\u202ab"]},
+                   {"name": "two\nlines"}):
+        resp = await client.patch("/api/devices/rtl", json=change)
+        assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
+    resp = await client.patch("/api/devices/rtl", json={"name": "\u05d8\u05dc\u05e4\u05d5\u05df",
+                                                        "notes": "shelf 2\nleft\tside"})
+    assert resp.status == 200, await resp.text()
+    resp = await client.post("/jobs", json=job("j", workload="bench\u202emark"))
+    assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
+    resp = await client.post("/api/templates", json={"id": "t", "name": "nightly\u202e", "spec": {
+        "schema": 1, "workload": "benchmark", "executor": "device"}})
+    assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
+    assert (await (await client.get("/api/jobs")).json())["jobs"] == []

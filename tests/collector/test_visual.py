@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from fleet_min.collector.artifacts import visual
-from tests.support.collector import job, result_row
+from tests.support.collector import edit_rows, job, result_row
 from tests.support.images import palette_png, png_bytes, with_stripe
 
 URL = "http://shop.test/pricing?plan=pro"
@@ -233,12 +233,17 @@ def test_a_schedule_names_the_suite_when_nothing_else_does():
     assert visual.job_suite("locale-shots", {}, "nightly-locales") == "nightly-locales"
 
 
-async def test_a_reported_difference_past_a_floats_range_is_no_figure(client):
-    """A 400-digit diff_pct is valid JSON and kept as sent, but no float holds it: the matrix
-    answers, and the cell reads as if no difference had been reported."""
+async def test_a_reported_difference_past_a_floats_range_is_no_figure(client, db_path):
+    """A 400-digit diff_pct is valid JSON, but no float holds it: refused at the door now, and
+    one a database from before kept leaves the matrix answering, the cell reading as if no
+    difference had been reported."""
     capture = await nightly_shots(client, "huge")
-    row = shot_row("huge", capture, "chromium", 10 ** 400)
+    refused = await client.post("/results", json=shot_row("huge", capture, "chromium", 10 ** 400))
+    assert refused.status == 400 and "more than 308 digits" in (await refused.json())["error"]
+    row = shot_row("huge", capture, "chromium", 987_654_321_987_654)
     assert (await client.post("/results", json=row)).status == 200
+    edit_rows(db_path, "UPDATE results SET metrics = replace(metrics, ?1, ?2), "
+                       "extra = replace(extra, ?1, ?2)", ("987654321987654", "1" + "0" * 400))
     cell = by_profile(await get(client, "/api/visual/matrix?suite=nightly"))["chromium"]
     assert cell["diff_pct"] is None, cell
 

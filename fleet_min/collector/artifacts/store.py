@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fleet_min import filemodes
+from fleet_min import filemodes, validate
 from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import OPEN
@@ -107,8 +107,9 @@ def publish_fields(headers: Mapping[str, str]) -> dict[str, str]:
             value.encode("utf-8")
         except UnicodeEncodeError:
             raise BadRequest(f"{header} is not valid UTF-8 text") from None
-        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-            raise BadRequest(f"{header} contains control characters")
+        if not validate.is_label(value):
+            raise BadRequest(f"{header} must hold {validate.LABEL_WORDS}: the name a page "
+                             "shows must be the name a download saves")
         fields[key] = value
     return fields
 

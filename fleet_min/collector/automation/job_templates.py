@@ -16,6 +16,7 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
+from fleet_min import validate
 from fleet_min.collector.automation.schedules import SCHEDULE_ID, check_template
 from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
@@ -39,8 +40,9 @@ def check_id(value: Any) -> str:
 def check_name(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or len(value) > NAME_MAX:
-        raise BadRequest(f"name must be text of at most {NAME_MAX} characters, or null")
+    if not isinstance(value, str) or len(value) > NAME_MAX or not validate.is_label(value):
+        raise BadRequest(f"name must be text of at most {NAME_MAX} characters "
+                         f"({validate.LABEL_WORDS}), or null")
     return value
 
 

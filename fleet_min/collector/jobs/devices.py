@@ -10,7 +10,7 @@ import json
 import sqlite3
 from typing import Any
 
-from fleet_min import jsonio
+from fleet_min import jsonio, validate
 from fleet_min.collector.jobs import authority, room, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
@@ -258,15 +258,19 @@ def edit(conn: sqlite3.Connection, device_id: str, changes: dict[str, Any], effe
         raise BadRequest(f"{unknown[0]} cannot be edited; editable fields are name, notes, pools")
     if not changes:
         raise BadRequest("nothing to change: send name, notes or pools")
-    for key in ("name", "notes"):
+    for key, fits in (("name", validate.is_label), ("notes", validate.is_note)):
         if key in changes and changes[key] is not None and (
-                not isinstance(changes[key], str) or len(changes[key]) > 2000):
-            raise BadRequest(f"{key} must be a string of at most 2000 characters, or null")
+                not isinstance(changes[key], str) or len(changes[key]) > 2000
+                or not fits(changes[key])):
+            raise BadRequest(f"{key} must be a string of at most 2000 characters "
+                             f"({validate.LABEL_WORDS}"
+                             f"{', lines and tabs aside' if key == 'notes' else ''}), or null")
     pools = changes.get("pools")
     if pools is not None and (not isinstance(pools, list) or len(pools) > 64 or not all(
-            isinstance(p, str) and 0 < len(p) <= 100 for p in pools)):
-        raise BadRequest("pools must be a list of at most 64 non-empty strings, or null to "
-                         "return to the pools the device reports")
+            isinstance(p, str) and 0 < len(p) <= 100 and validate.is_label(p) for p in pools)):
+        raise BadRequest("pools must be a list of at most 64 non-empty strings "
+                         f"({validate.LABEL_WORDS}), or null to return to the pools the device "
+                         "reports")
     if conn.execute("SELECT 1 FROM devices WHERE device_id = ?", (device_id,)).fetchone() is None:
         raise NotFound(f"no device {device_id!r}")
     for key, value in changes.items():
