@@ -36,8 +36,14 @@ class OneLineFormatter(logging.Formatter):
     sequence reaching a terminal could erase the line and draw a forged one in its place."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = " | ".join(part for part in super().format(record).splitlines() if part.strip())
-        return line if line.isprintable() else "".join(map(_printable, line))
+        return printable(" | ".join(part for part in super().format(record).splitlines()
+                                    if part.strip()))
+
+
+def printable(line: str) -> str:
+    """One line with every character that does not print (ESC, BEL, a direction override)
+    written as its escape, for text someone else wrote that reaches a terminal or a page."""
+    return line if line.isprintable() else "".join(map(_printable, line))
 
 
 def _printable(char: str) -> str:

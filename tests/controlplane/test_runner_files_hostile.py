@@ -213,6 +213,29 @@ async def test_a_log_tail_cut_inside_a_key_does_not_show_its_secret(
     assert (SECRET in detail, SECRET in bundle) == (False, False)
 
 
+async def test_terminal_escapes_in_a_runner_log_are_shown_as_escapes(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A runner's log quotes job and step names from workflow files, which a pull request's
+    author writes: cursor moves, an erase-line, a hyperlink or a direction override in one
+    would redraw the tail where a person reads it (`cat` of the bundle, a terminal). Each is
+    served as its escape, in the detail and the bundle."""
+    path = host_env.add_runner("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").write_text(
+        "[2026-11-27 10:00:00Z INFO Worker] step 'build'\n"
+        "[2026-11-27 10:00:01Z ERR  Worker] job failed\x1b[2K\x1b[1A all good "
+        "\x1b]8;;https://evil.example/\x07link\x1b]8;;\x07 \u202edesrever\n")
+    client = await start(host_env, aiohttp_client)
+    detail = await (await client.get("/api/runner?name=r1")).json()
+    bundle = await (await client.get("/api/runner/bundle?name=r1",
+                                     headers=auth(cp_of(client)))).text()
+    logs = detail["diag"]
+    shown = "".join(logs["tail"]) + logs["last_error"] + bundle
+    assert not any(char in shown for char in "\x1b\x07\u202e"), shown
+    assert "\\x1b[2K" in bundle and "\\u202edesrever" in bundle
+    assert logs["last_error"].endswith("\\u202edesrever"), logs["last_error"]
+
+
 async def test_command_output_cut_inside_a_key_does_not_show_its_secret(
         host_env: Host, tmp_path: Path, aiohttp_client: Any,
         monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min.controlplane.runners.redact import redact
+from fleet_min.logs import printable
 from fleet_min.timeutil import iso
 
 TAIL_BYTES = 64 * 1024
@@ -78,7 +79,9 @@ def summary_and_tail(runner_dir: Path, lines: int = TAIL_LINES) -> dict[str, Any
         return out
     path, info = candidates[-1]
     text = redact(read_tail(path))
-    all_lines = text.splitlines()
+    # The log holds job and step names from workflow files (a pull request's author writes
+    # them): an escape sequence in one would erase and redraw lines where the tail is shown.
+    all_lines = [printable(line) for line in text.splitlines()]
     errors = [line for line in all_lines if " ERR " in line or "[ERR" in line]
     out.update({"latest": {"name": path.name, "bytes": info.st_size,
                            "modified_at": iso(info.st_mtime)},
