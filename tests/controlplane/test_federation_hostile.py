@@ -928,3 +928,15 @@ async def test_remote_runners_are_bounded_across_hosts(
 
 async def _counted(value: Awaitable[tuple[int, int]]) -> bool:
     return (await value)[0] == MAX_REMOTE_RUNNERS
+
+
+def test_a_runner_field_that_would_redraw_the_page_is_not_kept() -> None:
+    """An agent's runner names its owner, state, version and labels in its own words: one
+    holding a control character or a direction override (which would reorder the Hosts page
+    after it) is not kept, while right-to-left text is."""
+    kept = clean_report({"runners": [{
+        "name": "r1", "owner": "octo\u202etac", "state": "idle\x1b[2K", "version": "2.320.0",
+        "labels": ["self-hosted", "lin\u2066ux", "\u05de\u05e2\u05d1\u05d3\u05d4"]}]})
+    (runner,) = kept["runners"]
+    assert (runner["owner"], runner["state"], runner["version"]) == (None, None, "2.320.0")
+    assert runner["labels"] == ["self-hosted", "\u05de\u05e2\u05d1\u05d3\u05d4"]

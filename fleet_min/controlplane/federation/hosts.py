@@ -38,6 +38,7 @@ from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict
 from fleet_min.timeutil import iso
+from fleet_min.validate import is_label
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,8 @@ def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
     out["name"] = runner["name"]
     for key in ("owner", "state", "version", "registration"):
         value = runner.get(key)
-        out[key] = value[:100] if isinstance(value, str) else None
+        # A control character or a direction override would redraw the page that shows it.
+        out[key] = value[:100] if isinstance(value, str) and is_label(value) else None
     repo = runner.get("repo")
     out["repo"] = repo if isinstance(repo, str) and valid_repo(repo) else None
     out["labels"] = _labels(runner.get("labels"))
@@ -126,7 +128,7 @@ def _labels(labels: Any) -> list[str]:
     out: list[str] = []
     size = 0
     for label in labels[:50] if isinstance(labels, list) else []:
-        if isinstance(label, str):
+        if isinstance(label, str) and is_label(label):
             size += len(label[:100])
             if size > MAX_LABEL_CHARS:
                 break
