@@ -142,10 +142,14 @@ def atomic_write_json(path: str, value: object) -> None:
 
 
 def read_json(path: str) -> object | None:
+    """The JSON in `path`; None when it cannot be read or is not JSON. JSON nested deeper than
+    the parser goes (RecursionError) counts as not JSON: a spooled row can carry a collector's
+    nesting (a pipeline event's source) that the encoder wrote but the decoder, called deeper
+    in the stack, cannot read back."""
     try:
         with open(path, encoding="utf-8") as fh:
             return json.load(fh)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
 
 

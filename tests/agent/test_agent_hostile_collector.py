@@ -508,3 +508,30 @@ def test_sigterm_stops_a_vantage_job_on_a_trickling_page_and_its_final_row_is_po
     row = fake.finals()[0]
     assert row["job_id"] == "v1" and row["preempted"] is True, row
     assert "the agent is shutting down; the job was handed back" in row["error"]
+
+
+# --- 13. a spooled row nested deeper than the parser reads --------------------------------------
+
+
+def spool_row(spool, number: int, text: str) -> None:
+    spool.mkdir(parents=True, exist_ok=True)
+    (spool / f"{time.time_ns() + number:020d}-{number:06d}.json").write_text(text)
+
+
+def test_a_spooled_row_nested_too_deep_to_read_is_set_aside_and_the_rest_are_delivered(
+        procs, fake, tmp_path):
+    """A pipeline event's `source` lands in a row as the collector sent it; nested a little
+    deeper than the decoder reaches from where the outbox reads, the row is written but cannot
+    be read back. It is set aside like any other unreadable entry, and the rows behind it go."""
+    spool = tmp_path / "state-deep-spool" / "spool"
+    spool_row(spool, 1, f'{{"collector": "{fake.url}", "row": {DEEP.decode()}}}')
+    later = {"schema": 1, "kind": "result", "device_id": "deep-spool", "job_id": "after",
+             "iter": 1, "ok": True, "final": True, "metrics": {}}
+    spool_row(spool, 2, json.dumps({"collector": fake.url, "row": later}))
+    agent = procs.agent([fake.url], "deep-spool")
+    wait_for(fake.finals, 30, what="the row spooled behind the nested one")
+    assert [r["job_id"] for r in fake.accepted] == ["after"]
+    wait_for(lambda: list((spool / "rejected").glob("*-000001.json")), 10,
+             what="the nested row set aside")
+    assert not agent.spooled()
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
