@@ -7867,14 +7867,19 @@ class Flusher(threading.Thread):
         backoff = Backoff(self.rt.cfg.retry_base_s, self.rt.cfg.retry_cap_s)
         delay = 0.0
         while not self.rt.stopping.wait(delay):
-            if not self.rt.outbox.pending():
-                delay = 1.0
-                backoff.reset()
-            elif self.rt.outbox.flush():
-                delay = 0.0
-                backoff.reset()
-            else:
+            try:
+                if not self.rt.outbox.pending():
+                    delay = 1.0
+                    backoff.reset()
+                elif self.rt.outbox.flush():
+                    delay = 0.0
+                    backoff.reset()
+                else:
+                    delay = backoff.next_delay()
+            except Exception:  # nothing may end the only thread that re-posts spooled rows
                 delay = backoff.next_delay()
+                log.exception("re-posting spooled rows failed unexpectedly; retrying in %.1f s",
+                              delay)
 
 
 # --------------------------------------------------------------------------------------------

@@ -535,3 +535,27 @@ def test_a_spooled_row_nested_too_deep_to_read_is_set_aside_and_the_rest_are_del
              what="the nested row set aside")
     assert not agent.spooled()
     assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
+def test_the_outbox_thread_outlives_a_failure_and_delivers_once_it_clears(procs, fake):
+    """spool/rejected/ turned into a file while the agent runs: setting an entry aside fails
+    (not a directory). The thread that re-posts spooled rows says so and tries again later;
+    once the directory is back, the entry is set aside and the row behind it is delivered."""
+    agent = procs.agent([fake.url], "flusher")
+    wait_for(lambda: any(p == "/devices/register" for _, _, p, _ in list(fake.requests)), 30,
+             what="registration")
+    rejected = agent.state / "spool" / "rejected"
+    rejected.rmdir()
+    rejected.write_text("not a directory")
+    spool_row(agent.state / "spool", 1, "{}")  # no row: to be set aside
+    row = {"schema": 1, "kind": "result", "device_id": "flusher", "job_id": "behind",
+           "iter": 1, "ok": True, "final": True, "metrics": {}}
+    spool_row(agent.state / "spool", 2, json.dumps({"collector": fake.url, "row": row}))
+    wait_for(lambda: "NotADirectoryError" in agent.log(), 30, what="the failed set-aside")
+    rejected.unlink()
+    rejected.mkdir(mode=0o700)
+    wait_for(fake.finals, 30, what="the row behind the entry, delivered by the outbox thread")
+    assert [r["job_id"] for r in fake.accepted] == ["behind"]
+    assert list(rejected.glob("*-000001.json"))
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+    assert "re-posting spooled rows failed unexpectedly" in agent.log()
