@@ -8074,6 +8074,15 @@ def parse_args(argv: list[str] | None, environ: dict | None = None) -> argparse.
     for url in cfg.collectors:
         if not url.startswith(("http://", "https://")):
             parser.error(f"collector address {url!r} must start with http:// or https://")
+        scheme, netloc, path, _, _ = urllib.parse.urlsplit(url)
+        if "@" in netloc:
+            # The agent never sends a URL's user and password, and a collector URL is logged
+            # and told to the other collectors (a busy beacon names it): refused, not leaked.
+            # The sentence leaves them out too, as it may land in a service's journal.
+            shown = f"{scheme}://...@{netloc.rpartition('@')[2]}{path}"
+            parser.error(f"collector address {shown} carries a user name or password; the "
+                         "agent does not send credentials from a URL, so give the address "
+                         "without them")
     return cfg
 
 

@@ -62,3 +62,24 @@ def test_a_flag_wins_over_its_variable(fa, tmp_path):
     defaults = fa.parse_args(["--collector", "http://a:1"], {})
     assert defaults.beacon_s == 60.0 and defaults.executor == "device"
     assert defaults.state_dir == os.path.expanduser("~/.fleet-agent")
+
+
+@pytest.mark.parametrize("how", ["flag", "variable"])
+def test_a_collector_address_with_a_user_and_password_is_refused_without_showing_them(
+        tmp_path, how):
+    """The agent sends no credentials from a URL; one given would be logged and told to the
+    other collectors in busy beacons, so the agent refuses to start, and never repeats it."""
+    urls = "http://127.0.0.1:9,http://alice:s3cret@127.0.0.1:8/base"
+    argv = ["--collector", urls] if how == "flag" else []
+    env = {**os.environ, "FLEET_AGENT_COLLECTOR": urls} if how == "variable" else {
+        k: v for k, v in os.environ.items() if k != "FLEET_AGENT_COLLECTOR"}
+    result = subprocess.run([sys.executable, str(AGENT_FILE), "--state-dir",
+                             str(tmp_path / "state"), *argv], capture_output=True, text=True,
+                            timeout=30, env=env)
+    assert result.returncode == 2, result
+    assert result.stderr.splitlines()[-1] == (
+        "fleet_agent.py: error: collector address http://...@127.0.0.1:8/base carries a user "
+        "name or password; the agent does not send credentials from a URL, so give the address "
+        "without them")
+    assert "s3cret" not in result.stderr + result.stdout and "alice" not in result.stderr
+    assert not (tmp_path / "state").exists()
