@@ -72,10 +72,12 @@ SYNTHETIC_ATTESTATION = "d7e8b70dfb48593edebc84967a969e78429f9ac6da8d0c681a4b57a
 # hand-back at iter 0 would swallow the resumed attempt's summary as a duplicate.
 HANDBACK_ITER_TOP = 1_000_000
 PROGRESS_KIND = "fleet-agent-progress"
-# Progress is read whole, and parsed JSON takes several times its size in memory. The agent's
-# own progress (figures, and the outputs of a batch's finished items) stays far below this; a
-# hand-back whose progress would not is given back without it.
-MAX_PROGRESS_BYTES = 64 << 20
+# Progress is read whole, and parsed JSON can take 25 times its bytes in memory (a file of empty
+# arrays): at 64 MiB that was 1.7 GB, an out-of-memory kill on a phone. This is the bound of a
+# JSON Lines input (MAX_JSONL_BYTES), about 400 MB at worst. The agent's own progress (figures,
+# and the clipped outputs of a batch's finished items: some 20,000 of them) stays below it; a
+# hand-back whose progress would not is given back without it, and restarts from the start.
+MAX_PROGRESS_BYTES = 16 << 20
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 DOWNLOAD_CHUNK = 1 << 20
 MAX_ERROR_CHARS = 1000

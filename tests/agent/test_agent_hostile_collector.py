@@ -559,3 +559,32 @@ def test_the_outbox_thread_outlives_a_failure_and_delivers_once_it_clears(procs,
     assert list(rejected.glob("*-000001.json"))
     assert not dead_threads(agent.log()), agent.log()[-3000:]
     assert "re-posting spooled rows failed unexpectedly" in agent.log()
+
+
+# --- 14. progress too large to parse safely ------------------------------------------------------
+
+
+def test_resume_from_progress_over_the_cap_is_refused_before_it_is_read(procs, fake):
+    """Parsed JSON can take 25 times its bytes (a file of empty arrays): progress one byte over
+    the 16 MiB cap is refused by its declared size, before a byte of it is downloaded, so it is
+    never parsed (at the old 64 MiB cap such a file took 1.7 GB of memory)."""
+    cap = 16 << 20
+    body = b"[" + b"[]," * ((cap - 3) // 3) + b"[]]"
+    body += b" " * (cap + 1 - len(body))
+    sha = hashlib.sha256(body).hexdigest()
+    job = one_job(dict(BENCH, job_id="r1", attempt=2, params=dict(
+        BENCH["params"], measure_iters=3, resume_from=sha)))
+
+    def route(handler: Handler, method: str, path: str, data: bytes) -> object:
+        if path == "/artifacts/" + sha:
+            return 200, body
+        return job(handler, method, path, data)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "big-progress")
+    wait_for(fake.finals, 30, what="the job's final row")
+    row = fake.finals()[0]
+    assert row["ok"] is False
+    assert row["error"] == (f"params.resume_from: artifact {sha[:12]} could not be downloaded: "
+                            f"it is larger than the {cap} bytes the agent takes"), row
+    assert not list((agent.state / "cache").iterdir())
