@@ -1085,11 +1085,11 @@ class Deadline(threading.Thread):
 
 @contextlib.contextmanager
 def exchange(method: str, url: str, body: object, headers: dict, timeout: float,
-             deadline: float):
+             deadline: float, stop: threading.Event | None = None):
     """One request to `url`, yielding (response with its headers read, its Deadline).
 
     http.client follows no redirect and reads no proxy variable; `timeout` bounds each socket
-    operation and `deadline` the whole exchange."""
+    operation and `deadline` the whole exchange, which `stop` (a job's) also ends."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError("collector addresses must start with http:// or https://: " + url)
@@ -1099,7 +1099,7 @@ def exchange(method: str, url: str, body: object, headers: dict, timeout: float,
         else http.client.HTTPConnection(netloc, timeout=timeout))
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     fields = {"user-agent": "fleet_agent/" + AGENT_VERSION, "connection": "close", **headers}
-    watch = Deadline(conn, deadline, f"{method} {url}")
+    watch = Deadline(conn, deadline, f"{method} {url}", stop)
     watch.start()
     try:
         conn.connect()
@@ -1276,10 +1276,15 @@ class Collector:
         self.download_verified(sha256, dest, limit)
         return dest
 
-    def download_verified(self, sha256: str, dest: str,
-                          limit: int = MAX_ARTIFACT_BYTES) -> os.stat_result:
+    def download_verified(self, sha256: str, dest: str, limit: int = MAX_ARTIFACT_BYTES,
+                          stop: threading.Event | None = None) -> os.stat_result:
         """download_artifact, answering the lstat of `dest` once it is in place: the very file
-        whose bytes were hashed as they were written (or an ArtifactError)."""
+        whose bytes were hashed as they were written (or an ArtifactError).
+
+        With `stop` (the job's), a download that event ends (a cancel, a lost lease, the job's
+        ceiling, the agent shutting down) raises Stopped within STOP_POLL_S, its partial file
+        removed: a collector trickling a chunk just inside DOWNLOAD_STALL_S could otherwise
+        hold the device for as long as the artifact limit lets the download run."""
         sha256 = sha256.lower()
         if not HEX64.match(sha256):
             raise ArtifactError(f"the artifact reference {sha256!r} is not a SHA-256 hex digest")
@@ -1288,8 +1293,10 @@ class Collector:
                                    dir=os.path.dirname(os.path.abspath(dest)))
         try:
             with os.fdopen(fd, "wb") as out:
-                actual = self._stream(url, out, limit, os.path.dirname(tmp))
+                actual = self._stream(url, out, limit, os.path.dirname(tmp), stop)
                 written = os.fstat(out.fileno())
+            if stop is not None and stop.is_set():  # a cut answer can read as a short one
+                raise Stopped("the download was stopped")
             if actual != sha256:
                 raise ArtifactError(
                     f"refused artifact {sha256[:12]}: its downloaded bytes have SHA-256 "
@@ -1302,6 +1309,8 @@ class Collector:
                 raise ArtifactError(f"artifact {sha256[:12]} was replaced in the cache as it "
                                     "was stored; refused")
         except (OSError, http.client.HTTPException, Unreachable, NoRoom) as exc:
+            if stop is not None and stop.is_set():  # the stop cut the socket: not a failure
+                raise Stopped("the download was stopped") from exc
             raise ArtifactError(f"artifact {sha256[:12]} could not be downloaded: {exc}") \
                 from exc
         finally:
@@ -1310,18 +1319,22 @@ class Collector:
         return placed
 
     @staticmethod
-    def _stream(url: str, out, limit: int, directory: str) -> str:
+    def _stream(url: str, out, limit: int, directory: str,
+                stop: threading.Event | None = None) -> str:
         """GET url into `out` a chunk at a time; the hex SHA-256 of what came. A download may
         take as long as it keeps coming (each chunk earns DOWNLOAD_STALL_S more), but never
-        grows past `limit` bytes or into the disk's last DOWNLOAD_FREE_RESERVE bytes."""
+        grows past `limit` bytes or into the disk's last DOWNLOAD_FREE_RESERVE bytes, and ends
+        as soon as `stop` is set (its Deadline shuts the socket, waking a blocked read)."""
         digest, size = hashlib.sha256(), 0
-        with exchange("GET", url, None, {}, 120, DOWNLOAD_STALL_S) as (response, watch):
+        with exchange("GET", url, None, {}, 120, DOWNLOAD_STALL_S, stop) as (response, watch):
             if response.status != 200:
                 raise Unreachable(f"the collector answered {response.status}")
             declared = _int_or_none(response.getheader("content-length"))
             if declared is not None:
                 download_room(directory, declared, limit)
             for chunk in body_chunks(response, watch, DOWNLOAD_CHUNK):
+                if stop is not None and stop.is_set():
+                    raise Stopped("the download was stopped")
                 watch.extend()
                 size += len(chunk)
                 download_room(directory, size, limit, len(chunk))
@@ -1382,15 +1395,16 @@ class ArtifactCache:
                     os.unlink(path)
 
     def fetch(self, collector: Collector, sha256: str, suffix: str = "",
-              limit: int = MAX_ARTIFACT_BYTES) -> str:
+              limit: int = MAX_ARTIFACT_BYTES, stop: threading.Event | None = None) -> str:
         """The path of the artifact's verified bytes: the cached file when it still hashes to
-        its name, else a fresh download (a changed cached file is removed first)."""
+        its name, else a fresh download (a changed cached file is removed first), which `stop`
+        ends (Stopped)."""
         sha256 = str(sha256).lower()
         path = os.path.join(self.directory, sha256 + suffix)
         if HEX64.match(sha256) and self.still_verified(path, sha256, limit):
             return path
         self.marks.pop(path, None)
-        placed = collector.download_verified(sha256, path, limit)
+        placed = collector.download_verified(sha256, path, limit, stop)
         self.marks[path] = file_mark(placed)
         return path
 
@@ -1752,7 +1766,11 @@ class JobContext:
         return self.collector.upload_artifact(data, name)
 
     def fetch(self, sha256: str, suffix: str = "", limit: int = MAX_ARTIFACT_BYTES) -> str:
-        return self.runtime.cache.fetch(self.collector, sha256, suffix, limit)
+        try:
+            return self.runtime.cache.fetch(self.collector, sha256, suffix, limit, self.stop)
+        except Stopped:
+            self.check()  # the job ends as its stop says (cancelled, handed back, ...)
+            raise
 
     def prior_progress(self) -> dict:
         """The progress an earlier attempt handed back (params.resume_from), verified."""

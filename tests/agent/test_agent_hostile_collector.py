@@ -588,3 +588,93 @@ def test_resume_from_progress_over_the_cap_is_refused_before_it_is_read(procs, f
     assert row["error"] == (f"params.resume_from: artifact {sha[:12]} could not be downloaded: "
                             f"it is larger than the {cap} bytes the agent takes"), row
     assert not list((agent.state / "cache").iterdir())
+
+
+# --- 15. an artifact that trickles in -------------------------------------------------------------
+
+
+class Trickled:
+    """An artifact answer that declares 10 MiB and sends 8 KiB every 0.1 s: each 1 MiB comes
+    well inside the 300 s a chunk may take, so only the job's stop can end the download."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.hung_up = threading.Event()
+        self.closing = threading.Event()
+
+    def send(self, handler: Handler) -> object:
+        handler.send_response(200)
+        handler.send_header("content-type", "application/octet-stream")
+        handler.send_header("content-length", str(10 << 20))
+        handler.end_headers()
+        self.started.set()
+        try:
+            for _ in range(1200):  # two minutes at most, whatever the agent does
+                handler.wfile.write(b"x" * 8192)
+                handler.wfile.flush()
+                if self.closing.wait(0.1):
+                    break
+        except OSError:
+            self.hung_up.set()
+        handler.close_connection = True
+        return HANDLED
+
+
+def trickling_batch(fake: FakeCollector, lease: dict) -> Trickled:
+    artifact = Trickled()
+    job = one_job(dict(SELF_CHECK, job_id="dl", workload="batch", backend="synthetic",
+                       params={"input_sha256": "ab" * 32}))
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path == "/artifacts/" + "ab" * 32:
+            return artifact.send(handler)
+        if method == "POST" and path == "/results" and b'"job_id"' in body \
+                and b'"kind": "beacon"' in body:
+            return 200, json.dumps(lease).encode()
+        return job(handler, method, path, body)
+
+    fake.route = route
+    return artifact
+
+
+@pytest.fixture
+def closing():
+    made: list[Trickled] = []
+    yield made
+    for artifact in made:
+        artifact.closing.set()
+
+
+@pytest.mark.parametrize("how, says", [
+    ("ceiling", "stopped: the job ran for the 2 s this agent allows a job (its owner's "
+                "--max-job-seconds)"),
+    ("lease", "stopped: the collector no longer renews this job's lease"),
+])
+def test_a_trickling_download_ends_with_its_job(procs, fake, closing, how, says):
+    renewed = how != "lease"
+    artifact = trickling_batch(fake, {"lease_renewed": renewed})
+    closing.append(artifact)
+    extra = ("--max-job-seconds", "2") if how == "ceiling" else ()
+    agent = procs.agent([fake.url], "trickled-dl", *extra)
+    assert artifact.started.wait(30), agent.log()[-3000:]
+    wait_for(fake.finals, 30, what="the final row of the job stopped mid-download")
+    row = fake.finals()[0]
+    assert row["ok"] is False and row["error"].startswith(says), row
+    assert "could not be downloaded" not in row["error"]
+    assert artifact.hung_up.wait(30), "the download went on after its job ended"
+    assert not list((agent.state / "cache").iterdir())  # no partial .dl-* file left
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
+def test_sigterm_ends_a_trickling_download_and_the_job_is_handed_back(procs, fake, closing):
+    artifact = trickling_batch(fake, {"lease_renewed": True})
+    closing.append(artifact)
+    agent = procs.agent([fake.url], "trickled-term", "--grace-s", "10")
+    assert artifact.started.wait(30), agent.log()[-3000:]
+    assert agent.stop(30) == 0
+    # Within the grace the job stopped, handed back, and posted its final row.
+    row = fake.finals()[0]
+    assert row["job_id"] == "dl" and row["preempted"] is True, row
+    assert "the agent is shutting down; the job was handed back" in row["error"]
+    assert artifact.hung_up.wait(30)
+    assert not list((agent.state / "cache").iterdir())
