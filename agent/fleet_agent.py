@@ -2274,7 +2274,7 @@ def wl_shell(runtime: Runtime, ctx: JobContext) -> dict:
     if sha not in load_allowlist(runtime.allowlist_path):
         raise Refusal("refused: script %s is not pinned in this machine's shell allowlist; "
                       "its owner must add the SHA-256 there first" % (sha[:12] or "(none)"))
-    cached = ctx.fetch(sha)
+    cached = ctx.fetch(sha, limit=MAX_ITEM_FILE_BYTES)
     script = os.path.join(ctx.workdir, "script")
     shutil.copyfile(cached, script)
     os.chmod(script, 0o700)
@@ -2333,6 +2333,12 @@ MAX_ITEM_BYTES = 1 << 20  # one JSON Lines record
 # parsed JSON can take 25 times its bytes (a line of empty objects), so this keeps an input
 # under about 400 MB of memory, and it still holds 4,000 prompts of 4 KiB.
 MAX_JSONL_BYTES = 16 << 20
+# An artifact that is neither a model nor a build: an eval item's image or recording, or a shell
+# script. Each download is held to what its use takes (a JSON Lines input to MAX_JSONL_BYTES,
+# progress to MAX_PROGRESS_BYTES), not to MAX_ARTIFACT_BYTES, which is for models: a collector
+# naming a blob of many GB for a 1 MB use would have it written to the device's disk whole
+# before anything read it. An hour of 48 kHz stereo WAV is 660 MiB.
+MAX_ITEM_FILE_BYTES = 1 << 30
 ROW_TEXT_CHARS = 500  # generated text carried in a row; the whole of it goes to an artifact
 TOOL_TIMEOUT_S = 900.0  # one generation, transcription or embedding
 SYNTHETIC_MAX_PROMPT_TOKENS = 4096
@@ -2404,6 +2410,12 @@ def model_file(ctx: JobContext, what: str) -> str:
     if not isinstance(sha, str) or not HEX64.match(sha.lower()):
         raise Refusal(f"{what} needs model.sha256 naming the model artifact (a GGUF file)")
     return ctx.fetch(sha.lower(), ".gguf")
+
+
+def jsonl_input(ctx: JobContext, plan: dict) -> str:
+    """The job's JSON Lines input (params.input_sha256), downloaded only up to what read_jsonl
+    takes: a larger one is refused by its declared size, before a byte of it is written."""
+    return ctx.fetch(plan["input_sha256"], ".jsonl", MAX_JSONL_BYTES)
 
 
 def read_jsonl(path: str, limit: int, what: str, require: tuple[str, ...] = ()) -> list[dict]:
@@ -2833,7 +2845,7 @@ def wl_batch(runtime: Runtime, ctx: JobContext) -> dict:
             "max_items": int_param(ctx.params, "max_items", 1000, 1, MAX_ROWS),
             "max_tokens": int_param(ctx.params, "max_tokens", 128, 1, 8192)}
     generate = text_generator(runtime, ctx, backend)
-    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"],
+    items = read_jsonl(jsonl_input(ctx, plan), plan["max_items"],
                        "the batch input", ("prompt",))
 
     def work(number: int, item: dict) -> dict:
@@ -2890,7 +2902,7 @@ def wl_llm_eval(runtime: Runtime, ctx: JobContext) -> dict:
                                   re.compile(r"^(exact|contains)$"), "exact or contains")}
     floor = optional_floor(ctx.params, "min_score_pct")
     generate = text_generator(runtime, ctx, backend)
-    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"],
+    items = read_jsonl(jsonl_input(ctx, plan), plan["max_items"],
                        "the evaluation set", ("prompt", "expected"))
 
     def work(number: int, item: dict) -> dict:
@@ -3055,7 +3067,7 @@ def eval_plan(ctx: JobContext, backend: str) -> dict:
 
 def eval_items(ctx: JobContext, plan: dict, what: str, require: tuple[str, ...],
                sha_key: str | None = None) -> list[dict]:
-    items = read_jsonl(ctx.fetch(plan["input_sha256"], ".jsonl"), plan["max_items"], what,
+    items = read_jsonl(jsonl_input(ctx, plan), plan["max_items"], what,
                        require)
     for number, item in enumerate(items, 1):
         if sha_key and not HEX64.match(str(item[sha_key]).lower()):
@@ -3116,7 +3128,7 @@ def wl_vision_eval(runtime: Runtime, ctx: JobContext) -> dict:
                        "image_sha256")
 
     def work(number: int, item: dict) -> dict:
-        image = ctx.fetch(str(item["image_sha256"]).lower())
+        image = ctx.fetch(str(item["image_sha256"]).lower(), limit=MAX_ITEM_FILE_BYTES)
         choices = item_choices(item)
         answer, metrics = predict(image, vision_prompt(ctx, item, choices), choices, number)
         correct = answer_matches(answer, str(item["label"]), "contains")
@@ -3186,7 +3198,7 @@ def wl_speech_eval(runtime: Runtime, ctx: JobContext) -> dict:
                        "audio_sha256")
 
     def work(number: int, item: dict) -> dict:
-        audio = ctx.fetch(str(item["audio_sha256"]).lower())
+        audio = ctx.fetch(str(item["audio_sha256"]).lower(), limit=MAX_ITEM_FILE_BYTES)
         started = time.monotonic()
         heard, metrics = transcribe(audio, number)
         reference, hypothesis = words_of(str(item["text"])), words_of(heard)
@@ -3702,7 +3714,7 @@ def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: in
                    ) -> tuple[str, str]:
     """(local path, SHA-256) of params.source: an artifact by hash, or an http(s) URL."""
     if HEX64.match(source.lower()):
-        path = ctx.fetch(source.lower())
+        path = ctx.fetch(source.lower(), limit=max_bytes)  # as a URL's source is held to it
         return path, source.lower()
     check_url(source, "params.source")
     seconds = number_param(ctx.params, "timeout_s", 3600, 1, 86400)

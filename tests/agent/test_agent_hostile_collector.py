@@ -678,3 +678,54 @@ def test_sigterm_ends_a_trickling_download_and_the_job_is_handed_back(procs, fak
     assert "the agent is shutting down; the job was handed back" in row["error"]
     assert artifact.hung_up.wait(30)
     assert not list((agent.state / "cache").iterdir())
+
+
+# --- 16. artifacts larger than their use takes ---------------------------------------------------
+
+
+def declared_only(handler: Handler, size: int) -> object:
+    """An answer that declares `size` bytes and sends none of them."""
+    handler.send_response(200)
+    handler.send_header("content-type", "application/octet-stream")
+    handler.send_header("content-length", str(size))
+    handler.end_headers()
+    handler.wfile.flush()
+    handler.close_connection = True
+    with contextlib.suppress(OSError):
+        handler.rfile.read(1)  # until the agent hangs up (or the test ends the server)
+    return HANDLED
+
+
+@pytest.mark.parametrize("use", ["batch input", "vision image"])
+def test_an_artifact_larger_than_its_use_takes_is_refused_before_its_first_byte(procs, fake,
+                                                                                 use):
+    """A JSON Lines input is read up to 16 MiB and an eval item's image up to 1 GiB: a
+    collector naming a larger blob for them has it refused by its declared size, instead of
+    written to the disk (up to 128 GiB, the bound for models) before anything reads it."""
+    big = "ab" * 32
+    if use == "batch input":
+        limit = 16 << 20
+        spec = dict(SELF_CHECK, job_id="big", workload="batch", backend="synthetic",
+                    params={"input_sha256": big})
+    else:
+        limit = 1 << 30
+        dataset = json.dumps({"image_sha256": big, "label": "cat"}).encode() + b"\n"
+        spec = dict(SELF_CHECK, job_id="big", workload="vision-eval", backend="synthetic",
+                    params={"input_sha256": hashlib.sha256(dataset).hexdigest()})
+    job = one_job(spec)
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path == "/artifacts/" + big:
+            return declared_only(handler, limit + 1)
+        if use == "vision image" and path == "/artifacts/" + spec["params"]["input_sha256"]:
+            return 200, dataset
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "too-big")
+    wait_for(fake.finals, 30, what="the job's final row")
+    row = fake.finals()[0]
+    assert row["ok"] is False
+    assert row["error"] == (f"artifact {big[:12]} could not be downloaded: it is larger than "
+                            f"the {limit} bytes the agent takes"), row
+    assert not [p for p in (agent.state / "cache").iterdir() if p.name.startswith(big)]

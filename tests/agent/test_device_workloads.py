@@ -984,11 +984,12 @@ def test_a_json_lines_input_past_its_byte_cap_is_refused_before_any_item(fa, tmp
         "job_id": "big", "workload": "embed-eval", "params": {"input_sha256": blob(http_stub,
                                                                                    data)}})
     assert result["ok"] is False
-    assert result["error"] == (
-        f"the embedding dataset is larger than the {fa.MAX_JSONL_BYTES} bytes a JSON Lines "
-        f"input may have (line {fa.MAX_JSONL_BYTES // size + 1} goes past it); split it into "
-        "several jobs")
+    # Refused by its size as it is downloaded: no more of it than a JSON Lines input may have
+    # is written to the disk.
+    assert result["error"] == (f"artifact {sha(data)[:12]} could not be downloaded: it is "
+                               f"larger than the {fa.MAX_JSONL_BYTES} bytes the agent takes")
     assert rows(http_stub) == []
+    assert list((tmp_path / "state" / "cache").iterdir()) == []
 
 
 def test_a_progress_artifact_past_its_cap_is_refused_before_it_is_downloaded(fa, tmp_path,
