@@ -991,6 +991,12 @@ MAX_ARTIFACT_BYTES = 128 << 30
 # working as a phone, and the agent's own spool needs room too. Small enough that a phone or an
 # SBC with a few GB free still takes a model that fits.
 DOWNLOAD_FREE_RESERVE = 256 << 20
+# The most the artifact cache keeps between jobs. Past it, the least recently used artifacts are
+# removed, but never one the running job has fetched (a model it still reads), so a job whose
+# artifacts are larger still runs and only its own stay. Without a bound, every blob a collector
+# ever named stayed on the device for good. Room for a model of 7 or 8 billion parameters at 8
+# bits beside its inputs, so a device running the same model job after job fetches it once.
+CACHE_MAX_BYTES = 8 << 30
 STOP_POLL_S = 0.25  # how soon a job's fetch hears that the job was stopped
 UPLOAD_FLOOR_BPS = 32 << 10  # an upload gets its timeout plus its size at this rate
 _MISDIRECTED = 421
@@ -1373,13 +1379,22 @@ class ArtifactCache:
     process last hashed it. Hashing at every use would be simpler, but a model can be many GB
     (minutes of hashing on a Raspberry Pi, before every job); the mark costs one fstat and no
     one but root can change a file's bytes and keep its mark. The marks live in memory only,
-    so nothing on disk can vouch for a file."""
+    so nothing on disk can vouch for a file.
 
-    def __init__(self, directory: str):
+    The cache holds at most `max_bytes` (trim). Recency is kept in memory too: touching a file
+    to record its use would change its ctime, hence its mark, and have it hashed again at its
+    next use. A file not used since this process started ranks by when it was downloaded (its
+    modification time), before any file this process has used."""
+
+    def __init__(self, directory: str, max_bytes: int = CACHE_MAX_BYTES):
         self.directory = directory
+        self.max_bytes = max_bytes
         private_dirs(directory)
         self.remove_abandoned()
         self.marks: dict[str, tuple[int, ...]] = {}  # path -> file_mark when last verified
+        self.uses = 0
+        self.last_used: dict[str, int] = {}  # path -> the number of its last use here
+        self.trim(set())
 
     def remove_abandoned(self) -> None:
         """Partial downloads a crashed or killed run left behind. One untouched for longer
@@ -1395,18 +1410,61 @@ class ArtifactCache:
                     os.unlink(path)
 
     def fetch(self, collector: Collector, sha256: str, suffix: str = "",
-              limit: int = MAX_ARTIFACT_BYTES, stop: threading.Event | None = None) -> str:
+              limit: int = MAX_ARTIFACT_BYTES, stop: threading.Event | None = None,
+              in_use: set[str] | None = None) -> str:
         """The path of the artifact's verified bytes: the cached file when it still hashes to
         its name, else a fresh download (a changed cached file is removed first), which `stop`
-        ends (Stopped)."""
+        ends (Stopped). The path joins `in_use` (the running job's artifacts, which trimming
+        the cache afterwards leaves alone)."""
         sha256 = str(sha256).lower()
         path = os.path.join(self.directory, sha256 + suffix)
+        keep = in_use if in_use is not None else set()
+        keep.add(path)
+        self.uses += 1
         if HEX64.match(sha256) and self.still_verified(path, sha256, limit):
+            self.last_used[path] = self.uses
             return path
         self.marks.pop(path, None)
         placed = collector.download_verified(sha256, path, limit, stop)
         self.marks[path] = file_mark(placed)
+        self.last_used[path] = self.uses
+        self.trim(keep)  # only a download makes the cache grow
         return path
+
+    def trim(self, keep: set[str]) -> None:
+        """Remove the least recently used artifacts until the cache holds at most max_bytes,
+        leaving those in `keep` (and partial downloads, remove_abandoned's) alone."""
+        total, candidates = 0, []
+        for name in os.listdir(self.directory):
+            if name.startswith("."):
+                continue
+            path = os.path.join(self.directory, name)
+            try:
+                info = os.lstat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            total += info.st_size
+            if path not in keep:
+                candidates.append((self.last_used.get(path, 0), info.st_mtime_ns, path,
+                                   info.st_size))
+        for _, _, path, size in sorted(candidates):
+            if total <= self.max_bytes:
+                return
+            try:
+                os.unlink(path)
+            except OSError as exc:
+                log.warning("cached artifact %s could not be removed to keep the cache within "
+                            "%d bytes: %s", printable(os.path.basename(path)), self.max_bytes,
+                            printable(exc))
+                continue
+            total -= size
+            self.marks.pop(path, None)
+            self.last_used.pop(path, None)
+            log.info("removed cached artifact %s (%d bytes), the least recently used: the cache "
+                     "keeps at most %d bytes", printable(os.path.basename(path)), size,
+                     self.max_bytes)
 
     def still_verified(self, path: str, sha256: str, limit: int) -> bool:
         """Whether the cached `path` holds the bytes of `sha256`. One that does not (changed,
@@ -1728,6 +1786,7 @@ class JobContext:
         self.handback = False  # stop at a resumable point and give the job back
         self.workdir = tempfile.mkdtemp(prefix="job-", dir=runtime.work_root)
         self._prior: dict | None = None
+        self.artifacts: set[str] = set()  # cache paths this job fetched: never trimmed under it
 
     def request_stop(self, reason: str, handback: bool = False) -> None:
         if not self.stop.is_set():
@@ -1767,7 +1826,8 @@ class JobContext:
 
     def fetch(self, sha256: str, suffix: str = "", limit: int = MAX_ARTIFACT_BYTES) -> str:
         try:
-            return self.runtime.cache.fetch(self.collector, sha256, suffix, limit, self.stop)
+            return self.runtime.cache.fetch(self.collector, sha256, suffix, limit, self.stop,
+                                            self.artifacts)
         except Stopped:
             self.check()  # the job ends as its stop says (cancelled, handed back, ...)
             raise

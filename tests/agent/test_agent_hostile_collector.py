@@ -729,3 +729,50 @@ def test_an_artifact_larger_than_its_use_takes_is_refused_before_its_first_byte(
     assert row["error"] == (f"artifact {big[:12]} could not be downloaded: it is larger than "
                             f"the {limit} bytes the agent takes"), row
     assert not [p for p in (agent.state / "cache").iterdir() if p.name.startswith(big)]
+
+
+# --- 17. a cache that would grow for good ---------------------------------------------------------
+
+
+CACHE_BOUND = 8 << 30  # what the agent's cache keeps at most (its CACHE_MAX_BYTES)
+
+
+def test_the_cache_removes_the_least_recently_used_artifact_past_its_bound(procs, fake,
+                                                                            tmp_path):
+    """Each blob a collector names used to stay in cache/ for good. A cache already near its
+    bound (an old model: a sparse file, so it takes no disk here) gets two inputs of 6 MiB:
+    the second takes it past the bound, and the old model, the least recently used, goes; the
+    inputs stay."""
+    cache = tmp_path / "state-lru" / "cache"
+    cache.mkdir(parents=True, mode=0o700)
+    old = cache / ("cd" * 32 + ".gguf")
+    with open(old, "wb") as fh:
+        fh.truncate(CACHE_BOUND - (8 << 20))
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    inputs = [json.dumps({"prompt": name}).encode() + b"\n" + b" " * (6 << 20) + b"\n"
+              for name in ("first", "second")]
+    shas = [hashlib.sha256(data).hexdigest() for data in inputs]
+    blobs = {hashlib.sha256(data).hexdigest(): data for data in inputs}
+    offered = iter(dict(SELF_CHECK, job_id=f"in{n}", workload="batch", backend="synthetic",
+                        params={"input_sha256": digest, "max_items": 1, "max_tokens": 1})
+                   for n, digest in enumerate(shas))
+    given = [0]
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        digest = path.rpartition("/")[2]
+        if path.startswith("/artifacts/") and digest in blobs:
+            return 200, blobs[digest]
+        if path.endswith("/next-job") and len(fake.finals()) == given[0]:
+            spec = next(offered, None)
+            if spec is not None:
+                given[0] += 1
+                return 200, json.dumps(spec).encode()
+        return None
+
+    fake.route = route
+    agent = procs.agent([fake.url], "lru")
+    wait_for(lambda: len(fake.finals()) == 2, 60, what="both jobs' final rows")
+    assert [r["ok"] for r in fake.finals()] == [True, True], fake.finals()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(d + ".jsonl" for d in shas)
+    assert f"removed cached artifact {old.name} ({CACHE_BOUND - (8 << 20)} bytes), the least " \
+           "recently used" in agent.log()

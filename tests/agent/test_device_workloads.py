@@ -1019,3 +1019,33 @@ def test_a_pipeline_polls_a_topic_answered_at_once_about_once_a_second(fa, tmp_p
     assert result["ok"] is True and result["ended"] == "duration_s reached", result
     polls = [call for call in http_stub.calls if call[1].startswith("/api/events/t/next")]
     assert 1 <= len(polls) <= 4, len(polls)
+
+
+# --- the artifact cache's bound ---
+
+
+def test_a_job_keeps_every_artifact_it_fetched_however_small_the_cache(fa, tmp_path, http_stub,
+                                                                        llama_runtime):
+    """A cache that may keep a single byte: the vision job's model and projector, fetched
+    before its images, are read again for every image; none is removed while the job runs.
+    The next job's download then removes them, the least recently used, and keeps its own."""
+    llama_runtime.cache = fa.ArtifactCache(str(tmp_path / "state" / "cache"), max_bytes=1)
+    cache = tmp_path / "state" / "cache"
+    images = [b"FAKEIMG:cat", b"FAKEIMG:dog", b"FAKEIMG:cat"]
+    data = jsonl([{"image_sha256": blob(http_stub, image), "label": "cat"} for image in images])
+    _, result = run_job(fa, llama_runtime, http_stub.url, {
+        "job_id": "v", "workload": "vision-eval", "backend": "llama.cpp",
+        "model": model(http_stub),
+        "params": {"input_sha256": blob(http_stub, data), "mmproj_sha256": blob(
+            http_stub, b"GGUF projector")}})
+    assert result["ok"] is True, result
+    assert [r["ok"] for r in rows(http_stub)] == [True, True, True]
+    assert {p.name for p in cache.iterdir()} == {
+        sha(GGUF_MODEL) + ".gguf", sha(b"GGUF projector") + ".gguf", sha(data) + ".jsonl",
+        sha(b"FAKEIMG:cat"), sha(b"FAKEIMG:dog")}
+    prompts = jsonl(["one prompt"])
+    _, result = run_job(fa, llama_runtime, http_stub.url, {
+        "job_id": "next", "workload": "batch", "backend": "synthetic",
+        "params": {"input_sha256": blob(http_stub, prompts), "max_tokens": 1}})
+    assert result["ok"] is True, result
+    assert [p.name for p in cache.iterdir()] == [sha(prompts) + ".jsonl"]
