@@ -78,7 +78,9 @@ PROGRESS_KIND = "fleet-agent-progress"
 # and the clipped outputs of a batch's finished items: some 20,000 of them) stays below it; a
 # hand-back whose progress would not is given back without it, and restarts from the start.
 MAX_PROGRESS_BYTES = 16 << 20
-HEX64 = re.compile(r"^[0-9a-f]{64}$")
+# Used with fullmatch only: "$" also matches before a final newline, so match would take a hash
+# followed by one (a cache file name, a download URL with a newline in it).
+HEX64 = re.compile(r"[0-9a-f]{64}")
 DOWNLOAD_CHUNK = 1 << 20
 MAX_ERROR_CHARS = 1000
 
@@ -936,7 +938,7 @@ def load_allowlist(path: str | None) -> set[str]:
         word = line.split("#", 1)[0].strip().lower()
         if not word:
             continue
-        if HEX64.match(word.split()[0]):
+        if HEX64.fullmatch(word.split()[0]):
             pins.add(word.split()[0])
         else:
             log.warning("%s line %d is not a SHA-256 pin; ignored", path, number)
@@ -1292,7 +1294,7 @@ class Collector:
         removed: a collector trickling a chunk just inside DOWNLOAD_STALL_S could otherwise
         hold the device for as long as the artifact limit lets the download run."""
         sha256 = sha256.lower()
-        if not HEX64.match(sha256):
+        if not HEX64.fullmatch(sha256):
             raise ArtifactError(f"the artifact reference {sha256!r} is not a SHA-256 hex digest")
         url = self.url + "/artifacts/" + sha256
         fd, tmp = tempfile.mkstemp(prefix=DOWNLOAD_PREFIX,
@@ -1421,7 +1423,7 @@ class ArtifactCache:
         keep = in_use if in_use is not None else set()
         keep.add(path)
         self.uses += 1
-        if HEX64.match(sha256) and self.still_verified(path, sha256, limit):
+        if HEX64.fullmatch(sha256) and self.still_verified(path, sha256, limit):
             self.last_used[path] = self.uses
             return path
         self.marks.pop(path, None)
@@ -2428,7 +2430,7 @@ def number_param(params: dict, name: str, default: float, low: float, high: floa
 
 def sha_param(params: dict, name: str) -> str:
     value = params.get(name)
-    if not isinstance(value, str) or not HEX64.match(value.lower()):
+    if not isinstance(value, str) or not HEX64.fullmatch(value.lower()):
         raise Refusal(f"params.{name} must be the SHA-256 of an artifact (64 hex digits); the "
                       f"job gave {shown(value)}")
     return value.lower()
@@ -2467,7 +2469,7 @@ def job_backend(runtime: Runtime, ctx: JobContext) -> str:
 def model_file(ctx: JobContext, what: str) -> str:
     model = ctx.spec.get("model") if isinstance(ctx.spec.get("model"), dict) else {}
     sha = model.get("sha256")
-    if not isinstance(sha, str) or not HEX64.match(sha.lower()):
+    if not isinstance(sha, str) or not HEX64.fullmatch(sha.lower()):
         raise Refusal(f"{what} needs model.sha256 naming the model artifact (a GGUF file)")
     return ctx.fetch(sha.lower(), ".gguf")
 
@@ -3130,7 +3132,7 @@ def eval_items(ctx: JobContext, plan: dict, what: str, require: tuple[str, ...],
     items = read_jsonl(jsonl_input(ctx, plan), plan["max_items"], what,
                        require)
     for number, item in enumerate(items, 1):
-        if sha_key and not HEX64.match(str(item[sha_key]).lower()):
+        if sha_key and not HEX64.fullmatch(str(item[sha_key]).lower()):
             raise Refusal(f"{what} record {number}: {sha_key} must be the SHA-256 of an "
                           "artifact")
     return items
@@ -3773,7 +3775,7 @@ def write_split(source: str, dest: str, order: list[int], offsets: array.array,
 def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: int
                    ) -> tuple[str, str]:
     """(local path, SHA-256) of params.source: an artifact by hash, or an http(s) URL."""
-    if HEX64.match(source.lower()):
+    if HEX64.fullmatch(source.lower()):
         path = ctx.fetch(source.lower(), limit=max_bytes)  # as a URL's source is held to it
         return path, source.lower()
     check_url(source, "params.source")
@@ -3786,7 +3788,7 @@ def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: in
 def wl_dataset_prep(runtime: Runtime, ctx: JobContext) -> dict:
     params = ctx.params
     source = params.get("source")
-    if not isinstance(source, str) or not (HEX64.match(source.lower()) or URL_CHARS.match(
+    if not isinstance(source, str) or not (HEX64.fullmatch(source.lower()) or URL_CHARS.match(
             source)):
         raise Refusal("params.source must be an artifact's SHA-256 or an http(s) URL; the job "
                       f"gave {shown(source)}")
@@ -4806,7 +4808,7 @@ def app_payload(ctx: JobContext, platform_name: str) -> str:
     """The verified build for the job's app: an .apk path, or an unpacked .app directory."""
     app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
     sha = str(app.get("sha256") or "")
-    if not HEX64.match(sha.lower()):
+    if not HEX64.fullmatch(sha.lower()):
         raise Refusal(f"app.sha256 must be the SHA-256 of a build artifact; got {sha!r}")
     if platform_name == "android":
         return ctx.fetch(sha, ".apk")

@@ -510,7 +510,7 @@ def test_sigterm_stops_a_vantage_job_on_a_trickling_page_and_its_final_row_is_po
     assert "the agent is shutting down; the job was handed back" in row["error"]
 
 
-# --- 13. a spooled row nested deeper than the parser reads --------------------------------------
+# --- 13. a spooled row nested deeper than the parser reads ------------------------------------
 
 
 def spool_row(spool, number: int, text: str) -> None:
@@ -561,7 +561,7 @@ def test_the_outbox_thread_outlives_a_failure_and_delivers_once_it_clears(procs,
     assert "re-posting spooled rows failed unexpectedly" in agent.log()
 
 
-# --- 14. progress too large to parse safely ------------------------------------------------------
+# --- 14. progress too large to parse safely ---------------------------------------------------
 
 
 def test_resume_from_progress_over_the_cap_is_refused_before_it_is_read(procs, fake):
@@ -590,7 +590,7 @@ def test_resume_from_progress_over_the_cap_is_refused_before_it_is_read(procs, f
     assert not list((agent.state / "cache").iterdir())
 
 
-# --- 15. an artifact that trickles in -------------------------------------------------------------
+# --- 15. an artifact that trickles in ---------------------------------------------------------
 
 
 class Trickled:
@@ -680,7 +680,7 @@ def test_sigterm_ends_a_trickling_download_and_the_job_is_handed_back(procs, fak
     assert not list((agent.state / "cache").iterdir())
 
 
-# --- 16. artifacts larger than their use takes ---------------------------------------------------
+# --- 16. artifacts larger than their use takes ------------------------------------------------
 
 
 def declared_only(handler: Handler, size: int) -> object:
@@ -731,7 +731,7 @@ def test_an_artifact_larger_than_its_use_takes_is_refused_before_its_first_byte(
     assert not [p for p in (agent.state / "cache").iterdir() if p.name.startswith(big)]
 
 
-# --- 17. a cache that would grow for good ---------------------------------------------------------
+# --- 17. a cache that would grow for good -----------------------------------------------------
 
 
 CACHE_BOUND = 8 << 30  # what the agent's cache keeps at most (its CACHE_MAX_BYTES)
@@ -776,3 +776,20 @@ def test_the_cache_removes_the_least_recently_used_artifact_past_its_bound(procs
     assert sorted(p.name for p in cache.iterdir()) == sorted(d + ".jsonl" for d in shas)
     assert f"removed cached artifact {old.name} ({CACHE_BOUND - (8 << 20)} bytes), the least " \
            "recently used" in agent.log()
+
+
+# --- 18. a hash with a newline after it -------------------------------------------------------
+
+
+def test_a_hash_followed_by_a_newline_is_refused_as_no_hash(procs, fake):
+    job = one_job(dict(SELF_CHECK, job_id="nl", workload="batch", backend="synthetic",
+                       params={"input_sha256": "ab" * 32 + "\n"}))
+    fake.route = job
+    agent = procs.agent([fake.url], "newline-hash")
+    wait_for(fake.finals, 30, what="the job's final row")
+    row = fake.finals()[0]
+    assert row["ok"] is False
+    assert row["error"].startswith("params.input_sha256 must be the SHA-256 of an artifact (64 "
+                                   "hex digits); the job gave"), row
+    assert not [r for r in fake.requests if r[2].startswith("/artifacts/")]
+    assert "failed unexpectedly" not in agent.log()

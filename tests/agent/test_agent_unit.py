@@ -489,6 +489,9 @@ def test_download_verifies_the_sha256(fa, tmp_path, http_stub):
         collector.download_artifact("c" * 64, str(tmp_path / "missing"))
     with pytest.raises(fa.ArtifactError, match="not a SHA-256"):
         collector.download_artifact("../../etc/passwd", str(tmp_path / "x"))
+    # A regular expression's "$" also matches before a final newline: a hash is checked whole.
+    with pytest.raises(fa.ArtifactError, match="not a SHA-256"):
+        collector.download_artifact(sha + "\n", str(tmp_path / "newline"))
 
 
 class ArtifactSite:
