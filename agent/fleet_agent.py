@@ -998,7 +998,7 @@ DOWNLOAD_FREE_RESERVE = 256 << 20
 # artifacts are larger still runs and only its own stay. Without a bound, every blob a collector
 # ever named stayed on the device for good. Room for a model of 7 or 8 billion parameters at 8
 # bits beside its inputs, so a device running the same model job after job fetches it once.
-CACHE_MAX_BYTES = 8 << 30
+CACHE_MAX_BYTES = 8 * 10**9  # --cache-max-gb, 8 by default
 STOP_POLL_S = 0.25  # how soon a job's fetch hears that the job was stopped
 UPLOAD_FLOOR_BPS = 32 << 10  # an upload gets its timeout plus its size at this rate
 _MISDIRECTED = 421
@@ -7626,7 +7626,8 @@ class Runtime:
                                               remember=not diagnostic)
         if not diagnostic:
             self.outbox = Outbox(os.path.join(self.state_dir, "spool"))
-            self.cache = ArtifactCache(os.path.join(self.state_dir, "cache"))
+            self.cache = ArtifactCache(os.path.join(self.state_dir, "cache"), int(
+                getattr(cfg, "cache_max_gb", CACHE_MAX_BYTES / 1e9) * 1e9))
             self.work_root = work_root(self.state_dir, self.reporter_id)
             # Leftovers of a crashed run; main() holds the state directory's lock by now, so
             # they are no running agent's.
@@ -8014,6 +8015,15 @@ def _shown(default: object) -> str:
     return str(default)
 
 
+def cache_gb(raw: str) -> float:
+    """--cache-max-gb: a size in GB (10^9 bytes), from 0 (keep only the running job's) to a
+    petabyte."""
+    value = float(raw)
+    if not 0 <= value <= 1e6:
+        raise ValueError(f"{raw!r} is not a size from 0 to 1000000 GB")
+    return value
+
+
 def job_seconds(raw: str) -> float:
     """--max-job-seconds: a number of seconds, 0 for no ceiling."""
     value = float(raw)
@@ -8076,6 +8086,10 @@ OPTIONS = (
     Option("--grace-s", "FLEET_AGENT_GRACE_S", 30.0,
            "On SIGTERM or SIGINT, how long the running job gets to hand back and post.",
            type=float, metavar="S"),
+    Option("--cache-max-gb", "FLEET_AGENT_CACHE_MAX_GB", CACHE_MAX_BYTES / 1e9,
+           "Most the artifact cache keeps between jobs, in GB; past it the least recently used "
+           "artifacts are removed, never one the running job uses. 0 keeps only those.",
+           type=cache_gb, metavar="GB"),
     Option("--max-job-seconds", "FLEET_AGENT_MAX_JOB_SECONDS", 0.0,
            "Longest a job may run here; one past it is stopped as a cancel stops it, its final "
            "row saying why (a serve job too). 0 (the default): no ceiling but the job's own.",
