@@ -68,7 +68,7 @@ def test_rows_as_the_collector_writes_them_pass(db: sqlite3.Connection) -> None:
      "spec", "past a float's range"),
     ("UPDATE jobs SET spec = '{\"a\": NaN}'", "spec", "where a job spec"),
     ("UPDATE jobs SET spec = '{\"workload\": \"w\", \"executor\": \"host\", \"x\": "
-     + "[" * 600 + "]" * 600 + "}'", "spec", "nested deeper than 512 levels"),
+     + "[" * 1200 + "]" * 1200 + "}'", "spec", "nested deeper than 1000 levels"),
     ("UPDATE jobs SET spec = CAST(X'7B2261223A22FF227D' AS TEXT)", "spec",
      "not UTF-8 text (at byte 6)"),
     ("UPDATE jobs SET created_at = 'yesterday'", "created_at", "'yesterday' where a time"),

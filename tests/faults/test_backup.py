@@ -521,6 +521,33 @@ def test_a_restore_interrupted_while_it_staged_keeps_a_collector_from_starting(
         assert proc.client.get("/api/health")[0] == 200
 
 
+def test_a_value_an_older_version_let_in_is_named_and_a_corrected_copy_restores(
+        tmp_path: Path) -> None:
+    """Before the door refused them, a result's metrics could hold an integer of 400 digits,
+    which the listings cannot serve (SQLite's JSON functions make it Inf). Restore names the row
+    and says how to correct it; corrected with an UPDATE in a copy, the backup restores."""
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, created_at) "
+                 "VALUES ('x', 'd', 0, 1, ?, 1764000000)", ('{"n": 1' + "0" * 400 + "}",))
+    conn.close()
+    manifest = json.loads((backup_dir / "manifest.json").read_text())
+    manifest["counts"]["results"] = 1
+    (backup_dir / "manifest.json").write_text(json.dumps(manifest))
+    refused = fleet("restore", str(backup_dir), "--data", str(tmp_path / "new"))
+    assert refused.returncode == 1, refused.stdout
+    assert "table 'results', rowid 1, column 'metrics'" in refused.stderr, refused.stderr
+    assert "an older version let that value in" in refused.stderr, refused.stderr
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    conn.execute("UPDATE results SET metrics = json_remove(metrics, '$.n') WHERE rowid = 1")
+    conn.close()
+    done = fleet("restore", str(backup_dir), "--data", str(tmp_path / "new"))
+    assert done.returncode == 0, done.stderr
+    assert jobs_in(tmp_path / "new", tmp_path / "probe") == ["x"]
+
+
 def test_a_restore_killed_before_it_moved_anything_names_no_folder_that_is_not_there(
         tmp_path: Path) -> None:
     """Killed between writing its marker and making its pre-restore folder, a restore left a
@@ -704,7 +731,7 @@ def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
         tmp_path: Path, how: str, words: str) -> None:
     """Whatever a backup's files are (a FIFO, a sparse gigabyte, a link to /dev/zero, a database
     whose `jobs` is an endless view, that lacks a table or a column, has a trigger, does not
-    hold what its manifest counts, or holds a row the collector could not have written: a
+    hold what its manifest counts, or holds a row the collector's readers cannot take: a
     restored collector answered 500 on every job listing that met one), restore refuses in one
     sentence, within the hang detector and the child's 1 GiB of address space, and the data
     directory stays as it was."""

@@ -245,8 +245,11 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
         counts, artifacts = _contents(conn)
         return Checked(int(conn.execute("PRAGMA user_version").fetchone()[0]), counts, artifacts)
     except row_check.BadRow as exc:
-        raise Refused(f"{named} holds a row the collector could not have written ({exc}); the "
-                      "backup is damaged or hostile") from None
+        raise Refused(f"{named} holds a row the collector's readers cannot take ({exc}): the "
+                      "backup is damaged or hostile, or an older version let that value in; "
+                      "restore a copy of the backup with that row corrected (sqlite3 on the "
+                      "copy's fleet.sqlite3: an UPDATE keeps the manifest's counts true)"
+                      ) from None
     except sqlite3.IntegrityError as exc:
         raise Refused(f"{named}'s rows do not fit the collector's own schema at version "
                       f"{version} ({exc}); the backup is damaged or hostile") from None

@@ -40,9 +40,11 @@ from fleet_min import jsonio
 EARLIEST_TIME = -62_135_596_800.0
 LATEST_TIME = 253_402_300_799.0
 
-# Deeper than any document a collector stores (request bodies are held to jsonio.MAX_DEPTH;
-# older versions took what the json module could parse), shallow enough for every reader.
-STORED_DEPTH = 512
+# Deeper than any document a collector stored: request bodies are held to jsonio.MAX_DEPTH now,
+# and older versions parsed each body with the json module inside a request's stack, which
+# stops short of 1,000 levels. A deeper one could only have been written by hand, and a reader
+# falling back to the json module would meet a RecursionError in it.
+STORED_DEPTH = 1000
 
 # Kept in step with the enums they come from by tests/collector/test_row_check.py.
 JOB_STATUSES = ("queued", "waiting", "claimed", "done", "failed", "cancelled")
@@ -175,7 +177,7 @@ _WANTED = {
 
 @dataclass
 class BadRow(ValueError):
-    """A row the collector could not have written, named by `where` (its rowid or key)."""
+    """A row the collector's readers cannot take, named by `where` (its rowid or key)."""
     table: str
     column: str
     where: str
@@ -351,7 +353,7 @@ def _rows(conn: sqlite3.Connection, sql: str) -> Iterator[tuple[Any, ...]]:
 
 
 def check_table(conn: sqlite3.Connection, table: str) -> None:
-    """BadRow for the first row of main.`table` that the collector could not have written."""
+    """BadRow for the first row of main.`table` that the collector's readers cannot take."""
     columns = _columns(conn, table)
     key_sql, key_word = _key(conn, table)
     name = _quote(table)
@@ -379,7 +381,7 @@ def check_table(conn: sqlite3.Connection, table: str) -> None:
 
 
 def check_rows(conn: sqlite3.Connection) -> None:
-    """BadRow for the first row, in any table of main, the collector could not have written."""
+    """BadRow for the first row, in any table of main, the collector's readers cannot take."""
     for (table,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' AND "
                                  "name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY name"
                                  ).fetchall():
