@@ -8182,12 +8182,14 @@ def parse_args(argv: list[str] | None, environ: dict | None = None) -> argparse.
     for url in cfg.collectors:
         if not url.startswith(("http://", "https://")):
             parser.error(f"collector address {url!r} must start with http:// or https://")
-        scheme, netloc, path, _, _ = urllib.parse.urlsplit(url)
-        if "@" in netloc:
+        if "@" in url:
             # The agent never sends a URL's user and password, and a collector URL is logged
             # and told to the other collectors (a busy beacon names it): refused, not leaked.
-            # The sentence leaves them out too, as it may land in a service's journal.
-            shown = f"{scheme}://...@{netloc.rpartition('@')[2]}{path}"
+            # The sentence leaves them out too, as it may land in a service's journal. Any "@"
+            # counts: a password holding "/", "?" or "#" ends urlsplit's netloc before its "@"
+            # (http://admin:pass/x@host reads as the host "admin" on port "pass/x...").
+            scheme = url.partition("://")[0]
+            shown = f"{scheme}://...@{url.rpartition('@')[2]}"
             parser.error(f"collector address {shown} carries a user name or password; the "
                          "agent does not send credentials from a URL, so give the address "
                          "without them")

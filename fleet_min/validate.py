@@ -201,6 +201,17 @@ def _label(min_len: int, max_len: int) -> _Check:
                   f"a string of {min_len} to {max_len} characters ({LABEL_WORDS})")
 
 
+def keeps_order(text: str) -> bool:
+    """Text that reorders nothing shown after it, control characters allowed: what a device
+    reports of itself (its model, its OS), which agents in the field send as they read it."""
+    return not _REORDERING.search(text)
+
+
+_LABEL_TEXT = _Check(lambda v: isinstance(v, str) and is_label(v), f"a string ({LABEL_WORDS})")
+_IN_ORDER_TEXT = _Check(lambda v: isinstance(v, str) and keeps_order(v),
+                        "a string (none of its characters may reorder the text after them)")
+
+
 def _one_of(*choices: str) -> _Check:
     words = [json.dumps(c) for c in choices]
     desc = words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
@@ -438,7 +449,7 @@ _JOB_FIELDS: dict[str, Rule] = {
     "params": _PARAMS_DEFAULT,
     "targets": _object({
         "match": _string(0, 1000), "device_id": _ID_CHECK, "executor": _STRING,
-        "pool": _STRING, "exclusive": _BOOL, "url": _STRING, "device_kind": _STRING,
+        "pool": _LABEL_TEXT, "exclusive": _BOOL, "url": _STRING, "device_kind": _LABEL_TEXT,
     }, closed=True),
     "constraints": _object({
         "require_charging": _BOOL,
@@ -620,7 +631,7 @@ _REGISTER = _object({
     "device_id": _ID_CHECK,
     "descriptor": _object({
         **{k: _or_null(_integer(0)) for k in _DESCRIPTOR_INTEGERS},
-        **{k: _NULLABLE_STRING for k in _DESCRIPTOR_STRINGS},
+        **{k: _or_null(_IN_ORDER_TEXT) for k in _DESCRIPTOR_STRINGS},
     }),
     "pools": _array(_label(1, 100), "an array of pool labels", max_items=64),
     "capabilities": _array(_label(1, 200), "an array of capability names", max_items=256),

@@ -307,4 +307,16 @@ async def test_names_a_page_shows_refuse_characters_that_reorder_the_text(client
     resp = await client.post("/api/templates", json={"id": "t", "name": "nightly\u202e", "spec": {
         "schema": 1, "workload": "benchmark", "executor": "device"}})
     assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
+    resp = await client.post("/jobs", json=job("p", targets={"pool": "\u202ebal"}))
+    assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
     assert (await (await client.get("/api/jobs")).json())["jobs"] == []
+    # What a device reports of itself keeps its control characters (agents in the field send
+    # what they read), but not a direction override.
+    status, body = await register(client, "kpa", descriptor={"model": "fleet-1.4-\u202ekpa.exe"})
+    assert status == 400 and "reorder the text" in body["error"], body
+    assert (await register(client, "tabbed", descriptor={"model": "Pixel\t8"}))[0] == 200
+    for body in ({"name": "mac-1", "capabilities": ["\x1b[2J\u202ex"]},
+                 {"name": "mac-1", "agent": "fleet_agent \u202e0.9"}):
+        resp = await client.post("/executors/register", json=body)
+        assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
+    assert (await (await client.get("/api/executors")).json())["executors"] == []

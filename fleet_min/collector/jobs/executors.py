@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from fleet_min import validate
 from fleet_min.collector.jobs import authority, room, rules
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import Executor
@@ -65,16 +66,18 @@ def check_registration(body: dict[str, Any]) -> Registration:
     capabilities = body.get("capabilities")
     if "capabilities" in body and not _is_capability_list(capabilities):
         raise BadRequest(f"capabilities must be a list of at most {MAX_CAPABILITIES} non-empty "
-                         "strings, e.g. [\"web-test\", \"ui-test:flow_runner\"]")
+                         f"strings ({validate.LABEL_WORDS}), e.g. [\"web-test\", "
+                         "\"ui-test:flow_runner\"]")
     slots = body.get("slots")
     if "slots" in body and (not isinstance(slots, int) or isinstance(slots, bool)
                             or not 1 <= slots <= rules.MAX_SLOTS):
         raise BadRequest(f"slots must be an integer from 1 to {rules.MAX_SLOTS}: the jobs the "
                          "executor may hold at once")
     agent = body.get("agent")
-    if "agent" in body and (not isinstance(agent, str) or len(agent) > MAX_NAME):
-        raise BadRequest(f"agent must be a string of at most {MAX_NAME} characters, e.g. "
-                         "\"fleet_agent 0.9.0\"")
+    if "agent" in body and (not isinstance(agent, str) or len(agent) > MAX_NAME
+                            or not validate.keeps_order(agent)):
+        raise BadRequest(f"agent must be a string of at most {MAX_NAME} characters (none that "
+                         "reorder the text after them), e.g. \"fleet_agent 0.9.0\"")
     declared = sorted(set(capabilities)) if isinstance(capabilities, list) else None
     return Registration(name, declared, slots, agent)
 
@@ -82,7 +85,7 @@ def check_registration(body: dict[str, Any]) -> Registration:
 def _is_capability_list(value: Any) -> bool:
     return (isinstance(value, list) and len(value) <= MAX_CAPABILITIES
             and all(isinstance(cap, str) and 1 <= len(cap) <= MAX_CAPABILITY_CHARS
-                    for cap in value))
+                    and validate.is_label(cap) for cap in value))
 
 
 GONE_AFTER_S = 86400.0  # an executor silent this long gives way to a new name when full
