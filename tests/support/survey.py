@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,16 +216,49 @@ class Requests:
                                  f"{response.url}")
 
 
+@dataclass
+class InFlight:
+    """The page's requests still open, live streams left out (they never end), and when that
+    set last changed: a page has its data once it has asked for nothing new for a moment."""
+
+    open: set[Any] = field(default_factory=set)
+    changed: float = field(default_factory=time.monotonic)
+
+    def started(self, request: Any) -> None:
+        if request.resource_type not in ("eventsource", "websocket"):
+            self.open.add(request)
+            self.changed = time.monotonic()
+
+    def ended(self, request: Any) -> None:
+        if request in self.open:
+            self.open.discard(request)
+            self.changed = time.monotonic()
+
+
+def settle(page: Any, in_flight: InFlight, quiet: float = 0.2, limit: float = 3.0) -> None:
+    """Wait until the page has had no request open for `quiet` seconds, at most `limit`.
+    Playwright's "networkidle" waits for 500 ms without any connection, which every page paid
+    in full (about a tenth of the survey); a long poll still holds it to `limit` here."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if not in_flight.open and time.monotonic() - in_flight.changed >= quiet:
+            return
+        page.wait_for_timeout(50)  # events reach the listeners meanwhile
+
+
 @contextlib.contextmanager
-def watching(page: Any, requests: Requests) -> Iterator[None]:
-    page.on("requestfailed", requests.failed)
-    page.on("response", requests.answered)
+def watching(page: Any, requests: Requests, in_flight: InFlight) -> Iterator[None]:
+    listeners = (("requestfailed", requests.failed), ("response", requests.answered),
+                 ("request", in_flight.started), ("requestfinished", in_flight.ended),
+                 ("requestfailed", in_flight.ended))
+    for event, listener in listeners:
+        page.on(event, listener)
     try:
         yield
     finally:
         # Stop listening before the page goes: leaving aborts its stream and long polls.
-        page.remove_listener("requestfailed", requests.failed)
-        page.remove_listener("response", requests.answered)
+        for event, listener in listeners:
+            page.remove_listener(event, listener)
 
 
 def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
@@ -239,13 +273,13 @@ def visit(context: Any, base: str, stop: Stop, width: int, empty: bool,
     page.on("pageerror", watch.exception)
     expected = frozenset({404}) if empty and stop.absent else frozenset()
     requests = Requests(expected)
+    in_flight = InFlight()
     problems: list[str] = []
     try:
-        with watching(page, requests):
+        with watching(page, requests, in_flight):
             page.goto(base + stop.path)
             page.wait_for_selector(stop.ready)
-            with contextlib.suppress(Exception):  # a page with a live stream never idles
-                page.wait_for_load_state("networkidle", timeout=3000)
+            settle(page, in_flight)
             if stop.act:
                 problems += stop.act(page, width)
             problems += check(page, stop, width, empty, times)
