@@ -737,50 +737,9 @@ def test_an_artifact_larger_than_its_use_takes_is_refused_before_its_first_byte(
 CACHE_BOUND = 8 * 10**9  # what the agent's cache keeps at most (--cache-max-gb 8)
 
 
-def test_the_cache_removes_the_least_recently_used_artifact_past_its_bound(procs, fake,
-                                                                            tmp_path):
-    """Each blob a collector names used to stay in cache/ for good. A cache already near its
-    bound (an old model: a sparse file, so it takes no disk here) gets two inputs of 6 MiB:
-    the second takes it past the bound, and the old model, the least recently used, goes; the
-    inputs stay."""
-    cache = tmp_path / "state-lru" / "cache"
-    cache.mkdir(parents=True, mode=0o700)
-    old = cache / ("cd" * 32 + ".gguf")
-    with open(old, "wb") as fh:
-        fh.truncate(CACHE_BOUND - (8 << 20))
-    os.utime(old, (time.time() - 3600, time.time() - 3600))
-    inputs = [json.dumps({"prompt": name}).encode() + b"\n" + b" " * (6 << 20) + b"\n"
-              for name in ("first", "second")]
-    shas = [hashlib.sha256(data).hexdigest() for data in inputs]
-    blobs = {hashlib.sha256(data).hexdigest(): data for data in inputs}
-    offered = iter(dict(SELF_CHECK, job_id=f"in{n}", workload="batch", backend="synthetic",
-                        params={"input_sha256": digest, "max_items": 1, "max_tokens": 1})
-                   for n, digest in enumerate(shas))
-    given = [0]
-
-    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
-        digest = path.rpartition("/")[2]
-        if path.startswith("/artifacts/") and digest in blobs:
-            return 200, blobs[digest]
-        if path.endswith("/next-job") and len(fake.finals()) == given[0]:
-            spec = next(offered, None)
-            if spec is not None:
-                given[0] += 1
-                return 200, json.dumps(spec).encode()
-        return None
-
-    fake.route = route
-    agent = procs.agent([fake.url], "lru")
-    wait_for(lambda: len(fake.finals()) == 2, 60, what="both jobs' final rows")
-    assert [r["ok"] for r in fake.finals()] == [True, True], fake.finals()
-    assert sorted(p.name for p in cache.iterdir()) == sorted(d + ".jsonl" for d in shas)
-    assert f"removed cached artifact {old.name} ({CACHE_BOUND - (8 << 20)} bytes), the least " \
-           "recently used" in agent.log()
-
-
-def test_the_owner_sets_the_caches_bound(procs, fake, tmp_path):
-    """--cache-max-gb (FLEET_AGENT_CACHE_MAX_GB) sets the bound: at 8 MB, the second of two
-    6 MiB inputs takes the first's place once the first job is over."""
+def two_batch_inputs(fake) -> list[str]:
+    """Two batch jobs, one after the other, each with an input of 6 MiB the fake serves; the
+    inputs' hashes."""
     inputs = [json.dumps({"prompt": name}).encode() + b"\n" + b" " * (6 << 20) + b"\n"
               for name in ("first", "second")]
     shas = [hashlib.sha256(data).hexdigest() for data in inputs]
@@ -802,6 +761,34 @@ def test_the_owner_sets_the_caches_bound(procs, fake, tmp_path):
         return None
 
     fake.route = route
+    return shas
+
+
+def test_the_cache_removes_the_least_recently_used_artifact_past_its_bound(procs, fake,
+                                                                            tmp_path):
+    """Each blob a collector names used to stay in cache/ for good. A cache already near its
+    bound (an old model: a sparse file, so it takes no disk here) gets two inputs of 6 MiB:
+    the second takes it past the bound, and the old model, the least recently used, goes; the
+    inputs stay."""
+    cache = tmp_path / "state-lru" / "cache"
+    cache.mkdir(parents=True, mode=0o700)
+    old = cache / ("cd" * 32 + ".gguf")
+    with open(old, "wb") as fh:
+        fh.truncate(CACHE_BOUND - (8 << 20))
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    shas = two_batch_inputs(fake)
+    agent = procs.agent([fake.url], "lru")
+    wait_for(lambda: len(fake.finals()) == 2, 60, what="both jobs' final rows")
+    assert [r["ok"] for r in fake.finals()] == [True, True], fake.finals()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(d + ".jsonl" for d in shas)
+    assert f"removed cached artifact {old.name} ({CACHE_BOUND - (8 << 20)} bytes), the least " \
+           "recently used" in agent.log()
+
+
+def test_the_owner_sets_the_caches_bound(procs, fake, tmp_path):
+    """--cache-max-gb (FLEET_AGENT_CACHE_MAX_GB) sets the bound: at 8 MB, the second of two
+    6 MiB inputs takes the first's place once the first job is over."""
+    shas = two_batch_inputs(fake)
     agent = procs.agent([fake.url], "bound", "--cache-max-gb", "0.008")
     wait_for(lambda: len(fake.finals()) == 2, 60, what="both jobs' final rows")
     assert [r["ok"] for r in fake.finals()] == [True, True], fake.finals()

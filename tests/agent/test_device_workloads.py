@@ -419,17 +419,21 @@ print("\\tCPU_Speed_Limit \\t= 72")
 # --- the evals ---
 
 
+
+def vision_job(http_stub, data: bytes) -> dict:
+    """A llama.cpp vision-eval job over the JSON Lines `data`, its model and projector served."""
+    return {"job_id": "v", "workload": "vision-eval", "backend": "llama.cpp",
+            "model": model(http_stub),
+            "params": {"input_sha256": blob(http_stub, data),
+                       "mmproj_sha256": blob(http_stub, b"GGUF projector")}}
+
 def test_vision_eval_with_a_multimodal_model(fa, tmp_path, http_stub, llama_runtime):
     images = [b"FAKEIMG:cat", b"FAKEIMG:dog", b"FAKEIMG:cat"]
     data = jsonl([{"image_sha256": blob(http_stub, images[0]), "label": "cat"},
                   {"image_sha256": blob(http_stub, images[1]), "label": "dog",
                    "choices": ["cat", "dog"]},
                   {"image_sha256": blob(http_stub, images[2]), "label": "dog"}])
-    _, result = run_job(fa, llama_runtime, http_stub.url, {
-        "job_id": "v", "workload": "vision-eval", "backend": "llama.cpp",
-        "model": model(http_stub),
-        "params": {"input_sha256": blob(http_stub, data), "mmproj_sha256": blob(
-            http_stub, b"GGUF projector")}})
+    _, result = run_job(fa, llama_runtime, http_stub.url, vision_job(http_stub, data))
     assert result["ok"] is True, result
     assert result["metrics"]["top1_pct"] == 66.67
     assert result["metrics"]["images_per_s"] > 0 and result["metrics"]["p95_ms"] > 0
@@ -1033,11 +1037,7 @@ def test_a_job_keeps_every_artifact_it_fetched_however_small_the_cache(fa, tmp_p
     cache = tmp_path / "state" / "cache"
     images = [b"FAKEIMG:cat", b"FAKEIMG:dog", b"FAKEIMG:cat"]
     data = jsonl([{"image_sha256": blob(http_stub, image), "label": "cat"} for image in images])
-    _, result = run_job(fa, llama_runtime, http_stub.url, {
-        "job_id": "v", "workload": "vision-eval", "backend": "llama.cpp",
-        "model": model(http_stub),
-        "params": {"input_sha256": blob(http_stub, data), "mmproj_sha256": blob(
-            http_stub, b"GGUF projector")}})
+    _, result = run_job(fa, llama_runtime, http_stub.url, vision_job(http_stub, data))
     assert result["ok"] is True, result
     assert [r["ok"] for r in rows(http_stub)] == [True, True, True]
     assert {p.name for p in cache.iterdir()} == {
