@@ -49,7 +49,7 @@ if [ "$#" -eq 0 ]; then
   # The full suite (CI): the fast lane in parallel, then the rest (process fleets, fault loops,
   # long fuzzing) one test at a time, as they time real processes, then the pages in Chromium in
   # two workers: they wait on the browser and on servers of their own, never on a clock, and
-  # one at a time they took some 6 of the rest's 24 minutes (docs/testing.md).
+  # one at a time they made the whole run too close to CI's 30 minutes (docs/testing.md).
   fast_lane
   python3 -m pytest --rest -m "not browser"
   exec python3 -m pytest --rest -m browser -n 2 --dist load
