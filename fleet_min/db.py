@@ -45,6 +45,12 @@ def like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
+def quote_identifier(name: str) -> str:
+    """A table or column name as SQL reads it, whatever it holds (a name read from a database's
+    own catalogue may hold a quote)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
 class StorageError(RuntimeError):
     """The database refused a commit (disk full, read-only file, I/O error)."""
 

@@ -222,15 +222,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
-# An integer of more digits than a float can hold: SQLite's JSON functions (the listings' trims,
-# json_each) turn a stored one into Inf, which no JSON reader takes back.
-MAX_INTEGER_DIGITS = 308
-
-
 def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_INTEGER_DIGITS:
-        raise BadRequest(f"the number {text[:20]}... has more than {MAX_INTEGER_DIGITS} digits, "
-                         "past what a float holds")
+    if len(text.lstrip("-")) > jsonio.MAX_INTEGER_DIGITS:
+        raise BadRequest(f"the number {text[:20]}... has more than {jsonio.MAX_INTEGER_DIGITS} "
+                         "digits, past what a float holds")
     return int(text)
 
 

@@ -146,6 +146,10 @@ def loads_quick(raw: bytes | bytearray) -> tuple[bool, Any]:
 # Nesting, found before any parser recurses into a body.
 
 MAX_DEPTH = 64  # arrays and objects inside each other in a request body (docs/collector.md)
+# An integer of more digits than a float can hold: SQLite's JSON functions (the listings' trims,
+# json_each) turn a stored one into Inf, which no JSON reader takes back. Request bodies refuse
+# one (fleet_min.http), and so does restore's row check.
+MAX_INTEGER_DIGITS = 308
 
 # Brackets to parentheses, the string quote kept, everything else deleted (with _OTHER_BYTES).
 _BRACKETS = bytes.maketrans(b"[{]}", b"(())")

@@ -115,9 +115,10 @@ def test_a_sentence_never_carries_the_raw_bytes(db: sqlite3.Connection) -> None:
     assert "\x1b" not in str(bad) and "..." in str(bad), str(bad)
 
 
-def test_a_million_rows_are_checked_in_one_pass_of_sql(db: sqlite3.Connection) -> None:
-    """Each table is read twice whatever its number of columns: the SQL checks in one query
-    and the text once more (counted with SQLite's statement trace)."""
+def test_each_table_is_read_twice_whatever_its_columns(db: sqlite3.Connection) -> None:
+    """Each table is read twice whatever its number of columns, so a million rows cost two
+    passes: the SQL checks in one query and the text once more (counted with SQLite's
+    statement trace)."""
     statements: list[str] = []
     db.set_trace_callback(statements.append)
     row_check.check_table(db, "results")

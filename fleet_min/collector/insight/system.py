@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fleet_min import timeutil
-from fleet_min.db import Database, Periodic
+from fleet_min.db import Database, Periodic, quote_identifier
 from fleet_min.errors import BadRequest
 from fleet_min.timeutil import iso
 
@@ -138,16 +138,13 @@ async def database_figures(db: Database) -> dict[str, Any]:
                 pragmas["auto_vacuum"] or 0, "none")}
 
 
-def _quoted(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'
-
 
 async def row_counts(db: Database) -> dict[str, int]:
     tables = await db.read("SELECT name FROM sqlite_master WHERE type = 'table' "
                            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY name")
     counts = {}
     for table in tables:
-        row = await db.read_one(f"SELECT COUNT(*) FROM {_quoted(table['name'])}")
+        row = await db.read_one(f"SELECT COUNT(*) FROM {quote_identifier(table['name'])}")
         counts[table["name"]] = row[0] if row else 0
     return counts
 

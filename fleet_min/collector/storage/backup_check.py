@@ -33,7 +33,7 @@ from pathlib import Path
 
 from fleet_min import filemodes
 from fleet_min.collector.storage import row_check
-from fleet_min.db import migrate
+from fleet_min.db import migrate, quote_identifier
 
 _CHUNK = 1 << 20
 COUNTED = ("jobs", "results", "devices", "artifacts", "schedules")
@@ -278,7 +278,8 @@ def _check_numbering(conn: sqlite3.Connection, named: Path) -> None:
         "SELECT name, sql FROM main.sqlite_master WHERE type = 'table' "
         "AND name NOT LIKE 'sqlite^_%' ESCAPE '^'")
         if not re.search(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", sql, re.IGNORECASE)]
-    found = [(name, conn.execute(f"SELECT max(rowid) FROM main.{_quote(name)}").fetchone()[0])
+    found = [(name, conn.execute(
+        f"SELECT max(rowid) FROM main.{quote_identifier(name)}").fetchone()[0])
              for name in numbered]
     if conn.execute("SELECT 1 FROM main.sqlite_master WHERE name = 'sqlite_sequence'"
                     ).fetchone():
@@ -290,9 +291,6 @@ def _check_numbering(conn: sqlite3.Connection, named: Path) -> None:
                           "is damaged or hostile")
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
 
 def _copy_rows(conn: sqlite3.Connection) -> None:
     """INSERT ... SELECT every table of main (the collector's own) from the attached backup,
@@ -303,7 +301,7 @@ def _copy_rows(conn: sqlite3.Connection) -> None:
     for name, sql in tables:
         info = conn.execute("SELECT name, type, pk FROM pragma_table_info(?, 'main')",
                             (name,)).fetchall()
-        columns = [_quote(column) for column, _, _ in info]
+        columns = [quote_identifier(column) for column, _, _ in info]
         keys = [kind for _, kind, pk in info if pk]
         without_rowid = re.search(r"\)\s*WITHOUT\s+ROWID\s*;?\s*$", sql, re.IGNORECASE)
         alias = not without_rowid and len(keys) == 1 and keys[0].upper() == "INTEGER"
@@ -313,8 +311,8 @@ def _copy_rows(conn: sqlite3.Connection) -> None:
             autoincrement.append(name)
         listed = ", ".join(columns)
         order = "" if without_rowid else " ORDER BY rowid"
-        conn.execute(f"INSERT INTO main.{_quote(name)} ({listed}) "
-                     f"SELECT {listed} FROM backup.{_quote(name)}{order}")
+        conn.execute(f"INSERT INTO main.{quote_identifier(name)} ({listed}) "
+                     f"SELECT {listed} FROM backup.{quote_identifier(name)}{order}")
     # The copy's sequences, so a number handed out before the backup is never handed again
     # (SQLite itself never goes below a table's largest rowid); the migrations' own go.
     if autoincrement:

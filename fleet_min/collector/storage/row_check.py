@@ -35,6 +35,7 @@ from datetime import datetime
 from typing import Any
 
 from fleet_min import jsonio
+from fleet_min.db import quote_identifier
 
 # The times timeutil.iso words with a four-digit year: 0001-01-01 to 9999-12-31 (UTC).
 EARLIEST_TIME = -62_135_596_800.0
@@ -195,20 +196,17 @@ class _Column:
     rule: str  # "" when the declared type is the whole rule
 
 
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
 
 def _columns(conn: sqlite3.Connection, table: str) -> list[_Column]:
     rules = COLUMNS.get(table, {})
     return [_Column(name, (kind or "").upper(), not notnull and not pk, rules.get(name, ""))
             for _, name, kind, notnull, _, pk in conn.execute(
-                f"PRAGMA main.table_info({_quote(table)})")]
+                f"PRAGMA main.table_info({quote_identifier(table)})")]
 
 
 def _typed(column: _Column) -> str:
     """SQL true when the column's value is of its kind (checked by SQLite, in one pass)."""
-    q = _quote(column.name)
+    q = quote_identifier(column.name)
     if column.declared == "INTEGER":
         ok = f"typeof({q}) = 'integer'"
         if column.rule == "bool":
@@ -249,7 +247,7 @@ def _shown(kind: str, value: Any) -> str:
 
 # A number token a float cannot hold (SQLite's JSON functions turn an integer of 309 digits or
 # more into Inf): a cheap search first, the parse only when it finds one.
-_LARGE_NUMBER = re.compile(rb"[eE][+-]?[0-9]{3}|[0-9]{309}")
+_LARGE_NUMBER = re.compile(rb"[eE][+-]?[0-9]{3}|[0-9]{%d}" % (jsonio.MAX_INTEGER_DIGITS + 1))
 
 
 def _finite(text: str) -> float:
@@ -260,7 +258,7 @@ def _finite(text: str) -> float:
 
 
 def _bounded(text: str) -> int:
-    if len(text.lstrip("-")) > 308:
+    if len(text.lstrip("-")) > jsonio.MAX_INTEGER_DIGITS:
         raise ValueError(f"the integer {text[:20]}... is past a float's range")
     return int(text)
 
@@ -340,10 +338,10 @@ def _key(conn: sqlite3.Connection, table: str) -> tuple[str, str]:
     sql = conn.execute("SELECT sql FROM main.sqlite_master WHERE name = ?", (table,)).fetchone()
     if not (sql and "WITHOUT ROWID" in " ".join(str(sql[0]).upper().split())):
         return "rowid", "rowid"
-    keys = [name for _, name, _, _, _, pk in sorted(
-        conn.execute(f"PRAGMA main.table_info({_quote(table)})"), key=lambda row: row[5]) if pk]
-    return (" || ',' || ".join(f"substr(quote(CAST({_quote(k)} AS BLOB)), 1, 64)" for k in keys),
-            "the row keyed")
+    info = conn.execute(f"PRAGMA main.table_info({quote_identifier(table)})")
+    keys = [name for _, name, _, _, _, pk in sorted(info, key=lambda row: row[5]) if pk]
+    return (" || ',' || ".join(f"substr(quote(CAST({quote_identifier(k)} AS BLOB)), 1, 64)"
+                               for k in keys), "the row keyed")
 
 
 def _rows(conn: sqlite3.Connection, sql: str) -> Iterator[tuple[Any, ...]]:
@@ -356,10 +354,10 @@ def check_table(conn: sqlite3.Connection, table: str) -> None:
     """BadRow for the first row of main.`table` that the collector's readers cannot take."""
     columns = _columns(conn, table)
     key_sql, key_word = _key(conn, table)
-    name = _quote(table)
+    name = quote_identifier(table)
     texts = [column for column in columns if column.declared == "TEXT"]
     if texts:  # first: the SQL checks below read text as text, which needs it to be UTF-8
-        listed = ", ".join(f"CAST({_quote(column.name)} AS BLOB)" for column in texts)
+        listed = ", ".join(f"CAST({quote_identifier(column.name)} AS BLOB)" for column in texts)
         _check_texts(table, texts, key_word,
                      _rows(conn, f"SELECT {key_sql}, {listed} FROM main.{name}"))
     # coalesce: a check that meets a missing JSON member is NULL, and NOT NULL passes nothing.
@@ -371,7 +369,7 @@ def check_table(conn: sqlite3.Connection, table: str) -> None:
                          f"({' AND '.join(sql for _, sql in typed)}) LIMIT 1").fetchone()
     if found:
         column = typed[found[1]][0]
-        q = _quote(column.name)
+        q = quote_identifier(column.name)
         kind, value = conn.execute(
             f"SELECT typeof({q}), CASE WHEN typeof({q}) = 'text' THEN CAST({q} AS BLOB) "
             f"WHEN typeof({q}) != 'blob' THEN {q} END FROM main.{name} WHERE {key_sql} = ?",
