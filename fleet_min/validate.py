@@ -179,6 +179,16 @@ def _string(min_len: int = 0, max_len: int | None = None) -> _Check:
 # `fleet-1.4-exe.apk`), and the reordering spills into the text beside it on a page. Marks
 # (U+200E, U+200F) and joiners stay allowed: right-to-left scripts and emoji need them.
 _REORDERING = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+def written_out(text: str) -> str:
+    """Text as a page shows it: each reordering character as [U+202E], so stored free text that
+    no label rule covers (a result's error, a metric) cannot reorder what a person reads around
+    it. The dashboards do the same in fleet_min/web/common/shown.js."""
+    if not _REORDERING.search(text):
+        return text
+    return _REORDERING.sub(lambda found: f"[U+{ord(found.group()):04X}]", text)
+
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 _CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 LABEL_WORDS = "no control characters and none that reorder the text after them"

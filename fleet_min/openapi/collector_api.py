@@ -89,7 +89,7 @@ PATH_PARAMS = {
     "build": Param("build", string(pattern="^[0-9a-zA-Z_-]{1,64}$"),
                    "the build digest the page was rendered with", "path"),
     "path": Param("path", string(minLength=1),
-                  "a file under web/dash, web/runner or web/vendor", "path"),
+                  "a file under web/dash, web/runner, web/vendor or web/common", "path"),
 }
 
 # -- components --------------------------------------------------------------------------------

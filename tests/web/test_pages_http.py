@@ -133,6 +133,9 @@ def test_markup_escapes_what_it_is_given() -> None:
     assert "<img" not in (EVIL + legacy.tag("p", "x"))
     empty: list[Any] = []
     assert "Nothing" in legacy.table(("a",), empty, "Nothing here")
+    # Reordering characters are written out in text and read attributes, kept in links.
+    cell = legacy.tag("td", "a\u202eb", title="c\u2067d", href="/x?q=e\u202ef")
+    assert "a[U+202E]b" in cell and 'title="c[U+2067]d"' in cell and "e\u202ef" in cell
 
 
 def test_legacy_values_read_as_text_not_data() -> None:

@@ -1,7 +1,8 @@
 """Templates of the legacy dashboard (/dash/legacy): plain HTML, no script.
 
 Every value is escaped with html.escape unless it is Markup, which only this module's helpers
-make. Pages take the same dictionaries the /api routes return, so they show the same facts.
+make, and shows any reordering character written out (validate.written_out). Pages take the
+same dictionaries the /api routes return, so they show the same facts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from urllib.parse import quote, urlencode
 from fleet_min.collector.automation.alerts import AlertRule, AlertState
 from fleet_min.collector.jobs.kinds import JOB_STATUSES
 from fleet_min.timeutil import parse_iso
+from fleet_min.validate import written_out
 
 BASE = "/dash/legacy"
 NAV = (("", "Overview"), ("/devices", "Devices"), ("/jobs", "Jobs"), ("/results", "Results"),
@@ -53,16 +55,22 @@ def esc(value: Any) -> Markup:
         return Markup(f'<span class="muted">{DASH}</span>')
     if isinstance(value, bool):
         return Markup("yes" if value else "no")
-    return Markup(escape(str(value), quote=True))
+    return Markup(escape(written_out(str(value)), quote=True))
 
 
 def join(parts: Iterable[Any], sep: str = "") -> Markup:
     return Markup(escape(sep).join(esc(p) for p in parts))
 
 
+def _attribute(name: str, value: Any) -> str:
+    """An attribute's text; a link keeps its characters (they are percent-encoded there)."""
+    return str(value) if name in ("href", "src", "action") else written_out(str(value))
+
+
 def tag(name: str, content: Any = "", /, **attrs: Any) -> Markup:
-    rendered = "".join(f' {k.rstrip("_").replace("_", "-")}="{escape(str(v), quote=True)}"'
-                       for k, v in attrs.items() if v is not None and v is not False)
+    rendered = "".join(
+        f' {k.rstrip("_").replace("_", "-")}="{escape(_attribute(k, v), quote=True)}"'
+        for k, v in attrs.items() if v is not None and v is not False)
     if name in VOID:
         return Markup(f"<{name}{rendered}>")
     return Markup(f"<{name}{rendered}>{esc(content) if content != '' else ''}</{name}>")

@@ -28,7 +28,7 @@ from fleet_min.http import Handler, static_file
 from fleet_min.timeutil import iso, now
 
 PACKAGE = "fleet_min"
-SERVED = ("dash", "runner", "vendor")  # folders of web/ reachable under /static
+SERVED = ("dash", "runner", "vendor", "common")  # folders of web/ reachable under /static
 IMMUTABLE = "public, max-age=31536000, immutable"
 REVALIDATE = "no-cache"
 RECENT_JOBS = 20  # newest jobs on the legacy overview

@@ -1,8 +1,9 @@
 """The control-plane UI (GET /, its files under /public/) and the OpenAPI document
 (GET /openapi.json, fleet_min/openapi/controlplane.json).
 
-The UI's front-end libraries are the collector's too: /public/vendor/... is served from their one
-copy, fleet_min/web/vendor/, so fleet.pyz carries them once."""
+The UI's front-end libraries and the pages' shared helpers are the collector's too:
+/public/vendor/... and /public/common/... are served from their one copy, fleet_min/web/vendor/
+and fleet_min/web/common/, so fleet.pyz carries them once."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fleet_min.openapi import document_bytes
 
 WEB_PACKAGE = "fleet_min"
 WEB_FOLDER = "web/controlplane/"
-VENDOR = "vendor/"  # /public/vendor/... -> fleet_min/web/vendor/...
+SHARED = ("vendor/", "common/")  # /public/vendor/... -> fleet_min/web/vendor/..., and common/
 # Stricter than the shared page policy: the control-plane UI has no inline style or script.
 UI_CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
           "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'")
@@ -30,7 +31,7 @@ async def index(request: web.Request) -> web.Response:
 
 async def public(request: web.Request) -> web.Response:
     path = request.match_info["path"]
-    if path.startswith(VENDOR):
+    if path.startswith(SHARED):
         return static_file(WEB_PACKAGE, "web/" + path)  # static_file refuses any ".." in it
     return static_file(WEB_PACKAGE, WEB_FOLDER + path)
 

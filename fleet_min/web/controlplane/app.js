@@ -2,7 +2,7 @@
 // and hash routes: #/ overview, #/runner/<name>, #/analytics, #/repo/<owner/project>,
 // #/concurrency, #/simulate, #/forecast, #/hosts, #/billing, #/settings. Plain ES modules, no
 // build step; text is always rendered as text.
-import { html, render, useEffect, useRef, useState } from "./js/html.js";
+import { html, render, shown, useEffect, useRef, useState } from "./js/html.js";
 import { state, set, subscribe, recordSnapshot, dismissToast } from "./js/store.js";
 import { getJSON } from "./js/api.js";
 import { TokenBox, ConfirmDialog } from "./js/actions.js";
@@ -89,7 +89,7 @@ function App() {
   const { route } = state;
   useEffect(() => {
     const screen = DETAILS[route.name] ? `${route.name} ${route.arg}` : route.name;
-    document.title = `${screen} · ${state.snap?.host?.name || "control plane"} · fleet-min`;
+    document.title = shown(`${screen} · ${state.snap?.host?.name || "control plane"} · fleet-min`);
     if (first.current) first.current = false;
     else main.current?.focus({ preventScroll: false });
   }, [route.name, route.arg]);

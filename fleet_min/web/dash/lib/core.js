@@ -4,6 +4,9 @@ import {
   useState, useEffect, useRef, useCallback, useMemo, useReducer,
 } from "../../vendor/preact/hooks.module.js";
 import htm from "../../vendor/htm/htm.module.js";
+import { shown, shownElements } from "../../common/shown.js";
 
-export const html = htm.bind(h);
+// Every element the templates make shows reordering characters written out (common/shown.js).
+export const html = htm.bind(shownElements(h));
+export { shown };
 export { h, render, Fragment, useState, useEffect, useRef, useCallback, useMemo, useReducer };

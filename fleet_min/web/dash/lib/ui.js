@@ -1,5 +1,5 @@
 // Small shared pieces of the screens.
-import { html, useState, useEffect, useRef } from "./core.js";
+import { html, shown, useState, useEffect, useRef } from "./core.js";
 import { localTime, relative, shortSha, sentence } from "./format.js";
 import { href } from "./router.js";
 import { currentPeer } from "./api.js";
@@ -85,7 +85,7 @@ export function Section({ title, actions, children, id }) {
 }
 
 export function Page({ title, subtitle, actions, children }) {
-  useEffect(() => { document.title = `${title} · fleet`; }, [title]);
+  useEffect(() => { document.title = `${shown(title)} · fleet`; }, [title]);
   return html`<div class="page">
     <div class="page-head">
       <div><h1 tabindex="-1" id="page-title">${title}</h1>${subtitle ? html`<p class="muted sub">${subtitle}</p>` : null}</div>
