@@ -2439,7 +2439,7 @@ def sha_param(params: dict, name: str) -> str:
 def text_param(params: dict, name: str, default: str | None, pattern: re.Pattern,
                what: str) -> str:
     value = params.get(name, default)
-    if not isinstance(value, str) or not pattern.match(value):
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise Refusal(f"params.{name} must be {what}; the job gave {shown(value)}")
     return value
 
@@ -3667,7 +3667,7 @@ def parse_split(value: object) -> list[tuple[str, float]]:
             number = float(weight)
         except ValueError:
             raise Refusal(what) from None
-        if not SPLIT_NAME.match(name) or not 0 < number < 1e9 or name in dict(splits):
+        if not SPLIT_NAME.fullmatch(name) or not 0 < number < 1e9 or name in dict(splits):
             raise Refusal(what)
         splits.append((name, number))
     if not 1 <= len(splits) <= 10:
@@ -3788,7 +3788,7 @@ def dataset_source(ctx: JobContext, runtime: Runtime, source: str, max_bytes: in
 def wl_dataset_prep(runtime: Runtime, ctx: JobContext) -> dict:
     params = ctx.params
     source = params.get("source")
-    if not isinstance(source, str) or not (HEX64.fullmatch(source.lower()) or URL_CHARS.match(
+    if not isinstance(source, str) or not (HEX64.fullmatch(source.lower()) or URL_CHARS.fullmatch(
             source)):
         raise Refusal("params.source must be an artifact's SHA-256 or an http(s) URL; the job "
                       f"gave {shown(source)}")
@@ -3840,7 +3840,7 @@ def convert_plan(ctx: JobContext) -> dict:
     quant = text_param(params, "quant", "f16", re.compile(r"^[A-Za-z0-9_, ]{1,200}$"),
                        "a quantization type such as Q4_K_M, or several separated by commas")
     types = [q.strip() for q in quant.split(",") if q.strip()]
-    if not types or not all(QUANT_NAME.match(q) for q in types):
+    if not types or not all(QUANT_NAME.fullmatch(q) for q in types):
         raise Refusal(f"params.quant must name quantization types such as Q4_K_M; the job gave "
                       f"{shown(quant)}")
     return {"input_sha256": sha_param(params, "input_sha256"),
@@ -4261,7 +4261,7 @@ def check_repo(value: object) -> str:
     lowered = value.lower()
     if "::" in value or ".." in value or "%2e" in lowered:
         raise Refusal(f"params.repo {shown(value)} may not use a transport helper (::) or '..'")
-    if not (lowered.startswith(("https://", "ssh://", "file:///")) or SCP_LIKE.match(value)
+    if not (lowered.startswith(("https://", "ssh://", "file:///")) or SCP_LIKE.fullmatch(value)
             or value.startswith("/")):
         raise Refusal(f"params.repo must be an https://, ssh://, git@host:path or file:// URL, "
                       f"or an absolute local path; the job gave {shown(value)}")
@@ -4314,9 +4314,9 @@ def build_task(kind: str, task: object) -> list[str]:
                           f"elsewhere and run); the job gave {shown(word)}")
         if word in flags:
             continue
-        if after_flag and FLAG_VALUE.match(word):
+        if after_flag and FLAG_VALUE.fullmatch(word):
             pass
-        elif TASK_WORD.match(word):
+        elif TASK_WORD.fullmatch(word):
             bare.append(word)
         else:
             raise Refusal(f"params.task may hold targets and the {kind} flags "
@@ -4379,7 +4379,7 @@ def build_kind(runtime: Runtime, ctx: JobContext) -> str:
 
 
 def check_app_path(value: object) -> str:
-    if not isinstance(value, str) or not APP_PATH.match(value) or ".." in value.split("/"):
+    if not isinstance(value, str) or not APP_PATH.fullmatch(value) or ".." in value.split("/"):
         raise Refusal("params.app must be the path (a glob allowed) of the built app inside "
                       f"the repository, e.g. build/outputs/app.apk; the job gave {shown(value)}")
     return value
@@ -4485,7 +4485,7 @@ def build_plan(runtime: Runtime, ctx: JobContext) -> dict:
         raise Refusal(f"refused: {repo} is not in this machine's --build-repos list; its owner "
                       "must add it there first")
     ref = ctx.params.get("ref", "HEAD")
-    if not isinstance(ref, str) or not GIT_REF.match(ref) or ".." in ref:
+    if not isinstance(ref, str) or not GIT_REF.fullmatch(ref) or ".." in ref:
         raise Refusal(f"params.ref must be a branch, tag or commit name; the job gave "
                       f"{shown(ref)}")
     return {"kind": kind, "repo": repo, "ref": ref,
@@ -4999,7 +4999,7 @@ def simulator_launch_ms(xcrun: str, udid: str, app_id: str, state: str) -> float
 
 def wl_cold_start(runtime: Runtime, ctx: JobContext) -> dict:
     app_id = ctx.params.get("app_id")
-    if not isinstance(app_id, str) or not re.match(r"^[A-Za-z0-9._-]+$", app_id):
+    if not isinstance(app_id, str) or not re.fullmatch(r"^[A-Za-z0-9._-]+$", app_id):
         raise Refusal("params.app_id must be an application id such as com.example.app")
     launches = int_param(ctx.params, "launches", 5, 1, 200)
     states = ctx.params.get("states") or ["cold"]
@@ -5053,7 +5053,7 @@ def web_url(spec: dict) -> str:
         raise Refusal("web jobs need targets.url starting with http:// or https://")
     url = check_url(url, "targets.url")
     host = urllib.parse.urlsplit(url).hostname or ""
-    if not URL_HOST.match(host):
+    if not URL_HOST.fullmatch(host):
         raise Refusal(f"targets.url: the host {shown(host)} must be a DNS name (its xn-- form "
                       "for letters beyond ASCII) or an IP address")
     return urllib.parse.quote(url, safe=URL_KEPT)
@@ -5362,7 +5362,7 @@ def wl_web_test(runtime: Runtime, ctx: JobContext) -> dict:
 def chromium_shot(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | None, bytes]:
     path = os.path.join(ctx.workdir, "shot.png")
     size = str(ctx.params.get("viewport") or "1280x800")
-    if not re.match(r"^\d{2,5}x\d{2,5}$", size):
+    if not re.fullmatch(r"^\d{2,5}x\d{2,5}$", size):
         raise Refusal("params.viewport must look like 1280x800")
     with browser_guard(runtime) as guard:
         argv = [*chromium_argv(runtime, ctx, "shots", guard), "--screenshot=" + path,
@@ -5443,7 +5443,7 @@ def app_id_param(ctx: JobContext, required: bool = True) -> str | None:
     value = ctx.params.get("app_id")
     if value is None and not required:
         return None
-    if not isinstance(value, str) or not APP_ID.match(value):
+    if not isinstance(value, str) or not APP_ID.fullmatch(value):
         raise Refusal("params.app_id must be an application id such as com.example.app; the "
                       f"job gave {shown(value)}")
     return value
@@ -5452,7 +5452,7 @@ def app_id_param(ctx: JobContext, required: bool = True) -> str | None:
 def flow_name(value: object, field: str) -> str:
     """A flow file (or folder) for the flow runner, as its argument: a relative path that
     stays in the job's directory and is never an option."""
-    if not isinstance(value, str) or not FLOW_NAME.match(value) or ".." in value.split("/"):
+    if not isinstance(value, str) or not FLOW_NAME.fullmatch(value) or ".." in value.split("/"):
         raise Refusal(f"{field} must be a flow file inside the job's directory: a relative "
                       f"path with no .. segment, not starting with - or /; the job gave "
                       f"{shown(value)}")
@@ -6023,7 +6023,7 @@ PER_APP_LOCALES_SDK = 33
 
 def locales_param(params: dict) -> list[str]:
     locales = strings_param(params, "locales", 1, 50, "locale tags")
-    bad = [tag for tag in locales if not LOCALE_TAG.match(tag)]
+    bad = [tag for tag in locales if not LOCALE_TAG.fullmatch(tag)]
     if bad:
         raise Refusal(f"params.locales holds {shown(bad[0])}, which is not a locale tag such "
                       "as en-US or pt-BR")
@@ -6048,7 +6048,7 @@ def android_locale(runtime: Runtime, serial: str, way: str, app_id: str | None) 
         return found.group(1) if found else ""
     for prop in ("persist.sys.locale", "ro.product.locale"):
         value = device_prop(runtime, serial, prop)
-        if LOCALE_TAG.match(value):
+        if LOCALE_TAG.fullmatch(value):
             return value
     return ""
 
@@ -6807,7 +6807,7 @@ def wl_web_audit(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
     browser_may_open(runtime, url)
     size = str(ctx.params.get("viewport") or "1280x800")
-    if not re.match(r"^\d{2,5}x\d{2,5}$", size):
+    if not re.fullmatch(r"^\d{2,5}x\d{2,5}$", size):
         raise Refusal("params.viewport must look like 1280x800")
     width, height = (int(v) for v in size.split("x"))
     plan = {"viewport": (width, height),
@@ -6843,7 +6843,7 @@ def digest_plan(ctx: JobContext) -> dict:
     app = text_param(ctx.params, "app", None, APP_NAME, "the app's name (app.name of its jobs)")
     days = int_param(ctx.params, "days", 7, 1, 366)
     model = ctx.params.get("model")
-    if model is not None and (not isinstance(model, str) or not APP_NAME.match(model)):
+    if model is not None and (not isinstance(model, str) or not APP_NAME.fullmatch(model)):
         raise Refusal(f"params.model must be a model name; the job gave {shown(model)}")
     end = time.time()
     # Whole seconds on the wire: the end rounds up, so a row stored in the second the digest
@@ -7254,7 +7254,7 @@ def export_options(ctx: JobContext, item: dict, account: str) -> str:
                         re.compile("^(" + "|".join(EXPORT_METHODS) + ")$"),
                         "one of " + ", ".join(EXPORT_METHODS))
     team = item_field(item, account, "team_id")
-    if not re.match(r"^[A-Z0-9]{10}$", team):
+    if not re.fullmatch(r"^[A-Z0-9]{10}$", team):
         raise Refusal(f"the team_id of the credential item {account!r} is not a team id")
     plist = ('<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict>'
              f"<key>method</key><string>{method}</string>"
@@ -7291,7 +7291,7 @@ def ios_archive_argv(runtime: Runtime, ctx: JobContext, source: str, item: dict,
 def archive_plan(ctx: JobContext) -> dict:
     app_spec = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
     build = ctx.params.get("build", app_spec.get("build"))
-    if build is not None and (not isinstance(build, str) or not BUILD_LABEL.match(build)):
+    if build is not None and (not isinstance(build, str) or not BUILD_LABEL.fullmatch(build)):
         raise Refusal(f"params.build must be a build label such as 1.4.2+57; the job gave "
                       f"{shown(build)}")
     return {"source": sha_param(ctx.params, "source"),

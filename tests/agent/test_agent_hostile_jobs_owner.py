@@ -329,3 +329,21 @@ def test_suite_flows_stay_inside_the_job(procs, tmp_path):
                                suite={"kind": "flow_runner", "flows": "flows/"}))
     finished(collector, "ui-ok")
     assert [argv[argv.index("--flows") + 1] for argv in logged(logs, "flows")] == ["flows/"]
+
+
+def test_a_name_with_a_trailing_line_break_is_refused(procs, tmp_path):
+    """The agent's name patterns read the whole value: `^...$` with match() also takes a name
+    followed by a line break ("main\\n"), which then reached git and the tools as an argument."""
+    collector = procs.collector()
+    repo, log, _ = start_builder(procs, collector, tmp_path)
+    jobs = {"ref-newline": ({"ref": "main\n"}, "params.ref must be a branch, tag or commit"),
+            "app-newline": ({"app": "app.bin\n"}, "params.app ")}
+    for job_id, (change, _) in jobs.items():
+        spec = build_job(job_id, repo, "go", None)
+        spec["params"].update(change)
+        collector.enqueue(spec)
+    status = {job_id: finished(collector, job_id) for job_id in jobs}
+    assert tool_runs(log) == []  # go never ran
+    for job_id, (_, sentence) in jobs.items():
+        assert status[job_id]["status"] == "failed", (job_id, status[job_id])
+        assert status[job_id]["last_error"].startswith(sentence), status[job_id]["last_error"]
