@@ -1422,16 +1422,32 @@ class ArtifactCache:
         path = os.path.join(self.directory, sha256 + suffix)
         keep = in_use if in_use is not None else set()
         keep.add(path)
-        self.uses += 1
         if HEX64.fullmatch(sha256) and self.still_verified(path, sha256, limit):
-            self.last_used[path] = self.uses
+            self.used(path)
             return path
         self.marks.pop(path, None)
         placed = collector.download_verified(sha256, path, limit, stop)
         self.marks[path] = file_mark(placed)
-        self.last_used[path] = self.uses
+        self.used(path)
         self.trim(keep)  # only a download makes the cache grow
         return path
+
+    def used(self, path: str) -> None:
+        """Note a use, here and on the file: its access time is set to now (its modification
+        time kept), so the next start ranks files by their last use rather than by when they
+        were downloaded. A file that is not the one just verified is left alone; its changed
+        mark makes the next use hash it again anyway."""
+        self.uses += 1
+        self.last_used[path] = self.uses
+        try:
+            info = os.lstat(path)
+            if self.marks.get(path) != file_mark(info):
+                return
+            os.utime(path, ns=(time.time_ns(), info.st_mtime_ns), follow_symlinks=False)
+            # utime moved the ctime: the file is still the one verified a moment ago.
+            self.marks[path] = file_mark(os.lstat(path))
+        except OSError:  # a read-only cache, say: the ranking falls back to download times
+            pass
 
     def trim(self, keep: set[str]) -> None:
         """Remove the least recently used artifacts until the cache holds at most max_bytes,
@@ -1449,9 +1465,10 @@ class ArtifactCache:
                 continue
             total += info.st_size
             if path not in keep:
-                candidates.append((self.last_used.get(path, 0), info.st_mtime_ns, path,
-                                   info.st_size))
-        for _, _, path, size in sorted(candidates):
+                # This run's uses first, then the access time used() set in earlier runs.
+                candidates.append((self.last_used.get(path, 0), info.st_atime_ns,
+                                   info.st_mtime_ns, path, info.st_size))
+        for _, _, _, path, size in sorted(candidates):
             if total <= self.max_bytes:
                 return
             try:

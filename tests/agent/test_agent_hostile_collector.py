@@ -785,6 +785,45 @@ def test_the_cache_removes_the_least_recently_used_artifact_past_its_bound(procs
            "recently used" in agent.log()
 
 
+def test_the_cache_ranks_by_last_use_across_a_restart(procs, fake, tmp_path):
+    """Recency used to live in the agent's memory, so after a restart the cache removed the
+    file downloaded first, however recently a job had used it. One run uses input A, then B,
+    then A again; the next run's new input C takes the cache past its bound (16 MB, three
+    inputs of 6 MiB), and B, the least recently used, goes."""
+    data = {name: json.dumps({"prompt": name}).encode() + b"\n" + b" " * (6 << 20) + b"\n"
+            for name in "ABC"}
+    sha = {name: hashlib.sha256(blob).hexdigest() for name, blob in data.items()}
+    blobs = {sha[name]: blob for name, blob in data.items()}
+    order = ["A", "B", "A", "C"]
+    given = [0]
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        digest = path.rpartition("/")[2]
+        if path.startswith("/artifacts/") and digest in blobs:
+            return 200, blobs[digest]
+        if path.endswith("/next-job") and len(fake.finals()) == given[0] < limit[0]:
+            spec = dict(SELF_CHECK, job_id=f"use{given[0]}", workload="batch",
+                        backend="synthetic", params={"input_sha256": sha[order[given[0]]],
+                                                     "max_items": 1, "max_tokens": 1})
+            given[0] += 1
+            return 200, json.dumps(spec).encode()
+        return None
+
+    limit = [3]
+    fake.route = route
+    first = procs.agent([fake.url], "recency", "--cache-max-gb", "0.016")
+    wait_for(lambda: len(fake.finals()) == 3, 60, what="the first run's three jobs")
+    first.stop()
+    cache = tmp_path / "state-recency" / "cache"
+    assert sorted(p.name for p in cache.iterdir()) == sorted(sha[n] + ".jsonl" for n in "AB")
+    limit[0] = 4
+    second = procs.agent([fake.url], "recency", "--cache-max-gb", "0.016")
+    wait_for(lambda: len(fake.finals()) == 4, 60, what="the second run's job")
+    assert [r["ok"] for r in fake.finals()] == [True] * 4, fake.finals()
+    assert sorted(p.name for p in cache.iterdir()) == sorted(sha[n] + ".jsonl" for n in "AC")
+    assert f"removed cached artifact {sha['B']}.jsonl" in second.log()
+
+
 def test_the_owner_sets_the_caches_bound(procs, fake, tmp_path):
     """--cache-max-gb (FLEET_AGENT_CACHE_MAX_GB) sets the bound: at 8 MB, the second of two
     6 MiB inputs takes the first's place once the first job is over."""
