@@ -791,8 +791,38 @@ def secure_state_dir(state_dir: str) -> str:
     if problem:
         raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: it {problem}; "
                           "give it to that user or choose another --state-dir")
+    open_parent = open_parent_of(real)
+    if open_parent:
+        raise UnsafeState(f"fleet_agent: refusing the state directory {state_dir}: {open_parent}")
     make_private(real, info, 0o077, state_dir)
     return real
+
+
+def open_parent_of(real: str) -> str | None:
+    """Why a directory above the (real) state directory lets another user put a directory of
+    their own in its place, or None. The agent uses the state directory by its path, so a
+    parent every user may write to, without the sticky bit that keeps them from renaming what
+    is not theirs (as /tmp has it), hands the directory to any of them. Only that case: a
+    parent another account owns or its group may write to is the usual thing on some systems
+    (Android's /data/data is system's, mode 0771), and such an account could change more than
+    this agent anyway."""
+    if os.name == "nt":
+        return None
+    parent = os.path.dirname(real)
+    while True:
+        try:
+            mode = os.stat(parent).st_mode
+        except OSError as exc:
+            return f"its parent {parent} cannot be checked ({exc.strerror or exc})"
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            return (f"its parent {parent} has mode {stat.S_IMODE(mode):04o}: any user may "
+                    "rename the state directory and put one of their own in its place; remove "
+                    "the write bit for others (chmod o-w) or set the sticky bit (chmod +t), or "
+                    "choose another --state-dir")
+        above = os.path.dirname(parent)
+        if above == parent:
+            return None
+        parent = above
 
 
 def check_trusted(state_dir: str) -> None:

@@ -184,6 +184,29 @@ def test_a_state_directory_another_user_owns_is_refused_by_a_root_agent(tmp_path
     assert list(state.iterdir()) == []  # no lock, no state.json, no spool
 
 
+def test_a_state_directory_under_a_parent_anyone_may_write_is_refused(procs, tmp_path):
+    """A parent every user may write to, without the sticky bit, lets any of them rename the
+    state directory and put their own in its place: refused, and nothing trusted made. With
+    the sticky bit (as /tmp has it), the same place serves."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    state = shared / "deeper" / "state"
+    done = run_agent(state)
+    assert_refused(done, state, f"fleet_agent: refusing the state directory {state}: its "
+                                f"parent {shared} has mode 0777: any user may rename the state "
+                                "directory")
+    assert "chmod o-w" in done.stderr
+    assert not (state / "state.json").exists() and not (state / "spool").exists()
+    shared.chmod(0o1777)
+    collector = procs.collector()
+    home = shared / "person"
+    home.mkdir()
+    agent = procs.agent([collector], "sticky-1", home=home)
+    wait_for(lambda: registered(collector, "sticky-1"), 20, what="registration")
+    assert agent.proc.poll() is None and "refusing" not in agent.log()
+
+
 def _own(uid: int, *paths: Path) -> None:
     for path in paths:
         os.chown(path, uid, uid, follow_symlinks=False)
