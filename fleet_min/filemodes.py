@@ -8,10 +8,11 @@ what is missing with those modes and, at start, takes away any bit beyond them f
 ever taken away, never added: a file an operator made 0600 stays 0600.
 
 A directory the service cannot make private is refused, not used: one owned by another user
-(that user could loosen it again, or plant links in it, at any time) or one whose mode stays
-looser after the attempt (a read-only or foreign file system). A symbolic link where the service
-keeps a file of its own is refused too: the service never opens its own files through a link a
-loose directory may have let someone plant.
+(that user could loosen it again, or plant links in it, at any time), one whose mode stays
+looser after the attempt (a read-only or foreign file system), or one below a directory every
+user may write to without the sticky bit (any of them could rename it and put their own there).
+A symbolic link where the service keeps a file of its own is refused too: the service never
+opens its own files through a link a loose directory may have let someone plant.
 
 SQLite gives a database's -wal and -shm files the database file's own mode, so a database file
 created here first, with the right mode, keeps its companions right too.
@@ -99,6 +100,9 @@ def private_dir(path: Path, most: int) -> None:
     followed when it is a link: it is what the operator pointed us at."""
     path.mkdir(mode=most, parents=True, exist_ok=True)
     st = path.stat()
+    open_parent = open_parent_of(path.resolve())
+    if open_parent:
+        raise NotPrivate(open_parent, path)
     euid = effective_uid()
     # Root could tighten it, but its owner could loosen it again, or plant links, at any time.
     if euid is not None and st.st_uid != euid:
@@ -111,6 +115,28 @@ def private_dir(path: Path, most: int) -> None:
         raise NotPrivate(f"its mode stays {left:04o} (it could not be tightened to {most:04o}), "
                          "so its files could not be kept private; fix its mode or choose "
                          "another directory", path)
+
+
+def open_parent_of(real: Path) -> str | None:
+    """Why a directory above `real` (a resolved path) lets another user put a directory of
+    their own in its place, or None. A service uses its directories by their paths, so a
+    parent every user may write to, without the sticky bit that keeps them from renaming what
+    is not theirs (as /tmp has it), hands the directory to any of them. Only that case: a
+    parent another account owns or its group may write to is usual on some systems, and such
+    an account could change more than this service anyway. The agent has the same rule."""
+    if os.name == "nt":
+        return None
+    for parent in real.parents:
+        try:
+            mode = parent.stat().st_mode
+        except OSError as exc:
+            return f"its parent {parent} cannot be checked ({exc.strerror or exc})"
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            return (f"its parent {parent} has mode {stat.S_IMODE(mode):04o}: any user may "
+                    "rename this directory and put one of their own in its place; remove the "
+                    "write bit for others (chmod o-w) or set the sticky bit (chmod +t), or "
+                    "choose another directory")
+    return None
 
 
 def tighten_tree(root: Path, dir_most: int, file_most: int) -> int:

@@ -185,6 +185,26 @@ def test_a_data_directory_another_user_owns_is_refused(tmp_path: Path) -> None:
     assert list(data.iterdir()) == [] and mode(data) == 0o777  # nothing made, nothing changed
 
 
+def test_a_data_directory_below_a_folder_anyone_may_write_is_refused(tmp_path: Path) -> None:
+    """Below a folder every user may write to, without the sticky bit, any user could rename
+    the data directory and put one of their own in its place, as the service uses it by its
+    path. With the sticky bit (as /tmp has it), the same place serves."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    data = shared / "fleet-data"
+    stderr = start_refused(data)
+    assert (f"cannot use the data directory {data}: its parent {shared} has mode 0777: any "
+            "user may rename this directory") in stderr, stderr
+    assert "chmod +t" in stderr and list(data.iterdir()) == []  # nothing made in it
+    shared.chmod(0o1777)
+    proc = CollectorProcess(data).start()
+    try:
+        assert proc.client.get("/api/health")[0] == 200
+    finally:
+        proc.stop()
+
+
 def read_only_mount(folder: Path) -> tuple[str, ...]:
     """A prefix that runs a command with `folder` on a read-only bind mount (root, in a private
     mount namespace): a mode there cannot be changed, as on a foreign file system."""
