@@ -251,6 +251,89 @@ async def test_cancelling_a_fan_out_costs_in_line_with_its_children(client, db_p
     assert parent["last_error"] == "400 of 400 fan-out children were cancelled"
 
 
+# A pattern that passes match.py's checks yet costs about 2 ms on a 256-character value.
+COSTLY = "model ~ 'a{0,10}a{0,10}a{0,7}x'"
+LONG_MODEL = "a" * 256
+
+
+def costly_job(job_id: str, device: str, distinct: int | None = None, **fields: Any
+               ) -> dict[str, Any]:
+    """A job for `device` whose match it fails after about 2 ms; with `distinct`, an
+    expression of its own (so no verdict is shared)."""
+    expression = COSTLY if distinct is None else f"{COSTLY} || device_id == 'nobody-{distinct}'"
+    return job(job_id, targets={"device_id": device, "match": expression}, **fields)
+
+
+async def claim(client: Any, device_id: str) -> dict[str, Any] | None:
+    resp = await client.get(f"/devices/{device_id}/next-job")
+    assert resp.status in (200, 204), await resp.text()
+    return None if resp.status == 204 else dict(await resp.json())
+
+
+async def test_a_poll_judges_at_most_its_budget_of_new_expressions_and_gets_there(
+        collector_factory):
+    """200 queued jobs whose own expressions the device fails, about 0.4 s of evaluation,
+    stood before its jobs: every poll evaluated all of them again (5,000 held the event loop
+    11 s). A poll now stops evaluating after its budget (verdicts.CLAIM_BUDGET_S): a job
+    without an expression is still claimed at once, and one with an expression waits for a
+    later poll, as the verdicts reached are kept and each poll goes further."""
+    client = await collector_factory(long_poll_s=0.05)
+    body = registration("slow", descriptor={"platform": "linux", "model": LONG_MODEL})
+    assert (await client.post("/devices/register", json=body)).status == 200
+    resp = await client.post("/jobs", json=[costly_job(f"costly-{i}", "slow", i)
+                                            for i in range(200)])
+    assert resp.status == 201, await resp.text()
+    resp = await client.post("/jobs", json=[
+        job("plain", targets={"device_id": "slow"}, priority=-1),
+        job("matched", targets={"device_id": "slow", "match": "platform == 'linux'"},
+            priority=-2)])
+    assert resp.status == 201, await resp.text()
+    got = await claim(client, "slow")
+    assert got is not None and got["job_id"] == "plain"
+    done = result_row("plain", "slow", 0, final=True, ok=True)
+    assert (await client.post("/results", json=done)).status == 200
+    polls = 1
+    while (got := await claim(client, "slow")) is None:
+        polls += 1
+        assert polls < 200, "the job was never reached"
+    assert got["job_id"] == "matched" and polls >= 2, polls
+
+
+async def test_jobs_sharing_an_expression_cost_one_evaluation_a_device(client):
+    """The usual flood: one script enqueues the same expression many times. Its verdict is
+    kept per device, so 1,000 of them cost one evaluation, and the job behind them is claimed
+    by the first poll, well inside the budget that stops a poll after a few costly ones."""
+    body = registration("flooded", descriptor={"platform": "linux", "model": LONG_MODEL})
+    assert (await client.post("/devices/register", json=body)).status == 200
+    resp = await client.post("/jobs", json=[costly_job(f"same-{i}", "flooded")
+                                            for i in range(1000)])
+    assert resp.status == 201, await resp.text()
+    assert (await client.post("/jobs", json=job("behind", targets={"device_id": "flooded"},
+                                                priority=-1))).status == 201
+    got = await claim(client, "flooded")
+    assert got is not None and got["job_id"] == "behind"
+
+
+async def test_a_fan_out_whose_match_costs_too_much_is_refused_and_stores_nothing(client):
+    """A fan-out evaluates its expression on every registered device; on 1,000 devices with
+    long models that is about 2 s of one request (6,000 held the loop 15 s). Past
+    verdicts.TARGETS_BUDGET_S it is refused with a sentence, as is its preview."""
+    registered = await asyncio.gather(*(client.post("/devices/register", json=registration(
+        f"long{i:04d}", descriptor={"platform": "linux", "model": LONG_MODEL}))
+        for i in range(1000)))
+    assert {resp.status for resp in registered} == {200}
+    spec = job("wide-costly", fanout=True, targets={"match": COSTLY})
+    resp = await client.post("/jobs", json=spec)
+    assert resp.status == 422, await resp.text()
+    error = (await resp.json())["error"]
+    assert error.startswith("targets.match took more than 0.5 s to evaluate over the 1000 "
+                            "registered devices"), error
+    assert (await client.get("/jobs/wide-costly")).status == 404
+    preview = await client.post("/api/jobs/preview-targets", json={
+        "workload": "benchmark", "executor": "device", "targets": {"match": COSTLY + " "}})
+    assert preview.status == 422, await preview.text()
+
+
 async def test_a_long_cascade_streams_a_bounded_number_of_events(client):
     await enqueue_chain(client, "e", 1_000)
     async with StreamReader(client) as reader:

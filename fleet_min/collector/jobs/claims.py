@@ -18,11 +18,10 @@ from functools import cached_property, lru_cache
 from typing import Any
 
 from fleet_min import jsonio
-from fleet_min.collector.jobs import authority, executors, rules
+from fleet_min.collector.jobs import authority, executors, rules, verdicts
 from fleet_min.collector.jobs.devices import NOT_READ, Device, load_device, touch_due
 from fleet_min.collector.jobs.effects import Effects, claimant_key
 from fleet_min.collector.jobs.kinds import Executor, JobStatus
-from fleet_min.collector.jobs.match import compiled
 from fleet_min.db import replayable
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso
@@ -49,16 +48,25 @@ class Claimant:
         return claimant_key(self.executor, self.id)
 
 
+NOT_JUDGED = "match expression not evaluated yet (this poll's evaluation time is spent)"
+
+
 def static_refusal(device: Device, workload: str | None, variant: str | None,
-                   pool: str | None, match: str | None) -> str | None:
+                   pool: str | None, match: str | None,
+                   budget: verdicts.Budget | None = None) -> str | None:
     """Why a device can never take such a job regardless of time (None when it can); with no
-    workload, only the pool and the match expression are asked."""
+    workload, only the pool and the match expression are asked. Past the `budget`, an
+    expression not judged before is NOT_JUDGED (see verdicts.py)."""
     if workload is not None and not rules.offers(device.capabilities, workload, variant):
         return "capability not declared"
     if pool and pool not in device.pools:
         return f"not in pool {pool}"
-    if match and not compiled(match).evaluate(device.view()):
-        return "match expression is false"
+    if match:
+        verdict = verdicts.satisfies(device, match, budget)
+        if verdict is None:
+            return NOT_JUDGED
+        if not verdict:
+            return "match expression is false"
     return None
 
 
@@ -152,10 +160,12 @@ def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) 
 
 
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
-             device: Device | None, now: float, ignore_job: str | None) -> str | None:
+             device: Device | None, now: float, ignore_job: str | None,
+             budget: verdicts.Budget | None = None) -> str | None:
     if claimant.executor == Executor.DEVICE:
         assert device is not None
-        why = static_refusal(device, row["workload"], row["variant"], row["pool"], row["match"])
+        why = static_refusal(device, row["workload"], row["variant"], row["pool"], row["match"],
+                             budget)
         if why:
             return why
     elif row["target_device"]:
@@ -215,8 +225,9 @@ def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Devi
     elif _holds_its_slots(conn, claimant, slots, ignore_job):
         return None, True
     refused = False
+    budget = verdicts.Budget(verdicts.CLAIM_BUDGET_S)
     for row in _candidates(conn, claimant, workloads, min_priority, pairs):
-        if _refusal(conn, row, claimant, device, now, ignore_job) is None:
+        if _refusal(conn, row, claimant, device, now, ignore_job, budget) is None:
             return row, True
         refused = True
     return None, refused

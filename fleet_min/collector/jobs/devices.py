@@ -27,9 +27,9 @@ class Device:
     their stored JSON the first time they are read.
     """
 
-    __slots__ = ("_beacon", "_beacon_text", "_descriptor", "_descriptor_text", "busy_at",
-                 "busy_job_id", "capabilities", "device_id", "holding", "last_beacon_at",
-                 "last_seen", "lock_holder", "mesh_node", "pools")
+    __slots__ = ("_beacon", "_beacon_text", "_descriptor", "_descriptor_text", "_fingerprint",
+                 "busy_at", "busy_job_id", "capabilities", "device_id", "holding",
+                 "last_beacon_at", "last_seen", "lock_holder", "mesh_node", "pools")
 
     def __init__(self, row: sqlite3.Row, lock_holder: object,
                  holding: object = None) -> None:
@@ -52,6 +52,7 @@ class Device:
         self._descriptor: dict[str, Any] | None = None
         self._beacon_text: str | None = row["last_beacon"]
         self._beacon: dict[str, Any] | None = None
+        self._fingerprint: int | None = None
 
     @property
     def descriptor(self) -> dict[str, Any]:
@@ -64,6 +65,15 @@ class Device:
         if self._beacon is None and self._beacon_text:
             self._beacon = _loads(self._beacon_text, None)
         return self._beacon
+
+    @property
+    def fingerprint(self) -> int:
+        """The device as view() shows it, as a number: a registration that changes what a
+        match expression reads changes it (verdicts.py keeps verdicts by it)."""
+        if self._fingerprint is None:
+            self._fingerprint = hash((self.device_id, self._descriptor_text, repr(self.pools),
+                                      repr(self.capabilities)))
+        return self._fingerprint
 
     def view(self) -> dict[str, Any]:
         """What a match expression reads: descriptor fields plus id, pools and capabilities."""

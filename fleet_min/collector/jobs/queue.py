@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from fleet_min import jsonio, validate
-from fleet_min.collector.jobs import authority, executors, rules, templates
+from fleet_min.collector.jobs import authority, executors, rules, templates, verdicts
 from fleet_min.collector.jobs.claims import static_refusal
 from fleet_min.collector.jobs.devices import Device, device_from_row
 from fleet_min.collector.jobs.effects import Effects, JobRoute
@@ -541,16 +541,23 @@ def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float, *,
     workload = None if any_workload else spec["workload"]
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
+    budget = verdicts.Budget(verdicts.TARGETS_BUDGET_S)
+    variant = rules.spec_variant(spec)
     for row in rows:
         if rules.is_expired(row["ttl_s"], row["last_seen"], now):
             continue
         device = device_from_row(row)
         if targets.get("device_id") and device.device_id != targets["device_id"]:
             continue
-        variant = rules.spec_variant(spec)
         if static_refusal(device, workload, variant, targets.get("pool"),
-                          targets.get("match")) is None:
+                          targets.get("match"), budget) is None:
             chosen.append(device)
+        elif budget.spent:
+            raise Unprocessable(
+                f"targets.match took more than {verdicts.TARGETS_BUDGET_S:g} s to evaluate "
+                f"over the {len(rows)} registered devices, and the collector stops there rather "
+                "than hold every other request; narrow the devices first (targets.pool, or a "
+                "simpler or anchored pattern, ^...)")
     fanout = spec.get("fanout")
     if isinstance(fanout, dict) and fanout.get("distinct"):
         field = fanout["distinct"]
