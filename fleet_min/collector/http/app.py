@@ -356,7 +356,8 @@ async def api_overview(request: web.Request) -> web.Response:
     def low_battery(devices: list[dict[str, Any]], at: float) -> list[str]:
         return [found.subject for found in alerts.low_battery(devices, at, threshold)]
 
-    return json_response(await views.overview(service.db, now(), low_battery))
+    return json_response(await views.overview(service.db, now(), low_battery,
+                                              alerts.DEVICES_SQL))
 
 
 async def api_health(request: web.Request) -> web.Response:

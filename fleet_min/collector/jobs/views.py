@@ -392,21 +392,25 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
             [(row[0], executors.decoded(row[1])) for row in rows], spec,
             authority.attached_host(found[0]) if found else None)
         return {"count": len(names), "devices": [], "executors": names}
-    chosen = queue.select_targets(await db.read(queue.DEVICES_NEWEST_FIRST), spec, now,
-                                  any_workload=any_workload)
+    rows = await db.read(queue.DEVICES_NEWEST_FIRST)
+    chosen = queue.select_targets(rows, spec, now, any_workload=any_workload)
+    shown = {row["device_id"]: row for row in rows}
     return {"count": len(chosen), "devices": [
-        {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
-         "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
+        {"device_id": d.device_id, "platform": shown[d.device_id]["platform"],
+         "model": shown[d.device_id]["model"], "pools": d.pools} for d in chosen]}
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
 
 
-async def overview(db: Database, now: float, low_battery: LowBattery | None = None
+async def overview(db: Database, now: float, low_battery: LowBattery | None = None,
+                   devices_sql: str = "SELECT device_id, last_seen, ttl_s FROM devices"
                    ) -> dict[str, Any]:
     """The fleet at a glance. `low_battery` names the devices whose battery is low (the
-    low-battery alert's rule, passed in by the caller so the queue's room needs no alerts)."""
-    devices = await db.read("SELECT * FROM devices")
+    low-battery alert's rule, passed in by the caller so the queue's room needs no alerts),
+    from the rows of `devices_sql` (the columns that rule reads, not whole rows: a device's
+    descriptor and last beacon may be 16 KiB each)."""
+    devices = await db.read(devices_sql)
     by_status = dict.fromkeys((s.value for s in DeviceStatus), 0)
     for row in devices:
         if not rules.is_expired(row["ttl_s"], row["last_seen"], now):
