@@ -21,6 +21,7 @@ from tests.support.collector import (
     ROOT,
     CollectorProcess,
     age_rows,
+    beacon,
     edit_rows,
     job,
     registration,
@@ -332,6 +333,43 @@ async def test_a_fan_out_whose_match_costs_too_much_is_refused_and_stores_nothin
     preview = await client.post("/api/jobs/preview-targets", json={
         "workload": "benchmark", "executor": "device", "targets": {"match": COSTLY + " "}})
     assert preview.status == 422, await preview.text()
+
+
+async def test_a_beacon_history_of_large_beacons_is_cut_to_its_byte_budget(client):
+    """1,000 beacons of 16 KiB made one history answer of 27 MB (each beacon twice) that held
+    the event loop half a second. An answer now carries at most views.BEACON_PAGE_BYTES of
+    stored beacon text: the newest, oldest first, and says it was cut."""
+    assert (await client.post("/devices/register", json=registration("chatty"))).status == 200
+    for n in range(200):
+        resp = await client.post("/results", json=beacon("chatty", n=n, pad="x" * 16_000))
+        assert resp.status == 200, await resp.text()
+    answer = await (await client.get("/api/devices/chatty/beacons")).json()
+    kept = [b["n"] for b in answer["beacons"]]
+    assert answer["truncated"] is True and 100 <= len(kept) < 200, len(kept)
+    assert kept == list(range(200 - len(kept), 200))  # the newest, oldest first
+    assert [s["n"] for s in answer["samples"]] == kept
+    since = answer["beacons"][-5]["at"]  # a window of a few beacons fits whole
+    small = await (await client.get(f"/api/devices/chatty/beacons?since={since}")).json()
+    assert small["truncated"] is False and [b["n"] for b in small["beacons"]][-1] == 199
+    assert len(small["beacons"]) <= 5
+
+
+async def test_a_request_may_name_at_most_10000_dependencies(client):
+    """1,000 specs naming 100 dependencies each held the event loop 0.77 s in one request.
+    Past 10,000 the request is refused whole, before anything is stored; the same graph in
+    parts is stored."""
+    specs = dense_graph("d", 1000, 100)  # short ids: the body stays under its 1 MiB limit
+    assert sum(len(s.get("depends_on", ())) for s in specs) == 94_950
+    resp = await client.post("/jobs", json=specs)
+    assert resp.status == 422, await resp.text()
+    assert (await resp.json())["error"].startswith(
+        "this request names 94950 dependencies (depends_on), more than the 10000 one request "
+        "may; send the jobs in several requests")
+    assert (await (await client.get("/api/jobs")).json())["total"] == 0
+    for start in range(0, 1000, 100):  # 100 specs a request: at most 10,000 dependencies
+        resp = await client.post("/jobs", json=specs[start:start + 100])
+        assert resp.status == 201, await resp.text()
+    assert (await job_of(client, "d-999"))["status"] == "waiting"
 
 
 async def test_a_long_cascade_streams_a_bounded_number_of_events(client):

@@ -358,25 +358,36 @@ async def device_history(db: Database, device_id: str) -> dict[str, Any]:
             "benchmarks": [_listed_result(r) for r in benches]}
 
 
+BEACON_PAGE_ROWS = 1000  # the newest beacons one answer carries
+# ... and the most stored beacon text: the answer holds each beacon twice (beacons, samples), and
+# 1,000 beacons of 16 KiB made a 27 MB answer that held the event loop half a second.
+BEACON_PAGE_BYTES = 2 << 20
+
+
 async def device_beacons(db: Database, device_id: str, query: Mapping[str, str], now: float
                          ) -> dict[str, Any]:
     since = time_param(query, "since") or 0.0
     if query.get("hours") and not query.get("since"):
         since = now - int_param(query, "hours", 24, 1, 24 * 365) * 3600
-    limit = 1000
     rows = await db.read("SELECT job_id, at, body FROM beacons WHERE device_id = ? AND at >= ? "
-                         "ORDER BY at DESC LIMIT ?", (device_id, since, limit))
+                         "ORDER BY at DESC LIMIT ?", (device_id, since, BEACON_PAGE_ROWS))
     # A forgotten device's history stays (forget keeps beacons): 404 only when there is none.
     if not rows and await db.read_one("SELECT 1 FROM devices WHERE device_id = ?",
                                       (device_id,)) is None:
         raise NotFound(f"no device {device_id!r}")
+    kept, size = 0, 0
+    for row in rows:  # newest first: the oldest are left out
+        size += len(row["body"])
+        if kept and size > BEACON_PAGE_BYTES:
+            break
+        kept += 1
     # The record's own time and job come last: a beacon's fields of the same name do not win.
     beacons = [{**json.loads(r["body"]), "at": iso(r["at"]), "job_id": r["job_id"]}
-               for r in reversed(rows)]
+               for r in reversed(rows[:kept])]
     # `samples` (with `ts`) is the original's name for the same list, oldest first.
     samples = [{**b, "ts": b["at"]} for b in beacons]
     return {"device_id": device_id, "beacons": beacons, "samples": samples,
-            "truncated": len(rows) == limit}
+            "truncated": len(rows) == BEACON_PAGE_ROWS or kept < len(rows)}
 
 
 async def preview_targets(db: Database, spec: JobSpec, now: float, *,
