@@ -92,6 +92,7 @@ def test_the_device_rules_read_the_same_from_sqlites_readings_of_a_large_beacon(
              device("text", beacon_ago=10, battery_pct="3", charging=False),
              device("bool", beacon_ago=10, battery_pct=True, charging=False),
              device("stale", beacon_ago=1000, battery_pct=2, charging=False),
+             device("lone", beacon_ago=10, thermal="\ud800", battery_pct=1),
              device("list", beacon_ago=10), device("never")]
     for case in cases:
         if case["last_beacon"] is not None:
@@ -107,12 +108,13 @@ def test_the_device_rules_read_the_same_from_sqlites_readings_of_a_large_beacon(
                      "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                      (case["device_id"], case["name"], NOW, NOW, case["last_seen"],
                       case["ttl_s"], case["last_beacon"], case["last_beacon_at"]))
-    read = [dict(row) for row in conn.execute(alerts.DEVICES_SQL + " ORDER BY rowid")]
-    assert max(len(row["last_beacon"] or "") for row in read) < 100
+    rows = conn.execute(alerts.DEVICES_SQL + " ORDER BY rowid").fetchall()
+    assert max(len(row["readings"] or "") for row in rows) < 100
+    read = alerts.device_rows(rows)
     for rule in (alerts.thermal_critical, alerts.low_battery):
         assert subjects(rule(read, NOW, TH)) == subjects(rule(cases, NOW, TH)), rule
     assert [f.subject for f in alerts.low_battery(read, NOW, TH)] == ["low", "unsaid",
-                                                                     "plugged-1"]
+                                                                     "plugged-1", "lone"]
 
 
 def failed_job(job_id="j", **fields):

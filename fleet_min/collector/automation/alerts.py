@@ -142,20 +142,32 @@ def device_offline(devices: Iterable[Row], now: float, th: Thresholds) -> list[F
     return found
 
 
-# What the battery and thermal rules read of a device's last beacon, taken out by SQLite as a
-# small object of the same JSON types: a last beacon may be 16 KiB, and parsing 6,000 of them
-# in Python held the event loop 3 s at every alert tick and every overview (57 ms this way).
+# What the battery and thermal rules read of a device's last beacon, taken out by SQLite: a
+# last beacon may be 16 KiB, and parsing 6,000 of them in Python held the event loop 3 s at
+# every alert tick and every overview (57 ms this way). One json_extract of several paths
+# answers a JSON array that keeps each value's type and escapes (one path would hand text back
+# decoded, and a lone surrogate an older version stored would not decode in Python).
 BEACON_READINGS = (
-    "CASE WHEN json_valid(last_beacon) AND json_type(last_beacon) = 'object' THEN json_object("
-    "'battery_pct', CASE WHEN json_type(last_beacon, '$.battery_pct') IN ('integer', 'real') "
-    "THEN json_extract(last_beacon, '$.battery_pct') END, "
-    "'charging', CASE WHEN json_type(last_beacon, '$.charging') = 'true' THEN json('true') "
-    "ELSE json('false') END, "
-    "'thermal', CASE WHEN json_type(last_beacon, '$.thermal') = 'text' "
-    "THEN json_extract(last_beacon, '$.thermal') END) END")
-# A device as the device rules read it (device_offline, thermal_critical, low_battery).
+    "CASE WHEN json_valid(last_beacon) AND json_type(last_beacon) = 'object' "
+    "THEN json_extract(last_beacon, '$.battery_pct', '$.charging', '$.thermal') END")
+READINGS = ("battery_pct", "charging", "thermal")
+# A device as the device rules read it (device_offline, thermal_critical, low_battery): rows
+# for device_rows().
 DEVICES_SQL = ("SELECT device_id, name, last_seen, ttl_s, last_beacon_at, "
-               f"{BEACON_READINGS} AS last_beacon FROM devices")
+               f"{BEACON_READINGS} AS readings FROM devices")
+
+
+def device_rows(rows: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """Rows of DEVICES_SQL as the device rules take them: the readings as `last_beacon`."""
+    found: list[Row] = []
+    for row in rows:
+        device = dict(row)
+        readings = device.pop("readings", None)
+        values = json.loads(readings) if readings else None
+        device["last_beacon"] = (dict(zip(READINGS, values, strict=True))
+                                 if isinstance(values, list) else None)
+        found.append(device)
+    return found
 
 
 def _fresh_beacon(device: Row, now: float, th: Thresholds) -> dict[str, Any] | None:
@@ -331,7 +343,7 @@ def gather(conn: sqlite3.Connection, now: float, th: Thresholds, sizes: Sizes) -
 
     artifacts = conn.execute("SELECT COALESCE(SUM(size), 0) FROM artifacts").fetchone()[0]
     return Snapshot(
-        devices=rows(DEVICES_SQL),
+        devices=device_rows(conn.execute(DEVICES_SQL)),
         failed_jobs=rows("SELECT job_id, status, workload, attempts, max_attempts, is_group, "
                          "last_error, finished_at FROM jobs WHERE status = 'failed' "
                          "AND finished_at >= ?", (now - th.failed_window_s,)),

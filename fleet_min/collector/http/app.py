@@ -354,7 +354,8 @@ async def api_overview(request: web.Request) -> web.Response:
     threshold = alerts.Thresholds(battery_pct=service.config.alert_battery_pct)
 
     def low_battery(devices: list[dict[str, Any]], at: float) -> list[str]:
-        return [found.subject for found in alerts.low_battery(devices, at, threshold)]
+        return [found.subject for found in alerts.low_battery(alerts.device_rows(devices), at,
+                                                             threshold)]
 
     return json_response(await views.overview(service.db, now(), low_battery,
                                               alerts.DEVICES_SQL))

@@ -538,14 +538,13 @@ def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec,
 
 # The devices a fan-out or a preview chooses from: what the claim rules read of each (not the
 # last beacon, which no static rule reads and may be 16 KiB) and, for a preview's list, the
-# platform and model taken out by SQLite (parsing 6,000 descriptors of 16 KiB in Python held
-# the event loop over a second).
+# platform and model taken out by SQLite as a JSON array (parsing 6,000 descriptors of 16 KiB
+# in Python held the event loop over a second; see alerts.BEACON_READINGS for why an array).
 DEVICES_NEWEST_FIRST = (
     "SELECT device_id, descriptor, pools, pools_override, capabilities, last_seen, ttl_s, "
     "NULL AS last_beacon, last_beacon_at, busy_job_id, busy_at, mesh_node, "
-    "CASE WHEN json_valid(descriptor) THEN json_extract(descriptor, '$.platform') END "
-    "AS platform, "
-    "CASE WHEN json_valid(descriptor) THEN json_extract(descriptor, '$.model') END AS model "
+    "CASE WHEN json_valid(descriptor) AND json_type(descriptor) = 'object' "
+    "THEN json_extract(descriptor, '$.platform', '$.model') END AS shown "
     "FROM devices ORDER BY last_seen DESC, device_id")
 
 

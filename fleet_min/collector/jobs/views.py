@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
@@ -405,10 +406,14 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
         return {"count": len(names), "devices": [], "executors": names}
     rows = await db.read(queue.DEVICES_NEWEST_FIRST)
     chosen = queue.select_targets(rows, spec, now, any_workload=any_workload)
-    shown = {row["device_id"]: row for row in rows}
-    return {"count": len(chosen), "devices": [
-        {"device_id": d.device_id, "platform": shown[d.device_id]["platform"],
-         "model": shown[d.device_id]["model"], "pools": d.pools} for d in chosen]}
+    shown = {row["device_id"]: row["shown"] for row in rows}  # [platform, model] as JSON
+    listed = []
+    for target in chosen:
+        text = shown[target.device_id]
+        platform, model = jsonio.loads_stored(text) if text else (None, None)
+        listed.append({"device_id": target.device_id, "platform": platform, "model": model,
+                       "pools": target.pools})
+    return {"count": len(chosen), "devices": listed}
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
