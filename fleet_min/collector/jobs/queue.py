@@ -19,7 +19,7 @@ from typing import Any, cast
 from fleet_min import jsonio, validate
 from fleet_min.collector.jobs import authority, executors, rules, templates, verdicts
 from fleet_min.collector.jobs.claims import static_refusal
-from fleet_min.collector.jobs.devices import Device, device_from_row
+from fleet_min.collector.jobs.devices import Device, device_from_row, device_with_fields
 from fleet_min.collector.jobs.effects import Effects, JobRoute
 from fleet_min.collector.jobs.kinds import (
     FINAL,
@@ -29,6 +29,7 @@ from fleet_min.collector.jobs.kinds import (
     JobStatus,
     LeaseExpiry,
 )
+from fleet_min.collector.jobs.match import compiled
 from fleet_min.collector.jobs.specs import JobSpec, Targets, check_spec
 from fleet_min.db import like_escape, replayable
 from fleet_min.errors import BadRequest, Conflict, NotFound, Unprocessable
@@ -536,27 +537,53 @@ def pick_executors(seen: list[tuple[str, list[str] | None]], spec: JobSpec,
             and validate.is_job_id(f"{spec['job_id']}--{name}")]
 
 
-# The devices a fan-out or a preview chooses from: what the claim rules read of each (not the
-# last beacon, which no static rule reads and may be 16 KiB) and, for a preview's list, the
-# platform and model taken out by SQLite as a JSON array (parsing 6,000 descriptors of 16 KiB
-# in Python held the event loop over a second; see alerts.BEACON_READINGS for why an array).
-DEVICES_NEWEST_FIRST = (
-    "SELECT device_id, descriptor, pools, pools_override, capabilities, last_seen, ttl_s, "
-    "NULL AS last_beacon, last_beacon_at, busy_job_id, busy_at, mesh_node, "
-    "CASE WHEN json_valid(descriptor) AND json_type(descriptor) = 'object' "
-    "THEN json_extract(descriptor, '$.platform', '$.model') END AS shown "
-    "FROM devices ORDER BY last_seen DESC, device_id")
+# What a fan-out or a preview reads of each device: what the static claim rules read (not the
+# last beacon, which none of them reads and may be 16 KiB) and, of the descriptor, only the
+# fields the spec's match expression and fanout.distinct read, with platform and model for a
+# preview's list. SQLite takes those out as one JSON array (one json_extract of several paths
+# keeps each value's type and escapes; see alerts.BEACON_READINGS): parsing 6,000 descriptors of
+# 16 KiB in Python held the event loop over a second, and was charged to the match budget.
+_TARGET_COLUMNS = ("device_id, pools, pools_override, capabilities, last_seen, ttl_s, "
+                   "NULL AS last_beacon, last_beacon_at, busy_job_id, busy_at, mesh_node")
+_SHOWN_FIELDS = ("platform", "model")
+_OWN_FIELDS = frozenset({"device_id", "pools", "capabilities"})  # view() has them from the row
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # a name a quoted JSON path spells as it is
+
+
+def targets_query(spec: Mapping[str, Any]) -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """(SQL, its parameters, the descriptor fields its `descriptor` column holds, in order) for
+    the devices a fan-out or a preview of `spec` chooses from, newest seen first. No fields:
+    the column is the whole descriptor (a field name no JSON path can spell, from
+    fanout.distinct)."""
+    targets = spec.get("targets") or {}
+    fanout = spec.get("fanout")
+    wanted = set(_SHOWN_FIELDS)
+    if isinstance(targets, Mapping) and targets.get("match"):
+        wanted |= compiled(str(targets["match"])).fields - _OWN_FIELDS
+    if isinstance(fanout, Mapping) and fanout.get("distinct"):
+        wanted.add(str(fanout["distinct"]))
+    fields = tuple(sorted(wanted))
+    order = " FROM devices ORDER BY last_seen DESC, device_id"
+    if not all(_PLAIN_FIELD.fullmatch(name) for name in fields):
+        return f"SELECT {_TARGET_COLUMNS}, descriptor{order}", (), ()
+    paths = tuple(f'$."{name}"' for name in fields)
+    picked = ("CASE WHEN json_valid(descriptor) AND json_type(descriptor) = 'object' THEN "
+              f"json_extract(descriptor, {', '.join('?' * len(paths))}) END AS descriptor")
+    return f"SELECT {_TARGET_COLUMNS}, {picked}{order}", paths, fields
+
 
 
 def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[Device]:
     """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
-    return select_targets(conn.execute(DEVICES_NEWEST_FIRST).fetchall(), spec, now)
+    sql, params, fields = targets_query(spec)
+    return select_targets(conn.execute(sql, params).fetchall(), fields, spec, now)
 
 
-def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float, *,
-                   any_workload: bool = False) -> list[Device]:
-    """Of device rows (newest-seen first), those a fan-out of this spec reaches (with
-    any_workload, whatever they declare: a preview of targets alone)."""
+def select_targets(rows: list[sqlite3.Row], fields: tuple[str, ...], spec: JobSpec,
+                   now: float, *, any_workload: bool = False) -> list[Device]:
+    """Of device rows of targets_query (newest seen first; `fields` its third part), those a
+    fan-out of this spec reaches (with any_workload, whatever they declare: a preview of
+    targets alone)."""
     workload = None if any_workload else spec["workload"]
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
@@ -565,7 +592,7 @@ def select_targets(rows: list[sqlite3.Row], spec: JobSpec, now: float, *,
     for row in rows:
         if rules.is_expired(row["ttl_s"], row["last_seen"], now):
             continue
-        device = device_from_row(row)
+        device = device_with_fields(row, fields) if fields else device_from_row(row)
         if targets.get("device_id") and device.device_id != targets["device_id"]:
             continue
         if static_refusal(device, workload, variant, targets.get("pool"),

@@ -11,7 +11,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
@@ -404,16 +403,12 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
             [(row[0], executors.decoded(row[1])) for row in rows], spec,
             authority.attached_host(found[0]) if found else None)
         return {"count": len(names), "devices": [], "executors": names}
-    rows = await db.read(queue.DEVICES_NEWEST_FIRST)
-    chosen = queue.select_targets(rows, spec, now, any_workload=any_workload)
-    shown = {row["device_id"]: row["shown"] for row in rows}  # [platform, model] as JSON
-    listed = []
-    for target in chosen:
-        text = shown[target.device_id]
-        platform, model = jsonio.loads_stored(text) if text else (None, None)
-        listed.append({"device_id": target.device_id, "platform": platform, "model": model,
-                       "pools": target.pools})
-    return {"count": len(chosen), "devices": listed}
+    sql, params, fields = queue.targets_query(spec)
+    chosen = queue.select_targets(await db.read(sql, params), fields, spec, now,
+                                  any_workload=any_workload)
+    return {"count": len(chosen), "devices": [
+        {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
+         "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
