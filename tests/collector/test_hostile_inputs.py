@@ -17,6 +17,7 @@ import pytest
 
 from fleet_min.collector.jobs import queue, templates
 from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.jobs.match import compile_match
 from tests.support.collector import (
     ROOT,
     CollectorProcess,
@@ -370,6 +371,85 @@ async def test_a_request_may_name_at_most_10000_dependencies(client):
         resp = await client.post("/jobs", json=specs[start:start + 100])
         assert resp.status == 201, await resp.text()
     assert (await job_of(client, "d-999"))["status"] == "waiting"
+
+
+TARGET_DESCRIPTORS = {
+    "p7": {"platform": "android", "model": "Pixel 7", "ram_mb": 8192, "gpu.vendor": "arm",
+           "board": {"name": "tensor"}, "score": "42", "pad": "x" * 12_000},
+    "p8": {"platform": "android", "model": "Pixel 8", "ram_mb": 12288, "gpu": None,
+           "score": 7},
+    "pi": {"platform": "linux", "model": "Pi 5", "ram_mb": 4096, "gpu.vendor": "broadcom"},
+    "mac": {"platform": "macos", "model": "Mac mini", "ram_mb": 16384, "score": "x"},
+    "bare": {"platform": "linux"},
+}
+TARGET_EXPRESSIONS = [
+    "platform == 'android'", "ram_mb >= 8192", "gpu.vendor ~ '^br'", "!(gpu == 'mali')",
+    "model ~ 'pixel' && ram_mb > 10000", "board == 'tensor'", "score > 10", "score < 10",
+    "model ~ 'mini'", "pools == 'lab' || device_id == 'bare'", "capabilities ~ 'benchmark'",
+]
+
+
+async def test_targets_read_only_the_fields_an_expression_names_and_choose_the_same(client):
+    """A fan-out or a preview reads of each descriptor only the fields its match expression
+    names (and platform and model), taken out by SQLite: the devices chosen are those the
+    expression chooses on the whole descriptor, for dotted names, nested and null values,
+    numbers given as text, and the fields a device has from its row (device_id, pools,
+    capabilities). (A lone surrogate an older version stored: the test of old rows.)"""
+    for device_id, descriptor in TARGET_DESCRIPTORS.items():
+        body = registration(device_id, descriptor={**descriptor, "kind": "sbc"},
+                            pools=["lab"] if device_id == "pi" else [])
+        assert (await client.post("/devices/register", json=body)).status == 200, device_id
+    for expression in TARGET_EXPRESSIONS:
+        matcher = compile_match(expression)
+        wanted = set()
+        for device_id, descriptor in TARGET_DESCRIPTORS.items():
+            stored = (await (await client.get(f"/api/devices/{device_id}")).json())
+            view = {**json.loads(json.dumps(descriptor)), "device_id": device_id,
+                    "pools": stored["pools"], "capabilities": stored["capabilities"]}
+            if matcher.evaluate(view):
+                wanted.add(device_id)
+        resp = await client.post("/api/jobs/preview-targets", json={
+            "workload": "benchmark", "executor": "device", "targets": {"match": expression}})
+        assert resp.status == 200, (expression, await resp.text())
+        got = await resp.json()
+        assert {d["device_id"] for d in got["devices"]} == wanted, expression
+    listed = {d["device_id"]: d for d in (await (await client.post(
+        "/api/jobs/preview-targets", json={"targets": {}})).json())["devices"]}
+    assert listed["p7"]["model"] == "Pixel 7" and listed["bare"]["model"] is None
+    distinct = await client.post("/jobs", json=job("by-platform", fanout={"distinct": "platform"},
+                                                   targets={"match": "ram_mb > 0"}))
+    assert distinct.status == 201, await distinct.text()
+    assert len((await distinct.json())["fanout"]) == 3  # android, linux, macos
+
+
+async def test_a_poll_reads_no_spec_of_the_jobs_its_device_can_never_take(client, db_path):
+    """A claim read every candidate's spec with its row, and a spec may be a megabyte: a poll
+    behind 100 queued jobs of 400 kB its device can never take built them all as Python
+    strings (a page of 64 at a time: 40 MB at once). Now a spec is read once a candidate passed
+    the checks that need none."""
+    import tracemalloc
+
+    from fleet_min.collector.jobs import claims
+    from fleet_min.collector.jobs.kinds import Executor
+
+    assert (await client.post("/devices/register", json=registration("pinned"))).status == 200
+    for i in range(100):
+        spec = job(f"big-{i}", targets={"device_id": "pinned", "match": "platform == 'ios'"},
+                   params={"pad": "y" * 400_000})
+        assert (await client.post("/jobs", json=spec)).status == 201
+    conn = sqlite3.connect(db_path)
+    conn.row_factory = sqlite3.Row
+    try:
+        conn.execute("BEGIN")
+        tracemalloc.start()
+        found = claims.claim(conn, claims.Claimant(Executor.DEVICE, "pinned"), 0.0, Effects())
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        conn.execute("ROLLBACK")
+    finally:
+        conn.close()
+    assert found is None
+    assert peak < 4 << 20, peak
 
 
 async def test_a_long_cascade_streams_a_bounded_number_of_events(client):

@@ -29,8 +29,11 @@ from fleet_min.timeutil import iso
 _PAGE = 64  # candidate rows read at a time
 # What a claim, its refusals and the preemption check read of a candidate. Not `*`: sqlite3
 # builds every column of a row, and half of the jobs table's thirty are never looked at here.
+# Not the spec either: a spec may be a megabyte, and a poll behind a thousand queued jobs its
+# device can never take built every one of them as a Python string. The spec is read by
+# _spec_text once a candidate passed the checks that need none (one read by key).
 _CANDIDATE_COLUMNS = ("seq, job_id, workload, variant, executor, priority, pool, match, "
-                      "target_device, exclusive, attempts, max_attempts, ttl_s, spec, updated_at")
+                      "target_device, exclusive, attempts, max_attempts, ttl_s, updated_at")
 
 
 @dataclass(frozen=True)
@@ -159,22 +162,30 @@ def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) 
     return None
 
 
+def _spec_text(conn: sqlite3.Connection, row: sqlite3.Row) -> str:
+    found = conn.execute("SELECT spec FROM jobs WHERE seq = ?", (row["seq"],)).fetchone()
+    return str(found[0])
+
+
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
              device: Device | None, now: float, ignore_job: str | None,
-             budget: verdicts.Budget | None = None) -> str | None:
+             budget: verdicts.Budget | None = None) -> tuple[str | None, str | None]:
+    """(why the claimant may not take this candidate now, or None; its spec's text, when it
+    was read: once the checks that need no spec passed)."""
     if claimant.executor == Executor.DEVICE:
         assert device is not None
         why = static_refusal(device, row["workload"], row["variant"], row["pool"], row["match"],
                              budget)
         if why:
-            return why
+            return why, None
     elif row["target_device"]:
         why = attachment_refusal(conn, row["target_device"], claimant.id)
         if why:
-            return why
+            return why, None
+    spec = _spec_text(conn, row)
     # Most specs carry no constraints; only those are decoded here.
-    constraints = (jsonio.loads_stored(row["spec"]).get("constraints")
-                   if '"constraints"' in row["spec"] else None)
+    constraints = (jsonio.loads_stored(spec).get("constraints")
+                   if '"constraints"' in spec else None)
     if constraints:
         # A host job is checked against the device it pins, when that device is registered.
         source = device if claimant.executor == Executor.DEVICE else (
@@ -182,8 +193,8 @@ def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,
         why = rules.constraint_refusal(constraints, source.last_beacon if source else None,
                                        source.last_beacon_at if source else None, now)
         if why:
-            return why
-    return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job, device)
+            return why, spec
+    return _lock_refusal(conn, row, row["target_device"] or claimant.id, ignore_job, device), spec
 
 
 def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
@@ -194,21 +205,26 @@ def find_claimable(conn: sqlite3.Connection, claimant: Claimant, now: float, *,
     return _find(conn, claimant, now, device, min_priority, ignore_job)[0]
 
 
+_NOTHING: tuple[None, str, bool] = (None, "", True)
+
+
 def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Device | None,
           min_priority: int | None = None, ignore_job: str | None = None,
-          view: executors.ClaimView | None = None) -> tuple[sqlite3.Row | None, bool]:
-    """find_claimable, and whether anything stood in the way when it found nothing: a queued
-    job it was refused, a busy flag, a job held (False: nothing queued it could be offered)."""
+          view: executors.ClaimView | None = None
+          ) -> tuple[sqlite3.Row | None, str, bool]:
+    """find_claimable, with the found job's spec text, and whether anything stood in the way
+    when it found nothing: a queued job it was refused, a busy flag, a job held (False:
+    nothing queued it could be offered)."""
     workloads: list[str] | None = None
     pairs: list[tuple[str, str]] = []
     slots = 1  # a device holds one claimed job at a time
     if claimant.executor == Executor.DEVICE:
         device = device or load_device(conn, claimant.id)
         if device is None:
-            return None, True
+            return _NOTHING
         if (device.busy_job_id and device.busy_at is not None
                 and now - device.busy_at < rules.BUSY_STALE_S):
-            return None, True  # it holds a claim with another collector
+            return _NOTHING  # it holds a claim with another collector
         routes = rules.declared_routes(device.capabilities)
     else:
         # What the executor declared (POST /executors/register) and its slots: one read by
@@ -218,19 +234,21 @@ def _find(conn: sqlite3.Connection, claimant: Claimant, now: float, device: Devi
     if routes is not None:
         workloads, pairs = routes
         if not workloads and not pairs:
-            return None, False
+            return None, "", False
     if device is not None and device.holding is not NOT_READ:
         if device.holding is not None and device.holding != ignore_job:
-            return None, True  # a device holds one claimed job at a time
+            return _NOTHING  # a device holds one claimed job at a time
     elif _holds_its_slots(conn, claimant, slots, ignore_job):
-        return None, True
+        return _NOTHING
     refused = False
     budget = verdicts.Budget(verdicts.CLAIM_BUDGET_S)
     for row in _candidates(conn, claimant, workloads, min_priority, pairs):
-        if _refusal(conn, row, claimant, device, now, ignore_job, budget) is None:
-            return row, True
+        why, spec = _refusal(conn, row, claimant, device, now, ignore_job, budget)
+        if why is None:
+            assert spec is not None  # read once the checks without it passed
+            return row, spec, True
         refused = True
-    return None, refused
+    return None, "", refused
 
 
 def _holds_its_slots(conn: sqlite3.Connection, claimant: Claimant, slots: int,
@@ -254,7 +272,7 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
             return None
         if touch_due(device.last_seen, now):  # written with others later: see jobs.sightings
             effects.sightings.append((claimant.id, now))
-    row, stood_in_the_way = _find(conn, claimant, now, device, view=view)
+    row, spec_text, stood_in_the_way = _find(conn, claimant, now, device, view=view)
     if row is None:
         effects.looked.append((claimant.key, stood_in_the_way))
         return None
@@ -271,11 +289,11 @@ def claim(conn: sqlite3.Connection, claimant: Claimant, now: float,
                      "VALUES (?, ?, ?)", (row["target_device"] or claimant.id, row["job_id"], now))
     effects.job(row["job_id"], JobStatus.CLAIMED, row["workload"], row["executor"],
                 claimed_by=claimant.id)
-    effects.no_commit_status(row["job_id"], row["spec"])
+    effects.no_commit_status(row["job_id"], spec_text)
     # A queued job's updated_at is when it last became claimable: stored, requeued or promoted
     # (or its priority changed): the claim-wait histogram measures from there.
     effects.claim_waits.append(max(0.0, now - row["updated_at"]))
-    spec = jsonio.loads_stored(row["spec"])
+    spec = jsonio.loads_stored(spec_text)
     spec["lease"] = {**(spec.get("lease") or {}), "ttl_s": row["ttl_s"],
                      "max_attempts": row["max_attempts"]}
     spec["attempt"] = attempt
