@@ -26,7 +26,6 @@ from fleet_min.db import replayable
 from fleet_min.errors import NotFound
 from fleet_min.timeutil import iso
 
-_PAGE = 64  # candidate rows read at a time
 # What a claim, its refusals and the preemption check read of a candidate. Not `*`: sqlite3
 # builds every column of a row, and half of the jobs table's thirty are never looked at here.
 # Not the spec either: a spec may be a megabyte, and a poll behind a thousand queued jobs its
@@ -76,18 +75,13 @@ def static_refusal(device: Device, workload: str | None, variant: str | None,
 @lru_cache(maxsize=256)
 
 
-def _claim_sql(workloads: int, by_priority: bool, after: bool, pairs: int = 0) -> str:
+def _claim_sql(workloads: int, by_priority: bool, pairs: int = 0) -> str:
     """The claim query of one shape: per pin ("" and the claimant's own) a branch for each of
     `workloads` declared workloads (0 and no pairs: any workload) and one for each of `pairs`
     declared pairings (workload and variant: jobs_claim_variant), optionally only from a
-    priority up, and optionally past a cursor (priority, seq). Built once per shape, not at
-    every claim."""
+    priority up. Built once per shape, not at every claim."""
     base = "status = 'queued' AND is_group = 0 AND executor = ? AND pin = ?"
-    tail = ""
-    if by_priority:
-        tail += " AND priority >= ?"
-    if after:
-        tail += " AND (priority < ? OR (priority = ? AND seq > ?))"
+    tail = " AND priority >= ?" if by_priority else ""
     if not workloads and not pairs:
         per_pin = [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base}{tail}"]
     else:
@@ -96,39 +90,38 @@ def _claim_sql(workloads: int, by_priority: bool, after: bool, pairs: int = 0) -
                    + [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base} AND workload = ? "
                       f"AND variant = ?{tail}"] * pairs)
     branches = per_pin * 2
-    # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order and
-    # stops at the LIMIT. Each branch wrapped in its own ORDER BY ... LIMIT subquery made SQLite
-    # sort both through temporary B-trees: twice the time (19 against 9 us), measured.
-    # tests/collector/test_claim_query.py holds the plan to this.
-    return " UNION ALL ".join(branches) + f" ORDER BY priority DESC, seq LIMIT {_PAGE}"
+    # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order,
+    # and _candidates steps the merge only as far as the claim reads. Each branch wrapped in its
+    # own ORDER BY subquery made SQLite sort both through temporary B-trees: twice the time (19
+    # against 9 us), measured. tests/collector/test_claim_query.py holds the plan to this.
+    return " UNION ALL ".join(branches) + " ORDER BY priority DESC, seq"
 
 
 def _candidates(conn: sqlite3.Connection, claimant: Claimant, workloads: list[str] | None,
                 min_priority: int | None, pairs: list[tuple[str, str]] | None = None
                 ) -> Iterator[sqlite3.Row]:
     """Queued jobs this claimant may be offered by executor, pin and workload (or workload
-    and variant, for a declared pairing), in claim order. workloads None: any workload."""
+    and variant, for a declared pairing), in claim order. workloads None: any workload.
+
+    One statement, stepped as the caller reads. Pages of 64 found each by a cursor of the last
+    (priority < p OR (priority = p AND seq > s)) made SQLite walk each priority's range from its
+    start again for every page: 11,000 queued jobs its device could never take cost a poll
+    150 ms, and 100,000 would have cost seconds (the work grew with the square of them)."""
     keys: list[tuple[str, ...]] = (
         [()] if workloads is None else [(w,) for w in workloads] + list(pairs or ()))
-    branches: list[list[Any]] = []  # each branch's parameters, in _claim_sql's order
+    params: list[Any] = []  # each branch's, in _claim_sql's order
     for pin in ("", claimant.id):
         for key in keys:
-            params: list[Any] = [claimant.executor, pin, *key]
+            params += [claimant.executor, pin, *key]
             if min_priority is not None:
                 params.append(min_priority)
-            branches.append(params)
     shape = (len(workloads) if workloads is not None else 0, min_priority is not None)
     paired = len(pairs or ()) if workloads is not None else 0
-    rows = conn.execute(_claim_sql(*shape, False, paired),
-                        [p for branch in branches for p in branch]).fetchall()
-    while True:
-        yield from rows
-        if len(rows) < _PAGE:
-            return
-        priority, seq = rows[-1]["priority"], rows[-1]["seq"]
-        rows = conn.execute(_claim_sql(*shape, True, paired),
-                            [p for branch in branches for p in (*branch, priority, priority, seq)]
-                            ).fetchall()
+    cursor = conn.execute(_claim_sql(*shape, paired), params)
+    try:
+        yield from cursor
+    finally:  # a claim found: the statement is reset before the claim writes
+        cursor.close()
 
 
 def _lock_refusal(conn: sqlite3.Connection, row: sqlite3.Row, subject: str,
