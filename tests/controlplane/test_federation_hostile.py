@@ -685,7 +685,8 @@ async def test_a_reports_free_form_parts_are_bounded(
         tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
     """capacity and vitals were kept as sent: a megabyte of `[{}, {}, ...]` became some 24 MB
     of objects a host name (2.4 GB for a hundred names, parsed again at every start) and a
-    100 MB GET /api/hosts. Past 16 KiB each is dropped; an agent's own are kept."""
+    100 MB GET /api/hosts. Past 16 KiB each is dropped; an agent's own are kept. `load` is at
+    most the three load averages (a megabyte of numbers a name took 700 MB for 100 names)."""
     coord = start_coordinator(tmp_path, github)
     try:
         agent = Agentish(coord, http)
@@ -693,12 +694,21 @@ async def test_a_reports_free_form_parts_are_bounded(
         status, _ = await agent.post("/api/host/heartbeat", {
             "host": "edge", "capacity": honest, "vitals": {"x": [{}] * 200_000}})
         assert status == 200
+        loads = ([0.5, 0.25, None], [1, 2, 3, 4], [True, 0, 0],
+                 [0.5 + n / 1e6 for n in range(90_000)])
+        for n, load in enumerate(loads):
+            status, _ = await agent.post("/api/host/heartbeat", {"host": f"h{n}", "load": load})
+            assert status == 200
         listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
         assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+        assert listed["h0"]["load"] == [0.5, 0.25, None]
+        assert listed["h1"]["load"] is None and listed["h2"]["load"] is None
+        assert listed["h3"]["load"] is None
         coord.stop()
         coord = Daemon(coord.host, {"FLEET_HOST_NAME": "coord"})  # as kept in SQLite
         listed = {h["host"]: h for h in (await Agentish(coord, http).hosts())["hosts"]}
         assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+        assert listed["h0"]["load"] == [0.5, 0.25, None] and listed["h3"]["load"] is None
     finally:
         coord.stop()
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 import secrets
 import sqlite3
@@ -63,6 +64,7 @@ MAX_HOSTS = 100
 MAX_RESULTS = 200  # command results in one POST (the agent sends at most this many)
 # A report's capacity and vitals each (an agent's own are under 2 KiB); a larger one is dropped.
 MAX_REPORT_PART = 16 << 10
+LOAD_AVERAGES = 3  # a report's `load`: over 1, 5 and 15 minutes, as an agent's vitals read them
 UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged this seldom
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
@@ -94,10 +96,20 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
         # Kept as sent, so bounded by its size: a megabyte of `[{}, {}, ...]` is some 24 MB of
         # Python objects, held for each of up to MAX_HOSTS names and parsed again at start.
         out[key] = value if isinstance(value, dict) and _fits(value, MAX_REPORT_PART) else None
-    load = body.get("load")
-    out["load"] = load if isinstance(load, list) and all(
-        isinstance(x, int | float) or x is None for x in load) else None
+    out["load"] = _load_averages(body.get("load"))
     return out
+
+
+def _load_averages(load: Any) -> list[float | None] | None:
+    """The 1, 5 and 15 minute load averages as sent, or None: a list of any length was kept,
+    and 100 host names sending a megabyte of numbers each took 700 MB and made one GET
+    /api/hosts 105 MB."""
+    if not isinstance(load, list) or len(load) > LOAD_AVERAGES:
+        return None
+    if not all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)
+                             and math.isfinite(x)) for x in load):
+        return None
+    return load
 
 
 def _fits(value: Any, limit: int) -> bool:
