@@ -24,6 +24,7 @@ import aiohttp
 from aiohttp import web
 
 from fleet_min.controlplane.federation.hosts import (
+    COMMANDS_PER_REPLY,
     MAX_HOSTS,
     MAX_LABEL_CHARS,
     MAX_REMOTE_RUNNERS,
@@ -199,6 +200,33 @@ async def test_odd_answers_change_nothing_on_the_agent(
             agent.stop()
     with sqlite3.connect(host.state / "controlplane.db") as conn:
         assert conn.execute("SELECT count(*) FROM audit").fetchone() == (0,)  # nothing ran
+
+
+async def test_an_agent_takes_at_most_a_pages_worth_of_commands_from_one_reply(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A lying coordinator's reply of 620,000 commands held an agent six minutes (a read and
+    writes each) with no heartbeat meanwhile. An agent takes the first COMMANDS_PER_REPLY of a
+    reply, by number, and its next heartbeat says how far it got; a real coordinator pages as
+    many (and sends the rest again)."""
+    flood = {"ok": True, "queue": QUEUE, "commands": [
+        {"id": f"c{n}", "seq": n, "action": "runner.explode", "args": {}}
+        for n in range(1000, 0, -1)]}  # out of order: taken by number
+
+    async def answer(request: web.Request, n: int) -> web.StreamResponse:
+        return web.json_response(flood if n == 1 else GOOD)
+    host = Host(tmp_path, github)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: fake.heartbeats() >= 2, timeout=20)
+        finally:
+            agent.stop()
+    second = json.loads(next(body for path, _, body in fake.calls[1:]
+                             if path == "/api/host/heartbeat"))
+    assert second["queue"] == QUEUE and second["applied"] == COMMANDS_PER_REPLY
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        ids = {row[0] for row in conn.execute("SELECT id FROM link_results")}
+    assert ids == {f"c{n}" for n in range(1, COMMANDS_PER_REPLY + 1)}
 
 
 async def test_a_loose_coordinator_token_file_is_made_owner_only(
@@ -414,6 +442,16 @@ async def test_heartbeat_replies_are_paged(
             got += [c["id"] for c in beat["commands"]]
             queue = beat["queue"]
         assert got == ids
+        await agent.post("/api/host/heartbeat", {"host": "edge", "queue": queue,
+                                                 "applied": len(got),
+                                                 "runners": [{"name": "b-1"}]})
+        for _ in range(COMMANDS_PER_REPLY + 5):  # small ones: the count bounds a page too
+            status, _ = await agent.post("/api/action", {"id": "runner.drain",
+                                                         "args": {"name": "b-1"}})
+            assert status == 200
+        _, beat = await agent.post("/api/host/heartbeat", {
+            "host": "edge", "queue": queue, "applied": len(got)})
+        assert len(beat["commands"]) == COMMANDS_PER_REPLY
     finally:
         coord.stop()
 

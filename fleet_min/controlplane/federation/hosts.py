@@ -69,6 +69,10 @@ UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged 
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
 REPLY_BUDGET = 256 << 10
+# ... and at most this many commands: each costs the agent a read and writes of its own, and
+# an agent applied every command of a reply before its next heartbeat (a lying coordinator's
+# 620,000 held an agent six minutes a reply). The agent takes no more than this of a reply.
+COMMANDS_PER_REPLY = 200
 RUNNER_FIELDS = ("name", "repo", "owner", "labels", "state", "busy", "draining", "version",
                   "registration", "registered")
 
@@ -247,11 +251,12 @@ def _take_commands(conn: sqlite3.Connection, host: str, reported: tuple[str | No
 
 
 def _page(rows: Iterable[tuple[str, int, str, str]]) -> list[tuple[str, int, str, str]]:
-    """The first commands, in order, until their args pass REPLY_BUDGET bytes."""
+    """The first commands, in order, until their args pass REPLY_BUDGET bytes or they are
+    COMMANDS_PER_REPLY."""
     page: list[tuple[str, int, str, str]] = []
     size = 0
     for row in rows:
-        if page and size + len(row[3]) > REPLY_BUDGET:
+        if page and (size + len(row[3]) > REPLY_BUDGET or len(page) >= COMMANDS_PER_REPLY):
             break
         page.append(row)
         size += len(row[3])

@@ -39,6 +39,7 @@ import aiohttp
 from fleet_min import jsonio
 from fleet_min.controlplane.federation.hosts import (
     AGENT_ACTIONS,
+    COMMANDS_PER_REPLY,
     MAX_RESULTS,
     MAX_SEQ,
     RUNNER_FIELDS,
@@ -327,9 +328,11 @@ class CoordinatorLink:
         commands = reply.get("commands")
         commands = [c for c in commands if isinstance(c, dict)] \
             if isinstance(commands, list) else []
-        # Numbered commands in their order (a reply is already ordered; this makes it so).
+        # Numbered commands in their order (a reply is already ordered; this makes it so), and
+        # no more than a coordinator sends in one reply: the heartbeat after them reports how
+        # far this agent got, and the coordinator sends the rest again.
         commands.sort(key=lambda c: _seq(c) or 0)
-        ran = [await self._take(command) for command in commands]
+        ran = [await self._take(command) for command in commands[:COMMANDS_PER_REPLY]]
         if any(ran):
             await self.snapshots.rebuild()  # the next heartbeat reports the commands' effect
         await self._deliver(session)
