@@ -328,7 +328,7 @@ async def test_a_fan_out_whose_match_costs_too_much_is_refused_and_stores_nothin
     resp = await client.post("/jobs", json=spec)
     assert resp.status == 422, await resp.text()
     error = (await resp.json())["error"]
-    assert error.startswith("targets.match took more than 0.5 s to evaluate over the 1000 "
+    assert error.startswith("targets.match took more than 0.25 s to evaluate over the 1000 "
                             "registered devices"), error
     assert (await client.get("/jobs/wide-costly")).status == 404
     preview = await client.post("/api/jobs/preview-targets", json={
