@@ -26,7 +26,6 @@ from aiohttp import web
 from fleet_min.controlplane.federation.hosts import (
     COMMANDS_PER_REPLY,
     MAX_HOSTS,
-    MAX_LABEL_CHARS,
     MAX_REMOTE_RUNNERS,
     MAX_RESULTS,
     MAX_RUNNERS,
@@ -34,6 +33,7 @@ from fleet_min.controlplane.federation.hosts import (
     clean_report,
 )
 from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
+from fleet_min.controlplane.labels import MAX_LABEL_CHARS
 from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
 

@@ -18,16 +18,17 @@ import pytest
 from aiohttp import web
 
 from fleet_min.controlplane.analysis import analytics
-from fleet_min.controlplane.github.client import MAX_BODY_BYTES, GitHub, GitHubError
+from fleet_min.controlplane.github.client import MAX_BODY_BYTES, MAX_TEXT, GitHub, GitHubError
 from fleet_min.controlplane.github.history import HistoryCollector
 from fleet_min.controlplane.github.history import status as history_status
 from fleet_min.controlplane.github.sync import GitHubSync
 from fleet_min.controlplane.github.workflow_files import WorkflowFiles
+from fleet_min.controlplane.labels import LABEL_CHARS, MAX_LABEL_CHARS, fit_labels
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.db import Database
 from fleet_min.http import link_url
 from tests.support.controlplane import Host, auth, cp_of, open_parts, until
-from tests.support.fake_github import TOKEN, FakeGitHub
+from tests.support.fake_github import DEFAULT_LABELS, TOKEN, FakeGitHub
 
 HANG_GUARD_S = 30  # not a performance bound: only turns a hang into a failure
 Hijack = Callable[[web.Request], Awaitable[web.StreamResponse | None]]
@@ -519,6 +520,65 @@ async def test_the_snapshot_carries_no_steps(host: Host) -> None:
         assert len(json.dumps(built)) < 20_000
         [row] = await parts.plane.db.read("SELECT steps FROM jobs")
         assert len(json.loads(row["steps"])) == 1000
+
+
+LONG = 300_000  # characters: a run name, a job name, a label as a hostile server may send them
+
+
+async def test_long_text_from_github_is_cut_where_it_is_kept(github: FakeGitHub,
+                                                              gh: GitHub) -> None:
+    """Every string the client keeps is cut to MAX_TEXT, and labels follow an agent's rule
+    (fit_labels): whatever answers at the base chooses the length of neither."""
+    long_labels = ["self-hosted", "L" * LONG, *(f"x{n:02d}" + "y" * 97 for n in range(60))]
+    run = github.add_run("o/r", "queued", "2026-01-01T00:00:00Z", long_labels, name="R" * LONG)
+    listed = github.repo("o/r")["runs"][0]
+    listed.update(head_branch="B" * LONG, event="E" * LONG,
+                  html_url="https://github.com/o/r/actions/runs/1?" + "q" * LONG)
+    [job] = github.repo("o/r")["jobs"][run]
+    job.update(name="J" * LONG, runner_name="N" * LONG,
+               steps=[{"name": "S" * LONG, "number": 1}])
+    github.add_runner("o/r", "r" * LONG, labels=long_labels)
+
+    [got] = await gh.runs("o/r", "queued")
+    assert got["name"] == "R" * MAX_TEXT and got["branch"] == "B" * MAX_TEXT
+    assert got["event"] == "E" * MAX_TEXT
+    assert got["url"] is None  # a link cut short would lead somewhere else
+    [got_job] = await gh.jobs("o/r", run)
+    assert got_job["name"] == "J" * MAX_TEXT and got_job["runner"] == "N" * MAX_TEXT
+    assert got_job["labels"] == fit_labels(long_labels)
+    assert got_job["labels"][:2] == ["self-hosted", "L" * LABEL_CHARS]
+    assert sum(map(len, got_job["labels"])) <= MAX_LABEL_CHARS
+    assert len(got_job["steps"][0]["name"]) == 300
+    [runner] = await gh.runners("o/r")
+    assert runner["name"] == "r" * MAX_TEXT
+    assert runner["labels"] == fit_labels([*DEFAULT_LABELS, *long_labels])
+    assert runner["custom_labels"] == runner["labels"][len(DEFAULT_LABELS):]
+    listed.update(status="completed")
+    [old], _, _ = await gh.completed_runs("o/r", "2025-12-31..2026-01-02", 1)
+    assert old["name"] == "R" * MAX_TEXT and old["branch"] == "B" * MAX_TEXT
+    assert len(json.dumps([got, got_job, runner, old])) < 10 * MAX_LABEL_CHARS
+
+
+async def test_runs_in_flight_with_long_names_keep_the_snapshot_small(host: Host) -> None:
+    """Runs in flight whose run name, job name and one label are 300 KB each: the snapshot
+    lists them with their text cut (it was 143 MB for 50 such runs, and is encoded for every
+    stream client each tick)."""
+    env = {**host.full_env(), "FLEET_WATCH_REPOS": "o/r"}
+    runs = 20
+    for n in range(runs):
+        run = host.github.add_run("o/r", "queued", f"2026-01-01T00:{n:02d}:00Z",
+                                  ["self-hosted", "L" * LONG + str(n)], name="R" * LONG + str(n))
+        host.github.repo("o/r")["jobs"][run][0]["name"] = "J" * LONG + str(n)
+    async with open_parts(host, env) as parts:
+        snapshots = Snapshots(parts.plane, parts.supervisor, parts.github, parts.hub)
+        await GitHubSync(parts.plane, parts.github, snapshots).refresh()
+        built = await snapshots.rebuild()
+        assert len(built["active_runs"]) == runs
+        size = len(json.dumps(built))
+        # About 4 KB a run now (its name, its job's name and labels, the rest); uncut, each
+        # run was over 900 KB.
+        assert size < 200_000, size
+        assert {run["name"] for run in built["active_runs"]} == {"R" * MAX_TEXT}
 
 
 # --- rate-limit headers -----------------------------------------------------------------

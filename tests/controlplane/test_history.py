@@ -5,6 +5,7 @@ and the per-round budget."""
 from __future__ import annotations
 
 import itertools
+import sys
 import time
 
 from fleet_min.controlplane.github.client import GitHub
@@ -96,7 +97,7 @@ async def test_windows_with_more_than_1000_runs_are_split(
                                 "runner_name": "r1", "steps": []}]
     collector = HistoryCollector(gh, db, 30, time.time, runs_per_round=10_000)
     runs = await collector.list_runs(REPO, day - 86400, time.time())
-    assert len(runs) == 1500 and len({r["id"] for r in runs}) == 1500
+    assert len(runs) == 1500 and len({r.run_id for r in runs}) == 1500
 
 
 async def test_a_round_fetches_at_most_its_budget_and_spares_the_rate_limit(
@@ -121,3 +122,48 @@ async def test_an_unreachable_repository_is_reported_not_raised(
     await collector.round(["octo/missing"])
     [state] = await status(db, ["octo/missing"])
     assert "404" in (state["error"] or "") and not state["backfill_complete"]
+
+
+def held_bytes(value: object, seen: set[int] | None = None) -> int:
+    """The memory `value` holds: its own size and, once each, that of every container item
+    and string reached from it."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(held_bytes(k, seen) + held_bytes(v, seen) for k, v in value.items())
+    elif isinstance(value, list | tuple):
+        size += sum(held_bytes(item, seen) for item in value)
+    return size
+
+
+async def test_runs_waiting_for_their_jobs_are_held_without_their_names(
+        github: FakeGitHub, gh: GitHub, db: Database) -> None:
+    """A long backfill waits hours for its runs' jobs, a round's budget at a time: what waits
+    is each run's id, attempt, creation time, event and branch, not the run as listed (whose
+    name GitHub, or what answers in its place, may make 300 KB long)."""
+    day = (int(time.time()) // 86400 - 2) * 86400
+    repo = github.repo(REPO)
+    runs = 20  # of 600 KB each: a page stays under the client's 16 MiB answer cap
+    for n in range(runs):
+        created = history_gen.iso(day + 30 + n * 50)
+        repo["runs"].append({"id": n + 1, "name": "N" * 300_000 + str(n), "status": "completed",
+                             "created_at": created, "run_attempt": 1, "event": "push",
+                             "head_branch": "main", "path": "P" * 300_000})
+        repo["jobs"][n + 1] = [{"id": 100_000 + n, "run_id": n + 1, "name": "build",
+                                "status": "completed", "conclusion": "success",
+                                "created_at": created, "labels": ["self-hosted"], "steps": []}]
+    collector = HistoryCollector(gh, db, 30, time.time, runs_per_round=1)
+    await collector.round([REPO])
+    [state] = await status(db, [REPO])
+    assert state["runs_fetched"] == 1 and state["pending_runs"] == runs - 1
+    waiting = collector._pending[REPO].runs
+    assert len(waiting) == runs - 1
+    # A record is a tuple of two ints, a float and two strings shared by all the runs: about
+    # 150 bytes each (as listed, with the name and path cut to 500, it was some 3 KB).
+    assert held_bytes(waiting) < 300 * runs, held_bytes(waiting)
+    # The job fetched first is the newest run's, stored with the event and branch of its run.
+    [row] = await db.read("SELECT run_id, event, head_branch FROM jobs")
+    assert (row["run_id"], row["event"], row["head_branch"]) == (runs, "push", "main")

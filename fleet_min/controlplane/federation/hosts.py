@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from fleet_min.controlplane import store
+from fleet_min.controlplane.labels import fit_labels
 from fleet_min.controlplane.loops import wait_event
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
@@ -57,7 +58,6 @@ MAX_RUNNERS = 500
 # Agents' runners the coordinator keeps, all hosts together (stale ones too: every snapshot
 # lists them): a fleet's worth. 100 names of 500 runners made each snapshot 18.7 MB.
 MAX_REMOTE_RUNNERS = 2000
-MAX_LABEL_CHARS = 1000  # a runner's labels, all together (an agent's own are a few dozen)
 # Agent hosts the coordinator keeps: each holds up to a request body of report in memory and
 # every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
 MAX_HOSTS = 100
@@ -132,23 +132,10 @@ def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
         out[key] = value[:100] if isinstance(value, str) and is_label(value) else None
     repo = runner.get("repo")
     out["repo"] = repo if isinstance(repo, str) and valid_repo(repo) else None
-    out["labels"] = _labels(runner.get("labels"))
+    out["labels"] = fit_labels(runner.get("labels"))
     for key in ("busy", "draining"):
         out[key] = runner.get(key) is True
     out["registered"] = _registered(runner.get("registered"))
-    return out
-
-
-def _labels(labels: Any) -> list[str]:
-    """A runner's labels, in order, while they fit MAX_LABEL_CHARS (each cut to 100)."""
-    out: list[str] = []
-    size = 0
-    for label in labels[:50] if isinstance(labels, list) else []:
-        if isinstance(label, str) and is_label(label):
-            size += len(label[:100])
-            if size > MAX_LABEL_CHARS:
-                break
-            out.append(label[:100])
     return out
 
 

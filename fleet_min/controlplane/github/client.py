@@ -8,7 +8,8 @@ GH_TOKEN / GITHUB_TOKEN or `gh auth token`; it is only ever sent to the configur
 Whatever answers at that base is not trusted to be GitHub: bodies are capped in size, JSON too
 deep to parse is an error, a listing of another shape is an error, and each item is reduced to
 the fields and types the rest of the control plane expects (ids SQLite can hold, text without
-lone surrogates, labels as lists of strings) before it leaves this module.
+lone surrogates and of bounded length, labels as lists of strings that fit the same rule as an
+agent's) before it leaves this module.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 
 from fleet_min import jsonio
+from fleet_min.controlplane.labels import fit_labels
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.http import link_url, read_within
 from fleet_min.timeutil import iso
@@ -64,6 +66,12 @@ MAX_STEPS_PER_JOB = 1000
 # All of a run's jobs together: a 256-job matrix of 50 steps is 12,800. Without it, ten pages
 # of 100 jobs of 1,000 empty steps (3 MB over ten answers) would still make a million records.
 MAX_STEPS_PER_RUN = 25_000
+# Every string kept from an answer (names, statuses, branches, paths, times) is cut to this many
+# characters. GitHub's own are far shorter: run and job names, workflow paths and branch names
+# (at most 255 bytes) all fit, and so does a run's html_url. Uncut, 50 runs in flight whose run
+# name, job name and one label came to 300 KB each made a 143 MB snapshot (1.3 GB resident,
+# stalling the event loop for each stream client); the history held every listed run's name.
+MAX_TEXT = 500
 MAX_ID = 2**63 - 1  # the largest INTEGER SQLite stores; GitHub's ids are far below it
 _LINK_NEXT = re.compile(r'<([^<>]+)>;\s*rel="next"')  # no '<' inside: linear on any header
 _OWNER = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -240,14 +248,17 @@ class GitHub:
         raw = await self.get_all(f"{_repo_path(repo)}/actions/runners", "runners")
         out = []
         for r in raw:
-            labels = [label for label in _list(r.get("labels")) if isinstance(label, dict)
-                      and _text(label.get("name"))]
+            entries = [label for label in _list(r.get("labels")) if isinstance(label, dict)]
+            labels = _labels([label.get("name") for label in entries])
+            # The custom ones by the same rule, less any past where all of them were cut off
+            # (a custom label is never further along its own list than along all of them).
+            custom = _labels([label.get("name") for label in entries
+                              if label.get("type") == "custom"])
+            kept = set(labels)
             out.append({"id": r["id"], "name": _text(r.get("name")),
                         "status": _text(r.get("status")), "busy": r.get("busy") is True,
-                        "os": _text(r.get("os")),
-                        "labels": [_text(label["name"]) for label in labels],
-                        "custom_labels": [_text(label["name"]) for label in labels
-                                          if label.get("type") == "custom"]})
+                        "os": _text(r.get("os")), "labels": labels,
+                        "custom_labels": [label for label in custom if label in kept]})
         return out
 
     async def runs(self, repo: str, status: str, pages: int = 1) -> list[dict[str, Any]]:
@@ -259,7 +270,7 @@ class GitHub:
                  "event": _text(r.get("event")), "branch": _text(r.get("head_branch")),
                  "created_at": _text(r.get("created_at")),
                  "started_at": _text(r.get("run_started_at")),
-                 "url": link_url(_text(r.get("html_url")))}
+                 "url": _url(r.get("html_url"))}
                 for r in _items(body, "workflow_runs", RUNS_PER_PAGE)]
 
     async def jobs(self, repo: str, run_id: int, all_attempts: bool = False
@@ -281,8 +292,7 @@ class GitHub:
                          "status": _text(j.get("status")),
                          "conclusion": _text(j.get("conclusion")),
                          "runner": _text(j.get("runner_name")),
-                         "labels": [_text(label) for label in _list(j.get("labels"))
-                                    if isinstance(label, str)],
+                         "labels": _labels(j.get("labels")),
                          "created_at": _text(j.get("created_at")),
                          "started_at": _text(j.get("started_at")),
                          "completed_at": _text(j.get("completed_at")),
@@ -427,10 +437,23 @@ def _id(value: Any) -> int | None:
     return None
 
 
-def _text(value: Any) -> str | None:
-    """A string, with any lone surrogate (JSON lets "\\ud800" through; UTF-8, so SQLite and
-    log files, refuse it) replaced by U+FFFD; anything else is None."""
-    return _SURROGATE.sub("\ufffd", value) if isinstance(value, str) else None
+def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
+    """A string cut to `limit` characters, with any lone surrogate (JSON lets "\\ud800"
+    through; UTF-8, so SQLite and log files, refuse it) replaced by U+FFFD; anything else is
+    None."""
+    return _SURROGATE.sub("\ufffd", value[:limit]) if isinstance(value, str) else None
+
+
+def _url(value: Any) -> str | None:
+    """A link to keep: whole or not at all (one cut short would lead somewhere else)."""
+    return link_url(_text(value)) if isinstance(value, str) and len(value) <= MAX_TEXT else None
+
+
+def _labels(value: Any) -> list[str]:
+    """Label names (strings, not empty) as an agent's are kept: fit_labels' count and length
+    rule, so a label from GitHub and the same label from an agent compare equal."""
+    names = [name for name in _list(value) if isinstance(name, str) and name]
+    return [label for label in map(_text, fit_labels(names)) if label is not None]
 
 
 def _list(value: Any) -> list[Any]:

@@ -11,7 +11,9 @@ the look-back is listed in day windows, halved while a window holds more.
 
 The listing is cheap (conditional requests; unchanged pages are 304s that cost no rate limit);
 the per-run job requests are not, so each round fetches at most `runs_per_round` runs and none
-while less than a tenth of the rate limit is left. The rest waits for the next round.
+while less than a tenth of the rate limit is left. The rest waits for the next round, which may
+be hours away for a long backfill: what waits is each run's id, attempt, creation time, event
+and branch (a Listed), not the run as listed, so a year of runs with long names is not held.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import math
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from fleet_min.controlplane import store
 from fleet_min.controlplane.github.client import GitHub, GitHubError
@@ -44,6 +46,29 @@ def ts(text: Any) -> float | None:
         return parse_iso(text)
     except ValueError:
         return None
+
+
+class Listed(NamedTuple):
+    """A listed run as the history keeps it until its jobs are fetched: only what fetching
+    them and storing their rows reads."""
+    run_id: int
+    run_attempt: int
+    created_at: float | None
+    event: str | None
+    branch: str | None
+
+    def context(self) -> dict[str, Any]:
+        """The run's fields job_row reads."""
+        return {"event": self.event, "branch": self.branch}
+
+
+def listed(run: dict[str, Any], shared: dict[str, str]) -> Listed:
+    """`run` (as GitHub.completed_runs lists it) as a Listed. Equal events and branches share
+    one string through `shared`: JSON gives each run its own copy of "push" and "main"."""
+    def one(text: Any) -> str | None:
+        return shared.setdefault(text, text) if isinstance(text, str) else None
+    return Listed(run["id"], run["run_attempt"], ts(run.get("created_at")), one(run.get("event")),
+                  one(run.get("branch")))
 
 
 def job_row(job: dict[str, Any], run: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -81,13 +106,13 @@ def day_windows(since: float, until: float, step: float = WINDOW_S) -> list[tupl
 
 # --- the database side (transactions for Database.write, and reads) -----------------------
 
-def record_run(conn: sqlite3.Connection, repo: str, run: dict[str, Any],
-               rows: list[dict[str, Any]], at: float) -> None:
+def record_run(conn: sqlite3.Connection, repo: str, run: Listed, rows: list[dict[str, Any]],
+               at: float) -> None:
     """Store a run's jobs and mark the run (this attempt) fetched, in one transaction."""
     store.upsert_jobs(conn, rows)
     conn.execute("INSERT OR REPLACE INTO history_runs (repo, run_id, run_attempt, created_at, "
                  "fetched_at, jobs) VALUES (?, ?, ?, ?, ?, ?)",
-                 (repo, run["id"], run["run_attempt"], ts(run.get("created_at")), at, len(rows)))
+                 (repo, run.run_id, run.run_attempt, run.created_at, at, len(rows)))
 
 
 def save_state(conn: sqlite3.Connection, repo: str, backfill_since: float,
@@ -140,7 +165,7 @@ async def status(db: Database, repos: list[str]) -> list[dict[str, Any]]:
 class _Pending:
     since: float
     listed_at: float
-    runs: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[Listed] = field(default_factory=list)
 
 
 class HistoryCollector:
@@ -182,13 +207,14 @@ class HistoryCollector:
             assert since is not None
             known = await fetched_runs(self.db, repo, since)
             runs = await self.list_runs(repo, since, listed_at)
-            fresh = [r for r in runs if (r["id"], r["run_attempt"]) not in known]
+            fresh = [r for r in runs if (r.run_id, r.run_attempt) not in known]
             pending = self._pending[repo] = _Pending(since, listed_at, fresh)
         fetched = 0
         while pending.runs and fetched < self.runs_per_round and self._rate_ok():
             run = pending.runs[0]
-            jobs = await self.github.jobs(repo, run["id"], all_attempts=True)
-            await self.db.write(record_run, repo, run, [job_row(j, run) for j in jobs],
+            jobs = await self.github.jobs(repo, run.run_id, all_attempts=True)
+            context = run.context()
+            await self.db.write(record_run, repo, run, [job_row(j, context) for j in jobs],
                                 self.clock())
             pending.runs.pop(0)
             fetched += 1
@@ -209,9 +235,12 @@ class HistoryCollector:
         rate = self.github.rate
         return not rate.get("limit") or rate["remaining"] >= rate["limit"] * 0.1
 
-    async def list_runs(self, repo: str, since: float, until: float) -> list[dict[str, Any]]:
-        """Every completed run created in [since, until), newest window first, each run once."""
-        seen: dict[tuple[int, int], dict[str, Any]] = {}
+    async def list_runs(self, repo: str, since: float, until: float) -> list[Listed]:
+        """Every completed run created in [since, until), each run once, newest first. Each is
+        cut down to a Listed as its page is read: the listing of a long backfill is hundreds of
+        pages, and a page's runs as listed (names and all) are let go with the page."""
+        seen: dict[tuple[int, int], Listed] = {}
+        shared: dict[str, str] = {}
         windows = day_windows(since, until)
         while windows:
             start, end = windows.pop(0)
@@ -221,9 +250,11 @@ class HistoryCollector:
                 windows[:0] = [(middle, end), (start, middle)]
                 continue
             for run in runs:
-                if isinstance(run.get("id"), int):
-                    seen.setdefault((run["id"], run["run_attempt"]), run)
-        return sorted(seen.values(), key=lambda r: r.get("created_at") or "", reverse=True)
+                if isinstance(run.get("id"), int) and (run["id"], run["run_attempt"]) not in seen:
+                    seen[run["id"], run["run_attempt"]] = listed(run, shared)
+        # Newest first; a run without a usable creation time last.
+        return sorted(seen.values(), key=lambda r: (r.created_at is not None, r.created_at or 0),
+                      reverse=True)
 
     async def _list_window(self, repo: str, start: float, end: float
                            ) -> tuple[list[dict[str, Any]], int]:
