@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -332,6 +333,70 @@ async def test_links_and_fifos_in_diag_are_not_read(
     bundle = await (await client.get("/api/runner/bundle?name=r1",
                                      headers=auth(cp_of(client)))).text()
     assert CREDENTIAL not in bundle and "root:x:0:0" not in bundle
+
+
+def _empty_files(folder: Path, names: list[str]) -> None:
+    for name in names:
+        os.close(os.open(folder / name, os.O_CREAT | os.O_WRONLY, 0o600))
+
+
+async def test_a_diag_of_many_files_costs_a_bounded_walk(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A job can fill its runner's `_diag` with empty `*.log` files, and the runner's detail is
+    served to anyone: 300,000 of them made one request walk, resolve and sort every entry
+    (40 s, 340 MB). At most SCAN_LIMIT entries are examined, what is kept does not grow with
+    the directory, and the answer and the bundle say that more entries were left unexamined."""
+    path = host_env.add_runner("r1")
+    (path / "_diag").mkdir()
+    count = 30_000  # three times diag.SCAN_LIMIT
+    _empty_files(path / "_diag", [f"Worker_{n:06d}.log" for n in range(count)])
+    tracemalloc.start()
+    try:
+        summary = diag.summary_and_tail(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # Every entry kept (a path and its stat for each, then a sorted copy) came to ~1 kB an
+    # entry, 30 MB here; a bounded walk keeps a few candidates, tens of kB.
+    assert peak < 2 * 1024 * 1024, peak
+    assert (summary["entries_examined"], summary["more_entries"], summary["files"]) == (
+        diag.SCAN_LIMIT, True, diag.SCAN_LIMIT)
+    assert summary["latest"]["name"].startswith("Worker_")
+    client = await start(host_env, aiohttp_client)
+    detail = (await (await client.get("/api/runner?name=r1")).json())["diag"]
+    assert (detail["entries_examined"], detail["more_entries"]) == (diag.SCAN_LIMIT, True)
+    bundle = await (await client.get("/api/runner/bundle?name=r1",
+                                     headers=auth(cp_of(client)))).text()
+    assert f"entries examined: {diag.SCAN_LIMIT}\nmore entries: yes" in bundle
+
+
+async def test_the_newest_runner_log_is_read_among_many(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """Only the newest few logs are kept while `_diag` is walked: the newest Runner_ log is
+    still the one read, ahead of a newer Worker_ log, and a newer link or FIFO named as a
+    Runner_ log is passed over; the counts cover every log."""
+    path = host_env.add_runner("r1")
+    folder = path / "_diag"
+    folder.mkdir()
+    (path / ".credentials").write_text(CREDENTIAL)
+    old = [f"Runner_{n:05d}.log" for n in range(2000)] + [f"Worker_{n:05d}.log"
+                                                           for n in range(2000)]
+    _empty_files(folder, old)
+    for name in old:
+        os.utime(folder / name, (1_000_000, 1_000_000))
+    (folder / "Runner_newest.log").write_text("[2026-11-27 10:00:00Z ERR  Runner] newest\n")
+    os.utime(folder / "Runner_newest.log", (2_000_000, 2_000_000))
+    (folder / "Worker_newer.log").write_text("worker\n")
+    os.utime(folder / "Worker_newer.log", (3_000_000, 3_000_000))
+    (folder / "Runner_zlink.log").symlink_to(path / ".credentials")
+    os.mkfifo(folder / "Runner_zfifo.log")
+    client = await start(host_env, aiohttp_client)
+    detail = (await (await client.get("/api/runner?name=r1")).json())["diag"]
+    assert detail["latest"]["name"] == "Runner_newest.log"
+    assert detail["last_error"].endswith("newest") and CREDENTIAL not in str(detail)
+    assert (detail["files"], detail["total_bytes"]) == (
+        len(old) + 2, (folder / "Runner_newest.log").stat().st_size + len("worker\n"))
+    assert (detail["entries_examined"], detail["more_entries"]) == (len(old) + 4, False)
 
 
 async def test_a_runner_dir_linked_out_of_the_root_is_not_discovered(

@@ -6,8 +6,10 @@ anywhere on the host), and only their last TAIL_BYTES, so a log of gigabytes cos
 
 from __future__ import annotations
 
+import heapq
 import os
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,29 +57,99 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
     return text
 
 
-def diag_logs(runner_dir: Path) -> list[tuple[Path, os.stat_result]]:
-    folder = runner_dir / "_diag"
-    if folder.is_symlink() or not folder.is_dir():
-        return []
-    found = []
-    for entry in folder.iterdir():
-        info = safe_file(entry, runner_dir)
-        if info is not None and entry.suffix == ".log":
-            found.append((entry, info))
-    return sorted(found, key=lambda item: item[1].st_mtime)
+# Entries of `_diag` examined per request, in the directory's own order. The runner writes a
+# Runner_ log per start and a Worker_ log per job, so a healthy `_diag` holds hundreds; but a
+# job runs as the runner's user and can fill it with hundreds of thousands of empty `*.log`
+# files, and each (unauthenticated) request for the runner's detail walked, resolved and
+# sorted them all: 300,000 cost 40 s and 340 MB. 10,000 is many times what a healthy runner
+# keeps, yet caps a request at that many lstat calls (milliseconds) and keeps no list that
+# grows with the directory.
+SCAN_LIMIT = 10_000
+# Candidates kept per kind, newest first: more than one so that a log rotated away or swapped
+# for a link between the scan and the read gives way to the next newest.
+KEEP = 4
+
+_Candidate = tuple[int, str, os.stat_result]  # (st_mtime_ns, name, lstat)
+
+
+@dataclass
+class DiagScan:
+    """What one bounded walk of `_diag` found: counts over the entries examined and the
+    newest few regular `.log` files (Runner_ logs apart), each kept in a heap of KEEP."""
+    files: int = 0
+    total_bytes: int = 0
+    examined: int = 0
+    more: bool = False  # the directory held entries past SCAN_LIMIT, never looked at
+    runner_logs: list[_Candidate] = field(default_factory=list)
+    logs: list[_Candidate] = field(default_factory=list)
+
+
+def _keep(heap: list[_Candidate], item: _Candidate) -> None:
+    if len(heap) < KEEP:
+        heapq.heappush(heap, item)
+    elif item > heap[0]:
+        heapq.heapreplace(heap, item)
+
+
+def scan_logs(runner_dir: Path, limit: int = SCAN_LIMIT) -> DiagScan:
+    """At most `limit` entries of `runner_dir/_diag`, lstat only for the `.log` names among
+    them. The containment check (which resolves every component of the path) is left to the
+    file actually read (`safe_file` in summary_and_tail)."""
+    found = DiagScan()
+    try:
+        # A `_diag` that is a link (to `/`, to a huge tree) is not listed at all.
+        fd = os.open(runner_dir / "_diag", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                     | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return found
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if found.examined >= limit:
+                    found.more = True
+                    break
+                found.examined += 1
+                name = entry.name
+                if os.path.splitext(name)[1] != ".log" or name.startswith(".credentials"):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    continue
+                found.files += 1
+                found.total_bytes += info.st_size
+                item = (info.st_mtime_ns, name, info)
+                _keep(found.logs, item)
+                if name.startswith("Runner_"):
+                    _keep(found.runner_logs, item)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return found
 
 
 def summary_and_tail(runner_dir: Path, lines: int = TAIL_LINES) -> dict[str, Any]:
-    logs = diag_logs(runner_dir)
-    runner_logs = [item for item in logs if item[0].name.startswith("Runner_")]
-    candidates = runner_logs or logs
-    out: dict[str, Any] = {"files": len(logs),
-                           "total_bytes": sum(info.st_size for _, info in logs),
+    found = scan_logs(runner_dir)
+    out: dict[str, Any] = {"files": found.files, "total_bytes": found.total_bytes,
+                           "entries_examined": found.examined, "more_entries": found.more,
                            "latest": None, "errors": 0, "warnings": 0, "last_error": None,
                            "tail": []}
-    if not candidates:
+    # The newest Runner_ log when there is one, else the newest log; each checked (regular,
+    # not a link, inside the runner's directory) only now, as it is the one read.
+    candidates = (sorted(found.runner_logs, reverse=True) + sorted(found.logs, reverse=True))
+    chosen = None
+    for _, name, _ in candidates:
+        path = runner_dir / "_diag" / name
+        info = safe_file(path, runner_dir)
+        if info is not None:
+            chosen = path, info
+            break
+    if chosen is None:
         return out
-    path, info = candidates[-1]
+    path, info = chosen
     text = redact(read_tail(path))
     # The log holds job and step names from workflow files (a pull request's author writes
     # them): an escape sequence in one would erase and redraw lines where the tail is shown.

@@ -86,7 +86,8 @@ function Events({ events }) {
 function Diag({ d }) {
   return html`<${Panel} id="diag" title="Diagnostic log" wide>
     <${KV} rows=${[
-      ["Files", `${d.files ?? 0}${d.total_bytes ? ` (${bytes(d.total_bytes)})` : ""}`],
+      ["Files", `${d.files ?? 0}${d.total_bytes ? ` (${bytes(d.total_bytes)})` : ""}${
+        d.more_entries ? `, in the first ${d.entries_examined} entries of a larger folder` : ""}`],
       ["Latest", d.latest ? html`${d.latest.name}, written <${Time} at=${d.latest.modified_at} />` : DASH],
       ["Errors / warnings", `${d.errors ?? 0} / ${d.warnings ?? 0}`],
       d.last_error ? ["Last error", html`<code class="wrap">${d.last_error}</code>`] : null,
