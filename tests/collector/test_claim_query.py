@@ -9,6 +9,7 @@ import sqlite3
 
 from fleet_min.collector.jobs import claims, rules
 from tests.support.collector import job, registration
+from tests.support.sqlite_steps import counted_steps
 
 
 def _candidates(db_path, claimant, workloads, min_priority=None, pairs=None):
@@ -105,17 +106,11 @@ async def test_reading_candidates_costs_in_line_with_how_many(client, db_path):
     def steps(count: int) -> int:
         conn = sqlite3.connect(db_path)
         conn.row_factory = sqlite3.Row
-        taken = [0]
-
-        def step() -> int:
-            taken[0] += 1
-            return 0
-
         try:
-            conn.set_progress_handler(step, 10)
-            read = claims._candidates(conn, claims.Claimant("device", "d"), None, None)
-            assert len([row for _, row in zip(range(count), read, strict=False)]) == count
-            read.close()
+            with counted_steps(conn, every=10) as taken:
+                read = claims._candidates(conn, claims.Claimant("device", "d"), None, None)
+                assert len([row for _, row in zip(range(count), read, strict=False)]) == count
+                read.close()
         finally:
             conn.close()
         return taken[0]

@@ -29,6 +29,7 @@ from tests.support.collector import (
     result_row,
 )
 from tests.support.raw_http import raw_exchange, send
+from tests.support.sqlite_steps import counted_steps
 from tests.support.stream import StreamReader
 
 # ---------------------------------------------------------------------------------------------
@@ -188,17 +189,10 @@ def steps_of(db_path: Path, change: Callable[[sqlite3.Connection], Any], status:
     `status` after it; rolled back."""
     conn = sqlite3.connect(db_path)
     conn.row_factory = sqlite3.Row
-    steps = [0]
-
-    def count() -> int:
-        steps[0] += 1
-        return 0
-
     try:
         conn.execute("BEGIN")
-        conn.set_progress_handler(count, 100)
-        change(conn)
-        conn.set_progress_handler(None, 0)
+        with counted_steps(conn) as steps:
+            change(conn)
         rows = conn.execute("SELECT job_id, last_error FROM jobs WHERE status = ? ORDER BY seq",
                             (status,)).fetchall()
         conn.execute("ROLLBACK")
