@@ -32,7 +32,7 @@ from fleet_min.controlplane.federation.hosts import (
     REPLY_BUDGET,
     clean_report,
 )
-from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES
+from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES, MIN_EXCHANGE_S
 from fleet_min.controlplane.labels import MAX_LABEL_CHARS
 from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
@@ -227,6 +227,24 @@ async def test_an_agent_takes_at_most_a_pages_worth_of_commands_from_one_reply(
     with sqlite3.connect(host.state / "controlplane.db") as conn:
         ids = {row[0] for row in conn.execute("SELECT id FROM link_results")}
     assert ids == {f"c{n}" for n in range(1, COMMANDS_PER_REPLY + 1)}
+
+
+async def test_a_coordinator_that_answers_at_once_is_not_called_in_a_loop(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A coordinator holds a heartbeat until it has commands or its wait is over; one that
+    answers every heartbeat at once had the agent call in 1,300 times a second. Heartbeats
+    are now MIN_EXCHANGE_S apart at least: in two seconds, at most a handful."""
+    async def answer(_request: web.Request, n: int) -> web.StreamResponse:
+        return web.json_response(GOOD)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(Host(tmp_path, github), fake.url)
+        try:
+            await until(lambda: fake.heartbeats() >= 1, timeout=20)
+            first = fake.heartbeats()
+            await asyncio.sleep(2)
+            assert fake.heartbeats() - first <= 2 / MIN_EXCHANGE_S + 2, fake.heartbeats()
+        finally:
+            agent.stop()
 
 
 async def test_a_loose_coordinator_token_file_is_made_owner_only(

@@ -57,9 +57,14 @@ log = logging.getLogger(__name__)
 
 REMEMBERED = 500
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
-# Far above any real reply (the coordinator pages commands, hosts.REPLY_BUDGET), low enough
-# that a broken or hostile coordinator cannot fill a small host's memory with one answer.
-MAX_REPLY_BYTES = 8 << 20
+# Far above any real reply (the coordinator pages commands: at most hosts.COMMANDS_PER_REPLY
+# and hosts.REPLY_BUDGET of their args), low enough that a broken or hostile coordinator cannot
+# fill a small host's memory with one answer: 8 MiB of tiny commands parsed to 180 MB.
+MAX_REPLY_BYTES = 1 << 20
+# The least time between two heartbeats. A coordinator answers one when it has commands or its
+# wait is over; one that answers at once every time (a lying one, or a wrong URL that speaks
+# JSON) had the agent call in 1,300 times a second on most of a core.
+MIN_EXCHANGE_S = 0.25
 
 
 def coordinator_token_file(cfg: Any) -> Path:
@@ -278,9 +283,13 @@ class CoordinatorLink:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
         async with aiohttp.ClientSession(timeout=timeout) as session:
             while not self._stop.is_set():
+                started = asyncio.get_running_loop().time()
                 try:
                     await self._exchange(session)
                     failures = 0
+                    spent = asyncio.get_running_loop().time() - started
+                    if spent < MIN_EXCHANGE_S:
+                        await wait_event(self._stop, MIN_EXCHANGE_S - spent)
                     continue
                 except CoordinatorRefusal as exc:  # its own words, whole: they say what to do
                     self.last_error = str(exc)[:LAST_ERROR_CHARS]
