@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from fleet_min.controlplane.http.app import create_app
-from fleet_min.controlplane.runners import diag, discovery
+from fleet_min.controlplane.runners import bundle, diag, discovery
 from fleet_min.controlplane.runners.supervisor import service_name
 from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
@@ -368,6 +368,25 @@ async def test_a_diag_of_many_files_costs_a_bounded_walk(
     bundle = await (await client.get("/api/runner/bundle?name=r1",
                                      headers=auth(cp_of(client)))).text()
     assert f"entries examined: {diag.SCAN_LIMIT}\nmore entries: yes" in bundle
+
+
+async def test_a_bundle_lists_a_bounded_number_of_a_runner_directorys_entries(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A job can fill its runner's directory too: the bundle sorted and listed every entry off
+    the allow-list. It lists the first EXCLUDED_LISTED by name, counts the rest among the
+    SCAN_LIMIT entries it looks at, and says when there were more."""
+    path = host_env.add_runner("r1")
+    _empty_files(path, [f"junk-{n:06d}" for n in range(3 * diag.SCAN_LIMIT)])
+    client = await start(host_env, aiohttp_client)
+    resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp_of(client)))
+    assert resp.status == 200
+    text = await resp.text()
+    listed = [line for line in text.splitlines()
+              if line.endswith(("(not on the allow-list)", "(credentials, never read)"))]
+    assert len(listed) == bundle.EXCLUDED_LISTED and listed == sorted(listed)
+    assert "more entries, not listed)" in text
+    assert f"(the directory holds more than {diag.SCAN_LIMIT} entries" in text
+    assert len(text) < 64 * 1024, len(text)
 
 
 async def test_the_newest_runner_log_is_read_among_many(

@@ -12,11 +12,12 @@ the log tail are quoted as they are.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fleet_min.controlplane.runners.diag import safe_file, summary_and_tail
+from fleet_min.controlplane.runners.diag import SCAN_LIMIT, safe_file, summary_and_tail
 from fleet_min.controlplane.runners.discovery import read_small
 from fleet_min.controlplane.runners.redact import redact
 
@@ -26,6 +27,9 @@ SIZE_CAP = 256 * 1024
 
 def _section(title: str, body: Iterable[str]) -> list[str]:
     return ["", f"===== {title} =====", *body]
+
+
+EXCLUDED_LISTED = 200  # names of entries off the allow-list the bundle lists, in name order
 
 
 def _files(runner_dir: Path) -> tuple[list[str], list[str]]:
@@ -46,13 +50,37 @@ def _files(runner_dir: Path) -> tuple[list[str], list[str]]:
             continue
         text = raw.decode("utf-8-sig", "replace")
         included += [f"--- {name} ({info.st_size} bytes)", *text.splitlines()]
-    for entry in sorted(runner_dir.iterdir()):
-        if entry.name in ALLOWED:
-            continue
-        why = ("credentials, never read" if entry.name.startswith(".credentials")
+    others, more = _other_names(runner_dir)
+    for name in others[:EXCLUDED_LISTED]:
+        why = ("credentials, never read" if name.startswith(".credentials")
                else "not on the allow-list")
-        excluded.append(f"{entry.name} ({why})")
+        excluded.append(f"{name} ({why})")
+    if len(others) > EXCLUDED_LISTED:
+        excluded.append(f"(and {len(others) - EXCLUDED_LISTED} more entries, not listed)")
+    if more:
+        excluded.append(f"(the directory holds more than {SCAN_LIMIT} entries; only that many "
+                        "were looked at)")
     return included, excluded
+
+
+def _other_names(runner_dir: Path) -> tuple[list[str], bool]:
+    """The names of the directory's entries not on the allow-list, sorted, from at most
+    SCAN_LIMIT entries; and whether there were more. A job runs as the runner's user and can
+    fill the directory: every entry was sorted and listed, so 300,000 made the bundle
+    hundreds of thousands of lines."""
+    names: list[str] = []
+    more = False
+    try:
+        with os.scandir(runner_dir) as entries:
+            for examined, entry in enumerate(entries):
+                if examined >= SCAN_LIMIT:
+                    more = True
+                    break
+                if entry.name not in ALLOWED:
+                    names.append(entry.name)
+    except OSError:
+        pass
+    return sorted(names), more
 
 
 MAX_DEPTH = 4  # the snapshot's own shapes nest three deep; anything deeper is summarised
