@@ -73,8 +73,6 @@ def static_refusal(device: Device, workload: str | None, variant: str | None,
 
 
 @lru_cache(maxsize=256)
-
-
 def _claim_sql(workloads: int, by_priority: bool, pairs: int = 0) -> str:
     """The claim query of one shape: per pin ("" and the claimant's own) a branch for each of
     `workloads` declared workloads (0 and no pairs: any workload) and one for each of `pairs`

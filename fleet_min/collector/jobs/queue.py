@@ -572,7 +572,6 @@ def targets_query(spec: Mapping[str, Any]) -> tuple[str, tuple[str, ...], tuple[
     return f"SELECT {_TARGET_COLUMNS}, {picked}{order}", paths, fields
 
 
-
 def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[Device]:
     """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
     sql, params, fields = targets_query(spec)
@@ -811,13 +810,12 @@ def _promote_waiters(conn: sqlite3.Connection, job_id: str, now: float, effects:
 
 
 # Every waiting job that depends on a job, directly or through other waiting jobs, with the
-# dependency it waited on (`via`). The walk keeps each (job, via) edge once, so a diamond costs
-# its edges, not its paths. A job reached through several waits is named once: through the
-# root when it waits on it directly, else through the first of its dependencies by id.
-# The walk goes over job ids alone, so each doomed job is expanded once: walking (job, the
-# dependency it was reached through) pairs expanded a job once per dependency it has, and a
-# graph of 10,000 jobs each waiting on the 100 before it took 80 s (N * K * K). The dependency
-# a job names in its sentence is found afterwards, among its own K.
+# dependency it waited on (`via`). The walk goes over job ids alone, so each doomed job is
+# expanded once and the cost is the graph's edges: walking (job, the dependency it was reached
+# through) pairs expanded a job once per dependency it has, and 10,000 jobs each waiting on the
+# 100 before it took 80 s (N * K * K). The dependency a job names in its sentence is found
+# afterwards, among its own: the root when it waits on it directly, else the first of its
+# doomed dependencies by id.
 _FAIL_DEPENDENTS = """
 WITH RECURSIVE doomed(job_id) AS (
     SELECT d.job_id FROM job_deps d JOIN jobs j ON j.job_id = d.job_id
