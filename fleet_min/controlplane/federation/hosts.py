@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import re
 import secrets
 import sqlite3
@@ -39,6 +38,7 @@ from fleet_min.controlplane.loops import wait_event
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict
+from fleet_min.numbers import finite
 from fleet_min.timeutil import iso
 from fleet_min.validate import is_label
 
@@ -110,10 +110,12 @@ def _load_averages(load: Any) -> list[float | None] | None:
     /api/hosts 105 MB."""
     if not isinstance(load, list) or len(load) > LOAD_AVERAGES:
         return None
-    if not all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)
-                             and math.isfinite(x)) for x in load):
+    # finite() and not math.isfinite(): an integer of 400 digits is valid JSON, and
+    # math.isfinite of it raises OverflowError instead of answering.
+    averages = [None if x is None else finite(x) for x in load]
+    if any(x is not None and number is None for x, number in zip(load, averages, strict=True)):
         return None
-    return load
+    return averages
 
 
 def _fits(value: Any, limit: int) -> bool:
