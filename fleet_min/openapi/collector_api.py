@@ -959,13 +959,24 @@ def _topics() -> list[Route]:
 
 def _access() -> list[Route]:
     tag = "access"
+    peer = obj({"id": null(STR), "name": null(STR), "url": STR, "reachable": BOOL,
+                "last_checked": null(TIME), "latency_ms": null(NUM), "instance": null(STR),
+                "error": null(STR),
+                "claimed": {**null(STR), "description": "the id its latest answer names, when "
+                            "that is not the pinned one (POST /api/peers/forget accepts it)"}})
     return [
-        Route("GET", "/api/peers", "Other collectors", {200: json_reply(obj({"peers": arr(obj({
-            "id": null(STR), "name": null(STR), "url": STR, "reachable": BOOL,
-            "last_checked": null(TIME), "latency_ms": null(NUM), "instance": null(STR),
-            "error": null(STR)}))}))},
+        Route("GET", "/api/peers", "Other collectors", {200: json_reply(obj({"peers": arr(peer)}))},
               params=(query("refresh", STR, "1, true or yes checks every peer first"),),
               tag=tag),
+        guarded("POST", "/api/peers/forget",
+                "Forget the id a peer's address is pinned to (a peer replaced on purpose)",
+                {200: json_reply(obj({"ok": OK_TRUE, "forgotten": null(STR), "peer": peer}))},
+                {**JSON_ERRORS, 404: "the address is not one of FLEET_PEERS"},
+                body=Body(obj({"url": STR}, closed=True),
+                          "the peer's address as FLEET_PEERS lists it (host:port or "
+                          "http(s)://host:port); it is checked at once and pinned to the id it "
+                          "names now"),
+                tag=tag),
         *[Route(method, "/api/peers/{peer_id}/{tail}", summary, replies, errors, tag=tag)
           for method, summary, replies, errors in (
               ("GET", "Read an allow-listed path from a peer (read-only proxy)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 from aiohttp import web
@@ -343,3 +344,92 @@ async def test_a_peer_that_changes_its_id_is_not_served(collector_factory, monke
     [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
     assert peer["reachable"] is True and peer["error"] is None
     assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 200
+
+
+# -- pins across restarts -------------------------------------------------------------------------
+
+
+async def test_a_pin_outlives_a_restart_and_only_forget_moves_it(collector_factory, monkeypatch,
+                                                                 tmp_path, fake_peer):
+    """The pin lived in memory: whoever answered first after a restart of this collector took
+    the address, so a neighbour who made the peer's address answer with another id (or an
+    impostor started in its place while this collector was down) was served under it."""
+    address = url_of(fake_peer.server)
+    local = await start(collector_factory, monkeypatch, tmp_path, "local", [address])
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["id"] == FAKE_ID and peer["reachable"] is True
+    await local.close()
+
+    fake_peer.health_body = health_naming("col-impostor")
+    local = await start(collector_factory, monkeypatch, tmp_path, "local", [address])
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["id"] == FAKE_ID and peer["reachable"] is False
+    assert "now names collector col-impostor" in peer["error"]
+    assert "POST /api/peers/forget" in peer["error"] and peer["claimed"] == "col-impostor"
+    assert (await local.get("/api/peers/col-impostor/api/devices")).status == 404
+    assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 502
+
+    # The owner replaced the peer on purpose: forgetting pins the id it names now, at once.
+    resp = await local.post("/api/peers/forget", json={"url": address.removeprefix("http://")})
+    assert resp.status == 200
+    body = await resp.json()
+    assert body["ok"] is True and body["forgotten"] == FAKE_ID
+    assert body["peer"]["id"] == "col-impostor" and body["peer"]["reachable"] is True
+    assert body["peer"]["error"] is None and body["peer"]["claimed"] is None
+    assert (await local.get("/api/peers/col-impostor/api/devices")).status == 200
+    await local.close()
+
+    fake_peer.health_body = None  # the old id again: now that is the change
+    local = await start(collector_factory, monkeypatch, tmp_path, "local", [address])
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["id"] == "col-impostor" and peer["reachable"] is False
+    assert f"now names collector {FAKE_ID}" in peer["error"]
+
+
+async def test_forget_refuses_what_it_cannot_name_and_changes_nothing(
+        collector_factory, monkeypatch, tmp_path, fake_peer):
+    address = url_of(fake_peer.server)
+    local = await start(collector_factory, monkeypatch, tmp_path, "local", [address])
+    await local.get("/api/peers?refresh=1")
+    refused = [({"url": "http://127.0.0.1:1"}, 404), ({"url": address, "also": 1}, 400),
+               ({"url": ""}, 400), ({"url": 5}, 400), ({"url": "ftp://x:1"}, 400),
+               ({"url": "http://x:99999"}, 400), ({"url": "\udcff"}, 400),
+               ({"url": "x" * 5000}, 400), ([address], 400), ({}, 400)]
+    for body, status in refused:
+        resp = await local.post("/api/peers/forget", json=body)
+        assert resp.status == status, (body, await resp.text())
+        assert "error" in await resp.json()
+    [peer] = (await (await local.get("/api/peers")).json())["peers"]
+    assert peer["id"] == FAKE_ID and peer["reachable"] is True
+    fake_peer.health_body = health_naming("col-someone-else")
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["id"] == FAKE_ID and "now names collector" in peer["error"]
+
+
+async def test_forget_needs_the_dashboard_token_when_one_is_set(collector_factory, monkeypatch,
+                                                                tmp_path, fake_peer):
+    address = url_of(fake_peer.server)
+    monkeypatch.setenv("FLEET_PEERS", address)
+    monkeypatch.setenv("FLEET_DASH_TOKEN", "t" * 32)
+    local = await collector_factory(data_dir=str(tmp_path / "local"), peers=(address,))
+    await local.get("/api/peers?refresh=1")
+    assert (await local.post("/api/peers/forget", json={"url": address})).status == 401
+    resp = await local.post("/api/peers/forget", json={"url": address},
+                            headers={"X-Fleet-Token": "t" * 31 + "u"})
+    assert resp.status == 403
+    resp = await local.post("/api/peers/forget", json={"url": address},
+                            headers={"X-Fleet-Token": "t" * 32})
+    assert resp.status == 200 and (await resp.json())["forgotten"] == FAKE_ID
+
+
+def test_stored_pins_skip_rows_that_name_no_collector_id(tmp_path):
+    conn = sqlite3.connect(tmp_path / "pins.sqlite3")
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    peers.store_pin(conn, "http://a:1", "col-a")
+    peers.store_pin(conn, "http://a:1", "col-later")  # the first pin stays
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [
+        ("peer_pin http://b:1", "not an id!"), ("peer_pin http://c:1", "col\u202ex"),
+        ("peer_pim http://d:1", "col-d"), ("peer_pin!", "col-e"), ("scheduler_clock", "{}")])
+    assert peers.stored_pins(conn) == {"http://a:1": "col-a"}
+    peers.drop_pin(conn, "http://a:1")
+    assert peers.stored_pins(conn) == {}

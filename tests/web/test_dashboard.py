@@ -317,6 +317,40 @@ def test_guarded_collector_asks_for_the_token_and_uses_it(
         proc.stop()
 
 
+def test_a_replaced_peer_is_pinned_again_from_the_peers_page(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    """A collector replaced at the same address (a new data directory, so a new id) is served
+    under neither id until the owner says so; the peers page offers that, in two steps."""
+    first = CollectorProcess(tmp_path / "first").start()
+    here = CollectorProcess(tmp_path / "here", env={"FLEET_PEERS": first.url}).start()
+    replacement = None
+    try:
+        old_id = first.client.get("/api/health")[1]["collector"]
+        deadline = time.monotonic() + 10
+        while here.client.get("/api/peers")[1]["peers"][0]["id"] != old_id:
+            assert time.monotonic() < deadline, here.client.get("/api/peers")
+            time.sleep(0.1)
+        first.stop()
+        replacement = CollectorProcess(tmp_path / "replacement", port=first.port).start()
+        new_id = replacement.client.get("/api/health")[1]["collector"]
+        [peer] = here.client.get("/api/peers?refresh=1")[1]["peers"]
+        assert peer["id"] == old_id and peer["claimed"] == new_id
+        page = open_page(here.url + "/dash/peers", wait=f"text=now names collector {new_id}")
+        assert page.locator("text=Open read-only view").count() == 0
+        page.click(f"button:has-text('Pin to {new_id}')")
+        shot(page, "peers-repin")
+        page.click("button:has-text('Replaced: pin the new id')")
+        page.wait_for_selector(f"text={first.url} is now pinned to {new_id}.")
+        page.wait_for_selector("text=Open read-only view")
+        [peer] = here.client.get("/api/peers")[1]["peers"]
+        assert peer["id"] == new_id and peer["reachable"] is True and peer["claimed"] is None
+        assert page.watch.errors == []
+    finally:
+        for proc in (replacement, here, first):
+            if proc is not None:
+                proc.stop()
+
+
 def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -> None:
     other = CollectorProcess(tmp_path / "other").start()
     here = CollectorProcess(tmp_path / "here", env={"FLEET_PEERS": other.url}).start()

@@ -80,6 +80,7 @@ GUARDED: tuple[RouteRule, ...] = (
     rule("*", "/api/visual*", "accept a capture as a visual baseline"),
     rule("*", "/api/system/retention*", "prune old rows (a dry run is guarded too)"),
     rule("POST", "/api/system/sweep", "requeue or fail expired claims on demand"),
+    rule("POST", "/api/peers/forget", "let a peer's address name a new collector id"),
 )
 
 # Mutating routes that stay open on purpose: agents and scripts use them, and the spec keeps
@@ -102,7 +103,7 @@ OPEN_ON_PURPOSE: tuple[RouteRule, ...] = (
     rule("POST", "/api/jobs/preview-targets", "reads only: counts matching devices"),
     rule("POST", "/events/{}", "pipeline topics: workloads publish events"),
     rule("POST", "/api/events/{}", "pipeline topics: the same publish under /api"),
-    rule("*", "/api/peers/*", "the peer proxy answers every mutation with 403 itself"),
+    rule("*", "/api/peers/{}/*", "the peer proxy answers every mutation with 403 itself"),
 )
 
 

@@ -4,7 +4,9 @@ Each peer is checked through its /api/health every REFRESH_S seconds and on dema
 id (`collector` in that health answer) is how the proxy addresses it. A configured address keeps
 the id it named first: a later answer naming another id, or two addresses naming the same id,
 puts that id in doubt, and an id in doubt is never served (a peer cannot take over another's
-id, nor answer under one id today and another tomorrow). The proxy only reads: GET
+id, nor answer under one id today and another tomorrow). The pin is stored (the `meta` table),
+so a restart of this collector does not hand the address to whoever answers first after it;
+only POST /api/peers/forget lets an address name a new id. The proxy only reads: GET
 requests to an allow-list of read endpoints, no client header forwarded (in particular never the
 client's X-Fleet-Token), no redirect followed, a short timeout and a cap on the answer's size.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +27,8 @@ from yarl import URL
 
 from fleet_min import jsonio
 from fleet_min.config import CollectorConfig, ConfigError
-from fleet_min.errors import Forbidden, NotFound, Refused
+from fleet_min.db import Database
+from fleet_min.errors import BadRequest, Forbidden, NotFound, Refused
 from fleet_min.http import read_capped
 from fleet_min.timeutil import iso, now
 
@@ -57,6 +61,41 @@ READABLE: tuple[str, ...] = (
 
 class BadGateway(Refused):
     status = 502
+
+
+# -- pins, kept across restarts -------------------------------------------------------------------
+
+PIN_KEY = "peer_pin "  # + the peer's base URL: a meta row whose value is the pinned id
+
+
+def stored_pins(conn: sqlite3.Connection) -> dict[str, str]:
+    """Base URL -> the id it was pinned to. A value that is no collector id (a hand-edited or
+    restored row) pins nothing: the address is pinned again at its next answer."""
+    rows = conn.execute("SELECT substr(key, ?), value FROM meta WHERE key >= ? AND key < ?",
+                        (len(PIN_KEY) + 1, PIN_KEY, PIN_KEY[:-1] + "!")).fetchall()
+    return {url: ident for url, ident in rows
+            if isinstance(ident, str) and COLLECTOR_ID.fullmatch(ident)}
+
+
+def store_pin(conn: sqlite3.Connection, url: str, ident: str) -> None:
+    # Only the first answer pins: a row already there (from before a restart) is kept.
+    conn.execute("INSERT INTO meta (key, value) VALUES (?, ?) ON CONFLICT (key) DO NOTHING",
+                 (PIN_KEY + url, ident))
+
+
+def drop_pin(conn: sqlite3.Connection, url: str) -> None:
+    conn.execute("DELETE FROM meta WHERE key = ?", (PIN_KEY + url,))
+
+
+def check_forget(body: dict[str, Any]) -> str:
+    """The base URL a POST /api/peers/forget names, or BadRequest (400)."""
+    url = body.get("url")
+    if set(body) != {"url"} or not isinstance(url, str) or not url.strip() or len(url) > 2048:
+        raise BadRequest('the body must be {"url": "<a peer address as FLEET_PEERS lists it>"}')
+    try:
+        return base_url(url)
+    except ConfigError as exc:
+        raise BadRequest(str(exc).removeprefix("FLEET_PEERS: ")) from None
 
 
 def settings(config: CollectorConfig) -> list[str]:
@@ -118,7 +157,8 @@ class Peer:
         return {"id": self.id, "name": self.name, "url": self.url,
                 "reachable": self.reachable and doubt is None,
                 "last_checked": iso(self.last_checked), "latency_ms": self.latency_ms,
-                "instance": self.instance, "error": doubt or self.error}
+                "instance": self.instance, "error": doubt or self.error,
+                "claimed": self.claimed}
 
 
 def _problem(exc: BaseException) -> str:
@@ -135,6 +175,7 @@ def _problem(exc: BaseException) -> str:
 class Peers:
     def __init__(self, urls: list[str]) -> None:
         self.peers = [Peer(url) for url in dict.fromkeys(urls)]
+        self._db: Database | None = None  # where pins are kept, once attached
         self._session: aiohttp.ClientSession | None = None
         self._closed = False
         self._refreshing: asyncio.Task[None] | None = None
@@ -161,6 +202,29 @@ class Peers:
                 timeout=aiohttp.ClientTimeout(total=TIMEOUT_S), trust_env=False,
                 headers={"User-Agent": "fleet-min-collector"})
         return self._session
+
+    async def attach(self, db: Database) -> None:
+        """Take the pins stored before this start, and keep new ones in `db` from now on.
+        Called before the first check, so no address can be pinned afresh by answering first."""
+        pins = await db.read_in_thread(stored_pins)
+        for peer in self.peers:
+            peer.id = pins.get(peer.url, peer.id)
+        self._db = db
+
+    async def forget(self, url: str) -> dict[str, Any]:
+        """Unpin a configured address (a peer replaced on purpose) and check it at once, so
+        it is pinned to whatever id it names now. The peer's record after that check."""
+        peer = next((p for p in self.peers if p.url == url), None)
+        if peer is None:
+            raise NotFound(f"{url} is not one of this collector's peers (FLEET_PEERS); "
+                           "GET /api/peers lists them")
+        was = peer.id
+        peer.id = peer.claimed = None
+        if self._db is not None:
+            await self._db.write(drop_pin, url)
+        log.warning("peer %s: its pinned id %s was forgotten on request", url, was)
+        await self._check(peer)
+        return {"ok": True, "forgotten": was, "peer": peer.record(self.doubt(peer))}
 
     async def loop(self) -> None:
         while True:
@@ -204,7 +268,9 @@ class Peers:
         assert health is not None and isinstance(ident, str)
         name = health.get("name")
         if peer.id is None:
-            peer.id = ident  # pinned on first contact
+            peer.id = ident  # pinned on first contact, before the write: no second pin races it
+            if self._db is not None:
+                await self._db.write(store_pin, peer.url, ident)
         peer.claimed = ident if ident != peer.id else None
         peer.reachable, peer.error = True, None
         peer.name = name if isinstance(name, str) else None
@@ -218,8 +284,8 @@ class Peers:
         if peer.claimed is not None:
             return (f"its /api/health now names collector {peer.claimed}, but it named "
                     f"{peer.id} when first contacted; it is not served under either id until "
-                    "it names the first again (restart this collector if the peer was "
-                    "replaced on purpose)")
+                    "it names the first again (if the peer was replaced on purpose, POST "
+                    "/api/peers/forget with its url)")
         others = [p.url for p in self.peers if p is not peer and p.id == peer.id]
         if others:
             return (f"collector id {peer.id} is also claimed by {', '.join(others)}; no "

@@ -13,7 +13,7 @@ from fleet_min.collector.jobs.specs import JobSpec
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.errors import Forbidden, UnsupportedMediaType
-from fleet_min.http import CleanupContext, Handler, RequestCheck, json_response
+from fleet_min.http import CleanupContext, Handler, RequestCheck, json_response, read_json_object
 
 PEERS = web.AppKey("peers", peers.Peers)
 CI = web.AppKey("ci_status", ci_status.CiReporter)
@@ -138,6 +138,11 @@ async def api_peers(request: web.Request) -> web.Response:
     return json_response(known.listing())
 
 
+async def api_forget_peer(request: web.Request) -> web.Response:
+    url = peers.check_forget(await read_json_object(request))
+    return json_response(await request.app[PEERS].forget(url))
+
+
 async def api_peer_proxy(request: web.Request) -> web.Response:
     if request.method != "GET":
         raise Forbidden("the peer proxy only reads: it forwards GET requests and never a change")
@@ -175,6 +180,7 @@ def setup(app: web.Application, service: Service) -> None:
     service.health_extras.append(lambda: {"mdns": advertiser.state if advertiser else "off"})
 
     app.router.add_get("/api/peers", api_peers)
+    app.router.add_post("/api/peers/forget", api_forget_peer)
     app.router.add_route("*", "/api/peers/{peer_id}/{tail:.*}", api_peer_proxy)
     app.router.add_get("/api/jobs/{job_id}/ci-status", api_job_ci_status)
     app.router.add_get("/status-reports", status_reports)
@@ -196,6 +202,7 @@ def _running(service: Service, known: peers.Peers, reporter: ci_status.CiReporte
     async def running(app: web.Application) -> AsyncIterator[None]:
         # Entered once the service has its id and its database.
         reporter.announce()
+        await known.attach(service.db)  # the stored pins, before any peer is asked again
         refresher = [service.spawn(known.loop(), "peers")] if known.peers else []
         if advertiser is not None:
             advertiser.advert = advertiser.advert.with_id(service.collector_id)

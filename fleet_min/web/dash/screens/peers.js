@@ -1,9 +1,9 @@
 // Peers: other collectors this one knows (FLEET_PEERS), and a way into their read-only view.
 import { html } from "../lib/core.js";
-import { get } from "../lib/api.js";
+import { get, post } from "../lib/api.js";
 import { useResource, useTick, useAction } from "../lib/hooks.js";
 import { notify } from "../lib/notify.js";
-import { Page, Loaded, Table, Ago, Pill } from "../lib/ui.js";
+import { Page, Loaded, Table, Ago, Pill, ConfirmButton } from "../lib/ui.js";
 
 export function Peers() {
   useTick();
@@ -11,6 +11,12 @@ export function Peers() {
   const [run, busy] = useAction(notify);
   const refresh = async () => {
     const r = await run(() => get("/api/peers", { refresh: "1" }, { local: true }), "Peers checked.");
+    if (r) res.reload();
+  };
+  // A peer replaced on purpose names a new id; it is served under neither until its address is
+  // unpinned here (the pin outlives restarts, so an impostor cannot take the address).
+  const repin = async (p) => {
+    const r = await run(() => post("/api/peers/forget", { url: p.url }), `${p.url} is now pinned to ${p.claimed}.`);
     if (r) res.reload();
   };
   return html`<${Page} title="Peers" subtitle="Other collectors, read through this one. They share nothing; their views are read-only here."
@@ -24,7 +30,10 @@ export function Peers() {
         <td>${p.reachable ? html`<${Pill} status="online" label="reachable" />` : html`<${Pill} status="offline" label="unreachable" /> <span class="small">${p.error}</span>`}</td>
         <td>${p.latency_ms !== null && p.latency_ms !== undefined ? `${Math.round(p.latency_ms)} ms` : "–"}</td>
         <td><${Ago} iso=${p.last_checked} /></td>
-        <td>${p.id ? html`<a class="btn small" href=${`/dash/@${encodeURIComponent(p.id)}`}>Open read-only view</a>` : null}</td>
+        <td>${p.claimed ? html`<${ConfirmButton} small label=${`Pin to ${p.claimed}`}
+            question=${`Was the collector at ${p.url} replaced? Only ${p.claimed} will be served at this address from now on.`}
+            confirmLabel="Replaced: pin the new id" onConfirm=${() => repin(p)} />`
+          : p.id ? html`<a class="btn small" href=${`/dash/@${encodeURIComponent(p.id)}`}>Open read-only view</a>` : null}</td>
       </tr>`)} />`}<//>
   <//>`;
 }
