@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import sqlite3
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -165,7 +166,7 @@ async def status(db: Database, repos: list[str]) -> list[dict[str, Any]]:
 class _Pending:
     since: float
     listed_at: float
-    runs: list[Listed] = field(default_factory=list)
+    runs: deque[Listed] = field(default_factory=deque)  # fetched from the left, one by one
 
 
 class HistoryCollector:
@@ -208,7 +209,7 @@ class HistoryCollector:
             known = await fetched_runs(self.db, repo, since)
             runs = await self.list_runs(repo, since, listed_at)
             fresh = [r for r in runs if (r.run_id, r.run_attempt) not in known]
-            pending = self._pending[repo] = _Pending(since, listed_at, fresh)
+            pending = self._pending[repo] = _Pending(since, listed_at, deque(fresh))
         fetched = 0
         while pending.runs and fetched < self.runs_per_round and self._rate_ok():
             run = pending.runs[0]
@@ -216,7 +217,7 @@ class HistoryCollector:
             context = run.context()
             await self.db.write(record_run, repo, run, [job_row(j, context) for j in jobs],
                                 self.clock())
-            pending.runs.pop(0)
+            pending.runs.popleft()
             fetched += 1
         caught_up = pending.listed_at if not pending.runs else None
         await self._save(repo, backfill_since, caught_up, None, len(pending.runs))
