@@ -488,7 +488,9 @@ def _devices() -> list[Route]:
                   "which of the two a listing carries cut down: past 2,048 characters of "
                   "JSON, only their first 32 plain fields (text up to 200 characters); "
                   "GET /api/devices/{device_id} has them whole"))]}),
-                  "pools": arr(STR)}))},
+                  "pools": arr(STR),
+                  "expired_hidden": {**integer(0), "description": "expired temporary devices "
+                                     "left out of this listing (0 with ?expired=1)"}}))},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
                                             "devices"),), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",

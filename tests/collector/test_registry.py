@@ -117,8 +117,10 @@ async def test_temporary_devices_expire_but_stay_resolvable(client, db_path):
     age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 61 WHERE device_id = 'tmp'")
     listing = await (await client.get("/api/devices")).json()
     assert [d["device_id"] for d in listing["devices"]] == ["shelf"]
+    assert listing["expired_hidden"] == 1  # so the Devices page's count can say so
     listing = await (await client.get("/api/devices?expired=true")).json()
     assert {d["device_id"] for d in listing["devices"]} == {"tmp", "shelf"}
+    assert listing["expired_hidden"] == 0
     record = await (await client.get("/api/devices/tmp")).json()
     assert record["expired"] is True and record["temporary"] is True
     # Sliding expiry: a beacon brings it back.

@@ -320,11 +320,13 @@ async def list_devices(db: Database, now: float, include_expired: bool) -> dict[
         # `beacon`, the original's name for last_beacon, is the same object.
         record["trimmed"] = _trimmed_names(row, "descriptor", "last_beacon")
         records.append(record)
+    listed = len(records)
     if not include_expired:
         records = [r for r in records if not r["expired"]]
     # The facet the pool filter offers: every effective pool of the devices listed.
     pools = sorted({pool for record in records for pool in record["pools"]})
-    return {"devices": records, "pools": pools}
+    # So a count of devices can say how many it leaves out, not read as the whole registry.
+    return {"devices": records, "pools": pools, "expired_hidden": listed - len(records)}
 
 
 async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]:

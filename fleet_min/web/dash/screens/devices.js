@@ -49,7 +49,8 @@ export function Devices({ query }) {
     <${Loaded} res=${res}>${(d) => {
       const shown = d.devices.filter((x) => matches(x, text, status));
       const silent = d.devices.filter((x) => Date.now() - (parseTime(x.last_seen) ?? Date.now()) > SILENT_S * 1000).length;
-      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices
+      const hidden = d.expired_hidden || 0;
+      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices${hidden ? ` (${hidden} expired browser ${hidden === 1 ? "device" : "devices"} not listed)` : ""}
         ${silent ? html` <span id="forget-silent"><${ConfirmButton} small label=${`Forget ${silent} not seen for a week`}
           question=${`Forget the ${silent} devices not seen for 7 days? Their results are kept; one a running job holds locked stays.`}
           confirmLabel="Forget them" onConfirm=${forgetSilent} /></span>` : null}</p>
