@@ -141,17 +141,17 @@ def checkout(text: str) -> Path:
 @contextlib.contextmanager
 def server(kind: str, env: dict[str, str] | None = None, tree: Path = ROOT
            ) -> Iterator[tuple[str, int]]:
-    """Start the collector ('collector'), the bare aiohttp server ('bare') or the bare server
-    made durable ('durable') as a process; the collector runs from `tree`, a checkout of this
-    repository (this one by default)."""
+    """Start the collector ('collector'), the bare aiohttp server ('bare'), the bare server
+    made durable ('durable') or that one keeping the spec's rules ('floor') as a process; the
+    collector runs from `tree`, a checkout of this repository (this one by default)."""
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
         if kind == "collector":
             argv = [sys.executable, "-m", "fleet_min", "collector", "--port", str(port),
                     "--data", data, "--bind", "127.0.0.1"]
             health = "/api/health"
-        elif kind == "durable":
-            argv = [sys.executable, str(ROOT / "bench" / "durable_server.py"), str(port), data]
+        elif kind in ("durable", "floor"):
+            argv = [sys.executable, str(ROOT / "bench" / f"{kind}_server.py"), str(port), data]
             health = "/api/health"
         else:
             argv = [sys.executable, str(ROOT / "bench" / "bare_server.py"), str(port)]

@@ -45,13 +45,13 @@ class Writer:
     """One thread, one connection: takes every waiting piece of work, runs them in one
     transaction, COMMITs, then hands each caller its answer in one call into the loop."""
 
-    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, path: Path, loop: asyncio.AbstractEventLoop, schema: str) -> None:
         self.loop = loop
         self.inbox: queue.SimpleQueue[tuple[Work, asyncio.Future[Any]]] = queue.SimpleQueue()
         self.conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=FULL")
-        self.conn.executescript(SCHEMA)
+        self.conn.executescript(schema)
         threading.Thread(target=self._run, daemon=True).start()
 
     def submit(self, work: Work) -> asyncio.Future[Any]:
@@ -77,6 +77,7 @@ def _settle(batch: list[tuple[Work, asyncio.Future[Any]]], answers: list[Any]) -
 
 WRITER = web.AppKey("writer", Writer)
 DATA_FILE = web.AppKey("data_file", Path)
+SCHEMA_TEXT = web.AppKey("schema", str)  # the tables, when not this server's own
 
 
 def writer(request: web.Request) -> Writer:
@@ -136,7 +137,8 @@ async def results(request: web.Request) -> web.Response:
 
 
 async def start_writer(app: web.Application) -> None:
-    app[WRITER] = Writer(app[DATA_FILE], asyncio.get_running_loop())
+    app[WRITER] = Writer(app[DATA_FILE], asyncio.get_running_loop(),
+                         app.get(SCHEMA_TEXT, SCHEMA))
 
 
 def main() -> None:

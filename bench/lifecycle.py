@@ -4,7 +4,7 @@ answers the same three requests with no work. Reports the collector's own CPU ti
 /proc) and the ratio to the bare server's, which does not depend on how fast the client is.
 
     python bench/lifecycle.py [--agents 50] [--procs 3] [--seconds 12] [--slices 3] [--rounds 3]
-                              [--pin] [--durable]
+                              [--pin] [--durable] [--floor]
 
 Each round starts a fresh bare server and a fresh collector and loads them in turn, one at a
 time, in short slices (bare, collector, collector, bare, bare, collector for three slices each),
@@ -16,7 +16,10 @@ round, and the figures are the medians over rounds.
 With --durable a third server takes its turns in every round: the bare server made durable
 (bench/durable_server.py), which parses each body and commits the lifecycle's few statements
 before answering, and does nothing else. Its ratio to the bare server is the best a durable
-server on aiohttp and sqlite3 reaches here, the ceiling of the collector's own ratio.
+server on aiohttp and sqlite3 reaches here, the ceiling of the collector's own ratio. With
+--floor another does that and also keeps the rules the spec sets for each request (the job and
+result schemas, the claimant's authority, the device's capabilities; bench/floor_server.py):
+the ceiling of any server that keeps them.
 """
 
 from __future__ import annotations
@@ -157,11 +160,15 @@ def main() -> None:
                         help="the server on core 0, the clients on core 1 (two cores or more)")
     parser.add_argument("--durable", action="store_true",
                         help="also the bare server made durable (bench/durable_server.py)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also that server keeping the spec's rules (bench/floor_server.py)")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
         args.agents, args.procs, args.seconds, args.slices, args.rounds = 4, 2, 1.0, 2, 1
-    kinds = ("bare", "collector", "durable") if args.durable else ("bare", "collector")
+    ceilings = tuple(kind for kind, wanted in (("durable", args.durable), ("floor", args.floor))
+                     if wanted)
+    kinds = ("bare", "collector", *ceilings)
     rounds: list[dict[str, dict[str, float]]] = []
     for r in range(args.rounds):
         got = measure_round(r, args.agents, args.procs, args.seconds, args.slices, args.pin,
@@ -180,10 +187,12 @@ def main() -> None:
 
     ratios = ratios_of("collector")
     ratio = statistics.median(ratios)
-    floor = ({"durable_jobs_per_s": med("durable", "jobs_per_s"),
-              "durable_cpu_ms_per_job": med("durable", "server_cpu_ms_per_job"),
-              "durable_cpu_ratio": statistics.median(ratios_of("durable")),
-              "durable_cpu_ratios": ratios_of("durable")} if args.durable else {})
+    floor: dict[str, Any] = {}
+    for kind in ceilings:
+        floor.update({f"{kind}_jobs_per_s": med(kind, "jobs_per_s"),
+                      f"{kind}_cpu_ms_per_job": med(kind, "server_cpu_ms_per_job"),
+                      f"{kind}_cpu_ratio": statistics.median(ratios_of(kind)),
+                      f"{kind}_cpu_ratios": ratios_of(kind)})
     emit({"bench": "lifecycle", "figure": "lifecycle", "rounds": len(ratios),
           "bare_jobs_per_s": med("bare", "jobs_per_s"),
           "jobs_per_s": med("collector", "jobs_per_s"),
@@ -191,14 +200,16 @@ def main() -> None:
           "cpu_ms_per_job": med("collector", "server_cpu_ms_per_job"), "cpu_ratio": ratio,
           "cpu_ratios": ratios, **floor, "pinned": args.pin, "target_ratio": ">= 0.5",
           "target_jobs_per_s": 4000, "cores": os.cpu_count()})
-    durable_rows = [
-        ("durable bare jobs/s", f"{floor['durable_jobs_per_s']:.0f}",
-         "parse, commit the lifecycle's statements, nothing else"),
-        ("durable bare CPU ms/job", f"{floor['durable_cpu_ms_per_job']:.3f}", ""),
-        ("CPU ratio bare/durable bare", f"{floor['durable_cpu_ratio']:.2f}",
-         "the ceiling of the collector's ratio; by round "
-         + ", ".join(f"{r:.2f}" for r in floor["durable_cpu_ratios"])),
-    ] if args.durable else []
+    what = {"durable": ("durable bare", "parse, commit the lifecycle's statements, nothing "
+                        "else", "the ceiling of any durable server's ratio"),
+            "floor": ("spec floor", "durable, and the spec's checks: schemas, claimant, "
+                      "capability", "the ceiling of a server keeping the spec's rules")}
+    durable_rows = [row for kind in ceilings for row in (
+        (f"{what[kind][0]} jobs/s", f"{floor[f'{kind}_jobs_per_s']:.0f}", what[kind][1]),
+        (f"{what[kind][0]} CPU ms/job", f"{floor[f'{kind}_cpu_ms_per_job']:.3f}", ""),
+        (f"CPU ratio bare/{what[kind][0]}", f"{floor[f'{kind}_cpu_ratio']:.2f}",
+         f"{what[kind][2]}; by round "
+         + ", ".join(f"{r:.2f}" for r in floor[f"{kind}_cpu_ratios"])))]
     table([
         ("bare server jobs/s", f"{med('bare', 'jobs_per_s'):.0f}",
          "the load generator's ceiling"),

@@ -4,12 +4,14 @@ followed by its table. The figures themselves are never asserted: benchmarks are
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
 
+from bench.common import Http, server
 from tests.support.collector import ROOT
 
 pytestmark = pytest.mark.slow
@@ -33,19 +35,51 @@ def figure(records: list[dict[str, object]], name: str) -> dict[str, object]:
     return found[-1]
 
 
-@pytest.mark.parametrize("durable", [False, True], ids=["two-servers", "with-durable-bare"])
-def test_lifecycle_smoke(durable):
-    records = run_bench("lifecycle", *(["--durable"] if durable else []))
-    kinds = {"bare", "collector", "durable"} if durable else {"bare", "collector"}
-    assert {r["server"] for r in records if "server" in r} == kinds
+@pytest.mark.parametrize("ceilings", [(), ("durable", "floor")],
+                         ids=["two-servers", "with-durable-and-floor"])
+def test_lifecycle_smoke(ceilings):
+    records = run_bench("lifecycle", *(f"--{kind}" for kind in ceilings))
+    assert {r["server"] for r in records if "server" in r} == {"bare", "collector", *ceilings}
     result = figure(records, "lifecycle")
     keys = ["jobs_per_s", "bare_jobs_per_s", "cpu_ms_per_job", "bare_cpu_ms_per_job", "cpu_ratio"]
-    if durable:  # each of its jobs was enqueued, claimed (a 200, not a 204) and closed
-        keys += ["durable_jobs_per_s", "durable_cpu_ms_per_job", "durable_cpu_ratio"]
+    # Each job of a ceiling was enqueued, claimed (a 200, not a 204) and closed: the bench's
+    # agents check every answer's status.
+    for kind in ceilings:
+        keys += [f"{kind}_jobs_per_s", f"{kind}_cpu_ms_per_job", f"{kind}_cpu_ratio"]
     for key in keys:
         assert isinstance(result[key], float), key
-    assert ("durable_cpu_ratio" in result) is durable
+    assert ("durable_cpu_ratio" in result) is bool(ceilings)
     assert result["rounds"] == 1
+
+
+def test_the_spec_floor_keeps_the_rules_it_prices(tmp_path):
+    """The floor server must refuse what the spec refuses, or its figure is not the floor of a
+    server keeping the spec's rules: a bad spec, a taken id, a device without the capability,
+    a row from a device that does not hold the job."""
+    async def drive(address):
+        http = Http(address)
+        for device, caps in (("pi", ["benchmark"]), ("cam", ["camera"]), ("other", ["benchmark"])):
+            await http.request("POST", "/devices/register", {
+                "device_id": device, "descriptor": {}, "capabilities": caps})
+        spec = {"schema": 1, "job_id": "j1", "workload": "benchmark", "executor": "device",
+                "backend": "synthetic", "targets": {"device_id": "pi"}}
+        assert (await http.request("POST", "/jobs", {**spec, "workload": 5}))[0] == 400
+        assert (await http.request("POST", "/jobs", spec))[0] == 201
+        assert (await http.request("POST", "/jobs", spec))[0] == 409
+        assert (await http.request("POST", "/jobs", {
+            **spec, "job_id": "j2", "targets": {"device_id": "cam"}}))[0] == 201
+        assert (await http.request("GET", "/devices/cam/next-job"))[0] == 204
+        status, body = await http.request("GET", "/devices/pi/next-job")
+        assert status == 200 and json.loads(body)["job_id"] == "j1"
+        row = {"schema": 1, "kind": "result", "job_id": "j1", "device_id": "other", "iter": 0,
+               "final": True, "ok": True, "metrics": {"x": 1.0}}
+        assert (await http.request("POST", "/results", row))[0] == 409
+        assert (await http.request("POST", "/results", {**row, "iter": "zero"}))[0] == 400
+        assert (await http.request("POST", "/results", {**row, "device_id": "pi"}))[0] == 200
+        http.close()
+
+    with server("floor") as (address, _pid):
+        asyncio.run(drive(address))
 
 
 def test_compare_smoke():
