@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
@@ -41,14 +42,24 @@ def serve(app: web.Application, port: int) -> None:
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
-def main() -> None:
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def lifecycle_app(enqueue: Handler, next_job: Handler, results: Handler,
+                  register: Handler) -> web.Application:
+    """An app answering the lifecycle's requests (and GET /api/health) with these handlers: the
+    three ceilings answer the same routes and differ only in their work."""
     app = web.Application()
     app.router.add_post("/jobs", enqueue)
     app.router.add_get("/devices/{device_id}/next-job", next_job)
     app.router.add_post("/results", results)
-    app.router.add_post("/devices/register", results)
+    app.router.add_post("/devices/register", register)
     app.router.add_get("/api/health", health)
-    serve(app, int(sys.argv[1]))
+    return app
+
+
+def main() -> None:
+    serve(lifecycle_app(enqueue, next_job, results, results), int(sys.argv[1]))
 
 
 if __name__ == "__main__":

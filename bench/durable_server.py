@@ -20,13 +20,13 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from bench.bare_server import health, serve
+from bench.bare_server import lifecycle_app, serve
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS devices (device_id TEXT PRIMARY KEY, descriptor TEXT NOT NULL);
@@ -113,12 +113,21 @@ def _claim(conn: sqlite3.Connection, device: str) -> str | None:
     return str(row[1])
 
 
-async def next_job(request: web.Request) -> web.Response:
-    device = request.match_info["device_id"]
-    spec = await writer(request).submit(lambda c: _claim(c, device))
-    if spec is None:
-        return web.Response(status=204)
-    return web.Response(text=spec, content_type="application/json")
+def next_job_with(claim: Callable[[sqlite3.Connection, str], str | None]
+                  ) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """The poll's handler: `claim` runs in the writer's transaction, the spec it returns is
+    the answer (204 when it returns None)."""
+    async def next_job(request: web.Request) -> web.Response:
+        device = request.match_info["device_id"]
+        spec = await writer(request).submit(lambda c: claim(c, device))
+        if spec is None:
+            return web.Response(status=204)
+        return web.Response(text=spec, content_type="application/json")
+
+    return next_job
+
+
+next_job = next_job_with(_claim)
 
 
 def _store(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
@@ -142,14 +151,9 @@ async def start_writer(app: web.Application) -> None:
 
 
 def main() -> None:
-    app = web.Application()
+    app = lifecycle_app(enqueue, next_job, results, register)
     app[DATA_FILE] = Path(sys.argv[2]) / "durable.db"
     app.on_startup.append(start_writer)
-    app.router.add_post("/jobs", enqueue)
-    app.router.add_get("/devices/{device_id}/next-job", next_job)
-    app.router.add_post("/results", results)
-    app.router.add_post("/devices/register", register)
-    app.router.add_get("/api/health", health)
     serve(app, int(sys.argv[1]))
 
 if __name__ == "__main__":

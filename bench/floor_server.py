@@ -33,8 +33,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bench.bare_server import health, serve
-from bench.durable_server import DATA_FILE, SCHEMA_TEXT, start_writer, writer
+from bench.bare_server import lifecycle_app, serve
+from bench.durable_server import DATA_FILE, SCHEMA_TEXT, next_job_with, start_writer, writer
 from fleet_min.validate import validate_job, validate_result
 
 SCHEMA = """
@@ -95,12 +95,7 @@ def _claim(conn: sqlite3.Connection, device: str) -> str | None:
     return str(row[2])
 
 
-async def next_job(request: web.Request) -> web.Response:
-    device = request.match_info["device_id"]
-    spec = await writer(request).submit(lambda c: _claim(c, device))
-    if spec is None:
-        return web.Response(status=204)
-    return web.Response(text=spec, content_type="application/json")
+next_job = next_job_with(_claim)
 
 
 def _store(conn: sqlite3.Connection, row: dict[str, Any]) -> str | None:
@@ -130,15 +125,10 @@ async def results(request: web.Request) -> web.Response:
 
 
 def main() -> None:
-    app = web.Application()
+    app = lifecycle_app(enqueue, next_job, results, register)
     app[DATA_FILE] = Path(sys.argv[2]) / "floor.db"
     app[SCHEMA_TEXT] = SCHEMA
     app.on_startup.append(start_writer)
-    app.router.add_post("/jobs", enqueue)
-    app.router.add_get("/devices/{device_id}/next-job", next_job)
-    app.router.add_post("/results", results)
-    app.router.add_post("/devices/register", register)
-    app.router.add_get("/api/health", health)
     serve(app, int(sys.argv[1]))
 
 
