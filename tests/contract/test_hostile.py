@@ -390,6 +390,12 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
         {"silent_for_s": 1e999}, {"silent_for_s": "86400"}, {"silent_for_s": None},
         {"silent_for_s": False}, {"device_ids": ["pixel-7"], "silent_for_s": 86400},
         {"all": True}],
+    "POST /api/peers/forget": [
+        {}, [], {"url": 5}, {"url": ""}, {"url": " "}, {"url": None}, {"url": ["http://x:1"]},
+        {"url": "ftp://x:1"}, {"url": "http://x:99999"}, {"url": "http://a@b:1"},
+        {"url": "http://b:1/api"}, {"url": "http://b:1?x"}, {"url": "x" * 5000},
+        {"url": "a\u0000b:1"}, {"url": "a b:1"}, {"url": "\udcff"},
+        {"url": "http://127.0.0.1:1", "also": 1}, {"url": "http://127.0.0.1:1"}],
     "PATCH /api/devices/{device_id}": [{}, {"name": 5}, {"notes": "x" * 2001},
                                        {"pools": "a"}, {"pools": [""]}, {"pools": [5]},
                                        {"device_id": "other"}, {"capabilities": []}],
@@ -465,6 +471,7 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
 COLLECTOR_BODIES["POST /api/jobs"] = COLLECTOR_BODIES["POST /jobs"]  # the same route
 EXPECTED_OTHER = {  # refusals that are not 400, by the API's rules
     ("POST /jobs", 3): 409, ("POST /api/jobs", 3): 409, ("POST /api/schedules", 12): 409,
+    ("POST /api/peers/forget", 17): 404,  # a well-formed address this collector has no peer at
 }
 
 

@@ -92,6 +92,8 @@ def check_forget(body: dict[str, Any]) -> str:
     url = body.get("url")
     if set(body) != {"url"} or not isinstance(url, str) or not url.strip() or len(url) > 2048:
         raise BadRequest('the body must be {"url": "<a peer address as FLEET_PEERS lists it>"}')
+    if any(ord(c) <= 32 or ord(c) == 127 for c in url.strip()):
+        raise BadRequest("a peer address holds no spaces or control characters")
     try:
         return base_url(url)
     except ConfigError as exc:
