@@ -82,6 +82,15 @@ def test_the_spec_floor_keeps_the_rules_it_prices(tmp_path):
         asyncio.run(drive(address))
 
 
+def test_lifecycle_split_smoke():
+    records = run_bench("lifecycle_split")
+    result = figure(records, "lifecycle_split")
+    for kind in ("bare", "durable", "floor", "collector"):
+        assert {r["phase"] for r in records if r.get("server") == kind} == {
+            "enqueue", "claim+result"}
+        assert isinstance(result[kind]["cpu_us_per_job"], float)
+
+
 def test_compare_smoke():
     # No trees given: this tree against itself, both collectors under load at once.
     result = figure(run_bench("compare"), "cpu_per_job_new_over_old")
