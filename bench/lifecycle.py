@@ -48,6 +48,18 @@ from bench.common import (
 )
 
 
+def pinned_job(device: str, job_id: str) -> dict[str, Any]:
+    """The lifecycle's job: the synthetic benchmark, pinned to `device`."""
+    return {"schema": 1, "job_id": job_id, "workload": "benchmark", "executor": "device",
+            "backend": "synthetic", "targets": {"device_id": device}}
+
+
+def final_row(device: str, job_id: str) -> dict[str, Any]:
+    """The lifecycle's one result row, which closes the job."""
+    return {"schema": 1, "kind": "result", "job_id": job_id, "device_id": device, "iter": 0,
+            "final": True, "ok": True, "metrics": {"decode_tok_s": 1.0}}
+
+
 async def _agent(address: str, device: str, stop_at: float, counter: list[int],
                  interval: float = 0.0, stopped: Any = None) -> None:
     """One agent's job after job until stop_at (or until `stopped`, an Event, is set); with an
@@ -64,15 +76,11 @@ async def _agent(address: str, device: str, stop_at: float, counter: list[int],
             await asyncio.sleep(max(0.0, next_start - time.monotonic()))
         n += 1
         job_id = f"{device}-{n}"
-        status, _ = await http.request("POST", "/jobs", {
-            "schema": 1, "job_id": job_id, "workload": "benchmark", "executor": "device",
-            "backend": "synthetic", "targets": {"device_id": device}})
+        status, _ = await http.request("POST", "/jobs", pinned_job(device, job_id))
         assert status == 201, status
         status, _ = await http.request("GET", f"/devices/{device}/next-job")
         assert status == 200, status
-        status, _ = await http.request("POST", "/results", {
-            "schema": 1, "kind": "result", "job_id": job_id, "device_id": device, "iter": 0,
-            "final": True, "ok": True, "metrics": {"decode_tok_s": 1.0}})
+        status, _ = await http.request("POST", "/results", final_row(device, job_id))
         assert status == 200, status
         counter[0] += 1
     http.close()

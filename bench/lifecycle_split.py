@@ -26,31 +26,31 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Http, cpu_seconds, emit, main_thread_cpu_seconds, server, table
+from bench.common import (
+    Http,
+    cpu_seconds,
+    emit,
+    main_thread_cpu_seconds,
+    register_devices,
+    server,
+    table,
+)
+from bench.lifecycle import final_row, pinned_job
 
 PHASES = ("enqueue", "claim+result")
 
 
 async def _agent(address: str, device: str, phase: str, jobs: int) -> None:
     http = Http(address)
-    if phase == "register":
-        status, _ = await http.request("POST", "/devices/register", {
-            "device_id": device, "descriptor": {"platform": "linux"},
-            "capabilities": ["benchmark"]})
-        assert status == 200, status
-    for n in range(jobs if phase in PHASES else 0):
+    for n in range(jobs):
         job_id = f"{device}-{n}"
         if phase == "enqueue":
-            status, _ = await http.request("POST", "/jobs", {
-                "schema": 1, "job_id": job_id, "workload": "benchmark", "executor": "device",
-                "backend": "synthetic", "targets": {"device_id": device}})
+            status, _ = await http.request("POST", "/jobs", pinned_job(device, job_id))
             assert status == 201, status
         else:
             status, _ = await http.request("GET", f"/devices/{device}/next-job")
             assert status == 200, status
-            status, _ = await http.request("POST", "/results", {
-                "schema": 1, "kind": "result", "job_id": job_id, "device_id": device,
-                "iter": 0, "final": True, "ok": True, "metrics": {"decode_tok_s": 1.0}})
+            status, _ = await http.request("POST", "/results", final_row(device, job_id))
             assert status == 200, status
     http.close()
 
@@ -101,7 +101,8 @@ def main() -> None:
     for r in range(args.rounds):
         for kind in kinds:  # a fresh server of each kind every round
             with server(kind) as (address, pid):
-                phase(address, pid, "register", args.agents, args.procs, args.jobs)
+                asyncio.run(register_devices(address, [
+                    f"a{k}-{i}" for k in range(args.procs) for i in range(args.agents)]))
                 for name in PHASES:
                     figures = phase(address, pid, name, args.agents, args.procs, args.jobs)
                     emit({"bench": "lifecycle_split", "round": r, "server": kind,

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from bench.common import Http, server
+from bench.lifecycle import final_row, pinned_job
 from tests.support.collector import ROOT
 
 pytestmark = pytest.mark.slow
@@ -61,8 +62,7 @@ def test_the_spec_floor_keeps_the_rules_it_prices(tmp_path):
         for device, caps in (("pi", ["benchmark"]), ("cam", ["camera"]), ("other", ["benchmark"])):
             await http.request("POST", "/devices/register", {
                 "device_id": device, "descriptor": {}, "capabilities": caps})
-        spec = {"schema": 1, "job_id": "j1", "workload": "benchmark", "executor": "device",
-                "backend": "synthetic", "targets": {"device_id": "pi"}}
+        spec = pinned_job("pi", "j1")
         assert (await http.request("POST", "/jobs", {**spec, "workload": 5}))[0] == 400
         assert (await http.request("POST", "/jobs", spec))[0] == 201
         assert (await http.request("POST", "/jobs", spec))[0] == 409
@@ -71,8 +71,7 @@ def test_the_spec_floor_keeps_the_rules_it_prices(tmp_path):
         assert (await http.request("GET", "/devices/cam/next-job"))[0] == 204
         status, body = await http.request("GET", "/devices/pi/next-job")
         assert status == 200 and json.loads(body)["job_id"] == "j1"
-        row = {"schema": 1, "kind": "result", "job_id": "j1", "device_id": "other", "iter": 0,
-               "final": True, "ok": True, "metrics": {"x": 1.0}}
+        row = final_row("other", "j1")
         assert (await http.request("POST", "/results", row))[0] == 409
         assert (await http.request("POST", "/results", {**row, "iter": "zero"}))[0] == 400
         assert (await http.request("POST", "/results", {**row, "device_id": "pi"}))[0] == 200

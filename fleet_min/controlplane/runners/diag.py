@@ -139,9 +139,11 @@ def summary_and_tail(runner_dir: Path, lines: int = TAIL_LINES) -> dict[str, Any
                            "tail": []}
     # The newest Runner_ log when there is one, else the newest log; each checked (regular,
     # not a link, inside the runner's directory) only now, as it is the one read.
-    candidates = (sorted(found.runner_logs, reverse=True) + sorted(found.logs, reverse=True))
+    # A Runner_ log is in both heaps: each name is checked once.
+    candidates = dict.fromkeys(name for _, name, _ in (
+        sorted(found.runner_logs, reverse=True) + sorted(found.logs, reverse=True)))
     chosen = None
-    for _, name, _ in candidates:
+    for name in candidates:
         path = runner_dir / "_diag" / name
         info = safe_file(path, runner_dir)
         if info is not None:

@@ -16,7 +16,9 @@ export function Peers() {
   // A peer replaced on purpose names a new id; it is served under neither until its address is
   // unpinned here (the pin outlives restarts, so an impostor cannot take the address).
   const repin = async (p) => {
-    const r = await run(() => post("/api/peers/forget", { url: p.url }), `${p.url} is now pinned to ${p.claimed}.`);
+    // The reply says what the address names now (it may have gone silent meanwhile).
+    const r = await run(() => post("/api/peers/forget", { url: p.url }),
+      (reply) => reply.peer.id ? `${p.url} is now pinned to ${reply.peer.id}.` : `${p.url} is unpinned; it is pinned again when it next answers.`);
     if (r) res.reload();
   };
   return html`<${Page} title="Peers" subtitle="Other collectors, read through this one. They share nothing; their views are read-only here."
