@@ -70,15 +70,19 @@ async def enqueue(request: web.Request) -> web.Response:
     errors = validate_job(spec)
     if errors:
         return refused(400, errors[0])
-    device = (spec.get("targets") or {}).get("device_id")
-    stored = await writer(request).submit(lambda c: c.execute(
-        "INSERT INTO jobs (job_id, device_id, workload, status, spec) "
-        "VALUES (?, ?, ?, 'queued', ?) ON CONFLICT (job_id) DO NOTHING",
-        (spec["job_id"], device, spec["workload"], raw.decode())).rowcount)
-    if not stored:
+    if not await writer(request).submit(lambda c: _insert(c, spec, raw)):
         return refused(409, f"job {spec['job_id']} exists")
     return web.json_response({"ok": True, "job_id": spec["job_id"], "status": "queued"},
                              status=201)
+
+
+def _insert(conn: sqlite3.Connection, spec: dict[str, Any], raw: bytes) -> bool:
+    """Store a checked spec as it came (`raw`); False when its job_id is taken."""
+    device = (spec.get("targets") or {}).get("device_id")
+    return bool(conn.execute(
+        "INSERT INTO jobs (job_id, device_id, workload, status, spec) "
+        "VALUES (?, ?, ?, 'queued', ?) ON CONFLICT (job_id) DO NOTHING",
+        (spec["job_id"], device, spec["workload"], raw.decode())).rowcount)
 
 
 def _claim(conn: sqlite3.Connection, device: str) -> str | None:

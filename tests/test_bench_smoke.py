@@ -90,6 +90,21 @@ def test_lifecycle_split_smoke():
         assert isinstance(result[kind]["cpu_us_per_job"], float)
 
 
+@pytest.mark.parametrize("statements", [False, True], ids=["bodies", "with-statements"])
+def test_bodies_smoke(statements):
+    # Each body's own assertions hold in the run: every job is claimed in order and closed done
+    # by the collector's functions and by the floor's.
+    records = run_bench("bodies", *(["--statements"] if statements else []))
+    result = figure(records, "bodies")
+    for kind in ("collector", "floor"):
+        for part in ("check_us", "enqueue_us", "claim_us", "result_us", "commit_us", "bodies_us"):
+            assert isinstance(result[kind][part], float), (kind, part)
+    assert isinstance(result["bodies_ratio"], float)
+    listed = result.get("statements", [])
+    assert bool(listed) is statements
+    assert all(entry["per_job"] >= 1 for entry in listed)
+
+
 def test_compare_smoke():
     # No trees given: this tree against itself, both collectors under load at once.
     result = figure(run_bench("compare"), "cpu_per_job_new_over_old")
