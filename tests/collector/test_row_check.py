@@ -132,3 +132,62 @@ def test_the_state_lists_are_the_codes_own() -> None:
     assert set(row_check.ATTEMPT_OUTCOMES) == {o.value for o in kinds.AttemptOutcome}
     assert set(row_check.ALERT_RULES) == set(alerts.RULES)
     assert set(row_check.ALERT_STATES) == {s.value for s in alerts.AlertState}
+
+
+def _add_results(conn: sqlite3.Connection, rows: list[tuple[str, object]]) -> None:
+    """Result rows of job j1 whose metrics and created_at are as given (iter numbers them)."""
+    for n, (metrics, created_at) in enumerate(rows, start=1):
+        conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, "
+                     "created_at) VALUES ('j1', 'pixel', ?, 1, CAST(? AS TEXT), ?)",
+                     (n, metrics, created_at))
+
+
+def test_leaving_out_deletes_every_bad_record_of_both_passes_and_keeps_the_rest(
+        db: sqlite3.Connection) -> None:
+    """Bad rows found by the text pass (bytes that are not UTF-8, a number past a float's
+    range) and by SQLite's own checks (text where a time is kept) are all left out, each
+    named up to EXAMPLES and the rest counted; every good row stays, and the table then
+    passes the check it failed."""
+    good = [('{"fps": 60}', 1764000003)] * 3
+    bad = ([(b'{"t": "\xff"}', 1764000004)] * 15 + [('{"n": 1' + "0" * 400 + "}", 1764000005)] * 5
+           + [('{"fps": 1}', "yesterday")] * 10)
+    _add_results(db, good + bad + good)
+    with pytest.raises(row_check.BadRow):
+        row_check.check_table(db, "results")
+    db.execute("BEGIN")
+    left = row_check.leave_out(db, "results")
+    db.execute("COMMIT")
+    assert left.table == "results" and left.count == 30
+    assert len(left.examples) == row_check.EXAMPLES
+    reasons = {bad.column for bad in left.examples}
+    assert reasons == {"metrics"}, reasons  # the first twenty are the text pass's
+    assert "not UTF-8" in str(left.examples[0]) and "past a float's range" in str(
+        left.examples[-1]), [str(b) for b in left.examples]
+    kept = db.execute("SELECT iter FROM results WHERE job_id = 'j1' ORDER BY iter").fetchall()
+    assert [row[0] for row in kept] == [0, 1, 2, 3, 34, 35, 36]
+    row_check.check_rows(db)
+
+
+def test_check_rows_leaves_out_records_only_when_asked(db: sqlite3.Connection) -> None:
+    _add_results(db, [('{"fps": 1}', "yesterday")])
+    db.execute("INSERT INTO beacons (device_id, body, at) VALUES ('pixel', 'not json', 1)")
+    with pytest.raises(row_check.BadRow):
+        row_check.check_rows(db)
+    left = row_check.check_rows(db, leave_out_records=True)
+    assert {entry.table: entry.count for entry in left} == {"beacons": 1, "results": 1}
+    assert "holds 'yesterday' where" in str(left[1].examples[0]), str(left[1].examples[0])
+
+
+def test_rows_other_rows_name_are_never_left_out(db: sqlite3.Connection) -> None:
+    """A job, a device, a schedule: other rows refer to them, so a bad one still refuses the
+    whole check, even when records are being left out, and nothing of it is deleted."""
+    db.execute("UPDATE jobs SET created_at = 'soon'")
+    with pytest.raises(row_check.BadRow) as caught:
+        row_check.check_rows(db, leave_out_records=True)
+    assert caught.value.table == "jobs", caught.value
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+    with pytest.raises(ValueError, match="never left out"):
+        row_check.leave_out(db, "jobs")
+    assert {"results", "beacons"} <= row_check.LEAVE_OUT_TABLES
+    assert not {"jobs", "devices", "schedules", "job_deps", "job_attempts", "artifacts",
+                "meta"} & row_check.LEAVE_OUT_TABLES

@@ -548,6 +548,58 @@ def test_a_value_an_older_version_let_in_is_named_and_a_corrected_copy_restores(
     assert jobs_in(tmp_path / "new", tmp_path / "probe") == ["x"]
 
 
+def test_records_the_readers_cannot_take_are_left_out_when_asked_and_each_is_listed(
+        tmp_path: Path) -> None:
+    """A backup whose results hold rows no reader can take (a number past a float's range,
+    bytes that are not UTF-8, text where a time is kept) is refused, and the refusal names the
+    way out; restore --leave-out-bad-rows then restores the rest, lists each row it left out,
+    and a collector started on it serves the good rows. A bad job row is still refused with
+    the option, since other rows name it, and nothing is installed."""
+    data, _ = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    rows = [('{"fps": 60}', 1764000000), ('{"n": 1' + "0" * 400 + "}", 1764000001),
+            (b'{"t": "\xff"}', 1764000002), ('{"fps": 1}', "yesterday"),
+            ('{"fps": 61}', 1764000004)]
+    for n, (metrics, at) in enumerate(rows):
+        conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, "
+                     "created_at) VALUES ('x', 'd', ?, 1, CAST(? AS TEXT), ?)", (n, metrics, at))
+    conn.close()
+    manifest = json.loads((backup_dir / "manifest.json").read_text())
+    manifest["counts"]["results"] = len(rows)
+    (backup_dir / "manifest.json").write_text(json.dumps(manifest))
+    target = tmp_path / "new"
+    refused = fleet("restore", str(backup_dir), "--data", str(target))
+    assert refused.returncode == 1, refused.stdout
+    assert "run restore again with --leave-out-bad-rows" in refused.stderr, refused.stderr
+    assert not target.exists()
+
+    done = fleet("restore", str(backup_dir), "--data", str(target), "--leave-out-bad-rows")
+    assert done.returncode == 0, done.stderr
+    assert "2 results" in done.stdout and "left out 3 rows" in done.stdout, done.stdout
+    listed = [line for line in done.stdout.splitlines() if line.startswith("  left out: ")]
+    assert [line.split(", column")[0] for line in listed] == [
+        "  left out: table 'results', rowid 2", "  left out: table 'results', rowid 3",
+        "  left out: table 'results', rowid 4"], done.stdout
+    assert "past a float's range" in listed[0] and "not UTF-8" in listed[1] \
+        and "'yesterday'" in listed[2], listed
+    with running_collector(target) as proc:
+        status, reply = proc.client.get("/api/results?job_id=x")
+        assert status == 200, reply
+        assert sorted(row["iter"] for row in reply["results"]) == [0, 4], reply
+
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    conn.execute("UPDATE jobs SET updated_at = 'later' WHERE job_id = 'x'")
+    conn.close()
+    still = fleet("restore", str(backup_dir), "--data", str(tmp_path / "other"),
+                  "--leave-out-bad-rows")
+    assert still.returncode == 1, still.stdout
+    assert "table 'jobs'" in still.stderr and "leaves out only records" in still.stderr, \
+        still.stderr
+    assert not (tmp_path / "other").exists()
+
+
 def test_a_restore_killed_before_it_moved_anything_names_no_folder_that_is_not_there(
         tmp_path: Path) -> None:
     """Killed between writing its marker and making its pre-restore folder, a restore left a

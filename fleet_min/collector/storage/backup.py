@@ -75,6 +75,9 @@ class Report:
     artifacts_missing: list[str] = field(default_factory=list)
     moved_aside: str | None = None
     undone: str | None = None  # the folder an interrupted restore's files came back from
+    # restore --leave-out-bad-rows: rows left out by table (not in counts), the first named
+    left_out: dict[str, int] = field(default_factory=dict)
+    left_out_rows: list[str] = field(default_factory=list)
     schema_version: int = 0
     seconds: float = 0.0
 

@@ -28,7 +28,7 @@ import re
 import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fleet_min import filemodes
@@ -111,6 +111,8 @@ class Checked:
     version: int
     counts: dict[str, int]
     artifacts: list[tuple[str, int]]  # the artifact index: (sha256, size), by hash
+    # Rows the rebuild left out (restore --leave-out-bad-rows), by table: not in `counts`.
+    left_out: list[row_check.LeftOut] = field(default_factory=list)
 
 
 def _budget(conn: sqlite3.Connection, size: int) -> float:
@@ -213,14 +215,17 @@ def _check(path: Path, conn: sqlite3.Connection, known: int) -> Checked:
     return Checked(version, counts, artifacts)
 
 
-def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> Checked:
+def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None, *,
+            leave_out: bool = False) -> Checked:
     """Make the database at `dest` (an empty file) with the collector's own migrations up to
     `version` and copy into it every table's rows from the checked copy at `copy` (attached
     read-only), under the same time budget as the checks: no table, index, CHECK or COLLATE of
     the copy is installed, only its rows. The rowid is carried for every table that has one and
     AUTOINCREMENT sequences continue from the copy's. What the rebuilt database holds (counts,
     artifact index); Refused, naming the copy as `shown`, when its rows do not fit the schema or
-    it takes too long. The caller fsyncs dest."""
+    it takes too long. `leave_out`: the rows of record tables that the readers cannot take are
+    left out, and said in `left_out` (row_check.LEAVE_OUT_TABLES), instead of refused. The
+    caller fsyncs dest."""
     from fleet_min.collector.storage.schema import MIGRATIONS
 
     named = shown or copy
@@ -236,18 +241,26 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None) -> 
         try:
             _copy_rows(conn)
             _check_numbering(conn, named)
-            row_check.check_rows(conn)
+            left_out = row_check.check_rows(conn, leave_out_records=leave_out)
             conn.execute("COMMIT")
         except BaseException:
             conn.execute("ROLLBACK")
             raise
         conn.execute("DETACH DATABASE backup")
         counts, artifacts = _contents(conn)
-        return Checked(int(conn.execute("PRAGMA user_version").fetchone()[0]), counts, artifacts)
+        return Checked(int(conn.execute("PRAGMA user_version").fetchone()[0]), counts, artifacts,
+                       left_out)
     except row_check.BadRow as exc:
+        if exc.table not in row_check.LEAVE_OUT_TABLES:
+            way_out = "restore a copy" + (
+                " (--leave-out-bad-rows leaves out only records that no other row names, and "
+                "other rows name those of this table)" if leave_out else "")
+        else:  # not reached with leave_out: such rows were deleted before the check
+            way_out = ("run restore again with --leave-out-bad-rows to restore without such "
+                       "rows of that table (each one left out is listed), or restore a copy")
         raise Refused(f"{named} holds a row the collector's readers cannot take ({exc}): the "
                       "backup is damaged or hostile, or an older version let that value in; "
-                      "restore a copy of the backup with that row corrected (sqlite3 on the "
+                      f"{way_out} of the backup with that row corrected (sqlite3 on the "
                       "copy's fleet.sqlite3: an UPDATE keeps the manifest's counts true)"
                       ) from None
     except sqlite3.IntegrityError as exc:
@@ -346,10 +359,12 @@ def compare_manifest(where: Path, manifest: dict[str, object], checked: Checked)
                       f"{checked.version}; the backup is damaged or was changed")
     counts = manifest.get("counts") or {}
     assert isinstance(counts, dict)  # checked by manifest_artifacts
+    left = {entry.table: entry.count for entry in checked.left_out}
     for table, count in counts.items():
         if table not in checked.counts:
             raise Refused(f"{where} counts rows of {str(table)[:40]!r}, which the collector "
                           "does not count; the backup is damaged")
-        if count != checked.counts[table]:
+        held = checked.counts[table] + left.get(table, 0)  # as backed up: with those left out
+        if count != held:
             raise Refused(f"{where} says {count} {table}, but the database holds "
-                          f"{checked.counts[table]}; the backup is damaged or was changed")
+                          f"{held}; the backup is damaged or was changed")

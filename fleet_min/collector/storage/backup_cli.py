@@ -32,6 +32,11 @@ def _summary(verb: str, report: Report) -> str:
         line += f"; an interrupted restore was undone first (from {report.undone})"
     if report.moved_aside:
         line += f"; the previous database was moved to {report.moved_aside}"
+    if report.left_out:
+        rows = sum(report.left_out.values())
+        line += (f"; left out {rows} rows the collector's readers cannot take ("
+                 + ", ".join(f"{n} {table}" for table, n in report.left_out.items())
+                 + "), listed below")
     if report.artifacts_missing:
         line += (f"; {len(report.artifacts_missing)} indexed artifacts have no bytes "
                  "(deleted meanwhile, or not in the backup: take one with --with-artifacts)")
@@ -55,6 +60,10 @@ def main(command: str, argv: list[str]) -> int:
                               "stopped.")
         parser.add_argument("--force", action="store_true",
                             help="move an existing database aside (pre-restore-<time>/) first")
+        parser.add_argument("--leave-out-bad-rows", action="store_true",
+                            help="restore without the records (results, beacons, events, CI "
+                                 "statuses, schedule runs, alerts, visual diffs) the collector "
+                                 "cannot read, listing each, instead of refusing the backup")
     args = parser.parse_args(argv)
     try:
         if command == "backup":
@@ -64,8 +73,14 @@ def main(command: str, argv: list[str]) -> int:
         else:
             from fleet_min.collector.storage.restore import restore  # its checks load on need
 
-            report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force)
+            report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force,
+                             args.leave_out_bad_rows)
             print(_summary("restored into", report))
+            for row in report.left_out_rows:
+                print(f"  left out: {row}")
+            unnamed = sum(report.left_out.values()) - len(report.left_out_rows)
+            if unnamed:
+                print(f"  and {unnamed} more rows like them")
     except BackupError as exc:
         print(f"fleet-min collector {command}: {exc}", file=sys.stderr)
         return 1

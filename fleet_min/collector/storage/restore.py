@@ -127,8 +127,10 @@ class _Staged:
     listed: list[str]  # every artifact the manifest names
 
 
-def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
-    """Put the backup in src into data_dir; refuses while a collector runs on it."""
+def restore(src: Path, data_dir: Path, force: bool = False, leave_out: bool = False) -> Report:
+    """Put the backup in src into data_dir; refuses while a collector runs on it. `leave_out`:
+    restore without the record rows (results, beacons, ...) the collector's readers cannot
+    take, each said in the report, rather than refuse the backup for them."""
     started = time.monotonic()
     manifest = read_manifest(src)
     listed = manifest_artifacts(src, manifest)
@@ -140,7 +142,8 @@ def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
         raise BackupError(f"{exc}; stop it first") from None
     done = False
     try:
-        report = _restore_locked(src, data_dir, force, manifest, listed, collector_id)
+        report = _restore_locked(src, data_dir, force, manifest, listed, collector_id,
+                                 leave_out)
         done = True
     except Refused as exc:
         raise BackupError(str(exc)) from None
@@ -154,7 +157,8 @@ def restore(src: Path, data_dir: Path, force: bool = False) -> Report:
 
 
 def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, Any],
-                    listed: list[tuple[str, bool]], collector_id: str | None) -> Report:
+                    listed: list[tuple[str, bool]], collector_id: str | None,
+                    leave_out: bool) -> Report:
     target = data_dir / DB_NAME
     _refuse_links(data_dir, listed)
     if database_in_use(target):
@@ -163,7 +167,7 @@ def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, 
                           "shell, a copy or backup tool, or a collector of a version before "
                           "the data directory lock); close it first")
     marker = _read_marker(data_dir) if os.path.lexists(data_dir / MARKER) else None
-    staged = _stage(src, data_dir, manifest, listed, collector_id)
+    staged = _stage(src, data_dir, manifest, listed, collector_id, leave_out)
     if not force and marker and marker["aside"]:
         raise BackupError(f"an interrupted restore into {data_dir} had moved its data into "
                           f"{marker['aside']}/; pass --force to put it back, move it aside "
@@ -172,7 +176,10 @@ def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, 
         raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
                           "aside (into pre-restore-<time>/) and restore over it")
     report = Report(path=str(data_dir), counts=staged.checked.counts,
-                    schema_version=staged.checked.version)
+                    schema_version=staged.checked.version,
+                    left_out={left.table: left.count for left in staged.checked.left_out},
+                    left_out_rows=[str(bad) for left in staged.checked.left_out
+                                   for bad in left.examples])
     if marker is not None:
         report.undone = _undo(data_dir, marker)
     problem = orphan_log(data_dir)
@@ -204,16 +211,17 @@ def _refuse_links(data_dir: Path, listed: list[tuple[str, bool]]) -> None:
 
 
 def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tuple[str, bool]],
-           collector_id: str | None) -> _Staged:
+           collector_id: str | None, leave_out: bool) -> _Staged:
     work = data_dir / WORK
     _clear(work)
     work.mkdir(mode=0o700)
     copy = work / (DB_NAME + ".checked")
     _copy_database(src / DB_NAME, copy)
     checked = backup_check.check_database(copy, known_schema_version(), src / DB_NAME)
-    database = _rebuild(copy, work / DB_NAME, checked.version, src / DB_NAME)
+    database = _rebuild(copy, work / DB_NAME, checked.version, src / DB_NAME, leave_out)
     copy.unlink()
-    checked = backup_check.Checked(checked.version, database.counts, database.artifacts)
+    checked = backup_check.Checked(checked.version, database.counts, database.artifacts,
+                                   database.left_out)
     backup_check.compare_manifest(src / MANIFEST, manifest, checked)
     staged_id = None
     if collector_id is not None:
@@ -248,7 +256,8 @@ def _copy_database(src: Path, dest: Path) -> None:
                               "damaged") from None
 
 
-def _rebuild(copy: Path, dest: Path, version: int, shown: Path) -> backup_check.Checked:
+def _rebuild(copy: Path, dest: Path, version: int, shown: Path, leave_out: bool
+             ) -> backup_check.Checked:
     """The database restore installs, at dest: made by the collector's own migrations and
     holding the checked copy's rows (backup_check.rebuild), fsynced; what it holds."""
     size = copy.stat().st_size
@@ -258,7 +267,7 @@ def _rebuild(copy: Path, dest: Path, version: int, shown: Path) -> backup_check.
                           f"copy of it beside {dest.parent.parent} ({free >> 20} MiB free); "
                           "free some space")
     os.close(filemodes.open_new(dest, filemodes.COLLECTOR_FILE))
-    checked = backup_check.rebuild(copy, dest, version, shown)
+    checked = backup_check.rebuild(copy, dest, version, shown, leave_out=leave_out)
     fsync_path(dest)
     return checked
 

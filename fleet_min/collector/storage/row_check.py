@@ -30,7 +30,7 @@ import math
 import re
 import sqlite3
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -183,9 +183,32 @@ class BadRow(ValueError):
     column: str
     where: str
     why: str
+    key: Any = None  # as read: the rowid, or the key's bytes in SQL's X'..' form
 
     def __str__(self) -> str:
         return f"table {self.table!r}, {self.where}, column {self.column!r}: {self.why}"
+
+
+# Tables of records that no other row refers to: a result row, a beacon, a topic's event, a CI
+# status posted, a schedule's run, an alert, a visual diff. A restore may leave such a row out
+# (restore --leave-out-bad-rows) and lose only that record. A job, a device, a schedule or any
+# other row that others name is never left out: its absence would leave them dangling.
+LEAVE_OUT_TABLES = frozenset({"results", "beacons", "topic_events", "ci_statuses",
+                              "schedule_runs", "alerts", "visual_diffs"})
+EXAMPLES = 20  # rows named of those left out from one table; the rest are counted
+
+
+@dataclass
+class LeftOut:
+    """The rows of one table a restore left out."""
+    table: str
+    count: int = 0
+    examples: list[BadRow] = field(default_factory=list)
+
+    def add(self, bad: BadRow) -> None:
+        self.count += 1
+        if len(self.examples) < EXAMPLES:
+            self.examples.append(bad)
 
 
 @dataclass(frozen=True)
@@ -299,33 +322,42 @@ _PYTHON_RULES: dict[str, Callable[[bytes], str | None]] = {
     "slot": _slot_problem, "run-slot": _slot_problem, "match": _match_problem}
 
 
-def _check_texts(table: str, texts: list[_Column], key_word: str,
-                 rows: Iterator[tuple[Any, ...]]) -> None:
-    """BadRow for the first row whose text is not UTF-8, or breaks a rule no SQL function can
-    judge. One decode a row for all its text columns together (a NUL between values, so that no
-    two values' bytes can make one character); a row that fails is then looked at column by
-    column to say which and why."""
+def _text_problems(table: str, texts: list[_Column], key_word: str,
+                   rows: Iterator[tuple[Any, ...]]) -> Iterator[BadRow]:
+    """A BadRow for each row whose text is not UTF-8, or breaks a rule no SQL function can
+    judge, in the order read. One decode a row for all its text columns together (a NUL between
+    values, so that no two values' bytes can make one character); a row that fails is then
+    looked at column by column to say which and why."""
     documents = [n for n, column in enumerate(texts) if column.rule.startswith("json:")]
     parsed = [(n, _PYTHON_RULES[column.rule]) for n, column in enumerate(texts)
               if column.rule in _PYTHON_RULES]
     for key, *values in rows:
-        try:
-            b"\0".join([value for value in values if value is not None]).decode("utf-8")
-        except UnicodeDecodeError:
-            for column, raw in zip(texts, values, strict=True):
-                try:
-                    raw is None or raw.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise BadRow(table, column.name, f"{key_word} {key}", "holds bytes that "
-                                 f"are not UTF-8 text (at byte {exc.start})") from None
-        for n in documents:
-            why = values[n] is not None and _json_problem(values[n])
-            if why:
-                raise BadRow(table, texts[n].name, f"{key_word} {key}", why)
-        for n, problem in parsed:
-            why = values[n] is not None and problem(values[n])
-            if why:
-                raise BadRow(table, texts[n].name, f"{key_word} {key}", why)
+        found = _text_problem(texts, documents, parsed, values)
+        if found is not None:
+            yield BadRow(table, found[0], f"{key_word} {key}", found[1], key)
+
+
+def _text_problem(texts: list[_Column], documents: list[int],
+                  parsed: list[tuple[int, Callable[[bytes], str | None]]], values: list[Any]
+                  ) -> tuple[str, str] | None:
+    """(the column, why) for a row's first broken text, or None."""
+    try:
+        b"\0".join([value for value in values if value is not None]).decode("utf-8")
+    except UnicodeDecodeError:
+        for column, raw in zip(texts, values, strict=True):
+            try:
+                raw is None or raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return column.name, f"holds bytes that are not UTF-8 text (at byte {exc.start})"
+    for n in documents:
+        why = values[n] is not None and _json_problem(values[n])
+        if why:
+            return texts[n].name, why
+    for n, problem in parsed:
+        why = values[n] is not None and problem(values[n])
+        if why:
+            return texts[n].name, why
+    return None
 
 
 # -- tables -----------------------------------------------------------------------------------
@@ -352,35 +384,77 @@ def _rows(conn: sqlite3.Connection, sql: str) -> Iterator[tuple[Any, ...]]:
 
 def check_table(conn: sqlite3.Connection, table: str) -> None:
     """BadRow for the first row of main.`table` that the collector's readers cannot take."""
+    for found in _passes(conn, table, every=False):
+        for bad in found:
+            raise bad
+
+
+def leave_out(conn: sqlite3.Connection, table: str) -> LeftOut:
+    """Delete every row of main.`table` (one of LEAVE_OUT_TABLES) that the collector's readers
+    cannot take; how many, with the first few named."""
+    if table not in LEAVE_OUT_TABLES or _key(conn, table)[1] != "rowid":
+        raise ValueError(f"rows of {table!r} are never left out")
+    left = LeftOut(table)
+    name = quote_identifier(table)
+    for found in _passes(conn, table, every=True):
+        keys = []
+        for bad in found:  # read whole before any delete: a scan under deletes is undefined
+            keys.append(bad.key)
+            left.add(bad)
+        for start in range(0, len(keys), 500):
+            batch = keys[start:start + 500]
+            conn.execute(f"DELETE FROM main.{name} WHERE rowid IN ({','.join('?' * len(batch))})",
+                         batch)
+    return left
+
+
+def _passes(conn: sqlite3.Connection, table: str, *, every: bool
+            ) -> Iterator[Iterator[BadRow]]:
+    """The two passes over main.`table`, each naming the rows it finds bad: the text pass, then
+    SQLite's own checks, which read text as text and so need the first pass's rows gone (a
+    caller either stops at the first row named, or deletes them before asking for the next
+    pass). `every`: all the rows the SQL pass finds, not only its first."""
     columns = _columns(conn, table)
     key_sql, key_word = _key(conn, table)
     name = quote_identifier(table)
     texts = [column for column in columns if column.declared == "TEXT"]
-    if texts:  # first: the SQL checks below read text as text, which needs it to be UTF-8
+    if texts:
         listed = ", ".join(f"CAST({quote_identifier(column.name)} AS BLOB)" for column in texts)
-        _check_texts(table, texts, key_word,
-                     _rows(conn, f"SELECT {key_sql}, {listed} FROM main.{name}"))
+        yield _text_problems(table, texts, key_word,
+                             _rows(conn, f"SELECT {key_sql}, {listed} FROM main.{name}"))
     # coalesce: a check that meets a missing JSON member is NULL, and NOT NULL passes nothing.
     typed = [(column, f"coalesce({sql}, 0)") for column in columns if (sql := _typed(column))]
     if not typed:
         return
     which = " ".join(f"WHEN NOT {sql} THEN {n}" for n, (_, sql) in enumerate(typed))
-    found = conn.execute(f"SELECT {key_sql}, CASE {which} END FROM main.{name} WHERE NOT "
-                         f"({' AND '.join(sql for _, sql in typed)}) LIMIT 1").fetchone()
-    if found:
-        column = typed[found[1]][0]
-        q = quote_identifier(column.name)
-        kind, value = conn.execute(
-            f"SELECT typeof({q}), CASE WHEN typeof({q}) = 'text' THEN CAST({q} AS BLOB) "
-            f"WHEN typeof({q}) != 'blob' THEN {q} END FROM main.{name} WHERE {key_sql} = ?",
-            (found[0],)).fetchone()
-        raise BadRow(table, column.name, f"{key_word} {found[0]}",
-                     f"holds {_shown(kind, value)} where {_wanted(column)} is kept")
+    failing = (f"SELECT {key_sql}, CASE {which} END FROM main.{name} WHERE NOT "
+               f"({' AND '.join(sql for _, sql in typed)})" + ("" if every else " LIMIT 1"))
+    yield (_typed_problem(conn, table, typed[n][0], key_sql, key_word, key)
+           for key, n in _rows(conn, failing))
 
 
-def check_rows(conn: sqlite3.Connection) -> None:
-    """BadRow for the first row, in any table of main, the collector's readers cannot take."""
+def _typed_problem(conn: sqlite3.Connection, table: str, column: _Column, key_sql: str,
+                   key_word: str, key: Any) -> BadRow:
+    q, name = quote_identifier(column.name), quote_identifier(table)
+    kind, value = conn.execute(
+        f"SELECT typeof({q}), CASE WHEN typeof({q}) = 'text' THEN CAST({q} AS BLOB) "
+        f"WHEN typeof({q}) != 'blob' THEN {q} END FROM main.{name} WHERE {key_sql} = ?",
+        (key,)).fetchone()
+    return BadRow(table, column.name, f"{key_word} {key}",
+                  f"holds {_shown(kind, value)} where {_wanted(column)} is kept", key)
+
+
+def check_rows(conn: sqlite3.Connection, *, leave_out_records: bool = False) -> list[LeftOut]:
+    """BadRow for the first row, in any table of main, the collector's readers cannot take.
+    With `leave_out_records`, such rows of LEAVE_OUT_TABLES are deleted first (see leave_out):
+    the tables that had some, with what was left out."""
+    left_out = []
     for (table,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' AND "
                                  "name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY name"
                                  ).fetchall():
+        if leave_out_records and table in LEAVE_OUT_TABLES:
+            left = leave_out(conn, table)
+            if left.count:
+                left_out.append(left)
         check_table(conn, table)
+    return left_out
