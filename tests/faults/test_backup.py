@@ -600,6 +600,52 @@ def test_records_the_readers_cannot_take_are_left_out_when_asked_and_each_is_lis
     assert not (tmp_path / "other").exists()
 
 
+def test_restore_check_makes_every_check_and_installs_nothing(tmp_path: Path) -> None:
+    """restore --check needs no data directory: it checks the manifest, the database, every
+    row and each artifact's bytes as a restore would, in a folder under TMPDIR that it removes,
+    and changes nothing in the backup. It passes a good backup, refuses a damaged artifact
+    with restore's sentence, and with --leave-out-bad-rows says which rows a restore would
+    leave out."""
+    data, sha = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
+                 ).returncode == 0
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
+    before = tree(backup_dir)
+    good = fleet("restore", str(backup_dir), "--check", env=env)
+    assert good.returncode == 0, good.stderr
+    assert good.stdout.startswith(f"checked {backup_dir}: 1 jobs"), good.stdout
+    assert "1 artifact files (0.0 MiB) whose bytes match their hashes" in good.stdout, good.stdout
+    assert "nothing was installed" in good.stdout, good.stdout
+    assert tree(backup_dir) == before and not list(scratch.iterdir())
+
+    artifact = backup_dir / "artifacts" / sha[:2] / sha
+    artifact.chmod(0o600)
+    artifact.write_bytes(b"an unreleased bilud")  # the same size, other bytes
+    damaged = fleet("restore", str(backup_dir), "--check", env=env)
+    assert damaged.returncode == 1, damaged.stdout
+    assert f"artifact file {artifact} does not match its SHA-256 name or size" in damaged.stderr
+    assert not list(scratch.iterdir())
+
+    artifact.write_bytes(b"an unreleased build")
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, created_at) "
+                 "VALUES ('x', 'd', 0, 1, '{}', 'yesterday')")
+    conn.close()
+    manifest = json.loads((backup_dir / "manifest.json").read_text())
+    manifest["counts"]["results"] = 1
+    (backup_dir / "manifest.json").write_text(json.dumps(manifest))
+    refused = fleet("restore", str(backup_dir), "--check", env=env)
+    assert refused.returncode == 1 and "--leave-out-bad-rows" in refused.stderr, refused.stderr
+    would = fleet("restore", str(backup_dir), "--check", "--leave-out-bad-rows", env=env)
+    assert would.returncode == 0, would.stderr
+    assert "0 results" in would.stdout and "would leave out 1 rows" in would.stdout, would.stdout
+    assert "  would leave out: table 'results', rowid 1, column 'created_at'" in would.stdout
+    assert not list(scratch.iterdir())
+
+
 def test_a_restore_killed_before_it_moved_anything_names_no_folder_that_is_not_there(
         tmp_path: Path) -> None:
     """Killed between writing its marker and making its pre-restore folder, a restore left a

@@ -78,11 +78,12 @@ def read_small(path: Path, cap: int) -> bytes:
         raise _refused(exc) from None
 
 
-def copy_regular(src: Path, dest_fd: int, limit: int | None = None,
+def copy_regular(src: Path, dest_fd: int | None, limit: int | None = None,
                  seen: Callable[[bytes], None] | None = None) -> int:
     """Copy the regular file at `src` into the open descriptor `dest_fd`, fsynced; the bytes
     copied. At most `limit` bytes (default: the size the file had when opened); Refused when
-    there are more (it grew, or it is not the size it should be). `seen` gets every chunk."""
+    there are more (it grew, or it is not the size it should be). `seen` gets every chunk.
+    `dest_fd` None: read (and show `seen`) without writing anywhere."""
     fd, st = open_regular(src)
     cap = st.st_size if limit is None else limit
     copied = 0
@@ -94,10 +95,13 @@ def copy_regular(src: Path, dest_fd: int, limit: int | None = None,
                               "it was copied; the backup is damaged or being changed")
             if seen is not None:
                 seen(chunk)
+            if dest_fd is None:
+                continue
             view = memoryview(chunk)
             while view:
                 view = view[os.write(dest_fd, view):]
-        os.fsync(dest_fd)
+        if dest_fd is not None:
+            os.fsync(dest_fd)
     finally:
         os.close(fd)
     return copied

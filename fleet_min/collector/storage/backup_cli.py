@@ -22,24 +22,28 @@ def _data_dir(given: str | None, required: bool) -> Path:
     return Path(resolve(COLLECTOR_SETTINGS, {"data_dir": given}).data_dir)
 
 
-def _summary(verb: str, report: Report) -> str:
+def _summary(verb: str, report: Report, *, checking: bool = False) -> str:
     counts = ", ".join(f"{n} {table}" for table, n in report.counts.items())
     line = f"{verb} {report.path}: {counts}; schema version {report.schema_version}"
     if report.artifacts_copied:
         line += (f"; {report.artifacts_copied} artifact files "
-                 f"({report.artifacts_bytes / 1048576:.1f} MiB)")
+                 f"({report.artifacts_bytes / 1048576:.1f} MiB)"
+                 + (" whose bytes match their hashes" if checking else ""))
     if report.undone:
         line += f"; an interrupted restore was undone first (from {report.undone})"
     if report.moved_aside:
         line += f"; the previous database was moved to {report.moved_aside}"
     if report.left_out:
         rows = sum(report.left_out.values())
-        line += (f"; left out {rows} rows the collector's readers cannot take ("
+        line += (f"; {'would leave' if checking else 'left'} out {rows} rows the collector's "
+                 "readers cannot take ("
                  + ", ".join(f"{n} {table}" for table, n in report.left_out.items())
                  + "), listed below")
     if report.artifacts_missing:
         line += (f"; {len(report.artifacts_missing)} indexed artifacts have no bytes "
                  "(deleted meanwhile, or not in the backup: take one with --with-artifacts)")
+    if checking:
+        line += "; nothing was installed"
     return line + f" ({report.seconds} s)"
 
 
@@ -60,6 +64,10 @@ def main(command: str, argv: list[str]) -> int:
                               "stopped.")
         parser.add_argument("--force", action="store_true",
                             help="move an existing database aside (pre-restore-<time>/) first")
+        parser.add_argument("--check", action="store_true",
+                            help="check the backup as restore would (manifest, database, every "
+                                 "row, each artifact's bytes) and install nothing; --data is "
+                                 "not needed, the database is staged under TMPDIR")
         parser.add_argument("--leave-out-bad-rows", action="store_true",
                             help="restore without the records (results, beacons, events, CI "
                                  "statuses, schedule runs, alerts, visual diffs) the collector "
@@ -70,6 +78,13 @@ def main(command: str, argv: list[str]) -> int:
             report = backup(_data_dir(args.data_dir, False), Path(args.path),
                             args.with_artifacts)
             print(_summary("backup written to", report))
+        elif args.check:
+            from fleet_min.collector.storage.restore import check  # its checks load on need
+
+            report = check(Path(args.path), args.leave_out_bad_rows)
+            print(_summary("checked", report, checking=True))
+            for row in report.left_out_rows:
+                print(f"  would leave out: {row}")
         else:
             from fleet_min.collector.storage.restore import restore  # its checks load on need
 

@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import sqlite3
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +157,37 @@ def restore(src: Path, data_dir: Path, force: bool = False, leave_out: bool = Fa
     return report
 
 
+def check(src: Path, leave_out: bool = False) -> Report:
+    """Every check restore makes of the backup in src (the manifest; the database's schema,
+    integrity, counts and rows; the collector id; each artifact's hash and size), with its
+    database staged in a private temporary folder (TMPDIR) that is removed after, and nothing
+    installed anywhere. The report says what a restore would install; BackupError with the
+    sentence a restore would refuse with."""
+    started = time.monotonic()
+    manifest = read_manifest(src)
+    listed = manifest_artifacts(src, manifest)
+    collector_id = backup_id(src)
+    with tempfile.TemporaryDirectory(prefix="fleet-restore-check-") as scratch:
+        try:
+            staged = _stage(src, Path(scratch), manifest, listed, collector_id, leave_out,
+                            copy_artifacts=False)
+        except Refused as exc:
+            raise BackupError(str(exc)) from None
+    report = _report(str(src), staged)
+    for _, packed in staged.artifacts:
+        report.artifacts_copied += 1
+        report.artifacts_bytes += packed.stat().st_size
+    report.seconds = round(time.monotonic() - started, 3)
+    return report
+
+
+def _report(path: str, staged: _Staged) -> Report:
+    return Report(path=path, counts=staged.checked.counts, schema_version=staged.checked.version,
+                  left_out={left.table: left.count for left in staged.checked.left_out},
+                  left_out_rows=[str(bad) for left in staged.checked.left_out
+                                 for bad in left.examples])
+
+
 def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, Any],
                     listed: list[tuple[str, bool]], collector_id: str | None,
                     leave_out: bool) -> Report:
@@ -175,11 +207,7 @@ def _restore_locked(src: Path, data_dir: Path, force: bool, manifest: dict[str, 
     if not force and target.exists():
         raise BackupError(f"{data_dir} already holds a database; pass --force to move it "
                           "aside (into pre-restore-<time>/) and restore over it")
-    report = Report(path=str(data_dir), counts=staged.checked.counts,
-                    schema_version=staged.checked.version,
-                    left_out={left.table: left.count for left in staged.checked.left_out},
-                    left_out_rows=[str(bad) for left in staged.checked.left_out
-                                   for bad in left.examples])
+    report = _report(str(data_dir), staged)
     if marker is not None:
         report.undone = _undo(data_dir, marker)
     problem = orphan_log(data_dir)
@@ -211,7 +239,8 @@ def _refuse_links(data_dir: Path, listed: list[tuple[str, bool]]) -> None:
 
 
 def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tuple[str, bool]],
-           collector_id: str | None, leave_out: bool) -> _Staged:
+           collector_id: str | None, leave_out: bool, *, copy_artifacts: bool = True
+           ) -> _Staged:
     work = data_dir / WORK
     _clear(work)
     work.mkdir(mode=0o700)
@@ -234,8 +263,9 @@ def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tup
         packed = artifact_file(src / "artifacts", sha256)
         if included and sha256 in sizes and os.path.lexists(packed) \
                 and not os.path.lexists(dest):
-            artifacts.append((sha256, _copy_artifact(packed, work / sha256, sha256,
-                                                     sizes[sha256])))
+            staged = _copy_artifact(packed, work / sha256 if copy_artifacts else None,
+                                    sha256, sizes[sha256])
+            artifacts.append((sha256, staged or packed))
     return _Staged(checked, work / DB_NAME, staged_id, artifacts, [sha for sha, _ in listed])
 
 
@@ -272,15 +302,18 @@ def _rebuild(copy: Path, dest: Path, version: int, shown: Path, leave_out: bool
     return checked
 
 
-def _copy_artifact(packed: Path, dest: Path, sha256: str, size: int) -> Path:
-    """The backup's bytes of one artifact, copied into the work folder and checked to be what
-    their name says (at most `size` bytes are read)."""
+def _copy_artifact(packed: Path, dest: Path | None, sha256: str, size: int) -> Path | None:
+    """The backup's bytes of one artifact, copied into the work folder (or with `dest` None
+    only read) and checked to be what their name says (at most `size` bytes are read)."""
     import hashlib
 
     digest = hashlib.sha256()
-    with os.fdopen(filemodes.open_new(dest, filemodes.COLLECTOR_FILE), "wb") as writer:
-        copied = backup_check.copy_regular(packed, writer.fileno(), limit=size,
-                                           seen=digest.update)
+    if dest is None:
+        copied = backup_check.copy_regular(packed, None, limit=size, seen=digest.update)
+    else:
+        with os.fdopen(filemodes.open_new(dest, filemodes.COLLECTOR_FILE), "wb") as writer:
+            copied = backup_check.copy_regular(packed, writer.fileno(), limit=size,
+                                               seen=digest.update)
     if copied != size or digest.hexdigest() != sha256:
         raise Refused(f"artifact file {packed} does not match its SHA-256 name or size; the "
                       "backup is damaged there")
