@@ -327,17 +327,20 @@ def files_of(data: Path) -> dict[Path, bytes]:
 
 def refused_unchanged(backup_dir: Path, data: Path, fresh: Path, words: str,
                       timeout: float = 120) -> None:
-    """A restore of backup_dir into a new directory and over data (--force) is refused in one
-    line saying `words`, without a traceback, leaving no new directory and data as it was."""
+    """A restore of backup_dir into a new directory and over data (--force), and its --check,
+    are refused in one line saying `words`, without a traceback, leaving no new directory,
+    data as it was and nothing of the check's under its TMPDIR."""
     before, names = files_of(data), sorted(p.name for p in data.iterdir())
-    for target, force in ((fresh, ()), (data, ("--force",))):
-        result = fleet("restore", str(backup_dir), "--data", str(target), *force,
-                       timeout=timeout)
+    scratch = fresh.with_name(fresh.name + "-tmp")
+    scratch.mkdir()
+    for args in (("--data", str(fresh)), ("--data", str(data), "--force"), ("--check",)):
+        result = fleet("restore", str(backup_dir), *args, timeout=timeout,
+                       env={"TMPDIR": str(scratch)})
         assert result.returncode == 1, result.stdout
         assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1, \
             result.stderr
         assert words in result.stderr, result.stderr
-    assert not fresh.exists()
+    assert not fresh.exists() and not list(scratch.iterdir())
     assert files_of(data) == before
     assert sorted(p.name for p in data.iterdir()) == names
 
