@@ -209,6 +209,17 @@ def stopped_collector(tmp_path: Path) -> tuple[Path, str]:
     return data, reply["sha256"]
 
 
+def backed_up(tmp_path: Path, artifacts: bool = True) -> tuple[Path, str, Path]:
+    """stopped_collector's data directory and artifact hash, and its backup in tmp_path/bk
+    (with the artifact's bytes unless `artifacts` is False)."""
+    data, sha = stopped_collector(tmp_path)
+    backup_dir = tmp_path / "bk"
+    result = fleet("backup", str(backup_dir), "--data", str(data),
+                   *(["--with-artifacts"] if artifacts else []))
+    assert result.returncode == 0, result.stderr
+    return data, sha, backup_dir
+
+
 def under_umask(mask: int, *args: str) -> subprocess.CompletedProcess[str]:
     old = os.umask(mask)  # the child inherits it
     try:
@@ -239,10 +250,7 @@ def test_a_backup_keeps_the_data_directory_modes_whatever_the_umask(tmp_path: Pa
 
 
 def test_a_restore_leaves_the_collector_modes_whatever_the_umask(tmp_path: Path) -> None:
-    data, sha = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
-                 ).returncode == 0
+    _, sha, backup_dir = backed_up(tmp_path)
     fresh, loose = tmp_path / "fresh", tmp_path / "loose"
     loose.mkdir()
     loose.chmod(0o777)  # what a careless operator made
@@ -256,10 +264,7 @@ def test_a_restore_leaves_the_collector_modes_whatever_the_umask(tmp_path: Path)
 @pytest.mark.parametrize("name", ["collector-id", "fleet.sqlite3.restoring", "artifacts/SHARD"])
 def test_a_restore_writes_nothing_through_a_link_in_the_data_directory(
         tmp_path: Path, name: str) -> None:
-    data, sha = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
-                 ).returncode == 0
+    _, sha, backup_dir = backed_up(tmp_path)
     target = tmp_path / "target"
     target.mkdir()
     target.chmod(0o777)  # anyone could have planted the link before the restore
@@ -311,10 +316,7 @@ def damage(backup_dir: Path, how: str) -> None:
 ])
 def test_a_damaged_backup_is_refused_in_one_line_and_changes_nothing(
         tmp_path: Path, how: str, words: str) -> None:
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
-                 ).returncode == 0
+    data, _, backup_dir = backed_up(tmp_path)
     damage(backup_dir, how)
     refused_unchanged(backup_dir, data, tmp_path / "fresh", words)
 
@@ -529,9 +531,7 @@ def test_a_value_an_older_version_let_in_is_named_and_a_corrected_copy_restores(
     """Before the door refused them, a result's metrics could hold an integer of 400 digits,
     which the listings cannot serve (SQLite's JSON functions make it Inf). Restore names the row
     and says how to correct it; corrected with an UPDATE in a copy, the backup restores."""
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    _, _, backup_dir = backed_up(tmp_path, artifacts=False)
     conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
     conn.execute("INSERT INTO results (job_id, device_id, iter, attempt, metrics, created_at) "
                  "VALUES ('x', 'd', 0, 1, ?, 1764000000)", ('{"n": 1' + "0" * 400 + "}",))
@@ -558,9 +558,7 @@ def test_records_the_readers_cannot_take_are_left_out_when_asked_and_each_is_lis
     way out; restore --leave-out-bad-rows then restores the rest, lists each row it left out,
     and a collector started on it serves the good rows. A bad job row is still refused with
     the option, since other rows name it, and nothing is installed."""
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    _, _, backup_dir = backed_up(tmp_path, artifacts=False)
     conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
     rows = [('{"fps": 60}', 1764000000), ('{"n": 1' + "0" * 400 + "}", 1764000001),
             (b'{"t": "\xff"}', 1764000002), ('{"fps": 1}', "yesterday"),
@@ -609,10 +607,7 @@ def test_restore_check_makes_every_check_and_installs_nothing(tmp_path: Path) ->
     and changes nothing in the backup. It passes a good backup, refuses a damaged artifact
     with restore's sentence, and with --leave-out-bad-rows says which rows a restore would
     leave out."""
-    data, sha = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
-                 ).returncode == 0
+    _, sha, backup_dir = backed_up(tmp_path)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     env = {"TMPDIR": str(scratch)}
@@ -694,9 +689,7 @@ def test_a_restore_beside_a_sqlite3_shell_says_what_holds_the_database(tmp_path:
     """The data directory's lock keeps a collector of this version out, so a database still
     open after restore took that lock is held by something else (a sqlite3 shell, a copy
     tool): the refusal says so instead of naming a collector, and changes nothing."""
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    data, _, backup_dir = backed_up(tmp_path, artifacts=False)
     shell = subprocess.Popen(
         [sys.executable, "-c", "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); "
          "c.execute('SELECT count(*) FROM jobs').fetchone(); print('open', flush=True); "
@@ -716,9 +709,7 @@ def test_a_restore_beside_a_sqlite3_shell_says_what_holds_the_database(tmp_path:
 
 def test_a_backup_database_swapped_after_restore_opened_it_is_not_installed(
         tmp_path: Path) -> None:
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data)).returncode == 0
+    _, _, backup_dir = backed_up(tmp_path, artifacts=False)
     checked = (backup_dir / "fleet.sqlite3").read_bytes()
     payload = tmp_path / "payload"
     payload.write_bytes(b"this is not a database, it is whatever the attacker wants\n")
@@ -836,10 +827,7 @@ def test_a_hostile_backup_is_refused_at_once_with_nothing_changed(
     restored collector answered 500 on every job listing that met one), restore refuses in one
     sentence, within the hang detector and the child's 1 GiB of address space, and the data
     directory stays as it was."""
-    data, _ = stopped_collector(tmp_path)
-    backup_dir = tmp_path / "bk"
-    assert fleet("backup", str(backup_dir), "--data", str(data), "--with-artifacts"
-                 ).returncode == 0
+    data, _, backup_dir = backed_up(tmp_path)
     hostile(backup_dir, how)
     refused_unchanged(backup_dir, data, tmp_path / "fresh", words, timeout=2 * HANG_S)
 
