@@ -601,6 +601,31 @@ def test_records_the_readers_cannot_take_are_left_out_when_asked_and_each_is_lis
     assert not (tmp_path / "other").exists()
 
 
+def test_a_hundred_thousand_bad_records_are_left_out_and_counted_past_the_first_named(
+        tmp_path: Path) -> None:
+    """Many bad rows (a hostile backup's) are left out within the child's 1 GiB and the hang
+    detector: the first 20 named, the rest counted, the good rows kept."""
+    _, _, backup_dir = backed_up(tmp_path, artifacts=False)
+    conn = sqlite3.connect(backup_dir / "fleet.sqlite3", isolation_level=None)
+    conn.execute("BEGIN")
+    conn.executemany("INSERT INTO results (job_id, device_id, iter, attempt, metrics, "
+                     "created_at) VALUES ('x', 'd', ?, 1, '{}', ?)",
+                     ((n, "yesterday" if n % 1000 else 1764000000) for n in range(100_000)))
+    conn.execute("COMMIT")
+    conn.close()
+    manifest = json.loads((backup_dir / "manifest.json").read_text())
+    manifest["counts"]["results"] = 100_000
+    (backup_dir / "manifest.json").write_text(json.dumps(manifest))
+    done = fleet("restore", str(backup_dir), "--data", str(tmp_path / "new"),
+                 "--leave-out-bad-rows", timeout=HANG_S)
+    assert done.returncode == 0, done.stderr
+    assert "100 results" in done.stdout and "left out 99900 rows" in done.stdout, done.stdout
+    named = [line for line in done.stdout.splitlines() if line.startswith("  left out: ")]
+    assert len(named) == 20 and "holds 'yesterday' where a time" in named[0], named
+    assert "does not hold" not in named[-1], named  # each named row shows its value
+    assert done.stdout.rstrip().endswith("and 99880 more rows like them"), done.stdout
+
+
 def test_restore_check_makes_every_check_and_installs_nothing(tmp_path: Path) -> None:
     """restore --check needs no data directory: it checks the manifest, the database, every
     row and each artifact's bytes as a restore would, in a folder under TMPDIR that it removes,

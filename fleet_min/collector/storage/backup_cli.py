@@ -47,6 +47,15 @@ def _summary(verb: str, report: Report, *, checking: bool = False) -> str:
     return line + f" ({report.seconds} s)"
 
 
+def _print_left_out(report: Report, verb: str) -> None:
+    """A line for each row named of those left out, then how many more there were."""
+    for row in report.left_out_rows:
+        print(f"  {verb}: {row}")
+    unnamed = sum(report.left_out.values()) - len(report.left_out_rows)
+    if unnamed:
+        print(f"  and {unnamed} more rows like them")
+
+
 def main(command: str, argv: list[str]) -> int:
     """`fleet-min collector backup|restore ...`; 0 on success, 1 with a sentence on failure."""
 
@@ -83,19 +92,14 @@ def main(command: str, argv: list[str]) -> int:
 
             report = check(Path(args.path), args.leave_out_bad_rows)
             print(_summary("checked", report, checking=True))
-            for row in report.left_out_rows:
-                print(f"  would leave out: {row}")
+            _print_left_out(report, "would leave out")
         else:
             from fleet_min.collector.storage.restore import restore  # its checks load on need
 
             report = restore(Path(args.path), _data_dir(args.data_dir, True), args.force,
                              args.leave_out_bad_rows)
             print(_summary("restored into", report))
-            for row in report.left_out_rows:
-                print(f"  left out: {row}")
-            unnamed = sum(report.left_out.values()) - len(report.left_out_rows)
-            if unnamed:
-                print(f"  and {unnamed} more rows like them")
+            _print_left_out(report, "left out")
     except BackupError as exc:
         print(f"fleet-min collector {command}: {exc}", file=sys.stderr)
         return 1

@@ -124,7 +124,7 @@ class _Staged:
     checked: backup_check.Checked
     database: Path
     collector_id: Path | None
-    artifacts: list[tuple[str, Path]]  # (sha256, staged file)
+    artifacts: list[tuple[str, Path]]  # (sha256, staged file; the backup's for a check)
     listed: list[str]  # every artifact the manifest names
 
 
@@ -263,9 +263,9 @@ def _stage(src: Path, data_dir: Path, manifest: dict[str, Any], listed: list[tup
         packed = artifact_file(src / "artifacts", sha256)
         if included and sha256 in sizes and os.path.lexists(packed) \
                 and not os.path.lexists(dest):
-            staged = _copy_artifact(packed, work / sha256 if copy_artifacts else None,
+            copied = _copy_artifact(packed, work / sha256 if copy_artifacts else None,
                                     sha256, sizes[sha256])
-            artifacts.append((sha256, staged or packed))
+            artifacts.append((sha256, copied or packed))
     return _Staged(checked, work / DB_NAME, staged_id, artifacts, [sha for sha, _ in listed])
 
 

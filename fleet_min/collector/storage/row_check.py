@@ -396,15 +396,18 @@ def leave_out(conn: sqlite3.Connection, table: str) -> LeftOut:
         raise ValueError(f"rows of {table!r} are never left out")
     left = LeftOut(table)
     name = quote_identifier(table)
-    for found in _passes(conn, table, every=True):
-        keys = []
-        for bad in found:  # read whole before any delete: a scan under deletes is undefined
-            keys.append(bad.key)
-            left.add(bad)
-        for start in range(0, len(keys), 500):
-            batch = keys[start:start + 500]
-            conn.execute(f"DELETE FROM main.{name} WHERE rowid IN ({','.join('?' * len(batch))})",
-                         batch)
+    # The keys wait in a table of SQLite's, not in a list: a hostile backup may hold millions.
+    conn.execute("CREATE TEMP TABLE left_out_keys (key INTEGER PRIMARY KEY)")
+    try:
+        for found in _passes(conn, table, every=True):
+            for bad in found:  # read whole before any delete: a scan under deletes is undefined
+                conn.execute("INSERT OR IGNORE INTO temp.left_out_keys VALUES (?)", (bad.key,))
+                left.add(bad)
+            conn.execute(f"DELETE FROM main.{name} WHERE rowid IN "
+                         "(SELECT key FROM temp.left_out_keys)")
+            conn.execute("DELETE FROM temp.left_out_keys")
+    finally:
+        conn.execute("DROP TABLE temp.left_out_keys")
     return left
 
 
@@ -429,12 +432,17 @@ def _passes(conn: sqlite3.Connection, table: str, *, every: bool
     which = " ".join(f"WHEN NOT {sql} THEN {n}" for n, (_, sql) in enumerate(typed))
     failing = (f"SELECT {key_sql}, CASE {which} END FROM main.{name} WHERE NOT "
                f"({' AND '.join(sql for _, sql in typed)})" + ("" if every else " LIMIT 1"))
-    yield (_typed_problem(conn, table, typed[n][0], key_sql, key_word, key)
-           for key, n in _rows(conn, failing))
+    yield (_typed_problem(conn, table, typed[n][0], key_sql, key_word, key, count < EXAMPLES)
+           for count, (key, n) in enumerate(_rows(conn, failing)))
 
 
 def _typed_problem(conn: sqlite3.Connection, table: str, column: _Column, key_sql: str,
-                   key_word: str, key: Any) -> BadRow:
+                   key_word: str, key: Any, shown: bool) -> BadRow:
+    """The row's problem; the value it holds is read to be shown only when `shown` (the first
+    few a caller names: the others of millions cost no read each)."""
+    if not shown:
+        return BadRow(table, column.name, f"{key_word} {key}",
+                      f"does not hold {_wanted(column)}", key)
     q, name = quote_identifier(column.name), quote_identifier(table)
     kind, value = conn.execute(
         f"SELECT typeof({q}), CASE WHEN typeof({q}) = 'text' THEN CAST({q} AS BLOB) "
