@@ -29,8 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fleet-min collector",
         description="Run the device job collector.\n\nBackups: `fleet-min collector backup "
-                    "PATH [--with-artifacts]` and\n`fleet-min collector restore PATH --data DIR`"
-                    " (each has its own --help).",
+                    "PATH [--with-artifacts]`,\n`fleet-min collector restore PATH --check` and "
+                    "`fleet-min collector restore PATH --data DIR`\n(each has its own --help).",
         epilog=help_epilog(COLLECTOR_SETTINGS),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(parser, COLLECTOR_SETTINGS)
