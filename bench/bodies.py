@@ -103,11 +103,11 @@ def collector_round(directory: Path, jobs: int, timed: bool = False
     """CPU seconds by part over `jobs` jobs, and with `timed` each statement's count and CPU."""
     conn = _connect(directory / "collector.sqlite3", timed)
     migrate(conn, MIGRATIONS)
-    clock = _Clock(conn)
-    clock.run("check", lambda c: devices.register(
-        c, {"device_id": DEVICE, "descriptor": {"platform": "linux"},
-            "capabilities": ["benchmark"]}, time.time(), None, Effects()))
-    clock.spent = dict.fromkeys(PARTS, 0.0)  # the jobs' alone, from here
+    conn.execute("BEGIN IMMEDIATE")
+    devices.register(conn, {"device_id": DEVICE, "descriptor": {"platform": "linux"},
+                            "capabilities": ["benchmark"]}, time.time(), None, Effects())
+    conn.execute("COMMIT")
+    clock = _Clock(conn)  # the jobs' alone, from here
     if timed:
         conn.spent.clear()  # type: ignore[attr-defined]
     claimant = Claimant(Executor.DEVICE, DEVICE)

@@ -259,7 +259,7 @@ def rebuild(copy: Path, dest: Path, version: int, shown: Path | None = None, *,
             way_out = "restore a copy" + (
                 " (--leave-out-bad-rows leaves out only records that no other row names, and "
                 "other rows name those of this table)" if leave_out else "")
-        else:  # not reached with leave_out: such rows were deleted before the check
+        else:  # not reached with leave_out: such rows were deleted, not checked
             way_out = ("run restore again with --leave-out-bad-rows to restore without such "
                        "rows of that table (each one left out is listed), or restore a copy")
         raise Refused(f"{named} holds a row the collector's readers cannot take ({exc}): the "

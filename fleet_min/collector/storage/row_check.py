@@ -454,15 +454,15 @@ def _typed_problem(conn: sqlite3.Connection, table: str, column: _Column, key_sq
 
 def check_rows(conn: sqlite3.Connection, *, leave_out_records: bool = False) -> list[LeftOut]:
     """BadRow for the first row, in any table of main, the collector's readers cannot take.
-    With `leave_out_records`, such rows of LEAVE_OUT_TABLES are deleted first (see leave_out):
-    the tables that had some, with what was left out."""
+    With `leave_out_records`, such rows of LEAVE_OUT_TABLES are deleted instead (see leave_out:
+    its two passes delete every row they would refuse, so those tables are not read a third
+    time): the tables that had some, with what was left out."""
     left_out = []
     for (table,) in conn.execute("SELECT name FROM main.sqlite_master WHERE type = 'table' AND "
                                  "name NOT LIKE 'sqlite^_%' ESCAPE '^' ORDER BY name"
                                  ).fetchall():
-        if leave_out_records and table in LEAVE_OUT_TABLES:
-            left = leave_out(conn, table)
-            if left.count:
-                left_out.append(left)
-        check_table(conn, table)
+        if not (leave_out_records and table in LEAVE_OUT_TABLES):
+            check_table(conn, table)
+        elif (left := leave_out(conn, table)).count:
+            left_out.append(left)
     return left_out
