@@ -224,6 +224,7 @@ class CollectorConfig:
     max_devices: int
     max_artifact_bytes: int
     max_mirror_bytes: int
+    max_mirror_held_bytes: int
     write_stall_s: float
     max_peer_connections: str
     schedule_tz: str
@@ -298,6 +299,10 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
             "length is refused before the body is sent)."),
     Setting("max_mirror_bytes", "FLEET_MAX_MIRROR_BYTES", 1 << 20, byte_size,
             "Largest live-mirror frame accepted by POST /api/jobs/{id}/mirror (413 above it)."),
+    Setting("max_mirror_held_bytes", "FLEET_MAX_MIRROR_HELD_BYTES", 64 << 20, byte_size,
+            "Most bytes of live-mirror frames held in memory at once, over all jobs. Past it "
+            "the frames posted longest ago are let go (each job's comes back with its next "
+            "post); the newest frame is always kept."),
     Setting("write_stall_s", "FLEET_WRITE_STALL_S", 60.0, positive_float,
             "Seconds a client may take nothing of an answer before its connection is cut: a "
             "streamed answer's next piece (an artifact download's 1 MiB, a live-mirror frame), "

@@ -453,6 +453,24 @@ async def test_a_live_job_holds_its_artifacts_until_it_closes(client):
     assert (await client.delete(f"/api/artifacts/{model}")).status == 200
 
 
+async def test_a_hash_is_held_in_any_case_and_only_as_a_whole(client):
+    """A live spec holds a hash it spells in capitals too, and not one that is only part of a
+    longer run of hex digits: the delete's check, the detail and the candidates agree."""
+    held = (await upload(client, b"spelled in capitals"))[1]["sha256"]
+    loose = (await upload(client, b"inside a longer run"))[1]["sha256"]
+    await client.post("/devices/register", json=registration("d"))
+    resp = await client.post("/jobs", json=job("caps", params={
+        "prompt_tokens": 8, "note": f"see {held.upper()} and ab{loose}"}))
+    assert resp.status == 201, await resp.text()
+    assert await gc_hashes(client) == {loose}
+    detail = await (await client.get(f"/api/artifacts/{held}")).json()
+    assert detail["holds"] == ["live job caps names it in its spec"]
+    assert (await (await client.get(f"/api/artifacts/{loose}")).json())["holds"] == []
+    resp = await client.delete(f"/api/artifacts/{held}")
+    assert resp.status == 409 and "live job caps" in (await resp.json())["error"]
+    assert (await client.delete(f"/api/artifacts/{loose}")).status == 200
+
+
 async def test_a_waiting_job_holds_its_dependencys_output(client):
     await client.post("/devices/register", json=registration("d"))
     resp = await client.post("/jobs", json=[

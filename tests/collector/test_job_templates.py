@@ -4,8 +4,12 @@ the refusals that change nothing, and the artifacts a template holds."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
+
+from fleet_min.collector.automation import job_templates, schedules
+from tests.support.collector import edit_rows
 
 SPEC = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
         "params": {"prompt_tokens": 8, "gen_tokens": 8}, "targets": {"pool": "shelf"}}
@@ -69,6 +73,49 @@ async def test_save_refusals_are_400_and_store_nothing(api, body, words):
     assert resp.status == 400
     assert words in (await resp.json())["error"]
     assert await listed(api) == []
+
+
+async def test_a_spec_past_the_template_bound_is_413_and_stores_nothing(api):
+    """Every listing carries each spec whole: one past MAX_TEMPLATE_BYTES is refused on save
+    and on edit, with what to do instead."""
+    pad = "x" * schedules.MAX_TEMPLATE_BYTES
+    big = {**SPEC, "params": {**SPEC["params"], "note": pad}}
+    resp = await api.post("/api/templates", json={"id": "big", "spec": big})
+    assert resp.status == 413
+    error = (await resp.json())["error"]
+    assert f"at most {schedules.MAX_TEMPLATE_BYTES}" in error and "artifact" in error
+    assert await listed(api) == []
+    saved = await save(api)
+    resp = await api.patch("/api/templates/bench", json={"spec": big})
+    assert resp.status == 413
+    assert (await listed(api))[0] == {k: v for k, v in saved.items() if k != "ok"}
+    # Just within the bound is kept.
+    room = schedules.MAX_TEMPLATE_BYTES - len(json.dumps({**SPEC, "params": {
+        **SPEC["params"], "note": ""}}))
+    fits = {**SPEC, "params": {**SPEC["params"], "note": "x" * room}}
+    assert (await save(api, "fits", spec=fits))["spec"] == fits
+
+
+async def test_a_collector_keeps_at_most_max_templates(api, db_path):
+    await save(api, "t0000")
+    # The rest written straight into the file, as many saves would leave them.
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+              "WHERE i < ?) INSERT INTO job_templates (id, name, spec, created_at, updated_at) "
+              "SELECT printf('t%04d', i), name, spec, created_at, updated_at "
+              "FROM n, job_templates WHERE job_templates.id = 't0000'",
+              (job_templates.MAX_TEMPLATES - 1,))
+    before = await listed(api)
+    assert len(before) == job_templates.MAX_TEMPLATES
+    resp = await api.post("/api/templates", json={"id": "one-more", "spec": SPEC})
+    assert resp.status == 409
+    error = (await resp.json())["error"]
+    assert f"keeps {job_templates.MAX_TEMPLATES} job templates" in error
+    assert "delete one" in error
+    assert await listed(api) == before
+    # Saving over one that exists is no new template, and deleting one makes room.
+    await save(api, "t0001", name="Again", status=200)
+    assert (await api.delete("/api/templates/t0002")).status == 200
+    await save(api, "one-more")
 
 
 async def test_edit_refusals_change_nothing(api):

@@ -175,3 +175,36 @@ async def test_a_frame_cannot_start_a_part_of_its_own(mirror):
         assert forged in frame and frame.startswith(b"\xff\xd8\xff")
         assert viewer.boundary.encode() not in frame
         viewer.response.close()
+
+
+async def test_frames_held_together_stay_within_their_budget(collector_factory):
+    """Each claimed job may hold a frame, but all of them together stay within
+    FLEET_MAX_MIRROR_HELD_BYTES: the frame posted longest ago is let go first, its viewer
+    stays, and the job's next post brings it back."""
+    client = await collector_factory(max_mirror_bytes=2 << 20,
+                                     max_mirror_held_bytes=(5 << 20) // 2)
+    for name in ("a", "b", "c"):
+        await running(client, job_id=name, executor=f"rig-{name}")
+    viewer = await view(client, "a")
+    for name in ("a", "b"):
+        query = f"?executor=rig-{name}"
+        assert (await post_frame(client, name, jpeg(name.encode(), 1 << 20), query))[0] == 204
+    assert b"a" in (await asyncio.wait_for(viewer.next(), 10))[4:6]
+    health = await (await client.get("/api/health")).json()
+    assert health["mirror_held_bytes"] == 2 << 20
+    assert (await post_frame(client, "c", jpeg(b"c", 1 << 20), "?executor=rig-c"))[0] == 204
+
+    async def streaming(job_id):
+        status = await (await client.get(f"/api/jobs/{job_id}/mirror/status")).json()
+        return status["streaming"], status["viewers"]
+
+    assert [await streaming(j) for j in "abc"] == [(False, 1), (True, 0), (True, 0)]
+    health = await (await client.get("/api/health")).json()
+    assert health["mirror_held_bytes"] == 2 << 20 and health["mirrored_jobs"] == 3
+    # a's viewer waited through it and sees a's next frame; b's, now the oldest, goes.
+    assert (await post_frame(client, "a", jpeg(b"a2", 1 << 20), "?executor=rig-a"))[0] == 204
+    assert (await asyncio.wait_for(viewer.next(), 10))[4:6] == b"a2"
+    assert [await streaming(j) for j in "abc"] == [(True, 1), (False, 0), (True, 0)]
+    health = await (await client.get("/api/health")).json()
+    assert health["mirror_held_bytes"] == 2 << 20 and health["mirrored_jobs"] == 2
+    viewer.response.close()

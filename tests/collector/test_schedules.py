@@ -735,3 +735,17 @@ async def test_one_tick_creates_at_most_the_request_budget_and_defers_the_rest(a
     ran = await (await api.get("/api/schedules/fan4")).json()
     assert ran["last_skip"] is None and ran["last_slot"] == "2026-01-01T00:00:00.000000Z"
     assert (await tick(api))["fired"] == []
+
+
+async def test_a_template_past_its_bound_is_413_and_changes_nothing(api):
+    """Listings carry every schedule's template whole, so one is at most MAX_TEMPLATE_BYTES."""
+    big = {**TEMPLATE, "params": {**TEMPLATE["params"], "note": "x" * schedules.MAX_TEMPLATE_BYTES}}
+    for path in ("/api/schedules", "/schedules"):
+        resp = await api.post(path, json={"id": "big", "cron": "@daily", "template": big})
+        assert resp.status == 413, path
+        assert f"at most {schedules.MAX_TEMPLATE_BYTES}" in (await resp.json())["error"]
+    await create(api)
+    before = await (await api.get("/api/schedules")).json()
+    resp = await api.patch("/api/schedules/nightly", json={"template": big})
+    assert resp.status == 413
+    assert await (await api.get("/api/schedules")).json() == before

@@ -34,7 +34,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from fleet_min import filemodes, validate
 from fleet_min.collector.jobs import queue
@@ -64,6 +64,7 @@ _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
 _LOCK_STRIPES = 64
 
 Transact = Callable[..., Awaitable[Any]]
+T = TypeVar("T")
 
 
 class StoreFull(Refused):
@@ -499,7 +500,9 @@ class ArtifactStore:
                                      (check_sha256(sha256),))
         if row is None:
             raise NotFound(f"no artifact {sha256}")
-        holds = await self.db.write(holds_of, sha256)
+        # Reads: off the loop's thread and the writer (the scan grows with the live
+        # specs' text); only a delete's own check must run inside its transaction.
+        holds = await self.db.read_in_thread(_reading(holds_of), sha256)
         return {**record(row), "stored": await asyncio.to_thread(self.path(sha256).is_file),
                 "deletable": not holds, "holds": holds,
                 "referenced_by": {"jobs": await naming_jobs(self.db, sha256),
@@ -521,7 +524,7 @@ class ArtifactStore:
 
     async def gc_candidates(self, query: Mapping[str, str]) -> dict[str, Any]:
         page = _page(query)
-        candidates = await self.db.write(gc_candidates)
+        candidates = await self.db.read_in_thread(_reading(gc_candidates))
         start = (page - 1) * PER_PAGE
         shown = candidates[start:start + PER_PAGE]
         # The original's list, `candidates` with its `count`, is more cautious than ours: it
@@ -641,25 +644,41 @@ class Holder:
     text: str
 
 
-def _holders(conn: sqlite3.Connection) -> Iterator[Holder]:
+def _holders(conn: sqlite3.Connection, naming: str | None = None) -> Iterator[Holder]:
+    """Everything that needs some artifact's bytes. With `naming` (a hash), only the rows whose
+    text may name that hash: SQLite's instr picks them out at C speed, so a delete's check costs
+    a scan of the text, not a Python regex over every live spec; `_hashes` still decides."""
     live = ",".join("?" * len(LIVE_STATUSES))
-    for row in conn.execute(f"SELECT job_id, spec FROM jobs WHERE status IN ({live})",
-                            LIVE_STATUSES):
+
+    def names(column: str) -> tuple[str, tuple[str, ...]]:
+        # lower(): a spec may spell a hash in capitals, and _hashes reads it in any case.
+        return ("", ()) if naming is None else (f" AND instr(lower({column}), ?) > 0", (naming,))
+
+    where, args = names("spec")
+    for row in conn.execute(f"SELECT job_id, spec FROM jobs WHERE status IN ({live}){where}",
+                            (*LIVE_STATUSES, *args)):
         yield Holder("job", row["job_id"], row["spec"])
+    where, args = names("r.artifacts")
     for row in conn.execute(
             f"SELECT r.job_id, r.artifacts FROM results r JOIN jobs j ON j.job_id = r.job_id "
-            f"WHERE j.status IN ({live}) AND r.artifacts != '[]'", LIVE_STATUSES):
+            f"WHERE j.status IN ({live}) AND r.artifacts != '[]'{where}",
+            (*LIVE_STATUSES, *args)):
         yield Holder("result", row["job_id"], row["artifacts"])
     # A template reads a row's artifacts, or its test.artifacts (the original's host executors).
+    where, args = names("r.artifacts || COALESCE(r.extra, '')")
     for row in conn.execute(
             "SELECT w.job_id, r.artifacts || COALESCE(r.extra, '') AS named FROM jobs w "
             "JOIN job_deps d ON d.job_id = w.job_id JOIN results r ON r.job_id = d.depends_on "
-            "WHERE w.status = 'waiting' AND (r.artifacts != '[]' OR r.extra IS NOT NULL)"):
+            f"WHERE w.status = 'waiting' AND (r.artifacts != '[]' OR r.extra IS NOT NULL){where}",
+            args):
         yield Holder("waiting", row["job_id"], row["named"])
-    for row in conn.execute("SELECT id, template FROM schedules"):
-        yield Holder("schedule", row["id"], row["template"] + _latest_text(conn, row["template"]))
-    for row in conn.execute("SELECT id, spec FROM job_templates"):
-        yield Holder("template", row["id"], row["spec"] + _latest_text(conn, row["spec"]))
+    # A template that asks for an app's `latest` build holds whichever build is newest now.
+    for kind, table, column in (("schedule", "schedules", "template"),
+                                ("template", "job_templates", "spec")):
+        where, args = ("", ()) if naming is None else (
+            f" WHERE instr(lower({column}), ?) > 0 OR instr({column}, 'latest') > 0", (naming,))
+        for row in conn.execute(f"SELECT id, {column} AS text FROM {table}{where}", args):
+            yield Holder(kind, row["id"], row["text"] + _latest_text(conn, row["text"]))
 
 
 def _latest_text(conn: sqlite3.Connection, template: str) -> str:
@@ -703,7 +722,7 @@ def holds_on(conn: sqlite3.Connection, row: sqlite3.Row) -> list[str]:
     if row["baseline"]:
         holds.append("it is an accepted visual baseline; set accepted false first")
     seen = set()
-    for holder in _holders(conn):
+    for holder in _holders(conn, naming=row["sha256"]):
         if row["sha256"] in _hashes(holder.text) and (holder.kind, holder.ident) not in seen:
             seen.add((holder.kind, holder.ident))
             holds.append(_HOLD_SENTENCES[holder.kind].format(holder.ident))
@@ -720,6 +739,15 @@ def gc_candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 
 def holds_of(conn: sqlite3.Connection, sha256: str) -> list[str]:
     return holds_on(conn, _row(conn, sha256))
+
+
+def _reading(fn: Callable[..., T]) -> Callable[..., T]:
+    """fn for Database.read_in_thread, whose connection hands back plain tuples: these read
+    their rows by column name."""
+    def read(conn: sqlite3.Connection, *args: Any) -> T:
+        conn.row_factory = sqlite3.Row
+        return fn(conn, *args)
+    return read
 
 
 # -- read views ---------------------------------------------------------------------------------

@@ -22,10 +22,14 @@ from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import check_spec
 from fleet_min.db import Database
-from fleet_min.errors import BadRequest, NotFound
+from fleet_min.errors import BadRequest, Conflict, NotFound
 from fleet_min.timeutil import iso
 
 NAME_MAX = 200
+# Templates one collector keeps: saving one is an open route (or a dashboard change) and the
+# enqueue and schedule forms list them all with their specs, so their number is bounded as the
+# schedules' is (each spec at most MAX_TEMPLATE_BYTES).
+MAX_TEMPLATES = 1000
 FIELDS = ("id", "name", "spec")
 EDITABLE = ("name", "spec")
 
@@ -87,6 +91,12 @@ def put(conn: sqlite3.Connection, body: dict[str, Any], now: float, effects: Eff
     spec = check_job_spec(body["spec"])
     created = conn.execute("SELECT 1 FROM job_templates WHERE id = ?",
                            (template_id,)).fetchone() is None
+    if created:
+        held = conn.execute("SELECT COUNT(*) FROM job_templates").fetchone()[0]
+        if held >= MAX_TEMPLATES:
+            raise Conflict(f"this collector already keeps {held} job templates, the most it "
+                           f"keeps is {MAX_TEMPLATES}; delete one it no longer needs (DELETE "
+                           "/api/templates/{id}) before saving another")
     conn.execute(
         "INSERT INTO job_templates (id, name, spec, created_at, updated_at) "
         "VALUES (?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET name = excluded.name, "

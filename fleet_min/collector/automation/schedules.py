@@ -30,7 +30,7 @@ from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import JobSpec, check_spec
 from fleet_min.cron import Cron, CronError, parse
 from fleet_min.db import Database
-from fleet_min.errors import BadRequest, Conflict, NotFound, Refused
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
 
 SCHEDULE_ID = re.compile(r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}")
@@ -42,6 +42,11 @@ HISTORY_LIMIT = 50
 # every listing reads each schedule's cron, so their number is bounded as a request's jobs
 # are: a shelf needs tens; 1,000 list in well under a second on a Raspberry-Pi-class host.
 MAX_SCHEDULES = 1000
+# A schedule's or a saved job template's spec, as stored JSON. Every listing of schedules and
+# templates carries them whole (the dashboard's forms are filled from them), and the artifact
+# holds read them all, so 1,000 of them at the 1 MiB a request may carry would be a gigabyte on
+# each read; a spec that needs more names its inputs by an artifact's hash.
+MAX_TEMPLATE_BYTES = 64 * 1024
 LATE_S = 300.0          # this late without a run is missed (FLEET_ALERT_SCHEDULE_LATE_S)
 EDITABLE = ("cron", "enabled", "template")
 # A schedule with its latest handled run, which is what "missed" reads.
@@ -82,7 +87,13 @@ def check_template(template: Any) -> dict[str, Any]:
         raise BadRequest("template must not carry job_id; each run is named "
                          "<schedule id>-<YYYYMMDDHHMM>")
     spec = check_spec({**template, "job_id": PLACEHOLDER_JOB_ID}, context="template: ")
-    return {k: v for k, v in spec.items() if k != "job_id"}  # in the neutral form
+    kept = {k: v for k, v in spec.items() if k != "job_id"}  # in the neutral form
+    size = len(json.dumps(kept).encode())
+    if size > MAX_TEMPLATE_BYTES:
+        raise TooLarge(f"template is {size} bytes as JSON; a template may hold at most "
+                       f"{MAX_TEMPLATE_BYTES}: keep large inputs in an artifact and name its "
+                       "hash (input_sha256, say)")
+    return kept
 
 
 # ---------------------------------------------------------------------------------------------

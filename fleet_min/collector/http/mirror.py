@@ -39,7 +39,7 @@ RECHECK_S = 10.0
 class Handlers:
     def __init__(self, service: Service) -> None:
         self.service = service
-        self.mirrors = mirror.Mirrors()
+        self.mirrors = mirror.Mirrors(service.config.max_mirror_held_bytes)
 
     async def post_frame(self, request: web.Request) -> web.Response:
         job_id = request.match_info["job_id"]
@@ -123,7 +123,8 @@ def setup(app: web.Application, service: Service) -> None:
     mirror) and, on shutdown, the end of every viewer's stream."""
     h = Handlers(service)
     service.listeners.append(h.mirrors.on_event)
-    service.health_extras.append(lambda: {"mirrored_jobs": h.mirrors.jobs})
+    service.health_extras.append(lambda: {"mirrored_jobs": h.mirrors.jobs,
+                                          "mirror_held_bytes": h.mirrors.held_bytes})
     app.router.add_routes([
         web.post("/api/jobs/{job_id}/mirror", h.post_frame),
         web.get("/api/jobs/{job_id}/mirror", h.view),

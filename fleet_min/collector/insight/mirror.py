@@ -3,8 +3,11 @@
 
 Frames live in memory only, one per job: a new frame replaces the last, nothing is written to
 disk, and a job's frame is dropped when the job leaves its claim (closed, back in the queue,
-lapsed). A viewer is handed the newest frame each time it is ready for one, never a backlog: a
-slow viewer skips frames rather than queueing them.
+lapsed). The frames held together stay within a byte budget (FLEET_MAX_MIRROR_HELD_BYTES): past
+it the frames posted longest ago are let go first, and each comes back with its executor's next
+post, so a flood of claimed jobs each posting a large frame cannot fill the collector's memory.
+A viewer is handed the newest frame each time it is ready for one, never a backlog: a slow
+viewer skips frames rather than queueing them.
 
 Who may post: the job's claimant, a claimed host job's executor, named by `?executor=` or the
 `X-Fleet-Executor` header; or, naming none, a device attached to that executor named by
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +62,13 @@ class _Job:
 class Mirrors:
     """The newest frame of each mirrored job, and the viewers waiting for the next one."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
         self._jobs: dict[str, _Job] = {}
         self._seq = 0
+        self.budget = budget
+        # The jobs holding a frame and its size, the one posted longest ago first.
+        self._held: OrderedDict[str, int] = OrderedDict()
+        self.held_bytes = 0
 
     @property
     def jobs(self) -> int:
@@ -69,8 +77,28 @@ class Mirrors:
     def put(self, job_id: str, data: bytes, now: float) -> None:
         entry = self._jobs.setdefault(job_id, _Job())
         self._seq += 1
+        self._release(job_id)
         entry.frame = Frame(self._seq, data, now)
+        self._held[job_id] = len(data)
+        self.held_bytes += len(data)
+        # The newest frame always stays (it fits: one frame is at most FLEET_MAX_MIRROR_BYTES).
+        while self.held_bytes > self.budget and len(self._held) > 1:
+            self._let_go(next(iter(self._held)))
         entry.changed.set()
+
+    def _release(self, job_id: str) -> None:
+        """Stop counting the job's frame (it is replaced, let go or dropped)."""
+        size = self._held.pop(job_id, None)
+        if size is not None:
+            self.held_bytes -= size
+
+    def _let_go(self, job_id: str) -> None:
+        """Over budget: the job keeps its viewers, not its frame, until its next post."""
+        self._release(job_id)
+        entry = self._jobs[job_id]
+        entry.frame = None
+        if entry.viewers <= 0:
+            del self._jobs[job_id]
 
     def newest(self, job_id: str) -> Frame | None:
         entry = self._jobs.get(job_id)
@@ -92,6 +120,7 @@ class Mirrors:
 
     def drop(self, job_id: str) -> None:
         """The job left its claim: its frame goes, and its viewers are told."""
+        self._release(job_id)
         entry = self._jobs.pop(job_id, None)
         if entry is not None:
             entry.closed = True
