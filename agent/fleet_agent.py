@@ -51,6 +51,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Iterator
 
 try:
     import fcntl
@@ -1571,11 +1572,39 @@ class ArtifactCache:
 
 
 BATCH_ROWS = 100  # spooled rows sent in one POST /results; the collector takes up to 1000
+BATCH_BYTES = 512 << 10  # and at most this much of them (the collector's bodies stop at 1 MiB)
+# A row as spooled: a workload copies what a collector or an input hands it (an event's
+# source, an item's id) into its rows, and one row past the collector's body limit could
+# never be delivered. A larger row goes without its workload's fields, saying so.
+MAX_ROW_BYTES = 256 << 10
+# Rows waiting on disk for their collector. A job stops adding to them past this, or when the
+# disk is down to its last DOWNLOAD_FREE_RESERVE bytes: a collector that is gone for days, or
+# one that answers everything but rows, must not fill a phone's storage.
+SPOOL_MAX_BYTES = 256 << 20
+# The fields that say which job, attempt and device a row is: a row cut down keeps them.
+ROW_IDENTITY = ("schema", "kind", "device_id", "job_id", "iter", "final", "attempt", "executor",
+                "device")
 # Refused rows are kept for a person to read, not to be retried; a collector that refuses every
 # row of an endless stream of jobs must not fill the disk with them. The newest are the ones
 # worth reading (the oldest go first): a few hours of a busy device's rows, a few MB.
 REJECTED_KEEP_FILES = 1000
 REJECTED_KEEP_BYTES = 16 << 20
+
+
+class SpoolFull(Refusal):
+    """The spool holds as much as the agent keeps: the job stops adding rows to it."""
+
+
+def within_row_bound(row: dict) -> dict:
+    """The row, or past MAX_ROW_BYTES as JSON the row without its workload's fields: failed,
+    with a sentence giving its size (a final row too, as its outcome could not be told)."""
+    size = len(json.dumps(row))
+    if size <= MAX_ROW_BYTES:
+        return row
+    kept = {key: row[key] for key in ROW_IDENTITY if key in row}
+    kept.update(ok=False, metrics={}, error=f"this row was {size} bytes as JSON, more than the "
+                f"{MAX_ROW_BYTES} a row may carry; its fields were left out")
+    return kept
 
 
 class Outbox:
@@ -1591,14 +1620,16 @@ class Outbox:
     triggers a flush: reading the whole spool each time would cost the square of the backlog.
     """
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, max_bytes: int = SPOOL_MAX_BYTES):
         self.directory = directory
+        self.max_bytes = max_bytes
         self.rejected_dir = os.path.join(directory, "rejected")
         private_dirs(self.rejected_dir)
         self.counter_lock = threading.Lock()
         self.flush_lock = threading.Lock()  # one poster at a time keeps the order
         self.counter = 0
         self.last = self.newest_name()
+        self.held = self._measure()  # bytes of the spooled rows, kept as they come and go
         self.delivered: dict[str, int] = {}  # rows each collector acknowledged, since start
         # Collectors whose latest row was refused or kept on disk, until one is delivered.
         self.troubled: set[str] = set()
@@ -1614,7 +1645,39 @@ class Outbox:
                    if name.endswith(".json") and not name.startswith(".")]
         return max([n for n in numbers if n is not None and n >= 0] or [0])
 
+    def _measure(self) -> int:
+        total = 0
+        for name in os.listdir(self.directory):
+            if name.endswith(".json") and not name.startswith("."):
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(self.directory, name)).st_size
+        return total
+
+    def _held_changed(self, by: int) -> None:
+        with self.counter_lock:
+            self.held = max(0, self.held + by)
+
+    def check_room(self) -> None:
+        """Raise SpoolFull when the spool is at its bound or the disk at its reserve."""
+        if self.held > self.max_bytes:
+            self.held = self._measure()  # rows a person removed count no more
+        if self.held > self.max_bytes:
+            raise SpoolFull(f"{self.held} bytes of result rows wait on disk for a collector, "
+                            f"the most the agent keeps is {self.max_bytes}; the job stops "
+                            "adding rows until they are delivered")
+        free = shutil.disk_usage(self.directory).free
+        if free < DOWNLOAD_FREE_RESERVE:
+            raise SpoolFull(f"the disk holding the result spool has {free >> 20} MiB free, "
+                            f"and the agent keeps {DOWNLOAD_FREE_RESERVE >> 20} MiB of it free; "
+                            "the job stops adding rows")
+
     def put(self, collector_url: str, row: dict) -> str:
+        """Spool a row (cut down to MAX_ROW_BYTES). A row that is not a job's final one is
+        refused with SpoolFull past the spool's bound: the final row always goes, so the job
+        still ends with a sentence."""
+        row = within_row_bound(row)
+        if not row.get("final"):
+            self.check_room()
         # Rows are posted in the order of their names, so a name only ever grows: the wall
         # clock in nanoseconds (readable, and ordered across restarts), but never less than
         # one past the last name, whatever the clock does (NTP stepping a fast clock back, a
@@ -1625,9 +1688,17 @@ class Outbox:
             name = f"{self.last:020d}-{self.counter:06d}.json"
         path = os.path.join(self.directory, name)
         atomic_write_json(path, {"collector": collector_url, "row": row})
+        with contextlib.suppress(OSError):
+            self._held_changed(os.lstat(path).st_size)
         with self.owners_lock:
             self.owners[name] = collector_url
         return path
+
+    def _remove(self, path: str) -> None:
+        """A delivered row's file goes."""
+        size = os.lstat(path).st_size
+        os.unlink(path)
+        self._held_changed(-size)
 
     def pending(self, collector_url: str | None = None) -> list[str]:
         names = self._names()
@@ -1696,8 +1767,8 @@ class Outbox:
         Bodies are read a request at a time, so a collector that is down costs one request's
         worth of reads, not its whole backlog.
         """
-        for start in range(0, len(names), BATCH_ROWS):
-            chunk = self._load(url, names[start:start + BATCH_ROWS], read)
+        for batch in self._batches(names):
+            chunk = self._load(url, batch, read)
             if len(chunk) > 1:
                 try:
                     Collector(url, timeout=30).post_results([row for _, row in chunk])
@@ -1712,7 +1783,7 @@ class Outbox:
                     pass  # a refused row, or a collector without arrays: one at a time below
                 else:
                     for path, _ in chunk:
-                        os.unlink(path)
+                        self._remove(path)
                     self._count(url, len(chunk))
                     continue
             for index, (path, row) in enumerate(chunk):
@@ -1720,6 +1791,24 @@ class Outbox:
                     self._forget([path for path, _ in chunk[index:]])
                     return False
         return True
+
+    def _batches(self, names: list[str]) -> Iterator[list[str]]:
+        """The names in order, in runs of at most BATCH_ROWS rows and BATCH_BYTES bytes (a
+        larger row alone): sizes are read as the runs are made, not for the whole backlog."""
+        batch: list[str] = []
+        size = 0
+        for name in names:
+            try:
+                grows = os.lstat(os.path.join(self.directory, name)).st_size
+            except OSError:
+                grows = 0  # gone since the listing: _load sets it aside
+            if batch and (len(batch) >= BATCH_ROWS or size + grows > BATCH_BYTES):
+                yield batch
+                batch, size = [], 0
+            batch.append(name)
+            size += grows
+        if batch:
+            yield batch
 
     def _load(self, url: str, names: list[str], read: dict[str, dict]) -> list[tuple[str, dict]]:
         """The rows of these spooled files, in order; a file that is no row is set aside."""
@@ -1755,7 +1844,7 @@ class Outbox:
             self._reject(path)
             self.troubled.add(url)
             return True
-        os.unlink(path)
+        self._remove(path)
         self._count(url, 1)
         return True
 
@@ -1767,9 +1856,11 @@ class Outbox:
         """Move a row to rejected/, keeping only the newest REJECTED_KEEP_FILES there, in at
         most REJECTED_KEEP_BYTES."""
         try:
+            size = os.lstat(path).st_size
             os.replace(path, os.path.join(self.rejected_dir, os.path.basename(path)))
         except FileNotFoundError:
             return  # gone since it was listed (a person tidying the spool): nothing to keep
+        self._held_changed(-size)
         kept, size = 0, 0
         # Names start with the time the row was spooled, so they sort oldest first.
         for name in sorted(os.listdir(self.rejected_dir), reverse=True):
@@ -2449,6 +2540,7 @@ MAX_JSONL_BYTES = 16 << 20
 # before anything read it. An hour of 48 kHz stereo WAV is 660 MiB.
 MAX_ITEM_FILE_BYTES = 1 << 30
 ROW_TEXT_CHARS = 500  # generated text carried in a row; the whole of it goes to an artifact
+SOURCE_CHARS = 200  # a topic event's source, as the collector bounds it
 TOOL_TIMEOUT_S = 900.0  # one generation, transcription or embedding
 SYNTHETIC_MAX_PROMPT_TOKENS = 4096
 MAX_ROWS = 900_000  # iter numbers stay below the hand-back range
@@ -3141,8 +3233,11 @@ def pipeline_event(ctx: JobContext, plan: dict, generate, event: dict, number: i
     except ItemError as exc:
         result, ok, metrics, error = {"text": ""}, False, {}, str(exc)
     metrics.setdefault("duration_ms", round((time.monotonic() - started) * 1000, 1))
+    source = event.get("source")
     ctx.post(ctx.row(number, ok, metrics, error=error, seq=event["seq"],
-                     source=event.get("source"), output=clip(result["text"]) if ok else None))
+                     # the collector keeps a source to SOURCE_CHARS; a row carries no more
+                     source=clip(source, SOURCE_CHARS) if isinstance(source, str) else None,
+                     output=clip(result["text"]) if ok else None))
     if ok:
         publish_output(ctx, plan, event, result["text"])
     return {"seq": event["seq"], "ok": ok, "metrics": {"duration_ms": metrics["duration_ms"]}}

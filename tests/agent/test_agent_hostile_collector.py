@@ -537,6 +537,43 @@ def test_a_spooled_row_nested_too_deep_to_read_is_set_aside_and_the_rest_are_del
     assert not dead_threads(agent.log()), agent.log()[-3000:]
 
 
+def test_a_huge_event_source_reaches_no_row_and_the_spool_stays_small(procs, fake, tmp_path):
+    """A pipeline whose collector hands it events with a 4 MB `source` and refuses its rows
+    for a while (503): each row carries the source cut to the 200 characters a collector
+    keeps, so the spool holds a few KB, and every row is delivered once rows are taken."""
+    source = "s" * 4_000_000
+    refusing = threading.Event()
+    refusing.set()
+    seq = itertools.count(1)
+    job = one_job({"schema": 1, "job_id": "pipe", "workload": "pipeline", "executor": "device",
+                   "backend": "synthetic", "attempt": 1, "lease": {"ttl_s": 60},
+                   "params": {"topic": "t", "max_events": 12, "max_tokens": 4}})
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path.startswith("/api/events/t/next"):
+            time.sleep(0.05)
+            return 200, json.dumps({"events": [{"seq": next(seq), "payload": "go",
+                                                "source": source}]}).encode()
+        if path.startswith("/api/events/t"):
+            return 200, b'{"last_seq": 0}'
+        if refusing.is_set() and is_result_post(method, path, body):
+            return 503, b'{"error": "busy"}'
+        return job(handler, method, path, body)
+
+    fake.route = route
+    agent = procs.agent([fake.url], "pipe-dev")
+    spool = tmp_path / "state-pipe-dev" / "spool"
+    wait_for(lambda: len(list(spool.glob("*.json"))) >= 12, 60, what="the refused rows spooled")
+    assert max(p.stat().st_size for p in spool.glob("*.json")) < 16_000
+    refusing.clear()
+    wait_for(fake.finals, 60, what="the pipeline's final row")
+    rows = [r for r in fake.accepted if r["job_id"] == "pipe" and not r.get("final")]
+    assert sorted(r["seq"] for r in rows) == list(range(1, 13))
+    assert {r["source"] for r in rows} == {"s" * 197 + "..."}
+    assert fake.finals()[0]["ok"] is True, fake.finals()
+    assert not dead_threads(agent.log()), agent.log()[-3000:]
+
+
 def test_the_outbox_thread_outlives_a_failure_and_delivers_once_it_clears(procs, fake):
     """spool/rejected/ turned into a file while the agent runs: setting an entry aside fails
     (not a directory). The thread that re-posts spooled rows says so and tries again later;

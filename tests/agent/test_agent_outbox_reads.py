@@ -188,3 +188,69 @@ def test_iteration_rows_and_a_final_row_from_an_earlier_run_keep_their_order(fa,
     assert rejected(spool) == [f"{2:020d}-000001.json"]
     assert outbox.delivered == {first.url: 4, second.url: 4}
     assert outbox.pending() == []
+
+
+def test_a_row_past_its_bound_is_spooled_without_its_workloads_fields(fa, tmp_path, receivers):
+    """A workload copies what a collector or an input hands it into its rows; one past
+    MAX_ROW_BYTES keeps only what says which job and device it is, and says why."""
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    receiver = receivers()
+    receiver.start()
+    huge = {**row("big", 3), "ok": True, "attempt": 2, "metrics": {"n": 1},
+            "source": "s" * fa.MAX_ROW_BYTES}
+    outbox.put(receiver.url, huge)
+    outbox.put(receiver.url, {**row("big", 4), "source": "s" * 200})
+    assert outbox.flush() is True
+    cut, kept = receiver.rows()
+    assert cut["job_id"] == "big" and cut["iter"] == 3 and cut["attempt"] == 2
+    assert cut["ok"] is False and cut["final"] is False and cut["metrics"] == {}
+    assert "source" not in cut
+    assert f"more than the {fa.MAX_ROW_BYTES} a row may carry" in cut["error"]
+    assert kept["source"] == "s" * 200
+
+
+def test_a_backlog_goes_in_requests_of_bounded_bytes(fa, tmp_path, receivers):
+    """Rows that piled up go BATCH_ROWS at a time, and never more than BATCH_BYTES of them in
+    one request: the collector's bodies stop at 1 MiB, and the agent reads only what it sends."""
+    outbox = fa.Outbox(str(tmp_path / "spool"))
+    receiver = receivers()
+    wide = "w" * (fa.BATCH_BYTES // 5)
+    for number in range(40):
+        outbox.put(receiver.url, {**row("wide", number), "note": wide})
+    for number in range(40, 40 + 2 * fa.BATCH_ROWS):
+        outbox.put(receiver.url, row("narrow", number))
+    assert outbox.flush() is False  # not listening yet
+    receiver.start()
+    assert outbox.flush() is True
+    assert [r["iter"] for r in receiver.rows()] == list(range(40 + 2 * fa.BATCH_ROWS))
+    sizes = [len(json.dumps(body)) for body in receiver.bodies]
+    assert max(sizes) <= fa.BATCH_BYTES
+    assert all(isinstance(body, list) and len(body) <= fa.BATCH_ROWS for body in receiver.bodies)
+    assert len([b for b in receiver.bodies if b[0]["job_id"] == "wide"]) >= 40 // 5
+
+
+def test_a_full_spool_refuses_iteration_rows_but_never_a_final_row(fa, tmp_path, receivers):
+    """Past its bound the spool takes no more iteration rows (SpoolFull, a refusal that ends
+    the job with a sentence) but still the final row; delivering the backlog makes room."""
+    spool = tmp_path / "spool"
+    receiver = receivers()
+    outbox = fa.Outbox(str(spool), max_bytes=64 << 10)
+    number = 0
+    with pytest.raises(fa.SpoolFull) as refused:
+        while number < 10_000:
+            outbox.put(receiver.url, {**row("long", number), "note": "n" * 1000})
+            number += 1
+    assert "the job stops adding rows" in str(refused.value)
+    assert isinstance(refused.value, fa.Refusal)
+    held = sum(p.stat().st_size for p in spool.glob("*.json"))
+    assert 64 << 10 < held < (64 << 10) + 4096  # one row past the bound, no more
+    outbox.put(receiver.url, {**row("long", 0), "final": True})
+    assert len(outbox.pending()) == number + 1
+    # A restarted agent measures what an earlier run left.
+    assert fa.Outbox(str(spool), max_bytes=64 << 10).held == outbox.held
+    receiver.start()
+    assert outbox.flush() is True
+    assert outbox.held == 0
+    outbox.put(receiver.url, row("long", number))
+    assert outbox.flush() is True
+    assert [r["iter"] for r in receiver.rows()] == [*range(number), 0, number]
