@@ -32,7 +32,12 @@ from fleet_min.controlplane.federation.hosts import (
     REPLY_BUDGET,
     clean_report,
 )
-from fleet_min.controlplane.federation.link import MAX_REPLY_BYTES, MIN_EXCHANGE_S
+from fleet_min.controlplane.federation.link import (
+    KEPT_QUEUES,
+    MAX_OWED,
+    MAX_REPLY_BYTES,
+    MIN_EXCHANGE_S,
+)
 from fleet_min.controlplane.labels import MAX_LABEL_CHARS
 from tests.support.controlplane import REPO_ROOT, Daemon, Host, agent_token, until
 from tests.support.fake_github import FakeGitHub
@@ -227,6 +232,72 @@ async def test_an_agent_takes_at_most_a_pages_worth_of_commands_from_one_reply(
     with sqlite3.connect(host.state / "controlplane.db") as conn:
         ids = {row[0] for row in conn.execute("SELECT id FROM link_results")}
     assert ids == {f"c{n}" for n in range(1, COMMANDS_PER_REPLY + 1)}
+
+
+async def test_a_new_queue_in_every_reply_keeps_only_a_few(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """Each reply naming a queue the agent had not seen added a link_state row, never
+    deleted: a coordinator answering every heartbeat with a new queue id made 350,000 a day.
+    The agent keeps the current queue and the few before it, and starts again from the
+    current one."""
+    async def answer(_request: web.Request, n: int) -> web.StreamResponse:
+        return web.json_response({"ok": True, "queue": f"{n:016x}", "commands": []})
+    host = Host(tmp_path, github)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: fake.heartbeats() >= 2 * KEPT_QUEUES + 2, timeout=30)
+        finally:
+            agent.stop()
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        queues = [int(row[0], 16) for row in conn.execute(
+            "SELECT queue FROM link_state ORDER BY updated_at")]
+    assert len(queues) == KEPT_QUEUES and queues[0] > KEPT_QUEUES, queues
+    assert queues == list(range(queues[-1] - KEPT_QUEUES + 1, queues[-1] + 1))  # the newest
+    async def good(_request: web.Request, _n: int) -> web.StreamResponse:
+        return web.json_response(GOOD)
+    async with fake_coordinator(good) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: fake.heartbeats() >= 1, timeout=20)
+        finally:
+            agent.stop()
+    first = json.loads(fake.calls[0][2])
+    assert first["queue"] == f"{queues[-1]:016x}"
+
+
+async def test_results_a_coordinator_never_takes_are_capped(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A coordinator refusing POST /api/host/results while sending new commands made the
+    agent owe every result for good: 200 more rows each reply. Past MAX_OWED the oldest are
+    dropped, and the log says so."""
+    async def answer(request: web.Request, n: int) -> web.StreamResponse:
+        if request.path == "/api/host/results":
+            return web.json_response({"error": "try later"}, status=503)
+        return web.json_response({"ok": True, "queue": f"{n:016x}", "commands": [
+            {"id": f"c{n}-{k}", "seq": k, "action": "runner.explode", "args": {}}
+            for k in range(1, COMMANDS_PER_REPLY + 1)]})
+    replies = MAX_OWED // COMMANDS_PER_REPLY + 1  # enough to owe more than MAX_OWED
+    host = Host(tmp_path, github)
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: sum(path == "/api/host/results" for path, _, _ in fake.calls)
+                        >= replies, timeout=30)
+        finally:
+            agent.stop()
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        owed = {row[0] for row in conn.execute("SELECT id FROM link_results WHERE reported = 0")}
+        queues = conn.execute("SELECT count(*) FROM link_state").fetchone()[0]
+    answered = [n for n, (path, _, _) in enumerate(fake.calls, 1)
+                if path == "/api/host/heartbeat"]
+    assert len(owed) == MAX_OWED and queues <= KEPT_QUEUES
+    # The newest results are the ones kept: every one of the last reply's commands is owed.
+    last = [n for n in answered if any(i.startswith(f"c{n}-") for i in owed)][-1]
+    assert {f"c{last}-{k}" for k in range(1, COMMANDS_PER_REPLY + 1)} <= owed
+    assert f"c{answered[0]}-1" not in owed  # the oldest went first
+    logged = (host.tmp / "daemon.log").read_text()
+    assert "has not taken this agent's command results" in logged, logged[-2000:]
 
 
 async def test_a_coordinator_that_answers_at_once_is_not_called_in_a_loop(
@@ -741,14 +812,14 @@ async def test_a_reports_free_form_parts_are_bounded(
         tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
     """capacity and vitals were kept as sent: a megabyte of `[{}, {}, ...]` became some 24 MB
     of objects a host name (2.4 GB for a hundred names, parsed again at every start) and a
-    100 MB GET /api/hosts. Past 16 KiB each is dropped; an agent's own are kept. `load` is at
-    most the three load averages (a megabyte of numbers a name took 700 MB for 100 names)."""
+    100 MB GET /api/hosts. Only their known figures are kept, so neither has room for that;
+    an agent's own are kept. `load` is at most the three load averages (a megabyte of numbers
+    a name took 700 MB for 100 names)."""
     coord = start_coordinator(tmp_path, github)
     try:
         agent = Agentish(coord, http)
-        honest = {"ceiling": 4, "used": 1, "free_mem_mb": 2048}
         status, _ = await agent.post("/api/host/heartbeat", {
-            "host": "edge", "capacity": honest, "vitals": {"x": [{}] * 200_000}})
+            "host": "edge", "capacity": HONEST_CAPACITY, "vitals": {"x": [{}] * 200_000}})
         assert status == 200
         loads = ([0.5, 0.25, None], [1, 2, 3, 4], [True, 0, 0],
                  [0.5 + n / 1e6 for n in range(90_000)])
@@ -756,15 +827,105 @@ async def test_a_reports_free_form_parts_are_bounded(
             status, _ = await agent.post("/api/host/heartbeat", {"host": f"h{n}", "load": load})
             assert status == 200
         listed = {h["host"]: h for h in (await agent.hosts())["hosts"]}
-        assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+        assert listed["edge"]["capacity"] == KEPT_CAPACITY and listed["edge"]["vitals"] is None
         assert listed["h0"]["load"] == [0.5, 0.25, None]
         assert listed["h1"]["load"] is None and listed["h2"]["load"] is None
         assert listed["h3"]["load"] is None
         coord.stop()
         coord = Daemon(coord.host, {"FLEET_HOST_NAME": "coord"})  # as kept in SQLite
         listed = {h["host"]: h for h in (await Agentish(coord, http).hosts())["hosts"]}
-        assert listed["edge"]["capacity"] == honest and listed["edge"]["vitals"] is None
+        assert listed["edge"]["capacity"] == KEPT_CAPACITY and listed["edge"]["vitals"] is None
         assert listed["h0"]["load"] == [0.5, 0.25, None] and listed["h3"]["load"] is None
+    finally:
+        coord.stop()
+
+
+# An agent's own capacity (analysis/capacity.py) and what the coordinator keeps of it: the
+# figures and why no runner fits; per_repo and limits are this host's business.
+HONEST_CAPACITY = {"ceiling": 4, "runners": 2, "busy": 1, "idle": 1, "headroom": 2,
+                   "busy_headroom": 3, "per_repo": {"octo/app": 2},
+                   "limits": {"max_per_repo": 4}, "can_add": False,
+                   "reasons": ["only 90 MiB of memory is available; the floor is 512 MiB"]}
+KEPT_CAPACITY = {"ceiling": 4, "runners": 2, "busy": 1, "idle": 1, "headroom": 2,
+                 "busy_headroom": 3, "can_add": False,
+                 "reasons": ["only 90 MiB of memory is available; the floor is 512 MiB"]}
+# What a figure must not be: an object whose String() throws, a list, text, a flag, an
+# object in place of a number.
+HOSTILE_FIGURES = [{"toString": None}, {"valueOf": None, "toString": None}, [1, 2], "12", "",
+                   True, {"busy": 1}]
+HONEST_VITALS = {"cores": 4, "mem_total_mb": 3906, "mem_available_mb": 2100,
+                 "swap_total_mb": 0, "swap_used_mb": 0, "disk_free_gb": 20.5,
+                 "disk_total_gb": 29.1, "load_per_core": 0.1, "uptime_s": 3600,
+                 "load": [0.4, 0.3, 0.2],
+                 "memory_pressure": {"some_avg10_pct": 0.0, "some_avg60_pct": 0.12}}
+# Linux's pressure figures and macOS's are one shape: the other platform's are null.
+KEPT_VITALS = {**HONEST_VITALS, "memory_pressure": {
+    "some_avg10_pct": 0.0, "some_avg60_pct": 0.12, "pressure_pct": None}}
+
+
+def _only_figures(part: dict[str, Any]) -> bool:
+    """Every value a finite number or null (capacity's can_add a boolean or null)."""
+    return all(value is None or (type(value) in (int, float) and abs(value) < 1e300)
+               or (key == "can_add" and isinstance(value, bool))
+               or (key == "reasons" and all(isinstance(r, str) and r.isprintable()
+                                            and len(r) <= 300 for r in value))
+               for key, value in part.items())
+
+
+async def test_a_hostile_capacity_or_vitals_keeps_only_figures(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """`"capacity": {"busy": {"toString": null}}` was stored and served as sent, and the Hosts
+    screen's String() of it threw on every render: no host was listed at all until the agent
+    was forgotten. Each field is now a finite number or null (unknown fields dropped), as
+    `load` already was; also for a report an older version stored as sent, at the next start."""
+    coord = start_coordinator(tmp_path, github)
+    try:
+        agent = Agentish(coord, http)
+        for n, odd in enumerate(HOSTILE_FIGURES):
+            status, reply = await agent.post("/api/host/heartbeat", {
+                "host": f"evil-{n}", "runners": [{"name": "r1", "repo": "octo/app"}],
+                "capacity": {"busy": odd, "ceiling": 2, "html": "<b>x</b>", "can_add": odd,
+                             "reasons": [odd, "\x1b[2J" + "r" * 1000] * 20},
+                "vitals": {"cores": odd, "load": [odd, 0.5, 0.25], "memory_pressure": odd,
+                           "uptime_s": 60, "extra": {"toString": None}}})
+            assert status == 200, (odd, reply)
+        status, _ = await agent.post("/api/host/heartbeat", {
+            "host": "edge", "capacity": HONEST_CAPACITY, "vitals": HONEST_VITALS})
+        assert status == 200
+
+        def check(listed: dict[str, dict[str, Any]]) -> None:
+            for n, odd in enumerate(HOSTILE_FIGURES):
+                capacity, vitals = listed[f"evil-{n}"]["capacity"], listed[f"evil-{n}"]["vitals"]
+                assert set(capacity) == {*KEPT_CAPACITY} and _only_figures(capacity), capacity
+                assert (capacity["busy"], capacity["ceiling"], capacity["can_add"]) == (
+                    None, 2, odd if odd is True else None)
+                wanted = ["\\x1b[2J" + "r" * 293] * (10 if isinstance(odd, str) else 5)
+                if isinstance(odd, str):  # a text among the reasons is a reason too
+                    wanted = [odd, wanted[0]] * 5
+                if n == 0:  # as stored by an older version and read back (below)
+                    wanted = capacity["reasons"]
+                assert capacity["reasons"] == wanted, capacity["reasons"]
+                assert vitals["load"] is None and vitals["memory_pressure"] is None
+                assert vitals["cores"] is None and vitals["uptime_s"] == 60
+                assert "extra" not in vitals and _only_figures(
+                    {k: v for k, v in vitals.items() if k not in ("load", "memory_pressure")})
+            assert listed["edge"]["capacity"] == KEPT_CAPACITY
+            assert listed["edge"]["vitals"] == KEPT_VITALS
+
+        check({h["host"]: h for h in (await agent.hosts())["hosts"]})
+        # A report stored as sent (an older version kept capacity and vitals verbatim) is
+        # read back with its figures only.
+        coord.stop()
+        with sqlite3.connect(coord.host.state / "controlplane.db") as conn:
+            stored = json.loads(conn.execute("SELECT report FROM hosts WHERE name = 'evil-0'")
+                                .fetchone()[0])
+            stored["capacity"] = {"busy": {"toString": None}, "ceiling": 2, "x": [{}] * 100}
+            stored["vitals"] = {"cores": [1], "uptime_s": 60, "load": "high"}
+            conn.execute("UPDATE hosts SET report = ? WHERE name = 'evil-0'",
+                         (json.dumps(stored),))
+        coord = Daemon(coord.host, {"FLEET_HOST_NAME": "coord"})
+        listed = {h["host"]: h for h in (await Agentish(coord, http).hosts())["hosts"]}
+        check(listed)
     finally:
         coord.stop()
 

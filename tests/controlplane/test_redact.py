@@ -253,3 +253,93 @@ def test_hostile_input_does_not_stall() -> None:
     started = time.monotonic()
     redact(hostile)
     assert time.monotonic() - started < 2.0
+
+
+# Forms a review found the redactor missing in real runner logs and files; each line carries
+# the secret S, which must not survive (nor any of it).
+S = "Zq5e1c9b0d7a"
+MISSED_FORMS = [
+    # JSON inside a JSON string: the key's closing quote comes after a backslash.
+    r'payload {\"password\":\"<S>\"}',
+    r'CONFIG_JSON={\"password\":\"<S>\"}',
+    r'{"msg": "{\"api_key\": \"<S>\", \"n\": 1}"}',
+    # A coloured key: the escapes around it hid it (the key seen was `0m`).
+    "\x1b[33mDB_PASSWORD\x1b[0m=<S>",
+    "\x1b[1;31mtoken\x1b[0m: <S>",
+    "DB_PASSWORD=\x1b[2m<S>\x1b[0m",
+    # ... and as a JSON log or a shell writes the escape.
+    "\\u001b[33mDB_PASSWORD\\u001b[0m=<S>",
+    "\\x1b[33mDB_PASSWORD\\x1b[0m=<S>",
+    # An environment listing, tab- or space-separated: a variable's name, then its value.
+    "GITHUB_TOKEN\t<S>",
+    "X_TOKEN <S>",
+    "AWS_SECRET_ACCESS_KEY    <S>",
+    "PGPASSWORD\t<S>",
+    # A quoted value cut by the end of the line (or of a tail).
+    'DEPLOY_SECRET="<S>',
+    "DEPLOY_SECRET='<S>",
+    'DEPLOY_SECRET="<S>\nnext line',
+    # A URL-encoded query, as a redirect or a log of a URL carries it.
+    "redirect=https%3A%2F%2Fx%2Fcb%3Faccess_token%3D<S>",
+    "next=%2Flogin%3Fuser%3Dme%26password%3D<S>",
+    # JSON and Python keys `pass` (only a bare `pass:` is prose or a tally).
+    '{"pass":"<S>"}',
+    "{'pass': '<S>'}",
+]
+
+
+@pytest.mark.parametrize("form", MISSED_FORMS)
+def test_forms_once_missed_are_redacted(form: str) -> None:
+    out = redact(form.replace("<S>", S))
+    assert S[2:] not in out and MARK in out, repr(out)
+
+
+def test_what_surrounds_a_redacted_value_is_kept() -> None:
+    """The escapes, quotes and the rest of the line stay as they were (the escapes are shown
+    as escapes later, by printable())."""
+    for form, redacted in [
+            (r'x {\"password\":\"<S>\", \"n\": 1}', r'x {\"password\":\"<S>\", \"n\": 1}'),
+            ("\x1b[33mDB_PASSWORD\x1b[0m=<S>\x1b[0m done",
+             "\x1b[33mDB_PASSWORD\x1b[0m=<S>\x1b[0m done"),
+            ("GITHUB_TOKEN\t<S>\nHOME\t/home/runner", "GITHUB_TOKEN\t<S>\nHOME\t/home/runner"),
+            ('DEPLOY_SECRET="<S>\nA=1', 'DEPLOY_SECRET="<S>"\nA=1'),
+            ("cb%3Faccess_token%3D<S>", "cb%3Faccess_token%3D<S>")]:
+        assert redact(form.replace("<S>", S)) == redacted.replace("<S>", MARK)
+
+
+# Lines near those forms that carry no secret: they must come out unchanged.
+NEAR_MISSES = [
+    '{"pass": 12, "fail": 0}',
+    '{"pass": 12}',
+    r'{\"pass\": 3, \"fail\": 0}',
+    "GITHUB_TOKEN Permissions",
+    "##[group]GITHUB_TOKEN Permissions",
+    "GITHUB_TOKEN is set",
+    "API_KEY not set",
+    "PRIMARY KEY constraint failed",
+    "TOKEN_FILE /etc/fleet/token",
+    "HOME\t/home/runner",
+    "PATH\t/usr/bin:/bin",
+    "INFO Worker started",
+    "\x1b[32mPASS\x1b[0m test_login (0.2 s)",
+    "\x1b[33mtoken\x1b[0m count: 512",
+    "next=%2Fhome%3Ftab%3Dsettings",
+    'echo "done',
+]
+
+
+@pytest.mark.parametrize("line", NEAR_MISSES)
+def test_lines_near_the_new_forms_are_untouched(line: str) -> None:
+    assert redact(line) == line
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("line", [
+    r'\"' * 40000, r'\"a\":' * 20000, r'\"password\":\"' * 10000, "A_" * 40000 + "a x",
+    "TOKEN " * 20000, "GITHUB_TOKEN\t" * 20000, "a%3D" * 30000, "token%3D" * 20000,
+    "\x1b[0m" * 20000, "\x1b[0mtoken\x1b[0m=" * 10000, "\\u001b[" * 20000,
+    'password="' + "x" * 200_000, "password='" * 20000, ('token="' + "\\a" * 10) * 4000])
+def test_the_new_forms_stay_linear(line: str) -> None:
+    started = time.monotonic()
+    assert len(redact(line)) > 0
+    assert time.monotonic() - started < 2.0

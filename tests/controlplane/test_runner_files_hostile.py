@@ -15,12 +15,13 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from fleet_min.controlplane.http.app import create_app
 from fleet_min.controlplane.runners import bundle, diag, discovery
 from fleet_min.controlplane.runners.supervisor import service_name
-from tests.support.controlplane import Host, auth, cp_of, make_config, until
+from tests.support.controlplane import Daemon, Host, auth, cp_of, make_config, until
 
 SECRET = "Sup3rSecretValue9x"  # a value found by its key's name only (no vendor shape)
 CREDENTIAL = "CREDENTIAL-MUST-NOT-LEAVE"
@@ -300,6 +301,89 @@ async def test_a_bundle_names_a_file_whose_name_is_not_utf8(
     assert resp.status == 200
     assert "odd-" in await resp.text()
     assert (await client.get("/api/runner?name=r1")).status == 200
+
+
+async def test_file_names_a_job_leaves_cannot_redraw_forge_or_blank_the_bundle(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A job runs as the runner's user and names the files it leaves in the runner's
+    directory. The bundle listed the names raw: an ESC/BEL name cleared the terminal of
+    whoever `cat`s the bundle and set its title, a name with line breaks forged a second
+    state section, and a name that is a private key's header had the key-block rule redact
+    everything after it (the log tail and the events vanished). A key block cut off in one
+    included file blanked the files after it in the same way. Names and file lines are now
+    shown as escapes, and each section, file and name is redacted on its own."""
+    path = host_env.add_runner("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_1.log").write_text(
+        "[2026-11-28 05:00:00Z INFO Worker] TRACE-THE-JOB-WOULD-HIDE\n")
+    _empty_files(path, ["\x1b]0;owned\x07\x1b[2J\x1b[31mESCAPE",
+                        "x\n===== state =====\nname: forged", "-----BEGIN PRIVATE KEY-----"])
+    (path / ".env").write_text("A=1\nB=\x1b[2Jcleared\x07\n-----BEGIN PRIVATE KEY-----\n"
+                               "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC\n")
+    (path / "run.sh").write_text("#!/bin/sh\necho RUN-SH-KEPT\n")
+    client = await start(host_env, aiohttp_client)
+    resp = await client.get("/api/runner/bundle?name=r1", headers=auth(cp_of(client)))
+    assert resp.status == 200
+    bundle = await resp.text()
+    lines = bundle.splitlines()
+    assert not any(char in bundle for char in "\x1b\x07"), repr(bundle)
+    assert "\\x1b]0;owned\\x07\\x1b[2J\\x1b[31mESCAPE (not on the allow-list)" in lines
+    assert "B=\\x1b[2Jcleared\\x07" in lines and "A=1" in lines
+    # One state section: the forged one is one line of the excluded section.
+    assert lines.count("===== state =====") == 1
+    assert "x\\x0a===== state =====\\x0aname: forged (not on the allow-list)" in lines
+    # The key-named file and the cut key block hide nothing after them.
+    assert "<redacted> (not on the allow-list)" in lines
+    assert "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC" not in bundle
+    assert "echo RUN-SH-KEPT" in lines
+    for title in ("files", "excluded", "_diag summary", "_diag tail", "recent events",
+                  "recent jobs"):
+        assert lines.count(f"===== {title} =====") == 1, title
+    assert "[2026-11-28 05:00:00Z INFO Worker] TRACE-THE-JOB-WOULD-HIDE" in lines
+
+
+LOG_SECRET = "Zq7c41d09e5b"  # a value found by its key's name only
+# Forms the redactor once missed, as a runner's log holds them (test_redact.py has them all).
+MISSED_LOG_LINES = [
+    r'payload {\"password\":\"<S>\"}',
+    "\x1b[33mDB_PASSWORD\x1b[0m=<S>",
+    "GITHUB_TOKEN\t<S>",
+    'DEPLOY_SECRET="<S>',
+    "redirect=https%3A%2F%2Fx%2Fcb%3Faccess_token%3D<S>",
+    '{"pass":"<S>"}',
+]
+
+
+async def test_secrets_in_forms_once_missed_stay_out_of_the_daemons_answers(
+        host: Host, http: aiohttp.ClientSession) -> None:
+    """Each of these came back whole from the unauthenticated GET /api/runner (the log's
+    tail) and seven times from the bundle. Through a real daemon, each is now `<redacted>`,
+    and the coloured key is still shown as escapes around it."""
+    path = host.add_runner("r1")
+    (path / "_diag").mkdir()
+    (path / "_diag" / "Runner_20261128-050000-utc.log").write_text("".join(
+        f"[2026-11-28 05:00:00Z INFO Worker] {line.replace('<S>', LOG_SECRET)}\n"
+        for line in MISSED_LOG_LINES))
+    (path / ".env").write_text(r'CONFIG_JSON={\"password\":\"<S>\"}'.replace("<S>", LOG_SECRET)
+                               + f"\nGITHUB_TOKEN\t{LOG_SECRET}\n")
+    daemon = Daemon(host)
+    try:
+        async def detail() -> dict[str, Any] | None:
+            async with http.get(f"{daemon.url}/api/runner?name=r1") as resp:
+                return dict(await resp.json()) if resp.status == 200 else None
+        shown = await until(detail, timeout=10)
+        tail = shown["diag"]["tail"]
+        assert len(tail) == len(MISSED_LOG_LINES) and all("<redacted>" in line for line in tail)
+        assert LOG_SECRET not in json.dumps(shown)
+        assert "[2026-11-28 05:00:00Z INFO Worker] \\x1b[33mDB_PASSWORD\\x1b[0m=<redacted>" \
+            in tail
+        async with http.get(f"{daemon.url}/api/runner/bundle?name=r1",
+                            headers=daemon.headers()) as resp:
+            assert resp.status == 200
+            bundle = await resp.text()
+        assert (LOG_SECRET in bundle, bundle.count("<redacted>") >= 8) == (False, True)
+    finally:
+        daemon.stop()
 
 
 # --- what held: kept so it stays so ------------------------------------------------------------

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -391,6 +392,57 @@ def test_hosts_screen_fits_a_laptop_screen(tmp_path: Path, github: FakeGitHub,
         box = page.locator("#admission .capped")
         assert box.evaluate("box => box.scrollHeight > box.clientHeight")  # it scrolls inside
         shot(page, "hosts-dozen")
+        assert console.errors == []
+        page.context.close()
+    finally:
+        daemon.stop()
+        fakes.kill_all_listeners(host.root)
+
+
+def _hostile_heartbeat(url: str, token: str) -> None:
+    """An agent (it holds the agent token) whose capacity and vitals hold objects where
+    figures belong: String() of `{"toString": null}` throws."""
+    body = {"host": "evil-agent", "runners": [{"name": "evil-1", "repo": "octo/shelf"}],
+            "capacity": {"busy": {"toString": None}, "ceiling": 2},
+            "vitals": {"cores": {"toString": None}, "load": [{"toString": None}, 1, 1]},
+            "load": [0.1, 0.2, 0.3]}
+    request = urllib.request.Request(f"{url}/api/host/heartbeat", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 200
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_a_hostile_agent_report_leaves_the_hosts_screen_whole(tmp_path: Path,
+                                                             github: FakeGitHub,
+                                                             browser: Browser) -> None:
+    """One agent's `"capacity": {"busy": {"toString": null}}` made the Hosts table throw on
+    every render: no row was drawn, this host's included. The coordinator keeps figures only,
+    and the page's formatters show a value that is neither a number nor text as a dash."""
+    host = make_host(tmp_path, github)
+    host.add_runner("lap-1", "octo/app", labels=["linux"])
+    daemon = UiDaemon(host).start()
+    try:
+        heartbeat(daemon.url, daemon.token, "pi-good")
+        _hostile_heartbeat(daemon.url, daemon.token)
+        page, console = open_page(browser, daemon.url + "/#/hosts")
+        expect(page.locator("#hosts tbody tr")).to_have_count(3, timeout=WAIT_MS)
+        evil = page.locator('#hosts tr[data-host="evil-agent"]')
+        expect(evil).to_contain_text("– / 2")
+        expect(evil).to_contain_text("0.10 / 0.20 / 0.30")
+        expect(page.locator('#hosts tr[data-host="pi-good"]')).to_contain_text("1 / 2")
+        # The formatters themselves, given what no daemon of ours sends.
+        module = page.evaluate(
+            '() => new URL("js/format.js", document.querySelector("script[type=module]").src).href')
+        shown = page.evaluate("""async (url) => {
+            const f = await import(url);
+            const odd = [{ toString: null }, { valueOf: null, toString: null }, [1], true];
+            return odd.flatMap((v) => [f.num(v), f.dur(v), f.pct(v), f.share(v)]);
+        }""", module)
+        assert set(shown) == {"–"}, shown
+        readable(page, "#hosts")
         assert console.errors == []
         page.context.close()
     finally:

@@ -38,6 +38,7 @@ from fleet_min.controlplane.loops import wait_event
 from fleet_min.controlplane.runners.discovery import valid_repo
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict
+from fleet_min.logs import printable
 from fleet_min.numbers import finite
 from fleet_min.timeutil import iso
 from fleet_min.validate import is_label
@@ -62,9 +63,18 @@ MAX_REMOTE_RUNNERS = 2000
 # every snapshot lists its runners, so one holder of the agent token cannot make it unbounded.
 MAX_HOSTS = 100
 MAX_RESULTS = 200  # command results in one POST (the agent sends at most this many)
-# A report's capacity and vitals each (an agent's own are under 2 KiB); a larger one is dropped.
-MAX_REPORT_PART = 16 << 10
 LOAD_AVERAGES = 3  # a report's `load`: over 1, 5 and 15 minutes, as an agent's vitals read them
+# What the coordinator keeps of a report's capacity and vitals: the figures an agent's own
+# (analysis/capacity.py, runners/vitals.py) carry, each a finite number or null. Anything else
+# is dropped: these objects were kept as sent, and `{"busy": {"toString": null}}` made the
+# Hosts screen throw on every render, for every host.
+CAPACITY_FIGURES = ("ceiling", "runners", "busy", "idle", "headroom", "busy_headroom")
+VITALS_FIGURES = ("cores", "mem_total_mb", "mem_available_mb", "swap_total_mb", "swap_used_mb",
+                  "disk_free_gb", "disk_total_gb", "load_per_core", "uptime_s")
+PRESSURE_FIGURES = ("some_avg10_pct", "some_avg60_pct", "pressure_pct")
+# A capacity's `reasons` (why no runner fits there): an agent's own are a few short sentences.
+MAX_REASONS = 10
+REASON_CHARS = 300
 UNMATCHED_WARN_S = 60.0  # a host posting results that settle nothing is logged this seldom
 # A heartbeat reply carries the commands in order until their args pass this many bytes (the
 # first always goes); the rest follow in the next replies, well under the agent's reply limit.
@@ -94,14 +104,54 @@ def clean_report(body: dict[str, Any]) -> dict[str, Any]:
                 or not HOST_NAME.fullmatch(runner["name"]):
             raise BadRequest("each runner needs a name (letters, digits, '.', '_', '-')")
         kept.append(_clean_runner(runner))
-    out: dict[str, Any] = {"runners": kept}
-    for key in ("capacity", "vitals"):
-        value = body.get(key)
-        # Kept as sent, so bounded by its size: a megabyte of `[{}, {}, ...]` is some 24 MB of
-        # Python objects, held for each of up to MAX_HOSTS names and parsed again at start.
-        out[key] = value if isinstance(value, dict) and _fits(value, MAX_REPORT_PART) else None
-    out["load"] = _load_averages(body.get("load"))
-    return out
+    return {"runners": kept, **clean_figures(body)}
+
+
+def clean_figures(report: dict[str, Any]) -> dict[str, Any]:
+    """A report's capacity, vitals and load, as the coordinator keeps them: known figures only,
+    each a finite number or null. Also applied to reports read back from the database, which
+    an older version stored as they were sent."""
+    return {"capacity": _capacity(report.get("capacity")),
+            "vitals": _vitals(report.get("vitals")),
+            "load": _load_averages(report.get("load"))}
+
+
+def _capacity(sent: Any) -> dict[str, Any] | None:
+    kept = _figures(sent, CAPACITY_FIGURES)
+    if kept is not None:
+        can_add = sent.get("can_add")
+        kept["can_add"] = can_add if isinstance(can_add, bool) else None
+        reasons = sent.get("reasons")
+        # Cut again once escaped, so a report read back at start is kept as it was.
+        kept["reasons"] = [printable(reason[:REASON_CHARS])[:REASON_CHARS]
+                           for reason in reasons[:MAX_REASONS] if isinstance(reason, str)
+                           ] if isinstance(reasons, list) else []
+    return kept
+
+
+def _vitals(sent: Any) -> dict[str, Any] | None:
+    kept = _figures(sent, VITALS_FIGURES)
+    if kept is not None:
+        kept["load"] = _load_averages(sent.get("load"))
+        kept["memory_pressure"] = _figures(sent.get("memory_pressure"), PRESSURE_FIGURES)
+    return kept
+
+
+def _figures(part: Any, names: tuple[str, ...]) -> dict[str, Any] | None:
+    """`part`'s figures named in `names` (one missing or not a finite number is null); None
+    when `part` is not an object or holds none of them."""
+    if not isinstance(part, dict):
+        return None
+    kept = {name: _figure(part.get(name)) for name in names}
+    return kept if any(value is not None for value in kept.values()) else None
+
+
+def _figure(value: Any) -> int | float | None:
+    """A finite number, an integer kept as one while a double holds it exactly."""
+    number = finite(value)
+    if number is None:
+        return None
+    return value if isinstance(value, int) and abs(value) < MAX_SEQ else number
 
 
 def _load_averages(load: Any) -> list[float | None] | None:
@@ -116,11 +166,6 @@ def _load_averages(load: Any) -> list[float | None] | None:
     if any(x is not None and number is None for x, number in zip(load, averages, strict=True)):
         return None
     return averages
-
-
-def _fits(value: Any, limit: int) -> bool:
-    """Does the JSON text of `value` take at most `limit` bytes?"""
-    return len(json.dumps(value, separators=(",", ":"))) <= limit
 
 
 def _clean_runner(runner: dict[str, Any]) -> dict[str, Any]:
@@ -319,7 +364,8 @@ class Hosts:
         for row in await self.db.read("SELECT name, last_seen, report, instance FROM hosts "
                                       "WHERE last_seen >= ? ORDER BY last_seen DESC",
                                       (self.clock() - FORGET_S,)):
-            report = _fit(json.loads(row["report"]), room)
+            stored = json.loads(row["report"])
+            report = _fit({**stored, **clean_figures(stored)}, room)
             room -= len(report["runners"])
             self.reports[row["name"]] = report
             self.received[row["name"]] = row["last_seen"]

@@ -56,6 +56,17 @@ from fleet_min.timeutil import now
 log = logging.getLogger(__name__)
 
 REMEMBERED = 500
+# Queues the agent keeps a row of (link_state): the current one and a few before it, so a
+# coordinator restored from an older copy, going back to a recent queue, finds its numbers
+# still known. A broken or hostile coordinator naming a new queue in every reply added a row a
+# heartbeat for good: some 350,000 a day at MIN_EXCHANGE_S.
+KEPT_QUEUES = 8
+# Results owed to a coordinator that does not take them (it refuses POST /api/host/results):
+# past this many, the oldest are dropped, and the log says how many. A real coordinator sends a
+# command again until its result arrives, so it never has an agent owe more than a few posts'
+# worth; a broken one sending COMMANDS_PER_REPLY new commands a reply grew the table by as
+# many rows a heartbeat, without end.
+MAX_OWED = 500
 RETRY_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 # Far above any real reply (the coordinator pages commands: at most hosts.COMMANDS_PER_REPLY
 # and hosts.REPLY_BUDGET of their args), low enough that a broken or hostile coordinator cannot
@@ -147,6 +158,9 @@ def _switch(conn: sqlite3.Connection, queue: str, at: float) -> int:
     row = conn.execute("SELECT applied FROM link_state WHERE queue = ?", (queue,)).fetchone()
     if row is None:
         conn.execute("INSERT INTO link_state (queue, updated_at) VALUES (?, ?)", (queue, at))
+        conn.execute("DELETE FROM link_state WHERE queue != ? AND queue NOT IN (SELECT queue "
+                     "FROM link_state WHERE queue != ? ORDER BY updated_at DESC LIMIT ?)",
+                     (queue, queue, KEPT_QUEUES - 1))
         return 0
     conn.execute("UPDATE link_state SET updated_at = ? WHERE queue = ?", (at, queue))
     return int(row[0])
@@ -176,6 +190,13 @@ def _owe_again(conn: sqlite3.Connection, command_id: str, queue: str | None,
     if queue is not None and seq is not None:
         conn.execute("UPDATE link_state SET applied = max(applied, ?) WHERE queue = ?",
                      (seq, queue))
+
+
+def _drop_owed(conn: sqlite3.Connection, kept: int) -> int:
+    """Drop the oldest owed results past `kept`; how many were dropped."""
+    return conn.execute("DELETE FROM link_results WHERE rowid IN (SELECT rowid FROM link_results "
+                        "WHERE reported = 0 ORDER BY at DESC, rowid DESC LIMIT -1 OFFSET ?)",
+                        (kept,)).rowcount
 
 
 def _reported(conn: sqlite3.Connection, ids: list[str]) -> None:
@@ -344,7 +365,15 @@ class CoordinatorLink:
         ran = [await self._take(command) for command in commands[:COMMANDS_PER_REPLY]]
         if any(ran):
             await self.snapshots.rebuild()  # the next heartbeat reports the commands' effect
+        await self._drop_owed()
         await self._deliver(session)
+
+    async def _drop_owed(self) -> None:
+        dropped = await self.plane.db.write(_drop_owed, MAX_OWED)
+        if dropped:
+            log.warning("the coordinator %s has not taken this agent's command results; more "
+                        "than %d were owed, so the oldest %d were dropped and it will never "
+                        "get them", self.url, MAX_OWED, dropped)
 
     async def _take(self, command: dict[str, Any]) -> bool:
         """Apply one command unless it was applied before; True when it ran now."""

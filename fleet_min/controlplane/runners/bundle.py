@@ -2,7 +2,14 @@
 
 Only files on ALLOWED are included, each under SIZE_CAP; every other entry of the runner's
 directory is named as excluded (its contents never read), and every line of the bundle passes
-through the redactor before it leaves.
+through the redactor before it leaves, then through printable(): a job running as the runner's
+user chooses the names of the files it leaves there and what the included files hold, and an
+escape sequence or a line break in either would reach the terminal a person `cat`s the bundle
+in (or forge a section of it).
+
+Each section is redacted on its own, and each included file and each name on its own within
+theirs: a private key's header with no end line (a file named `-----BEGIN PRIVATE KEY-----`)
+is redacted to the end of its own text, and cannot blank the sections after it.
 
 The bundle is read by a person (often pasted into an issue): state, host and log summary are
 written as `key: value` lines, nested parts indented, lists joined with commas, a missing value
@@ -19,14 +26,20 @@ from typing import Any
 
 from fleet_min.controlplane.runners.diag import SCAN_LIMIT, safe_file, summary_and_tail
 from fleet_min.controlplane.runners.discovery import read_small
-from fleet_min.controlplane.runners.redact import redact
+from fleet_min.controlplane.runners.redact import redact, redact_lines
+from fleet_min.logs import printable
 
 ALLOWED = (".runner", ".service", ".env", ".path", ".fleet-drain", "run.sh", "svc.sh", "env.sh")
 SIZE_CAP = 256 * 1024
 
 
 def _section(title: str, body: Iterable[str]) -> list[str]:
-    return ["", f"===== {title} =====", *body]
+    return ["", f"===== {title} =====", *(printable(line) for line in redact_lines(list(body)))]
+
+
+def _name(name: str) -> str:
+    """A directory entry's name as one line of the bundle, redacted alone."""
+    return printable(redact(name))
 
 
 EXCLUDED_LISTED = 200  # names of entries off the allow-list the bundle lists, in name order
@@ -49,12 +62,12 @@ def _files(runner_dir: Path) -> tuple[list[str], list[str]]:
         if raw is None:
             continue
         text = raw.decode("utf-8-sig", "replace")
-        included += [f"--- {name} ({info.st_size} bytes)", *text.splitlines()]
+        included += [f"--- {name} ({info.st_size} bytes)", *redact(text).splitlines()]
     others, more = _other_names(runner_dir)
     for name in others[:EXCLUDED_LISTED]:
         why = ("credentials, never read" if name.startswith(".credentials")
                else "not on the allow-list")
-        excluded.append(f"{name} ({why})")
+        excluded.append(f"{_name(name)} ({why})")
     if len(others) > EXCLUDED_LISTED:
         excluded.append(f"(and {len(others) - EXCLUDED_LISTED} more entries, not listed)")
     if more:
@@ -143,7 +156,7 @@ def build_bundle(runner: dict[str, Any], host: dict[str, Any], runner_dir: Path,
     included, excluded = _files(runner_dir)
     diag = summary_and_tail(runner_dir, lines=200)
     tail = diag.pop("tail")
-    lines = [f"fleet-min diagnostic bundle for runner {runner['name']}",
+    lines = [printable(f"fleet-min diagnostic bundle for runner {runner['name']}"),
              f"generated at {generated_at}"]
     lines += _section("state", readable(runner))
     lines += _section("host", readable(host))
@@ -154,8 +167,6 @@ def build_bundle(runner: dict[str, Any], host: dict[str, Any], runner_dir: Path,
     lines += _section("recent events",
                       [f"{e['at']} {e['kind']}: {e['message']}" for e in events] or ["(none)"])
     lines += _section("recent jobs", [job_line(j) for j in jobs] or ["(none)"])
-    # A file name the OS could not decode (its bytes kept as lone surrogates) or a lone
-    # surrogate from .runner's JSON cannot be UTF-8: it is written as its escape (\udcff).
-    text = "\n".join(lines).encode("utf-8", "backslashreplace").decode("utf-8")
-    # One pass over the whole text keeps multi-line secrets (PEM blocks) caught as a block.
-    return redact(text) + "\n"
+    # printable() writes a lone surrogate (a file name the OS could not decode, or one from
+    # .runner's JSON) as its escape (\udcff), so the text is UTF-8.
+    return "\n".join(lines) + "\n"

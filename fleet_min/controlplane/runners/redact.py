@@ -78,12 +78,27 @@ _ENTROPY_FLOOR = 4.2
 # never "a run with a key word somewhere inside" (two stars around a word backtrack
 # quadratically: "token" * 4000 took 6 s); the words are looked at afterwards, in Python.
 _KEY_START = r"(?<![A-Za-z0-9_.-])"
-_ASSIGN = re.compile(_KEY_START + r"([\"']?)([A-Za-z0-9_.-]+)\1[ \t]*(=>|:=|[=:])[ \t]*")
+# The key may be quoted, also as JSON inside a JSON string (`{\"password\": \"...\"}`), and
+# the separator URL-encoded (`%3Faccess_token%3D...`).
+_ASSIGN = re.compile(_KEY_START + r"(\\?[\"']|)([A-Za-z0-9_.-]+)\1[ \t]*(=>|:=|[=:]|%3[Dd])"
+                     r"[ \t]*")
 _FLAG = re.compile(_KEY_START + r"(--[A-Za-z0-9][A-Za-z0-9_.-]*)[ \t]+(?=[^\s-])")
-_SPACED = re.compile(_KEY_START + r"(?i:(password|passwd|passphrase|secret|token|api[_-]?key))"
-                     r"[ \t]+(?=[^\s:=])")
-# A scalar: quoted, or a run up to a space or a separator; never an object or a list.
-_VALUE = re.compile(r"\"(?:[^\"\\\r\n]|\\.)*\"|'[^'\r\n]*'|(?![{\[])[^\s,;&\"'<>]+")
+# `password value`, and an environment variable's name then its value (`env` piped through
+# `column`, a tab-separated listing: `GITHUB_TOKEN<TAB>value`).
+_SPACED = re.compile(_KEY_START + r"((?i:password|passwd|passphrase|secret|token|api[_-]?key)"
+                     r"|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*)[ \t]+(?=[^\s:=])")
+# A scalar: quoted (a quote the end of the line cuts off runs to it), quoted inside a JSON
+# string (\"...\"), or a run up to a space or a separator; never an object or a list.
+_VALUE = re.compile(r"\\\"(?:[^\"\\\r\n]|\\\\)*(?:\\\")?"
+                    r"|\"(?:[^\"\\\r\n]|\\.)*(?:\"|(?=[\r\n])|\Z)"
+                    r"|'[^'\r\n]*(?:'|(?=[\r\n])|\Z)"
+                    r"|(?![{\[])[^\s,;&\"'<>]+")
+# A terminal escape (colour, cursor) as the runner wrote it, or as JSON or a shell spells it:
+# `\x1b[33mDB_PASSWORD\x1b[0m=...` hides the key from the rules by name unless they look
+# through it (see _by_name).
+_ESCAPE = re.compile(r"(?:\x1b|\\x1b|\\u001[bB]|\\033|\\e)\[[0-?]*[ -/]*[@-~]")
+# The rest of a percent escape before a key in a URL-encoded query (`%3Faccess_token`).
+_ENCODED = re.compile(r"[0-9A-Fa-f]{2}")
 _THEN_ASSIGN = re.compile(r"[ \t]*(?:=|:(?!//))")
 _WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
 
@@ -157,7 +172,8 @@ def secret_key(key: str, colon: bool = False) -> bool:
 def _harmless(value: str) -> bool:
     """A placeholder, not a secret. Long values never are: a value left alone is scanned again
     from the next key inside it, so only short ones may be (keeps the scan linear)."""
-    bare = value.strip("\"'").strip()
+    # `{"pass": 12}`: the run after a key takes the closing brace or bracket with it.
+    bare = value.strip("\"'").rstrip("}]").strip()
     return len(bare) <= 64 and (bare.lower() in _HARMLESS_VALUES or not bare.strip("*")
                                 or bare.startswith("${") or (bare.isdigit() and len(bare) <= 6))
 
@@ -173,13 +189,17 @@ def _by_name(text: str, finder: re.Pattern[str], key_ok: KeyCheck,
     the key is judged before its value is read, so a value that is not replaced is neither
     consumed (`url=https://x/?token=abc` still has its token looked at) nor read again and
     again (`a=b=c=...` stays linear)."""
+    # Keys and values are found in a copy of the text whose terminal escapes are blanks of
+    # the same length, so a coloured key is still a key; what is kept comes from `text`, so
+    # the escapes are still there for printable() to show.
+    view = _ESCAPE.sub(lambda m: " " * len(m.group(0)), text)
     pieces: list[str] = []
     done = 0
-    for match in finder.finditer(text):
+    for match in finder.finditer(view):
         start = match.end()
         if match.start() < done or not key_ok(match):
             continue  # inside a value already replaced, or not a secret's name
-        value = _VALUE.match(text, start)
+        value = _VALUE.match(view, start)
         if value is None or not value_ok(match, value.group(0)):
             continue
         pieces += [text[done:start], _marked(value.group(0))]
@@ -191,12 +211,26 @@ def _by_name(text: str, finder: re.Pattern[str], key_ok: KeyCheck,
 
 
 def _marked(value: str) -> str:
+    if value.startswith('\\"'):
+        return f'\\"{MARK}\\"'
     quote = value[0] if value[:1] in ("'", '"') else ""
     return f"{quote}{MARK}{quote}"
 
 
 def _assigned(match: re.Match[str]) -> bool:
-    return secret_key(match.group(2), colon=match.group(3) == ":")
+    quote, key, separator = match.group(1), match.group(2), match.group(3)
+    if separator in ("%3D", "%3d") and match.string[match.start(2) - 1:match.start(2)] == "%":
+        # The run began inside the percent escape before the key (`%3Faccess_token`): its
+        # first two characters are the escape's, not the key's.
+        key = key[2:] if _ENCODED.match(key) else key
+    # A bare `pass` or `key` before a colon is prose or a tally ("pass: 12"); a quoted one is
+    # a JSON or YAML key.
+    return secret_key(key, colon=separator == ":" and not quote)
+
+
+def _spaced(match: re.Match[str]) -> bool:
+    # As before a colon: a bare `KEY` or `PASS` then a word is prose ("PRIMARY KEY constraint").
+    return secret_key(match.group(1), colon=True)
 
 
 def _flagged(match: re.Match[str]) -> bool:
@@ -223,7 +257,7 @@ def redact(text: str) -> str:
     text = _URL_CREDENTIALS.sub(lambda m: m.group(1) + MARK + "@", text)
     text = _by_name(text, _ASSIGN, _assigned)
     text = _by_name(text, _FLAG, _flagged)
-    text = _by_name(text, _SPACED, lambda _match: True, _spaced_value)
+    text = _by_name(text, _SPACED, _spaced, _spaced_value)
     return _BASE64_RUN.sub(_base64_run, text)
 
 

@@ -4,10 +4,13 @@
 export const DASH = "–";
 
 const missing = (v) => v === null || v === undefined || v === "" || (typeof v === "number" && !Number.isFinite(v));
+// Only a number or a string is read as a figure: String() or Number() of an object an agent
+// sent (`{"toString": null}`) throws, and one throw blanked a whole table.
+const unreadable = (v) => typeof v !== "number" && typeof v !== "string";
 
 // Seconds as a person says them: "45 s", "7 min 37 s", "2 h 5 min", "3 d 4 h".
 export function dur(seconds) {
-  if (missing(seconds) || Number.isNaN(Number(seconds))) return DASH;
+  if (missing(seconds) || unreadable(seconds) || Number.isNaN(Number(seconds))) return DASH;
   const s = Math.round(Number(seconds));
   if (s < 60) return `${s} s`;
   if (s < 3600) return `${Math.floor(s / 60)} min${s % 60 ? ` ${s % 60} s` : ""}`;
@@ -69,17 +72,17 @@ export function kb(value) {
 
 // A value already in per cent: "12.5 %".
 export function pct(value, digits = 0) {
-  return missing(value) || Number.isNaN(Number(value)) ? DASH : `${Number(value).toFixed(digits)} %`;
+  return missing(value) || unreadable(value) || Number.isNaN(Number(value)) ? DASH : `${Number(value).toFixed(digits)} %`;
 }
 
 // A fraction from 0 to 1 as per cent: 0.0712 -> "7.1 %".
 export function share(fraction, digits = 1) {
-  return missing(fraction) ? DASH : pct(100 * fraction, digits);
+  return missing(fraction) || unreadable(fraction) ? DASH : pct(100 * fraction, digits);
 }
 
 export function num(value, digits = 2) {
-  if (missing(value)) return DASH;
-  if (typeof value !== "number") return String(value);
+  if (missing(value) || unreadable(value)) return DASH;
+  if (typeof value === "string") return value;
   return Number.isInteger(value) ? value.toLocaleString() : value.toFixed(digits);
 }
 
