@@ -5,8 +5,10 @@ snooze in minutes. All over HTTP against a real collector."""
 from __future__ import annotations
 
 import hashlib
+import json
 
-from tests.support.collector import age_rows, job, registration, result_row
+from fleet_min.collector.jobs import views
+from tests.support.collector import age_rows, edit_rows, job, registration, result_row
 
 
 def sha(data: bytes) -> str:
@@ -155,6 +157,41 @@ async def test_job_detail_gives_artifact_roles_a_timeline_and_the_parent(client)
     fan = await (await client.post("/jobs", json=job("fan", fanout=True))).json()
     child = (await (await client.get(f"/api/jobs/{fan['fanout'][0]}")).json())
     assert child["parent"] == "fan"
+
+
+async def test_job_detail_carries_its_final_rows_and_its_newest_others_cut_down(client,
+                                                                                db_path):
+    """A job may hold a million rows of nearly a megabyte: the detail carries its final rows and
+    its newest DETAIL_ROWS others, their bulky fields cut down as a listing's are, and says how
+    many there are in all; every row still pages through /api/results."""
+    await client.post("/devices/register", json=registration("d1"))
+    await client.post("/jobs", json=job("long"))
+    await claim(client, "d1")
+    wide = {f"m{n}": "x" * 900 for n in range(200)}  # 180 KB of metrics
+    resp = await client.post("/results", json=result_row("long", "d1", 1, metrics=wide))
+    assert resp.status == 200, await resp.text()
+    # The rest written straight into the file, as many posts would leave them.
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL SELECT i + 1 FROM n WHERE "
+              "i < ?) INSERT INTO results (job_id, device_id, iter, attempt, workload, ok, final, "
+              "preempted, metrics, artifacts, created_at) SELECT 'long', 'd1', i, 1, workload, 1, "
+              "0, 0, '{\"n\": ' || i || '}', '[]', created_at + i FROM n, results "
+              "WHERE results.iter = 1", (views.DETAIL_ROWS + 50,))
+    await client.post("/results", json=result_row("long", "d1", 0, final=True, ok=True))
+    detail = await (await client.get("/api/jobs/long")).json()
+    rows = detail["results"]
+    assert detail["results_total"] == views.DETAIL_ROWS + 51
+    assert len(rows) == views.DETAIL_ROWS + 1
+    assert [r["iter"] for r in rows] == [0, *range(51, views.DETAIL_ROWS + 51)]
+    assert rows[0]["final"] is True and rows[0]["payload"]["final"] is True
+    assert rows[1]["metrics"] == {"n": 51} and rows[1]["trimmed"] == []
+    # The wide row is no longer among the newest; in /api/results it comes cut down too.
+    assert 1 not in {r["iter"] for r in rows}
+    pages = (await (await client.get("/api/results?job=long")).json())["pages"]
+    listed = await (await client.get(f"/api/results?job=long&page={pages}")).json()
+    wide_row = next(r for r in listed["results"] if r["iter"] == 1)
+    assert wide_row["trimmed"] == ["metrics"] and len(json.dumps(wide_row)) < 100_000
+    page = await (await client.get("/dash/legacy/jobs/long")).text()
+    assert f"{views.DETAIL_ROWS + 1} of {views.DETAIL_ROWS + 51} rows" in page
 
 
 # -- alerts -----------------------------------------------------------------------------------

@@ -374,6 +374,9 @@ def job(j: Mapping[str, Any]) -> Markup:
     results = table(("Attempt", "Device", "Iter", "OK", "Final", "Metrics", "Error"), (
         (r["attempt"], device_link(r["device_id"]), r["iter"], r["ok"], r["final"],
          metrics(r["metrics"]), r["error"]) for r in j["results"]), "No result rows.")
+    if j["results_total"] > len(j["results"]):
+        results = tag("p", f"{len(j['results'])} of {j['results_total']} rows: the final rows "
+                      "and the newest others.") + results
     chain = table(("Job", "Status", "Relation"), [
         *((job_link(d["job_id"]), pill(d["status"]), "depends on") for d in j["dependencies"]),
         *((job_link(d["job_id"]), pill(d["status"]), "waits for this") for d in j["dependents"]),

@@ -107,10 +107,32 @@ async def get_job(db: Database, job_id: str) -> dict[str, Any]:
     return _listed(row)
 
 
+# Result rows the record of one job carries: its final rows, and its newest other rows up to
+# this many, each cut down as a listing's are (RESULT_TRIM). A job may hold a million rows of
+# nearly a megabyte each (iter to 1,000,000, a body to 1 MiB): read whole, 200 of them made
+# GET /api/jobs/{id} take 3 GB and hold the loop 8 s. All of them page through
+# GET /api/results?job=<id>.
+DETAIL_ROWS = 1000
+
+
+async def _detail_rows(db: Database, job_id: str) -> tuple[list[Any], int]:
+    """The job's rows the detail shows, ordered by attempt, device and iteration, and how many
+    it has in all."""
+    finals = await db.read(f"SELECT {_LISTED_RESULT} FROM results WHERE job_id = ? AND final = 1 "
+                           "ORDER BY attempt DESC, id DESC LIMIT ?", (job_id, DETAIL_ROWS))
+    others = await db.read(f"SELECT {_LISTED_RESULT} FROM results WHERE job_id = ? AND final = 0 "
+                           "ORDER BY attempt DESC, id DESC LIMIT ?", (job_id, DETAIL_ROWS))
+    shown = [*finals, *others]
+    total = len(shown)
+    if len(finals) == DETAIL_ROWS or len(others) == DETAIL_ROWS:
+        counted = await db.read_one("SELECT COUNT(*) FROM results WHERE job_id = ?", (job_id,))
+        total = int(counted[0]) if counted else total
+    return sorted(shown, key=lambda r: (r["attempt"] or 0, r["device_id"], r["iter"])), total
+
+
 async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
     record = await get_job(db, job_id)
-    results = await db.read("SELECT * FROM results WHERE job_id = ? "
-                            "ORDER BY attempt, device_id, iter", (job_id,))
+    results, results_total = await _detail_rows(db, job_id)
     children = await db.read("SELECT job_id, status, claimed_by, last_error, target_device "
                              "FROM jobs WHERE parent_job_id = ? ORDER BY seq", (job_id,))
     attempts = await db.read("SELECT * FROM job_attempts WHERE job_seq = "
@@ -124,13 +146,14 @@ async def job_detail(db: Database, job_id: str) -> dict[str, Any]:
     dependents = await db.read("SELECT d.job_id, j.status FROM job_deps d "
                                "JOIN jobs j ON j.job_id = d.job_id WHERE d.depends_on = ?",
                                (job_id,))
-    rows = [{**result_record(r), "payload": result_payload(r)} for r in results]
+    rows = [{**_listed_result(r), "payload": result_payload(r)} for r in results]
     tried = [{"attempt": a["attempt"], "claimed_by": a["claimed_by"],
               "claimed_at": iso(a["claimed_at"]), "ended_at": iso(a["ended_at"]),
               "outcome": a["outcome"], "error": a["error"]} for a in attempts]
     record.update({
         "parent": record["parent_job_id"],
         "results": rows,
+        "results_total": results_total,
         "artifacts": await _job_artifacts(db, record["spec"], rows),
         "children": [dict(c) for c in children],
         "attempts": tried,

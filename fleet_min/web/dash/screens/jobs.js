@@ -185,7 +185,12 @@ export function JobDetail({ id }) {
         <img class="mirror" id="mirror-frame" src=${`/api/jobs/${seg(job.job_id)}/mirror`}
           alt=${`Live screen of job ${job.job_id}, as its executor sends it`} />
       <//>` : null}
-      <${Section} title=${`Result rows (${job.results.length})`} id="job-results"><${Results} rows=${job.results} /><//>
+      <${Section} title=${`Result rows (${job.results.length})`} id="job-results">
+        ${job.results_total > job.results.length ? html`<p class="muted small" id="job-results-cut">
+          ${job.results.length} of ${job.results_total} rows: the final rows and the newest others, large fields cut down.
+          <a href=${`/api/results?job=${encodeURIComponent(job.job_id)}`}>All of them, a page at a time</a>.</p>` : null}
+        <${Results} rows=${job.results} />
+      <//>
       <div class="grid two">
         <${Section} title="Chain and children" id="job-chain"><${Chain} job=${job} /><//>
         <${Section} title="Artifacts" id="job-artifacts">
