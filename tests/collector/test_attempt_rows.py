@@ -224,6 +224,31 @@ async def test_an_exact_repeat_of_a_stored_row_stays_a_duplicate_in_every_attemp
     assert (await (await client.get("/jobs/j")).json())["status"] == "claimed"
 
 
+async def test_a_final_row_under_a_progress_rows_key_is_refused_not_dropped(client):
+    """An agent that sends no `iter` posts every row as iteration 0: its final row would take
+    the key of its first progress row and, answered as a repeat, be dropped unseen while the
+    job stayed claimed. It is refused instead, saying why; a final row of its own closes it."""
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/jobs", json=job("j"))
+    await claim(client, "d")
+    progress = {k: v for k, v in result_row("j", "d", metrics={"progress": 50}).items()
+                if k != "iter"}
+    assert (await post(client, progress))["duplicate"] is False
+    final = {**progress, "final": True, "ok": False, "error": "it broke", "metrics": {}}
+    resp = await client.post("/results", json=final)
+    assert resp.status == 409
+    error = (await resp.json())["error"]
+    assert "iteration 0 of attempt 1 from d already holds a row that is not final" in error
+    assert "a row without iter is iteration 0" in error
+    assert (await (await client.get("/jobs/j")).json())["status"] == "claimed"
+    # the progress row is still the repeat it was, and a final row of its own closes the job
+    assert (await post(client, progress))["duplicate"] is True
+    closed = await post(client, {**final, "iter": 1})
+    assert closed["status"] == "failed"
+    # once stored, the final row's own repeat is a duplicate, not a refusal
+    assert (await post(client, {**final, "iter": 1}))["duplicate"] is True
+
+
 # -- 5: hand-backs keep their number ----------------------------------------------------------
 
 

@@ -279,6 +279,23 @@ async def test_an_executor_name_that_would_list_as_a_twin_is_refused(client, nam
     assert resp.status == 400
     listed = (await (await client.get("/api/executors")).json())["executors"]
     assert [e["name"] for e in listed] == ["mac-mini"]
+    # A job pinned to such a name could never be claimed, and would list as the twin's.
+    resp = await client.post("/jobs", json=host("twin", "install", app={
+        "name": "shelf", "sha256": "a" * 64}, targets={"executor": name}))
+    assert resp.status == 400
+    assert "targets.executor: the executor's name" in (await resp.json())["error"]
+    assert (await client.get("/jobs/twin")).status == 404
+
+
+async def test_a_job_pinned_to_an_executor_takes_its_names_rules(client):
+    await register(client, "mac-mini")
+    resp = await client.post("/jobs", json=host("long", "install", app={
+        "name": "shelf", "sha256": "a" * 64}, targets={"executor": "x" * 201}))
+    assert resp.status == 400 and "1 to 200 characters" in (await resp.json())["error"]
+    # An empty name is no pin, as leaving it out is.
+    resp = await client.post("/jobs", json=host("any", "install", app={
+        "name": "shelf", "sha256": "a" * 64}, targets={"executor": ""}))
+    assert resp.status == 201, await resp.text()
 
 
 # -- forgetting ----------------------------------------------------------------------------------

@@ -83,6 +83,8 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
     if touch_due(job["device_last_seen"], now):
         touch(conn, device_id, now)
     if cursor.rowcount == 0:
+        if final:
+            _refuse_final_over_progress(conn, job_id, device_id, iteration, attempt)
         return _reply(job, job["status"], attempt, duplicate=True)
     effects.emit(ResultKind.RESULT, job_id=job_id, device_id=device_id, iter=iteration, final=final,
                  attempt=attempt)
@@ -90,6 +92,23 @@ def post_result(conn: sqlite3.Connection, body: dict[str, Any], now: float,
         return _reply(job, job["status"], attempt, duplicate=False)
     status, settled = _settle(conn, job, body, now, effects)
     return {**_reply(job, status, attempt, duplicate=False), **settled}
+
+
+def _refuse_final_over_progress(conn: sqlite3.Connection, job_id: str, device_id: str,
+                                iteration: int, attempt: int) -> None:
+    """Rows are idempotent by job, device and iteration: a row under a key this attempt has
+    stored is a repeat. A final row whose key holds a row that is not final is no repeat, and
+    answering it as one would drop the job's outcome unseen (the job stays claimed until its
+    lease lapses): refused, saying why. (An agent that sends no `iter` posts every row as
+    iteration 0.)"""
+    stored = conn.execute("SELECT final FROM results WHERE job_id = ? AND device_id = ? AND "
+                          "iter = ? AND attempt = ?",
+                          (job_id, device_id, iteration, attempt)).fetchone()
+    if stored is not None and not stored[0]:
+        raise Conflict(f"job {job_id}: iteration {iteration} of attempt {attempt} from "
+                       f"{device_id} already holds a row that is not final, and rows are "
+                       "idempotent by job, device and iteration; post the final row under an "
+                       "iteration of its own (a row without iter is iteration 0)")
 
 
 def _reply(job: sqlite3.Row, status: str, attempt: int | None, *, duplicate: bool

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Required, TypedDict, cast
 
 from fleet_min import validate
-from fleet_min.collector.jobs import compat
+from fleet_min.collector.jobs import compat, executors
 from fleet_min.collector.jobs.kinds import Executor
 from fleet_min.collector.jobs.match import MatchError, compiled
 from fleet_min.errors import BadRequest
@@ -80,7 +80,15 @@ def check_spec(spec: Any, context: str = "") -> JobSpec:
         raise BadRequest(f"{context}fanout {{distinct}} applies to device jobs: host executors "
                          "do not report the devices attached to them; use \"fanout\": true "
                          "for one child per executor")
-    match = (spec.get("targets") or {}).get("match")
+    targets = spec.get("targets") or {}
+    wanted = targets.get("executor")
+    if wanted:  # an empty one means any executor, as leaving it out does
+        try:
+            executors.check_name(wanted)
+        except BadRequest as exc:
+            # A name no executor may register under pins a job no executor can take.
+            raise BadRequest(f"{context}targets.executor: {exc.message}") from None
+    match = targets.get("match")
     if match:
         try:
             compiled(match)
