@@ -80,6 +80,8 @@ PATH_PARAMS = {
     "sha256": Param("sha256", HEX64, "the artifact's SHA-256, 64 lowercase hex digits", "path"),
     "id": Param("id", SCHEDULE_ID, "a schedule id", "path"),
     "alert_id": Param("alert_id", integer(1, 10**18 - 1), "an alert id", "path"),
+    "result_id": Param("result_id", integer(0, 10**18 - 1),
+                       "a result row's id (listings and GET /api/jobs/{job_id} give it)", "path"),
     "topic": Param("topic", TOPIC, "a topic name", "path"),
     "peer_id": Param("peer_id", string(minLength=1, maxLength=200),
                      "a peer collector's stable id (GET /api/peers lists them)", "path"),
@@ -167,9 +169,12 @@ def _components() -> dict[str, Schema]:
         "JobRecord": JOB_RECORD,
         # The job row's fields, with `attempts` the list of attempts instead of their count.
         "JobDetail": obj({**JOB_FIELDS, **{
-            "results": arr({"allOf": [ref("ResultRecord"), obj({"payload": obj(
-                description="the row as posted (rebuilt from what is stored), for the "
-                            "clients already in the field")})]}),
+            "results": arr({"allOf": [ref("ResultListed"), obj({"payload": obj(
+                description="the row as posted (rebuilt from what is stored, cut down as "
+                            "the row is), for the clients already in the field")})]},
+                description="every final row and the newest 1,000 others, ordered by "
+                            "attempt, device and iteration"),
+            "results_total": integer(0),
             "parent": null(STR),
             "artifacts": arr(obj({"sha256": HEX64, "role": enum("input", "output"),
                                   "in_store": BOOL, "name": null(STR), "size": null(INT),
@@ -206,7 +211,8 @@ def _components() -> dict[str, Schema]:
                 "a result row as a listing carries it: metrics, device and the extra fields "
                 "an agent added, each past 8,192 characters of JSON (2,048 for device), keep "
                 "only their first fields that are plain, or short text, objects or arrays "
-                "(`trimmed` then names them); GET /api/jobs/{job_id} has the row whole"))]},
+                "(`trimmed` then names them); GET /api/results/{result_id} has the row "
+                "whole"))]},
         "Artifact": ARTIFACT,
         "Schedule": SCHEDULE,
         "ScheduleOk": {"allOf": [SCHEDULE, obj({"ok": OK_TRUE})]},
@@ -582,6 +588,10 @@ def _reads() -> list[Route]:
                       query("workload", STR, "workload"),
                       query("from", STR, "ISO-8601 time"), query("to", STR, "ISO-8601 time"),
                       query("page", integer(1, 1_000_000), "page number")), tag=tag),
+        Route("GET", "/api/results/{result_id}", "One result row whole, as stored",
+              {200: json_reply({"allOf": [ref("ResultRecord"), obj({"payload": obj(
+                  description="the row as posted (rebuilt from what is stored)")})]})},
+              {404: "no result row with this id"}, tag=tag),
         *_result_views(tag),
         Route("GET", "/api/system", "What the collector holds on disk", {200: json_reply(obj({
             "uptime_s": NUM, "started_at": TIME, "now": TIME, "data_dir": STR,

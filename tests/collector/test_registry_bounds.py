@@ -6,6 +6,8 @@ executors a collector keeps (any name a poll gives is stored)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from fleet_min.collector.jobs.executors import MAX_EXECUTORS
@@ -253,8 +255,8 @@ async def test_a_page_of_bulky_jobs_stays_small(client):
 
 async def test_a_page_of_bulky_result_rows_stays_small_and_the_job_keeps_them_whole(client):
     """Rows near the body limit (metrics, device and an agent's own fields, which validation
-    does not bound) are cut down in the results listing and a device's benchmark history;
-    the job's own record carries each row as posted."""
+    does not bound) are cut down in the results listing, a device's benchmark history and the
+    job's detail; GET /api/results/{id} carries one row as posted."""
     assert (await register(client, "bench-pi"))[0] == 200
     assert (await client.post("/jobs", json=job("big", targets={
         "device_id": "bench-pi"}))).status == 201
@@ -280,10 +282,18 @@ async def test_a_page_of_bulky_result_rows_stays_small_and_the_job_keeps_them_wh
     detail = await (await client.get("/api/devices/bench-pi")).json()
     assert detail["benchmarks"][0]["trimmed"] == ["metrics", "device", "extra"]
     assert detail["benchmarks"][0]["metrics"] == {"decode_tok_s": 12.5}
-    whole = await (await client.get("/api/jobs/big")).json()
-    assert len(whole["results"]) == rows
-    assert {len(r["log"]) for r in whole["results"]} == {150_000}
-    assert {len(r["metrics"]["notes"]) for r in whole["results"]} == {150_000}
+    job_detail = await (await client.get("/api/jobs/big")).read()
+    assert len(job_detail) < rows * 4000, len(job_detail)  # with each row's payload
+    listed = json.loads(job_detail)["results"]
+    assert len(listed) == rows and all(r["trimmed"] == ["metrics", "device", "extra"]
+                                       for r in listed)
+    for row in listed:
+        whole = await (await client.get(f"/api/results/{row['id']}")).json()
+        assert len(whole["log"]) == 150_000 and len(whole["metrics"]["notes"]) == 150_000
+        assert whole["payload"]["device"]["soc"] == "s" * 150_000
+        assert (whole["iter"], whole["final"]) == (row["iter"], row["final"])
+    assert (await client.get("/api/results/999999")).status == 404
+    assert (await client.get("/api/results/-1")).status == 404
 
 
 async def test_names_a_page_shows_refuse_characters_that_reorder_the_text(client):

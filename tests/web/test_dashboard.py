@@ -106,6 +106,41 @@ def test_a_host_job_names_its_executor_and_the_executors_screen_shows_it(
     assert page.watch.errors == []
 
 
+def test_a_job_with_more_rows_than_its_page_carries_says_so_and_links_whole_rows(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    """The job page carries the final rows and the newest 1,000 others, cut down: it says how
+    many there are in all, and a row cut down links to the whole of it."""
+    proc = CollectorProcess(tmp_path / "rows").start()
+    try:
+        assert proc.client.post("/devices/register", registration("pi"))[0] == 200
+        assert proc.client.post("/jobs", job("many", targets={"device_id": "pi"}))[0] == 201
+        assert proc.client.get("/devices/pi/next-job")[0] == 200
+        status, _ = proc.client.post("/results", {
+            "schema": 1, "kind": "result", "job_id": "many", "device_id": "pi", "iter": 1,
+            "ok": True, "metrics": {"decode_tok_s": 9.5, "notes": "n" * 20_000}})
+        assert status == 200
+        age_rows(proc.data_dir / "fleet.sqlite3", "WITH RECURSIVE n(i) AS (SELECT 2 UNION ALL "
+                 "SELECT i + 1 FROM n WHERE i < 1010) INSERT INTO results (job_id, device_id, "
+                 "iter, attempt, workload, ok, final, preempted, metrics, artifacts, created_at) "
+                 "SELECT job_id, device_id, i, attempt, workload, 1, 0, 0, '{\"n\": 1}', '[]', "
+                 "created_at - i FROM n, results WHERE results.iter = 1")
+        status, _ = proc.client.post("/results", {
+            "schema": 1, "kind": "result", "job_id": "many", "device_id": "pi", "iter": 0,
+            "final": True, "ok": True, "metrics": {"decode_tok_s": 9.5, "notes": "n" * 20_000}})
+        assert status == 200
+        page = open_page(proc.url + "/dash/jobs/many", wait="#job-results-cut")
+        assert "1001 of 1011 rows" in page.inner_text("#job-results-cut")
+        final_id = proc.client.get("/api/jobs/many")[1]["results"][0]["id"]
+        link = page.locator(f"table.results a[href='/api/results/{final_id}']")
+        assert link.inner_text() == "whole row"
+        shot(page, "dash-job-rows-cut")
+        whole = proc.client.get(f"/api/results/{final_id}")[1]
+        assert len(whole["metrics"]["notes"]) == 20_000
+        assert page.watch.errors == []
+    finally:
+        proc.stop()
+
+
 def test_an_executor_that_is_gone_is_forgotten_from_the_executors_screen(
         tmp_path: Path, open_page: Callable[..., Any]) -> None:
     proc = CollectorProcess(tmp_path / "forget").start()

@@ -330,6 +330,11 @@ async def api_results(request: web.Request) -> web.Response:
     return json_response(await views.list_results(service_of(request).db, request.query))
 
 
+async def api_result(request: web.Request) -> web.Response:
+    return json_response(await views.get_result(service_of(request).db,
+                                                request.match_info["result_id"]))
+
+
 async def api_delete_executor(request: web.Request) -> web.Response:
     name = executors.check_name(request.match_info["name"])
     service = service_of(request)
@@ -417,6 +422,7 @@ def add_routes(app: web.Application) -> None:
         web.delete("/api/devices/{device_id}", api_delete_device),
         web.get("/api/devices/{device_id}/beacons", api_device_beacons),
         web.get("/api/results", api_results),
+        web.get(r"/api/results/{result_id:\d{1,18}}", api_result),
         web.get("/api/jobs", api_jobs),
         web.post("/api/jobs", post_jobs),  # the original's clients enqueue here
         web.post("/api/jobs/preview-targets", api_preview_targets),

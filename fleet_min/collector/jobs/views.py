@@ -247,6 +247,14 @@ def result_payload(row: Any) -> dict[str, Any]:
     return payload
 
 
+async def get_result(db: Database, result_id: str) -> dict[str, Any]:
+    """One result row whole (listings and the job's detail cut bulky fields down)."""
+    row = await db.read_one("SELECT * FROM results WHERE id = ?", (int(result_id),))
+    if row is None:
+        raise NotFound(f"no result row {result_id}")
+    return {**result_record(row), "payload": result_payload(row)}
+
+
 async def list_results(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     where: list[str] = ["1 = 1"]
     params: list[Any] = []

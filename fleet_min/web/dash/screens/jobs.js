@@ -97,7 +97,8 @@ function Results({ rows }) {
     rows=${rows.map((r) => html`<tr class=${r.ok === false ? "row-bad" : ""}>
       <td>${r.attempt}</td><td><${DeviceLink} id=${r.device_id} /></td><td>${r.iter === 0 ? "summary" : r.iter}</td>
       <td>${r.ok === null ? "–" : r.ok ? "yes" : "no"}</td><td>${r.final ? (r.preempted ? "handed back" : "yes") : ""}</td>
-      <td class="metrics">${metricText(r.metrics)}</td><td class="error-text">${r.error}</td>
+      <td class="metrics">${metricText(r.metrics)}${r.trimmed && r.trimmed.length ? html` <a class="small"
+        href=${`/api/results/${r.id}`} title=${`Cut down here: ${r.trimmed.join(", ")}`}>whole row</a>` : null}</td><td class="error-text">${r.error}</td>
       <td><${Ago} iso=${r.created_at} /></td></tr>`)} />`;
 }
 
