@@ -248,6 +248,28 @@ async def test_a_signing_job_needs_the_token_when_one_is_set(collector_factory, 
     assert resp.status == 201, await resp.text()
 
 
+async def test_a_workload_named_by_a_template_reference_needs_the_token_too(
+        collector_factory, monkeypatch):
+    """A workload holding `${jobs.<id>.metrics.<key>}` is named only at promotion, from a row
+    whoever ran the dependency chose: queued without the token it became an archive job that
+    signed the attacker's bytes. With a token set it needs the token, whole or embedded."""
+    client = await start(collector_factory, monkeypatch, TOKEN)
+    # An executor declaring the reference as a capability gets the job past "nobody runs it".
+    assert (await client.post("/executors/register", json={
+        "name": "decoy", "capabilities": ["${jobs.dep.metrics.wl}", "arch${jobs.dep.metrics.x}"]
+    })).status == 200
+    assert (await client.post("/jobs", json=job("dep"))).status == 201
+    for job_id, workload in (("whole", "${jobs.dep.metrics.wl}"),
+                             ("inside", "arch${jobs.dep.metrics.x}")):
+        spec = {**archive_job(job_id), "workload": workload, "depends_on": ["dep"]}
+        resp = await client.post("/jobs", json=spec)
+        assert resp.status == 401, await resp.text()
+        assert "template reference" in (await resp.json())["error"]
+        assert (await client.get(f"/jobs/{job_id}")).status == 404
+        resp = await client.post("/jobs", json=spec, headers=GOOD)
+        assert resp.status == 201, await resp.text()
+
+
 async def test_without_a_token_a_signing_job_is_as_open_as_any(collector_factory, monkeypatch):
     client = await start(collector_factory, monkeypatch)
     resp = await client.post("/jobs", json=archive_job("sign-1"))

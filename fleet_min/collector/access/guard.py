@@ -162,13 +162,19 @@ def _require(headers: Mapping[str, str], token: str, missing: str) -> None:
 # signed under the owner's name.
 SIGNING_WORKLOADS = frozenset({"archive"})
 SIGNING_MISSING = ("this collector requires X-Fleet-Token for jobs that sign with an executor's "
-                   "release key (the archive workload)")
+                   "release key (the archive workload), and for jobs whose workload is a "
+                   "template reference, which could resolve to one")
 
 
 def check_signing_jobs(workloads: list[str], headers: Mapping[str, str],
                        token: str | None) -> None:
-    """Refuse jobs of a signing workload without the dashboard token, when one is set."""
-    if token and not SIGNING_WORKLOADS.isdisjoint(workloads):
+    """Refuse jobs of a signing workload without the dashboard token, when one is set. A
+    workload holding a template reference (`${jobs.<id>.metrics.<key>}`, whole or inside a
+    longer name) is named only at promotion, from a dependency's row that whoever ran it
+    chose, so it counts as signing: without this a job queued as `${jobs.dep.metrics.wl}`
+    became an archive job nobody with the token had asked for."""
+    if token and any(workload in SIGNING_WORKLOADS or "${" in workload
+                     for workload in workloads):
         _require(headers, token, SIGNING_MISSING)
 
 
