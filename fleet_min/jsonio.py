@@ -160,15 +160,21 @@ class TooDeep(ValueError):
     """JSON nested deeper than MAX_DEPTH: refused before any parser recursed into it."""
 
 
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
+
+
 def loads_foreign(raw: bytes | str) -> Any:
     """JSON that another server answered or someone else's file holds (a peer's health, the
     statuses API's refusal, the coordinator's reply, GitHub's answers, a runner's `.runner`).
-    ValueError, never RecursionError, when it is not JSON; TooDeep (a ValueError) when it nests
-    deeper than MAX_DEPTH, measured before the parser recurses into it."""
+    ValueError, never RecursionError, when it is not JSON (NaN and Infinity too, which
+    Python's parser takes and a browser's does not: the peer proxy relays what this accepts as
+    application/json); TooDeep (a ValueError) when it nests deeper than MAX_DEPTH, measured
+    before the parser recurses into it."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if too_deep(data):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
-    return json.loads(raw)
+    return json.loads(raw, parse_constant=_not_json)
 
 
 def too_deep(raw: bytes | bytearray, limit: int = MAX_DEPTH) -> bool:

@@ -228,3 +228,6 @@ def test_foreign_json_is_refused_by_its_depth_before_any_parser_recurses() -> No
     assert jsonio.loads_foreign("[" * 64 + "]" * 64) == jsonio.loads_foreign(
         b"[" * 64 + b"]" * 64)
     assert jsonio.loads_foreign('{"message": "\\ud800"}') == {"message": "\ud800"}
+    for constant in (b'{"n": NaN}', b"[Infinity]", b"[-Infinity]"):
+        with pytest.raises(ValueError, match="is not JSON"):
+            jsonio.loads_foreign(constant)

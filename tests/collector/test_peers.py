@@ -230,10 +230,13 @@ async def test_at_most_a_few_proxied_reads_are_in_flight(collector_factory, monk
     (b"[" * 200_000, 200, "nested deeper than 64 levels"),
     (b"[" * 65 + b"]" * 65, 200, "nested deeper than 64 levels"),
     (b'"' + b"a" * (peers.PARSE_INLINE + 1), 200, "not JSON"),  # parsed off the loop
+    (b'{"n": NaN, "m": Infinity}', 200, "not JSON"),  # Python reads them; a browser does not
+    (b'[-Infinity]', 200, "not JSON"),
     (b'{"x": 1}', 101, "status 101"),
     (b'{"x": 1}', 600, "status 600"),
     (b'{"x": 1}', 302, "status 302"),
-], ids=["script", "cut-short", "deep", "65-levels", "large", "101", "600", "302"])
+], ids=["script", "cut-short", "deep", "65-levels", "large", "nan", "minus-infinity", "101",
+        "600", "302"])
 async def test_an_answer_the_proxy_cannot_vouch_for_is_502(collector_factory, monkeypatch,
                                                           tmp_path, fake_peer, body, status,
                                                           words):
@@ -258,8 +261,9 @@ async def test_json_answers_with_2xx_4xx_5xx_pass_through(collector_factory, mon
     assert resp.status == status and await resp.read() == deep_enough
 
 
-@pytest.mark.parametrize("health", [b"[" * 5000, b'{"collector": "\\ud800"}', b"\xff\xfe{"],
-                         ids=["deep", "surrogate-id", "not-utf8"])
+@pytest.mark.parametrize("health", [b"[" * 5000, b'{"collector": "\\ud800"}', b"\xff\xfe{",
+                                    b'{"collector": ".."}', b'{"collector": "."}'],
+                         ids=["deep", "surrogate-id", "not-utf8", "dot-dot-id", "dot-id"])
 async def test_a_peer_whose_health_makes_no_sense_is_listed_unreachable(
         collector_factory, monkeypatch, tmp_path, fake_peer, health):
     fake_peer.health_body = health

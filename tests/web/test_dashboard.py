@@ -5,6 +5,7 @@ read-only view. Screenshots go to test-artifacts/screenshots/."""
 
 from __future__ import annotations
 
+import json
 import time
 import urllib.request
 from collections.abc import Callable
@@ -391,6 +392,14 @@ def test_a_replaced_peer_is_pinned_again_from_the_peers_page(
                 proc.stop()
 
 
+def upload(proc: CollectorProcess, data: bytes, name: str) -> dict[str, Any]:
+    request = urllib.request.Request(proc.url + "/artifacts", data=data, method="POST", headers={
+        "Content-Type": "application/octet-stream", "X-Artifact-Name": name})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert resp.status == 201
+        return dict(json.loads(resp.read()))
+
+
 def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -> None:
     other = CollectorProcess(tmp_path / "other").start()
     here = CollectorProcess(tmp_path / "here", env={"FLEET_PEERS": other.url}).start()
@@ -417,6 +426,21 @@ def test_peer_view_is_read_only(tmp_path: Path, open_page: Callable[..., Any]) -
         page.wait_for_selector("#job-status >> text=queued")
         assert page.locator("button:has-text('Cancel job')").count() == 0
         shot(page, "peer-job")
+        # A peer's artifacts are listed, but their bytes are not ours to serve, and a link the
+        # peer's answer names (its `url`) never reaches our page: no Download in its view.
+        stored = upload(other, b"peer build", "peer.apk")
+        page.goto(f"{here.url}/dash/@{peer_id}/artifacts")
+        page.wait_for_selector("text=peer.apk")
+        assert page.locator("a:has-text('Download')").count() == 0
+        page.goto(f"{here.url}/dash/@{peer_id}/artifacts/{stored['sha256']}")
+        page.wait_for_selector("text=peer.apk")
+        assert page.locator("a:has-text('Download')").count() == 0
+        # In our own view the button is built from the hash.
+        ours = upload(here, b"our build", "ours.apk")
+        page.goto(f"{here.url}/dash/artifacts")
+        page.wait_for_selector("text=ours.apk")
+        assert page.locator("a:has-text('Download')").get_attribute("href") == (
+            f"/artifacts/{ours['sha256']}")
         assert page.watch.errors == []
     finally:
         here.stop()

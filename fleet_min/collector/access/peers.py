@@ -44,7 +44,9 @@ MAX_READS = 8
 HEALTH_MAX = 64 << 10
 PARSE_INLINE = 256 << 10  # a proxied answer larger than this is parsed off the loop
 WARN_EVERY_S = 600.0  # at most one warning per peer this often, not one per check
-COLLECTOR_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+# Not `.` or `..`: the dashboard puts a peer's id in its paths (/dash/@<id>/...), where those
+# name a directory, and every read of that peer's view went to another path.
+COLLECTOR_ID = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9._:-]{1,128}")
 
 # The read endpoints a peer may be asked for; `{}` is one path segment.
 READABLE: tuple[str, ...] = (

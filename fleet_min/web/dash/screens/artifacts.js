@@ -10,6 +10,12 @@ import {
   Page, Section, Loaded, Table, Pill, Ago, JobLink, DeviceLink, Fields, Action, ConfirmButton, Link, Pager, Empty, Hash,
 } from "../lib/ui.js";
 
+// Where an artifact's bytes are: built from its hash, never from the answer's `url`, which a
+// peer's view takes from that peer (a link to another site on our own page); a peer's bytes are
+// not ours to serve, so its view offers no download.
+const HEX64 = /^[0-9a-f]{64}$/;
+const download = (sha) => (!currentPeer() && HEX64.test(sha) ? `/artifacts/${sha}` : null);
+
 const TABS = [["all", "All"], ["builds", "Published builds"], ["pinned", "Pinned"], ["gc", "Collection candidates"]];
 
 // Published builds carry an app name; the list API has no such filter, so this page of the
@@ -47,7 +53,7 @@ function ArtifactRows({ items, reload }) {
       <td>${a.app ? `${a.app}${a.build ? ` · ${a.build}` : ""}` : "–"}</td><td>${a.platform || "–"}</td>
       <td class="nowrap">${bytes(a.size)}</td><td><${Ago} iso=${a.created_at} /></td>
       <td>${a.pinned ? html`<span class="chip pin" title="pinned">pinned: ${a.pinned_reason}</span>` : ""}${a.baseline ? html` <span class="chip">baseline</span>` : null}</td>
-      <td class="actions-cell"><a class="btn small" href=${a.url} download>Download</a>
+      <td class="actions-cell">${download(a.sha256) ? html`<a class="btn small" href=${download(a.sha256)} download>Download</a>` : null}
         ${a.pinned ? html`<${Action} kind="small" onClick=${() => unpin(a)}>Unpin<//>` : html`<${PinForm} sha=${a.sha256} onDone=${reload} />`}
         ${!a.pinned && !a.baseline ? html`<${ConfirmButton} small label="Delete" question="Delete these bytes?" onConfirm=${() => remove(a)} />` : null}</td>
     </tr>`)} />`;
@@ -89,7 +95,7 @@ export function ArtifactDetail({ sha }) {
   const unpin = async () => { if (await run(() => del(`/api/artifacts/${seg(sha)}/pin`), "Unpinned.")) res.reload(); };
   const remove = async () => { if (await run(() => del(`/api/artifacts/${seg(sha)}`), "Deleted.")) navigate(href("/artifacts")); };
   return html`<${Page} title=${a?.name || `Artifact ${shortSha(sha)}…`} subtitle=${html`<span class="small">SHA-256 <${Hash} value=${sha} full /></span>`}
-    actions=${a ? html`<a class="btn" href=${a.url} download>Download</a>
+    actions=${a ? html`${download(sha) ? html`<a class="btn" href=${download(sha)} download>Download</a>` : null}
       ${a.pinned ? html`<${Action} onClick=${unpin} disabled=${busy}>Unpin<//>` : html`<${PinForm} sha=${sha} onDone=${res.reload} />`}
       <${Action} onClick=${baseline} disabled=${busy}>${a.baseline ? "Drop baseline" : "Accept as baseline"}<//>
       ${a.deletable ? html`<${ConfirmButton} label="Delete" question="Delete these bytes?" onConfirm=${remove} />` : null}` : null}>
