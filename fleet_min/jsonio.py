@@ -164,17 +164,18 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-def loads_foreign(raw: bytes | str) -> Any:
+def loads_foreign(raw: bytes | str, *, constants: bool = True) -> Any:
     """JSON that another server answered or someone else's file holds (a peer's health, the
     statuses API's refusal, the coordinator's reply, GitHub's answers, a runner's `.runner`).
-    ValueError, never RecursionError, when it is not JSON (NaN and Infinity too, which
-    Python's parser takes and a browser's does not: the peer proxy relays what this accepts as
-    application/json); TooDeep (a ValueError) when it nests deeper than MAX_DEPTH, measured
-    before the parser recurses into it."""
+    ValueError, never RecursionError, when it is not JSON; TooDeep (a ValueError) when it nests
+    deeper than MAX_DEPTH, measured before the parser recurses into it. With constants=False,
+    NaN and Infinity are not JSON either: Python's parser takes them and a browser's does not,
+    so what is relayed to one as application/json (the peer proxy) must have none; readers
+    that clean each value (GitHub's items) take them and drop the value."""
     data = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
     if too_deep(data):
         raise TooDeep(f"nested deeper than {MAX_DEPTH} levels")
-    return json.loads(raw, parse_constant=_not_json)
+    return json.loads(raw) if constants else json.loads(raw, parse_constant=_not_json)
 
 
 def too_deep(raw: bytes | bytearray, limit: int = MAX_DEPTH) -> bool:

@@ -14,6 +14,7 @@ client's X-Fleet-Token), no redirect followed, a short timeout and a cap on the 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import sqlite3
@@ -366,9 +367,10 @@ async def _check_json(body: bytes, said: str) -> None:
     loop keeps serving meanwhile."""
     try:
         if len(body) > PARSE_INLINE:
-            await asyncio.to_thread(jsonio.loads_foreign, body)
+            await asyncio.to_thread(functools.partial(jsonio.loads_foreign, constants=False),
+                                    body)
         else:
-            jsonio.loads_foreign(body)
+            jsonio.loads_foreign(body, constants=False)
     except jsonio.TooDeep:
         raise BadGateway(f"{said} JSON nested deeper than {jsonio.MAX_DEPTH} levels, which "
                          "the proxy does not relay") from None

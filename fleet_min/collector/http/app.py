@@ -422,7 +422,8 @@ def add_routes(app: web.Application) -> None:
         web.delete("/api/devices/{device_id}", api_delete_device),
         web.get("/api/devices/{device_id}/beacons", api_device_beacons),
         web.get("/api/results", api_results),
-        web.get(r"/api/results/{result_id:\d{1,18}}", api_result),
+        # [0-9], not \d: Python's \d takes every script's digits, and int() reads them too.
+        web.get(r"/api/results/{result_id:[0-9]{1,18}}", api_result),
         web.get("/api/jobs", api_jobs),
         web.post("/api/jobs", post_jobs),  # the original's clients enqueue here
         web.post("/api/jobs/preview-targets", api_preview_targets),
