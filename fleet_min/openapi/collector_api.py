@@ -490,9 +490,13 @@ def _devices() -> list[Route]:
                   "expires_at": null(TIME)}))}))}, tag=tag),
         Route("GET", "/api/devices", "List devices (expired temporary ones on request)",
               {200: json_reply(obj({"devices": arr({"allOf": [ref("Device"), obj({
-                  "trimmed": arr(enum("descriptor", "last_beacon"))}, description=(
-                  "which of the two a listing carries cut down: past 2,048 characters of "
-                  "JSON, only their first 32 plain fields (text up to 200 characters); "
+                  "trimmed": arr(enum("descriptor", "last_beacon", "pools", "pools_override",
+                                      "capabilities"))}, description=(
+                  "which parts a listing carries cut down: the descriptor and last beacon "
+                  "past 2,048 characters of JSON keep only their first 32 plain fields (text "
+                  "up to 200 characters); pools, pools_override and capabilities past 1,024 "
+                  "characters only their first 32 names of up to 64 characters (the "
+                  "effective `pools` and `reported_pools` follow); "
                   "GET /api/devices/{device_id} has them whole"))]}),
                   "pools": arr(STR),
                   "expired_hidden": {**integer(0), "description": "expired temporary devices "

@@ -179,6 +179,40 @@ async def test_a_listing_of_many_bulky_devices_stays_small(client):
     assert len(body) < 200 * 2000, len(body)
 
 
+async def test_the_listing_trims_long_name_lists_and_the_record_keeps_them(client, db_path):
+    """A registration may declare 256 capabilities of 200 characters and 64 pools of 100: 25,000
+    such devices made the listing 2 GB. A listing carries each list whole up to 1,024 characters of
+    JSON, else its first 32 short names, and says so; the device's record has them all."""
+    capabilities = ["benchmark", *(f"cap-{n}-" + "c" * 190 for n in range(255))]
+    pools = ["shelf", *(f"pool-{n}-" + "p" * 90 for n in range(63))]
+    status, body = await register(client, "wide", capabilities=capabilities, pools=pools)
+    assert status == 200, body
+    await register(client, "plain", capabilities=["benchmark"], pools=["shelf"])
+    got = await listed(client, "")
+    assert got["plain"]["trimmed"] == [] and got["plain"]["capabilities"] == ["benchmark"]
+    wide = got["wide"]
+    assert wide["trimmed"] == ["pools", "capabilities"]
+    assert wide["capabilities"] == ["benchmark"] and wide["pools"] == ["shelf"]
+    assert wide["reported_pools"] == ["shelf"]
+    whole = await (await client.get("/api/devices/wide")).json()
+    assert whole["capabilities"] == sorted(capabilities) and whole["pools"] == pools
+    # Long lists of short names keep their first 32.
+    short = [f"c{n}" for n in range(256)]
+    assert (await register(client, "many", capabilities=short))[0] == 200
+    many = (await listed(client, ""))["many"]
+    assert many["trimmed"] == ["capabilities"] and many["capabilities"] == sorted(short)[:32]
+    # 1,200 devices at the limit: the listing stays within a few KB a device.
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE "
+              "i < 1200) INSERT INTO devices (device_id, platform, kind, pools, capabilities, "
+              "descriptor, first_seen, last_seen, registered_at) SELECT 'w' || i, platform, "
+              "kind, pools, capabilities, descriptor, first_seen, last_seen - i, registered_at "
+              "FROM n, devices WHERE device_id = 'wide'")
+    body = await (await client.get("/api/devices")).read()
+    assert len(body) < 1203 * 3000, len(body)
+    page = await (await client.get("/dash/legacy/devices")).text()
+    assert "The 1000 seen most recently of 1203 devices." in page
+
+
 def fill_executors(db_path, count: int, silent_s: float = 0.0) -> None:
     """`count` host executors, stored as a collector stores polls, last heard `silent_s` ago."""
     edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "

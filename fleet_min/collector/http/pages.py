@@ -31,6 +31,8 @@ PACKAGE = "fleet_min"
 SERVED = ("dash", "runner", "vendor", "common")  # folders of web/ reachable under /static
 IMMUTABLE = "public, max-age=31536000, immutable"
 REVALIDATE = "no-cache"
+# A plain page is one HTML table: past this many devices it shows the ones seen last.
+PAGE_DEVICES = 1000
 RECENT_JOBS = 20  # newest jobs on the legacy overview
 RECENT_BENCH_S = 7 * 86400  # benchmark runs the legacy overview summarises
 
@@ -133,7 +135,12 @@ class Legacy:
 
     async def devices(self, request: web.Request) -> web.Response:
         listing = await views.list_devices(self.db, now(), False)
-        return self.page("Devices", "/devices", legacy.device_table(listing["devices"]))
+        devices = listing["devices"]
+        content = legacy.device_table(devices[:PAGE_DEVICES])
+        if len(devices) > PAGE_DEVICES:
+            content = legacy.tag("p", f"The {PAGE_DEVICES} seen most recently of "
+                                 f"{len(devices)} devices.") + content
+        return self.page("Devices", "/devices", content)
 
     async def device(self, request: web.Request) -> web.Response:
         device_id = request.match_info["device_id"]
