@@ -626,6 +626,16 @@ UI_RUN = obj({"job_id": STR, "device_id": STR, "build": STR, "ok": null(BOOL),
               "passed": null(integer(0)), "failed": null(integer(0)), "at": TIME})
 
 
+# A soak or vision run's device: its newest row, the metrics cut down past 2,048 characters.
+RUN_ROW = obj({"device_id": STR, "rows": integer(1), "result_id": INT, "ok": null(BOOL),
+               "error": null(STR), "metrics": obj(), "at": TIME,
+               "trimmed": arr(enum("metrics"))},
+              description="metrics past 2,048 characters of JSON keep only their first 32 "
+                          "fields whose name and value fit 64 characters (numbers a double "
+                          "holds, booleans, null, text, short arrays and objects); `trimmed` "
+                          "then names them, and GET /api/results/{result_id} has the row whole")
+
+
 def job_run(device: dict[str, Any]) -> dict[str, Any]:
     """A job of the original's per-run views, with a row per device."""
     return obj({"job_id": STR, "workload": STR, "status": JOB_STATUS, "created_at": TIME,
@@ -669,7 +679,9 @@ def _result_views(tag: str) -> list[Route]:
                                     "from": TIME, "to": TIME, "max_gap_s": NUM,
                                     "devices": arr(obj({"device_id": STR,
                                                         "drain_pct_per_h": null(NUM),
-                                                        "series": arr(obj())})),
+                                                        "series": arr(obj())}),
+                                                   maxItems=200),
+                                    "devices_total": integer(0), "cut": BOOL,
                                     "runs": arr(job_run(obj({
                                         "device_id": STR, "pct_per_h": null(NUM),
                                         "pct_per_h_inferred": BOOL})))}))},
@@ -679,15 +691,14 @@ def _result_views(tag: str) -> list[Route]:
               {200: json_reply(obj({"workloads": arr(STR), "truncated": BOOL,
                                     "series": arr(obj({"device_id": STR, "mem_method": null(STR),
                                                        "points": arr(obj())})),
-                                    "runs": arr(job_run(obj({"device_id": STR,
-                                                             "rows": integer(1)})))}))},
+                                    "runs": arr(job_run(RUN_ROW))}))},
               {400: BAD_QUERY},
               params=(*common, query("workload", enum("app-soak", "soak"), "default both"),
                       *times, query("limit", integer(1, 10_000), "points, default 2000")),
               tag=tag),
         Route("GET", "/api/results/vision", "Vision jobs with each device's newest row",
-              {200: json_reply(obj({"workload": enum("vision"), "runs": arr(job_run(obj({
-                  "device_id": STR, "rows": integer(1)})))}))}, {400: BAD_QUERY},
+              {200: json_reply(obj({"workload": enum("vision"), "runs": arr(job_run(
+                  RUN_ROW))}))}, {400: BAD_QUERY},
               params=(query("limit", integer(1, 200), "jobs, default 50"),), tag=tag),
     ]
 
@@ -1022,10 +1033,15 @@ def _enrolment() -> list[Route]:
               {200: json_reply(obj({"port": INT, "hostname": STR, "bases": arr(base),
                                     "agent": obj({"path": STR, "options": STR}),
                                     "runner_app": STR, "runner_apk": null(build),
-                                    "known_device_ids": arr(STR), "pools": arr(STR)}))},
+                                    "known_device_ids": arr(STR, maxItems=1000),
+                                    "known_devices": integer(0), "now": TIME,
+                                    "pools": arr(STR, maxItems=500), "pools_truncated": BOOL,
+                                    "device_id_taken?": BOOL}))},
               {400: BAD_QUERY},
               params=(query("app", STR, "the runner's app name (default "
-                            "fleet-runner-android)"),), tag=tag),
+                            "fleet-runner-android)"),
+                      query("device_id", STR, "answer device_id_taken: is a device registered "
+                            "under this id")), tag=tag),
         Route("GET", "/api/enroll/qr", "A QR code as SVG (black on white, quiet zone)",
               {200: text_reply("SVG", "image/svg+xml")}, {400: "no text, or over 512 characters"},
               params=(query("text", STR, "what the code says", required=True),), tag=tag),

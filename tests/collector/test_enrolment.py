@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from fleet_min.collector.access import enrolment
-from tests.support.collector import CollectorProcess, registration
+from tests.support.collector import CollectorProcess, edit_rows, registration
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "agent" / "fleet_agent.py"
@@ -61,6 +61,51 @@ async def test_enroll_lists_addresses_names_devices_and_the_runner_build(collect
     other = await (await api.get("/api/enroll?app=shelf-app")).json()
     assert other["runner_apk"]["name"] == "shelf.apk"
     assert (await api.get("/api/enroll?app=" + "x" * 201)).status == 400
+
+
+async def test_enroll_bounds_the_devices_and_pools_it_lists(client, db_path):
+    """The page needs neither list whole: every device's id and pools made one answer 163 MB
+    (25,000 devices of 64 pools). The ids are the devices seen most recently, with the count of
+    all; the pools are distinct, at most POOLS_SHOWN, and say when more exist; whether an id is
+    taken is one lookup."""
+    await client.post("/devices/register", json=registration("pixel-7", pools=["phones", "lab"]))
+    await client.post("/devices/register", json=registration("pi-4", pools=["sbc", "lab"]))
+    await client.post("/devices/register", json=registration("odd", pools=["hidden"]))
+    edit_rows(db_path, "UPDATE devices SET pools_override = '[\"desk\", 7]' "
+                       "WHERE device_id = 'pi-4'")
+    edit_rows(db_path, "UPDATE devices SET pools = '{\"not\": \"a list\"}' "
+                       "WHERE device_id = 'odd'")
+    small = await (await client.get("/api/enroll")).json()
+    assert sorted(small["known_device_ids"]) == ["odd", "pi-4", "pixel-7"]
+    assert small["known_devices"] == 3
+    assert (small["pools"], small["pools_truncated"]) == (["desk", "lab", "phones"], False)
+    assert "device_id_taken" not in small
+    for asked, taken in (("pi-4", True), ("pi-5", False)):
+        got = await (await client.get(f"/api/enroll?device_id={asked}")).json()
+        assert got["device_id_taken"] is taken, asked
+    assert "device_id_taken" not in await (await client.get("/api/enroll?device_id=")).json()
+    assert (await client.get("/api/enroll?device_id=" + "x" * 201)).status == 400
+
+    # Many more devices, each in pools of its own, as a registry filled by open registrations
+    # may hold them (written straight into the file; last seen long ago).
+    bulk = enrolment.KNOWN_IDS + 200
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                       "WHERE i < ?) INSERT INTO devices (device_id, pools, first_seen, "
+                       "last_seen, registered_at) SELECT printf('bulk-%05d', i), "
+                       "json_array(printf('pool-%05d-a', i), printf('pool-%05d-b', i)), "
+                       "0, i, 0 FROM n", (bulk,))
+    resp = await client.get("/api/enroll?device_id=bulk-00001")
+    body = await resp.read()
+    got = await resp.json()
+    assert got["known_devices"] == bulk + 3 and got["device_id_taken"] is True
+    ids = got["known_device_ids"]
+    assert len(ids) == enrolment.KNOWN_IDS
+    assert sorted(ids[:3]) == ["odd", "pi-4", "pixel-7"]  # seen most recently: listed first
+    assert ids[3:6] == [f"bulk-{bulk - k:05d}" for k in range(3)]
+    pools = got["pools"]
+    assert len(pools) == enrolment.POOLS_SHOWN and got["pools_truncated"] is True
+    assert pools == sorted(set(pools))
+    assert len(body) < 100_000, len(body)
 
 
 async def test_a_runner_build_named_as_the_original_names_it_is_offered(collector_factory):

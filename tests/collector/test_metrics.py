@@ -267,3 +267,53 @@ def test_job_samples_give_every_status_of_every_workload():
     assert len(samples) == 12
     assert (("queued", "benchmark"), 2) in samples and (("done", "benchmark"), 0) in samples
     assert (("done", "install"), 1) in samples and (("queued", "install"), 0) in samples
+
+
+async def test_workloads_past_the_labelled_ones_are_summed_as_other(client, db_path):
+    """Workload names are an open set: one label each made a scrape 22 MB at 25,600 names,
+    growing with every new one. The spec's workloads and the OTHER_LABELLED most used others
+    keep their label; the rest, and a workload named "other", are summed as workload="other"."""
+    assert (await client.post("/jobs", json=job("spec-one"))).status == 201  # benchmark
+    # 120 workloads of the clients' own, as open enqueues leave them: the first 50 with three
+    # jobs each (two queued, one done), the other 70 with one queued; one more named "other".
+    edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                       "WHERE i < 120), k(j) AS (VALUES (1), (2), (3)) INSERT INTO jobs (job_id, "
+                       "workload, executor, status, max_attempts, ttl_s, spec, created_at, "
+                       "updated_at) SELECT printf('j-%03d-%d', i, j), printf('w-%03d', i), "
+                       "'device', CASE j WHEN 3 THEN 'done' ELSE 'queued' END, 3, 600, '{}', "
+                       "0, 0 FROM n, k WHERE i <= 50 OR j = 1")
+    edit_rows(db_path, "INSERT INTO jobs (job_id, workload, executor, status, max_attempts, "
+                       "ttl_s, spec, created_at, updated_at) VALUES ('named-other', 'other', "
+                       "'device', 'queued', 3, 600, '{}', 0, 0)")
+    scrape = parse(await (await client.get("/metrics")).text())
+    series = scrape.series("fleet_collector_jobs")
+    labels = {dict(key)["workload"] for key in series}
+    mine = {f"w-{i:03d}" for i in range(1, 51)}
+    assert labels == {"benchmark", "other", *mine}
+    assert len(series) == (len(labels)) * 6  # every status of each, zeros included
+    assert len(labels) <= len(telemetry.SPEC_WORKLOADS) + telemetry.OTHER_LABELLED + 1
+    assert scrape.value("fleet_collector_jobs", status="queued", workload="other") == 71
+    assert scrape.value("fleet_collector_jobs", status="done", workload="other") == 0
+    assert scrape.value("fleet_collector_jobs", status="queued", workload="w-007") == 2
+    assert scrape.value("fleet_collector_jobs", status="done", workload="w-050") == 1
+    assert scrape.value("fleet_collector_jobs", status="queued", workload="benchmark") == 1
+    queued = sum(v for key, v in series.items() if ("status", "queued") in key)
+    assert queued == 1 + 50 * 2 + 70 + 1  # nothing lost in the folding
+
+
+def test_fold_workloads_keeps_the_spec_and_the_most_used_and_sums_the_rest():
+    counts = {("queued", "benchmark"): 1, ("queued", "a"): 5, ("done", "b"): 3,
+              ("queued", "b"): 2, ("queued", "c"): 5, ("failed", "d"): 1, ("queued", "other"): 9}
+    folded = telemetry.fold_workloads(counts, frozenset({"benchmark"}), others=2)
+    # b (5) and a (5) tie with c (5): a and b come first by name
+    assert folded == {("queued", "benchmark"): 1, ("queued", "a"): 5, ("done", "b"): 3,
+                      ("queued", "b"): 2, ("queued", "other"): 14, ("failed", "other"): 1}
+    assert sum(folded.values()) == sum(counts.values())
+    assert telemetry.fold_workloads({}, frozenset(), others=2) == {}
+
+
+def test_the_spec_workloads_are_those_the_validator_knows_and_llm_eval():
+    from fleet_min import validate
+
+    named = set(validate._WORKLOAD_PARAMS) | set(validate._NAMED_PARAMS)
+    assert set(telemetry.SPEC_WORKLOADS) == named | {"llm-eval"}

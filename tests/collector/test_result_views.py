@@ -338,3 +338,146 @@ async def test_numbers_past_a_floats_range_leave_every_view_answering(client, db
     assert [p["mem_mb"] for p in tab["points"]] == [None, 120]  # a point with no figure
     (ui,) = bodies["/api/results/ui"]["runs"]
     assert (ui["passed"], ui["failed"]) == (None, 1)
+
+
+# -- reads bounded however large the rows --------------------------------------------------------
+
+# A row's metrics are open: a device (or a host executor, under any device id) may fill the body
+# limit with them. The views read the figures they show, and soak and vision carry metrics cut
+# down, so neither the answer nor what the collector builds grows with the rows' size.
+PAD = "x" * 900_000
+BIG_ROWS = 12  # 12 rows of 900 KB: 10.8 MB that no answer or read may carry whole
+
+
+async def peak_of(client, path):
+    """The answer of GET `path` and the most memory Python held meanwhile (every thread: the
+    reader's rows are built in aiosqlite's)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        resp = await client.get(path)
+        text = await resp.text()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert resp.status == 200, text[:300]
+    return strict_json(text), len(text), peak
+
+
+async def test_bench_reads_only_the_figures_of_rows_near_the_body_limit(client):
+    """1,000 rows of 900 KB held the loop 3.2 s and 1.8 GB: every row's metrics were read and
+    parsed whole. SQLite reads the four figures and mem_method, and those are still right."""
+    await client.post("/devices/register", json=registration("pi"))
+    iterations = [{"decode_tok_s": 10 + i, "mem_method": "pss", "pad": PAD}
+                  for i in range(BIG_ROWS - 1)]
+    await device_run(client, "fat", "pi", iterations,
+                     summary={"decode_tok_s": 99, "peak_mem_mb": 700, "pad": PAD})
+    body, size, peak = await peak_of(client, "/api/results/bench")
+    (row,) = body["rows"]
+    assert row["decode_tok_s"] == {"median": 15.0, "min": 10.0, "max": 20.0, "n": 11}
+    assert row["peak_mem_mb"] == {"median": 700.0, "min": 700.0, "max": 700.0, "n": 1}
+    assert row["ttft_ms"]["n"] == 0
+    assert row["mem_method"] == "pss" and row["runs"] == 1
+    latest = body["configs"][0]["devices"][0]["latest"]
+    assert (latest["decode_tok_s"], latest["peak_mem_mb"]) == (99, 700)  # the summary's
+    assert size < 2_000 and peak < 3 << 20, (size, peak)
+
+
+async def test_soak_and_vision_runs_carry_big_metrics_cut_down(client, db_path):
+    """1,000 rows of 900 KB made a vision (or soak) answer of 922 MB and held 3.6 GB: each
+    device's newest row's metrics went out whole. Past 2,048 characters they are cut down by
+    SQLite to their short fields (`trimmed` says so); small metrics go out whole."""
+    figures = {"top1_pct": 91.5, "images_per_s": 3.25, "ok_items": 40, "partial": False,
+               "mem_method": "pss", "mem_mb": 120, "note": None, "shape": [1, 2]}
+    fat = {**figures, "pad": PAD, "k" * 5_000: 1, "huge": HUGE}
+    rows = [(f"cam{i:02d}", {"ok": True, "metrics": fat}) for i in range(BIG_ROWS - 1)]
+    rows.append(("slim", {"ok": True, "metrics": {"top1_pct": 80.0, "shape": {"w": 2}}}))
+    await client.post("/executors/register", json={"name": "mac",
+                                                   "capabilities": ["vision", "soak"]})
+    for workload in ("vision", "soak"):
+        # The closing row is the executor's own `host:` row, which is not a device.
+        await host_run(client, f"{workload}-1", workload, [("host:mac", {}), *rows])
+    store_huge(db_path)  # a number no double holds: never written out as `Inf`
+    for path in ("/api/results/vision", "/api/results/soak"):
+        body, size, peak = await peak_of(client, path)
+        (run,) = body["runs"]
+        by_device = {d["device_id"]: d for d in run["devices"]}
+        assert len(by_device) == BIG_ROWS and run["truncated"] is False
+        for name in (f"cam{i:02d}" for i in range(BIG_ROWS - 1)):
+            assert by_device[name]["metrics"] == figures and by_device[name]["rows"] == 1
+            assert by_device[name]["trimmed"] == ["metrics"]
+        slim = by_device["slim"]
+        assert slim["metrics"] == {"top1_pct": 80.0, "shape": {"w": 2}} and slim["trimmed"] == []
+        whole = await get(client, f"/api/results/{by_device['cam00']['result_id']}")
+        assert whole["metrics"]["pad"] == PAD  # the row whole, where `trimmed` sends a reader
+        assert size < 30_000 and peak < 3 << 20, (path, size, peak)
+    # Soak's own series read their figures the same way: a point per row, per device.
+    series = {(s["device_id"], s["mem_method"]): s["points"] for s in body["series"]}
+    assert [series[(f"cam{i:02d}", "pss")][0]["mem_mb"] for i in range(BIG_ROWS - 1)] == [
+        120] * (BIG_ROWS - 1)
+
+
+async def test_drain_runs_read_their_figures_of_rows_near_the_body_limit(client):
+    fat = {"drain_pct_per_h": 12.5, "battery_start_pct": 90, "battery_end_pct": 65,
+           "pad": PAD}
+    legacy = {"decode_tok_s": 7, "pad": PAD}
+    rows = [(f"ph{i:02d}", {"ok": True, "metrics": fat}) for i in range(BIG_ROWS - 1)]
+    rows.append(("old", {"ok": True, "metrics": legacy}))
+    await host_run(client, "drain-1", "drain", [("host:mac", {}), *rows])
+    body, size, peak = await peak_of(client, "/api/results/drain")
+    (run,) = body["runs"]
+    by_device = {d["device_id"]: d for d in run["devices"]}
+    assert by_device["ph00"]["pct_per_h"] == 12.5
+    assert by_device["ph00"]["pct_per_h_inferred"] is False
+    assert (by_device["ph00"]["battery_start_pct"], by_device["ph00"]["battery_end_pct"]) == (
+        90, 65)
+    assert (by_device["old"]["pct_per_h"], by_device["old"]["pct_per_h_inferred"]) == (7, True)
+    assert by_device["old"]["battery_start_pct"] is None
+    assert size < 10_000 and peak < 3 << 20, (size, peak)
+
+
+# Beacons written straight into the file, as many as a test needs: (device, count, step_s, pct
+# at the newest, pct lost per step), the newest 10 s ago.
+def store_beacons(db_path, device, count, step_s, pct=50.0, drop=0.0):
+    edit_rows(db_path, """
+        WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?2)
+        INSERT INTO beacons (device_id, at, body)
+        SELECT ?1, (julianday('now') - 2440587.5) * 86400.0 - 10 - i * ?3,
+               json_object('battery_pct', ?4 + i * ?5) FROM n""",
+              (device, count, step_s, pct, drop))
+
+
+async def test_drain_lists_a_bounded_number_of_devices_and_says_so(client, db_path):
+    """25,000 devices of two beacons made a week's answer 333 MB (an entry per hour per
+    device) with the loop held 6.9 s. An answer lists the first 200 devices with a sample, in
+    device order, and counts them all; `device` reaches any of them."""
+    for i in range(250):
+        store_beacons(db_path, f"d{i:03d}", 3, 60, drop=0.5)  # 30 %/h
+    store_beacons(db_path, "zz-no-reading", 3, 60)
+    edit_rows(db_path, "UPDATE beacons SET body = '{\"battery_pct\": true}' "
+                       "WHERE device_id = 'zz-no-reading'")
+    body, size, _peak = await peak_of(client, "/api/results/drain?hours=168")
+    assert (body["devices_total"], body["cut"], len(body["devices"])) == (250, True, 200)
+    assert [d["device_id"] for d in body["devices"]] == [f"d{i:03d}" for i in range(200)]
+    assert {d["drain_pct_per_h"] for d in body["devices"]} == {30.0}
+    assert {d["samples"] for d in body["devices"]} == {3}
+    assert all(len(d["series"]) == 169 for d in body["devices"])
+    assert size < 4_000_000, size
+    last = await get(client, "/api/results/drain?device=d249")
+    assert (last["devices_total"], last["cut"]) == (1, False)
+    assert last["devices"][0]["drain_pct_per_h"] == 30.0
+
+
+async def test_drain_reads_a_bounded_number_of_beacons_and_says_so(client, db_path):
+    """Beacons are not capped per device: an answer reads at most 500,000, taking devices in
+    order while theirs fit, so no device is listed with part of its window."""
+    store_beacons(db_path, "a", 300_000, 1)
+    store_beacons(db_path, "b", 250_000, 1)
+    both = await get(client, "/api/results/drain?hours=168")
+    assert (both["devices_total"], both["cut"]) == (2, True)
+    (a,) = both["devices"]
+    assert (a["device_id"], a["samples"], a["drain_pct_per_h"]) == ("a", 300_000, 0.0)
+    only_b = await get(client, "/api/results/drain?hours=168&device=b")
+    assert (only_b["devices_total"], only_b["cut"]) == (1, False)
+    assert only_b["devices"][0]["samples"] == 250_000

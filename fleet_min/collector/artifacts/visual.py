@@ -33,7 +33,6 @@ from fleet_min import numbers
 from fleet_min.collector.artifacts import pixels
 from fleet_min.collector.artifacts.store import ArtifactStore, check_sha256, is_sha256
 from fleet_min.collector.jobs.effects import Effects
-from fleet_min.collector.jobs.views import result_payload
 from fleet_min.db import Database
 from fleet_min.errors import BadRequest, NotFound
 from fleet_min.timeutil import iso
@@ -177,18 +176,96 @@ def _cell(page: str, profile: str, row: Mapping[str, Any]) -> Cell:
 
 # -- reading the runs ---------------------------------------------------------------------------
 
+# A row and a spec may each be near a megabyte (the body limit), and the views need a dozen short
+# fields of them: SQLite picks those out, so a whole row never reaches Python (1,000 rows of
+# 900 KB, each parsed three times on the loop, took a suite list 5.7 s and 936 MB). A text field
+# comes back cut to FIELD_CHARS (a name is cut to MAX_NAME_CHARS once stripped anyway), anything
+# but text as NULL, as _text would read it.
+FIELD_CHARS = 1024
+URL_CHARS = 4096  # a page named by a longer URL could never be accepted (names are <= 200)
+SHA_CHARS = 65  # one past a hash: a longer text is still seen to be no hash
+
+
+def _text_at(column: str, path: str, chars: int = FIELD_CHARS) -> str:
+    return (f"CASE json_type({column}, '{path}') WHEN 'text' "
+            f"THEN substr(json_extract({column}, '{path}'), 1, {chars}) END")
+
+
+def _number_at(column: str, path: str) -> str:
+    return (f"CASE WHEN json_type({column}, '{path}') IN ('integer', 'real') "
+            f"THEN json_extract({column}, '{path}') END")
+
+
+_SPEC_FIELDS = {"params_suite": "$.params.suite", "suite_flows": "$.suite.flows",
+                "app_name": "$.app.name", "params_app_id": "$.params.app_id",
+                "params_page": "$.params.page"}
+_RECENT_JOBS = (
+    "SELECT job_id, workload, status, created_at, template_id, "
+    + "".join(f"{_text_at('spec', path)} AS {name}, " for name, path in _SPEC_FIELDS.items())
+    + f"{_text_at('spec', '$.targets.url', URL_CHARS)} AS targets_url "
+    f"FROM jobs WHERE workload IN ({','.join('?' * len(WORKLOADS))}) AND is_group = 0 "
+    f"ORDER BY seq DESC LIMIT {RECENT_JOBS}")
+
+# The row's own fields a slot or a cell reads (they are the extra fields an executor adds: the
+# columns hold only the fields every row has). A `shot` that holds anything but a hash or null
+# as its sha256 comes back as the JSON type's name: not a hash, so the cell says so.
+_ROW_TEXTS = ("browser", "serial", "locale", "step", "variant")
+_SHOT_NAMES = ("suite", "page", "profile")
+_SLOTTED_ROWS = (
+    "SELECT id, device_id, ok, error, "
+    "CASE json_type(artifacts) WHEN 'array' THEN (SELECT value FROM json_each(artifacts) "
+    "WHERE type = 'text' AND length(value) = 64 AND value NOT GLOB '*[^0-9a-f]*' LIMIT 1) "
+    "END AS capture, "
+    "json_type(extra, '$.shot') = 'object' AS has_shot, "
+    + "".join(f"{_text_at('extra', f'$.shot.{name}')} AS shot_{name}, " for name in _SHOT_NAMES)
+    + "CASE json_type(extra, '$.shot.sha256') WHEN 'text' "
+    f"THEN substr(json_extract(extra, '$.shot.sha256'), 1, {SHA_CHARS}) WHEN 'null' THEN NULL "
+    "ELSE json_type(extra, '$.shot.sha256') END AS shot_sha256, "
+    f"{_text_at('extra', '$.shot.diff_sha256', SHA_CHARS)} AS shot_diff_sha256, "
+    + ", ".join(f"{_text_at('extra', f'$.{name}')} AS {name}" for name in _ROW_TEXTS)
+    + " FROM results WHERE job_id = ? AND iter > 0 ORDER BY attempt, iter, id LIMIT ?")
+
+
+# The difference an executor reports (metrics.diff_pct) is read only for the rows that became
+# the cells of the suite asked for: metrics is where an executor puts its bulk, and reading
+# 1,000 rows' 900 KB of it to find no key took SQLite a second. instr first: metrics without
+# the key is not parsed.
+_REPORTED_DIFFERENCES = (
+    "SELECT id, CASE WHEN instr(metrics, '\"diff_pct\"') THEN "
+    f"{_number_at('metrics', '$.diff_pct')} END AS diff_pct FROM results "
+    "WHERE id IN (SELECT value FROM json_each(?))")
+
 
 async def _recent_jobs(db: Database) -> list[sqlite3.Row]:
-    marks = ",".join("?" * len(WORKLOADS))
-    return await db.read(f"SELECT job_id, workload, status, created_at, spec, template_id "
-                         f"FROM jobs WHERE workload IN ({marks}) AND is_group = 0 "
-                         f"ORDER BY seq DESC LIMIT {RECENT_JOBS}", WORKLOADS)
+    return await db.read(_RECENT_JOBS, WORKLOADS)
+
+
+def spec_fields(job: Any) -> dict[str, Any]:
+    """The parts of a job's spec job_suite and row_slot read, from the fields SQLite picked."""
+    return {"params": {"suite": job["params_suite"], "app_id": job["params_app_id"],
+                       "page": job["params_page"]},
+            "suite": {"flows": job["suite_flows"]}, "app": {"name": job["app_name"]},
+            "targets": {"url": job["targets_url"]}}
+
+
+def row_fields(row: Any) -> dict[str, Any]:
+    """The parts of a result row row_slot and _cell read, shaped as the row was posted, with
+    its id (its metrics are read for the cells shown: _reported_differences)."""
+    fields: dict[str, Any] = {name: row[name]
+                              for name in ("id", "device_id", "error", *_ROW_TEXTS)}
+    fields["ok"] = None if row["ok"] is None else bool(row["ok"])
+    fields["artifacts"] = [row["capture"]] if row["capture"] is not None else []
+    if row["has_shot"]:
+        fields["shot"] = {name: row[f"shot_{name}"]
+                          for name in (*_SHOT_NAMES, "sha256", "diff_sha256")}
+    return fields
 
 
 @dataclass
 class _Reading:
-    """Rows one request may still read (each row is parsed on the loop: 200 jobs of 5,000
-    rows took a suite list some 25 s) and whether a job's rows were left unread."""
+    """Rows one request may still read (200 jobs of 5,000 rows, each read whole and parsed on
+    the loop, took a suite list some 25 s; the fields picked out are small, but a bound keeps
+    the read's length known) and whether a job's rows were left unread."""
 
     left: int = field(default_factory=lambda: ROWS_PER_REQUEST)
     truncated: bool = False
@@ -197,21 +274,20 @@ class _Reading:
 async def _slotted_rows(db: Database, job: sqlite3.Row, reading: _Reading
                         ) -> list[tuple[tuple[str, str, str], dict[str, Any]]]:
     """A job's screenshot rows with their slots, the newest attempt's row winning a slot."""
-    spec = json.loads(job["spec"])
+    spec = spec_fields(job)
     suite = job_suite(job["workload"], spec, job["template_id"])
     take = min(ROWS_PER_JOB, reading.left)
-    rows = await db.read("SELECT * FROM results WHERE job_id = ? AND iter > 0 "
-                         "ORDER BY attempt, iter, id LIMIT ?", (job["job_id"], take + 1))
+    rows = await db.read(_SLOTTED_ROWS, (job["job_id"], take + 1))
     if len(rows) > take:
         reading.truncated, rows = True, rows[:take]
     reading.left -= len(rows)
     slotted: dict[tuple[str, str, str], dict[str, Any]] = {}
     for row in rows:
-        payload = result_payload(row)
-        slot = row_slot(job["workload"], spec, suite, payload)
+        fields = row_fields(row)
+        slot = row_slot(job["workload"], spec, suite, fields)
         if slot is not None:
             slotted.pop(slot, None)  # re-inserted: order follows the newest attempt's row
-            slotted[slot] = payload
+            slotted[slot] = fields
     return list(slotted.items())
 
 
@@ -238,6 +314,13 @@ def baseline_record(row: Any) -> dict[str, Any]:
             "accepted_from_job": row["accepted_from_job"]}
 
 
+async def _reported_differences(db: Database, ids: list[int]) -> dict[int, Any]:
+    if not ids:
+        return {}
+    rows = await db.read(_REPORTED_DIFFERENCES, (json.dumps(ids),))
+    return {row["id"]: row["diff_pct"] for row in rows}
+
+
 async def _runs(db: Database, suite: str, wanted: int) -> tuple[list[Run], bool]:
     runs: list[Run] = []
     reading = _Reading()
@@ -245,9 +328,12 @@ async def _runs(db: Database, suite: str, wanted: int) -> tuple[list[Run], bool]
         if len(runs) >= wanted:
             break
         run = Run(job["job_id"], job["status"], iso(job["created_at"]))
-        for (row_suite, page, profile), row in await _slotted_rows(db, job, reading):
-            if row_suite == suite:
-                run.cells[(page, profile)] = _cell(page, profile, row)
+        cells = [(page, profile, row) for (row_suite, page, profile), row
+                 in await _slotted_rows(db, job, reading) if row_suite == suite]
+        reported = await _reported_differences(db, [row["id"] for _, _, row in cells])
+        for page, profile, row in cells:
+            row["metrics"] = {"diff_pct": reported.get(row["id"])}
+            run.cells[(page, profile)] = _cell(page, profile, row)
         if run.cells:
             runs.append(run)
     return runs, reading.truncated

@@ -1,6 +1,7 @@
 """Enrolment: GET /api/enroll (addresses, devices known, the agent and the newest phone runner
-build), GET /api/enroll/qr (a QR code as SVG, drawn here so the page needs no internet and no
-script library), GET /agent/fleet_agent.py (the agent, from the package)."""
+build; ?device_id= asks whether an id is taken), GET /api/enroll/qr (a QR code as SVG, drawn
+here so the page needs no internet and no script library), GET /agent/fleet_agent.py (the
+agent, from the package)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from fleet_min.collector.access import enrolment, guard, mdns
 from fleet_min.collector.service import Service
 from fleet_min.errors import BadRequest
 from fleet_min.http import json_response, static_file
+from fleet_min.timeutil import iso, now
 
 PACKAGE = "fleet_min"
 AGENT_RESOURCE = "web/agent/fleet_agent.py"
 APP_NAME_MAX = 200
+DEVICE_ID_MAX = 200  # a device id is 1 to 200 characters (validate.py)
 
 
 def qr_svg(text: str) -> bytes:
@@ -43,7 +46,12 @@ def _routes(service: Service) -> list[web.RouteDef]:
                      if mdns.enabled(config) else None)
         bases = (enrolment.bound_bases(config.bind)
                  + enrolment.name_bases(config.allowed_hosts, mdns_name))
-        device_ids, pools = await enrolment.known_devices(service.db)
+        asked = request.query.get("device_id") or None
+        if asked is not None and len(asked) > DEVICE_ID_MAX:
+            raise BadRequest(f"device_id must be at most {DEVICE_ID_MAX} characters")
+        known = await enrolment.known_devices(service.db)
+        taken = ({} if asked is None
+                 else {"device_id_taken": await enrolment.device_id_taken(service.db, asked)})
         return json_response({
             "port": config.port,
             "hostname": socket.gethostname(),
@@ -53,8 +61,14 @@ def _routes(service: Service) -> list[web.RouteDef]:
             "runner_app": app,
             "runner_apk": await enrolment.runner_build(service.db, app, pinned_only=guarded),
             "runner_pinned_only": guarded,
-            "known_device_ids": device_ids,
-            "pools": pools,
+            "known_device_ids": known.ids,
+            "known_devices": known.count,
+            # The page lists as new the devices first seen after this (the ids above are only
+            # the newest 1,000 of a registry that may hold 25,000).
+            "now": iso(now()),
+            "pools": known.pools,
+            "pools_truncated": known.pools_truncated,
+            **taken,
         })
 
     async def qr(request: web.Request) -> web.Response:

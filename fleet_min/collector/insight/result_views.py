@@ -6,8 +6,8 @@ Each view reads with bound parameters and does its arithmetic in plain Python. T
 
 from __future__ import annotations
 
-import json
 import math
+import sqlite3
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +26,8 @@ UI_PER_PAGE = 50
 UI_ROWS_PER_JOB = 5_000  # newest rows a ui job's flows and runs are read from; `truncated` past it
 DRAIN_MAX_GAP_S = 300.0  # the spec's energy rule: gaps over 5 minutes are skipped
 DRAIN_DEFAULT_HOURS, DRAIN_MAX_HOURS = 24, 168
+DRAIN_DEVICES = 200  # devices one drain answer lists, in device order; `cut` past it
+DRAIN_BEACONS = 500_000  # beacons one drain answer reads; `cut` when a device's would pass it
 SOAK_WORKLOADS = ("app-soak", "soak")
 SOAK_DEFAULT_POINTS, SOAK_MAX_POINTS = 2000, 10_000
 
@@ -110,8 +112,8 @@ async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
         where.add(f"{model_sql} = ?", query["model"])
     rows = await db.read(
         f"""
-        SELECT r.job_id, r.device_id, r.iter, r.attempt, r.metrics, r.created_at, j.backend,
-               {model_sql} AS model, d.name AS device_name,
+        SELECT r.job_id, r.device_id, r.iter, r.attempt, {_BENCH_FIGURES}, r.created_at,
+               j.backend, {model_sql} AS model, d.name AS device_name,
                json_extract(j.spec, '$.model.quant') AS quant
         FROM results r JOIN jobs j ON j.job_id = r.job_id
         LEFT JOIN devices d ON d.device_id = r.device_id
@@ -121,6 +123,15 @@ async def bench(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     return {"workload": workload, "metrics": list(BENCH_METRICS),
             "rows": _bench_groups(runs.items()), "truncated": len(rows) > BENCH_ROW_CAP,
             "configs": result_runs.bench_configs(_config_runs(runs))}
+
+
+# What a run reads of its rows' metrics (_Run, result_runs.headline), read by SQLite: the bench
+# view reads up to 50,000 rows, and parsing each row's metrics on the loop made 1,000 rows of
+# 900 KB hold it 3.2 s and 1.8 GB.
+_BENCH_NAMES = (*dict.fromkeys((*BENCH_METRICS, *result_runs.RUN_METRICS)), "mem_method")
+_BENCH_FIGURES = ", ".join([
+    *(result_runs.figure_sql(result_runs.METRICS, name) for name in _BENCH_NAMES[:-1]),
+    result_runs.text_sql(result_runs.METRICS, "mem_method")])
 
 
 def _config_runs(runs: dict[tuple[str, str, int], _Run]) -> Iterable[dict[str, Any]]:
@@ -143,9 +154,8 @@ def _bench_runs(rows: Iterable[Any]) -> dict[tuple[str, str, int], _Run]:
             model = row["model"] if isinstance(row["model"], str) else None
             quant = row["quant"] if isinstance(row["quant"], str) else None
             run = runs[key] = _Run(model, row["backend"], row["device_name"], quant)
-        metrics = json.loads(row["metrics"])
-        if isinstance(metrics, dict):
-            (run.iterations if row["iter"] >= 1 else run.summaries).append(metrics)
+        metrics = result_runs.figures(row, _BENCH_NAMES)
+        (run.iterations if row["iter"] >= 1 else run.summaries).append(metrics)
         run.last_at = max(run.last_at, row["created_at"])
     return runs
 
@@ -293,30 +303,72 @@ class _Drain:
             hour += 3600
 
 
+# A beacon's battery reading when it is a number a double holds: json_extract alone reads `true`
+# as 1, and a 400-digit integer as infinity. Beacons without one are not samples.
+_PCT = ("CASE WHEN json_type(body, '$.battery_pct') IN ('integer', 'real') "
+        "THEN json_extract(body, '$.battery_pct') END")
+_SAMPLE = f"abs({_PCT}) <= 1.7976931348623157e308"
+
+
 async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str, Any]:
     hours = int_param(query, "hours", DRAIN_DEFAULT_HOURS, 1, DRAIN_MAX_HOURS)
     start = now - hours * 3600
     where = _Filter()
     where.add("at >= ? AND at <= ?", start, now)
+    where.add(_SAMPLE)
     if query.get("device"):
         where.add("device_id = ?", query["device"])
     if query.get("job"):
         where.add("job_id = ?", query["job"])
-    rows = await db.read(
-        f"""SELECT device_id, at, json_extract(body, '$.battery_pct') AS pct,
-                   json_extract(body, '$.charging') AS charging
-            FROM beacons WHERE {where.where} ORDER BY device_id, at""", where.params)
+    records, total, cut = await db.read_in_thread(_drain_devices, where, start, now)
+    return {"metric": "drain_pct_per_h", "hours": hours, "from": iso(start), "to": iso(now),
+            "max_gap_s": DRAIN_MAX_GAP_S, "devices": records, "devices_total": total,
+            "cut": cut, "runs": await result_runs.drain_runs(db, query)}
+
+
+# Beacons come one per POST /results and are not capped by the device cap (forgotten devices
+# keep theirs), so a window may hold any number of devices and beacons: 25,000 devices made a
+# week's answer 333 MB (an entry per hour per device) and held the loop 6.9 s. An answer lists
+# the first DRAIN_DEVICES devices with a sample, in device order, while their beacons fit in
+# DRAIN_BEACONS (the first device always, read to that many), and says how many had a sample.
+# The walk runs in a worker thread on a connection of its own, so the loop and the shared
+# reader stay free however many beacons it reads; `device` reaches any device.
+_DRAIN_DEVICE_COUNTS = """
+    SELECT device_id, SUM(COUNT(*)) OVER (ORDER BY device_id), COUNT(*) OVER ()
+    FROM beacons WHERE {where} GROUP BY device_id ORDER BY device_id LIMIT ?"""
+_DRAIN_BEACONS = f"""
+    SELECT device_id, at, {_PCT}, json_extract(body, '$.charging') = 1
+    FROM beacons WHERE {{where}} AND device_id <= ? ORDER BY device_id, at LIMIT ?"""
+
+
+def _drain_devices(conn: sqlite3.Connection, where: _Filter, start: float, end: float
+                   ) -> tuple[list[dict[str, Any]], int, bool]:
+    """In a worker thread (Database.read_in_thread): the records of the devices that fit one
+    answer, how many devices had a sample in the window, and whether the answer left any
+    device or beacon out."""
+    counts = conn.execute(_DRAIN_DEVICE_COUNTS.format(where=where.where),
+                          [*where.params, DRAIN_DEVICES]).fetchall()
+    if not counts:
+        return [], 0, False
+    fits = [c for c in counts if c[1] <= DRAIN_BEACONS] or counts[:1]
+    rows = conn.execute(_DRAIN_BEACONS.format(where=where.where),
+                        [*where.params, fits[-1][0], DRAIN_BEACONS])
+    devices = _drain_walk(rows)
+    total = counts[0][2]
+    cut = len(fits) < total or fits[-1][1] > DRAIN_BEACONS
+    return [_drain_record(devices[d], start, end) for d in sorted(devices)], total, cut
+
+
+def _drain_walk(rows: Iterable[tuple[str, float, float, int | None]]) -> dict[str, _Drain]:
+    """Each device's drain from its beacons (device_id, at, battery_pct, charging), in device
+    and time order."""
     devices: dict[str, _Drain] = {}
     previous: dict[str, tuple[float, float, bool]] = {}
-    for row in rows:
-        pct = numbers.finite(row["pct"])
-        if pct is None:
-            continue
-        device_id, at, charging = row["device_id"], row["at"], row["charging"] == 1
+    for device_id, at, pct, charging in rows:
         state = devices.setdefault(device_id, _Drain(device_id))
         state.samples += 1
         last = previous.get(device_id)
-        previous[device_id] = (at, pct, charging)
+        previous[device_id] = (at, pct, bool(charging))
         if last is None or at <= last[0]:
             continue
         if at - last[0] > DRAIN_MAX_GAP_S:
@@ -325,10 +377,7 @@ async def drain(db: Database, query: Mapping[str, str], now: float) -> dict[str,
             state.charging_s += at - last[0]
         else:
             state.add_segment(last[0], at, last[1] - pct)
-    return {"metric": "drain_pct_per_h", "hours": hours, "from": iso(start), "to": iso(now),
-            "max_gap_s": DRAIN_MAX_GAP_S,
-            "devices": [_drain_record(devices[d], start, now) for d in sorted(devices)],
-            "runs": await result_runs.drain_runs(db, query)}
+    return devices
 
 
 def _rate(drop: float, covered_s: float) -> float | None:
@@ -351,9 +400,15 @@ def _drain_record(state: _Drain, start: float, end: float) -> dict[str, Any]:
 # -- soak --------------------------------------------------------------------------------------
 
 
+# What a soak point reads of its row's metrics, read by SQLite (as bench's figures are).
+_SOAK_FIGURES = ", ".join([
+    *(result_runs.figure_sql(result_runs.METRICS, name)
+      for name in ("mem_mb", "peak_mem_mb", "errors")),
+    result_runs.text_sql(result_runs.METRICS, "mem_method")])
+
+
 def _soak_point(row: Any) -> tuple[str | None, dict[str, Any]]:
-    metrics = json.loads(row["metrics"])
-    metrics = metrics if isinstance(metrics, dict) else {}
+    metrics = result_runs.figures(row, ("mem_mb", "peak_mem_mb", "errors", "mem_method"))
     memory = numbers.finite(metrics.get("mem_mb"))
     if memory is None:
         memory = numbers.finite(metrics.get("peak_mem_mb"))
@@ -377,7 +432,8 @@ async def soak(db: Database, query: Mapping[str, str]) -> dict[str, Any]:
     where.add(f"r.workload IN ({','.join('?' * len(wanted))})", *wanted)
     where.add("r.iter >= 1 AND r.preempted = 0")
     rows = await db.read(f"SELECT r.job_id, r.device_id, r.iter, r.attempt, r.ok, r.error, "
-                         f"r.metrics, r.workload, r.created_at FROM results r WHERE {where.where} "
+                         f"{_SOAK_FIGURES}, r.workload, r.created_at FROM results r "
+                         f"WHERE {where.where} "
                          "ORDER BY r.created_at DESC, r.id DESC LIMIT ?",
                          [*where.params, limit + 1])
     series: dict[tuple[str, str | None], list[dict[str, Any]]] = defaultdict(list)

@@ -8,7 +8,8 @@ Counted as it happens, on the event loop's thread:
   committed transactions, the same ones the live stream publishes.
 
 Read at scrape, at most once a second however many scrapers ask (`FiguresCache`): jobs by
-status and workload (one GROUP BY over the jobs_status_workload index), devices by derived
+status and workload (one GROUP BY over the jobs_status_workload index; the workloads beyond the
+spec's and the most used others folded into "other": fold_workloads), devices by derived
 status and the age of their last beacons (one read of the devices table: a shelf, not a
 warehouse), artifacts stored, and the sizes of the database and WAL files. The writer's queue,
 stream clients, waiting polls and the process figures are read from memory.
@@ -59,6 +60,38 @@ class Figures:
     wal_bytes: int | None = None
 
 
+# Workload names are an open set, and any client may enqueue jobs of as many as it likes: one
+# label each made a scrape 22 MB at 25,600 names, growing with every new one, and a Prometheus
+# keeps every series it ever saw. The spec's workloads (its parameter table, and llm-eval,
+# which it names as a capability) are labelled always; of the rest, the OTHER_LABELLED with the
+# most jobs; the others are summed under workload="other" (a workload named "other" too).
+SPEC_WORKLOADS = frozenset({
+    "benchmark", "thermal", "batch", "pipeline", "vision-eval", "speech-eval", "embed-eval",
+    "vantage", "model-convert", "dataset-prep", "serve", "shell", "self-check", "build",
+    "install", "ui-test", "cold-start", "app-soak", "a11y-audit", "locale-shots", "web-test",
+    "web-shots", "web-audit", "web-unfurl", "drain", "archive", "digest", "soak", "llm-eval",
+})
+OTHER_LABELLED = 50
+OTHER = "other"
+
+
+def fold_workloads(counts: dict[tuple[str, str], int], known: frozenset[str] = SPEC_WORKLOADS,
+                   others: int = OTHER_LABELLED) -> dict[tuple[str, str], int]:
+    """(status, workload) counts with the workloads past the labelled ones summed as OTHER.
+    Ties in the ranking go to the name first in order, so a scrape's labels do not flap."""
+    totals: dict[str, int] = {}
+    for (_status, workload), n in counts.items():
+        totals[workload] = totals.get(workload, 0) + n
+    ranked = sorted((w for w in totals if w not in known and w != OTHER),
+                    key=lambda w: (-totals[w], w))
+    labelled = known | frozenset(ranked[:others])
+    folded: dict[tuple[str, str], int] = {}
+    for (status, workload), n in counts.items():
+        key = (status, workload if workload in labelled else OTHER)
+        folded[key] = folded.get(key, 0) + n
+    return folded
+
+
 def job_samples(counts: dict[tuple[str, str], int]) -> list[metrics.Sample]:
     """Every status of every workload that has jobs, zeros included, so a series does not
     vanish when its last job moves on."""
@@ -90,7 +123,8 @@ def _size(path: Path) -> int | None:
 
 
 async def read_figures(db: Database) -> Figures:
-    jobs = {(row["status"], row["workload"]): row["n"] for row in await db.read(JOBS_BY_STATUS)}
+    jobs = fold_workloads({(row["status"], row["workload"]): row["n"]
+                           for row in await db.read(JOBS_BY_STATUS)})
     devices, ages = device_figures(await db.read(DEVICE_TIMES), now())
     totals = await db.read_one(ARTIFACT_TOTALS)
     return Figures(jobs=jobs, devices=devices, beacon_ages=ages,
@@ -150,7 +184,8 @@ class CollectorMetrics:
                                   "stored bytes counts too).").labels()
 
     def _scraped(self, r: metrics.Registry) -> None:
-        r.gauge("fleet_collector_jobs", "Jobs by status and workload (fan-out parents left out).",
+        r.gauge("fleet_collector_jobs", "Jobs by status and workload (fan-out parents left out; "
+                "workloads past the spec's and the 50 most used others summed as other).",
                 ["status", "workload"], read=lambda: job_samples(self.cache.figures.jobs))
         r.gauge("fleet_collector_devices",
                 "Devices by status derived from last_seen: online under 3 minutes, stale under "

@@ -28,10 +28,13 @@ function Command({ text, what }) {
 function Watch({ before }) {
   const res = useResource(() => get("/api/devices", { expired: "1" }), [],
     (e) => e.type === "device" || e.type === "beacon", 1000);
-  const fresh = (res.data?.devices || []).filter((d) => !before.has(d.device_id));
+  // New: first seen after the page opened, by the collector's clock (ISO strings of one format
+  // compare as times), however large the registry: its answer names only the newest 1,000 ids.
+  const fresh = (res.data?.devices || []).filter((d) => d.first_seen && d.first_seen > before.at
+    && !before.ids.has(d.device_id));
   if (!fresh.length) {
     return html`<p class="muted" role="status" id="enroll-waiting">Watching the registry: a device shows here the moment it registers.
-      ${before.size ? ` (${before.size} already registered.)` : ""}</p>`;
+      ${before.count ? ` (${before.count} already registered.)` : ""}</p>`;
   }
   return html`<ul class="plain" id="enroll-arrived" role="status">${fresh.map((d) => html`<li>
     <strong><${DeviceLink} id=${d.device_id} name=${d.name} /></strong> registered (seen <${Ago} iso=${d.last_seen} />);
@@ -62,7 +65,9 @@ export function Enroll() {
   const [chosen, setChosen] = useState(null);
   const [before, setBefore] = useState(null);
   useEffect(() => {
-    if (res.data && before === null) setBefore(new Set(res.data.known_device_ids));
+    if (res.data && before === null) {
+      setBefore({ at: res.data.now, count: res.data.known_devices, ids: new Set(res.data.known_device_ids) });
+    }
   }, [res.data, before]);
   if (currentPeer()) return html`<${Page} title="Add a device"><${Empty}>Devices enrol with the collector they are pointed at: open the peer's own dashboard.<//><//>`;
   return html`<${Page} title="Add a device" subtitle="Point a phone, a board or a laptop at this collector.">
