@@ -92,6 +92,19 @@ def start_agent(host: Host, url: str, token_file: Path | None = None,
     return Daemon(host, env, args=("--coordinator", url))
 
 
+async def agent_until(host: Host, answer: Answer, done: Callable[[FakeCoordinator], bool],
+                      timeout: float = 20) -> FakeCoordinator:
+    """A real agent daemon against a fake coordinator answering `answer`, until `done` says
+    enough was asked of it; the fake, with every call it took."""
+    async with fake_coordinator(answer) as fake:
+        agent = start_agent(host, fake.url)
+        try:
+            await until(lambda: done(fake), timeout=timeout)
+        finally:
+            agent.stop()
+    return fake
+
+
 async def link_of(http: aiohttp.ClientSession, agent: Daemon) -> dict[str, Any]:
     async with http.get(f"{agent.url}/api/hosts") as resp:
         assert resp.status == 200
@@ -220,12 +233,7 @@ async def test_an_agent_takes_at_most_a_pages_worth_of_commands_from_one_reply(
     async def answer(request: web.Request, n: int) -> web.StreamResponse:
         return web.json_response(flood if n == 1 else GOOD)
     host = Host(tmp_path, github)
-    async with fake_coordinator(answer) as fake:
-        agent = start_agent(host, fake.url)
-        try:
-            await until(lambda: fake.heartbeats() >= 2, timeout=20)
-        finally:
-            agent.stop()
+    fake = await agent_until(host, answer, lambda fake: fake.heartbeats() >= 2)
     second = json.loads(next(body for path, _, body in fake.calls[1:]
                              if path == "/api/host/heartbeat"))
     assert second["queue"] == QUEUE and second["applied"] == COMMANDS_PER_REPLY
@@ -243,12 +251,8 @@ async def test_a_new_queue_in_every_reply_keeps_only_a_few(
     async def answer(_request: web.Request, n: int) -> web.StreamResponse:
         return web.json_response({"ok": True, "queue": f"{n:016x}", "commands": []})
     host = Host(tmp_path, github)
-    async with fake_coordinator(answer) as fake:
-        agent = start_agent(host, fake.url)
-        try:
-            await until(lambda: fake.heartbeats() >= 2 * KEPT_QUEUES + 2, timeout=30)
-        finally:
-            agent.stop()
+    await agent_until(host, answer, lambda fake: fake.heartbeats() >= 2 * KEPT_QUEUES + 2,
+                      timeout=30)
     with sqlite3.connect(host.state / "controlplane.db") as conn:
         queues = [int(row[0], 16) for row in conn.execute(
             "SELECT queue FROM link_state ORDER BY updated_at")]
@@ -256,12 +260,7 @@ async def test_a_new_queue_in_every_reply_keeps_only_a_few(
     assert queues == list(range(queues[-1] - KEPT_QUEUES + 1, queues[-1] + 1))  # the newest
     async def good(_request: web.Request, _n: int) -> web.StreamResponse:
         return web.json_response(GOOD)
-    async with fake_coordinator(good) as fake:
-        agent = start_agent(host, fake.url)
-        try:
-            await until(lambda: fake.heartbeats() >= 1, timeout=20)
-        finally:
-            agent.stop()
+    fake = await agent_until(host, good, lambda fake: fake.heartbeats() >= 1)
     first = json.loads(fake.calls[0][2])
     assert first["queue"] == f"{queues[-1]:016x}"
 
@@ -279,13 +278,8 @@ async def test_results_a_coordinator_never_takes_are_capped(
             for k in range(1, COMMANDS_PER_REPLY + 1)]})
     replies = MAX_OWED // COMMANDS_PER_REPLY + 1  # enough to owe more than MAX_OWED
     host = Host(tmp_path, github)
-    async with fake_coordinator(answer) as fake:
-        agent = start_agent(host, fake.url)
-        try:
-            await until(lambda: sum(path == "/api/host/results" for path, _, _ in fake.calls)
-                        >= replies, timeout=30)
-        finally:
-            agent.stop()
+    fake = await agent_until(host, answer, lambda fake: sum(
+        path == "/api/host/results" for path, _, _ in fake.calls) >= replies, timeout=30)
     with sqlite3.connect(host.state / "controlplane.db") as conn:
         owed = {row[0] for row in conn.execute("SELECT id FROM link_results WHERE reported = 0")}
         queues = conn.execute("SELECT count(*) FROM link_state").fetchone()[0]
