@@ -784,20 +784,37 @@ async def list_artifacts(db: Database, query: Mapping[str, str]) -> dict[str, An
 async def reference_counts(db: Database, shas: list[str]) -> dict[str, int]:
     """How many jobs (of any status: history counts here, unlike the holds that block a
     delete) name each hash in their spec or list it in a result row, plus the schedules whose
-    template names it. One query for a page of at most PER_PAGE hashes; each hash costs a scan
-    of the jobs, results and schedules text, bounded by retention."""
+    template names it. For a page of at most PER_PAGE hashes, on a connection of its own in a
+    worker thread: the specs are read once, each searched for all the page's hashes in one pass
+    (SQLite's instr, a scan of every spec for each hash, held the shared reader 24 s for a page
+    of 50 hashes over 300 MB of queued specs)."""
     if not shas:
         return {}
-    marks = ",".join("?" * len(shas))
-    rows = await db.read(
-        "SELECT a.sha256, "
-        "(SELECT COUNT(*) FROM jobs j WHERE instr(j.spec, a.sha256) > 0)"
-        " + (SELECT COUNT(DISTINCT r.job_id) FROM results r WHERE r.artifacts != '[]'"
-        "    AND instr(r.artifacts, a.sha256) > 0 AND NOT EXISTS (SELECT 1 FROM jobs j2"
-        "    WHERE j2.job_id = r.job_id AND instr(j2.spec, a.sha256) > 0))"
-        " + (SELECT COUNT(*) FROM schedules s WHERE instr(s.template, a.sha256) > 0) AS n "
-        f"FROM artifacts a WHERE a.sha256 IN ({marks})", shas)
-    return {row["sha256"]: int(row["n"]) for row in rows}
+    return await db.read_in_thread(_count_references, list(shas))
+
+
+def _count_references(conn: sqlite3.Connection, shas: list[str]) -> dict[str, int]:
+    stored = [sha for (sha,) in conn.execute(
+        f"SELECT sha256 FROM artifacts WHERE sha256 IN ({','.join('?' * len(shas))})", shas)]
+    if not stored:
+        return {}
+    # Each is 64 hex digits (checked when stored), so the alternation needs no escaping.
+    named = re.compile("|".join(stored))
+    counts = dict.fromkeys(stored, 0)
+    for (spec,) in conn.execute("SELECT spec FROM jobs"):
+        for sha in set(named.findall(spec)):
+            counts[sha] += 1
+    for sha in stored:
+        # Result rows' artifacts are short (at most 100 hashes); a job counted above by its
+        # spec is not counted again for its rows.
+        row = conn.execute(
+            "SELECT (SELECT COUNT(DISTINCT r.job_id) FROM results r WHERE r.artifacts != '[]' "
+            "AND instr(r.artifacts, ?1) > 0 AND NOT EXISTS (SELECT 1 FROM jobs j "
+            "WHERE j.job_id = r.job_id AND instr(j.spec, ?1) > 0)) "
+            "+ (SELECT COUNT(*) FROM schedules s WHERE instr(s.template, ?1) > 0)", (sha,)
+        ).fetchone()
+        counts[sha] += int(row[0])
+    return counts
 
 
 async def naming_jobs(db: Database, sha256: str, limit: int = 50) -> list[dict[str, Any]]:
