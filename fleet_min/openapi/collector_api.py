@@ -501,8 +501,11 @@ def _devices() -> list[Route]:
                   "pools": arr(STR),
                   "expired_hidden": {**integer(0), "description": "expired temporary devices "
                                      "left out of this listing (0 with ?expired=1)"}}))},
+              {400: BAD_QUERY},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
-                                            "devices"),), tag=tag),
+                                            "devices"),
+                      query("first_seen_after", STR, "ISO-8601 time: only the devices first "
+                            "seen after it")), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",
               {200: json_reply(ref("DeviceDetail"))}, {404: NO_DEVICE}, tag=tag),
         guarded("PATCH", "/api/devices/{device_id}", "Edit name, notes, pools override",

@@ -364,3 +364,19 @@ async def test_names_a_page_shows_refuse_characters_that_reorder_the_text(client
         resp = await client.post("/executors/register", json=body)
         assert resp.status == 400 and "reorder the text" in (await resp.json())["error"]
     assert (await (await client.get("/api/executors")).json())["executors"] == []
+
+
+async def test_a_listing_of_the_devices_first_seen_since_a_time(client, db_path):
+    """The Add-a-device page watches for arrivals: it asks for the devices first seen after it
+    opened, not for the whole registry each time one beacons."""
+    for name in ("old-1", "old-2"):
+        assert (await register(client, name))[0] == 200
+    age_rows(db_path, "UPDATE devices SET first_seen = first_seen - 600")
+    opened = (await (await client.get("/api/enroll")).json())["now"]
+    assert (await register(client, "new-1"))[0] == 200
+    assert (await register(client, "old-1"))[0] == 200  # seen again, not new
+    fresh = await listed(client, f"?first_seen_after={opened}")
+    assert set(fresh) == {"new-1"}
+    assert set(await listed(client, "")) == {"old-1", "old-2", "new-1"}
+    resp = await client.get("/api/devices?first_seen_after=yesterday")
+    assert resp.status == 400 and "first_seen_after" in (await resp.json())["error"]

@@ -49,7 +49,7 @@ from fleet_min.http import (
     read_json,
     read_json_object,
 )
-from fleet_min.query import int_param
+from fleet_min.query import int_param, time_param
 from fleet_min.serving import CONNECTIONS
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
@@ -293,7 +293,9 @@ async def api_preview_targets(request: web.Request) -> web.Response:
 
 async def api_devices(request: web.Request) -> web.Response:
     include = request.query.get("expired", "").lower() in ("1", "true", "yes")
-    return json_response(await views.list_devices(service_of(request).db, now(), include))
+    return json_response(await views.list_devices(
+        service_of(request).db, now(), include,
+        first_seen_after=time_param(request.query, "first_seen_after")))
 
 
 async def api_device(request: web.Request) -> web.Response:

@@ -357,11 +357,18 @@ _LISTED_DEVICE = (
     f"mesh_node, {_trimmed_json('descriptor', DEVICE_TRIM)}, "
     f"{_trimmed_json('last_beacon', DEVICE_TRIM)}, "
     + ", ".join(_trimmed_list(column, NAMES_TRIM) for column in _LISTED_DEVICE_LISTS)
-    + " FROM devices ORDER BY last_seen DESC, device_id")
+    + " FROM devices {where} ORDER BY last_seen DESC, device_id")
 
 
-async def list_devices(db: Database, now: float, include_expired: bool) -> dict[str, Any]:
-    rows = await db.read(_LISTED_DEVICE)
+async def list_devices(db: Database, now: float, include_expired: bool,
+                       first_seen_after: float | None = None) -> dict[str, Any]:
+    """The registry, or with `first_seen_after` only the devices first seen since then (the
+    Add-a-device page watches for arrivals without reading every device each time)."""
+    if first_seen_after is None:
+        rows = await db.read(_LISTED_DEVICE.format(where=""))
+    else:
+        rows = await db.read(_LISTED_DEVICE.format(where="WHERE first_seen > ?"),
+                             (first_seen_after,))
     records = []
     for row in rows:
         record = device_record(row, now)

@@ -26,7 +26,8 @@ function Command({ text, what }) {
 }
 
 function Watch({ before }) {
-  const res = useResource(() => get("/api/devices", { expired: "1" }), [],
+  // Only the devices first seen since the page opened: the registry may hold 25,000.
+  const res = useResource(() => get("/api/devices", { expired: "1", first_seen_after: before.at }), [before.at],
     (e) => e.type === "device" || e.type === "beacon", 1000);
   // New: first seen after the page opened, by the collector's clock (ISO strings of one format
   // compare as times), however large the registry: its answer names only the newest 1,000 ids.
