@@ -596,18 +596,21 @@ class Database:
             raise StorageError("the database is closed")
         return list(await self._reader.execute_fetchall(sql, params))
 
-    async def read_in_thread(self, fn: Callable[..., T], *args: Any) -> T:
+    async def read_in_thread(self, fn: Callable[..., T], *args: Any, named: bool = False) -> T:
         """fn(conn, *args) in a worker thread, on a read-only connection of its own (rows as
-        plain tuples), closed after. For reports over many rows: the rows and what is made of
-        them never pass through the event loop's thread, and the shared reader stays free for
-        other requests meanwhile. fn must not hand a row-sized structure back to be freed on
-        the loop's thread (freeing a million objects is one call that holds the GIL)."""
+        plain tuples, or with `named` as sqlite3.Row, read by column name like the writer's
+        and the shared reader's), closed after. For reports over many rows: the rows and what
+        is made of them never pass through the event loop's thread, and the shared reader stays
+        free for other requests meanwhile. fn must not hand a row-sized structure back to be
+        freed on the loop's thread (freeing a million objects is one call that holds the GIL)."""
         if self._reader is None:
             raise StorageError("the database is closed")
-        return await asyncio.to_thread(self._in_thread, fn, args)
+        return await asyncio.to_thread(self._in_thread, fn, args, named)
 
-    def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    def _in_thread(self, fn: Callable[..., T], args: tuple[Any, ...], named: bool) -> T:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        if named:
+            conn.row_factory = sqlite3.Row
         try:
             conn.execute("PRAGMA query_only = ON")
             return fn(conn, *args)

@@ -42,6 +42,7 @@ class FakePeer:
         self.content_type = "application/json"
         self.devices_status = 200
         self.health_body: bytes | None = None  # what /api/health answers, if not a collector's
+        self.health_delay_s = 0.0  # answered after this, as it was when asked
         self.devices_delay_s = 0.0
         self.in_flight = self.most_in_flight = 0
         app = web.Application()
@@ -50,10 +51,11 @@ class FakePeer:
 
     async def handle(self, request):
         self.requests.append((request.method, request.path_qs, dict(request.headers)))
-        if request.path == "/api/health" and self.health_body is not None:
-            return web.Response(body=self.health_body, content_type="application/json")
         if request.path == "/api/health":
-            return web.json_response({"ok": True, "collector": FAKE_ID, "name": "fake"})
+            body = self.health_body or json.dumps(
+                {"ok": True, "collector": FAKE_ID, "name": "fake"}).encode()
+            await asyncio.sleep(self.health_delay_s)
+            return web.Response(body=body, content_type="application/json")
         if request.path == "/api/devices":
             self.in_flight += 1
             self.most_in_flight = max(self.most_in_flight, self.in_flight)
@@ -348,6 +350,27 @@ async def test_a_peer_that_changes_its_id_is_not_served(collector_factory, monke
     [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
     assert peer["reachable"] is True and peer["error"] is None
     assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 200
+
+
+async def test_a_refresh_asked_for_sees_the_peer_as_it_is_now(collector_factory, monkeypatch,
+                                                               tmp_path, fake_peer):
+    """Callers arriving during a check share it, but GET /api/peers?refresh=1 asks for the
+    peers as they are now: a check already in flight had its answer before the peer changed,
+    so the refresh asked for waits for it and checks again."""
+    local = await start(collector_factory, monkeypatch, tmp_path, "local",
+                        [url_of(fake_peer.server)])
+    assert (await local.get(f"/api/peers/{FAKE_ID}/api/devices")).status == 200
+    fake_peer.health_delay_s = 0.5
+    asked = len(fake_peer.requests)
+    earlier = asyncio.ensure_future(local.get("/api/peers?refresh=1"))
+    while not any(path == "/api/health" for _, path, _ in fake_peer.requests[asked:]):
+        await asyncio.sleep(0.01)
+    fake_peer.health_body = health_naming("col-someone-else")  # after the check asked
+    fake_peer.health_delay_s = 0.0
+    [peer] = (await (await local.get("/api/peers?refresh=1")).json())["peers"]
+    assert peer["reachable"] is False and "now names collector col-someone-else" in peer["error"]
+    [before] = (await (await earlier).json())["peers"]
+    assert before["reachable"] is True  # the check in flight saw the peer as it was
 
 
 # -- pins across restarts -------------------------------------------------------------------------

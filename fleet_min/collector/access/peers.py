@@ -239,8 +239,14 @@ class Peers:
                 log.exception("checking the peers failed; trying again in %s s", REFRESH_S)
             await asyncio.sleep(REFRESH_S)
 
-    async def refresh(self) -> None:
-        """Check every peer once; callers arriving during a refresh share it."""
+    async def refresh(self, started_after: bool = False) -> None:
+        """Check every peer once; callers arriving during a refresh share it. With
+        `started_after` the check shared is one that began after this call (GET
+        /api/peers?refresh=1 asks for the peers as they are now: a check already in flight may
+        have had its answer before the peer changed)."""
+        running = self._refreshing
+        if started_after and running is not None and not running.done():
+            await asyncio.shield(running)
         if self._refreshing is None or self._refreshing.done():
             self._refreshing = asyncio.ensure_future(self._check_all())
         await asyncio.shield(self._refreshing)

@@ -34,7 +34,7 @@ import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO
 
 from fleet_min import filemodes, validate
 from fleet_min.collector.jobs import queue
@@ -64,7 +64,6 @@ _RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
 _LOCK_STRIPES = 64
 
 Transact = Callable[..., Awaitable[Any]]
-T = TypeVar("T")
 
 
 class StoreFull(Refused):
@@ -502,7 +501,7 @@ class ArtifactStore:
             raise NotFound(f"no artifact {sha256}")
         # Reads: off the loop's thread and the writer (the scan grows with the live
         # specs' text); only a delete's own check must run inside its transaction.
-        holds = await self.db.read_in_thread(_reading(holds_of), sha256)
+        holds = await self.db.read_in_thread(holds_of, sha256, named=True)
         return {**record(row), "stored": await asyncio.to_thread(self.path(sha256).is_file),
                 "deletable": not holds, "holds": holds,
                 "referenced_by": {"jobs": await naming_jobs(self.db, sha256),
@@ -524,7 +523,7 @@ class ArtifactStore:
 
     async def gc_candidates(self, query: Mapping[str, str]) -> dict[str, Any]:
         page = _page(query)
-        candidates = await self.db.read_in_thread(_reading(gc_candidates))
+        candidates = await self.db.read_in_thread(gc_candidates, named=True)
         start = (page - 1) * PER_PAGE
         shown = candidates[start:start + PER_PAGE]
         # The original's list, `candidates` with its `count`, is more cautious than ours: it
@@ -740,14 +739,6 @@ def gc_candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 def holds_of(conn: sqlite3.Connection, sha256: str) -> list[str]:
     return holds_on(conn, _row(conn, sha256))
 
-
-def _reading(fn: Callable[..., T]) -> Callable[..., T]:
-    """fn for Database.read_in_thread, whose connection hands back plain tuples: these read
-    their rows by column name."""
-    def read(conn: sqlite3.Connection, *args: Any) -> T:
-        conn.row_factory = sqlite3.Row
-        return fn(conn, *args)
-    return read
 
 
 # -- read views ---------------------------------------------------------------------------------

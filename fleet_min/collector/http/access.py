@@ -134,7 +134,7 @@ def check_ci_target(request: web.Request, spec: JobSpec) -> None:
 async def api_peers(request: web.Request) -> web.Response:
     known = request.app[PEERS]
     if request.query.get("refresh", "").lower() in ("1", "true", "yes"):
-        await known.refresh()
+        await known.refresh(started_after=True)
     return json_response(known.listing())
 
 
