@@ -9,10 +9,14 @@ from 1 to 86400"); an empty list means valid. Values are never echoed back, so a
 secret in a document never ends up in an error message.
 
 Types follow JSON Schema 2020-12 as the jsonschema library applies them: a boolean is never an
-integer or a number, and a float without a fractional part (3.0) is an integer.
+integer or a number, and a float without a fractional part (3.0) is an integer. An object field
+declared an integer that arrives as such a float is stored back as an int when the document is
+checked (`priority: 1e2` becomes 100), so what the collector stores and hands on (to agents, to
+listings, to SQLite) is the integer the schema promised, not a float a strict reader refuses.
 
-Every rule answers twice: `rule.ok(value)` says only whether the value holds, with no strings
-and no lists built, and `rule(value, path)` lists the sentences. A document is first asked
+Every rule answers twice: `rule.ok(value)` says whether the value holds, with no strings and
+no lists built (it changes nothing but the whole floats above), and `rule(value, path)` lists
+the sentences. A document is first asked
 `ok`; only a refused one pays for the sentences. Nearly every document an agent posts is valid,
 and naming each field's path on the way cost more than the checks themselves (tests hold the
 two answers to agree on the whole corpus).
@@ -90,6 +94,22 @@ def _is_int(v: object) -> TypeGuard[int | float]:
     return isinstance(v, int) or (isinstance(v, float) and v.is_integer())
 
 
+_INT64 = 2**63
+
+
+def _as_int(v: float) -> int | float:
+    """A whole float as the int it equals, within SQLite's 64-bit integers. A larger one stays a
+    float: as an int it could not be bound to a column, and 1e308 would become 309 digits, more
+    than SQLite's JSON functions and restore's row check take (jsonio.MAX_INTEGER_DIGITS)."""
+    return int(v) if -_INT64 <= v < _INT64 else v
+
+
+def integer_within(v: object, lo: int, hi: int) -> int | None:
+    """v as an int when the schema takes it for an integer from lo to hi (3.0 included, as in
+    a document); None when it does not (a fraction, a boolean, a string, out of range)."""
+    return int(v) if _is_int(v) and lo <= v <= hi else None
+
+
 def _is_number(v: object) -> TypeGuard[int | float]:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
@@ -124,6 +144,7 @@ def _join(path: str, key: object) -> str:
 class _Check:
     ok: Callable[[object], bool]
     desc: str
+    whole: bool = False  # accepts integers: a whole float found valid is stored back as an int
 
     def __call__(self, value: object, path: str) -> list[str]:
         return [] if self.ok(value) else [f"{path} must be {self.desc}"]
@@ -135,6 +156,7 @@ class _Rule:
 
     errors: Callable[[object, str], list[str]]
     ok: Callable[[object], bool]
+    whole: bool = False  # a container is never an integer (see _Check.whole)
 
     def __call__(self, value: object, path: str) -> list[str]:
         return self.errors(value, path)
@@ -155,7 +177,7 @@ def _integer(lo: int | None = None, hi: int | None = None) -> _Check:
         desc = f"an integer of at least {lo}"
     else:
         desc = "an integer"
-    return _Check(lambda v: _is_int(v) and _within(v, lo, hi), desc)
+    return _Check(lambda v: _is_int(v) and _within(v, lo, hi), desc, whole=True)
 
 
 def _number(lo: float | None = None, above: float | None = None) -> _Check:
@@ -229,7 +251,8 @@ def _one_of(*choices: str) -> _Check:
 
 
 def _either(first: _Check, second: _Check) -> _Check:
-    return _Check(lambda v: first.ok(v) or second.ok(v), f"{first.desc} or {second.desc}")
+    return _Check(lambda v: first.ok(v) or second.ok(v), f"{first.desc} or {second.desc}",
+                  whole=first.whole or second.whole)
 
 
 _BOOL = _Check(lambda v: isinstance(v, bool), "true or false")
@@ -241,7 +264,7 @@ _SHA = _Check(lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
               "a sha256 of 64 lowercase hex digits")
 _REF = _Check(_is_ref,
               "a template reference (${jobs.<id>.artifact} or ${jobs.<id>.metrics.<key>})")
-_SCHEMA_1 = _Check(lambda v: _is_number(v) and v == 1, "1")
+_SCHEMA_1 = _Check(lambda v: _is_number(v) and v == 1, "1", whole=True)
 
 
 def _or_ref(check: _Check) -> _Check:
@@ -301,6 +324,10 @@ def _object(fields: dict[str, Rule], required: tuple[str, ...] = (), closed: boo
                     return False
             elif not check.ok(item):
                 return False
+            elif item.__class__ is float and check.whole:
+                # Valid, so whole: the int the schema promised (assigning to a key that is
+                # there already leaves the dict's size, and so this iteration, alone).
+                value[key] = _as_int(item)
         return True
 
     def errors(value: object, path: str) -> list[str]:
@@ -545,8 +572,11 @@ def _metrics_ok(value: object) -> bool:
     named = _NAMED_METRIC_FIELDS
     for key, metric in value.items():
         rule = named.get(key)
-        if rule is not None and not rule.ok(metric):
-            return False
+        if rule is not None:
+            if not rule.ok(metric):
+                return False
+            if metric.__class__ is float and rule.whole:  # as _object does (see the top)
+                value[key] = _as_int(metric)
         if isinstance(key, str) and key.endswith(_METRIC_SUFFIXES) and not _is_number(metric):
             return False
     return True

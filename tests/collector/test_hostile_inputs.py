@@ -805,3 +805,56 @@ async def test_reads_survive_lone_surrogates_left_in_an_old_database(client, db_
         + not_text("backend") + "); replace the template (PATCH the schedule)")
     for path in ("/api/jobs", "/api/schedules", "/dash/legacy/schedules"):
         assert (await client.get(path)).status == 200, path
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole numbers written as floats
+
+
+async def test_whole_floats_in_integer_fields_are_stored_and_handed_on_as_integers(client):
+    """JSON Schema takes 1e2 for the integer 100; a collector that stored the float handed
+    agents `"priority": 100.0` where the spec promises an integer (a strict agent refuses it)
+    and let PATCH refuse what the queue accepted. Raw text, since json= would write ints."""
+    text = ('{"schema": 1.0, "job_id": "floaty", "workload": "benchmark", "backend": '
+            '"synthetic", "executor": "device", "priority": 1e2, "lease": {"ttl_s": 6e1, '
+            '"max_attempts": 2.0}, "targets": {"device_id": "d"}, '
+            '"constraints": {"min_battery_pct": 2e1}}')
+    resp = await client.post("/jobs", data=text, headers={"Content-Type": "application/json"})
+    assert resp.status == 201, await resp.text()
+    assert (await client.post("/devices/register", json=registration("d"))).status == 200
+    resp = await client.get("/devices/d/next-job")
+    assert resp.status == 200, await resp.text()
+    handed = await resp.read()
+    assert b'"priority":100,' in handed.replace(b" ", b""), handed
+    spec = json.loads(handed)
+    whole = (spec["schema"], spec["priority"], spec["lease"]["ttl_s"],
+             spec["lease"]["max_attempts"], spec["constraints"]["min_battery_pct"])
+    assert whole == (1, 100, 60, 2, 20) and all(type(n) is int for n in whole), spec
+    listed = await job_of(client, "floaty")
+    assert type(listed["priority"]) is int and listed["priority"] == 100
+    # A result row's iteration and an integer metric likewise.
+    row = ('{"schema": 1, "kind": "result", "job_id": "floaty", "device_id": "d", "iter": 1.0,'
+           ' "final": true, "ok": true, "metrics": {"synthetic_rounds": 3.0, "run_ms": 2.0}}')
+    resp = await client.post("/results", data=row, headers={"Content-Type": "application/json"})
+    assert resp.status == 200, await resp.text()
+    resp = await client.get("/api/jobs/floaty")
+    assert resp.status == 200, await resp.text()
+    rows = (await resp.json())["results"]
+    assert [(r["iter"], type(r["iter"])) for r in rows] == [(1, int)], rows
+    metrics = rows[0]["metrics"]
+    assert type(metrics["synthetic_rounds"]) is int and type(metrics["run_ms"]) is float
+    # PATCH takes what a spec takes, and still refuses a fraction.
+    text = '{"schema": 1, "job_id": "later", "workload": "benchmark", "backend": "synthetic", ' \
+           '"executor": "device"}'
+    assert (await client.post("/jobs", data=text,
+                              headers={"Content-Type": "application/json"})).status == 201
+    resp = await client.patch("/api/jobs/later", data='{"priority": 5e0}',
+                              headers={"Content-Type": "application/json"})
+    assert resp.status == 200, await resp.text()
+    assert b'"priority":5,' in (await resp.read()).replace(b" ", b"")
+    resp = await client.patch("/api/jobs/later", json={"priority": 5.5})
+    assert resp.status == 400 and (await resp.json())["error"] == (
+        "priority must be an integer from -1000 to 1000")
+    # Beyond SQLite's integers a whole float stays as it came: valid, and never a 309-digit int.
+    resp = await client.post("/jobs", json=job("huge", params={"warmup_iters": 1e300}))
+    assert resp.status == 201, await resp.text()

@@ -260,13 +260,7 @@ async def api_retry(request: web.Request) -> web.Response:
 
 
 async def api_patch_job(request: web.Request) -> web.Response:
-    body = await read_json_object(request)
-    priority = body.get("priority")
-    if set(body) != {"priority"}:
-        raise BadRequest("only priority can be changed: send {\"priority\": <integer>}")
-    if not isinstance(priority, int) or isinstance(priority, bool) or not (
-            -1000 <= priority <= 1000):
-        raise BadRequest("priority must be an integer from -1000 to 1000")
+    priority = queue.check_priority_change(await read_json_object(request))
     row = await service_of(request).transact(queue.set_priority, request.match_info["job_id"],
                                              priority, now())
     return json_response(queue.job_record(row))

@@ -1080,6 +1080,20 @@ def refuse_lone_surrogates(spec: Mapping[str, Any], whose: str,
         raise Conflict(f"{whose} holds text that is not Unicode ({problem}); {remedy}")
 
 
+PRIORITY_RANGE = (-1000, 1000)  # schemas/job.json's bounds
+
+
+def check_priority_change(body: dict[str, Any]) -> int:
+    """PATCH /api/jobs/{id}'s body: the new priority, an integer from -1000 to 1000; 1e2 is
+    taken as 100, as a spec's priority is when the job is queued."""
+    if set(body) != {"priority"}:
+        raise BadRequest("only priority can be changed: send {\"priority\": <integer>}")
+    priority = validate.integer_within(body["priority"], *PRIORITY_RANGE)
+    if priority is None:
+        raise BadRequest("priority must be an integer from -1000 to 1000")
+    return priority
+
+
 def set_priority(conn: sqlite3.Connection, job_id: str, priority: int, now: float,
                  effects: Effects) -> sqlite3.Row:
     row = job_row(conn, job_id)
