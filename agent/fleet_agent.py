@@ -19,6 +19,7 @@ import argparse
 import array
 import base64
 import binascii
+import collections
 import contextlib
 import glob
 import hashlib
@@ -207,20 +208,78 @@ class CmdResult:
         return self.code == 0
 
 
+# What run_cmd keeps of each stream of a tool. What adb prints comes from the device, which may
+# print without end: a screencap of the largest tablet screen is a few MB of PNG, getprop and
+# dumpsys far less, so a tool past this is stopped rather than read into memory until its timeout.
+MAX_TOOL_OUTPUT = 32 << 20
+
+
+class _CappedReader(threading.Thread):
+    """Reads one of a tool's streams, keeping at most `limit` bytes; a tool that prints more is
+    killed, so neither memory nor the wait grows with what it prints."""
+
+    def __init__(self, stream, limit: int, proc: subprocess.Popen):
+        super().__init__(name="tool-output", daemon=True)
+        self.stream, self.limit, self.proc = stream, limit, proc
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.over = False
+
+    def run(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := self.stream.read1(1 << 16):
+                room = self.limit - self.size
+                self.chunks.append(chunk[:room])
+                self.size += min(room, len(chunk))
+                if len(chunk) > room:
+                    self.over = True
+                    with contextlib.suppress(OSError):
+                        self.proc.kill()
+                    return
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
 def run_cmd(argv: list[str], timeout: float = 30.0, env: dict | None = None,
-            cwd: str | None = None) -> CmdResult:
-    """Run an argv list (never a shell string) with a timeout; never raises for tool failures."""
+            cwd: str | None = None, limit: int = MAX_TOOL_OUTPUT) -> CmdResult:
+    """Run an argv list (never a shell string) with a timeout; never raises for tool failures.
+    Each stream is kept up to `limit` bytes; a tool that prints more is stopped (code None)."""
     started = time.monotonic()
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=timeout, env=env, cwd=cwd,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired as exc:
-        return CmdResult(argv, None, _text(exc.stdout), f"timed out after {timeout:g} s",
-                         (time.monotonic() - started) * 1000)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, env=env, cwd=cwd)
     except OSError as exc:
         return CmdResult(argv, None, "", str(exc), (time.monotonic() - started) * 1000)
-    return CmdResult(argv, proc.returncode, _text(proc.stdout), _text(proc.stderr),
-                     (time.monotonic() - started) * 1000, proc.stdout or b"")
+    readers = [_CappedReader(proc.stdout, limit, proc), _CappedReader(proc.stderr, limit, proc)]
+    for reader in readers:
+        reader.start()
+    deadline = started + timeout
+    for reader in readers:
+        reader.join(max(0.0, deadline - time.monotonic()))
+    try:
+        code: int | None = proc.wait(max(0.0, deadline - time.monotonic()))
+        late = any(reader.is_alive() for reader in readers)  # a child of it holds the pipe
+    except subprocess.TimeoutExpired:
+        code, late = None, True
+    if late:
+        proc.kill()
+        proc.wait()
+        for reader in readers:  # EOF follows the kill at once, unless a grandchild holds on
+            reader.join(1.0)
+    # A reader still blocked (a grandchild keeps the pipe open) ends with that grandchild; its
+    # stream is left to it (closed once nothing holds it), as closing a file another thread
+    # reads is not safe.
+    for reader, stream in zip(readers, (proc.stdout, proc.stderr)):  # noqa: B905 - zip(strict=) needs Python 3.10
+        if not reader.is_alive() and stream is not None:
+            stream.close()
+    out, ms = readers[0].data(), (time.monotonic() - started) * 1000
+    if any(reader.over for reader in readers):
+        return CmdResult(argv, None, _text(out), f"printed more than {limit >> 20} MB, so it "
+                         "was stopped", ms)
+    if late:
+        return CmdResult(argv, None, _text(out), f"timed out after {timeout:g} s", ms)
+    return CmdResult(argv, code, _text(out), _text(readers[1].data()), ms, out)
 
 
 def _text(raw: bytes | str | None) -> str:
@@ -1052,6 +1111,18 @@ def _first_time(key: str) -> bool:
         first = key not in _told
         _told.add(key)
     return first
+
+
+def warn_once(key: str, message: str, *args: object) -> None:
+    """A warning the first time, DEBUG after: a device listed wrong is listed so at every
+    presence round and every job. Past a bound of keys (a device that names itself anew each
+    time) every one is a warning, so the set of keys told cannot grow without end."""
+    with _told_lock:
+        full = len(_told) >= 10_000
+        first = full or key not in _told
+        if not full:
+            _told.add(key)
+    (log.warning if first else log.debug)(message, *args)
 
 
 def _base(url: str) -> str:
@@ -4742,7 +4813,10 @@ def describe(runtime: Runtime) -> str:
         lines += ["", "not declared on this machine:"]
         lines += [f"  {cap:<28} {reason}" for cap, reason in host_missing(runtime.tools)]
         lines += ["", "attached devices:"]
-        lines += [f"  {t['device_id']:<28} {t['platform']}, {t.get('model') or 'unknown model'}"
+        # A model is what the device calls itself: escaped, so it cannot move the terminal's
+        # cursor or forge a line of this listing.
+        lines += [f"  {t['device_id']:<28} {t['platform']}, "
+                  f"{printable(t.get('model') or 'unknown model', 100)}"
                   for t in attached_targets(runtime)] or ["  (none)"]
     if runtime.mode == "device":
         missing = missing_capabilities(runtime.tools, load_build_repos(
@@ -4780,7 +4854,7 @@ def android_targets(adb: str | None) -> list[dict]:
         return []
     result = run_cmd([adb, "devices", "-l"], timeout=20)
     if not result.ok:
-        log.warning("adb devices -l failed: %s", tail(result.err or result.out, 200))
+        log.warning("adb devices -l failed: %s", printable(tail(result.err or result.out, 200)))
         return []
     targets = []
     for line in result.out.splitlines():
@@ -4788,29 +4862,54 @@ def android_targets(adb: str | None) -> list[dict]:
         if len(words) < 2 or words[1] != "device" or line.startswith("List of devices"):
             continue
         props = dict(w.split(":", 1) for w in words[2:] if ":" in w)
-        targets.append({"device_id": words[0], "platform": "android",
-                        "model": props.get("model", "").replace("_", " ") or None,
-                        "emulator": words[0].startswith("emulator-")})
+        if drivable(words[0], "adb"):
+            targets.append({"device_id": words[0], "platform": "android",
+                            "model": props.get("model", "").replace("_", " ") or None,
+                            "emulator": words[0].startswith("emulator-")})
     return targets
+
+
+def drivable(device_id: object, tool: str) -> bool:
+    """Whether an id a device gave for itself can be driven: the device chose it, and it
+    becomes an argument of adb, simctl and the flow runner (where a leading - is an option),
+    the id its rows and registration are filed under, and part of artifact names and log
+    lines; so it must be a device id the collector takes (letters, digits and . _ : @ -)."""
+    problem = id_problem(device_id)
+    if problem:
+        shown_id = printable(device_id, 100)
+        warn_once(f"{tool} id {shown_id}", "%s lists a device as '%s', which is not driven: %s",
+                  tool, shown_id, problem)
+    return problem is None
+
+
+def simulator_list(xcrun: str) -> dict:
+    """{runtime id: [device, ...]} from `xcrun simctl list -j devices`; {} when its output is
+    not of that shape (too deep to read included), so no odd answer raises."""
+    result = run_cmd([xcrun, "simctl", "list", "-j", "devices"], timeout=30)
+    try:
+        runtimes = json.loads(result.out).get("devices", {}) if result.ok else {}
+    except (ValueError, AttributeError, RecursionError):
+        return {}
+    if not isinstance(runtimes, dict):
+        return {}
+    return {key: [d for d in devices if isinstance(d, dict)]
+            for key, devices in runtimes.items() if isinstance(devices, list)}
 
 
 def simulator_targets(xcrun: str | None) -> list[dict]:
     """Booted simulators from `xcrun simctl list -j devices`."""
     if not xcrun:
         return []
-    result = run_cmd([xcrun, "simctl", "list", "-j", "devices"], timeout=30)
-    try:
-        runtimes = json.loads(result.out).get("devices", {}) if result.ok else {}
-    except (ValueError, AttributeError):
-        runtimes = {}
     targets = []
-    for runtime_id, devices in sorted(runtimes.items()):
+    for runtime_id, devices in sorted(simulator_list(xcrun).items()):
         platform_name = next((p for key, p in SIM_PLATFORMS if key in runtime_id), None)
-        for device in devices if isinstance(devices, list) else []:
-            if platform_name and device.get("state") == "Booted":
-                targets.append({"device_id": device.get("udid"), "platform": platform_name,
-                                "model": device.get("name"), "emulator": True,
-                                "os": simulator_os(runtime_id)})
+        for device in devices:
+            if platform_name and device.get("state") == "Booted" and drivable(
+                    device.get("udid"), "simctl"):
+                name = device.get("name")
+                targets.append({"device_id": device["udid"], "platform": platform_name,
+                                "model": name if isinstance(name, str) else None,
+                                "emulator": True, "os": simulator_os(runtime_id)})
     return targets
 
 
@@ -4821,9 +4920,24 @@ def simulator_os(runtime_id: str) -> str | None:
 
 
 def attached_targets(runtime: Runtime) -> list[dict]:
-    """Every device this executor drives right now: Android over adb, booted simulators."""
-    return android_targets(runtime.tools.get("adb")) + simulator_targets(
+    """Every device this executor drives right now: Android over adb, booted simulators.
+
+    An id listed twice (two devices sharing a serial: `adb -s` refuses to choose, and their
+    rows could not be told apart) and a device calling itself by the executor's own name (its
+    rows would be filed as the executor's, and a drain pinned to that name drains this
+    machine) are left out, with a warning."""
+    found = android_targets(runtime.tools.get("adb")) + simulator_targets(
         runtime.tools.get("xcrun"))
+    counts = collections.Counter(t["device_id"] for t in found)
+    for device_id, count in counts.items():
+        if count > 1:
+            warn_once(f"twin {device_id}", "%d attached devices call themselves %s; none of "
+                      "them is driven, as they cannot be told apart", count, device_id)
+        if device_id == runtime.reporter_id:
+            warn_once(f"own name {device_id}", "an attached device calls itself %s, this "
+                      "executor's own name; it is not driven", device_id)
+    return [t for t in found if counts[t["device_id"]] == 1
+            and t["device_id"] != runtime.reporter_id]
 
 
 def job_platform(spec: dict) -> str | None:
@@ -5103,6 +5217,14 @@ def wl_ui_test(runtime: Runtime, ctx: JobContext) -> dict:
 # --- cold-start ---
 
 LAUNCH_STATES = ("cold", "warm", "hot")
+LAUNCH_TIMEOUT_S = 120  # for `am start -W`: no launch it measures can take longer
+
+
+def device_count(digits: str, most: int) -> int | None:
+    """A whole number a device printed (digits, as a pattern matched them), or None past
+    `most`. The device chooses how many digits: int() of thousands of them raises, and float()
+    of a few hundred is inf, which no JSON row carries (the collector refuses the row)."""
+    return int(digits) if len(digits) <= len(str(most)) and int(digits) <= most else None
 
 
 def android_component(adb: str, serial: str, app_id: str) -> str:
@@ -5121,12 +5243,16 @@ def android_launch_ms(adb: str, serial: str, app_id: str, component: str, state:
                "hot": ["input", "keyevent", "KEYCODE_HOME"]}[state]
     run_cmd(adb_shell_argv(adb, serial, *prepare), timeout=30)
     result = run_cmd(adb_shell_argv(adb, serial, "am", "start", "-W", "-n", component),
-                     timeout=120)
+                     timeout=LAUNCH_TIMEOUT_S)
     match = re.search(r"TotalTime:\s*(\d+)", result.out)
     if not result.ok or not match:
         said = tail(result.out + result.err, 200)
         raise Refusal(f"am start on {serial} printed no TotalTime: {said}")
-    return float(match.group(1))
+    total = device_count(match.group(1), LAUNCH_TIMEOUT_S * 1000)
+    if total is None:
+        raise Refusal(f"am start on {serial} printed TotalTime {clip(match.group(1), 20)}, "
+                      f"which is no launch time: it waits at most {LAUNCH_TIMEOUT_S} s")
+    return float(total)
 
 
 def simulator_launch_ms(xcrun: str, udid: str, app_id: str, state: str) -> float:
@@ -5757,7 +5883,12 @@ def android_memory_mb(runtime: Runtime, serial: str, app_id: str) -> float | Non
     match = MEMINFO_PSS.search(result.out) if result.ok else None
     if not match:
         return None
-    return round(int(match.group(1) or match.group(2)) / 1024, 1)
+    digits = match.group(1) or match.group(2)
+    kilobytes = device_count(digits, 10**12)  # a petabyte
+    if kilobytes is None:
+        raise Refusal(f"dumpsys meminfo on {serial} printed a total PSS of "
+                      f"{clip(digits, 20)} KB, which is no memory reading")
+    return round(kilobytes / 1024, 1)
 
 
 def android_faults(runtime: Runtime, serial: str, app_id: str) -> tuple[list[str], int]:
@@ -5892,7 +6023,8 @@ def soak_summary(plan: dict, rows: dict, crash: str | None, targets: list[dict])
 A11Y_VARIANTS = ("default", "largest")
 LARGEST_IOS_SIZE = "accessibility-extra-extra-extra-large"
 A11Y_DUMP = "/sdcard/fleet-a11y.xml"
-BOUNDS = re.compile(r"\[(-?\d+),(-?\d+)\]\[(-?\d+),(-?\d+)\]")
+# At most 9 digits a coordinate: the device's XML chooses them, and int() of thousands raises.
+BOUNDS = re.compile(r"\[(-?\d{1,9}),(-?\d{1,9})\]\[(-?\d{1,9}),(-?\d{1,9})\]")
 MAX_UI_NODES = 20_000
 MAX_FINDINGS = 200  # per screen; the count says how many there were
 MAX_STEPS = 50
@@ -5940,7 +6072,11 @@ def android_density(runtime: Runtime, serial: str) -> float:
     density = values.get("Override") or values.get("Physical")
     if not density:
         raise Refusal(f"`wm density` on {serial} printed no density: {tail(result.out, 100)}")
-    return float(density)
+    dpi = device_count(density, 10_000)  # screens are laid out for 120 to 640
+    if not dpi:
+        raise Refusal(f"`wm density` on {serial} printed {clip(density, 20)}, which is no "
+                      "density")
+    return float(dpi)
 
 
 def android_ui_nodes(runtime: Runtime, serial: str) -> list[dict]:
@@ -6342,11 +6478,14 @@ def android_battery(runtime: Runtime, serial: str, track: str) -> dict:
     for key, value in re.findall(r"(?m)^\s+([A-Za-z][A-Za-z ]*): (-?\d+(?:\.\d+)?|true|false)$",
                                  result.out):
         name = key.strip().lower().replace(" ", "_")
-        figures[name] = value == "true" if value in ("true", "false") else float(value)
+        number = None if value in ("true", "false") else float(value)
+        if number is not None and not math.isfinite(number):
+            continue  # hundreds of digits: inf, which no row carries; no reading
+        figures[name] = value == "true" if number is None else number
     if track == "current_now" and "current_now" not in figures:
         raw = adb_shell(runtime, serial, "cat",
                         "/sys/class/power_supply/battery/current_now").out.strip()
-        if re.match(r"^-?\d+$", raw):
+        if re.match(r"^-?\d{1,18}$", raw):
             figures["current_now"] = float(raw)
     if isinstance(figures.get("level"), float) and isinstance(figures.get("scale"), float) \
             and figures["scale"] > 0:
