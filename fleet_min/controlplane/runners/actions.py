@@ -161,6 +161,21 @@ def _repo_of(runner: Runner) -> str:
     return runner.repo
 
 
+def write_marker(path: Path, text: str) -> None:
+    """Create the drain marker with `text`, unless an entry of its name exists by now.
+
+    Discovery found none a moment ago, but a job may have planted one since: a link to a file
+    of the daemon's user was written through (its contents replaced by a time). O_EXCL creates
+    the file or fails, and never follows a link, dangling or not; an entry of that name already
+    drains the runner, so there is nothing left to write."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    except FileExistsError:
+        return
+    with open(fd, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def copy_name(name: str, taken: set[str]) -> str | None:
     """The default name of a copy: the name without a trailing `-<number>`, then `-2`, or the
     lowest free number above it (app -> app-2; app-1 -> app-2, app-3 when app-2 is taken;
@@ -315,7 +330,7 @@ class Actions:
 
     async def drain(self, runner: Runner, state: ServiceState) -> dict[str, Any]:
         if not runner.draining:
-            (runner.path / DRAIN_MARKER).write_text(iso(now()) or "", encoding="utf-8")
+            write_marker(runner.path / DRAIN_MARKER, iso(now()) or "")
         busy = self.plane.view(runner.name)["busy"]
         if busy:
             await self.plane.record(runner.name, "drain", "draining; stops when its job ends")

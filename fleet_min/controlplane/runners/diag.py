@@ -21,15 +21,20 @@ TAIL_BYTES = 64 * 1024
 TAIL_LINES = 80
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def safe_file(path: Path, inside: Path) -> os.stat_result | None:
     """lstat of `path` when it is a regular file (not a link) inside `inside`, else None."""
     try:
         info = path.lstat()
+        if not stat.S_ISREG(info.st_mode) or path.name.startswith(".credentials"):
+            return None
+        # resolve() fails (EINVAL, ENOENT) when a job swaps an entry on the way between a link
+        # and a file or directory as it is read: not a file to read, not a failed request.
+        if not path.resolve().is_relative_to(inside.resolve()):
+            return None
     except OSError:
-        return None
-    if not stat.S_ISREG(info.st_mode) or path.name.startswith(".credentials"):
-        return None
-    if not path.resolve().is_relative_to(inside.resolve()):
         return None
     return info
 
@@ -38,18 +43,31 @@ def read_tail(path: Path, limit: int = TAIL_BYTES) -> str:
     """The last `limit` bytes of a log as text; "" when it is gone or no longer a regular file.
     The runner rotates its logs, and an entry checked a moment ago may since have been swapped
     for a FIFO or a link: this open neither waits for a writer nor follows a link."""
+    found = _open_tail(path, limit, None)
+    return found[0] if found is not None else ""
+
+
+def _open_tail(path: Path | str, limit: int, dir_fd: int | None
+               ) -> tuple[str, os.stat_result] | None:
+    """(the tail as text, the fstat of the file read); None when it is no regular file.
+    dir_fd: the directory `path` (then a plain name) is looked up in."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW, dir_fd=dir_fd)
     except OSError:
-        return ""
+        return None
     with open(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return None
         size = handle.seek(0, os.SEEK_END)
         handle.seek(max(0, size - limit))
         data = handle.read(limit)
+    return _whole_lines(data, size > limit), info
+
+
+def _whole_lines(data: bytes, cut: bool) -> str:
     text = data.decode("utf-8", "replace")
-    if size > limit:
+    if cut:
         # Drop the cut first line, all of it when no line break follows: the cut may have
         # taken its key (`db_pas|sword=...`) or a token's prefix, and the redactor cannot
         # know what is left for a secret.
@@ -91,17 +109,30 @@ def _keep(heap: list[_Candidate], item: _Candidate) -> None:
         heapq.heapreplace(heap, item)
 
 
+def _open_diag(runner_dir: Path) -> int | None:
+    """A descriptor of `runner_dir/_diag`; None when there is none or it is a link (to `/`, to
+    a huge tree, to a directory of the same names elsewhere)."""
+    try:
+        return os.open(runner_dir / "_diag", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+                       | _NOFOLLOW)
+    except OSError:
+        return None
+
+
 def scan_logs(runner_dir: Path, limit: int = SCAN_LIMIT) -> DiagScan:
     """At most `limit` entries of `runner_dir/_diag`, lstat only for the `.log` names among
-    them. The containment check (which resolves every component of the path) is left to the
-    file actually read (`safe_file` in summary_and_tail)."""
-    found = DiagScan()
+    them."""
+    fd = _open_diag(runner_dir)
+    if fd is None:
+        return DiagScan()
     try:
-        # A `_diag` that is a link (to `/`, to a huge tree) is not listed at all.
-        fd = os.open(runner_dir / "_diag", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-                     | getattr(os, "O_NOFOLLOW", 0))
-    except OSError:
-        return found
+        return _scan(fd, limit)
+    finally:
+        os.close(fd)
+
+
+def _scan(fd: int, limit: int) -> DiagScan:
+    found = DiagScan()
     try:
         with os.scandir(fd) as entries:
             for entry in entries:
@@ -126,38 +157,48 @@ def scan_logs(runner_dir: Path, limit: int = SCAN_LIMIT) -> DiagScan:
                     _keep(found.runner_logs, item)
     except OSError:
         pass
-    finally:
-        os.close(fd)
     return found
 
 
+def _newest_tail(fd: int, found: DiagScan) -> tuple[str, str, os.stat_result] | None:
+    """(name, tail, fstat) of the newest Runner_ log when there is one, else of the newest log
+    that is still a regular file when it is opened. Opened by name in the `_diag` the walk
+    listed (`fd`), never by its path again: checked by path and then opened by path, the log
+    was read from wherever `_diag` pointed by then, as a job can swap it for a link between
+    the two (a log of the same name in another directory was served, unauthenticated)."""
+    # A Runner_ log is in both heaps: each name is tried once.
+    candidates = dict.fromkeys(name for _, name, _ in (
+        sorted(found.runner_logs, reverse=True) + sorted(found.logs, reverse=True)))
+    for name in candidates:
+        read = _open_tail(name, TAIL_BYTES, fd)
+        if read is not None:
+            return name, *read
+    return None
+
+
 def summary_and_tail(runner_dir: Path, lines: int = TAIL_LINES) -> dict[str, Any]:
-    found = scan_logs(runner_dir)
+    fd = _open_diag(runner_dir)
+    found = DiagScan()
+    chosen = None
+    if fd is not None:
+        try:
+            found = _scan(fd, SCAN_LIMIT)
+            chosen = _newest_tail(fd, found)
+        finally:
+            os.close(fd)
     out: dict[str, Any] = {"files": found.files, "total_bytes": found.total_bytes,
                            "entries_examined": found.examined, "more_entries": found.more,
                            "latest": None, "errors": 0, "warnings": 0, "last_error": None,
                            "tail": []}
-    # The newest Runner_ log when there is one, else the newest log; each checked (regular,
-    # not a link, inside the runner's directory) only now, as it is the one read.
-    # A Runner_ log is in both heaps: each name is checked once.
-    candidates = dict.fromkeys(name for _, name, _ in (
-        sorted(found.runner_logs, reverse=True) + sorted(found.logs, reverse=True)))
-    chosen = None
-    for name in candidates:
-        path = runner_dir / "_diag" / name
-        info = safe_file(path, runner_dir)
-        if info is not None:
-            chosen = path, info
-            break
     if chosen is None:
         return out
-    path, info = chosen
-    text = redact(read_tail(path))
+    name, text, info = chosen
+    text = redact(text)
     # The log holds job and step names from workflow files (a pull request's author writes
     # them): an escape sequence in one would erase and redraw lines where the tail is shown.
     all_lines = [printable(line) for line in text.splitlines()]
     errors = [line for line in all_lines if " ERR " in line or "[ERR" in line]
-    out.update({"latest": {"name": path.name, "bytes": info.st_size,
+    out.update({"latest": {"name": name, "bytes": info.st_size,
                            "modified_at": iso(info.st_mtime)},
                 "errors": len(errors),
                 "warnings": sum(1 for line in all_lines if " WARN " in line),

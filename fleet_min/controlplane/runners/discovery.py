@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleet_min import filemodes, jsonio
+from fleet_min.controlplane.labels import fit_labels
 from fleet_min.controlplane.runners.procs import Proc
 
 DRAIN_MARKER = ".fleet-drain"
@@ -33,7 +34,11 @@ _DRAIN_TIME = re.compile(r"[0-9][0-9T:.+ Z-]{0,39}")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
+_UNIT_HINT = re.compile(r"actions\.runner\.[A-Za-z0-9@._:-]{1,240}")
 _MAX_DEPTH = 3
+# A GitHub URL is a host and two names of at most 100 characters; a GHES host adds at most 253.
+MAX_URL_CHARS = 1000
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 # Joined by concatenation (os.path.join was a sixth of a cached discovery); a folder here never
 # ends with a separator (str of a Path, or a scandir entry's path).
 _RUNNER_FILE = os.sep + ".runner"
@@ -108,6 +113,15 @@ def read_runner_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def _url(value: object) -> str:
+    """The runner's URL from `.runner`, or "" when it is not one config.sh could have written:
+    longer than any GitHub URL (it is in every snapshot) or holding a control character (it is
+    shown as a link and is an argument of config.sh)."""
+    if not isinstance(value, str) or len(value) > MAX_URL_CHARS or _CONTROL.search(value):
+        return ""
+    return value
+
+
 def repo_of(url: str) -> tuple[str | None, str | None]:
     """https://github.com/owner/project -> ("owner", "owner/project"); org runners have no repo."""
     parts = [p for p in urlsplit(url).path.split("/") if p]
@@ -128,8 +142,13 @@ def versions(path: Path) -> tuple[str | None, list[str]]:
     a self-update; a fresh install carries it in its deps file; `bin.X.Y.Z` dirs are staged."""
     active = None
     bin_dir = path / "bin"
-    if bin_dir.is_symlink():
-        target = os.readlink(bin_dir)
+    try:
+        # Not is_symlink() and then readlink(): a job can remove or replace the link between
+        # the two, and the OSError ended the whole discovery (every runner's snapshot).
+        target: str | None = os.readlink(bin_dir)
+    except OSError:  # no link (a directory, nothing) or gone since
+        target = None
+    if target is not None:
         found = _VERSION.search(Path(target).name)
         active = found.group(0) if found else None
     if active is None:
@@ -170,9 +189,12 @@ def _unit_hint(path: Path) -> str | None:
     text = raw.decode("utf-8", "replace").strip()
     # svc.sh writes the unit name (systemd) or the plist path (launchd); keep the last part only.
     name = text.rsplit("/", 1)[-1].removesuffix(".plist")
-    # A leading letter or digit: the name is an argument of systemctl and launchctl, where a
-    # "-" would make it an option (svc.sh's names start with "actions.runner.").
-    return name if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9@._:-]{0,254}", name) else None
+    # Only a name svc.sh gives a runner ("actions.runner.<owner>-<repo>.<name>", cut short and
+    # given a suffix when long): a job writes this file, and the unit it names is the one the
+    # daemon stops by itself once a drained runner is idle (with `sudo -n systemctl` for a
+    # system unit). Any other name (sshd, the daemon's own unit) is not this runner's. It is an
+    # argument of systemctl and launchctl too, where a leading "-" would make it an option.
+    return name if _UNIT_HINT.fullmatch(name) else None
 
 
 def load_runner(path: Path, root: Path) -> Runner | None:
@@ -181,16 +203,17 @@ def load_runner(path: Path, root: Path) -> Runner | None:
     except (OSError, ValueError):
         return None
     name = str(data.get("agentName") or "")
-    url = str(data.get("gitHubUrl") or data.get("serverUrl") or "")
+    url = _url(data.get("gitHubUrl") or data.get("serverUrl"))
     if not valid_name(name):
         return None
     owner, repo = repo_of(url)
-    labels = data.get("labels")
     active, staged = versions(path)
     agent_id = data.get("agentId")
+    # The labels by the rule GitHub's and an agent's follow: a job writes this file, and its
+    # labels went into every snapshot as they were (60,000 of them, escape sequences and all).
     return Runner(name=name, path=path, rel=str(path.relative_to(root)), url=url, owner=owner,
                   repo=repo, agent_id=agent_id if isinstance(agent_id, int) else None,
-                  labels=[str(x) for x in labels] if isinstance(labels, list) else [],
+                  labels=fit_labels(data.get("labels")),
                   version=active, staged=staged, draining_since=_drain_since(path),
                   unit_hint=_unit_hint(path))
 
@@ -277,7 +300,13 @@ class Discovery:
                 template = cached[1]
             else:
                 self.reads += 1
-                template, cacheable = _load(Path(path), self.root)
+                try:
+                    template, cacheable = _load(Path(path), self.root)
+                except OSError:
+                    # Its files changed under the read (a job rewriting them, the runner
+                    # removed): as it was last seen, and read again next time. Raised, it
+                    # ended the discovery of every runner of the host.
+                    template, cacheable = (cached[1] if cached is not None else None), False
                 if cacheable and not _racy(signature, self.racy_ns):
                     known[path] = (signature, template)
             if template is None or template.name in seen:
