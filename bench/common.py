@@ -139,13 +139,15 @@ def checkout(text: str) -> Path:
 
 
 @contextlib.contextmanager
-def server(kind: str, env: dict[str, str] | None = None, tree: Path = ROOT
-           ) -> Iterator[tuple[str, int]]:
+def server(kind: str, env: dict[str, str] | None = None, tree: Path = ROOT,
+           data_dir: Path | None = None) -> Iterator[tuple[str, int]]:
     """Start the collector ('collector'), the bare aiohttp server ('bare'), the bare server
     made durable ('durable') or that one keeping the spec's rules ('floor') as a process; the
-    collector runs from `tree`, a checkout of this repository (this one by default)."""
+    collector runs from `tree`, a checkout of this repository (this one by default), on a
+    fresh data directory or on `data_dir` (a bench that fills the database itself)."""
     port = free_port()
-    with tempfile.TemporaryDirectory() as data:
+    with (contextlib.nullcontext(str(data_dir)) if data_dir is not None
+          else tempfile.TemporaryDirectory()) as data:
         if kind == "collector":
             argv = [sys.executable, "-m", "fleet_min", "collector", "--port", str(port),
                     "--data", data, "--bind", "127.0.0.1"]

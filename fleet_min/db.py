@@ -520,6 +520,16 @@ class Database:
             raise ValueError(f"synchronous must be one of {sorted(_SYNCHRONOUS)}")
         self._writer: _Writer | None = None
         self._reader: aiosqlite.Connection | None = None
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    def slots(self, kind: str, count: int) -> asyncio.Semaphore:
+        """The semaphore of one kind of costly read (`async with db.slots(kind, n):`): at most
+        `count` of that kind run at once, so a client repeating one queues behind itself rather
+        than taking every worker thread (read_in_thread) and the memory of each answer."""
+        slots = self._slots.get(kind)
+        if slots is None:
+            slots = self._slots[kind] = asyncio.Semaphore(count)
+        return slots
 
     async def open(self) -> None:
         """Open (creating if needed) and migrate; StorageError with a sentence when it cannot."""

@@ -79,6 +79,11 @@ def json_response(value: Any, status: int = 200, headers: dict[str, str] | None 
                         headers={**_JSON_HEADERS, **headers} if headers else _JSON_HEADERS)
 
 
+def json_body_response(body: bytes | bytearray, status: int = 200) -> web.Response:
+    """A JSON answer encoded already (jsonio.dumps_body), in a worker thread say."""
+    return web.Response(body=body, status=status, headers=_JSON_HEADERS)
+
+
 def error_response(status: int, message: str) -> web.Response:
     return json_response({"error": message}, status=status)
 

@@ -221,6 +221,15 @@ def test_request_costs_smoke():
     assert {r["kind"] for r in ratios} == {"health", "beacon", "renewal"}
 
 
+def test_device_listing_smoke():
+    records = run_bench("device_listing")
+    result = figure(records, "device_listing")
+    assert result["devices"] == 50 and result["bytes"] > 0
+    for key in ("listing_s", "worst_reader_s", "worst_loop_s", "idle_worst_reader_s",
+                "peak_rss_mb"):
+        assert isinstance(result[key], float), key
+
+
 def test_restore_rows_smoke():
     result = figure(run_bench("restore_rows"), "row_check")
     assert result["rows"] == 2000 + 2000 + 200

@@ -500,12 +500,18 @@ def _devices() -> list[Route]:
                   "GET /api/devices/{device_id} has them whole"))]}),
                   "pools": arr(STR),
                   "expired_hidden": {**integer(0), "description": "expired temporary devices "
-                                     "left out of this listing (0 with ?expired=1)"}}))},
+                                     "left out of this listing (0 with ?expired=1)"},
+                  "devices_total?": {**integer(0), "description": "with ?limit=: the devices "
+                                     "the listing would hold without it"},
+                  "cut?": {**BOOL, "description": "with ?limit=: true when "
+                           "devices_total is more than the devices listed"}}))},
               {400: BAD_QUERY},
               params=(query("expired", STR, "true, 1 or yes also lists expired temporary "
                                             "devices"),
                       query("first_seen_after", STR, "ISO-8601 time: only the devices first "
-                            "seen after it")), tag=tag),
+                            "seen after it"),
+                      query("limit", INT, "at most this many devices (1 to 1,000,000), those "
+                            "seen last")), tag=tag),
         Route("GET", "/api/devices/{device_id}", "One device, expired or not",
               {200: json_reply(ref("DeviceDetail"))}, {404: NO_DEVICE}, tag=tag),
         guarded("PATCH", "/api/devices/{device_id}", "Edit name, notes, pools override",

@@ -213,6 +213,33 @@ async def test_the_listing_trims_long_name_lists_and_the_record_keeps_them(clien
     assert "The 1000 seen most recently of 1203 devices." in page
 
 
+async def test_a_limited_listing_holds_the_devices_seen_last_and_counts_the_rest(client, db_path):
+    """?limit= lists the devices seen last and says how many it leaves out (the Devices page
+    asks for 2,000: a registry a flood filled to 25,000 at the limits is 136 MB of JSON); expired
+    temporary devices count neither as listed nor in the total, as without a limit."""
+    for name in ("a", "b", "c", "d"):
+        assert (await register(client, name))[0] == 200
+    assert (await register(client, "tab", ttl_s=10))[0] == 200
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 60 WHERE device_id = 'tab'")
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 5 * "
+                      "(unicode(device_id) - unicode('a')) WHERE device_id != 'tab'")
+    listing = await (await client.get("/api/devices?limit=2")).json()
+    assert [d["device_id"] for d in listing["devices"]] == ["a", "b"]
+    assert (listing["devices_total"], listing["cut"], listing["expired_hidden"]) == (4, True, 1)
+    listing = await (await client.get("/api/devices?limit=2&expired=1")).json()
+    assert (listing["devices_total"], listing["cut"], listing["expired_hidden"]) == (5, True, 0)
+    listing = await (await client.get("/api/devices?limit=4")).json()
+    assert [d["device_id"] for d in listing["devices"]] == ["a", "b", "c", "d"]
+    assert (listing["devices_total"], listing["cut"]) == (4, False)
+    assert listing["pools"] == sorted({p for d in listing["devices"] for p in d["pools"]})
+    whole = await (await client.get("/api/devices")).json()
+    assert "devices_total" not in whole and len(whole["devices"]) == 4
+    for bad in ("0", "-1", "two", "1e3", "1000001"):
+        resp = await client.get(f"/api/devices?limit={bad}")
+        assert resp.status == 400, bad
+        assert (await resp.json())["error"] == "limit must be an integer from 1 to 1000000"
+
+
 def fill_executors(db_path, count: int, silent_s: float = 0.0) -> None:
     """`count` host executors, stored as a collector stores polls, last heard `silent_s` ago."""
     edit_rows(db_path, "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "

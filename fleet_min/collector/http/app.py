@@ -45,11 +45,12 @@ from fleet_min.http import (
     MAX_JSON_KEY,
     WRITE_STALL_KEY,
     base_middleware_with,
+    json_body_response,
     json_response,
     read_json,
     read_json_object,
 )
-from fleet_min.query import int_param, time_param
+from fleet_min.query import int_param
 from fleet_min.serving import CONNECTIONS
 from fleet_min.sse import stream
 from fleet_min.timeutil import now
@@ -286,10 +287,8 @@ async def api_preview_targets(request: web.Request) -> web.Response:
 
 
 async def api_devices(request: web.Request) -> web.Response:
-    include = request.query.get("expired", "").lower() in ("1", "true", "yes")
-    return json_response(await views.list_devices(
-        service_of(request).db, now(), include,
-        first_seen_after=time_param(request.query, "first_seen_after")))
+    asked = views.device_query(request.query)
+    return json_body_response(await views.list_devices_body(service_of(request).db, now(), asked))
 
 
 async def api_device(request: web.Request) -> web.Response:

@@ -134,12 +134,11 @@ class Legacy:
         return self.page("Overview", "", content, refresh_s=30)
 
     async def devices(self, request: web.Request) -> web.Response:
-        listing = await views.list_devices(self.db, now(), False)
-        devices = listing["devices"]
-        content = legacy.device_table(devices[:PAGE_DEVICES])
-        if len(devices) > PAGE_DEVICES:
+        listing = await views.list_devices(self.db, now(), views.DeviceQuery(limit=PAGE_DEVICES))
+        content = legacy.device_table(listing["devices"])
+        if listing["cut"]:
             content = legacy.tag("p", f"The {PAGE_DEVICES} seen most recently of "
-                                 f"{len(devices)} devices.") + content
+                                 f"{listing['devices_total']} devices.") + content
         return self.page("Devices", "/devices", content)
 
     async def device(self, request: web.Request) -> web.Response:

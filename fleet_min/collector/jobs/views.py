@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleet_min import jsonio
 from fleet_min.collector.jobs import authority, executors, locks, queue, rules
 from fleet_min.collector.jobs.devices import device_record
 from fleet_min.collector.jobs.kinds import JOB_STATUSES, DeviceStatus, Executor
@@ -360,29 +362,108 @@ _LISTED_DEVICE = (
     + " FROM devices {where} ORDER BY last_seen DESC, device_id")
 
 
-async def list_devices(db: Database, now: float, include_expired: bool,
-                       first_seen_after: float | None = None) -> dict[str, Any]:
-    """The registry, or with `first_seen_after` only the devices first seen since then (the
-    Add-a-device page watches for arrivals without reading every device each time)."""
-    if first_seen_after is None:
-        rows = await db.read(_LISTED_DEVICE.format(where=""))
-    else:
-        rows = await db.read(_LISTED_DEVICE.format(where="WHERE first_seen > ?"),
-                             (first_seen_after,))
-    records = []
-    for row in rows:
+# A listing is built on a connection and a thread of its own (Database.read_in_thread), so the
+# shared reader and the loop stay free while it is; at most this many are built at once, so a
+# client asking again and again queues behind itself instead of filling the worker threads and
+# memory (a listing of 25,000 devices at the registry's limits is 136 MB of JSON).
+DEVICE_LISTINGS_AT_ONCE = 2
+MAX_DEVICES_LIMIT = 1_000_000  # ?limit= past any registry; FLEET_MAX_DEVICES bounds the answer
+
+
+@dataclass(frozen=True)
+class DeviceQuery:
+    """What GET /api/devices asks: expired temporary devices too, only those first seen after
+    a time, and at most `limit` devices (those seen last)."""
+
+    include_expired: bool = False
+    first_seen_after: float | None = None
+    limit: int | None = None
+
+
+def device_query(query: Mapping[str, str]) -> DeviceQuery:
+    """GET /api/devices's query string (400 for a time or a limit that does not parse)."""
+    limit = (int_param(query, "limit", 0, 1, MAX_DEVICES_LIMIT)
+             if query.get("limit", "").strip() else None)
+    return DeviceQuery(include_expired=query.get("expired", "").lower() in ("1", "true", "yes"),
+                       first_seen_after=time_param(query, "first_seen_after"), limit=limit)
+
+
+async def list_devices(db: Database, now: float, asked: DeviceQuery) -> dict[str, Any]:
+    """The registry as its listing, or with `first_seen_after` only the devices first seen
+    since then (the Add-a-device page watches for arrivals without reading every device)."""
+    async with db.slots("device listings", DEVICE_LISTINGS_AT_ONCE):
+        return await db.read_in_thread(_device_listing, now, asked, named=True)
+
+
+async def list_devices_body(db: Database, now: float, asked: DeviceQuery) -> bytearray:
+    """list_devices as the JSON body of GET /api/devices, encoded in the worker thread too: the
+    records of a large registry are never built, encoded or freed on the loop's thread."""
+    async with db.slots("device listings", DEVICE_LISTINGS_AT_ONCE):
+        return await db.read_in_thread(_device_listing_body, now, asked, named=True)
+
+
+def _device_listing_body(conn: sqlite3.Connection, now: float, asked: DeviceQuery
+                         ) -> bytearray:
+    """_device_listing as JSON, each record encoded as it is made into the one buffer sent: no
+    record outlives its row, the body is never copied whole (136 MB for 25,000 devices at the
+    registry's limits), and no single encoding holds the GIL the loop's thread needs for long."""
+    head = b'{"devices":['
+    body = bytearray(head)
+
+    def add(record: dict[str, Any]) -> None:
+        if len(body) > len(head):
+            body.extend(b",")
+        body.extend(jsonio.dumps_body(record))
+
+    listing = _device_listing(conn, now, asked, add)
+    del listing["devices"]
+    body.extend(b"],")
+    body.extend(memoryview(jsonio.dumps_body(listing))[1:])  # {"pools": ..., ...} less its {
+    return body
+
+
+def _device_listing(conn: sqlite3.Connection, now: float, asked: DeviceQuery,
+                    each: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """In a worker thread: the listing's records, the facet of their pools, how many expired
+    devices it leaves out and, with a limit, how many devices it would list without one. With
+    `each`, every record goes to it instead of into `devices`."""
+    where, params = ["1 = 1"], []
+    if asked.first_seen_after is not None:
+        where.append("first_seen > ?")
+        params.append(asked.first_seen_after)
+    # rules.is_expired, in SQL, so a limit counts only the devices listed.
+    expired = "(ttl_s IS NOT NULL AND ? - last_seen > ttl_s)"
+    hidden = 0
+    if not asked.include_expired:
+        hidden = conn.execute(f"SELECT count(*) FROM devices WHERE {' AND '.join(where)} "
+                              f"AND {expired}", (*params, now)).fetchone()[0]
+        where.append(f"NOT {expired}")
+        params.append(now)
+    sql = _LISTED_DEVICE.format(where="WHERE " + " AND ".join(where))
+    if asked.limit is not None:
+        sql += " LIMIT ?"
+    records: list[dict[str, Any]] = []
+    listed = 0
+    pools: set[str] = set()  # the facet the pool filter offers: the effective pools listed
+    for row in conn.execute(sql, (*params, asked.limit) if asked.limit is not None else params):
         record = device_record(row, now)
         # `beacon`, the original's name for last_beacon, is the same object.
         record["trimmed"] = _trimmed_names(row, "descriptor", "last_beacon",
                                            *_LISTED_DEVICE_LISTS)
-        records.append(record)
-    listed = len(records)
-    if not include_expired:
-        records = [r for r in records if not r["expired"]]
-    # The facet the pool filter offers: every effective pool of the devices listed.
-    pools = sorted({pool for record in records for pool in record["pools"]})
+        pools.update(record["pools"])
+        listed += 1
+        if each is None:
+            records.append(record)
+        else:
+            each(record)
     # So a count of devices can say how many it leaves out, not read as the whole registry.
-    return {"devices": records, "pools": pools, "expired_hidden": listed - len(records)}
+    listing: dict[str, Any] = {"devices": records, "pools": sorted(pools),
+                               "expired_hidden": hidden}
+    if asked.limit is not None:
+        total = (listed if listed < asked.limit else conn.execute(
+            f"SELECT count(*) FROM devices WHERE {' AND '.join(where)}", params).fetchone()[0])
+        listing.update(devices_total=total, cut=total > listed)
+    return listing
 
 
 async def get_device(db: Database, device_id: str, now: float) -> dict[str, Any]:

@@ -15,6 +15,9 @@ import {
 // The Devices list offers to forget, in one go, every device silent this long (a shelf cleared
 // out, or a registry a flood filled); POST /api/devices/forget decides by the same horizon.
 const SILENT_S = 7 * 86400;
+// A shelf is tens or hundreds of devices; a registry a flood filled (up to FLEET_MAX_DEVICES) is
+// listed as the devices seen last, and the count line says how many more there are.
+const LISTED = 2000;
 
 function matches(d, text, status) {
   if (status && d.status !== status) return false;
@@ -30,7 +33,7 @@ export function Devices({ query }) {
   const [status, setStatus] = useState(query.get("status") || "");
   const [expired, setExpired] = useState(query.get("expired") === "1");
   // Every agent beacons about once a minute: a large shelf reloads this list at most every 2 s.
-  const res = useResource(() => get("/api/devices", { expired: expired ? "1" : "" }), [expired],
+  const res = useResource(() => get("/api/devices", { expired: expired ? "1" : "", limit: LISTED }), [expired],
     (e) => e.type === "device" || e.type === "beacon", 2000);
   const update = (next) => setQuery({ q: text, status, expired: expired ? "1" : "", ...next });
   const [run] = useAction(notify);
@@ -50,7 +53,8 @@ export function Devices({ query }) {
       const shown = d.devices.filter((x) => matches(x, text, status));
       const silent = d.devices.filter((x) => Date.now() - (parseTime(x.last_seen) ?? Date.now()) > SILENT_S * 1000).length;
       const hidden = d.expired_hidden || 0;
-      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices${hidden ? ` (${hidden} expired browser ${hidden === 1 ? "device" : "devices"} not listed)` : ""}
+      const cut = d.cut ? ` (the ${d.devices.length} seen last of ${d.devices_total}; search covers these)` : "";
+      return html`<p class="muted count-line">${shown.length} of ${d.devices.length} devices${cut}${hidden ? ` (${hidden} expired browser ${hidden === 1 ? "device" : "devices"} not listed)` : ""}
         ${silent ? html` <span id="forget-silent"><${ConfirmButton} small label=${`Forget ${silent} not seen for a week`}
           question=${`Forget the ${silent} devices not seen for 7 days? Their results are kept; one a running job holds locked stays.`}
           confirmLabel="Forget them" onConfirm=${forgetSilent} /></span>` : null}</p>

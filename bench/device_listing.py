@@ -1,0 +1,172 @@
+"""What one device listing costs everything else: a registry filled to `--devices` devices at
+the registration's limits (256 capabilities of 200 characters, 64 pools of 100, a descriptor of
+14 KB), then `GET /api/devices` asked while two probes poll every 20 ms, one that needs the
+database's shared reader (`GET /api/jobs/<none>`, a 404 after a read) and one that needs only
+the event loop (`GET /api/health`).
+
+    python bench/device_listing.py [--devices 25000] [--rounds 2] [--against PATH] [--quick]
+
+Reported per server: the listing's time and size, the worst wait of each probe while it ran
+(what every other client of the collector saw), and the collector's peak memory. The ceiling
+is each probe's worst wait over the same time with no listing asked. With `--against PATH` (a
+`git worktree` of another commit) a collector from that tree is measured in the same rounds on
+the same data. Anyone who can reach the collector's port can fill its registry this way (the
+registration is open, bounded by FLEET_MAX_DEVICES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import ROOT, checkout, emit, memory_kib, server, table
+
+
+def wide_device(device_id: str) -> dict[str, Any]:
+    """A registration at the limits validation allows."""
+    return {"device_id": device_id,
+            "pools": [f"p{k:02d}" + "x" * 96 for k in range(64)],
+            "capabilities": [f"c{k:03d}" + "y" * 196 for k in range(256)],
+            "descriptor": {"platform": "linux", "model": "m" * 100,
+                           **{f"f{k}": "z" * 150 for k in range(90)}}}
+
+
+def fill(address: str, data: Path, devices: int) -> None:
+    """One device registered over HTTP, copied in SQL to `devices` (the collector running: the
+    copies are the rows its own registration wrote, with last_seen spread a second apart)."""
+    request = urllib.request.Request(f"http://{address}/devices/register",
+                                     data=json.dumps(wide_device("wide-0")).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 200
+    conn = sqlite3.connect(data / "fleet.sqlite3", timeout=30)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(devices)")]
+    copied = ", ".join("'wide-' || i" if c == "device_id" else "last_seen - i"
+                       if c == "last_seen" else c for c in columns)
+    with conn:
+        conn.execute(f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE "
+                     f"i < ?) INSERT INTO devices ({', '.join(columns)}) SELECT {copied} "
+                     "FROM n, devices WHERE device_id = 'wide-0'", (devices - 1,))
+    conn.close()
+
+
+async def probe(address: str, path: str, stop: Any) -> float:
+    """The worst answer time of `path`, asked every 20 ms until `stop` is set."""
+    host, port = address.rsplit(":", 1)
+    worst = 0.0
+    reader, writer = await asyncio.open_connection(host, int(port))
+    while not stop.is_set():
+        started = time.monotonic()
+        await exchange(reader, writer, host, path)
+        worst = max(worst, time.monotonic() - started)
+        await asyncio.sleep(0.02)
+    writer.close()
+    return worst
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
+                   path: str) -> bytes:
+    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length:"))
+    return await reader.readexactly(length)
+
+
+def probes(address: str, stop: Any, worst: Any) -> None:
+    """In a process of its own, so the listing's 136 MB read by this one never delays them."""
+    async def run() -> list[float]:
+        return list(await asyncio.gather(probe(address, "/api/jobs/none", stop),
+                                         probe(address, "/api/health", stop)))
+    worst.put(asyncio.run(run()))
+
+
+def probed(address: str, seconds: float | None, listing: bool) -> dict[str, Any]:
+    """The probes' worst waits over `seconds`, or while one listing is asked and read."""
+    stop, worst = multiprocessing.Event(), multiprocessing.Queue()
+    prober = multiprocessing.Process(target=probes, args=(address, stop, worst))
+    prober.start()
+    time.sleep(0.2)
+    record: dict[str, Any] = {}
+    if listing:
+        async def ask() -> bytes:
+            host, port = address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            body = await exchange(reader, writer, host, "/api/devices")
+            writer.close()
+            return body
+        started = time.monotonic()
+        body = asyncio.run(ask())
+        record.update(listing_s=time.monotonic() - started, bytes=len(body),
+                      devices=len(json.loads(body)["devices"]))
+    else:
+        time.sleep(seconds or 0)
+    stop.set()
+    record["reader_s"], record["loop_s"] = worst.get(timeout=60)
+    prober.join()
+    return record
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--devices", type=int, default=25_000)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--against", type=checkout, default=None, metavar="PATH",
+                        help="a checkout of another commit, measured in the same rounds")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
+    args = parser.parse_args()
+    if args.quick:
+        args.devices, args.rounds = 50, 1
+    trees = {"this tree": ROOT, **({"against": args.against} if args.against else {})}
+    found: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory() as scratch:
+        data = Path(scratch) / "data"
+        data.mkdir()
+        for round_no in range(args.rounds):
+            for name, tree in trees.items():
+                with server("collector", tree=tree, data_dir=data) as (address, pid):
+                    if not found[name] and name == "this tree":
+                        fill(address, data, args.devices)
+                    idle = probed(address, 1.0 if args.quick else 3.0, listing=False)
+                    record = probed(address, None, listing=True)
+                    record.update(worst_reader_s=record.pop("reader_s"),
+                                  worst_loop_s=record.pop("loop_s"),
+                                  idle_worst_reader_s=idle["reader_s"],
+                                  idle_worst_loop_s=idle["loop_s"])
+                    record["peak_rss_mb"] = memory_kib(pid)["VmHWM"] / 1024
+                record.update(bench="device_listing", server=name, round=round_no + 1)
+                emit(record)
+                found[name].append(record)
+    rows = []
+    for name, records in found.items():
+        def median(key: str, records: list[dict[str, Any]] = records) -> float:
+            return statistics.median(r[key] for r in records)
+        summary = {key: median(key) for key in ("listing_s", "bytes", "worst_reader_s",
+                                                "worst_loop_s", "idle_worst_reader_s",
+                                                "idle_worst_loop_s", "peak_rss_mb")}
+        emit({"bench": "device_listing", "figure": "device_listing", "server": name,
+              "devices": args.devices, "rounds": args.rounds, **summary})
+        rows += [(f"{name}: listing", f"{summary['listing_s']:.2f} s",
+                  f"{summary['bytes'] / 1e6:.1f} MB, {args.devices:,} devices"),
+                 (f"{name}: worst shared-reader wait", f"{summary['worst_reader_s']:.3f} s",
+                  f"idle: {summary['idle_worst_reader_s']:.3f} s"),
+                 (f"{name}: worst loop wait", f"{summary['worst_loop_s']:.3f} s",
+                  f"idle: {summary['idle_worst_loop_s']:.3f} s"),
+                 (f"{name}: peak RSS", f"{summary['peak_rss_mb']:.0f} MiB", "")]
+    table(rows)
+
+
+if __name__ == "__main__":
+    main()
