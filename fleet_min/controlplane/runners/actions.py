@@ -29,6 +29,7 @@ from fleet_min.controlplane.runners import commands
 from fleet_min.controlplane.runners.commands import CommandResult
 from fleet_min.controlplane.runners.discovery import DRAIN_MARKER, Runner, load_runner, valid_name
 from fleet_min.controlplane.runners.supervisor import ServiceState, Supervisor, chain
+from fleet_min.controlplane.runners.trust import check_runnable
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, Unavailable
@@ -383,6 +384,7 @@ class Actions:
             steps.append(await self.supervisor.stop(runner, state))
         if state.loaded:
             steps.append(await self.supervisor.uninstall(runner, state))
+        check_runnable(runner.path / "config.sh", os.geteuid())
         steps.append(await commands.run([str(runner.path / "config.sh"), "remove"],
                                         timeout_s=self.plane.cfg.command_timeout_s,
                                         cwd=runner.path,
@@ -424,6 +426,10 @@ class Actions:
             raise Conflict(f"GitHub has not told us {runner.name}'s labels yet; "
                            "try again shortly")
         new_name = self._new_name(runner, args)
+        # The copy's config.sh is the daemon's own copy, but its binaries are the sibling's
+        # (hard links), and config.sh runs them.
+        check_runnable(runner.path / "config.sh", os.geteuid())
+        check_runnable(runner.path / "bin", os.geteuid(), "the runner's binaries (bin)")
         token = await self._github_token(repo, "registration")
         target = self.plane.root / new_name
         await asyncio.to_thread(copy_install, runner.path, target)

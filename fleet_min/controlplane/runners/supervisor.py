@@ -18,6 +18,7 @@ from fleet_min.controlplane.runners import commands
 from fleet_min.controlplane.runners.commands import CommandResult
 from fleet_min.controlplane.runners.discovery import Runner
 from fleet_min.controlplane.runners.procs import is_darwin
+from fleet_min.controlplane.runners.trust import check_runnable
 
 
 @dataclass
@@ -131,7 +132,9 @@ class Systemd:
         unit = service_name(runner) + ".service"
         chosen = scope or self._scope_of(ServiceState(unit, None, False, "", "", None))
         if chosen == "system":
-            # The runner's own svc.sh writes the system unit (it needs root, hence sudo -n).
+            # The runner's own svc.sh writes the system unit (it needs root, hence sudo -n),
+            # and runs as root: only when no job of the runner could have changed it.
+            check_runnable(runner.path / "svc.sh", 0)
             prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
             return await self._run([*prefix, str(runner.path / "svc.sh"), "install",
                                     getpass.getuser()], cwd=runner.path)
@@ -145,6 +148,7 @@ class Systemd:
 
     async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
         if self._scope_of(state) == "system":
+            check_runnable(runner.path / "svc.sh", 0)  # as install's
             prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
             return await self._run([*prefix, str(runner.path / "svc.sh"), "uninstall"],
                                    cwd=runner.path)

@@ -1,0 +1,103 @@
+"""The daemon runs a runner's config.sh and svc.sh only where no other account could have
+chosen what they run: a job of the runner writes its directory, so a script there that another
+account can change runs that account's code with the daemon's rights (root, for svc.sh under
+sudo). Real control plane over HTTP; config.sh, systemctl and sudo are fakes on PATH."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleet_min.controlplane.runners.trust import writers_problem
+from tests.support.controlplane import Host, auth, cp_of, until
+
+NOBODY = 65534  # an account that is neither root nor the one the tests run as
+
+
+async def act(client: Any, action: str, **args: Any) -> tuple[int, dict[str, Any]]:
+    resp = await client.post("/api/action", json={"id": action, "args": args},
+                             headers=auth(cp_of(client)))
+    return resp.status, await resp.json()
+
+
+async def registered(client: Any, name: str) -> bool:
+    runners = (await (await client.get("/api/state")).json())["runners"]
+    return any(r["name"] == name and r["registration"] == "registered" for r in runners)
+
+
+def loosen(path: Path) -> None:
+    path.chmod(path.stat().st_mode | stat.S_IWGRP | stat.S_IWOTH)
+
+
+async def test_a_runner_directory_others_may_write_is_not_run_from(host: Host,
+                                                                   client: Any) -> None:
+    """Deregister and duplicate refuse, with a sentence, before any script of it runs."""
+    path = host.add_runner("r1")
+    await until(lambda: registered(client, "r1"))
+    loosen(path)
+    before = len(host.calls("config.sh"))
+    status, body = await act(client, "runner.deregister", name="r1")
+    assert status == 409, body
+    who = pwd.getpwuid(os.geteuid()).pw_name
+    assert body["error"] == (
+        f"the control plane will not run config.sh as {who}: {path} can be written by its "
+        "group or by anyone, so a job of the runner could have changed what it runs; run it "
+        f"yourself in {path} as the account that owns it, or run the control plane as that "
+        "account")
+    status, body = await act(client, "runner.duplicate", name="r1")
+    assert status == 409 and "can be written by its group or by anyone" in body["error"], body
+    assert len(host.calls("config.sh")) == before  # nothing of it ran
+    assert (path / ".runner").exists() and not (host.root / "r2").exists()
+
+
+async def test_a_loose_bin_stops_a_duplicate(host: Host, client: Any) -> None:
+    """A duplicate's binaries are the sibling's (hard links), and its config.sh runs them."""
+    path = host.add_runner("build-1")
+    await until(lambda: registered(client, "build-1"))
+    loosen(path / "bin")
+    status, body = await act(client, "runner.duplicate", name="build-1")
+    assert status == 409, body
+    assert body["error"].startswith("the control plane will not run the runner's binaries "
+                                    "(bin) as")
+    assert f"{(path / 'bin').resolve()} can be written" in body["error"]
+    assert not (host.root / "build-2").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another account needs root")
+async def test_a_script_another_account_owns_is_not_run_as_root(host: Host, client: Any
+                                                                 ) -> None:
+    """A daemon running as root over a runner another account installed: the job runs as that
+    account and writes config.sh; the daemon would run it as root."""
+    path = host.add_runner("r1")
+    await until(lambda: registered(client, "r1"))
+    os.chown(path / "config.sh", NOBODY, -1)
+    status, body = await act(client, "runner.deregister", name="r1")
+    assert status == 409, body
+    assert f"{path / 'config.sh'} belongs to nobody" in body["error"]
+    assert body["error"].startswith("the control plane will not run config.sh as root")
+    assert (path / ".runner").exists()
+
+
+def test_the_rule_follows_links_and_trusts_sticky_directories(tmp_path: Path) -> None:
+    """tmp_path is under /tmp (sticky, writable by anyone): no one may rename what another owns
+    there. A link is judged by where it leads and by the directory that holds it."""
+    me = os.geteuid()
+    script = tmp_path / "runner" / "config.sh"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\n")
+    assert writers_problem(script, me) is None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "Runner.Listener").write_text("")
+    (script.parent / "bin").symlink_to(elsewhere)
+    assert writers_problem(script.parent / "bin", me) is None
+    loosen(elsewhere)
+    assert writers_problem(script.parent / "bin", me) == (
+        f"{elsewhere} can be written by its group or by anyone")
+    assert writers_problem(script.parent / "gone.sh", me).startswith(
+        f"{script.parent / 'gone.sh'} cannot be checked")
