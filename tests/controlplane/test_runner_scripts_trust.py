@@ -1,7 +1,8 @@
-"""The daemon runs a runner's config.sh and svc.sh only where no other account could have
-chosen what they run: a job of the runner writes its directory, so a script there that another
-account can change runs that account's code with the daemon's rights (root, for svc.sh under
-sudo). Real control plane over HTTP; config.sh, systemctl and sudo are fakes on PATH."""
+"""What the daemon runs and copies of a runner's directory, which the runner's jobs write. It
+runs config.sh and svc.sh only where no other account could have chosen what they run (a script
+another account can change runs that account's code with the daemon's rights: root, for svc.sh
+under sudo), and a duplicate copies the installation, not what a job left beside it. Real
+control plane over HTTP; config.sh, systemctl and sudo are fakes on PATH."""
 
 from __future__ import annotations
 
@@ -101,3 +102,28 @@ def test_the_rule_follows_links_and_trusts_sticky_directories(tmp_path: Path) ->
         f"{elsewhere} can be written by its group or by anyone")
     assert writers_problem(script.parent / "gone.sh", me).startswith(
         f"{script.parent / 'gone.sh'} cannot be checked")
+
+
+async def test_a_duplicate_copies_the_installation_and_not_what_a_job_left(host: Host,
+                                                                           client: Any) -> None:
+    """A job writes its runner's directory: a 2 MB file or a directory of its own there was
+    copied into every duplicate (a 10 GB one filled the disk). Only the installation goes."""
+    path = host.add_runner("build-1")
+    await until(lambda: registered(client, "build-1"))
+    (path / ".env").write_text("LANG=C.UTF-8\n")
+    (path / "left-by-a-job.bin").write_bytes(b"\0" * (2 << 20))
+    (path / "cache").mkdir()
+    (path / "cache" / "blob").write_bytes(b"\0" * 1000)
+    (path / "externals.2.311.0").mkdir()
+    (path / "externals.2.311.0" / "node").write_bytes(b"\0" * (2 << 20))
+    status, body = await act(client, "runner.duplicate", name="build-1")
+    assert status == 200 and body["ok"], body
+    copy = host.root / "build-2"
+    kept = sorted(entry.name for entry in copy.iterdir())
+    assert "left-by-a-job.bin" not in kept and "cache" not in kept, kept
+    assert {"bin", "bin.2.311.0", "config.sh", "run.sh", "svc.sh", ".env",
+            "externals.2.311.0", ".runner"} <= set(kept), kept
+    assert (copy / ".env").read_text() == "LANG=C.UTF-8\n"
+    # The binaries are the sibling's, linked: a large one is not left out.
+    assert os.stat(copy / "externals.2.311.0" / "node").st_ino == \
+        os.stat(path / "externals.2.311.0" / "node").st_ino

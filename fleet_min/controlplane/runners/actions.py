@@ -185,29 +185,44 @@ def copy_name(name: str, taken: set[str]) -> str | None:
     return next((f"{base}-{n}" for n in range(2, 1000) if f"{base}-{n}" not in taken), None)
 
 
+# The most a top-level file of an installation is copied at: its scripts and settings are a
+# few KB. A job writes the runner's directory, and a 10 GB file it left there filled the disk
+# when the runner was duplicated; so did any directory of its own.
+MAX_COPIED_FILE = 1 << 20
+
+
 def copy_install(src: Path, dst: Path) -> None:
     """A new runner directory with the sibling's installation, not its registration.
 
     The runner's binaries (bin*, externals*) are hard-linked when the file system allows it:
     they are never modified in place (updates unpack into new bin.X dirs), and a copy costs
-    hundreds of MB on a Pi. Top-level scripts are copied, since config.sh rewrites some.
+    hundreds of MB on a Pi. Top-level scripts and settings are copied, since config.sh
+    rewrites some; other top-level directories, and top-level files past MAX_COPIED_FILE (the
+    release tarball kept beside it, what a job left), are no part of an installation and stay.
     """
     def link_or_copy(source: str, target: str) -> object:
-        if not stat.S_ISREG(os.lstat(source).st_mode):
+        info = os.lstat(source)
+        if not stat.S_ISREG(info.st_mode):
             # A FIFO, socket or device node a job left there: no part of an installation, and
             # copying it fails the whole copy (a FIFO) or never ends (a device).
             return target
-        top = Path(source).relative_to(src).parts[0]
-        if top.startswith(("bin", "externals")):
+        top = Path(source).relative_to(src).parts
+        if len(top) > 1:  # inside bin* or externals*, the only directories copied
             try:
                 os.link(source, target)
                 return target
             except OSError:
                 pass
+        elif info.st_size > MAX_COPIED_FILE:
+            return target
         return shutil.copy2(source, target)
 
     def ignore(folder: str, names: list[str]) -> list[str]:
-        return [n for n in names if _NOT_COPIED.match(n)] if Path(folder) == src else []
+        if Path(folder) != src:
+            return []
+        return [n for n in names if _NOT_COPIED.match(n) or (
+            not n.startswith(("bin", "externals")) and os.path.isdir(os.path.join(folder, n))
+            and not os.path.islink(os.path.join(folder, n)))]
 
     shutil.copytree(src, dst, symlinks=True, ignore=ignore, copy_function=link_or_copy)
 
