@@ -7787,6 +7787,11 @@ def register_attached(runtime: Runtime, collector: Collector, targets: list[dict
     return taken
 
 
+# Attached devices one presence round describes and registers: each is asked for its
+# properties, so thousands listed (or a tool that lists them) made every round take hours.
+MAX_ATTACHED = 256
+
+
 class Presence(threading.Thread):
     """Host mode: every --beacon-s, the executor's registration and its attached devices to
     every collector. Its failures are told like other outages and never stop a claim."""
@@ -7806,14 +7811,26 @@ class Presence(threading.Thread):
                 return
 
     def round(self) -> None:
-        targets = [dict(t, descriptor=attached_descriptor(self.rt, t))
-                   for t in attached_targets(self.rt)]
+        # The executor first: describing the attached devices asks each of them (getprop may
+        # take its whole 20 s on a device that hangs), and that must not hold up the
+        # registration that keeps the executor itself seen.
+        reached = []
         for collector in self.collectors:
             try:
                 register_executor(self.rt, collector)
             except Unreachable as exc:
                 self.rt.outage(collector.url).failed(exc, self.rt.cfg.beacon_s)
                 continue
+            reached.append(collector)
+        if not reached:
+            return
+        attached = attached_targets(self.rt)
+        if len(attached) > MAX_ATTACHED:
+            warn_once("attached past the bound", "%d devices are attached; the first %d are "
+                      "registered (a USB bus holds at most 127)", len(attached), MAX_ATTACHED)
+        targets = [dict(t, descriptor=attached_descriptor(self.rt, t))
+                   for t in attached[:MAX_ATTACHED]]
+        for collector in reached:
             register_attached(self.rt, collector, targets)
 
 

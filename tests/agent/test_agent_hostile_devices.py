@@ -13,6 +13,7 @@ import math
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -272,3 +273,48 @@ def test_honest_readings_are_read_as_before(fa, tmp_path, monkeypatch):
     assert fa.android_density(runtime, "R5") == 999.0
     assert fa.android_battery(runtime, "R5", "level")["temperature"] == 999.5
     assert fa.android_ui_nodes(runtime, "R5")[0]["bounds"] == (0, 0, 999, 200)
+
+
+# --- presence: how much a round asks of the devices ---
+
+def shell_adb(bin_dir, serials: int) -> str:
+    """A fast fake adb (sh, so hundreds of calls take seconds): `devices -l` lists `serials`
+    devices; getprop answers at once."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    adb = bin_dir / "adb"
+    adb.write_text(f"""#!/bin/sh
+if [ "$1" = devices ]; then
+  echo "List of devices attached"
+  i=0
+  while [ $i -lt {serials} ]; do echo "dev-$i	device model:Pixel_8"; i=$((i+1)); done
+  exit 0
+fi
+echo "[ro.build.version.release]: [14]"
+""")
+    adb.chmod(0o755)
+    return str(adb)
+
+
+def test_devices_are_asked_only_once_the_executor_is_registered(fa, tmp_path):
+    """Describing each device runs getprop on it (up to 20 s on one that hangs): a round first
+    registers the executor, and with no collector reached asks no device at all."""
+    adb = shell_adb(tmp_path / "bin", 3)
+    asked = tmp_path / "asked"
+    script = Path(adb).read_text()
+    logged = f'echo "$2" >> {asked}\necho "[ro.build'
+    Path(adb).write_text(script.replace('echo "[ro.build', logged))
+    runtime = host_runtime(fa, tmp_path, tmp_path / "bin")
+    fa.Presence(runtime, [fa.Collector("http://127.0.0.1:9")]).round()  # nothing listens there
+    assert not asked.exists(), asked.read_text()
+
+
+def test_a_round_registers_at_most_max_attached_devices(fa, procs, tmp_path, caplog):
+    collector = procs.collector()
+    shell_adb(tmp_path / "bin", fa.MAX_ATTACHED + 20)
+    runtime = host_runtime(fa, tmp_path, tmp_path / "bin")
+    with caplog.at_level(logging.WARNING):
+        fa.Presence(runtime, [fa.Collector(collector.url)]).round()
+    devices = collector.get("/api/devices?limit=1000")[1]
+    assert devices["devices_total"] == fa.MAX_ATTACHED
+    assert f"{fa.MAX_ATTACHED + 20} devices are attached; the first {fa.MAX_ATTACHED} are " \
+           "registered" in caplog.text
