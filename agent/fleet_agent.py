@@ -7721,19 +7721,24 @@ def register_executor(runtime: Runtime, collector: Collector) -> None:
     """POST /executors/register; a collector that answers 404 has no such route, which is
     remembered (and said once) so it is not asked again. Unreachable is the caller's."""
     with runtime.presence_lock:
-        if collector.url in runtime.no_executor_route:
-            return
-    try:
-        collector.call_json("POST", "/executors/register", executor_registration(runtime))
-    except HttpError as exc:
-        if exc.status != 404:
-            log.warning("collector %s refused this executor's registration: %s", collector.url,
-                        printable(exc.message))
-            return
+        asking = runtime.registering.setdefault(collector.url, threading.Lock())
+    # The claim loop and the presence round both register at start: one at a time to a
+    # collector, so one without the route is asked once.
+    with asking:
         with runtime.presence_lock:
-            runtime.no_executor_route.add(collector.url)
-        log.info("collector %s does not take executor registrations; it will offer this "
-                 "executor every host job", collector.url)
+            if collector.url in runtime.no_executor_route:
+                return
+        try:
+            collector.call_json("POST", "/executors/register", executor_registration(runtime))
+        except HttpError as exc:
+            if exc.status != 404:
+                log.warning("collector %s refused this executor's registration: %s",
+                            collector.url, printable(exc.message))
+                return
+            with runtime.presence_lock:
+                runtime.no_executor_route.add(collector.url)
+            log.info("collector %s does not take executor registrations; it will offer this "
+                     "executor every host job", collector.url)
 
 
 ANDROID_KINDS = {"tablet": "tablet", "tv": "tv", "watch": "watch", "automotive": "car"}
@@ -7942,6 +7947,7 @@ class Runtime:
         self._outages_lock = threading.Lock()
         self.presence_lock = threading.Lock()
         self.no_executor_route: set[str] = set()  # collectors that answered 404 to register
+        self.registering: dict[str, threading.Lock] = {}  # by collector: one registration at once
 
     def outage(self, url: str) -> Outage:
         """The reachability record of one collector, shared by its link and the job's lease
