@@ -77,16 +77,27 @@ async def test_a_service_file_naming_another_unit_never_gets_it_stopped(
         os.kill(pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("hint", ["sshd.service", "fleet-min-controlplane.service",
-                                  "/Library/LaunchDaemons/com.openssh.sshd.plist"])
-def test_a_service_file_must_name_a_runner_unit(tmp_path: Path, hint: str) -> None:
+def runner_naming(tmp_path: Path, service: str) -> discovery.Runner:
+    """Runner r1 of octo/app, discovered with `service` in its .service file."""
     path = tmp_path / "r1"
     path.mkdir()
     (path / ".runner").write_text(json.dumps({"agentName": "r1", "gitHubUrl":
                                               "https://github.com/octo/app"}))
-    (path / ".service").write_text(hint + "\n")
+    (path / ".service").write_text(service + "\n")
     runner = discovery.load_runner(path, tmp_path)
-    assert runner is not None and runner.unit_hint is None
+    assert runner is not None
+    return runner
+
+
+@pytest.mark.parametrize("hint", [
+    "sshd.service", "fleet-min-controlplane.service",
+    "/Library/LaunchDaemons/com.openssh.sshd.plist",
+    # an argument of systemctl start/stop and launchctl: a leading "-" is an option
+    "--now", "-H", "-.service"])
+def test_a_service_file_must_name_a_runner_unit(tmp_path: Path, hint: str) -> None:
+    """Any other name in .service is not this runner's unit: the usual name is used."""
+    runner = runner_naming(tmp_path, hint)
+    assert runner.unit_hint is None
     assert service_name(runner) == "actions.runner.octo-app.r1"
 
 
@@ -95,13 +106,7 @@ def test_a_service_file_must_name_a_runner_unit(tmp_path: Path, hint: str) -> No
     "/Users/me/Library/LaunchAgents/actions.runner.octo-app.r1.plist",  # svc.sh on macOS
     "actions.runner.octo-a-very-long-repository-name-cut-by-svc.sh.r1-1234.service"])
 def test_a_service_file_svc_sh_wrote_is_still_taken(tmp_path: Path, text: str) -> None:
-    path = tmp_path / "r1"
-    path.mkdir()
-    (path / ".runner").write_text(json.dumps({"agentName": "r1", "gitHubUrl":
-                                              "https://github.com/octo/app"}))
-    (path / ".service").write_text(text + "\n")
-    runner = discovery.load_runner(path, tmp_path)
-    assert runner is not None
+    runner = runner_naming(tmp_path, text)
     assert service_name(runner) == text.rsplit("/", 1)[-1].removesuffix(".plist").removesuffix(
         ".service")
 

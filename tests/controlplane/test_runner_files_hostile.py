@@ -19,8 +19,7 @@ import aiohttp
 import pytest
 
 from fleet_min.controlplane.http.app import create_app
-from fleet_min.controlplane.runners import bundle, diag, discovery
-from fleet_min.controlplane.runners.supervisor import service_name
+from fleet_min.controlplane.runners import bundle, diag
 from tests.support.controlplane import Daemon, Host, auth, cp_of, make_config, until
 
 SECRET = "Sup3rSecretValue9x"  # a value found by its key's name only (no vendor shape)
@@ -556,20 +555,6 @@ def test_a_process_with_odd_arguments_is_read_from_proc(tmp_path: Path) -> None:
         assert child.stdout is not None
         child.stdout.close()
     assert not [p for p in process_table() if p.pid == child.pid]
-
-
-@pytest.mark.parametrize("hint", ["--now", "-H", "-.service"])
-def test_a_service_file_naming_an_option_is_not_a_unit(tmp_path: Path, hint: str) -> None:
-    """The unit named in .service becomes an argument of systemctl start/stop and launchctl: a
-    name that begins with "-" would be read as an option, so the usual name is used."""
-    path = tmp_path / "r1"
-    path.mkdir()
-    (path / ".runner").write_text(json.dumps({"agentName": "r1", "gitHubUrl":
-                                              "https://github.com/octo/app"}))
-    (path / ".service").write_text(hint + "\n")
-    runner = discovery.load_runner(path, tmp_path)
-    assert runner is not None and runner.unit_hint is None
-    assert service_name(runner) == "actions.runner.octo-app.r1"
 
 
 def test_a_log_gone_or_swapped_after_its_check_reads_as_nothing(tmp_path: Path) -> None:
