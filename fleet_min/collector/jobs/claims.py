@@ -28,11 +28,22 @@ from fleet_min.timeutil import iso
 
 # What a claim, its refusals and the preemption check read of a candidate. Not `*`: sqlite3
 # builds every column of a row, and half of the jobs table's thirty are never looked at here.
-# Not the spec either: a spec may be a megabyte, and a poll behind a thousand queued jobs its
-# device can never take built every one of them as a Python string. The spec is read by
-# _spec_text once a candidate passed the checks that need none (one read by key).
+# Not every spec either: a spec may be a megabyte, and a poll behind a thousand queued jobs its
+# device can never take built every one of them as a Python string. A candidate's spec comes
+# with it only when the checks that need no spec cannot refuse it (see _SPEC_UNLESS_CHECKED),
+# which is every candidate of the usual job; the others' is read by _spec_text once they
+# passed those checks (one read by key).
 _CANDIDATE_COLUMNS = ("seq, job_id, workload, variant, executor, priority, pool, match, "
                       "target_device, exclusive, attempts, max_attempts, ttl_s, updated_at")
+
+# When _refusal's checks before the spec cannot refuse a candidate of the claim query: for a
+# device, a job with no pool and no match expression (the query yields only workloads and
+# pairings it declared, which rules.offers grants); for a host executor, a job pinned to no
+# device (no attachment to check). Such a candidate's spec would be read next in any case.
+_SPEC_UNLESS_CHECKED: dict[str, str] = {
+    Executor.DEVICE: "CASE WHEN pool IS NULL AND match IS NULL THEN spec END AS spec",
+    Executor.HOST: "CASE WHEN target_device IS NULL THEN spec END AS spec",
+}
 
 
 @dataclass(frozen=True)
@@ -73,19 +84,21 @@ def static_refusal(device: Device, workload: str | None, variant: str | None,
 
 
 @lru_cache(maxsize=256)
-def _claim_sql(workloads: int, by_priority: bool, pairs: int = 0) -> str:
+def _claim_sql(workloads: int, by_priority: bool, pairs: int = 0,
+               executor: str = Executor.DEVICE) -> str:
     """The claim query of one shape: per pin ("" and the claimant's own) a branch for each of
     `workloads` declared workloads (0 and no pairs: any workload) and one for each of `pairs`
     declared pairings (workload and variant: jobs_claim_variant), optionally only from a
-    priority up. Built once per shape, not at every claim."""
+    priority up, for a claimant of `executor`. Built once per shape, not at every claim."""
     base = "status = 'queued' AND is_group = 0 AND executor = ? AND pin = ?"
     tail = " AND priority >= ?" if by_priority else ""
+    columns = f"{_CANDIDATE_COLUMNS}, {_SPEC_UNLESS_CHECKED[executor]}"
     if not workloads and not pairs:
-        per_pin = [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base}{tail}"]
+        per_pin = [f"SELECT {columns} FROM jobs WHERE {base}{tail}"]
     else:
-        per_pin = ([f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base} AND workload = ?{tail}"]
+        per_pin = ([f"SELECT {columns} FROM jobs WHERE {base} AND workload = ?{tail}"]
                    * workloads
-                   + [f"SELECT {_CANDIDATE_COLUMNS} FROM jobs WHERE {base} AND workload = ? "
+                   + [f"SELECT {columns} FROM jobs WHERE {base} AND workload = ? "
                       f"AND variant = ?{tail}"] * pairs)
     branches = per_pin * 2
     # Plain branches under one ORDER BY: SQLite merges them in the claim index's own order,
@@ -115,7 +128,7 @@ def _candidates(conn: sqlite3.Connection, claimant: Claimant, workloads: list[st
                 params.append(min_priority)
     shape = (len(workloads) if workloads is not None else 0, min_priority is not None)
     paired = len(pairs or ()) if workloads is not None else 0
-    cursor = conn.execute(_claim_sql(*shape, paired), params)
+    cursor = conn.execute(_claim_sql(*shape, paired, claimant.executor), params)
     try:
         yield from cursor
     finally:  # a claim found: the statement is reset before the claim writes
@@ -154,8 +167,10 @@ def attachment_refusal(conn: sqlite3.Connection, device_id: str, executor: str) 
 
 
 def _spec_text(conn: sqlite3.Connection, row: sqlite3.Row) -> str:
-    found = conn.execute("SELECT spec FROM jobs WHERE seq = ?", (row["seq"],)).fetchone()
-    return str(found[0])
+    spec = row["spec"]  # read with the candidate when no check before could refuse it
+    if spec is None:
+        spec = conn.execute("SELECT spec FROM jobs WHERE seq = ?", (row["seq"],)).fetchone()[0]
+    return str(spec)
 
 
 def _refusal(conn: sqlite3.Connection, row: sqlite3.Row, claimant: Claimant,

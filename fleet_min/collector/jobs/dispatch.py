@@ -442,7 +442,8 @@ class Dispatcher:
             if poll.job is not None:
                 self._hand_back(poll.job, waiter.claimant)
             raise
-        if capabilities != waiter.capabilities:
+        # A poll that got its job is taken out next, with no await between: nothing to refile.
+        if job is None and capabilities != waiter.capabilities:
             waiter.capabilities = capabilities
             self._polls.refile(waiter)
         return job
