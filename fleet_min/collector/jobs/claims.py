@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from fleet_min import jsonio
@@ -46,19 +46,19 @@ _SPEC_UNLESS_CHECKED: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-
-
+@dataclass(frozen=True, slots=True)
 class Claimant:
     executor: Executor
     id: str        # device_id, or the host executor's name
     # An executor's ?slots= (0: its poll did not say); the claim reads the last said, stored
     # with the executor (executors.seen). A device holds one claimed job at a time.
     slots: int = 1
+    # Made with the claimant, which every poll makes and reads it (a cached_property needs a
+    # __dict__ and cost more than the whole object).
+    key: str = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def key(self) -> str:
-        return claimant_key(self.executor, self.id)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", claimant_key(self.executor, self.id))
 
 
 NOT_JUDGED = "match expression not evaluated yet (this poll's evaluation time is spent)"
