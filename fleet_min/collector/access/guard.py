@@ -140,9 +140,8 @@ def check(method: str, template: str | None, path: str, headers: Mapping[str, st
     A page on another site is refused before this, for every change (fleet_min.origin): it
     must not use a visitor's browser to change a collector on their network, token or not.
     """
-    if not is_guarded(method.upper(), template, path):
-        return
-    if token:
+    # No token set (the default): nothing to require, so no route is scanned for it.
+    if token and is_guarded(method.upper(), template, path):
         _require(headers, token, MISSING)
 
 
