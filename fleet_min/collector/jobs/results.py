@@ -45,13 +45,16 @@ WHERE results.created_at < ?
 # the second costs no UPDATE and a mesh check no query. A row that is not final reads only the
 # columns the claimant's check, the late-row path and the reply use: building a sqlite3.Row of
 # all thirty columns was half the cost of this read. A final row closes or hands back the job,
-# which reads the rest.
+# which reads a few more: what closing it (queue._close) and handing it back (queue.preempted,
+# which requeues it and offers it again) read of the job's own row.
 _JOB_AND_DEVICE = "FROM jobs j LEFT JOIN devices d ON d.device_id = ? WHERE j.job_id = ?"
-_JOB_FOR_ROW = ("SELECT j.job_id, j.seq, j.status, j.executor, j.claimed_by, j.attempts, "
-                "j.workload, j.claimed_at, d.last_seen AS device_last_seen, "
+_ROW_COLUMNS = ("j.job_id, j.seq, j.status, j.executor, j.claimed_by, j.attempts, j.workload, "
+                "j.claimed_at")
+_JOB_FOR_ROW = (f"SELECT {_ROW_COLUMNS}, d.last_seen AS device_last_seen, "
                 f"d.mesh_node AS device_node {_JOB_AND_DEVICE}")
-_JOB_FOR_FINAL_ROW = ("SELECT j.*, d.last_seen AS device_last_seen, d.mesh_node AS device_node "
-                      f"{_JOB_AND_DEVICE}")
+_JOB_FOR_FINAL_ROW = (f"SELECT {_ROW_COLUMNS}, j.exclusive, j.parent_job_id, j.has_dependents, "
+                      "j.spec, j.pin, j.variant, j.pool, d.last_seen AS device_last_seen, "
+                      f"d.mesh_node AS device_node {_JOB_AND_DEVICE}")
 
 
 @replayable
