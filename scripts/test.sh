@@ -51,7 +51,12 @@ if [ "$#" -eq 0 ]; then
   # two workers: they wait on the browser and on servers of their own, never on a clock, and
   # one at a time they made the whole run too close to CI's 30 minutes (docs/testing.md).
   fast_lane
-  python3 -m pytest --rest -m "not browser"
+  # The benchmarks' smoke runs assert no figure (tests/test_bench_smoke.py), so they need not
+  # run alone: two at a time, after the tests that time real processes one at a time.
+  smoke=(tests/test_bench_smoke.py tests/test_bench_artifacts_smoke.py
+         tests/test_bench_stream_smoke.py)
+  python3 -m pytest --rest -m "not browser" "${smoke[@]/#/--ignore=}"
+  python3 -m pytest --rest -m "not browser" -n 2 --dist load "${smoke[@]}"
   exec python3 -m pytest --rest -m browser -n 2 --dist load
 fi
 exec python3 -m pytest "$@"
