@@ -104,18 +104,74 @@ def _handler(log_file: str) -> logging.Handler:
     if not os.path.isdir(folder):
         with contextlib.suppress(FileExistsError):  # a file there: the open below says so
             os.mkdir(folder)
-    return _LogFile(path, encoding="utf-8")
+    return LogFile(path, encoding="utf-8")
 
 
-class _LogFile(logging.handlers.WatchedFileHandler):
+class LogFile(logging.handlers.WatchedFileHandler):
     """The log file, made 0640 and never opened through a link, at the start and at every
     reopen after a rotation: a link planted where the log goes would make the service append
-    what clients send to a file of the link's choosing (as root, any file)."""
+    what clients send to a file of the link's choosing (as root, any file).
+
+    The standard handler closes the old file before it opens the new one, outside its own
+    error handling: once the new file cannot be opened (a planted link, a full disk, a folder
+    made read-only) every later log call raises into the code that logged, a request handler or
+    the signal handler itself. Here the new file is opened first and the old one is kept,
+    and written to, until a reopen succeeds; the failure is said once a minute on stderr and in
+    the old file, and a reopen is tried again at most once a second.
+    """
+
+    RETRY_S = 1.0
+
+    def __init__(self, filename: str, encoding: str) -> None:
+        self._retry_at = 0.0
+        self._failures, self._say_at = 0, 0.0
+        super().__init__(filename, encoding=encoding)
 
     def _open(self) -> Any:
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
         return open(os.open(self.baseFilename, flags, 0o640), "a",
                     encoding=self.encoding, errors=self.errors)
+
+    def reopenIfNeeded(self) -> None:
+        # lstat: a link now standing where the log goes is a different file, not its target
+        try:
+            now = os.lstat(self.baseFilename)
+        except OSError:
+            now = None
+        if now is None or (now.st_dev, now.st_ino) != (self.dev, self.ino):
+            self.swap(force=False)
+
+    def swap(self, force: bool) -> None:
+        """Open the log file again and write to it from now on; keep the old one when that
+        fails. `force` (SIGHUP) tries at once, a record only once a second after a failure."""
+        if not force and time.monotonic() < self._retry_at:
+            return
+        try:
+            fresh = self._open()
+        except OSError as exc:
+            self._retry_at = time.monotonic() + self.RETRY_S
+            self._say_cannot_reopen(exc)
+            return
+        old, self.stream = self.stream, fresh
+        self._statstream()
+        if old is not None:
+            with contextlib.suppress(OSError, ValueError):
+                old.close()
+
+    def _say_cannot_reopen(self, exc: OSError) -> None:
+        self._failures += 1
+        if time.monotonic() < self._say_at:
+            return
+        self._say_at = time.monotonic() + WARN_EVERY_S
+        line = (f"cannot reopen the log file {self.baseFilename}: {exc.strerror or exc}; "
+                f"still writing to the file it was ({self._failures} times so far)")
+        record = logging.LogRecord(__name__, logging.ERROR, __file__, 0, line, None, None)
+        text = self.format(record)
+        with contextlib.suppress(OSError, ValueError):
+            print(text, file=sys.stderr, flush=True)
+        if self.stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stream.write(text + self.terminator)
 
 
 def _refuse(path: str, exc: OSError) -> SystemExit:
@@ -131,15 +187,13 @@ def _refuse(path: str, exc: OSError) -> SystemExit:
 
 
 def reopen() -> None:
-    """Reopen every log file now (what SIGHUP does): after a rotation, write to the new file."""
+    """Reopen every log file now (what SIGHUP does): after a rotation, write to the new file.
+    Never raises: a file that cannot be opened is said, and the old one is kept."""
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.handlers.WatchedFileHandler):
+        if isinstance(handler, LogFile):
             handler.acquire()
             try:
-                if handler.stream:
-                    handler.stream.close()
-                handler.stream = handler._open()
-                handler._statstream()
+                handler.swap(force=True)
             finally:
                 handler.release()
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_min.logs import OneLineFormatter
+from fleet_min.logs import LogFile, OneLineFormatter
 from tests.support.collector import ROOT, CollectorProcess, free_port
 
 DEPLOY = ROOT / "deploy"
@@ -220,6 +220,35 @@ def test_characters_that_do_not_print_are_written_as_escapes() -> None:
     assert formatter.format(record) == "INFO a\\u202eb\\x09c é 日"
 
 
+def test_a_log_file_that_cannot_be_reopened_never_fails_the_code_that_logs(
+        tmp_path: Path) -> None:
+    """After a rotation the new file may not open (a folder in its place, a full disk). The
+    standard handler then raised from every log call; here the record goes to the old file."""
+    log_file = tmp_path / "x.log"
+    handler = LogFile(str(log_file), encoding="utf-8")
+    logger = logging.getLogger("fleet_min.tests.reopen")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        logger.warning("before")
+        log_file.rename(tmp_path / "x.log.1")
+        log_file.mkdir()
+        for n in range(5):
+            logger.warning("during %d", n)  # raised IsADirectoryError before
+        old = (tmp_path / "x.log.1").read_text().splitlines()
+        assert old[0] == "before" and old[2:] == [f"during {n}" for n in range(5)], old
+        assert old[1].startswith(f"cannot reopen the log file {log_file}: Is a directory; "
+                                 "still writing to the file it was"), old
+        log_file.rmdir()
+        handler.swap(force=True)
+        logger.warning("after")
+        assert log_file.read_text() == "after\n" and "after" not in (
+            tmp_path / "x.log.1").read_text()
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+
+
 @pytest.mark.slow
 def test_under_umask_000_nothing_it_makes_is_open_to_others(tmp_path: Path) -> None:
     """Each file of its own has its mode, but the parents a path needs and the log file took
@@ -255,17 +284,40 @@ def test_a_link_where_the_log_file_goes_is_never_written_through(tmp_path: Path)
     log_file = tmp_path / "logs" / "collector.log"
     victim = tmp_path / "victim.txt"
     victim.write_text("ROOT-ONLY FILE\n")
+    rotated = log_file.with_suffix(".log.1")
     proc = CollectorProcess(tmp_path / "data", env={"FLEET_LOG_FILE": str(log_file)}).start()
     try:
         assert proc.proc is not None
-        log_file.rename(log_file.with_suffix(".log.1"))
+        log_file.rename(rotated)
         log_file.symlink_to(victim)  # planted where the reopen after a rotation goes
+        # SIGHUP and every record after it try the reopen. Once the standard handler failed
+        # it, every log call raised into the code that logged, and the service stopped
+        # answering; now the old file is kept and the failure is said in it.
+        for _ in range(3):
+            proc.proc.send_signal(signal.SIGHUP)
+            assert proc.client.get("/api/nowhere")[0] == 404
+            assert proc.client.get("/api/health")[0] == 200  # still serving
+        deadline = time.monotonic() + 10
+        while "SIGHUP: log file reopened" not in rotated.read_text():
+            assert time.monotonic() < deadline, rotated.read_text()
+            time.sleep(0.05)
+        kept = rotated.read_text()
+        said = [line for line in kept.splitlines() if "cannot reopen the log file" in line]
+        assert len(said) == 1, kept  # once a minute, not once a record
+        assert f"{log_file}: " in said[0] and "still writing to the file it was" in said[0]
+        assert all(LINE.match(line) for line in kept.splitlines()), kept
+
+        log_file.unlink()  # the link removed: the next SIGHUP reopens the real log file
         proc.proc.send_signal(signal.SIGHUP)
-        assert proc.client.get("/api/nowhere")[0] == 404
-        assert proc.client.get("/api/health")[0] == 200  # still serving
+        while not (log_file.exists() and "reopened" in log_file.read_text()):
+            assert time.monotonic() < deadline, "SIGHUP did not reopen the log file"
+            time.sleep(0.05)
+        assert not log_file.is_symlink() and log_file.stat().st_mode & 0o777 == 0o640
     finally:
         proc.stop()
     assert victim.read_text() == "ROOT-ONLY FILE\n"
+    log_file.unlink()
+    log_file.symlink_to(victim)  # and a start refuses the link outright
     result = subprocess.run(
         [sys.executable, "-m", "fleet_min", "collector", "--port", "0", "--data",
          str(tmp_path / "data2")], capture_output=True, text=True, timeout=60, cwd=ROOT,
