@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install everything the tests need on a fresh machine, then run the whole suite.
 #   bash scripts/test.sh            the full suite (what CI runs): the fast lane in parallel,
-#                                   then the rest one test at a time (pytest --rest), the
-#                                   browser's pages last, in two workers
+#                                   then the rest (pytest --rest) in FLEET_REST_WORKERS (3)
+#                                   workers, the browser's pages last, in two workers
 #   bash scripts/test.sh --fast     the fast lane: no browser, no process fleets or fault loops,
 #                                   no long fuzzing (tests/conftest.py says what it leaves out),
 #                                   in FLEET_TEST_WORKERS (4) pytest-xdist workers
@@ -46,17 +46,13 @@ if [ "${1:-}" = "--fast" ]; then
   exit
 fi
 if [ "$#" -eq 0 ]; then
-  # The full suite (CI): the fast lane in parallel, then the rest (process fleets, fault loops,
-  # long fuzzing) one test at a time, as they time real processes, then the pages in Chromium in
-  # two workers: they wait on the browser and on servers of their own, never on a clock, and
-  # one at a time they made the whole run too close to CI's 30 minutes (docs/testing.md).
+  # The full suite (CI): the fast lane, then the rest (process fleets, fault loops, long fuzzing,
+  # the benchmarks' smoke runs), then the pages in Chromium. The rest wait mostly on child
+  # processes and sockets and bound what they wait for generously (no test asserts a speed), so
+  # they run in three workers; one at a time they took 16 minutes of CI's 30 on a slow hour
+  # (docs/testing.md). The pages run in two workers: each drives a browser of its own.
   fast_lane
-  # The benchmarks' smoke runs assert no figure (tests/test_bench_smoke.py), so they need not
-  # run alone: two at a time, after the tests that time real processes one at a time.
-  smoke=(tests/test_bench_smoke.py tests/test_bench_artifacts_smoke.py
-         tests/test_bench_stream_smoke.py)
-  python3 -m pytest --rest -m "not browser" "${smoke[@]/#/--ignore=}"
-  python3 -m pytest --rest -m "not browser" -n 2 --dist load "${smoke[@]}"
+  python3 -m pytest --rest -m "not browser" -n "${FLEET_REST_WORKERS:-3}" --dist worksteal
   exec python3 -m pytest --rest -m browser -n 2 --dist load
 fi
 exec python3 -m pytest "$@"

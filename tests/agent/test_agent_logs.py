@@ -31,11 +31,13 @@ def test_an_outage_is_told_once_and_the_reconnection_counts_the_rows(procs):
     agent = procs.agent([collector], "logs-1")  # --log-level DEBUG, retries every 0.2-1 s
     url = re.escape(collector.url)
     wait_for(lambda: collector.get("/api/devices/logs-1")[0] == 200, 20, what="registration")
-    collector.enqueue(bench("long", measure=12, prompt=700, gen=300))
+    # Many short iterations (about 0.25 s each in a calm hour, 0.6 s on a loaded machine): the
+    # job outlives the collector by several rows on a fast machine and ends in time on a slow one.
+    collector.enqueue(bench("long", measure=30, prompt=100, gen=40))
     wait_for(lambda: len(collector.results("long")) >= 2, 30, what="first rows")
     collector.stop()
     # The job goes on and its rows wait on disk; the agent retries many times meanwhile.
-    wait_for(lambda: "job long ended" in agent.log(), 60, what="the job to end")
+    wait_for(lambda: "job long ended" in agent.log(), 120, what="the job to end")
     wait_for(lambda: count(rf"DEBUG collector {url}: .*retrying in", agent.log()) >= 5, 30,
              what="several retries")
     log = agent.log()
