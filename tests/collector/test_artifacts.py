@@ -436,6 +436,35 @@ async def gc_hashes(client) -> set[str]:
     return {a["sha256"] for a in body["artifacts"]}
 
 
+@pytest.mark.slow
+async def test_many_artifact_scans_at_once_leave_the_other_reads_their_threads(client):
+    """A detail, a listing's references and the candidates search the text of every live job
+    for hashes. Asked for many at once, they took every worker thread, and a device listing (or
+    any read on a thread of its own) waited for the first of them to end; at most two run at
+    once now and the rest queue behind each other."""
+    held = (await upload(client, b"named by large specs"))[1]["sha256"]
+    await client.post("/devices/register", json=registration("d"))
+    filler = "x" * 200_000  # the hash after it: a search reads each spec whole
+    for n in range(60):
+        resp = await client.post("/jobs", json=job(f"big-{n}", params={
+            "prompt_tokens": 8, "note": f"{filler} {held}"}))
+        assert resp.status == 201, await resp.text()
+
+    async def scan(path: str) -> None:
+        resp = await client.get(path)
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+    paths = [f"/api/artifacts/{held}", "/api/artifacts/gc-candidates", "/api/artifacts"] * 3
+    scans = [asyncio.create_task(scan(path)) for path in paths]
+    await asyncio.sleep(0.05)  # every scan asked for
+    resp = await client.get("/api/devices")
+    assert resp.status == 200 and [d["device_id"] for d in (await resp.json())["devices"]] == ["d"]
+    ended = sum(task.done() for task in scans)
+    await asyncio.gather(*scans)
+    assert ended == 0, f"the device listing waited for {ended} artifact scans to end"
+
+
 async def test_a_live_job_holds_its_artifacts_until_it_closes(client):
     model = (await upload(client, b"model weights"))[1]["sha256"]
     await client.post("/devices/register", json=registration("d"))
