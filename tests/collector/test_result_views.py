@@ -3,7 +3,10 @@ collector, with rows posted the way agents post them."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+
+import pytest
 
 from tests.support.collector import age_rows, beacon, edit_rows, job, registration, result_row
 
@@ -481,3 +484,26 @@ async def test_drain_reads_a_bounded_number_of_beacons_and_says_so(client, db_pa
     only_b = await get(client, "/api/results/drain?hours=168&device=b")
     assert (only_b["devices_total"], only_b["cut"]) == (1, False)
     assert only_b["devices"][0]["samples"] == 250_000
+
+
+@pytest.mark.slow
+async def test_many_drain_reports_at_once_leave_the_other_reads_their_threads(client, db_path):
+    """A drain report reads up to 500,000 beacons on a worker thread. Asked for many at once,
+    they took every worker thread and a device listing waited for the first of them to end; at
+    most two run at once now and the rest queue behind each other."""
+    await client.post("/devices/register", json=registration("d"))
+    for i in range(100):
+        store_beacons(db_path, f"b{i:03d}", 1000, 60, drop=0.01)
+
+    async def report() -> None:
+        resp = await client.get("/api/results/drain?hours=168")
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+    reports = [asyncio.create_task(report()) for _ in range(7)]
+    await asyncio.sleep(0.05)  # every report asked for
+    resp = await client.get("/api/devices")
+    assert resp.status == 200 and [d["device_id"] for d in (await resp.json())["devices"]] == ["d"]
+    ended = sum(task.done() for task in reports)
+    await asyncio.gather(*reports)
+    assert ended == 0, f"the device listing waited for {ended} drain reports to end"
