@@ -11,7 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.collector import CollectorProcess, job, registration, result_row
+from tests.support.collector import (
+    CollectorProcess,
+    ended_before_a_device_listing,
+    job,
+    registration,
+    result_row,
+)
 
 MiB = 1 << 20
 
@@ -450,18 +456,8 @@ async def test_many_artifact_scans_at_once_leave_the_other_reads_their_threads(c
             "prompt_tokens": 8, "note": f"{filler} {held}"}))
         assert resp.status == 201, await resp.text()
 
-    async def scan(path: str) -> None:
-        resp = await client.get(path)
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-
     paths = [f"/api/artifacts/{held}", "/api/artifacts/gc-candidates", "/api/artifacts"] * 3
-    scans = [asyncio.create_task(scan(path)) for path in paths]
-    await asyncio.sleep(0.05)  # every scan asked for
-    resp = await client.get("/api/devices")
-    assert resp.status == 200 and [d["device_id"] for d in (await resp.json())["devices"]] == ["d"]
-    ended = sum(task.done() for task in scans)
-    await asyncio.gather(*scans)
+    ended = await ended_before_a_device_listing(client, paths)
     assert ended == 0, f"the device listing waited for {ended} artifact scans to end"
 
 

@@ -3,12 +3,19 @@ collector, with rows posted the way agents post them."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
 
-from tests.support.collector import age_rows, beacon, edit_rows, job, registration, result_row
+from tests.support.collector import (
+    age_rows,
+    beacon,
+    edit_rows,
+    ended_before_a_device_listing,
+    job,
+    registration,
+    result_row,
+)
 
 # -- helpers -----------------------------------------------------------------------------------
 
@@ -495,15 +502,5 @@ async def test_many_drain_reports_at_once_leave_the_other_reads_their_threads(cl
     for i in range(100):
         store_beacons(db_path, f"b{i:03d}", 1000, 60, drop=0.01)
 
-    async def report() -> None:
-        resp = await client.get("/api/results/drain?hours=168")
-        assert resp.status == 200, await resp.text()
-        await resp.read()
-
-    reports = [asyncio.create_task(report()) for _ in range(7)]
-    await asyncio.sleep(0.05)  # every report asked for
-    resp = await client.get("/api/devices")
-    assert resp.status == 200 and [d["device_id"] for d in (await resp.json())["devices"]] == ["d"]
-    ended = sum(task.done() for task in reports)
-    await asyncio.gather(*reports)
+    ended = await ended_before_a_device_listing(client, ["/api/results/drain?hours=168"] * 7)
     assert ended == 0, f"the device listing waited for {ended} drain reports to end"

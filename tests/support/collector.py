@@ -232,6 +232,26 @@ def running_collector(data_dir: Path, **kw: Any) -> Iterator[CollectorProcess]:
         proc.stop()
 
 
+async def ended_before_a_device_listing(client: Any, paths: list[str]) -> int:
+    """Ask for every path at once (each must answer 200), then for the device listing, which
+    must list only the device "d": how many of the first requests had ended by the time the
+    listing answered. Then wait for all of them. For costly reads that run on worker threads:
+    however many are asked for, a listing must not wait behind them."""
+
+    async def ask(path: str) -> None:
+        resp = await client.get(path)
+        assert resp.status == 200, await resp.text()
+        await resp.read()
+
+    asked = [asyncio.create_task(ask(path)) for path in paths]
+    await asyncio.sleep(0.05)  # every one asked for
+    resp = await client.get("/api/devices")
+    assert resp.status == 200 and [d["device_id"] for d in (await resp.json())["devices"]] == ["d"]
+    ended = sum(task.done() for task in asked)
+    await asyncio.gather(*asked)
+    return ended
+
+
 async def wait_for_polls(client: Any, count: int) -> None:
     """Until the collector behind an aiohttp test client holds `count` long polls waiting."""
     for _ in range(300):
