@@ -734,9 +734,6 @@ def gc_candidates(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return [record(row) for row in rows if row["sha256"] not in needed]
 
 
-
-
-
 # -- read views ---------------------------------------------------------------------------------
 
 
