@@ -54,19 +54,35 @@ def _printable(char: str) -> str:
         else f"\\U{code:08x}"
 
 
+class Every:
+    """Counts an event and says whether it is due to be told: at most once per WARN_EVERY_S,
+    so a flood of the same event is one line a minute, not one line an event."""
+
+    def __init__(self) -> None:
+        self.count, self._next = 0, 0.0
+
+    def due(self) -> bool:
+        self.count += 1
+        at = time.monotonic()
+        if at < self._next:
+            return False
+        self._next = at + WARN_EVERY_S
+        return True
+
+
 class Throttled:
-    """A warning said at most once per WARN_EVERY_S, with how often it happened meanwhile: a
-    flood of the same event is one line a minute, not one line an event."""
+    """A warning said at most once per WARN_EVERY_S, with how often it happened meanwhile."""
 
     def __init__(self, log: logging.Logger, message: str) -> None:
         self.log, self.message = log, message
-        self.count, self._next = 0, 0.0
+        self._every = Every()
+
+    @property
+    def count(self) -> int:
+        return self._every.count
 
     def __call__(self, *args: Any) -> None:
-        self.count += 1
-        at = time.monotonic()
-        if at >= self._next:
-            self._next = at + WARN_EVERY_S
+        if self._every.due():
             self.log.warning(self.message + " (%d times so far)", *args, self.count)
 
 
@@ -124,7 +140,7 @@ class LogFile(logging.handlers.WatchedFileHandler):
 
     def __init__(self, filename: str, encoding: str) -> None:
         self._retry_at = 0.0
-        self._failures, self._say_at = 0, 0.0
+        self._failures = Every()
         super().__init__(filename, encoding=encoding)
 
     def _open(self) -> Any:
@@ -141,30 +157,31 @@ class LogFile(logging.handlers.WatchedFileHandler):
         if now is None or (now.st_dev, now.st_ino) != (self.dev, self.ino):
             self.swap(force=False)
 
-    def swap(self, force: bool) -> None:
+    def swap(self, force: bool) -> bool:
         """Open the log file again and write to it from now on; keep the old one when that
-        fails. `force` (SIGHUP) tries at once, a record only once a second after a failure."""
+        fails (False). `force` (SIGHUP) tries at once, a record only once a second after a
+        failure."""
         if not force and time.monotonic() < self._retry_at:
-            return
+            return False
         try:
             fresh = self._open()
         except OSError as exc:
             self._retry_at = time.monotonic() + self.RETRY_S
             self._say_cannot_reopen(exc)
-            return
+            return False
         old, self.stream = self.stream, fresh
         self._statstream()
         if old is not None:
             with contextlib.suppress(OSError, ValueError):
                 old.close()
+        return True
 
     def _say_cannot_reopen(self, exc: OSError) -> None:
-        self._failures += 1
-        if time.monotonic() < self._say_at:
+        # Said here, not through a logger: this runs inside a handler's own emit.
+        if not self._failures.due():
             return
-        self._say_at = time.monotonic() + WARN_EVERY_S
         line = (f"cannot reopen the log file {self.baseFilename}: {exc.strerror or exc}; "
-                f"still writing to the file it was ({self._failures} times so far)")
+                f"still writing to the file it was ({self._failures.count} times so far)")
         record = logging.LogRecord(__name__, logging.ERROR, __file__, 0, line, None, None)
         text = self.format(record)
         with contextlib.suppress(OSError, ValueError):
@@ -186,21 +203,26 @@ def _refuse(path: str, exc: OSError) -> SystemExit:
     return SystemExit(2)
 
 
-def reopen() -> None:
+def reopen() -> bool:
     """Reopen every log file now (what SIGHUP does): after a rotation, write to the new file.
-    Never raises: a file that cannot be opened is said, and the old one is kept."""
+    Never raises: a file that cannot be opened is said, and the old one is kept (False)."""
+    reopened = True
     for handler in logging.getLogger().handlers:
         if isinstance(handler, LogFile):
             handler.acquire()
             try:
-                handler.swap(force=True)
+                reopened = handler.swap(force=True) and reopened
             finally:
                 handler.release()
+    return reopened
 
 
 def _on_sighup(_signum: int, _frame: object) -> None:
-    reopen()
-    logging.getLogger(__name__).info("SIGHUP: log file reopened")
+    log = logging.getLogger(__name__)
+    if reopen():
+        log.info("SIGHUP: log file reopened")
+    else:  # why was said once a minute, by the file's handler; this says the signal came
+        log.warning("SIGHUP: could not reopen the log file; still writing to the one before")
 
 
 def install_sighup() -> bool:
