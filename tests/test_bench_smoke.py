@@ -90,6 +90,48 @@ def test_lifecycle_split_smoke():
         assert isinstance(result[kind]["cpu_us_per_job"], float)
 
 
+def test_profile_split_smoke():
+    records = run_bench("profile_split")
+    assert [r["server"] for r in records] == ["collector", "floor"]
+    for record in records:
+        parts = record["parts_us_per_job"]
+        # each thread's samples are weighed by its own CPU: the parts add up to the server's
+        # CPU a job, less any thread py-spy never caught running
+        assert 0.5 * record["cpu_us_per_job"] <= sum(parts.values()) <= 1.2 * record[
+            "cpu_us_per_job"], record
+        assert parts["http"] > 0 and parts["bodies"] > 0, record
+    collector = records[0]
+    assert any(body.startswith(("post_result ", "_poll_look ", "enqueue "))
+               for body in collector["bodies_us_per_job"]), collector
+
+
+def test_profile_split_sorts_samples_into_parts():
+    from bench.profile_split import part_of
+
+    loop = ["<module> (fleet_min/__main__.py:3)", "run (fleet_min/serving.py:90)",
+            "Runner.run (asyncio/runners.py:118)"]
+    body = [*loop, "_Writer._run (fleet_min/db.py:300)", "_run_bodies (fleet_min/db.py:80)",
+            "Service.transact.<locals>.run (fleet_min/collector/service.py:244)",
+            "post_result (fleet_min/collector/jobs/results.py:50)", "execute (x.py:1)"]
+    assert part_of(body, "MainThread", 70) == (
+        "bodies", "post_result (fleet_min/collector/jobs/results.py)")
+    assert part_of(["_commit_loop (fleet_min/db.py:400)"], "db-commit", 70) == ("commit", None)
+    assert part_of([*loop, "_Writer._run (fleet_min/db.py:310)"], "MainThread", 70) == (
+        "writer", None)
+    assert part_of(loop, "MainThread", 70) == ("http", None)  # the native loop
+    assert part_of([*loop, "RequestHandler.start (aiohttp/web_protocol.py:9)"], "MainThread",
+                   70) == ("http", None)
+    assert part_of([*loop, "_Counted.data_received (fleet_min/serving.py:180)"], "MainThread",
+                   70) == ("http", None)  # aiohttp's C parser, under the wrapper
+    assert part_of([*loop, "read_json (fleet_min/http.py:60)"], "MainThread", 70) == (
+        "app", None)
+    writer = ["Thread.run (threading.py:982)", "Writer._run (bench/durable_server.py:70)"]
+    assert part_of(writer, "Thread-1 (_run)", 70) == ("commit", None)
+    assert part_of(writer, "Thread-1 (_run)", 69) == ("bodies", None)
+    assert part_of([*writer, "_claim (bench/floor_server.py:93)"], "Thread-1 (_run)", 70) == (
+        "bodies", None)
+
+
 @pytest.mark.parametrize("statements", [False, True], ids=["bodies", "with-statements"])
 def test_bodies_smoke(statements):
     # Each body's own assertions hold in the run: every job is claimed in order and closed done
