@@ -3,7 +3,11 @@ profile (py-spy) of each server while bench/lifecycle.py's agents load it, each 
 weighed by that thread's own CPU time (/proc), so the parts add up to the server's CPU a job.
 
     python bench/profile_split.py [--servers collector,floor] [--agents 50] [--procs 3]
-                                  [--seconds 10] [--rate 400] [--quick]
+                                  [--seconds 10] [--rate 400] [--rounds 2] [--quick]
+
+The servers are profiled one after another, in the order given and then in the reverse order
+in every other round (this machine's speed moves from one minute to the next); each figure is
+the median over the rounds.
 
 Each sample goes to one part, by where it was taken:
 
@@ -31,6 +35,7 @@ import argparse
 import collections
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -109,7 +114,7 @@ def split(raw: str, cpu: dict[int, float], jobs: int, commit_line: int
         name = head.split(": ", 1)[1] if ": " in head else ""
         samples[int(found["tid"])][part_of(frames, name, commit_line)] += int(count)
     parts = dict.fromkeys(PARTS, 0.0)
-    bodies: dict[str, float] = collections.Counter()
+    bodies: dict[str, float] = collections.defaultdict(float)
     for tid, counted in samples.items():
         total = sum(counted.values())
         for (part, body), n in counted.items():
@@ -147,6 +152,22 @@ def profile(kind: str, agents: int, procs: int, seconds: float, rate: int) -> di
             "parts_us_per_job": parts, "bodies_us_per_job": bodies}
 
 
+def median_of(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One server's rounds as one record: the median of each figure, part and body."""
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    bodies = {body for r in records for body in r["bodies_us_per_job"]}
+    return {"bench": "profile_split", "figure": "profile_split", "server": records[0]["server"],
+            "rounds": len(records),
+            **{key: med([r[key] for r in records]) for key in (
+                "jobs", "jobs_per_s", "cpu_us_per_job", "main_thread_us_per_job")},
+            "parts_us_per_job": {part: med([r["parts_us_per_job"][part] for r in records])
+                                 for part in PARTS},
+            "bodies_us_per_job": {body: med([r["bodies_us_per_job"].get(body, 0.0)
+                                             for r in records]) for body in bodies}}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--servers", default="collector,floor",
@@ -155,10 +176,11 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rate", type=int, default=400, help="py-spy's samples a second")
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     args = parser.parse_args()
     if args.quick:
-        args.agents, args.procs, args.seconds = 6, 1, 2.0
+        args.agents, args.procs, args.seconds, args.rounds = 6, 1, 2.0, 1
     if shutil.which("py-spy") is None:
         raise SystemExit("profile_split needs py-spy on PATH: pip install py-spy "
                          "(constraints.txt holds the version the suite uses)")
@@ -167,11 +189,16 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown servers: {', '.join(sorted(unknown))}; "
                          "choose from collector, floor, durable, bare")
-    got = []
-    for kind in kinds:
-        record = profile(kind, args.agents, args.procs, args.seconds, args.rate)
+    rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
+    for r in range(args.rounds):
+        for kind in kinds if r % 2 == 0 else reversed(kinds):
+            record = {**profile(kind, args.agents, args.procs, args.seconds, args.rate),
+                      "round": r}
+            emit(record)
+            rounds[kind].append(record)
+    got = [median_of(rounds[kind]) for kind in kinds]
+    for record in got:
         emit(record)
-        got.append(record)
     rows = []
     for record in got:
         rows.append((f"{record['server']} CPU us/job", f"{record['cpu_us_per_job']:.1f}",
