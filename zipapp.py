@@ -5,8 +5,9 @@ The dependencies are taken from the installed distributions of this interpreter 
 `pip install .` has been done), following their requirement metadata. Compiled accelerators
 (.so/.pyd) are left out: aiohttp, multidict, yarl, frozenlist and propcache all fall back to their
 pure-Python implementations when the extension cannot be imported, which is the case inside a zip.
-So are files no service reads: type stubs and markers, Cython sources, and aiohttp's test tools
-and gunicorn workers (LEFT_OUT). Each vendored distribution's licence files go under
+So are files no service reads: type stubs and markers, Cython sources, aiohttp's test tools
+and gunicorn workers (LEFT_OUT), the test suites some distributions ship inside their package,
+and the project's own build tools (BUILD_ONLY). Each vendored distribution's licence files go under
 `licenses/<name>/`.
 
 The archive holds sources and no bytecode: `__main__.py` (fleet_min/zipstart.py, with the build's
@@ -34,8 +35,14 @@ FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 SKIP_SUFFIXES = (".so", ".pyd", ".dylib", ".dll", ".c", ".pyx", ".pxd", ".pxi", ".pyi", ".h",
                  ".pyc", "py.typed")
 # Vendored modules no service imports: aiohttp's pytest tools and its gunicorn workers (gunicorn
-# is not in the archive, so they could not run anyway).
+# is not in the archive, so they could not run anyway). A distribution's own test suite (a
+# `tests` or `test` package inside it, as aiosqlite ships) is left out too.
 LEFT_OUT = frozenset({"aiohttp/test_utils.py", "aiohttp/pytest_plugin.py", "aiohttp/worker.py"})
+TEST_PACKAGES = frozenset({"tests", "test"})
+# The project's build tools: the OpenAPI documents' Python descriptions and their builder. The
+# services read the generated JSON (fleet_min.openapi.document_bytes), never these.
+BUILD_ONLY = frozenset({"fleet_min/openapi/build.py", "fleet_min/openapi/collector_api.py",
+                        "fleet_min/openapi/controlplane_api.py", "fleet_min/openapi/dsl.py"})
 START = ROOT / "fleet_min" / "zipstart.py"  # becomes __main__.py
 BUILD_ID_LINE = 'BUILD_ID = ""'
 
@@ -89,7 +96,8 @@ def _dist_entries(dist: metadata.Distribution) -> dict[str, bytes]:
             continue
         if top in ("bin", "share") or top.endswith((".pth", ".data")):
             continue
-        if str(file).endswith(SKIP_SUFFIXES) or str(file) in LEFT_OUT:
+        if (str(file).endswith(SKIP_SUFFIXES) or str(file) in LEFT_OUT
+                or (len(parts) > 2 and parts[1] in TEST_PACKAGES)):
             continue
         entries["/".join(parts)] = path.read_bytes()
     return entries
@@ -99,10 +107,11 @@ def _project_entries() -> dict[str, bytes]:
     entries: dict[str, bytes] = {}
     package = ROOT / "fleet_min"
     for path in sorted(package.rglob("*")):
+        name = path.relative_to(ROOT).as_posix()
         if (path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc"
-                or path == START):
+                or path == START or name in BUILD_ONLY):
             continue
-        entries[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+        entries[name] = path.read_bytes()
     return entries
 
 
