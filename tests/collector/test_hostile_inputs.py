@@ -858,3 +858,18 @@ async def test_whole_floats_in_integer_fields_are_stored_and_handed_on_as_intege
     # Beyond SQLite's integers a whole float stays as it came: valid, and never a 309-digit int.
     resp = await client.post("/jobs", json=job("huge", params={"warmup_iters": 1e300}))
     assert resp.status == 201, await resp.text()
+
+
+async def test_a_dashboard_deep_link_with_a_line_break_is_a_documented_404(client):
+    """/dash/{tail} serves the dashboard for any tail a link makes, control characters and all;
+    a tail holding a line break matches no route and is answered 404 with a JSON error, which
+    the OpenAPI document lists (a generated request found it missing there)."""
+    from fleet_min.openapi import document_bytes
+
+    for tail in ("jobs/abc", "devices/a%20b", "x%19y%C3%A9"):
+        resp = await client.get(f"/dash/{tail}")
+        assert resp.status == 200 and resp.content_type == "text/html", tail
+    resp = await client.get("/dash/a%0Ab")
+    assert resp.status == 404 and "no such route" in (await resp.json())["error"]
+    documented = json.loads(document_bytes("collector"))["paths"]["/dash/{tail}"]["get"]
+    assert "404" in documented["responses"]
