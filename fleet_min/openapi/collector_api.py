@@ -1071,7 +1071,7 @@ def _pages() -> list[Route]:
                                                    304: empty_reply("not modified")}, tag=tag),
         Route("GET", "/dash", "The dashboard application", page, tag=tag),
         Route("GET", "/dash/{tail}", "Dashboard deep links (the same application)", page,
-              {404: "a tail no dashboard link makes (one holding a line break)"}, tag=tag),
+              tag=tag),
         Route("GET", "/runner", "The browser runner page", page, tag=tag),
         Route("GET", "/static/{build}/{path}", "Page assets (immutable under the build digest)",
               {200: binary_reply("the file (JavaScript, CSS, SVG, ...)", "*/*"),

@@ -70,6 +70,11 @@ def with_etag(request: web.Request, response: web.Response, cache: str) -> web.R
     return response
 
 
+# A tail of any characters: a route's pattern is a regular expression, whose `.` stops at a line
+# break, so `.*` would leave a tail holding one (%0A) to the JSON "no such route" of no page.
+ANY_TAIL = r"[\s\S]*"
+
+
 class Pages:
     def __init__(self, service: Service) -> None:
         self.service = service
@@ -220,7 +225,7 @@ class Legacy:
             web.get(base + "/schedules", page(self.schedules)),
             web.get(base + "/alerts", page(self.alerts)),
             web.get(base + "/artifacts", page(self.artifacts)),
-            web.get(base + "/{tail:.*}", page(self.missing)),
+            web.get(base + "/{tail:" + ANY_TAIL + "}", page(self.missing)),
         ]
 
 
@@ -233,7 +238,7 @@ def setup(app: web.Application, service: Service) -> None:
         web.get("/", pages.root),
         web.get("/favicon.svg", pages.icon),
         web.get("/dash", pages.dash),
-        web.get("/dash/{tail:.*}", pages.dash),
+        web.get("/dash/{tail:" + ANY_TAIL + "}", pages.dash),
         web.get("/runner", pages.runner),
         web.get("/static/{build:[0-9a-zA-Z_-]{1,64}}/{path:.+}", pages.asset),
     ])
