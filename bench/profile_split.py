@@ -24,20 +24,23 @@ Each sample goes to one part, by where it was taken:
 
 For the collector the bodies are also split by the function each transaction runs. A sample's
 share is a share of the time its thread was running, not waiting, so a part's figure carries
-py-spy's sampling error: about a tenth of a part under 5 us a job. Needs py-spy on PATH (the
-test extra installs it) and the right to read another process's memory (root, or
-kernel.yama.ptrace_scope 0).
+py-spy's sampling error: about a tenth of a part under 5 us a job. Needs py-spy (the test extra
+installs it; it is found on PATH or among this interpreter's scripts) and the right to read
+another process's memory (root, or kernel.yama.ptrace_scope 0).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import os
 import re
 import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +57,22 @@ _HTTP_FILES = re.compile(r"\((aiohttp|asyncio|uvloop|yarl|multidict|aiosignal|fr
 _SERVING_WRAPPER = "_Counted."  # fleet_min.serving's protocol around aiohttp's
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^:()]*)(?::(?P<line>\d+))?\)$")
 _THREAD = re.compile(r"^thread \((?P<tid>\d+)\)")
+
+
+def py_spy() -> str | None:
+    """py-spy's executable: on PATH, or where pip put the scripts of this interpreter (a venv's
+    bin, or the user scheme's ~/.local/bin, which need not be on PATH when pip installs there)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    folders = {sysconfig.get_path("scripts"), Path(sys.executable).parent}
+    with contextlib.suppress(KeyError):
+        folders.add(sysconfig.get_path("scripts", f"{os.name}_user"))
+    for folder in folders:
+        found = shutil.which("py-spy", path=str(folder))
+        if found:
+            return found
+    return None
 
 
 def _commit_line() -> int:
@@ -125,13 +144,14 @@ def split(raw: str, cpu: dict[int, float], jobs: int, commit_line: int
     return parts, dict(bodies)
 
 
-def profile(kind: str, agents: int, procs: int, seconds: float, rate: int) -> dict[str, Any]:
+def profile(spy_path: str, kind: str, agents: int, procs: int, seconds: float, rate: int
+            ) -> dict[str, Any]:
     """One server, warmed up, then loaded for `seconds` under py-spy."""
     with server(kind) as (address, pid), tempfile.TemporaryDirectory() as scratch:
         load(address, pid, f"{kind}-warm", agents, procs, min(seconds, 3.0))
         out = Path(scratch) / "samples.txt"
         spy = subprocess.Popen(
-            ["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
+            [spy_path, "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw",
              "--output", str(out), "--duration", str(max(1, round(seconds))),
              "--nonblocking", "--threads"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -181,9 +201,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.agents, args.procs, args.seconds, args.rounds = 6, 1, 2.0, 1
-    if shutil.which("py-spy") is None:
-        raise SystemExit("profile_split needs py-spy on PATH: pip install py-spy "
-                         "(constraints.txt holds the version the suite uses)")
+    spy_path = py_spy()
+    if spy_path is None:
+        raise SystemExit("profile_split needs py-spy: pip install py-spy (constraints.txt "
+                         "holds the version the suite uses)")
     kinds = [k.strip() for k in args.servers.split(",") if k.strip()]
     unknown = set(kinds) - {"collector", "floor", "durable", "bare"}
     if unknown:
@@ -192,7 +213,7 @@ def main() -> None:
     rounds: dict[str, list[dict[str, Any]]] = {kind: [] for kind in kinds}
     for r in range(args.rounds):
         for kind in kinds if r % 2 == 0 else reversed(kinds):
-            record = {**profile(kind, args.agents, args.procs, args.seconds, args.rate),
+            record = {**profile(spy_path, kind, args.agents, args.procs, args.seconds, args.rate),
                       "round": r}
             emit(record)
             rounds[kind].append(record)
