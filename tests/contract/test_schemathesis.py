@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -166,10 +167,30 @@ def mirror_streams_on(case: Case) -> bool:
         return False
 
 
+def _concrete_paths(name: str) -> frozenset[tuple[str, str]]:
+    """(method, path) of every operation of a document whose path has no parameter."""
+    paths = json.loads(openapi.document_bytes(name))["paths"]
+    return frozenset((method.upper(), path) for path, item in paths.items() if "{" not in path
+                     for method in item)
+
+
+CONCRETE = {name: _concrete_paths(name) for name in openapi.DOCUMENTS}
+
+
+def is_another_operation(case: Case, document: str) -> bool:
+    """A templated path filled in to equal a path of its own (/dash/legacy/{tail} with the
+    tail `jobs`): OpenAPI matches the concrete path first, so the request is that operation's,
+    and is checked under it, not against the template's replies."""
+    if "{" not in case.path:
+        return False
+    filled = urllib.parse.unquote(case.formatted_path)
+    return (case.method.upper(), filled) in CONCRETE[document]
+
+
 @collector.parametrize()
 def test_collector_operation_keeps_its_contract(case: Case) -> None:
     hold_short(case)
-    if mirror_streams_on(case):
+    if is_another_operation(case, "collector") or mirror_streams_on(case):
         return
     case.call_and_validate()
 
@@ -177,4 +198,6 @@ def test_collector_operation_keeps_its_contract(case: Case) -> None:
 @controlplane.parametrize()
 def test_controlplane_operation_keeps_its_contract(case: Case) -> None:
     hold_short(case)
+    if is_another_operation(case, "controlplane"):
+        return
     case.call_and_validate()
