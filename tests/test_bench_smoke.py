@@ -295,5 +295,9 @@ def test_device_listing_smoke():
 def test_restore_rows_smoke():
     result = figure(run_bench("restore_rows"), "row_check")
     assert result["rows"] == 2000 + 2000 + 200
-    for key in ("rebuild_s", "check_s", "copy_s", "ratio", "check_us_per_row"):
+    for key in ("rebuild_s", "check_s", "check_us_per_row"):
         assert isinstance(result[key], (int, float)) and result[key] > 0, key
+    # The copy's time is the rebuild's less the check's: on a busy machine, at this size, it
+    # can be nothing, and then there is no ratio (a figure, never asserted here).
+    assert isinstance(result["copy_s"], (int, float))
+    assert result["ratio"] is None or result["ratio"] > 0
