@@ -43,6 +43,18 @@ def main_thread_cpu_seconds(pid: int) -> float:
     return _stat_cpu(Path(f"/proc/{pid}/task/{pid}/stat"))
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """utime + stime of each thread of a process, by thread id (a thread that ends meanwhile
+    is left out)."""
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            seconds[int(task.name)] = _stat_cpu(task / "stat")
+        except OSError:
+            continue
+    return seconds
+
+
 def pin_process(pid: int, cores: set[int]) -> None:
     """Keep a running process, every thread it has now, on these cores (threads it starts
     later inherit the mask of the thread that starts them)."""

@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import CLK_TCK, ROOT, emit, server, table
+from bench.common import ROOT, emit, server, table, thread_cpu_seconds
 from bench.lifecycle import load
 
 PARTS = ("http", "bodies", "commit", "writer", "app")
@@ -105,18 +105,6 @@ def part_of(frames: list[str], thread_name: str, commit_line: int) -> tuple[str,
     return "app", None
 
 
-def thread_cpu(pid: int) -> dict[int, float]:
-    """Each thread's CPU seconds so far (utime + stime)."""
-    seconds = {}
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # the thread ended
-        seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return seconds
-
-
 def split(raw: str, cpu: dict[int, float], jobs: int, commit_line: int
           ) -> tuple[dict[str, float], dict[str, float]]:
     """us a job by part, and by body function, from py-spy's raw (collapsed) output."""
@@ -156,9 +144,9 @@ def profile(spy_path: str, kind: str, agents: int, procs: int, seconds: float, r
              "--nonblocking", "--threads"],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(0.3)  # py-spy attached before the load starts
-        before = thread_cpu(pid)
+        before = thread_cpu_seconds(pid)
         got = load(address, pid, kind, agents, procs, seconds)
-        after = thread_cpu(pid)
+        after = thread_cpu_seconds(pid)
         _, why = spy.communicate(timeout=seconds + 60)
         if spy.returncode != 0 or not out.exists():
             raise SystemExit(f"py-spy could not profile the {kind} server: {why.strip()}")

@@ -14,6 +14,7 @@ import pytest
 
 from bench.common import Http, server
 from bench.lifecycle import final_row, pinned_job
+from bench.profile_split import py_spy
 from tests.support.collector import ROOT
 
 pytestmark = pytest.mark.slow
@@ -94,10 +95,7 @@ def test_lifecycle_split_smoke():
 def test_profile_split_smoke():
     # py-spy reads the servers' memory: a machine whose kernel forbids that (ptrace refused,
     # as in some containers) cannot run this bench at all, which says nothing of the bench.
-    probe = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
-                            "from bench.profile_split import py_spy; print(py_spy() or '')",
-                            str(ROOT)], capture_output=True, text=True, timeout=60)
-    spy = probe.stdout.strip()
+    spy = py_spy()
     assert spy, "py-spy is not installed: the test extra installs it"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:

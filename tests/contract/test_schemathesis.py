@@ -158,9 +158,9 @@ def mirror_streams_on(case: Case) -> bool:
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as reply:
             kind = reply.headers.get("Content-Type", "")
             assert kind.startswith("multipart/x-mixed-replace; boundary="), kind
-            boundary = kind.split("boundary=", 1)[1]
-            head = reply.read(len(f"--{boundary}\r\nContent-Type: image/jpeg\r\n\r\n"))
-            assert head == f"--{boundary}\r\nContent-Type: image/jpeg\r\n\r\n".encode(), head
+            part_head = f"--{kind.split('boundary=', 1)[1]}\r\nContent-Type: image/jpeg\r\n\r\n"
+            head = reply.read(len(part_head))
+            assert head == part_head.encode(), head
             return True
     except urllib.error.HTTPError as refused:
         refused.close()
