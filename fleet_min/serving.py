@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import struct
@@ -37,7 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from aiohttp import web
+from aiohttp import http_exceptions, web
+from aiohttp.web_protocol import RequestHandler
 
 try:  # the socket's own send queue (StallWatch); Linux only
     import fcntl
@@ -49,7 +51,7 @@ except ImportError:  # Windows
 
 from fleet_min import dirlock
 from fleet_min.db import StorageError
-from fleet_min.http import WRITE_STALL_KEY, WRITE_STALL_S
+from fleet_min.http import WRITE_STALL_KEY, WRITE_STALL_S, error_response
 from fleet_min.logs import Throttled
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -332,7 +334,74 @@ class CappedSite(web.BaseSite):
         server = self._runner.server
         assert server is not None
         self._server = await asyncio.get_running_loop().create_server(
-            self._cap.wrap(server), sock=self._sock, backlog=BACKLOG)
+            self._cap.wrap(_answering_in_json(server)), sock=self._sock, backlog=BACKLOG)
+
+
+# What was wrong with a request aiohttp could not read, by the parser's exception (most
+# specific first). aiohttp's own text quotes the request's bytes back; the answer says what
+# kind of fault it was and never repeats what the client sent.
+_UNREADABLE: tuple[tuple[type[Exception], str], ...] = (
+    (http_exceptions.LineTooLong, "a line of its head is too long"),
+    (http_exceptions.BadHttpMethod, "its method is not an HTTP method"),
+    (http_exceptions.InvalidURLError, "its target is not a valid URL"),
+    (http_exceptions.BadStatusLine, "its request line is malformed"),
+    (http_exceptions.InvalidHeader, "a header is malformed"),
+    (http_exceptions.PayloadEncodingError,
+     "its body does not match its Content-Length or Transfer-Encoding"),
+)
+# The parser's own description, when it is only that: a few words, no quotes, nothing after a
+# colon ("Invalid header value char:", "Too many headers received"). Anything else may carry
+# the client's bytes and is not repeated.
+_PLAIN_DESCRIPTION = re.compile(r"[A-Za-z][A-Za-z0-9 -]{0,79}")
+
+
+def unreadable_reason(status: int, exc: BaseException | None) -> str:
+    """The error message of an answer made outside the app (aiohttp's handle_error): a request
+    it could not parse, a timeout, a failure no middleware caught."""
+    if status == 504:
+        return "the request took too long"
+    if status >= 500:
+        return "internal error"
+    what = "the request could not be read as HTTP/1.1"
+    for kind, reason in _UNREADABLE:
+        if isinstance(exc, kind):
+            return f"{what}: {reason}"
+    described = str(getattr(exc, "message", "") or "").split("\n", 1)[0].removesuffix(":")
+    if _PLAIN_DESCRIPTION.fullmatch(described):
+        return f"{what}: {described[:1].lower()}{described[1:]}"
+    return what
+
+
+class JsonErrorHandler(RequestHandler):
+    """aiohttp's connection handler, answering what never reaches the app in the app's own
+    shape. A request aiohttp cannot parse (a bad method, a control character in a header, a
+    line past MAX_LINE_SIZE), and the rare failure outside every middleware, are answered by
+    aiohttp itself: text/plain that quotes the offending bytes, without the security headers
+    every other answer carries. Here they are `{"error": ...}` JSON with those headers, so a
+    client reads every refusal the same way and no page can get its bytes echoed back."""
+
+    __slots__ = ()
+
+    def handle_error(self, request: web.BaseRequest, status: int = 500,
+                     exc: BaseException | None = None, message: str | None = None
+                     ) -> web.StreamResponse:
+        # aiohttp's own logs the fault (MalformedRequests turns a parse error into one line)
+        # and refuses when part of an answer was sent already; its answer is replaced.
+        super().handle_error(request, status, exc, message)
+        response = error_response(status, unreadable_reason(status, exc))
+        response.force_close()
+        return response
+
+
+def _answering_in_json(server: web.Server) -> Callable[[], asyncio.Protocol]:
+    """aiohttp's connection factory, its handlers made JsonErrorHandler. aiohttp builds them
+    (with every setting the runner was given); the subclass adds no state, only the method, so
+    its class is set on each as it is made."""
+    def make() -> asyncio.Protocol:
+        handler = server()
+        handler.__class__ = JsonErrorHandler
+        return handler
+    return make
 
 
 class BindError(OSError):

@@ -128,3 +128,18 @@ async def test_a_foreign_page_cannot_make_the_daemon_build_reads(client: Any) ->
             assert (await client.get(path, headers=own)).status == 200, (path, own)
     # A page of its own is still reached from a link elsewhere.
     assert (await client.get("/", headers={"Sec-Fetch-Site": "cross-site"})).status == 200
+
+
+@pytest.mark.slow
+def test_a_real_daemon_answers_an_unreadable_request_in_json(daemon_factory: Any) -> None:
+    """aiohttp answers what it cannot parse itself (text/plain quoting the bytes); the control
+    plane's answer is its own JSON error with the security headers, nothing echoed."""
+    daemon = daemon_factory({})
+    for data in (b"GET /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: \x01<script>\r\n\r\n",
+                 b"G<script> /api/state HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"):
+        reply = raw_http.reply_of(raw_http.raw_exchange(daemon.url, data))
+        assert reply.status == 400 and reply.media == "application/json", reply
+        assert reply.json()["error"].startswith("the request could not be read as HTTP/1.1: ")
+        assert reply.headers["X-Content-Type-Options"] == "nosniff", reply
+        assert b"script" not in reply.body
+    assert raw_http.ask(daemon.url, "GET", "/api/state")[0] == 200

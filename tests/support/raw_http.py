@@ -4,6 +4,7 @@ bodies as bytes, any header; plus the OpenAPI documents' operations to walk ever
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import re
 import socket
@@ -109,6 +110,16 @@ def peek_status(base: str, path: str) -> int | None:
         while b"\r\n" not in head and (chunk := sock.recv(4096)):
             head += chunk
         return status_of(head)
+
+
+def reply_of(raw: bytes) -> Reply:
+    """A whole answer read off the wire (raw_exchange) as a Reply: status, headers, body."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, _, fields = head.partition(b"\r\n")
+    headers = http.client.parse_headers(io.BytesIO(fields + b"\r\n\r\n"))
+    status = status_of(status_line)
+    assert status is not None, raw[:200]
+    return Reply(status, headers, body)
 
 
 def status_of(raw: bytes) -> int | None:
