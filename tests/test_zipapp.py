@@ -64,6 +64,24 @@ def test_the_archive_leaves_out_what_no_service_reads_and_keeps_to_its_size(
     assert pyz.stat().st_size <= 1_500_000, pyz.stat().st_size
 
 
+def test_each_licence_text_is_stored_once_and_every_package_still_names_its_own(
+        pyz: Path) -> None:
+    """Several packages ship the same licence file; the archive keeps its text once, and each
+    other package's file says where that text is."""
+    with zipfile.ZipFile(pyz) as archive:
+        licences = {n: archive.read(n) for n in archive.namelist() if n.startswith("licenses/")}
+    pointers = {n: t for n, t in licences.items() if t.startswith(b"The same text as ")}
+    texts = [t for n, t in licences.items() if n not in pointers]
+    assert pointers and len(texts) == len(set(texts)), sorted(pointers)
+    for name, text in pointers.items():
+        first = text.decode().removeprefix("The same text as ").removesuffix(
+            ", in this archive.\n")
+        assert first in licences and first not in pointers and first < name, (name, first)
+    packages = {n.split("/")[1] for n in licences}
+    assert {"aiohttp", "multidict", "yarl", "propcache", "frozenlist", "aiosignal",
+            "typing-extensions", "aiohappyeyeballs", "aiosqlite", "pypng"} <= packages
+
+
 def test_a_second_start_reads_what_the_first_compiled(pyz: Path, tmp_path: Path) -> None:
     home = tmp_path / "cache"
     assert _started(pyzs.run(pyz, ["--version"], home)).startswith(VERSION)
