@@ -3618,7 +3618,10 @@ def check_url(url: object, name: str) -> str:
     if not isinstance(url, str) or not URL_CHARS.fullmatch(url):  # $ alone admits a final \n
         raise Refusal(f"{name} must be http:// or https:// URLs without spaces; the job gave "
                       f"{shown(url)}")
-    parts = urllib.parse.urlsplit(url)
+    try:  # raises on a lone bracket, or a host NFKC folds into '/', '?', '#' or '@'
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        raise Refusal(f"{name}: {shown(url)} is not a URL") from None
     if not parts.hostname or parts.username is not None or parts.password is not None:
         raise Refusal(f"{name}: {shown(url)} must name a host and carry no user or password")
     try:

@@ -396,10 +396,13 @@ class JsonErrorHandler(RequestHandler):
 def _answering_in_json(server: web.Server) -> Callable[[], asyncio.Protocol]:
     """aiohttp's connection factory, its handlers made JsonErrorHandler. aiohttp builds them
     (with every setting the runner was given); the subclass adds no state, only the method, so
-    its class is set on each as it is made."""
+    its class is set on each as it is made. Should a later aiohttp's handler refuse that (a
+    layout of its own), connections keep aiohttp's handler and its plain-text refusals: the
+    service still serves."""
     def make() -> asyncio.Protocol:
         handler = server()
-        handler.__class__ = JsonErrorHandler
+        with contextlib.suppress(TypeError):
+            handler.__class__ = JsonErrorHandler
         return handler
     return make
 

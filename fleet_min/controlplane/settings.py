@@ -55,9 +55,19 @@ def _host_name(text: str) -> str:
 
 
 def _coordinator(text: str) -> str:
-    if text and (urlsplit(text).scheme not in ("http", "https") or not urlsplit(text).netloc):
+    if text and not is_http_url(text):
         raise ValueError(f"must be an http(s) URL such as http://10.0.0.2:7878, got {text!r}")
     return text.rstrip("/")
+
+
+def is_http_url(text: str) -> bool:
+    """An http(s) URL with a host part. urlsplit raises on some text that is not a URL at all
+    (a lone bracket, a host that NFKC folds into a '/'): that is no URL either."""
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.netloc)
 
 
 def _days(text: str) -> int:

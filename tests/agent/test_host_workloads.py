@@ -595,6 +595,7 @@ BAD_PARAMS = [
     ("drain", {"track": "Level!"}, "params.track must be a battery figure"),
     ("drain", {"interval_s": 0.1}, "params.interval_s must be a number from 1 to 3600"),
     ("web-unfurl", {}, "web jobs need targets.url starting with http:// or https://"),
+    ("web-unfurl", {"url": "http://]x/"}, "targets.url: 'http://]x/' is not a URL"),
     ("digest", {}, "params.app must be the app's name"),
     ("digest", {"app": "shop", "days": 0}, "params.days must be a whole number from 1 to 366"),
     ("archive", {"source": "abc", "app": "shop", "account": "a"}, "params.source must be the "

@@ -91,7 +91,8 @@ def test_peer_addresses_are_normalised_and_checked():
     assert peers.base_url("pi5.local:8788") == "http://pi5.local:8788"
     assert peers.base_url(" https://c.example/ ") == "https://c.example"
     assert peers.base_url("[fd7a:115c:a1e0::2]:8788") == "http://[fd7a:115c:a1e0::2]:8788"
-    for bad in ("ftp://x", "http://u:p@x:1", "http://x/api", "http://x?y=1", "http://x:99999"):
+    for bad in ("ftp://x", "http://u:p@x:1", "http://x/api", "http://x?y=1", "http://x:99999",
+                "http://]x:1", "[x:1", "http://a\uff03b:1"):  # urlsplit raises on the last 3
         with pytest.raises(ConfigError):
             peers.base_url(bad)
 
@@ -421,7 +422,9 @@ async def test_forget_refuses_what_it_cannot_name_and_changes_nothing(
     refused = [({"url": "http://127.0.0.1:1"}, 404), ({"url": address, "also": 1}, 400),
                ({"url": ""}, 400), ({"url": 5}, 400), ({"url": "ftp://x:1"}, 400),
                ({"url": "http://x:99999"}, 400), ({"url": "\udcff"}, 400),
-               ({"url": "x" * 5000}, 400), ([address], 400), ({}, 400)]
+               ({"url": "x" * 5000}, 400), ([address], 400), ({}, 400),
+               ({"url": "http://]x:1"}, 400), ({"url": "\u00a5=\u0087\u00ec]B"}, 400),
+               ({"url": "http://a\uff03b:1"}, 400)]
     for body, status in refused:
         resp = await local.post("/api/peers/forget", json=body)
         assert resp.status == status, (body, await resp.text())

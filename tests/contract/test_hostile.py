@@ -395,7 +395,9 @@ COLLECTOR_BODIES: dict[str, list[Any]] = {
         {"url": "ftp://x:1"}, {"url": "http://x:99999"}, {"url": "http://a@b:1"},
         {"url": "http://b:1/api"}, {"url": "http://b:1?x"}, {"url": "x" * 5000},
         {"url": "a\u0000b:1"}, {"url": "a b:1"}, {"url": "\udcff"},
-        {"url": "http://127.0.0.1:1", "also": 1}, {"url": "http://127.0.0.1:1"}],
+        {"url": "http://127.0.0.1:1", "also": 1}, {"url": "http://127.0.0.1:1"},
+        # text urlsplit raises on: a lone bracket, a host NFKC folds into '#'
+        {"url": "http://]x:1"}, {"url": "[x:1"}, {"url": "http://a\uff03b:1"}],
     "PATCH /api/devices/{device_id}": [{}, {"name": 5}, {"notes": "x" * 2001},
                                        {"pools": "a"}, {"pools": [""]}, {"pools": [5]},
                                        {"device_id": "other"}, {"capabilities": []}],

@@ -418,3 +418,17 @@ async def test_a_second_agent_under_the_same_name_is_refused(
         for agent in agents.values():
             agent.stop()
         coord.stop()
+
+
+@pytest.mark.parametrize("bad", ["http://]x:7878", "http://[x:7878", "http://a\uff03b:7878",
+                                 "ftp://x:7878", "x:7878"])
+def test_a_coordinator_address_that_is_no_url_is_refused_in_a_sentence(bad: str) -> None:
+    """urlsplit raises its own ValueError on some of these (a lone bracket; a host NFKC folds
+    into '#'): the sentence is still the setting's, naming what to give."""
+    from fleet_min.controlplane.federation.link import check_url
+    from fleet_min.controlplane.settings import CONTROLPLANE_SETTINGS
+    [setting] = [s for s in CONTROLPLANE_SETTINGS if s.name == "coordinator"]
+    with pytest.raises(ValueError, match=r"must be an http\(s\) URL such as http://10\.0\.0\.2"):
+        setting.kind(bad)
+    with pytest.raises(ValueError, match=r"the coordinator must be an http\(s\) URL"):
+        check_url(bad)

@@ -113,7 +113,10 @@ def base_url(text: str) -> str:
     value = text.strip()
     if "://" not in value:
         value = "http://" + value
-    parts = urlsplit(value)
+    try:
+        parts = urlsplit(value)  # raises on a lone bracket, or a host NFKC folds into a '/'
+    except ValueError:
+        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} is not a URL") from None
     try:
         port = parts.port
     except ValueError:

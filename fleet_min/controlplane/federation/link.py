@@ -32,7 +32,6 @@ import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -46,6 +45,7 @@ from fleet_min.controlplane.federation.hosts import (
 )
 from fleet_min.controlplane.loops import stop_tasks, wait_event
 from fleet_min.controlplane.runners.actions import Actions
+from fleet_min.controlplane.settings import is_http_url
 from fleet_min.controlplane.snapshot import Snapshots
 from fleet_min.controlplane.state import Plane
 from fleet_min.controlplane.tokens import ensure_token, named_host
@@ -118,8 +118,7 @@ def check_token_host(token: str, host_name: str) -> None:
 
 
 def check_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.netloc:
+    if not is_http_url(url):
         raise ValueError(f"the coordinator must be an http(s) URL, got {url!r}")
     return url.rstrip("/")
 
