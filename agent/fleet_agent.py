@@ -3658,20 +3658,52 @@ def address_allowed(address: str, allow_private: bool) -> bool:
     return ip.is_global and not ip.is_multicast
 
 
+LOOKUP_POLL_S = 0.05  # how often a lookup in progress looks at its fetch's limit and stop
+
+
+def lookup(host: str, port: int, limit: WebLimit | None = None) -> list:
+    """socket.getaddrinfo for a stream socket, held to `limit`: its deadline and its job's stop.
+
+    getaddrinfo takes no timeout and no signal ends it; a resolver that does not answer holds
+    its caller for the system's own retries (five seconds a server and attempt by default, more
+    on some phones). The lookup runs in a thread of its own, and the fetch waits for it only as
+    long as its limit allows: past that it goes on without the answer (TimeoutError, or
+    Stopped), and the thread ends when the system gives up."""
+    if limit is None:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    answer: dict = {}
+    done = threading.Event()
+
+    def look() -> None:
+        try:
+            answer["infos"] = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        except BaseException as exc:  # handed to the fetch, which raises it
+            answer["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=look, name="lookup " + host, daemon=True).start()
+    while not done.wait(LOOKUP_POLL_S):
+        limit.check()
+    if "error" in answer:
+        raise answer["error"]
+    return answer["infos"]
+
+
 def connect_timed(url: str, timeout: float, allow_private: bool,
-                  conn: http.client.HTTPConnection | None = None) -> tuple[object, dict]:
+                  conn: http.client.HTTPConnection | None = None,
+                  limit: WebLimit | None = None) -> tuple[object, dict]:
     """(connected socket, TLS-wrapped for https; phase times in ms from the start).
 
     Each address the name resolves to is tried in turn, as a browser would (a host with an
     IPv6 address this network cannot route still answers on IPv4); refused ones are skipped.
     A TLS socket is put on `conn` before its handshake, so the fetch's Deadline can cut a
-    handshake that trickles.
+    handshake that trickles. `limit` holds the name's lookup to the fetch's (see lookup).
     """
     parts = urllib.parse.urlsplit(url)
     https = parts.scheme == "https"
     started = time.perf_counter()
-    infos = socket.getaddrinfo(parts.hostname, parts.port or (443 if https else 80),
-                               type=socket.SOCK_STREAM)
+    infos = lookup(parts.hostname or "", parts.port or (443 if https else 80), limit)
     phases = {"dns_ms": (time.perf_counter() - started) * 1000, "started": started}
     allowed = [info for info in infos if address_allowed(str(info[4][0]), allow_private)]
     if not allowed:
@@ -3752,7 +3784,7 @@ def web_exchange(url: str, limit: WebLimit, allow_private: bool, method: str = "
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     try:
         try:
-            sock, phases = connect_timed(url, limit.timeout, allow_private, conn)
+            sock, phases = connect_timed(url, limit.timeout, allow_private, conn, limit)
             conn.sock = sock
             limit.check()
             conn.request(method, target, headers={
@@ -5330,18 +5362,23 @@ def web_url(spec: dict) -> str:
     return urllib.parse.quote(url, safe=URL_KEPT)
 
 
-def browser_may_open(runtime: Runtime, url: str) -> None:
+BROWSER_LOOKUP_S = 10.0  # the look before a web job opens its page (the guard looks again)
+
+
+def browser_may_open(runtime: Runtime, url: str, ctx: JobContext | None = None) -> None:
     """Refuse a web job whose host resolves here to an address address_allowed refuses, unless
     the owner passed --allow-private-urls: every address the name has must be allowed.
 
-    A name this machine cannot resolve is left to the browser: Chromium reaches nothing through
-    its BrowserGuard that the guard cannot resolve and check, and a phone resolves on its own."""
+    A name this machine cannot resolve, or not within BROWSER_LOOKUP_S, is left to the
+    browser: Chromium reaches nothing through its BrowserGuard that the guard cannot resolve
+    and check, and a phone resolves on its own. The job's stop ends the look (see lookup)."""
     if getattr(runtime.cfg, "allow_private_urls", False):
         return
     parts = urllib.parse.urlsplit(url)
     try:
-        infos = socket.getaddrinfo(parts.hostname, parts.port or (
-            443 if parts.scheme == "https" else 80), type=socket.SOCK_STREAM)
+        infos = lookup(parts.hostname or "", parts.port or (
+            443 if parts.scheme == "https" else 80),
+            WebLimit(BROWSER_LOOKUP_S, BROWSER_LOOKUP_S, ctx))
     except (OSError, UnicodeError):
         return
     for info in infos:
@@ -5610,7 +5647,7 @@ def chromium_page(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | No
 
 def wl_web_test(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
-    browser_may_open(runtime, url)
+    browser_may_open(runtime, url, ctx)
     available = ["chromium"] if runtime.tools.get("chromium") else []
     failures = []
     browsers = requested_browsers(ctx.params.get("browser"), available)
@@ -5670,7 +5707,7 @@ def shot_profiles(runtime: Runtime, browsers: list[str]) -> list[tuple[str, str 
 
 def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
-    browser_may_open(runtime, url)
+    browser_may_open(runtime, url, ctx)
     available = ["chromium"] if runtime.tools.get("chromium") else []
     browsers = requested_browsers(ctx.params.get("browser"), available)
     settle = float(int_param(ctx.params, "settle_s", 3, 0, 60))
@@ -7089,7 +7126,7 @@ def audit_verdict(found: dict) -> str | None:
 
 def wl_web_audit(runtime: Runtime, ctx: JobContext) -> dict:
     url = web_url(ctx.spec)
-    browser_may_open(runtime, url)
+    browser_may_open(runtime, url, ctx)
     size = str(ctx.params.get("viewport") or "1280x800")
     if not re.fullmatch(r"^\d{2,5}x\d{2,5}$", size):
         raise Refusal("params.viewport must look like 1280x800")

@@ -950,6 +950,60 @@ def test_a_cancel_stops_vantage_waiting_on_a_silent_page(fa, tmp_path, http_stub
     assert rows(http_stub) == []
 
 
+@pytest.fixture
+def unanswered_name(monkeypatch):
+    """`slow.test`, a name whose lookup the resolver never answers. This machine runs no DNS
+    server of ours, so the system's resolver call (socket.getaddrinfo) is replaced for that one
+    name: it waits, as getaddrinfo does on a network whose resolver is gone, until the test
+    ends. The `asked` event is set when a lookup of it starts."""
+    import socket
+    import threading
+
+    asked, release = threading.Event(), threading.Event()
+    system = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "slow.test":
+            asked.set()
+            release.wait(60)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return system(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    yield asked
+    release.set()
+
+
+def test_vantage_gives_up_a_name_the_resolver_never_answers_at_its_timeout(
+        fa, tmp_path, http_stub, unanswered_name):
+    runtime = vantage_runtime(fa, tmp_path)
+    started = time.monotonic()
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "vn", "workload": "vantage",
+        "params": {"urls": ["http://slow.test/"], "repeats": 1, "timeout_s": 1}})
+    result = job.finish(10)
+    assert time.monotonic() - started < 5
+    row = rows(http_stub)[0]
+    assert row["ok"] is False and row["error"] == "http://slow.test/: timed out: took longer " \
+                                                  "than 1 s", row
+    assert result["ok"] is False and result["metrics"]["urls_ok"] == 0
+
+
+def test_a_cancel_stops_vantage_waiting_on_the_resolver(fa, tmp_path, http_stub,
+                                                       unanswered_name):
+    runtime = vantage_runtime(fa, tmp_path)
+    job = trickled_job(fa, runtime, http_stub, {
+        "job_id": "vr", "workload": "vantage",
+        "params": {"urls": ["http://slow.test/"], "repeats": 1, "timeout_s": 60}})
+    assert unanswered_name.wait(10), "the lookup never started"
+    started = time.monotonic()
+    job.ctx.request_stop("the agent is shutting down")
+    result = job.finish(10)
+    assert time.monotonic() - started < 3
+    assert result == {"ok": False, "metrics": {}, "artifacts": [],
+                      "error": "the agent is shutting down"}
+
+
 def test_a_cancel_stops_dataset_prep_fetching_a_trickling_source(fa, tmp_path, http_stub,
                                                                  trickle):
     page = trickle(0.2)
