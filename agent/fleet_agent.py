@@ -8537,6 +8537,14 @@ def parse_args(argv: list[str] | None, environ: dict | None = None) -> argparse.
             parser.error(f"collector address {shown} carries a user name or password; the "
                          "agent does not send credentials from a URL, so give the address "
                          "without them")
+        try:  # a lone bracket, a host NFKC folds into '/': every request would fail on it
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError:
+            parser.error(f"collector address {url!r} is not a URL such as "
+                         "http://collector:8788")
+        if not parts.hostname:
+            parser.error(f"collector address {url!r} names no host")
     return cfg
 
 

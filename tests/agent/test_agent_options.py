@@ -42,6 +42,11 @@ def test_an_agent_configured_by_environment_alone_registers(procs, tmp_path):
     ({"FLEET_AGENT_BEACON_S": "often"}, "FLEET_AGENT_BEACON_S='often' is not a valid value"),
     ({"FLEET_AGENT_EXECUTOR": "phone"}, "FLEET_AGENT_EXECUTOR must be one of device, host"),
     ({"FLEET_AGENT_COLLECTOR": "collector:8788"}, "must start with http:// or https://"),
+    # Each of these failed every request and was retried as an unreachable collector for ever.
+    ({"FLEET_AGENT_COLLECTOR": "http://]x:8788"}, "'http://]x:8788' is not a URL such as"),
+    ({"FLEET_AGENT_COLLECTOR": "http://x:99999"}, "'http://x:99999' is not a URL such as"),
+    ({"FLEET_AGENT_COLLECTOR": "http://a\uff03b:1"}, "is not a URL such as"),
+    ({"FLEET_AGENT_COLLECTOR": "http://"}, "'http://' names no host"),
 ])
 def test_a_bad_variable_is_refused_with_a_sentence(tmp_path, env, says):
     result = subprocess.run([sys.executable, str(AGENT_FILE), "--state-dir", str(tmp_path)],

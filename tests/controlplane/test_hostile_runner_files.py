@@ -200,6 +200,28 @@ async def test_labels_and_url_of_a_runner_file_are_kept_as_githubs_are(
     assert views["long"]["url"] is None and views["odd"]["url"] is None
 
 
+async def test_a_runner_file_whose_url_is_no_url_is_not_fatal(host_env: Host,
+                                                              aiohttp_client: Any) -> None:
+    """A job writes its runner's `.runner`; a URL there that urlsplit cannot even split (a lone
+    bracket, a host NFKC folds into '#') raised out of the discovery and ended the snapshot of
+    every runner of the host. That runner is shown with no URL and no repo; the others as
+    ever."""
+    host_env.add_runner("plain", registered=False)
+    for name, url in (("bracket", "https://]x/octo/app"), ("folded", "https://a\uff03b/octo/app")):
+        folder = host_env.add_runner(name, registered=False)
+        data = json.loads((folder / ".runner").read_text(encoding="utf-8-sig"))
+        data["gitHubUrl"] = url
+        (folder / ".runner").write_text(json.dumps(data), encoding="utf-8-sig")
+    client = await start(host_env, aiohttp_client)
+    resp = await client.get("/api/state")
+    assert resp.status == 200, await resp.text()
+    views = {r["name"]: r for r in (await resp.json())["runners"]}
+    assert set(views) == {"plain", "bracket", "folded"}
+    for name in ("bracket", "folded"):
+        assert views[name]["url"] is None and views[name]["repo"] is None, views[name]
+    assert views["plain"]["url"] is not None
+
+
 def test_an_honest_runner_file_keeps_its_labels_and_url(tmp_path: Path) -> None:
     path = tmp_path / "r1"
     path.mkdir()

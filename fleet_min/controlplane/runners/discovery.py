@@ -115,9 +115,14 @@ def read_runner_file(path: Path) -> dict[str, Any]:
 
 def _url(value: object) -> str:
     """The runner's URL from `.runner`, or "" when it is not one config.sh could have written:
-    longer than any GitHub URL (it is in every snapshot) or holding a control character (it is
-    shown as a link and is an argument of config.sh)."""
+    longer than any GitHub URL (it is in every snapshot), holding a control character (it is
+    shown as a link and is an argument of config.sh), or text urlsplit cannot split (a lone
+    bracket, a host NFKC folds into '/', '?', '#' or '@'), which repo_of reads."""
     if not isinstance(value, str) or len(value) > MAX_URL_CHARS or _CONTROL.search(value):
+        return ""
+    try:
+        urlsplit(value)
+    except ValueError:
         return ""
     return value
 
