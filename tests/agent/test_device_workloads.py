@@ -989,6 +989,29 @@ def test_vantage_gives_up_a_name_the_resolver_never_answers_at_its_timeout(
     assert result["ok"] is False and result["metrics"]["urls_ok"] == 0
 
 
+def test_vantage_says_a_name_does_not_resolve_through_the_lookup_thread(
+        fa, tmp_path, http_stub, monkeypatch):
+    """The resolver's own refusal, raised in the lookup's thread, is the measurement's error
+    (`gone.test`: the system call replaced for that one name, as in unanswered_name)."""
+    import socket
+
+    system = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):
+        if host == "gone.test":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return system(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    _, result = run_job(fa, vantage_runtime(fa, tmp_path), http_stub.url, {
+        "job_id": "vg", "workload": "vantage",
+        "params": {"urls": ["http://gone.test/"], "repeats": 1, "timeout_s": 5}})
+    [row] = rows(http_stub)
+    assert row["ok"] is False and row["error"] == (
+        "http://gone.test/: the name does not resolve (Name or service not known)"), row
+    assert result["ok"] is False and result["metrics"]["urls_ok"] == 0
+
+
 def test_a_cancel_stops_vantage_waiting_on_the_resolver(fa, tmp_path, http_stub,
                                                        unanswered_name):
     runtime = vantage_runtime(fa, tmp_path)
