@@ -3661,7 +3661,7 @@ def address_allowed(address: str, allow_private: bool) -> bool:
 LOOKUP_POLL_S = 0.05  # how often a lookup in progress looks at its fetch's limit and stop
 
 
-def lookup(host: str, port: int, limit: WebLimit | None = None) -> list:
+def lookup(host: str, port: int, limit: WebLimit) -> list:
     """socket.getaddrinfo for a stream socket, held to `limit`: its deadline and its job's stop.
 
     getaddrinfo takes no timeout and no signal ends it; a resolver that does not answer holds
@@ -3669,8 +3669,6 @@ def lookup(host: str, port: int, limit: WebLimit | None = None) -> list:
     on some phones). The lookup runs in a thread of its own, and the fetch waits for it only as
     long as its limit allows: past that it goes on without the answer (TimeoutError, or
     Stopped), and the thread ends when the system gives up."""
-    if limit is None:
-        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     answer: dict = {}
     done = threading.Event()
 
@@ -3690,15 +3688,15 @@ def lookup(host: str, port: int, limit: WebLimit | None = None) -> list:
     return answer["infos"]
 
 
-def connect_timed(url: str, timeout: float, allow_private: bool,
-                  conn: http.client.HTTPConnection | None = None,
-                  limit: WebLimit | None = None) -> tuple[object, dict]:
+def connect_timed(url: str, limit: WebLimit, allow_private: bool,
+                  conn: http.client.HTTPConnection | None = None) -> tuple[object, dict]:
     """(connected socket, TLS-wrapped for https; phase times in ms from the start).
 
     Each address the name resolves to is tried in turn, as a browser would (a host with an
     IPv6 address this network cannot route still answers on IPv4); refused ones are skipped.
     A TLS socket is put on `conn` before its handshake, so the fetch's Deadline can cut a
-    handshake that trickles. `limit` holds the name's lookup to the fetch's (see lookup).
+    handshake that trickles. `limit` is the fetch's: its timeout for each connect, and its
+    deadline and stop for the name's lookup (see lookup).
     """
     parts = urllib.parse.urlsplit(url)
     https = parts.scheme == "https"
@@ -3710,7 +3708,7 @@ def connect_timed(url: str, timeout: float, allow_private: bool,
         raise PermissionError(f"{parts.hostname} resolves to {infos[0][4][0]}, a private or "
                               "local address; the agent's owner can allow those with "
                               "--allow-private-urls")
-    sock = connect_first(allowed, timeout)
+    sock = connect_first(allowed, limit.timeout)
     phases["connect_ms"] = (time.perf_counter() - started) * 1000
     if https:
         try:
@@ -3784,7 +3782,7 @@ def web_exchange(url: str, limit: WebLimit, allow_private: bool, method: str = "
     target = (parts.path or "/") + ("?" + parts.query if parts.query else "")
     try:
         try:
-            sock, phases = connect_timed(url, limit.timeout, allow_private, conn, limit)
+            sock, phases = connect_timed(url, limit, allow_private, conn)
             conn.sock = sock
             limit.check()
             conn.request(method, target, headers={
