@@ -415,12 +415,28 @@ async def test_a_next_link_off_origin_is_refused_and_never_gets_the_token(
 
 
 @pytest.mark.parametrize("code", [301, 302, 303, 307, 308])
-async def test_a_redirect_to_another_origin_never_carries_the_token(
+async def test_a_redirect_to_another_origin_never_carries_the_token_nor_is_believed(
         github: FakeGitHub, gh: GitHub, elsewhere: Elsewhere, code: int) -> None:
+    """aiohttp follows the redirect without the token; what that origin answered was taken as
+    GitHub's (its runner listing, and a registration token that config.sh was given)."""
     github.hijack = serve("/actions/runners", "", status=code,
                           headers={"Location": f"{elsewhere[0]}/steal"})
-    assert await gh.runners("o/r") == []  # what the other origin said
+    with pytest.raises(GitHubError, match=r"redirected to 127\.0\.0\.1; only answers from "):
+        await gh.runners("o/r")
     assert elsewhere[1] == [None]  # followed, without the token
+
+
+async def test_a_redirect_within_the_api_is_followed(github: FakeGitHub, gh: GitHub) -> None:
+    """GitHub redirects a renamed repository's API calls to its new path on the same origin."""
+    async def moved(request: web.Request) -> web.StreamResponse | None:
+        if request.path == "/repos/old/name/actions/runners":
+            raise web.HTTPMovedPermanently(f"{github.url}/repos/o/r/actions/runners")
+        return None
+
+    github.repo("o/r")
+    github.add_runner("o/r", "r1")
+    github.hijack = moved
+    assert [r["name"] for r in await gh.runners("old/name")] == ["r1"]
 
 
 async def test_the_etag_cache_keeps_the_recently_used_answers_only(github: FakeGitHub) -> None:

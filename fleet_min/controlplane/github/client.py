@@ -171,6 +171,13 @@ class GitHub:
             try:
                 async with self._session.request(method, url, headers=headers) as resp:
                     answered = True
+                    if not str(resp.url).startswith(self.origin + "/"):
+                        # Followed a redirect to another origin: aiohttp drops the token on
+                        # the way, but the answer (runners, a registration token handed to
+                        # config.sh) came from a host that is not the API.
+                        raise GitHubError(f"GitHub's answer was redirected to "
+                                          f"{resp.url.host}; only answers from "
+                                          f"{self.origin} are taken")
                     self.requests += 1
                     self.answers[f"{resp.status // 100}xx"] += 1
                     self._note_rate(resp.headers)
