@@ -89,6 +89,7 @@ class Snapshots:
         plane = self.plane
         async with self._build_lock:
             plane.runners, plane.states = await self._runners_and_states()
+            self._note_clashes(self.discovery.clashes)
             vitals = await asyncio.to_thread(host_vitals, plane.root)
             # Each repository's registrations by name, once per rebuild (the first of a name
             # wins, as a scan of the list would find it), not a scan of the list per runner.
@@ -219,6 +220,8 @@ class Snapshots:
         if not cap["can_add"]:
             alerts.append({"severity": "info", "message": "no room for another runner: "
                            + "; ".join(cap["reasons"])})
+        for name, folders in sorted(self.plane.clashes.items()):
+            alerts.append({"severity": "warning", "message": clash_sentence(name, folders)})
         return alerts
 
     async def _record_transitions(self, views: list[dict[str, Any]]) -> None:
@@ -242,10 +245,22 @@ class Snapshots:
         if events:
             await self.plane.db.write(store.add_events, events)
 
+    def _note_clashes(self, clashes: dict[str, list[str]]) -> None:
+        """Keep the names several directories claim, and log each new clash once."""
+        for name, folders in clashes.items():
+            if self.plane.clashes.get(name) != folders:
+                log.warning("runner directories %s all claim the name %r in their .runner "
+                            "files; no action is taken on %s until one alone does",
+                            ", ".join(folders), name, name)
+        self.plane.clashes = clashes
+
     async def _enforce_drains(self, views: list[dict[str, Any]]) -> None:
-        """A draining runner's service is stopped as soon as it is idle (its job has ended)."""
+        """A draining runner's service is stopped as soon as it is idle (its job has ended);
+        never one whose name another directory claims too (which runner it is, is unknown)."""
         for v in views:
             if not v["draining"] or v["busy"] or v["service"]["active"] != "active":
+                continue
+            if v["name"] in self.plane.clashes:
                 continue
             if time.monotonic() - self._drain_tried.get(v["name"], -DRAIN_RETRY_S) < DRAIN_RETRY_S:
                 continue
@@ -255,6 +270,13 @@ class Snapshots:
             await self.plane.record(v["name"], "drain", "idle now; service stopped" if result.ok
                                     else "stopping the drained service failed: "
                                     f"{result.output[-200:]}")
+
+
+def clash_sentence(name: str, folders: list[str]) -> str:
+    """What an alert and a refused action say of a name several runner directories claim."""
+    return (f"the runner directories {', '.join(folders)} all claim the name {name!r} in their "
+            f".runner files (a job may have rewritten one); no action is taken on {name} until "
+            "one alone does")
 
 
 def _active_runs(runs: list[dict[str, Any]], jobs: list[dict[str, Any]]

@@ -63,6 +63,8 @@ class Plane:
         self.hosts = Hosts(self.db, self.clock)  # the agent hosts that call in, and their runners
         self.repos: dict[str, RepoData] = defaultdict(RepoData)
         self.runners: list[Runner] = []
+        # Runner names several directories claim, with those directories (Discovery.clashes).
+        self.clashes: dict[str, list[str]] = {}
         self.states: dict[str, ServiceState] = {}
         self.views: list[dict[str, Any]] = []  # this host's runners (the snapshot adds remote)
         self.snapshot: dict[str, Any] = {}

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from fleet_min.controlplane.runners.discovery import Discovery, Runner, attach_all, discover
-from fleet_min.controlplane.runners.procs import Proc
+from fleet_min.controlplane.runners.procs import Proc, process_table
 from tests.support import cp_fakes as fakes
 
 PAST = time.time() - 3600
@@ -133,6 +136,45 @@ def test_processes_are_attached_afresh_each_time(tmp_path: Path) -> None:
     assert runner.listener == listener and runner.workers == [worker]
     [runner] = cache.discover([])
     assert runner.listener is None and runner.workers == [] and cache.reads == 1
+
+
+def test_a_process_of_another_account_is_not_the_runners(tmp_path: Path) -> None:
+    """A process names its runner by argv, which any account can set (`exec -a
+    <runner>/bin/Runner.Worker sleep 120`): another account's made the runner look busy. Only
+    the directory owner's processes and root's count."""
+    root = tmp_path / "root"
+    path = _runner(root, "r1")
+    owner = path.stat().st_uid
+    stranger = owner + 1000 if owner else 1000
+    argv = (f"{path}/bin/Runner.Worker", "spawnclient")
+    [runner] = Discovery(root, racy_ns=0).discover([
+        Proc(20, argv, 1, 1.0, uid=stranger),
+        Proc(21, (f"{path}/bin/Runner.Listener", "run"), 1, 1.0, uid=stranger)])
+    assert runner.owner_uid == owner
+    assert runner.workers == [] and runner.listener is None and not runner.working
+    own, roots = Proc(22, argv, 1, 1.0, uid=owner), Proc(23, argv, 1, 1.0, uid=0)
+    [runner] = Discovery(root, racy_ns=0).discover([own, roots])
+    assert runner.workers == [own, roots]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a process of another account needs root")
+def test_a_real_process_of_another_account_is_not_the_runners(tmp_path: Path) -> None:
+    """The same with the process table itself: a worker's argv under the nobody account."""
+    root = tmp_path / "root"
+    path = _runner(root, "r1")
+    spoof = subprocess.Popen(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                              "bash", "-c", f"exec -a {path}/bin/Runner.Worker sleep 60"])
+    try:
+        deadline = time.monotonic() + 10
+        while not any(p.pid == spoof.pid and p.argv[0].endswith("Runner.Worker")
+                      for p in process_table()):
+            assert time.monotonic() < deadline, "the spoofing process did not show"
+            time.sleep(0.05)
+        [runner] = discover(root, process_table())
+        assert runner.workers == []
+    finally:
+        spoof.kill()
+        spoof.wait()
 
 
 def _attach_one_by_one(runner: Runner, procs: list[Proc]) -> None:

@@ -7,6 +7,7 @@ in-process over the fake systemctl and GitHub API, or its functions over a tmp d
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -20,10 +21,10 @@ import pytest
 
 from fleet_min.controlplane.http.actions import ACTIONS
 from fleet_min.controlplane.http.app import create_app
-from fleet_min.controlplane.runners import bundle, diag, discovery
+from fleet_min.controlplane.runners import bundle, diag, discovery, supervisor
 from fleet_min.controlplane.runners.supervisor import service_name
 from tests.support import cp_fakes as fakes
-from tests.support.controlplane import Host, cp_of, make_config, until
+from tests.support.controlplane import Host, auth, cp_of, make_config, until
 
 pytestmark = pytest.mark.timeout(60, method="thread")
 
@@ -75,6 +76,55 @@ async def test_a_service_file_naming_another_unit_never_gets_it_stopped(
         assert view["service"]["unit"] == host_env.unit("r1")
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+async def test_a_service_file_naming_another_runners_unit_never_acts_on_that_runner(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A runner unit's name is no proof it is this runner's: a job on alpha that named beta's
+    unit in alpha's `.service` and left a drain marker had the daemon stop beta by itself at the
+    next tick, and deregistering alpha stopped, disabled and deleted beta's unit. A unit runs
+    in its runner's directory (svc.sh's and the daemon's alike); one that runs in another is
+    shown as not this runner's and never started, stopped or removed for it."""
+    alpha = host_env.add_runner("alpha")
+    host_env.add_runner("beta")
+    host_env.start_unit("alpha")
+    beta_pid = host_env.start_unit("beta")
+    beta_unit = host_env.unit("beta")
+    setup_calls = len(host_env.calls("systemctl"))
+    (alpha / ".service").write_text(beta_unit + "\n")
+    (alpha / ".fleet-drain").write_text("")
+    client = await start(host_env, aiohttp_client)
+    await until(lambda: cp_of(client).snapshot.get("runners"))
+    await asyncio.sleep(1.5)  # ticks of 0.5 s: the drained runner is idle by now
+    body = await (await client.get("/api/state")).json()
+    view = {r["name"]: r for r in body["runners"]}
+    assert view["alpha"]["service"]["unit"] == beta_unit
+    assert view["alpha"]["service"]["loaded"] is False
+    assert "not this runner's" in view["alpha"]["service"]["sub"]
+    assert str(host_env.root / "beta") in view["alpha"]["service"]["sub"]
+    assert view["beta"]["service"]["active"] == "active"  # beta's own view is its own
+    for action in ("runner.drain", "runner.deregister", "runner.resume"):
+        await client.post("/api/action", json={"id": action, "args": {"name": "alpha"}},
+                          headers=auth(cp_of(client)))
+    touched = [c["argv"] for c in host_env.calls("systemctl")[setup_calls:]
+               if beta_unit in c["argv"] and "show" not in c["argv"]]
+    assert touched == []
+    assert fakes.pid_alive(beta_pid)
+    assert (host_env.xdg / "systemd" / "user" / beta_unit).exists()
+
+
+def test_a_unit_is_the_runners_when_it_runs_in_the_runners_directory(tmp_path: Path) -> None:
+    """foreign_unit by the working directory systemd or the plist gives: the same directory by
+    any path (a link, systemd's "!" and "-" prefixes) is the runner's; one that cannot be told
+    (none, a home-relative "~") is taken as named; another directory, or one gone, is not."""
+    own, other = tmp_path / "alpha", tmp_path / "beta"
+    own.mkdir()
+    other.mkdir()
+    (tmp_path / "link").symlink_to(own)
+    for same in (str(own), f"!{own}", f"-{own}", str(tmp_path / "link"), "", "~"):
+        assert supervisor.foreign_unit(own, same) is None, same
+    for elsewhere in (str(other), f"!{other}", str(tmp_path / "gone"), "/"):
+        assert supervisor.foreign_unit(own, elsewhere) == elsewhere.lstrip("!"), elsewhere
 
 
 def runner_naming(tmp_path: Path, service: str) -> discovery.Runner:
@@ -295,3 +345,68 @@ def test_a_bin_link_flipping_under_discovery_does_not_fail_it(tmp_path: Path) ->
     finally:
         flipper.kill()
         flipper.wait()
+
+
+# --- a drain marker or a .service that is a directory ------------------------------------------
+
+async def test_a_drain_marker_made_a_directory_is_refused_in_a_sentence(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """Any entry named `.fleet-drain` drains the runner; resume unlinked it and a directory
+    made unlink raise: a 500 and a traceback. Now a 409 that says what to do, nothing changed."""
+    path = host_env.add_runner("r1")
+    (path / ".fleet-drain").mkdir()
+    client = await start(host_env, aiohttp_client)
+    await until(lambda: cp_of(client).snapshot.get("runners"))
+    resp = await client.post("/api/action", json={"id": "runner.resume", "args": {"name": "r1"}},
+                             headers=auth(cp_of(client)))
+    body = await resp.json()
+    assert resp.status == 409, body
+    assert body["error"].startswith(f"the drain marker {path / '.fleet-drain'} is not the file "
+                                    "drain writes and could not be removed (")
+    assert (path / ".fleet-drain").is_dir()
+    assert not [c for c in host_env.calls("systemctl") if "start" in c["argv"]]
+
+
+async def test_a_service_file_made_a_directory_does_not_break_a_deregister(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """Uninstalling a user unit removes the runner's `.service`; a directory there raised after
+    the unit was stopped, disabled and deleted, before config.sh removed the registration (a 500
+    and a runner registered at GitHub with no service). The directory is left; the rest runs."""
+    path = host_env.add_runner("r1")
+    host_env.start_unit("r1")
+    (path / ".service").mkdir()
+    client = await start(host_env, aiohttp_client)
+    await until(lambda: cp_of(client).snapshot.get("runners"))
+    resp = await client.post("/api/action",
+                             json={"id": "runner.deregister", "args": {"name": "r1"}},
+                             headers=auth(cp_of(client)))
+    body = await resp.json()
+    assert resp.status == 200 and body["ok"], body
+    assert [c["argv"][-1] for c in host_env.calls("config.sh")] == ["remove"]
+    assert not (host_env.xdg / "systemd" / "user" / host_env.unit("r1")).exists()
+
+
+async def test_a_runner_file_taking_another_runners_name_stops_actions_on_that_name(
+        host_env: Host, aiohttp_client: Any) -> None:
+    """A job on alpha that rewrote alpha's `.runner` to say `beta` hid the real beta (the first
+    directory in path order won, silently), and a drain of beta wrote its marker into alpha's
+    directory. The clash is now an alert and a log line, and actions on the name are refused."""
+    alpha = host_env.add_runner("alpha")
+    beta = host_env.add_runner("beta")
+    fakes.write_runner_file(alpha, "beta", "octo/app")
+    client = await start(host_env, aiohttp_client)
+    await until(lambda: cp_of(client).snapshot.get("runners"))
+    sentence = ("the runner directories alpha, beta all claim the name 'beta' in their .runner "
+                "files (a job may have rewritten one); no action is taken on beta until one "
+                "alone does")
+    body = await (await client.get("/api/state")).json()
+    assert {"severity": "warning", "message": sentence} in body["alerts"]
+    for action in ("runner.drain", "runner.deregister", "runner.duplicate"):
+        resp = await client.post("/api/action", json={"id": action, "args": {"name": "beta"}},
+                                 headers=auth(cp_of(client)))
+        assert resp.status == 409 and (await resp.json())["error"] == sentence
+    assert not (alpha / ".fleet-drain").exists() and not (beta / ".fleet-drain").exists()
+    assert not host_env.calls("config.sh")
+    fakes.write_runner_file(alpha, "alpha", "octo/app")  # mended: both are runners again
+    await until(lambda: {r.name for r in cp_of(client).runners} == {"alpha", "beta"})
+    assert cp_of(client).clashes == {}

@@ -308,11 +308,12 @@ def test_linux_vitals_on_this_machine(tmp_path: Path) -> None:
 
 
 def test_ps_parser() -> None:
-    text = ("  101  20480 01-02:03:04 /r/a/bin/Runner.Listener run\n"
-            "  102   1024       05:06 /usr/bin/sshd\n"
-            "  103   2048          07 /r/a/bin/Runner.Worker spawnclient\n")
+    text = ("  101   501  20480 01-02:03:04 /r/a/bin/Runner.Listener run\n"
+            "  102     0   1024       05:06 /usr/bin/sshd\n"
+            "  103   501   2048          07 /r/a/bin/Runner.Worker spawnclient\n")
     found = procs.parse_ps(text)
-    assert [(p.pid, p.rss_kb, p.uptime_s) for p in found] == [(101, 20480, 93784), (103, 2048, 7)]
+    assert [(p.pid, p.uid, p.rss_kb, p.uptime_s) for p in found] == [
+        (101, 501, 20480, 93784), (103, 501, 2048, 7)]
 
 
 def test_systemctl_show_and_launchctl_list_parsers() -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from fleet_min.controlplane.runners.trust import writers_problem
 from tests.support.controlplane import Host, auth, cp_of, until
+from tests.support.cp_fakes import pid_alive
 
 NOBODY = 65534  # an account that is neither root nor the one the tests run as
 
@@ -54,6 +55,24 @@ async def test_a_runner_directory_others_may_write_is_not_run_from(host: Host,
     assert status == 409 and "can be written by its group or by anyone" in body["error"], body
     assert len(host.calls("config.sh")) == before  # nothing of it ran
     assert (path / ".runner").exists() and not (host.root / "r2").exists()
+
+
+async def test_a_refused_deregister_leaves_the_service_as_it_was(host: Host,
+                                                                  client: Any) -> None:
+    """The refusal comes before the first step: deregister stopped the runner's service,
+    disabled it and deleted its unit, then refused to run config.sh, and the audit log said
+    the action was refused."""
+    path = host.add_runner("r1")
+    listener = host.start_unit("r1")
+    await until(lambda: registered(client, "r1"))
+    loosen(path / "config.sh")
+    before = len(host.calls("systemctl"))
+    status, body = await act(client, "runner.deregister", name="r1")
+    assert status == 409 and "will not run config.sh" in body["error"], body
+    assert [c["argv"] for c in host.calls("systemctl")[before:]
+            if "show" not in c["argv"]] == []
+    assert pid_alive(listener)
+    assert (host.xdg / "systemd" / "user" / host.unit("r1")).exists()
 
 
 async def test_a_loose_bin_stops_a_duplicate(host: Host, client: Any) -> None:
@@ -127,3 +146,18 @@ async def test_a_duplicate_copies_the_installation_and_not_what_a_job_left(host:
     # The binaries are the sibling's, linked: a large one is not left out.
     assert os.stat(copy / "externals.2.311.0" / "node").st_ino == \
         os.stat(path / "externals.2.311.0" / "node").st_ino
+
+
+@pytest.mark.parametrize("label", ["--ephemeral", "-x", "gpu,arm64"])
+async def test_a_label_config_sh_would_misread_stops_a_duplicate(host: Host, client: Any,
+                                                                 label: str) -> None:
+    """A duplicate passes the sibling's custom labels, from GitHub, to config.sh as one
+    comma-separated argument: `--labels --ephemeral,gpu` registered a copy of another kind."""
+    host.add_runner("build-1", labels=["gpu", label])
+    await until(lambda: registered(client, "build-1"))
+    status, body = await act(client, "runner.duplicate", name="build-1")
+    assert status == 409, body
+    assert body["error"] == (f"build-1's label {label!r} cannot be passed to config.sh (a comma "
+                             "splits it, a leading '-' reads as an option); rename it at GitHub "
+                             "or register the copy by hand")
+    assert not host.calls("config.sh") and not (host.root / "build-2").exists()

@@ -90,10 +90,12 @@ if command == "show":
         failed = os.path.exists(os.path.join(scope, unit + ".failed"))
         active = "active" if pid else ("failed" if failed else "inactive")
         sub = "running" if pid else ("failed" if failed else "dead")
+        where = (exec_start(unit)[1] or "") if loaded else ""
         blocks.append("\n".join([f"Id={unit}", f"LoadState={'loaded' if loaded else 'not-found'}",
                                  f"ActiveState={active}",
                                  f"SubState={sub}",
-                                 f"MainPID={pid or 0}"]))
+                                 f"MainPID={pid or 0}",
+                                 f"WorkingDirectory={where}"]))
     print("\n\n".join(blocks))
     sys.exit(0)
 if command in ("daemon-reload",):

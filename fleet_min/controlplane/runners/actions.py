@@ -30,7 +30,7 @@ from fleet_min.controlplane.runners.commands import CommandResult
 from fleet_min.controlplane.runners.discovery import DRAIN_MARKER, Runner, load_runner, valid_name
 from fleet_min.controlplane.runners.supervisor import ServiceState, Supervisor, chain
 from fleet_min.controlplane.runners.trust import check_runnable
-from fleet_min.controlplane.snapshot import Snapshots
+from fleet_min.controlplane.snapshot import Snapshots, clash_sentence
 from fleet_min.controlplane.state import Plane
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, Unavailable
 from fleet_min.timeutil import iso, now
@@ -175,6 +175,20 @@ def write_marker(path: Path, text: str) -> None:
         return
     with open(fd, "w", encoding="utf-8") as handle:
         handle.write(text)
+
+
+def clear_marker(path: Path) -> None:
+    """Remove the drain marker, or refuse (Conflict) with nothing changed when it is no file or
+    link: any entry of its name drains the runner (so drain never writes through it), and a
+    job may have made it a directory, which unlink refused with a 500."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise Conflict(f"the drain marker {path} is not the file drain writes and could not be "
+                       f"removed ({exc.strerror}); remove it by hand to resume the runner"
+                       ) from None
 
 
 def copy_name(name: str, taken: set[str]) -> str | None:
@@ -335,7 +349,10 @@ class Actions:
     async def _dispatch(self, action: str, args: dict[str, Any]) -> dict[str, Any]:
         if action == "health.check":
             return await self.health_check()
-        runner, state = self.plane.find(_runner_name(args))
+        name = _runner_name(args)
+        if name in self.plane.clashes:
+            raise Conflict(clash_sentence(name, self.plane.clashes[name]))
+        runner, state = self.plane.find(name)
         if action == "runner.drain":
             return await self.drain(runner, state)
         if action == "runner.resume":
@@ -363,7 +380,7 @@ class Actions:
         return _reply("runner.drain", result, runner=runner.name, stopped=result.ok)
 
     async def resume(self, runner: Runner, state: ServiceState) -> dict[str, Any]:
-        (runner.path / DRAIN_MARKER).unlink(missing_ok=True)
+        clear_marker(runner.path / DRAIN_MARKER)
         self.snapshots.forget_drain_attempt(runner.name)
         if state.active == "active":
             await self.plane.record(runner.name, "resume",
@@ -393,13 +410,17 @@ class Actions:
         repo = _repo_of(runner)
         if self.plane.view(runner.name)["busy"]:
             raise Conflict(f"{runner.name} is running a job; drain it and deregister when idle")
+        # Every refusal before the first step: refused after the service was stopped and its
+        # unit removed, the action was audited as refused with half of it done.
+        check_runnable(runner.path / "config.sh", os.geteuid())
+        if state.loaded:
+            self.supervisor.check_uninstall(runner, state)
         token = await self._github_token(repo, "remove")
         steps = []
         if state.active == "active":
             steps.append(await self.supervisor.stop(runner, state))
         if state.loaded:
             steps.append(await self.supervisor.uninstall(runner, state))
-        check_runnable(runner.path / "config.sh", os.geteuid())
         steps.append(await commands.run([str(runner.path / "config.sh"), "remove"],
                                         timeout_s=self.plane.cfg.command_timeout_s,
                                         cwd=runner.path,
@@ -440,6 +461,14 @@ class Actions:
         if view["registration"] == "unknown":
             raise Conflict(f"GitHub has not told us {runner.name}'s labels yet; "
                            "try again shortly")
+        unfit = next((label for label in view["custom_labels"]
+                      if "," in label or label.startswith("-")), None)
+        if unfit is not None:
+            # config.sh takes the labels as one comma-separated argument: a comma would split
+            # this one in two, and a leading "-" reads as an option of its own (--ephemeral).
+            raise Conflict(f"{runner.name}'s label {unfit!r} cannot be passed to config.sh "
+                           "(a comma splits it, a leading '-' reads as an option); rename it "
+                           "at GitHub or register the copy by hand")
         new_name = self._new_name(runner, args)
         # The copy's config.sh is the daemon's own copy, but its binaries are the sibling's
         # (hard links), and config.sh runs them.

@@ -69,6 +69,7 @@ class Runner:
     staged: list[str]
     draining_since: str | None
     unit_hint: str | None  # the unit name svc.sh wrote into .service, when it did
+    owner_uid: int | None = None  # the account that owns the directory (the runner's own)
     listener: Proc | None = None
     workers: list[Proc] = field(default_factory=list)
 
@@ -220,7 +221,14 @@ def load_runner(path: Path, root: Path) -> Runner | None:
                   repo=repo, agent_id=agent_id if isinstance(agent_id, int) else None,
                   labels=fit_labels(data.get("labels")),
                   version=active, staged=staged, draining_since=_drain_since(path),
-                  unit_hint=_unit_hint(path))
+                  unit_hint=_unit_hint(path), owner_uid=_owner_uid(path))
+
+
+def _owner_uid(path: Path) -> int | None:
+    try:
+        return path.stat().st_uid  # a change of owner changes the directory's ctime: re-read
+    except OSError:
+        return None
 
 
 def _runner_dirs(root: Path) -> list[tuple[str, os.stat_result]]:
@@ -292,11 +300,15 @@ class Discovery:
         self.racy_ns = racy_ns
         self._known: dict[str, tuple[_Signature, Runner | None]] = {}
         self.reads = 0  # runners whose files were read (not served from the cache)
+        # Names that more than one directory's `.runner` claims, with those directories (see
+        # discover). Replaced whole by each discovery.
+        self.clashes: dict[str, list[str]] = {}
 
     def discover(self, procs: list[Proc]) -> list[Runner]:
         known: dict[str, tuple[_Signature, Runner | None]] = {}
         runners = []
-        seen: set[str] = set()
+        seen: dict[str, Runner] = {}
+        clashes: dict[str, list[str]] = {}
         for path, marker in _runner_dirs(self.root):
             signature = _signature(path, marker)
             cached = self._known.get(path)
@@ -314,11 +326,20 @@ class Discovery:
                     template, cacheable = (cached[1] if cached is not None else None), False
                 if cacheable and not _racy(signature, self.racy_ns):
                     known[path] = (signature, template)
-            if template is None or template.name in seen:
+            if template is None:
                 continue
-            seen.add(template.name)
+            first = seen.get(template.name)
+            if first is not None:
+                # A job writes its runner's `.runner`: one that took another runner's name hid
+                # that runner, and the actions asked for by that name went to its own
+                # directory. The first directory is listed; the name is a clash, and no action
+                # is taken on it until one directory alone claims it.
+                clashes.setdefault(template.name, [first.rel]).append(template.rel)
+                continue
+            seen[template.name] = template
             runners.append(_fresh(template))
         self._known = known  # replaced whole: runners gone from the root are forgotten
+        self.clashes = clashes
         attach_all(runners, procs)
         return runners
 
@@ -367,12 +388,24 @@ def attach_all(runners: list[Runner], procs: list[Proc]) -> None:
             runner = _holder(arg, by_path)
             if runner is None or any(runner is other for other in claimed):
                 continue  # a runner looks at its first matching argument only
+            if not _may_be_its(proc, runner):
+                continue
             claimed.append(runner)
             base = os.path.basename(arg)
             if base == "Runner.Listener" and runner.listener is None:
                 runner.listener = proc
             elif base == "Runner.Worker":
                 runner.workers.append(proc)
+
+
+def _may_be_its(proc: Proc, runner: Runner) -> bool:
+    """Whether a process that names the runner's directory may be its listener or worker: one
+    of the account that owns the directory, or of root. Any account's process can carry any
+    argv: another user's `exec -a <runner>/bin/Runner.Worker sleep` made the runner look busy
+    (a deregister refused, a drain that never stopped it, capacity counted as used)."""
+    if proc.uid is None or runner.owner_uid is None:
+        return True
+    return proc.uid in (runner.owner_uid, 0)
 
 
 def _holder(arg: str, by_path: dict[str, Runner]) -> Runner | None:

@@ -19,6 +19,10 @@ class Proc:
     argv: tuple[str, ...]
     rss_kb: int
     uptime_s: float
+    # The account it runs as (None: not known). A process names its runner by its argv alone,
+    # which any process of any account can set (`exec -a`): a runner counts only its own
+    # account's processes (and root's) as its listener and workers (discovery.attach_all).
+    uid: int | None = None
 
 
 def process_table() -> list[Proc]:
@@ -43,6 +47,7 @@ def _linux() -> list[Proc]:
                 continue
             with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as handle:
                 stat = handle.read()
+            uid = os.stat(f"/proc/{entry.name}").st_uid  # the process's effective uid
         except OSError:
             continue  # it exited while we looked
         fields = stat[stat.rfind(")") + 2:].split()
@@ -51,13 +56,13 @@ def _linux() -> list[Proc]:
         start_s = int(fields[19]) / ticks
         argv = tuple(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)
         procs.append(Proc(int(entry.name), argv, int(fields[21]) * page_kb,
-                          max(0.0, host_uptime - start_s)))
+                          max(0.0, host_uptime - start_s), uid))
     return procs
 
 
 def _ps() -> list[Proc]:
     try:
-        out = subprocess.run(["ps", "-axww", "-o", "pid=,rss=,etime=,command="],
+        out = subprocess.run(["ps", "-axww", "-o", "pid=,uid=,rss=,etime=,command="],
                              capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
@@ -67,12 +72,12 @@ def _ps() -> list[Proc]:
 def parse_ps(text: str) -> list[Proc]:
     procs = []
     for line in text.splitlines():
-        parts = line.split(None, 3)
-        if len(parts) < 4 or "Runner." not in parts[3]:
+        parts = line.split(None, 4)  # pid, uid, rss, etime, command
+        if len(parts) < 5 or "Runner." not in parts[4]:
             continue
         try:
-            procs.append(Proc(int(parts[0]), tuple(parts[3].split()), int(parts[1]),
-                              parse_etime(parts[2])))
+            procs.append(Proc(int(parts[0]), tuple(parts[4].split()), int(parts[2]),
+                              parse_etime(parts[3]), int(parts[1])))
         except ValueError:
             continue
     return procs

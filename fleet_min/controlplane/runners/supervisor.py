@@ -7,8 +7,10 @@ timeout. The choice is made at run time (FLEET_SUPERVISOR, default by platform).
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
+import plistlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +18,7 @@ from typing import Any, Protocol
 
 from fleet_min.controlplane.runners import commands
 from fleet_min.controlplane.runners.commands import CommandResult
-from fleet_min.controlplane.runners.discovery import Runner
+from fleet_min.controlplane.runners.discovery import Runner, read_small
 from fleet_min.controlplane.runners.procs import is_darwin
 from fleet_min.controlplane.runners.trust import check_runnable
 
@@ -46,6 +48,7 @@ class Supervisor(Protocol):
     async def stop(self, runner: Runner, state: ServiceState) -> CommandResult: ...
     async def install(self, runner: Runner, scope: str | None) -> CommandResult: ...
     async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult: ...
+    def check_uninstall(self, runner: Runner, state: ServiceState) -> None: ...
 
 
 def service_name(runner: Runner) -> str:
@@ -54,6 +57,34 @@ def service_name(runner: Runner) -> str:
         return runner.unit_hint.removesuffix(".service")
     scope = runner.repo.replace("/", "-") if runner.repo else (runner.owner or "runner")
     return f"actions.runner.{scope}.{runner.name[:80]}"
+
+
+def foreign_unit(runner_dir: Path, working_directory: str) -> str | None:
+    """The directory a runner's unit serves when that is not the runner's own, else None.
+
+    Every unit svc.sh writes (systemd and launchd alike) and every unit the daemon writes runs
+    in its runner's directory. The name the unit is found by is no proof it is this runner's:
+    it comes from `.service` or `.runner`, which the runner's jobs can write, and a job on one
+    runner that named another runner's unit there had the daemon stop that runner (a drained
+    runner's service is stopped by itself once idle), deregister it or start it. A unit without
+    a working directory, or with one relative to a home (`~`), cannot be told apart and is
+    taken as it is named."""
+    text = working_directory.lstrip("!-")  # systemd's prefixes: a missing directory is no error
+    if not text.startswith("/") or text == str(runner_dir):
+        return None
+    try:
+        if os.path.samefile(text, runner_dir):  # the same directory by another path
+            return None
+    except (OSError, ValueError):
+        pass  # gone, unreadable, or not a path at all: not the runner's directory either
+    return text
+
+
+def not_its_own(unit: str, elsewhere: str) -> ServiceState:
+    """The state of a runner whose unit serves another directory: never started, stopped or
+    removed for it, and said so where the service's state is shown."""
+    return ServiceState(unit, None, False, "unknown",
+                        f"not this runner's: it runs in {elsewhere[:300]}", None)
 
 
 def chain(results: list[CommandResult]) -> CommandResult:
@@ -90,8 +121,10 @@ class Systemd:
 
     async def states(self, runners: list[Runner]) -> dict[str, ServiceState]:
         """One `systemctl show` per scope for every unit at once (it prints one block per unit);
-        its output is only parsed, so it is not redacted."""
+        its output is only parsed, so it is not redacted. A unit whose working directory is
+        another runner's is not this runner's service (see foreign_unit)."""
         units = {r.name: service_name(r) + ".service" for r in runners}
+        paths = {r.name: r.path for r in runners}
         found = {name: ServiceState(unit, None, False, "unknown", "", None)
                  for name, unit in units.items()}
         if not units:
@@ -99,8 +132,9 @@ class Systemd:
         for scope in (["system", "user"] if self.scope == "auto" else [self.scope]):
             # Reading state needs no privilege, so no sudo here even for system units.
             base = ["systemctl", "--user"] if scope == "user" else ["systemctl"]
-            argv = [*base, "show", "--property=Id,LoadState,ActiveState,SubState,MainPID", "--",
-                    *units.values()]
+            argv = [*base, "show",
+                    "--property=Id,LoadState,ActiveState,SubState,MainPID,WorkingDirectory",
+                    "--", *units.values()]
             result = await self._run(argv, parse_only=True)
             if result.code is None:
                 continue
@@ -110,6 +144,10 @@ class Systemd:
                 if props is None or found[name].loaded:
                     continue
                 loaded = props.get("LoadState") == "loaded"
+                elsewhere = foreign_unit(paths[name], props.get("WorkingDirectory", ""))
+                if loaded and elsewhere:
+                    found[name] = not_its_own(unit, elsewhere)
+                    continue
                 found[name] = ServiceState(unit, scope if loaded else None, loaded,
                                            props.get("ActiveState", "unknown"),
                                            props.get("SubState", ""),
@@ -146,17 +184,31 @@ class Systemd:
         return chain([await self._run([*systemctl, "daemon-reload"]),
                       await self._run([*systemctl, "enable", unit])])
 
-    async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
+    def check_uninstall(self, runner: Runner, state: ServiceState) -> None:
+        """Refuse (Conflict) what uninstall would refuse, before anything is stopped."""
         if self._scope_of(state) == "system":
             check_runnable(runner.path / "svc.sh", 0)  # as install's
+
+    async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
+        self.check_uninstall(runner, state)
+        if self._scope_of(state) == "system":
             prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
             return await self._run([*prefix, str(runner.path / "svc.sh"), "uninstall"],
                                    cwd=runner.path)
         systemctl = self._systemctl("user")
         disabled = await self._run([*systemctl, "disable", state.unit])
         (user_unit_dir() / state.unit).unlink(missing_ok=True)
-        (runner.path / ".service").unlink(missing_ok=True)
+        forget_hint(runner)
         return chain([disabled, await self._run([*systemctl, "daemon-reload"])])
+
+
+def forget_hint(runner: Runner) -> None:
+    """Remove the runner's `.service` once its unit is gone. Only a file or a link is removed:
+    a job may have left a directory of that name (unlink raised IsADirectoryError, after the
+    unit was stopped, disabled and deleted: a 500 for an action half done). Discovery never
+    reads a directory as a hint, so one left there names no unit."""
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, PermissionError):
+        os.unlink(runner.path / ".service")
 
 
 def user_unit_dir() -> Path:
@@ -209,6 +261,10 @@ class Launchd:
                 found[runner.name] = ServiceState(label, None, False,
                                                   "inactive" if result.ok else "unknown", "", None)
                 continue
+            elsewhere = foreign_unit(runner.path, _plist_directory(self.plist(label)))
+            if elsewhere:
+                found[runner.name] = not_its_own(label, elsewhere)
+                continue
             pid, status = row
             active = "active" if pid else ("failed" if status not in (0, None) else "inactive")
             found[runner.name] = ServiceState(label, "agent", True, active,
@@ -224,8 +280,26 @@ class Launchd:
     async def install(self, runner: Runner, scope: str | None) -> CommandResult:
         return await self._run([str(runner.path / "svc.sh"), "install"], cwd=runner.path)
 
+    def check_uninstall(self, runner: Runner, state: ServiceState) -> None:
+        """svc.sh runs as the daemon's account: only when no other account could change it."""
+        check_runnable(runner.path / "svc.sh", os.geteuid())
+
     async def uninstall(self, runner: Runner, state: ServiceState) -> CommandResult:
+        self.check_uninstall(runner, state)
         return await self._run([str(runner.path / "svc.sh"), "uninstall"], cwd=runner.path)
+
+
+def _plist_directory(path: Path) -> str:
+    """A launchd job's WorkingDirectory from its plist ("" when there is none to read)."""
+    raw = read_small(path, 1 << 20, follow=True)
+    if raw is None:
+        return ""
+    try:
+        data = plistlib.loads(raw)
+    except Exception:  # plistlib raises several kinds for a file that is not a plist
+        return ""
+    value = data.get("WorkingDirectory") if isinstance(data, dict) else None
+    return value if isinstance(value, str) else ""
 
 
 # What the service managers print for a pid (a pid_t: 32 bits) and an exit status. ASCII digits
