@@ -409,3 +409,58 @@ async def test_the_legacy_job_page_shows_each_rows_attempt(client, db_path):
     results = page[page.index("Results"):]
     assert '<th scope="col">Attempt</th><th scope="col">Device</th>' in results
     assert "<td>1</td><td><a" in results
+
+
+async def _closed_by_b_after_a_handed_back(client, stray_while: str) -> str:
+    """`up` is claimed by a, handed back (release), then claimed by b, which closes it with its
+    final row at iteration 3 naming SHA_B; a posts a final row for the same attempt number
+    naming SHA_A while the job waits (`queued`) or while b holds it (`claimed`). The input
+    the waiting `down` was promoted with."""
+    for device in ("a", "b"):
+        await client.post("/devices/register", json=registration(device))
+    resp = await client.post("/jobs", json=[
+        job("up"), job("down", depends_on=["up"],
+                       params={"input_sha256": "${jobs.up.artifact}"})])
+    assert resp.status == 201, await resp.text()
+    assert (await claim(client, "a"))["attempt"] == 1
+    released = await client.post("/jobs/up/release", json={"device_id": "a"})
+    assert released.status == 200, await released.text()
+    stray = result_row("up", "a", 0, final=True, ok=True, artifacts=[SHA_A], attempt=1)
+    if stray_while == "queued":
+        assert (await post(client, stray))["duplicate"] is False
+    assert (await claim(client, "b"))["attempt"] == 1  # the number handed out again
+    if stray_while == "claimed":
+        assert (await post(client, stray))["duplicate"] is False
+    closed = await post(client, result_row("up", "b", 3, final=True, ok=True,
+                                           artifacts=[SHA_B], attempt=1))
+    assert (closed["status"], closed["promoted"]) == ("done", ["down"])
+    spec = (await (await client.get("/jobs/down")).json())["spec"]
+    return spec["params"]["input_sha256"]
+
+
+async def test_a_handed_back_claims_stray_row_does_not_choose_the_input_downstream(client):
+    """A release (as a preemption or an undelivered poll) gives the attempt number back, so two
+    claims share it; the first holder's final row, posted while the job waited, outranked the
+    closing claim's (iteration 0 sorts first) and became the input of the job downstream."""
+    assert await _closed_by_b_after_a_handed_back(client, "queued") == SHA_B
+
+
+async def test_a_stray_row_from_the_earlier_holder_during_the_new_claim_does_not_either(client):
+    assert await _closed_by_b_after_a_handed_back(client, "claimed") == SHA_B
+
+
+async def test_the_same_device_claiming_again_is_read_from_its_new_claim(client):
+    """A row the device posted for its handed-back claim, before it claimed the job again, is
+    not its new claim's."""
+    await client.post("/devices/register", json=registration("d"))
+    await client.post("/jobs", json=[job("up"), job(
+        "down", depends_on=["up"], params={"input_sha256": "${jobs.up.artifact}"})])
+    await claim(client, "d")
+    assert (await client.post("/jobs/up/release", json={"device_id": "d"})).status == 200
+    await post(client, result_row("up", "d", 0, final=True, ok=True, artifacts=[SHA_A],
+                                  attempt=1))
+    await claim(client, "d")
+    await post(client, result_row("up", "d", 5, final=True, ok=True, artifacts=[SHA_B],
+                                  attempt=1))
+    spec = (await (await client.get("/jobs/down")).json())["spec"]
+    assert spec["params"]["input_sha256"] == SHA_B

@@ -462,6 +462,30 @@ async def test_a_long_cascade_streams_a_bounded_number_of_events(client):
     assert cascade["last_error"] == "dependency 'e-0' was cancelled: cancelled by an operator"
 
 
+async def test_a_wide_fan_out_streams_a_bounded_number_of_events(client):
+    """Creating or cancelling a fan-out of N children put N job events on the stream in one
+    burst (9,999 children to 200 stream clients held the loop 1.5 s); now the first 100, then
+    one `fanout` event counting them all."""
+    registered = await asyncio.gather(*(client.post("/devices/register", json=registration(
+        f"dev{i:03d}")) for i in range(150)))
+    assert {resp.status for resp in registered} == {200}
+    async with StreamReader(client) as reader:
+        resp = await client.post("/jobs", json=job("wide", fanout=True))
+        assert resp.status == 201 and len((await resp.json())["fanout"]) == 150
+        assert (await client.post("/api/jobs/wide/cancel")).status == 200
+        events: list[dict[str, Any]] = []
+        while sum(e["type"] == "fanout" for e in events) < 2:
+            events.append(await reader.event())
+    created = events[:events.index(next(e for e in events if e["type"] == "fanout")) + 1]
+    cancelled = events[len(created):]
+    for batch, status in ((created, "queued"), (cancelled, "cancelled")):
+        children = [e for e in batch if e["type"] == "job" and e["job_id"] != "wide"]
+        assert len(children) == 100 and {e["status"] for e in children} == {status}
+        assert batch[-1] == {**batch[-1], "type": "fanout", "job_id": "wide", "status": status,
+                             "jobs": 150, "streamed": 100}
+    assert [e["job_id"] for e in cancelled if e["type"] == "job"][-1] == "wide"
+
+
 def test_a_restart_fails_a_chain_whose_root_lapsed_while_it_was_down(tmp_path: Path) -> None:
     proc = CollectorProcess(tmp_path / "data").start()
     try:

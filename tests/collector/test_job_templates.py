@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sqlite3
 
 import pytest
 
 from fleet_min.collector.automation import job_templates, schedules
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.storage.schema import MIGRATIONS
+from fleet_min.db import migrate
 from tests.support.collector import edit_rows
 
 SPEC = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
@@ -175,3 +179,17 @@ async def test_a_template_holds_the_artifacts_its_spec_names(api):
     assert "job template bench" in (await refused.json())["error"]
     await api.delete("/api/templates/bench")
     assert (await api.delete(f"/api/artifacts/{sha}")).status == 200
+
+
+def test_a_template_enqueued_again_within_its_second_makes_another_job(tmp_path):
+    """The default job id is the template and the second: the second enqueue within a second
+    was refused with a 409 naming a job id the caller never chose. Real SQLite, one `now`."""
+    conn = sqlite3.connect(tmp_path / "t.sqlite3", isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    migrate(conn, MIGRATIONS)
+    now = 1_790_000_000.0
+    job_templates.put(conn, {"id": "bench", "spec": SPEC}, now, Effects())
+    made = [job_templates.enqueue(conn, "bench", {}, now, Effects())["job_id"] for _ in range(3)]
+    assert made == ["bench-20260921141320", "bench-20260921141320-2", "bench-20260921141320-3"]
+    assert conn.execute("SELECT COUNT(*) FROM jobs WHERE template_id = 'bench'").fetchone()[0] == 3
+    conn.close()

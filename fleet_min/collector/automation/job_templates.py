@@ -136,12 +136,23 @@ def enqueue(conn: sqlite3.Connection, template_id: str, body: dict[str, Any], no
     _refuse_unknown(body, ("job_id",))
     row = _row(conn, template_id)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d%H%M%S")
-    job_id = body.get("job_id", f"{template_id}-{stamp}")
+    job_id = body["job_id"] if "job_id" in body else _free_job_id(conn, f"{template_id}-{stamp}")
     spec = check_spec({**json.loads(row["spec"]), "job_id": job_id})
     queue.refuse_lone_surrogates(spec, f"job template {template_id}",
                                  "replace its spec (PATCH the template)")
     enqueued = queue.enqueue(conn, [spec], now, effects, template_id=template_id)
     return {"ok": True, "template_id": template_id, **enqueued.replies[0]}
+
+
+def _free_job_id(conn: sqlite3.Connection, base: str) -> str:
+    """`base` (the template and the second), or `base-2`, `base-3`, ... when taken: a template
+    enqueued twice within a second (a double click, two scripts) makes two jobs, where the
+    second was refused with a 409 naming a job id the caller never chose."""
+    for n in range(1, 1000):
+        job_id = base if n == 1 else f"{base}-{n}"
+        if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is None:
+            return job_id
+    raise Conflict(f"a thousand jobs named {base}[-N] exist already; try again next second")
 
 
 async def list_templates(db: Database) -> dict[str, Any]:

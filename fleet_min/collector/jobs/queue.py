@@ -471,6 +471,7 @@ def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: 
             is_group=True, warnings=warnings)
     effects.job(parent_id, group_status, spec["workload"], spec["executor"])
     children = []
+    streamed_from = len(effects.events)
     for pin in pins:
         child = spec.copy()
         del child["fanout"]
@@ -478,6 +479,7 @@ def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: 
         child["targets"] = cast(Targets, {**(spec.get("targets") or {}), pin_field: pin})
         _store(conn, child, now, effects, tally, template_id=template_id, parent=parent_id)
         children.append(child["job_id"])
+    _stream_few(effects, streamed_from, parent_id, group_status)
     reply = {"job_id": parent_id, "status": group_status, "fanout": children}
     return {**reply, "warnings": warnings} if warnings else reply
 
@@ -867,6 +869,24 @@ def _fail_dependents(conn: sqlite3.Connection, root: str, status: str, error: st
                               if r["parent_job_id"] and r["parent_job_id"] not in doomed))
 
 
+def _stream_few(effects: Effects, start: int, parent_id: str, status: str) -> None:
+    """Of the job events a fan-out's children got since effects.events[start] (stored, or
+    cancelled with their parent), only the first CASCADE_EVENTS stay on the live stream, and one
+    `fanout` event counts them all; the listeners still get every one, and the parent's own
+    event (its group closing as the last child does) stays on the stream. As for a cascade
+    (_fail_dependents): 9,999 children's events to 200 stream clients held the event loop for
+    a second beyond the transaction's own time."""
+    added = effects.events[start:]
+    jobs = [event for event in added if event["type"] == "job" and event["job_id"] != parent_id]
+    if len(jobs) <= CASCADE_EVENTS:
+        return
+    held_back = {id(event) for event in jobs[CASCADE_EVENTS:]}
+    effects.events[start:] = [event for event in added if id(event) not in held_back]
+    effects.unstreamed.extend(jobs[CASCADE_EVENTS:])
+    effects.emit("fanout", job_id=parent_id, status=status, jobs=len(jobs),
+                 streamed=CASCADE_EVENTS)
+
+
 def _settle_group(conn: sqlite3.Connection, parent_id: str
                   ) -> tuple[sqlite3.Row, str, str | None] | None:
     """How a fan-out parent closes once every child is closed (done, failed or cancelled);
@@ -913,18 +933,21 @@ def _rewrites(conn: sqlite3.Connection) -> templates.Rewrites:
     (a query and a parse per reference made 1,500 references to one metric 1,500 reads of a
     600 kB row).
 
-    A reference's value comes from the rows of the attempt that closed the job (a done job's
-    attempt count names it): its final row first, then its summary, then the newest. Rows of
-    lapsed attempts, and hand-back rows (their artifact is saved progress), never count."""
+    A reference's value comes from the rows of the claim that closed the job: its final row
+    first, then its summary, then the newest. Rows of lapsed attempts, and hand-back rows (their
+    artifact is saved progress), never count. Nor do the rows of an earlier claim under the
+    same attempt number (a release, a preemption or an undelivered poll hands the number out
+    again): a final row its holder posted after handing the job back, while it waited, outranked
+    the closing claim's own and chose the input of every job downstream. The closing claim's
+    rows are those stored between its start and the close (as the claimant's row replaces one
+    stored before its claim began, _CLAIMANT_ROW), and for a device job those of its device."""
     rows_of: dict[str, list[dict[str, Any]]] = {}
 
     def lookup(job_id: str, kind: str, key: str | None) -> Any:
         rows = rows_of.get(job_id)
         if rows is None:
             rows = rows_of[job_id] = [dict(row) for row in conn.execute(
-                "SELECT metrics, artifacts, extra FROM results WHERE job_id = ? AND preempted = 0 "
-                "AND attempt = (SELECT attempts FROM jobs WHERE job_id = ?) "
-                "ORDER BY final DESC, iter = 0 DESC, id DESC", (job_id, job_id))]
+                _CLOSING_CLAIMS_ROWS, (job_id,))]
         for row in rows:
             if kind == "artifact":
                 artifacts = json.loads(row["artifacts"]) or _test_artifacts(row["extra"])
@@ -939,6 +962,16 @@ def _rewrites(conn: sqlite3.Connection) -> templates.Rewrites:
         return None
 
     return templates.Rewrites(lookup)
+
+
+_CLOSING_CLAIMS_ROWS = """
+SELECT r.metrics, r.artifacts, r.extra FROM jobs j JOIN results r ON r.job_id = j.job_id
+WHERE j.job_id = ? AND r.preempted = 0 AND r.attempt = j.attempts
+  AND (j.claimed_at IS NULL OR r.created_at >= j.claimed_at)
+  AND (j.finished_at IS NULL OR r.created_at <= j.finished_at)
+  AND (j.executor != 'device' OR r.device_id = j.claimed_by)
+ORDER BY r.final DESC, r.iter = 0 DESC, r.id DESC
+"""
 
 
 def _test_artifacts(extra: str | None) -> list[str]:
@@ -1010,12 +1043,14 @@ def cancel(conn: sqlite3.Connection, job_id: str, now: float, effects: Effects, 
                          "(SELECT job_id FROM jobs WHERE parent_job_id = ?)",
                          (job_id, job_id)).fetchone()[0]
     if row["is_group"]:
+        streamed_from = len(effects.events)
         for child in conn.execute("SELECT * FROM jobs WHERE parent_job_id = ? AND status IN "
                                   "('queued', 'waiting', 'claimed')", (job_id,)).fetchall():
             _end_attempt(conn, child, AttemptOutcome.CANCELLED, why, now)
             cascaded.append(child["job_id"])
             cascaded += _close(conn, child, JobStatus.CANCELLED, why, now,
                                effects)
+        _stream_few(effects, streamed_from, job_id, JobStatus.CANCELLED)
         row = job_row(conn, job_id)
         assert row is not None
     if row["status"] not in FINAL:
