@@ -19,6 +19,7 @@ import argparse
 import array
 import base64
 import binascii
+import codecs
 import collections
 import contextlib
 import glob
@@ -43,6 +44,7 @@ import socket
 import ssl
 import stat
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
@@ -1256,15 +1258,17 @@ def body_chunks(response: http.client.HTTPResponse, watch: Deadline, size: int):
 
 def http_call(method: str, url: str, body: object = None, headers: dict | None = None,
               timeout: float = 30.0, deadline: float | None = None,
-              limit: int = MAX_ANSWER_BYTES) -> tuple[int, bytes]:
+              limit: int = MAX_ANSWER_BYTES, stop: threading.Event | None = None
+              ) -> tuple[int, bytes]:
     """(status, body) of a 2xx or 4xx answer. A 5xx, a redirect (never followed), a refused
     name (421), an answer over `limit` bytes or an exchange longer than `deadline` seconds
-    (default: `timeout`) raises Unreachable: the caller keeps its rows and tries again."""
+    (default: `timeout`) raises Unreachable: the caller keeps its rows and tries again. `stop`
+    (a job's) cuts the exchange within STOP_POLL_S of being set, as it does a download's."""
     if not url.startswith(("http://", "https://")):
         raise ValueError("collector addresses must start with http:// or https://: " + url)
     try:
         with exchange(method, url, body, headers or {}, timeout,
-                      timeout if deadline is None else deadline) as (response, watch):
+                      timeout if deadline is None else deadline, stop) as (response, watch):
             status = response.status
             if 300 <= status < 400:
                 raise _redirected(method, url, status, response.getheader("location"))
@@ -2839,7 +2843,10 @@ def upload_file(ctx: JobContext, path: str, name: str, headers: dict | None = No
     """Stream a file to the job's collector (models and builds can be larger than memory).
 
     The collector checks x-artifact-sha256 against the bytes; a reply naming another hash is
-    refused. Three tries, since the artifact is the point of the job.
+    refused. Three tries, since the artifact is the point of the job; whatever stops the job
+    (a cancel, a lost lease, its ceiling, the agent shutting down) ends the upload and its
+    retries within STOP_POLL_S (Stopped): a collector that read the body and never answered
+    held a cancelled job's device for the upload's whole deadline, three times over.
     """
     sha = sha256_file(path)
     fields = {"content-type": "application/octet-stream",
@@ -2850,10 +2857,12 @@ def upload_file(ctx: JobContext, path: str, name: str, headers: dict | None = No
         try:
             with open(path, "rb") as body:
                 status, reply = http_call("POST", ctx.collector.url + "/artifacts", body,
-                                          fields, 600, upload_deadline(600, path))
+                                          fields, 600, upload_deadline(600, path),
+                                          stop=ctx.stop)
         except Unreachable as exc:
             problem = str(exc)
-            ctx.stop.wait(1 + attempt)
+            if ctx.stop.is_set() or ctx.stop.wait(1 + attempt):
+                raise Stopped(f"the upload of {name} was stopped") from None
             continue
         if status >= 400:
             raise Refusal(f"the collector refused the upload of {name}: "
@@ -4054,8 +4063,14 @@ def wl_dataset_prep(runtime: Runtime, ctx: JobContext) -> dict:
         part = sorted(order[start:start + count])  # keep the source's order inside a split
         start += count
         dest = os.path.join(ctx.workdir, f"split-{number}")
+        needed = sum(lengths[index] for index in part) + len(part)
+        try:  # a second copy of the source: held to the rule a download is
+            download_room(ctx.workdir, needed, max_bytes + len(part))
+        except NoRoom as exc:
+            raise Refusal(f"split {name} ({needed} bytes) was not written: {exc}") from None
         size = write_split(path, dest, part, offsets, lengths)
         sha = upload_file(ctx, dest, f"{name}.{fmt}")
+        os.unlink(dest)  # uploaded: the next split needs the room
         artifacts.append(sha)
         summary[name] = {"items": count, "sha256": sha, "bytes": size}
         ctx.post(ctx.row(number, True, {"items": count, "size_mb": round(size / 2**20, 3)},
@@ -5019,6 +5034,56 @@ def target_fields(target: dict) -> dict:
 
 # A model folder or an .app bundle holds far fewer files; each member is a file made on the disk.
 MAX_ZIP_MEMBERS = 100_000
+# The most bytes of member list (the zip's central directory) read: a hundred thousand members
+# with long paths take a fraction of it.
+MAX_ZIP_DIRECTORY_BYTES = 64 << 20
+_ZIP_END = b"PK\x05\x06"
+_ZIP64_LOCATOR = b"PK\x06\x07"
+_ZIP64_END = b"PK\x06\x06"
+
+
+def zip_directory_size(path: str) -> tuple[int, int] | None:
+    """(members, bytes of member list) that a zip's end record declares, found as zipfile finds
+    it (the last 22 bytes, else the last signature within a comment's reach, then the zip64
+    record it points to); None when there is none (zipfile then refuses the file itself)."""
+    with open(path, "rb") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        reach = min(size, 22 + 0xFFFF + 20)
+        fh.seek(size - reach)
+        tail = fh.read(reach)
+        at = len(tail) - 22
+        if not (at >= 0 and tail[at:at + 4] == _ZIP_END and tail[-2:] == b"\0\0"):
+            at = tail.rfind(_ZIP_END)
+        if at < 0 or len(tail) - at < 22:
+            return None
+        members, directory = struct.unpack("<HI", tail[at + 10:at + 16])
+        locator = at - 20
+        if (members == 0xFFFF or directory == 0xFFFFFFFF) and locator >= 0 \
+                and tail[locator:locator + 4] == _ZIP64_LOCATOR:
+            (record_at,) = struct.unpack("<Q", tail[locator + 8:locator + 16])
+            fh.seek(min(record_at, size))
+            record = fh.read(56)
+            if record[:4] == _ZIP64_END and len(record) == 56:
+                members, directory = struct.unpack("<QQ", record[32:48])
+    return members, directory
+
+
+def open_zip(path: str) -> zipfile.ZipFile:
+    """zipfile.ZipFile(path), once its end record declares at most MAX_ZIP_MEMBERS members in
+    a member list of at most MAX_ZIP_DIRECTORY_BYTES. ZipFile reads the whole list into memory
+    before anything can count it: 235 MB of zip listing one empty member 5 million times took
+    1.8 GB and 49 s of CPU, which no cancel could stop. ZipFile reads no more of the list than
+    the end record declares, so a record that lies only makes the list look broken."""
+    declared = zip_directory_size(path)
+    if declared is not None:
+        members, directory = declared
+        if members > MAX_ZIP_MEMBERS:
+            raise Refusal(f"the archive has {members} members; the agent unpacks at most "
+                          f"{MAX_ZIP_MEMBERS}")
+        if directory > MAX_ZIP_DIRECTORY_BYTES:
+            raise Refusal(f"the archive's member list is {directory} bytes; the agent reads "
+                          f"at most {MAX_ZIP_DIRECTORY_BYTES}")
+    return zipfile.ZipFile(path)
 
 
 def safe_unzip(archive: str, dest: str, limit: int = MAX_ARTIFACT_BYTES, check=None) -> None:
@@ -5027,7 +5092,7 @@ def safe_unzip(archive: str, dest: str, limit: int = MAX_ARTIFACT_BYTES, check=N
     declare add up past `limit` (the download limit of the artifact it came as) or into the
     disk's last DOWNLOAD_FREE_RESERVE bytes: a few MB of zip can declare terabytes of zeros.
     `check` (a job's) is called between chunks, so a cancel stops a long unpack."""
-    with zipfile.ZipFile(archive) as bundle:
+    with open_zip(archive) as bundle:
         members = bundle.infolist()
         if len(members) > MAX_ZIP_MEMBERS:
             raise Refusal(f"the archive has {len(members)} members; the agent unpacks at most "
@@ -5680,11 +5745,14 @@ def chromium_shot(runtime: Runtime, ctx: JobContext, url: str) -> tuple[str | No
         return (f"{url}: {guard_note(guard)}" if guard_note(guard) else None), fh.read()
 
 
-def android_shot(runtime: Runtime, serial: str, url: str, settle_s: float):
+def android_shot(runtime: Runtime, ctx: JobContext, serial: str, url: str, settle_s: float):
     adb = runtime.tools["adb"]
     run_cmd(adb_shell_argv(adb, serial, "am", "start", "-a", "android.intent.action.VIEW",
                            "-d", url), timeout=60)
-    time.sleep(settle_s)  # the page renders on the device; there is no load event to wait on
+    # The page renders on the device; there is no load event to wait on. A cancel ends the
+    # wait (up to 60 s) rather than waiting it out.
+    ctx.stop.wait(settle_s)
+    ctx.check()
     result = run_cmd([adb, "-s", serial, "exec-out", "screencap", "-p"], timeout=60)
     if not result.ok or not result.raw.startswith(b"\x89PNG"):
         return f"screencap on {serial} returned no PNG image", b""
@@ -5714,7 +5782,7 @@ def wl_web_shots(runtime: Runtime, ctx: JobContext) -> dict:
         ctx.check()
         if profile == "android-device":
             error, png = ("no Android device is attached for the android-device profile", b"") \
-                if serial is None else android_shot(runtime, serial, url, settle)
+                if serial is None else android_shot(runtime, ctx, serial, url, settle)
         elif profile in available:
             error, png = chromium_shot(runtime, ctx, url)
         else:
@@ -6697,14 +6765,42 @@ def fetch_chain(url: str, timeout: float, allow_private: bool, method: str = "GE
     raise Refusal(f"{hops[0]['url']} redirects more than {UNFURL_HOPS} times")
 
 
+# The encodings web pages are written in (the WHATWG Encoding Standard's, by the names Python
+# knows them by). A page names its own: any other codec Python has could be asked for, and some
+# cost time with the square of the page (punycode: a 2 MiB page held a core for minutes, past
+# a cancel), or are no text encoding at all.
+WEB_CHARSETS = ("utf-8", "utf-16-le", "utf-16-be", "utf-16", "ascii", "latin-1", "cp866",
+                "iso8859-2", "iso8859-3", "iso8859-4", "iso8859-5", "iso8859-6", "iso8859-7",
+                "iso8859-8", "iso8859-10", "iso8859-13", "iso8859-14", "iso8859-15",
+                "iso8859-16", "koi8-r", "koi8-u", "mac-roman", "mac-cyrillic", "cp874",
+                "cp1250", "cp1251", "cp1252", "cp1253", "cp1254", "cp1255", "cp1256", "cp1257",
+                "cp1258", "gbk", "gb2312", "gb18030", "big5", "big5hkscs", "euc_jp",
+                "iso2022_jp", "shift_jis", "euc_kr", "cp949")
+_web_codecs: set = set()
+
+
+def web_codec(name: str | None) -> str | None:
+    """`name` when it names one of WEB_CHARSETS (by any of Python's spellings), else None."""
+    if not name:
+        return None
+    if not _web_codecs:
+        _web_codecs.update(codecs.lookup(known).name for known in WEB_CHARSETS)
+    try:
+        found = codecs.lookup(name).name
+    except LookupError:
+        return None
+    return found if found in _web_codecs else None
+
+
 def page_text(body: bytes, content_type: str) -> str:
     charset = re.search(r"charset=([\w-]+)", content_type or "", re.I)
     sniffed = re.search(rb"<meta[^>]+charset=[\"']?([\w-]+)", body[:4096], re.I)
     for name in (charset.group(1) if charset else None,
                  sniffed.group(1).decode("ascii") if sniffed else None, "utf-8"):
-        if name:
-            with contextlib.suppress(LookupError, UnicodeDecodeError):
-                return body.decode(name)
+        codec = web_codec(name)
+        if codec:
+            with contextlib.suppress(UnicodeError):
+                return body.decode(codec)
     return body.decode("utf-8", "replace")
 
 
@@ -7501,8 +7597,8 @@ def secret_file(ctx: JobContext, name: str, data: bytes) -> str:
 def source_kind(path: str) -> str:
     """aab, apk or xcarchive, from what the archive holds."""
     try:
-        with zipfile.ZipFile(path) as bundle:
-            names = bundle.namelist()[:100_000]
+        with open_zip(path) as bundle:
+            names = bundle.namelist()
     except zipfile.BadZipFile:
         raise Refusal("params.source is not an .aab, an .apk or a zipped .xcarchive") from None
     if "BundleConfig.pb" in names or any(n.startswith("base/manifest/") for n in names):
@@ -8060,6 +8156,10 @@ class Runtime:
         ceiling = job_ceiling(ctx, getattr(self.cfg, "max_job_seconds", 0))
         try:
             row = final_row(ctx, self.leased(ctx))
+            # The job's files go before its final row is spooled: a job that filled the disk
+            # left its row no room in the spool (Outbox.check_room), and the job stayed
+            # claimed until its lease lapsed, to be run again.
+            shutil.rmtree(ctx.workdir, ignore_errors=True)
             try:
                 ctx.post(row)
             except Exception:  # a row that reached the spool goes later, with the flusher

@@ -718,6 +718,50 @@ def test_sigterm_ends_a_trickling_download_and_the_job_is_handed_back(procs, fak
     assert not list((agent.state / "cache").iterdir())
 
 
+@pytest.mark.parametrize("how, says", [
+    ("ceiling", "stopped: the job ran for the 3 s this agent allows a job (its owner's "
+                "--max-job-seconds)"),
+    ("lease", "stopped: the collector no longer renews this job's lease"),
+])
+def test_an_upload_never_answered_ends_with_its_job(procs, fake, how, says):
+    """A collector that reads an upload's body and never answers: the upload's deadline (600 s
+    and more, three tries) held a cancelled job, or one past its ceiling, and its device."""
+    data = b'"hello"\n'
+    sha = hashlib.sha256(data).hexdigest()
+    spec = dict(SELF_CHECK, job_id="up", workload="batch", backend="synthetic",
+                params={"input_sha256": sha})
+    job = one_job(spec)
+    uploading, closing, hung_up = threading.Event(), threading.Event(), threading.Event()
+
+    def route(handler: Handler, method: str, path: str, body: bytes) -> object:
+        if path == "/artifacts/" + sha:
+            return 200, data
+        if method == "POST" and path == "/artifacts":
+            uploading.set()
+            with contextlib.suppress(OSError):
+                while not closing.is_set() and handler.rfile.read(1):
+                    pass  # the body is read; no answer until the agent hangs up
+            hung_up.set()
+            return HANDLED
+        if how == "lease" and uploading.is_set() and method == "POST" and path == "/results" \
+                and b'"kind": "beacon"' in body and b'"job_id": "up"' in body:
+            return 200, b'{"lease_renewed": false}'
+        return job(handler, method, path, body)
+
+    fake.route = route
+    extra = ("--max-job-seconds", "3") if how == "ceiling" else ()
+    try:
+        agent = procs.agent([fake.url], "hung-upload", *extra)
+        assert uploading.wait(30), agent.log()[-3000:]
+        wait_for(fake.finals, 30, what="the final row of the job stopped mid-upload")
+        row = fake.finals()[0]
+        assert row["ok"] is False and row["error"].startswith(says), row
+        assert hung_up.wait(30), "the upload went on after its job ended"
+        assert not dead_threads(agent.log()), agent.log()[-3000:]
+    finally:
+        closing.set()
+
+
 # --- 16. artifacts larger than their use takes ------------------------------------------------
 
 

@@ -889,3 +889,25 @@ def test_a_workloads_fields_cannot_change_what_a_row_is(fa, tmp_path):
                   device_id="R5CT", source_kind="apk")
     assert (row["schema"], row["kind"], row["job_id"], row["iter"]) == (1, "result", "j", 3)
     assert row["device_id"] == "R5CT" and row["source_kind"] == "apk"
+
+
+def test_an_android_screenshot_waits_for_its_page_only_until_the_job_stops(fa, tmp_path,
+                                                                           monkeypatch):
+    """web-shots gives the device's browser `settle_s` (up to 60 s) to draw the page: a sleep,
+    which a cancel did not end."""
+    from tests.support.agent import FAKE_ADB
+
+    bin_dir = tmp_path / "bin"
+    make_tool(bin_dir, "adb", FAKE_ADB)
+    (tmp_path / "adb").mkdir()
+    monkeypatch.setenv("FAKE_ADB_DIR", str(tmp_path / "adb"))
+    cfg = fa.parse_args(["--collector", "http://127.0.0.1:9", "--state-dir",
+                         str(tmp_path / "state"), "--executor", "host", "--name", "bench-host"])
+    runtime = fa.Runtime(cfg, fa.Probe(env={"PATH": str(bin_dir)}))
+    ctx = fa.JobContext(runtime, fa.Collector("http://127.0.0.1:9"),
+                        {"schema": 1, "job_id": "w", "workload": "web-shots"}, "bench-host")
+    threading.Timer(0.2, ctx.request_stop, ("cancelled by an operator",)).start()
+    started = time.monotonic()
+    with pytest.raises(fa.Stopped, match="cancelled by an operator"):
+        fa.android_shot(runtime, ctx, "R5CT1234ABC", "http://x.test/", 60.0)
+    assert time.monotonic() - started < 30  # not a speed bound: the 60 s wait was cut

@@ -39,6 +39,7 @@ from tests.support.fake_llama import (
     sha,
     wav_bytes,
 )
+from tests.support.faults import mount_tmpfs, unmount
 
 SYSTEM_PATH = os.environ["PATH"]
 
@@ -623,6 +624,28 @@ def test_dataset_prep_fetches_a_url_through_a_redirect(fa, tmp_path, http_stub, 
     _, result = run_job(fa, device_runtime(fa, tmp_path / "strict"), http_stub.url, {
         "job_id": "dx", "workload": "dataset-prep", "params": {"source": site.url + "/old"}})
     assert "a private or local address" in result["error"]
+
+
+def test_dataset_prep_keeps_the_disks_reserve_for_its_splits(fa, tmp_path, http_stub):
+    """A split is a second copy of the source, written without the check a download makes: a
+    source that just fit wrote its splits into the disk's last bytes (ENOSPC, and the final
+    row then found no room in the spool). On a disk of 256 MiB (the reserve) and 30, a 20 MiB
+    source downloads, and its 99 % split is refused before it is written."""
+    disk = tmp_path / "disk"
+    mount_tmpfs(disk, "286m")
+    try:
+        line = b'{"text": "' + b"x" * 1000 + b'"}\n'
+        data = line * (20 * 1024)  # 20 MiB
+        spec = {"job_id": "dp-full", "workload": "dataset-prep",
+                "params": {"source": blob(http_stub, data), "split": "train:99,test:1",
+                           "max_items": 1_000_000}}
+        runtime = device_runtime(fa, disk)
+        _, result = run_job(fa, runtime, http_stub.url, spec)
+        assert result["ok"] is False, result
+        assert result["error"].startswith("split train (")
+        assert "bytes) was not written: it does not fit: " in result["error"]
+    finally:
+        unmount(disk)
 
 
 def test_split_counts_and_names(fa):

@@ -425,6 +425,29 @@ def test_web_unfurl_follows_each_hop_and_reads_the_card(host, website):
     assert [r["iter"] for r in host.rows()] == [1, 2]
 
 
+@pytest.mark.parametrize("charset", ["punycode", "idna", "unicode_escape", "base64_codec",
+                                     "utf-7", "no-such-codec"])
+def test_a_page_names_only_a_web_encoding_for_itself(host, website, charset):
+    """The page's charset picked the codec its bytes were decoded with, any codec Python has:
+    punycode costs time with the square of the page (a 2 MiB page held the executor's core for
+    minutes past a cancel), and a codec that failed with a UnicodeError other than a decode
+    error ended the job. Only the web's encodings are taken; the card is read as UTF-8."""
+    site = website({"/sale": (200, CARD, {"content-type": f"text/html; charset={charset}"}),
+                    "/img/card.png": (200, b"\x89PNG", {"content-type": "image/png"})})
+    result = host.run({"workload": "web-unfurl", "targets": {"url": site.url + "/sale"}},
+                      host.runtime("--allow-private-urls"))
+    assert result["ok"] is True, result
+    assert result["card"]["title"] == "Spring sale & more"
+
+
+def test_page_text_keeps_to_the_webs_encodings(fa):
+    assert fa.page_text("Grüße".encode("cp1252"), "text/html; charset=windows-1252") == "Grüße"
+    assert fa.page_text("Привет".encode("koi8-r"), "text/html; charset=KOI8-R") == "Привет"
+    assert fa.page_text("日本".encode("shift_jis"), "text/html; charset=Shift_JIS") == "日本"
+    assert fa.page_text(b"-baba" * 1000, "text/html; charset=punycode") == "-baba" * 1000
+    assert fa.web_codec("punycode") is None and fa.web_codec("latin1") == "iso8859-1"
+
+
 def test_web_unfurl_fails_on_an_unreachable_image_and_refuses_private_addresses(host, website):
     site = unfurl_site(website, image_status=404)
     result = host.run({"workload": "web-unfurl", "targets": {"url": site.url + "/sale"}},
