@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -51,6 +52,15 @@ _KEEPALIVE = b": keep-alive\n\n"
 
 # Clients written to per turn of the event loop (a few milliseconds of sends).
 FAN_OUT_SLICE = 64
+
+# The kernel's send buffer of a stream's socket (Linux books twice this). Left to itself it
+# grows to megabytes (tcp_wmem's maximum), all of it taken before the transport holds a byte:
+# 300 clients that asked for the replay of 1,000 events of 4 KB and read none of it held 1 GB
+# of kernel memory, copying it in stalled the event loop for seconds, and since the transport
+# never held past its high-water mark, nothing ever cut them (serving.StallWatch). An event
+# stream needs no more than this to keep up; a client that falls further behind is held in the
+# transport and its backlog, where the hub and the stall watch see it.
+STREAM_SEND_BUFFER = 128 * 1024
 
 
 def _chunk(frame: bytes) -> tuple[bytes, int]:
@@ -351,6 +361,7 @@ async def stream(request: web.Request, hub: EventHub,
     if request.method == hdrs.METH_HEAD or transport is None or transport.is_closing():
         return response  # no body to stream, or nobody to stream it to
     chunked = response.headers.get(hdrs.TRANSFER_ENCODING) == "chunked"
+    _bound_send_buffer(transport)
     subscriber, replay = hub.subscribe(transport, chunked, _last_event_id(request))
     try:
         # The first write goes through aiohttp's writer (which sends the headers with it); from
@@ -369,6 +380,15 @@ async def stream(request: web.Request, hub: EventHub,
     finally:
         hub.unsubscribe(subscriber)
     return response
+
+
+def _bound_send_buffer(transport: asyncio.BaseTransport) -> None:
+    """Give the stream's socket a send buffer of STREAM_SEND_BUFFER bytes (see there)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        # (Not a TCP socket, or uvloop's stand-in without the option: the system's buffer.)
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
 
 
 async def _serve(response: web.StreamResponse, subscriber: Subscriber,

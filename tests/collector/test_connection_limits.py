@@ -268,6 +268,37 @@ def test_mirror_viewers_that_never_read_share_one_frame_and_are_cut(tmp_path, st
     assert "Traceback" not in proc.log()
 
 
+# 1.6 MB of replay: more than the new send buffer, less than the kernel grew one to.
+EVENTS = 400
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_stream_clients_that_never_read_a_replay_are_cut(tmp_path, started, loop):
+    """Topic events of 4 KB, replayed to clients that asked from the start and read none of it:
+    the kernel took each client's megabytes whole into a send buffer grown to its maximum
+    (1 GB of kernel memory for 300 clients, seconds of the event loop to copy it in), the
+    transport held nothing past its high-water mark, and nothing ever cut them. A stream's send
+    buffer is now small, so what the client does not take waits where the stall watch sees it."""
+    proc = collector(tmp_path, loop, env={"FLEET_WRITE_STALL_S": str(STALL_S)})
+    started.append(proc)
+    payload = json.dumps({"x": "y" * 4000}).encode()
+    for _ in range(EVENTS):
+        status, _ = raw_request(proc.port, b"POST /api/events/fill HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                b"Content-Type: application/json\r\nConnection: close\r\n"
+                                b"Content-Length: %d\r\n\r\n" % len(payload), payload)
+        assert status == 201, status
+    clients = [small_window_socket(proc.port) for _ in range(5)]
+    for sock in clients:
+        sock.sendall(b"GET /api/stream HTTP/1.1\r\nHost: 127.0.0.1\r\nLast-Event-ID: 0\r\n\r\n")
+    assert wait_until(lambda: proc.log().count("took nothing for 2 s") >= 1, 30), proc.log()
+    for sock in clients:
+        # Cut: what was queued ends (a client left open would see the replay, then keep-alives,
+        # and never the end of its connection).
+        assert drain_until_closed(sock, timeout=20) < EVENTS * len(payload)
+        sock.close()
+    assert "Traceback" not in proc.log()
+
+
 # -- the descriptor limit -------------------------------------------------------------------------
 
 
