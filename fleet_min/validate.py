@@ -59,7 +59,9 @@ MAX_ERRORS = 20
 # ---------------------------------------------------------------------------------------------
 # Patterns. Every check uses fullmatch, the whole-string meaning of the schema's ^...$(?!\n).
 
-_ID = r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}"
+# Not "." or "..": an id is a segment of URLs (the API's and the dashboard's), where those two
+# are steps up the path that no encoding escapes (a browser reads %2e as a dot).
+_ID = r"(?!\.\.?\Z)[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,199}"
 _JOB_ID = re.compile(_ID)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _CI_STATUS = re.compile(r"[A-Za-z0-9_.-]{1,100}/[A-Za-z0-9_.-]{1,100}@[0-9a-f]{7,40}")
@@ -259,7 +261,7 @@ _BOOL = _Check(lambda v: isinstance(v, bool), "true or false")
 _STRING = _string()
 _NULL = _Check(lambda v: v is None, "null")
 _ID_CHECK = _Check(lambda v: isinstance(v, str) and _JOB_ID.fullmatch(v) is not None,
-                   "1 to 200 letters, digits or . _ : @ - (not starting with -)")
+                   "1 to 200 letters, digits or . _ : @ - (not starting with -, not . or ..)")
 _SHA = _Check(lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
               "a sha256 of 64 lowercase hex digits")
 _REF = _Check(_is_ref,

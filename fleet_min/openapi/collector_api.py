@@ -46,7 +46,7 @@ from fleet_min.openapi.dsl import (
 
 JOB_STATUS = enum("queued", "waiting", "claimed", "done", "failed", "cancelled")
 HEX64 = string(pattern="^[0-9a-f]{64}$")
-SCHEDULE_ID = string(pattern="^[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}$")
+SCHEDULE_ID = string(pattern="^(?!\\.\\.?$)[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}$")
 TOPIC = string(pattern="^[A-Za-z0-9._:-]{1,100}$")
 
 # -- status sentences shared by many routes ---------------------------------------------------

@@ -188,6 +188,33 @@ async def test_a_pinned_runner_build_is_offered_before_any_newer_upload(collecto
     assert apk["sha256"] == approved and apk["approved"] is True
 
 
+async def test_a_pinned_build_cannot_be_restamped_by_uploading_its_bytes_again(
+        collector_factory, monkeypatch):
+    """Uploads are open and re-publishing stored bytes replaced their name, app and build and
+    moved them to newest: anyone could make an approved old build the one enrolment offers as
+    the newest (a downgrade), or take it out of the offer by giving it another app."""
+    monkeypatch.setenv("FLEET_DASH_TOKEN", "operator-secret")
+    api = await collector_factory(dash_token="operator-secret")
+    token = {"X-Fleet-Token": "operator-secret"}
+    old_bytes = b"runner 1.3 as built by us"
+    old = await upload(api, old_bytes, app="fleet-runner-android", build="1.3",
+                       name="fleet-runner-1.3.apk")
+    assert (await api.post(f"/api/artifacts/{old}/pin", json={"reason": "1.3"},
+                           headers=token)).status == 200
+    new = await upload(api, b"runner 1.4 as built by us", app="fleet-runner-android",
+                       build="1.4", name="fleet-runner-1.4.apk")
+    assert (await api.post(f"/api/artifacts/{new}/pin", json={"reason": "1.4"},
+                           headers=token)).status == 200
+    for stamp in ({"app": "fleet-runner-android", "build": "1.4.1",
+                   "name": "fleet-runner-1.4.1.apk"}, {"app": "something-else"}):
+        assert await upload(api, old_bytes, **stamp) == old  # stored, as before
+        apk = (await (await api.get("/api/enroll")).json())["runner_apk"]
+        assert (apk["sha256"], apk["build"], apk["approved"]) == (new, "1.4", True)
+    kept = await (await api.get(f"/api/artifacts/{old}")).json()
+    assert (kept["name"], kept["app"], kept["build"]) == (
+        "fleet-runner-1.3.apk", "fleet-runner-android", "1.3")
+
+
 async def test_with_a_dashboard_token_only_a_pinned_runner_build_is_offered(collector_factory,
                                                                              monkeypatch):
     """With FLEET_DASH_TOKEN set, pinning needs the operator's token while uploading does

@@ -70,6 +70,7 @@ async def test_save_list_get_edit_delete(api):
     ({"id": "t", "spec": {**SPEC, "password": "hunter2"}}, "looks like a secret"),
     ({"id": "t", "spec": {**SPEC, "targets": {"match": "ram_mb >>> 4"}}}, "targets.match"),
     ({"id": "t", "spec": SPEC, "colour": "red"}, "not a template field"),
+    ({"id": ".", "spec": SPEC}, "not . or .."),  # /api/templates/. is the listing
     ({"id": "t", "spec": "benchmark"}, "JSON object"),
 ])
 async def test_save_refusals_are_400_and_store_nothing(api, body, words):

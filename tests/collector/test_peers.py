@@ -97,6 +97,16 @@ def test_peer_addresses_are_normalised_and_checked():
             peers.base_url(bad)
 
 
+@pytest.mark.parametrize("address", ["http://peer:PEERPW@pi5.local:8788", "peer:PEERPW@pi5:1",
+                                     "http://peer:PEERPW@pi5:99999", "http://peer:PEERPW@]x:1"])
+def test_a_refused_peer_address_is_quoted_without_its_password(address):
+    """The refusal is the start-up error and a log line: a password in FLEET_PEERS was quoted
+    whole in both."""
+    with pytest.raises(ConfigError) as refused:
+        peers.base_url(address)
+    assert "PEERPW" not in str(refused.value) and "<credentials>@" in str(refused.value)
+
+
 @pytest.mark.parametrize(("tail", "path"), [
     ("api/health", "/api/health"),
     ("api/devices/pi%205", "/api/devices/pi%205"),

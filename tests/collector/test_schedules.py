@@ -100,6 +100,7 @@ async def test_create_list_get_new_schedules_are_disabled(api):
     ({"id": "a", "cron": "@daily", "template": {
         **TEMPLATE, "params": {"prompt_tokens": "${jobs.other.metrics.n}"}}}, "depends_on"),
     ({"id": "-a", "cron": "@daily", "template": TEMPLATE}, "id is required"),
+    ({"id": "..", "cron": "@daily", "template": TEMPLATE}, "not . or .."),  # /api/schedules/..
     ({"cron": "@daily", "template": TEMPLATE}, "id is required"),
     ({"id": "a", "cron": "@daily", "template": TEMPLATE, "enabled": "yes"}, "true or false"),
     ({"id": "a", "cron": "@daily", "template": TEMPLATE, "colour": 1}, "not a schedule field"),

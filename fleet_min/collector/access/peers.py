@@ -111,22 +111,33 @@ def settings(config: CollectorConfig) -> list[str]:
 def base_url(text: str) -> str:
     """`host:port` or `http(s)://host:port` -> `http(s)://host:port`; anything else refused."""
     value = text.strip()
+    shown = _without_credentials(value)
     if "://" not in value:
         value = "http://" + value
     try:
         parts = urlsplit(value)  # raises on a lone bracket, or a host NFKC folds into a '/'
     except ValueError:
-        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} is not a URL") from None
+        raise ConfigError(f"FLEET_PEERS: {shown!r} is not a URL") from None
     try:
         port = parts.port
     except ValueError:
-        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} has an invalid port") from None
+        raise ConfigError(f"FLEET_PEERS: {shown!r} has an invalid port") from None
     if (parts.scheme not in ("http", "https") or not parts.hostname or parts.username
             or parts.password or parts.path not in ("", "/") or parts.query or parts.fragment):
-        raise ConfigError(f"FLEET_PEERS: {text.strip()!r} is not a collector address such as "
+        raise ConfigError(f"FLEET_PEERS: {shown!r} is not a collector address such as "
                           "http://pi5.local:8788 or 100.100.1.2:8788")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def _without_credentials(address: str) -> str:
+    """An address as a refusal quotes it: what stands before its last '@' (a user and a
+    password, which the start-up error and the log would otherwise show) left out."""
+    head, at, rest = address.rpartition("@")
+    if not at:
+        return address
+    scheme, separator, _ = head.partition("://")
+    return (scheme + separator if separator else "") + "<credentials>@" + rest
 
 
 def readable_path(raw_tail: str) -> str:

@@ -62,7 +62,7 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 # A hash in free text is a run of exactly 64 hex digits. Runs of 64 or more, then their length:
 # two to five times faster than a look-behind and a look-ahead tried at every character.
 _HEX_RUNS = re.compile(r"[0-9a-f]{64,}")
-_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII)
+_RANGE = re.compile(r"bytes=([0-9]*)-([0-9]*)", re.ASCII | re.IGNORECASE)  # a unit's case: any
 _LOCK_STRIPES = 64
 
 Transact = Callable[..., Awaitable[Any]]
@@ -559,8 +559,13 @@ def _publish_time(conn: sqlite3.Connection, app: str | None, now: float) -> floa
 
 def record_upload(conn: sqlite3.Connection, sha256: str, size: int, publish: dict[str, str],
                   now: float, effects: Effects) -> dict[str, Any]:
-    """Insert the row for a stored upload; a re-upload with publish headers re-publishes it."""
+    """Insert the row for a stored upload; a re-upload with publish headers re-publishes it,
+    unless it is pinned: the operator approved that name, app and build at that time (a pin is
+    what enrolment offers with a dashboard token), and uploads are open to anyone, who could
+    re-stamp an approved old build as the newest, or as another app's."""
     existing = conn.execute("SELECT * FROM artifacts WHERE sha256 = ?", (sha256,)).fetchone()
+    if existing is not None and existing["pinned_reason"] is not None:
+        publish = {}
     app = publish.get("app") or (existing["app"] if existing else None)
     stamp = _publish_time(conn, app, now) if publish else now
     if existing is None:

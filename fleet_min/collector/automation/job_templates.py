@@ -37,7 +37,7 @@ EDITABLE = ("name", "spec")
 def check_id(value: Any) -> str:
     if not isinstance(value, str) or SCHEDULE_ID.fullmatch(value) is None:
         raise BadRequest("id is required: 1 to 100 letters, digits or . _ : @ - (not starting "
-                         "with -), e.g. pixel-bench")
+                         "with -, not . or ..), e.g. pixel-bench")
     return value
 
 

@@ -33,7 +33,7 @@ from fleet_min.db import Database
 from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
 from fleet_min.timeutil import iso
 
-SCHEDULE_ID = re.compile(r"[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}")
+SCHEDULE_ID = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9._:@][A-Za-z0-9._:@-]{0,99}")  # see validate._ID
 PLACEHOLDER_JOB_ID = "schedule-template"
 MISSED_RECORDED = 100   # missed minutes written to schedule_runs one by one; the rest counted
 MISSED_COUNTED = 1000   # beyond this many, the count says "more than"
@@ -68,7 +68,7 @@ _DEFERRED = ("deferred: the runs fired before it in this tick created {spent} jo
 def check_id(value: Any) -> str:
     if not isinstance(value, str) or SCHEDULE_ID.fullmatch(value) is None:
         raise BadRequest("id is required: 1 to 100 letters, digits or . _ : @ - (not starting "
-                         "with -), e.g. nightly-bench")
+                         "with -, not . or ..), e.g. nightly-bench")
     return value
 
 
