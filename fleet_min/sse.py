@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import socket
@@ -53,14 +54,17 @@ _KEEPALIVE = b": keep-alive\n\n"
 # Clients written to per turn of the event loop (a few milliseconds of sends).
 FAN_OUT_SLICE = 64
 
-# The kernel's send buffer of a stream's socket (Linux books twice this). Left to itself it
-# grows to megabytes (tcp_wmem's maximum), all of it taken before the transport holds a byte:
-# 300 clients that asked for the replay of 1,000 events of 4 KB and read none of it held 1 GB
-# of kernel memory, copying it in stalled the event loop for seconds, and since the transport
-# never held past its high-water mark, nothing ever cut them (serving.StallWatch). An event
-# stream needs no more than this to keep up; a client that falls further behind is held in the
-# transport and its backlog, where the hub and the stall watch see it.
-STREAM_SEND_BUFFER = 128 * 1024
+# The kernel's send buffer of a stream's socket while its replay is written (Linux books twice
+# this). Left to itself it grows to megabytes (tcp_wmem's maximum), all of it taken before the
+# transport holds a byte: 300 clients that asked for the replay of 1,000 events of 4 KB and
+# read none of it held 1 GB of kernel memory, copying it in stalled the event loop for seconds,
+# and since the transport never held past its high-water mark, nothing ever cut them
+# (serving.StallWatch). Bounded, a replay waits in the transport for the client to take it, and
+# one that takes none is cut. Once the replay is out, the buffer is raised again as far as a
+# process may set it (net.core.wmem_max on Linux, 208 KiB by default, which the kernel doubles):
+# a set size no longer grows by itself, but bursts of a hundred events still wait in the kernel,
+# not in the process. A stream without a replay keeps the system's own buffer.
+REPLAY_SEND_BUFFER = 128 * 1024
 
 
 def _chunk(frame: bytes) -> tuple[bytes, int]:
@@ -361,7 +365,6 @@ async def stream(request: web.Request, hub: EventHub,
     if request.method == hdrs.METH_HEAD or transport is None or transport.is_closing():
         return response  # no body to stream, or nobody to stream it to
     chunked = response.headers.get(hdrs.TRANSFER_ENCODING) == "chunked"
-    _bound_send_buffer(transport)
     subscriber, replay = hub.subscribe(transport, chunked, _last_event_id(request))
     try:
         # The first write goes through aiohttp's writer (which sends the headers with it); from
@@ -372,8 +375,14 @@ async def stream(request: web.Request, hub: EventHub,
             await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
         elif not replay:
             await response.write(_KEEPALIVE)  # nothing to send yet; the headers go out now
-        for frame in replay:
-            await response.write(frame)
+        if len(replay) > 1:  # (a hub of states replays its one state)
+            _set_send_buffer(transport, REPLAY_SEND_BUFFER)
+            for frame in replay:
+                await response.write(frame)
+            _set_send_buffer(transport, _system_send_buffer())
+        else:
+            for frame in replay:
+                await response.write(frame)
         await _serve(response, subscriber, keepalive_s)
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the client left, or the service is stopping: both end this stream quietly
@@ -382,13 +391,25 @@ async def stream(request: web.Request, hub: EventHub,
     return response
 
 
-def _bound_send_buffer(transport: asyncio.BaseTransport) -> None:
-    """Give the stream's socket a send buffer of STREAM_SEND_BUFFER bytes (see there)."""
+def _set_send_buffer(transport: asyncio.BaseTransport, size: int) -> None:
+    """Set the stream's socket's send buffer (see REPLAY_SEND_BUFFER)."""
     sock = transport.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and not transport.is_closing():
         # (Not a TCP socket, or uvloop's stand-in without the option: the system's buffer.)
         with contextlib.suppress(OSError, AttributeError, ValueError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, STREAM_SEND_BUFFER)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+
+@functools.cache
+def _system_send_buffer() -> int:
+    """The send buffer asked for once a replay is out: what the socket may grow to by itself
+    (Linux: half of tcp_wmem's maximum, as the kernel doubles a set size), which the kernel cuts
+    to what a process may set (net.core.wmem_max); elsewhere 4 MiB, cut the same way."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_wmem", encoding="ascii") as handle:
+            return max(REPLAY_SEND_BUFFER, int(handle.read().split()[2]) // 2)
+    except (OSError, ValueError, IndexError):
+        return 4 << 20
 
 
 async def _serve(response: web.StreamResponse, subscriber: Subscriber,
