@@ -470,3 +470,26 @@ def test_values_and_refusals_read_as_text(seeded: SeededCollector,
     assert page.locator(".error-box button:has-text('Retry')").count() == 0
     # The unknown job's 404 is logged by the browser as a failed request; nothing else may be.
     assert [e for e in page.watch.errors if "status of 404" not in e] == []
+
+
+def test_a_job_and_a_device_named_new_open_their_own_pages(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    """`/jobs/new` and `/devices/new` are the Enqueue and Add-a-device routes, matched first: a
+    job or device of id `new` linked there, and its own page was never reached. Its links now
+    encode the first letter, which the router and the server decode back."""
+    proc = CollectorProcess(tmp_path / "new").start()
+    try:
+        assert proc.client.post("/devices/register", registration("new"))[0] == 200
+        assert proc.client.post("/jobs", job("new", targets={"device_id": "new"}))[0] == 201
+        page = open_page(proc.url + "/dash/jobs", wait="table >> text=new")
+        page.click("table a.mono:text-is('new')")
+        page.wait_for_selector("#page-title:text-is('new')")
+        assert page.url.endswith("/dash/jobs/%6Eew")
+        assert page.locator("#job-results").count() == 1  # the job's page, not the form
+        page.goto(proc.url + "/dash/devices")
+        page.click("table a:text-is('new')")
+        page.wait_for_selector("#page-title:text-is('new')")
+        assert page.url.endswith("/dash/devices/%6Eew")
+        assert page.watch.errors == []
+    finally:
+        proc.stop()

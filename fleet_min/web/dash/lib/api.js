@@ -30,7 +30,13 @@ function query(params) {
   return kept.length ? `?${new URLSearchParams(kept)}` : "";
 }
 
-export function seg(value) { return encodeURIComponent(value); }
+// One segment of a path. "new" is also the name of the Enqueue and Add-a-device routes, which
+// come first: a job or device of that id had its first letter encoded, or its page was never
+// reached. The server and the router decode it back.
+export function seg(value) {
+  const encoded = encodeURIComponent(value);
+  return encoded === "new" ? "%6Eew" : encoded;
+}
 
 async function reply(resp) {
   const text = await resp.text();

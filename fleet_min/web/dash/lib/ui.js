@@ -2,7 +2,7 @@
 import { html, shown, useState, useEffect, useRef } from "./core.js";
 import { localTime, relative, shortSha, sentence } from "./format.js";
 import { href } from "./router.js";
-import { currentPeer } from "./api.js";
+import { currentPeer, seg } from "./api.js";
 import { notify } from "./notify.js";
 
 export function Pill({ status, label }) {
@@ -58,12 +58,12 @@ export function Link({ to, children, ...rest }) {
 
 export function JobLink({ id }) {
   if (!id) return html`<span class="muted">–</span>`;
-  return html`<${Link} to=${`/jobs/${encodeURIComponent(id)}`} class="mono">${id}<//>`;
+  return html`<${Link} to=${`/jobs/${seg(id)}`} class="mono">${id}<//>`;
 }
 
 export function DeviceLink({ id, name }) {
   if (!id) return html`<span class="muted">–</span>`;
-  return html`<${Link} to=${`/devices/${encodeURIComponent(id)}`}>${name || id}<//>`;
+  return html`<${Link} to=${`/devices/${seg(id)}`}>${name || id}<//>`;
 }
 
 // A host job's claimant is an executor: its row on the Executors screen.

@@ -134,7 +134,7 @@ function Templates({ spec, onLoad }) {
   };
   const enqueue = async (t) => {
     const r = await run(() => post(`/api/templates/${seg(t.id)}/enqueue`), (x) => `Enqueued ${x.job_id} (${x.status}).`);
-    if (r) navigate(href(`/jobs/${encodeURIComponent(r.job_id)}`));
+    if (r) navigate(href(`/jobs/${seg(r.job_id)}`));
   };
   const remove = (t) => run(() => del(`/api/templates/${seg(t.id)}`), `Deleted the template ${t.id}; its jobs are kept.`)
     .then((r) => r && res.reload());
@@ -184,7 +184,7 @@ export function Enqueue({ query }) {
     e.preventDefault();
     if (!spec) return;
     const r = await run(() => post("/jobs", spec), (x) => `Enqueued ${x.job_id} (${x.status}).`);
-    if (r) navigate(href(`/jobs/${encodeURIComponent(r.job_id)}`));
+    if (r) navigate(href(`/jobs/${seg(r.job_id)}`));
   };
   if (currentPeer()) return html`<${Page} title="Enqueue a job"><${Empty}>A peer's view is read-only.<//><//>`;
   return html`<${Page} title="Enqueue a job" subtitle="Builds a job spec and posts it to /jobs.">

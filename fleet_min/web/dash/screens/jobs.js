@@ -141,7 +141,7 @@ function JobActions({ job, reload }) {
   };
   const retry = async () => {
     const r = await run(() => post(`/api/jobs/${seg(job.job_id)}/retry`), (x) => `Retrying as ${x.job_id}.`);
-    if (r) navigate(href(`/jobs/${encodeURIComponent(r.job_id)}`));
+    if (r) navigate(href(`/jobs/${seg(r.job_id)}`));
   };
   return html`<div class="actions">
     ${open ? html`<${Priority} job=${job} run=${run} reload=${reload} />` : null}
