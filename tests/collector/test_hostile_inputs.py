@@ -247,6 +247,35 @@ async def test_cancelling_a_fan_out_costs_in_line_with_its_children(client, db_p
     assert parent["last_error"] == "400 of 400 fan-out children were cancelled"
 
 
+async def test_cancelling_a_fan_out_closes_each_kind_of_child_as_before(client, db_path):
+    """Children nobody holds, that lock nothing and that no job waits on are cancelled in one
+    statement; the others one by one, as before: a claimed child's attempt ends, a job waiting
+    on a child fails with the cancel, and the parent says how many children were cancelled."""
+    registered = await asyncio.gather(*(client.post("/devices/register", json=registration(
+        f"kid{i}")) for i in range(5)))
+    assert {resp.status for resp in registered} == {200}
+    assert (await client.post("/jobs", json=job("fam", fanout=True))).status == 201
+    assert (await client.post("/jobs", json=job("after", depends_on=["fam--kid1"]))).status == 201
+    claimed = await client.get("/devices/kid0/next-job", params={"wait": "0"})
+    assert (await claimed.json())["job_id"] == "fam--kid0"
+    reply = await (await client.post("/api/jobs/fam/cancel")).json()
+    assert sorted(reply["cascaded"]) == ["after"] + [f"fam--kid{i}" for i in range(5)]
+    conn = sqlite3.connect(db_path)
+    try:
+        rows = dict(conn.execute("SELECT job_id, status FROM jobs").fetchall())
+        assert rows == {"fam": "cancelled", "after": "failed",
+                        **{f"fam--kid{i}": "cancelled" for i in range(5)}}
+        errors = dict(conn.execute("SELECT job_id, last_error FROM jobs").fetchall())
+        assert errors["fam"] == "5 of 5 fan-out children were cancelled"
+        assert errors["fam--kid3"] == errors["fam--kid0"] == "cancelled by an operator"
+        assert errors["after"] == ("dependency 'fam--kid1' was cancelled: cancelled by an "
+                                   "operator")
+        assert conn.execute("SELECT outcome FROM job_attempts WHERE job_id = 'fam--kid0'"
+                            ).fetchall() == [("cancelled",)]
+    finally:
+        conn.close()
+
+
 # A pattern that passes match.py's checks yet costs about 2 ms on a 256-character value.
 COSTLY = "model ~ 'a{0,10}a{0,10}a{0,7}x'"
 LONG_MODEL = "a" * 256
