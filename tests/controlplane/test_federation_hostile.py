@@ -1161,3 +1161,70 @@ def test_a_runner_field_that_would_redraw_the_page_is_not_kept() -> None:
     (runner,) = kept["runners"]
     assert (runner["owner"], runner["state"], runner["version"]) == (None, None, "2.320.0")
     assert runner["labels"] == ["self-hosted", "\u05de\u05e2\u05d1\u05d3\u05d4"]
+
+
+async def test_a_queue_id_not_of_the_coordinators_shape_is_neither_taken_nor_kept(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """A queue id is sent back with every heartbeat and kept across restarts: one a wrong or
+    hostile server gave once ("NOT-A-QUEUE") had every heartbeat to the real coordinator refused
+    with a 400, for good. Only the coordinator's shape (hex) is taken, and one kept from before
+    that is not of it is dropped at start."""
+    async def answer(_request: web.Request, _n: int) -> web.StreamResponse:
+        return web.json_response({"ok": True, "queue": "NOT-A-QUEUE", "commands": []})
+    host = Host(tmp_path, github)
+    fake = await agent_until(host, answer, lambda fake: fake.heartbeats() >= 3)
+    sent = [json.loads(body)["queue"] for path, _, body in fake.calls
+            if path == "/api/host/heartbeat"]
+    assert set(sent) == {None}, sent
+    with sqlite3.connect(host.state / "controlplane.db") as conn:
+        conn.execute("INSERT INTO link_state (queue, applied, updated_at) "
+                     "VALUES ('NOT-A-QUEUE', 5, 4102444800)")  # what an older agent kept
+    async def good(_request: web.Request, _n: int) -> web.StreamResponse:
+        return web.json_response(GOOD)
+    fake = await agent_until(host, good, lambda fake: fake.heartbeats() >= 2)
+    bodies = [json.loads(body) for path, _, body in fake.calls if path == "/api/host/heartbeat"]
+    assert (bodies[0]["queue"], bodies[0]["applied"]) == (None, 0)
+    assert bodies[1]["queue"] == QUEUE
+
+
+async def test_a_coordinators_command_acts_on_the_agents_own_runners_only(
+        tmp_path: Path, github: FakeGitHub, http: aiohttp.ClientSession) -> None:
+    """An agent with agents of its own ran a coordinator's command for a runner only one of
+    those reports through its action path, which queued it on to that agent: a deregister
+    with delete_dir went down a tier the coordinator has no token for."""
+    mid = Host(tmp_path / "mid", github)
+    mid.add_runner("m-1")
+    token = subprocess.run(
+        [sys.executable, "-m", "fleet_min", "controlplane", "token", "--agent", "--state",
+         str(mid.state)], env={**mid.full_env(), "PYTHONPATH": str(REPO_ROOT)}, cwd=REPO_ROOT,
+        capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    armed, results = asyncio.Event(), []
+    commands = [{"id": "c1", "seq": 1, "action": "runner.deregister",
+                 "args": {"name": "x-1", "delete_dir": True}}]
+
+    async def answer(request: web.Request, _n: int) -> web.StreamResponse:
+        body = await request.json()
+        if request.path.endswith("/results"):
+            results.extend(body["results"])
+            return web.json_response({"ok": True})
+        return web.json_response({**GOOD, "commands": commands if armed.is_set() else []})
+    async with fake_coordinator(answer) as fake:
+        (mid.state / "coordinator-token").write_text("c" * 64 + "\n")
+        (mid.state / "coordinator-token").chmod(0o600)
+        agent = Daemon(mid, {"FLEET_HOST_NAME": "mid", "FLEET_HEARTBEAT_S": "1"},
+                       args=("--coordinator", fake.url))
+        try:
+            beat = {"host": "sub", "instance": "cd" * 16, "role": "agent", "wait_s": 0,
+                    "runners": [{"name": "x-1", "repo": "octo/lib", "state": "idle"}]}
+            auth = {"Authorization": f"Bearer {token}"}
+            async with http.post(f"{agent.url}/api/host/heartbeat", json=beat,
+                                 headers=auth) as resp:
+                assert resp.status == 200, await resp.text()
+            armed.set()
+            await until(lambda: results, timeout=20)
+            assert results[0]["id"] == "c1" and results[0]["ok"] is False
+            assert results[0]["error"].startswith("no runner named 'x-1' on this host mid")
+            async with http.get(f"{agent.url}/api/hosts") as resp:
+                assert (await resp.json())["commands"] == []  # nothing queued on to "sub"
+        finally:
+            agent.stop()

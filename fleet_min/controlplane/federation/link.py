@@ -41,6 +41,7 @@ from fleet_min.controlplane.federation.hosts import (
     COMMANDS_PER_REPLY,
     MAX_RESULTS,
     MAX_SEQ,
+    QUEUE_ID,
     RUNNER_FIELDS,
 )
 from fleet_min.controlplane.loops import stop_tasks, wait_event
@@ -265,6 +266,8 @@ class CoordinatorLink:
                                         "link_state ORDER BY updated_at DESC LIMIT 1")
         if row is None:
             return
+        if not QUEUE_ID.fullmatch(row["queue"] or ""):
+            return  # kept by an agent that took any text: a new queue is taken at the next reply
         self.queue, self.applied = row["queue"], int(row["applied"])
         if row["running"] is not None and row["running"] > self.applied:
             result = {"id": row["running_id"], "seq": row["running"], "ok": False,
@@ -351,9 +354,12 @@ class CoordinatorLink:
         self.heartbeats += 1
         self.last_ok_at, self.last_error = self.plane.clock(), None
         queue = reply.get("queue")
-        if isinstance(queue, str) and queue and queue != self.queue:
-            self.applied = await self.plane.db.write(_switch, queue[:64], now())
-            self.queue = queue[:64]
+        # Only a queue id of the coordinator's shape: it is sent back with every heartbeat and
+        # kept across restarts, and one the coordinator refuses (a wrong or hostile server
+        # answered once) had every later heartbeat refused with a 400, for good.
+        if isinstance(queue, str) and QUEUE_ID.fullmatch(queue) and queue != self.queue:
+            self.applied = await self.plane.db.write(_switch, queue, now())
+            self.queue = queue
         commands = reply.get("commands")
         commands = [c for c in commands if isinstance(c, dict)] \
             if isinstance(commands, list) else []
@@ -413,7 +419,10 @@ class CoordinatorLink:
     async def _run(self, command_id: str, action: str, args: dict[str, Any]) -> dict[str, Any]:
         local = {k: v for k, v in args.items() if k != "host"}
         try:
-            reply = await self.actions.run(action, local, f"coordinator {self.url}")
+            # Here only: a runner this agent's own agents report is not the coordinator's to
+            # act on through this agent (a deregister with delete_dir went on down).
+            reply = await self.actions.run(action, local, f"coordinator {self.url}",
+                                           forward=False)
         except Refused as exc:
             return {"id": command_id, "ok": False, "error": exc.message, "output": ""}
         except Exception as exc:  # the command counts as applied; say how it failed

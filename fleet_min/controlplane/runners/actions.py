@@ -259,8 +259,10 @@ class Actions:
         await self.plane.db.write(store.add_audit, who, _audit_name(action), audit_args(args),
                                   False, None, 0, reason)
 
-    async def run(self, action: Any, args: Any, who: str) -> dict[str, Any]:
-        """Run one action (or queue it to the agent host that has the runner); its reply."""
+    async def run(self, action: Any, args: Any, who: str, *, forward: bool = True
+                  ) -> dict[str, Any]:
+        """Run one action (or queue it to the agent host that has the runner); its reply. With
+        forward=False (a command a coordinator sent) only on this host's own runners."""
         started = time.monotonic()
         reply: dict[str, Any] | None = None
         error: str | None = None
@@ -269,6 +271,10 @@ class Actions:
             async with self.lock:
                 await self.snapshots.rebuild()  # validate against the host now, not a tick ago
                 host = self._remote_host(action, args)
+                if host is not None and not forward:
+                    raise NotFound(f"no runner named {args.get('name')!r} on this host "
+                                   f"{self.plane.host_name}; commands a coordinator sends "
+                                   "act on this host's own runners only")
                 if host is not None:
                     reply = await self._queue_remote(host, action, args, who)
                 else:
