@@ -4,6 +4,7 @@ permission) returns."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -212,7 +213,7 @@ def test_database_made_read_only_at_run_time_refuses_writes_and_recovers(
     figures.record("read_only_at_run_time", message=refused[0], integrity="ok")
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_start_on_an_immutable_database_says_why(tmp_path: Path) -> None:
     """Either it refuses to start with a sentence, or it starts and refuses writes with 503.
     Found here: it used to open the file read-only without a word and answer writes with 500."""
@@ -227,16 +228,18 @@ def test_start_on_an_immutable_database_says_why(tmp_path: Path) -> None:
     try:
         proc.start(wait=False)
         assert proc.proc is not None
-        try:
-            code = proc.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            code = None
-        if code is None:
-            proc.wait_ready()
+        # Whichever comes first: the answer to a health check, or the exit. (It was given 5 s
+        # to exit; on a loaded machine the refusal came after 7, and the test failed it.)
+        with contextlib.suppress(AssertionError):
+            proc.wait_ready(40)
+        if proc.proc.poll() is None:
             status, reply = proc.client.post("/jobs", job("b"))
             proc.stop()
             assert status == 503, (status, reply)
             _sentence(reply)
+        else:
+            assert proc.proc.returncode == 1
+            assert "cannot open the database" in proc.log(), proc.log()[-2000:]
         _no_traceback(proc.log())
     finally:
         _chattr("-i", db)
