@@ -253,6 +253,26 @@ async def test_analysis_rounds_alone_collect_history_and_forecast(host: Host) ->
     assert forecaster.latest["octo/app"]["source"] == "combined"
 
 
+async def test_forecasts_asked_for_at_once_are_made_once(host: Host) -> None:
+    """Each forecast holds the history of every watched repository for a moment, and each
+    request made its own: twenty at once took 1.4 GB. Requests that come while one is made
+    share it; the next one after it is made anew."""
+    end = time.time()
+    host.github.load_history(history_gen.generate("octo/app", end, 3, runners=1, seed=5,
+                                                  ids=itertools.count(8_000_000)))
+    env = {**host.full_env(), "FLEET_WATCH_REPOS": "octo/app"}
+    async with open_parts(host, env) as parts:
+        files = WorkflowFiles(parts.github, parts.plane.db, parts.plane.clock)
+        forecaster = Forecaster(parts.plane, files)
+        await AnalysisRounds(parts.plane, parts.github, files, forecaster).collector.round(
+            ["octo/app"])
+        together = await asyncio.gather(*(forecaster.forecast() for _ in range(8)))
+        assert all(result is together[0] for result in together)
+        assert together[0]["repos"][0]["repo"] == "octo/app"
+        again = await forecaster.forecast()
+        assert again is not together[0]
+
+
 async def test_the_autoscaler_alone_proposes_a_duplicate_for_a_repo_at_capacity(
         apply_env: Host) -> None:
     host = apply_env

@@ -36,18 +36,37 @@ def _score(conn: sqlite3.Connection, scores: list[tuple[float, float, str, float
                      "hour_start = ? AND source = ?", scores)
 
 
+_INTERVALS = ("SELECT created_at, completed_at, labels FROM jobs WHERE repo = ? AND "
+              "completed_at >= ? AND created_at IS NOT NULL AND status = 'completed' AND "
+              "coalesce(conclusion, '') != 'skipped'")
+
+
+def _intervals(conn: sqlite3.Connection, repo: str, since: float) -> list[tuple[float, float]]:
+    """In a worker thread: the self-hosted jobs' (created, completed) times since `since`."""
+    return [(created, completed) for created, completed, labels
+            in conn.execute(_INTERVALS, (repo, since)) if self_hosted(labels)]
+
+
+def _history_prediction(conn: sqlite3.Connection, repo: str, hour_start: float,
+                        covered: float | None) -> dict[str, Any]:
+    """In a worker thread: the history's prediction for the hour. Its rows (nine weeks of a
+    busy repository: hundreds of thousands) are read, filtered and freed off the event loop's
+    thread, which they held for most of a second."""
+    since = hour_start - (forecast.WEEKS + 1) * 7 * DAY
+    return forecast.history_prediction(_intervals(conn, repo, since), hour_start, covered)
+
+
+def _slot_peak(conn: sqlite3.Connection, repo: str, start: float, end: float) -> float:
+    """In a worker thread: the most jobs running at once in [start, end)."""
+    return float(forecast.slot_peak(_intervals(conn, repo, start - 2 * DAY), start, end))
+
+
 class Forecaster:
     def __init__(self, plane: Plane, files: WorkflowFiles) -> None:
         self.plane = plane
         self.files = files
         self.latest: dict[str, dict[str, Any]] = {}  # each repository's last combined forecast
-
-    async def _intervals(self, repo: str, since: float) -> list[tuple[float, float]]:
-        rows = await self.plane.db.read(
-            "SELECT created_at, completed_at, labels FROM jobs WHERE repo = ? AND "
-            "completed_at >= ? AND created_at IS NOT NULL AND status = 'completed' AND "
-            "coalesce(conclusion, '') != 'skipped'", (repo, since))
-        return [(r["created_at"], r["completed_at"]) for r in rows if self_hosted(r["labels"])]
+        self._making: asyncio.Future[dict[str, Any]] | None = None  # see forecast
 
     async def _covered_since(self, repo: str) -> float | None:
         """Where the history of a repository starts: the backfill's start, or its oldest
@@ -61,11 +80,10 @@ class Forecaster:
         return max(state["backfill_since"], row["oldest"])
 
     async def forecast_repo(self, repo: str, hour_start: float) -> dict[str, Any]:
-        intervals = await self._intervals(repo, hour_start - (forecast.WEEKS + 1) * 7 * DAY)
         covered = await self._covered_since(repo)
         flows = await self.files.workflows(repo)
-        past = await asyncio.to_thread(forecast.history_prediction, intervals, hour_start,
-                                       covered)
+        past = await self.plane.db.read_in_thread(_history_prediction, repo, hour_start,
+                                                  covered)
         scheduled = forecast.schedule_prediction(flows, hour_start)
         combined = forecast.combine(past, scheduled)
         return {"repo": repo, "hour_start": iso(hour_start),
@@ -73,7 +91,23 @@ class Forecaster:
                 "predictions": [past, scheduled]}
 
     async def forecast(self) -> dict[str, Any]:
-        """The next hour's forecasts of every watched repository, stored; earlier ones scored."""
+        """The next hour's forecasts of every watched repository, stored; earlier ones scored.
+
+        One is made at a time, and every request that comes while it is made gets it: each
+        holds the history of every watched repository for a moment, and twenty requests at
+        once, each making its own, took 1.4 GB. A request that goes away does not stop it."""
+        making = self._making
+        if making is None:
+            making = self._making = asyncio.ensure_future(self._forecast())
+
+            def made(done: asyncio.Future[dict[str, Any]]) -> None:
+                self._making = None
+                if not done.cancelled():
+                    done.exception()  # seen here: every request for it may have gone
+            making.add_done_callback(made)
+        return await asyncio.shield(making)
+
+    async def _forecast(self) -> dict[str, Any]:
         at = self.plane.clock()
         hour = forecast.next_hour(at)
         repos = [await self.forecast_repo(repo, hour) for repo in self.plane.watched_repos()]
@@ -101,9 +135,9 @@ class Forecaster:
             end = row["hour_start"] + forecast.HOUR
             if state is None or (state["caught_up_at"] or 0) < end + forecast.SCORE_AFTER_S:
                 continue  # the history has not caught up with that hour yet
-            intervals = await self._intervals(row["repo"], row["hour_start"] - 2 * DAY)
-            actual = forecast.slot_peak(intervals, row["hour_start"], end)
-            scores.append((float(actual), at, row["repo"], row["hour_start"], row["source"]))
+            actual = await self.plane.db.read_in_thread(_slot_peak, row["repo"],
+                                                        row["hour_start"], end)
+            scores.append((actual, at, row["repo"], row["hour_start"], row["source"]))
         if scores:
             await self.plane.db.write(_score, scores)
 
