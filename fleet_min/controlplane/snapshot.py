@@ -200,7 +200,11 @@ class Snapshots:
             else:
                 key = v["repo"] or v["owner"] or "(none)"
             groups[key].append(v)
+        # `members` names each runner with its host too: an agent's runner may share a name with
+        # one of this host's (cloned images), and a page that took the name alone showed one
+        # host's runner twice, hid the other, and sent its actions to the wrong host.
         return [{"key": key, "by": mode, "runners": [v["name"] for v in members],
+                 "members": [{"name": v["name"], "host": v["host"]} for v in members],
                  "total": len(members), "busy": sum(v["busy"] for v in members),
                  "draining": sum(v["draining"] for v in members)}
                 for key, members in sorted(groups.items())]

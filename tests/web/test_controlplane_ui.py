@@ -323,6 +323,41 @@ def test_a_remote_runner_offers_working_actions_and_shows_the_forwarded_outcome(
 
 @needs_chromium
 @pytest.mark.slow
+def test_an_agents_runner_named_like_one_of_this_hosts_gets_its_own_row_and_page(
+        tmp_path: Path, github: FakeGitHub, browser: Browser) -> None:
+    """Cloned images give two hosts runners of one name. The overview kept runners by name:
+    the agent's row replaced this host's (shown twice, the local one gone) and its buttons sent
+    the actions to the agent; the runner page by name opened this host's. Each now has its row,
+    and the agent's its own page (#/runner/<name>@<host>)."""
+    host = make_host(tmp_path / "coord", github)
+    host.add_runner("app-1", "octo/shelf", labels=["linux"])
+    coord = Daemon(host, {"FLEET_HOST_NAME": "coord"})
+    try:
+        heartbeat(coord.url, coord.token, "zz", runners=["app-1"], repo="octo/shelf")
+        page, console = open_page(browser, coord.url)
+        mine = page.locator('tr[data-runner="app-1"][data-host="coord"]')
+        theirs = page.locator('tr[data-runner="app-1"][data-host="zz"]')
+        expect(mine).to_have_count(1, timeout=WAIT_MS)
+        expect(theirs).to_have_count(1)
+        expect(theirs.locator(".badge.info")).to_have_text("zz")
+        expect(mine.locator(".badge.info")).to_have_count(0)
+        theirs.get_by_role("link", name="app-1").click()
+        expect(page).to_have_url(re.compile(r"#/runner/app-1@zz$"))
+        expect(page.locator("#remote")).to_contain_text("runs on the agent host zz")
+        page.go_back()
+        mine.get_by_role("link", name="app-1").click()
+        expect(page).to_have_url(re.compile(r"#/runner/app-1$"))
+        expect(page.locator("#runner-title")).to_contain_text("app-1")
+        expect(page.locator("#remote")).to_have_count(0)
+        assert console.errors == []
+        page.context.close()
+    finally:
+        coord.stop()
+        fakes.kill_all_listeners(host.root)
+
+
+@needs_chromium
+@pytest.mark.slow
 def test_an_agent_host_shows_its_coordinator_and_a_refusal(tmp_path: Path, github: FakeGitHub,
                                                            browser: Browser) -> None:
     """An agent's Hosts screen says where it reports and how that went: a second agent under a

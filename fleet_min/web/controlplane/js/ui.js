@@ -124,3 +124,27 @@ export function Table({ columns, rows, label, rowKey, rowAttrs, cls = "", limit 
   </div>
   ${rows.length > shown.length ? html`<p class="muted small">The first ${shown.length} of ${rows.length} are shown.</p>` : null}`;
 }
+
+// A runner's page. An agent host's runner is named with its host (#/runner/<name>@<host>): one
+// may share its name with a runner of this host (cloned images), and a link by name alone
+// opened this host's. Runner names and host names hold no "@".
+export function runnerHref(r) {
+  return `#/runner/${encodeURIComponent(r.name)}${r.remote ? `@${encodeURIComponent(r.host)}` : ""}`;
+}
+
+// The runner a #/runner/ argument names: <name>@<host> an agent's, <name> this host's (or, when
+// this host has none of that name, the one runner an agent reports by it).
+export function runnerOf(runners, arg) {
+  const at = arg.lastIndexOf("@");
+  const name = at < 0 ? arg : arg.slice(0, at);
+  const host = at < 0 ? null : arg.slice(at + 1);
+  const named = (runners || []).filter((r) => r.name === name);
+  if (host !== null) return named.find((r) => r.remote && r.host === host);
+  return named.find((r) => !r.remote) || (named.length === 1 ? named[0] : undefined);
+}
+
+// Where a row of runners is kept: a runner is its host's and its name's.
+export function runnerKey(r) {
+  return `${r.host}\u0000${r.name}`;
+}
+

@@ -2,7 +2,8 @@
 // repository as plain figures and a duration chart; the browser-test figures; how far the
 // history collection has come; and one repository's 30-day detail (GET /api/repo?name=).
 import { html, useState } from "../js/html.js";
-import { Panel, Badge, Empty, Loaded, Table, Figures, KV, Time, useFetch } from "../js/ui.js";
+import { Panel, Badge, Empty, Loaded, Table, Figures, KV, Time, useFetch, runnerHref } from "../js/ui.js";
+import { state } from "../js/store.js";
 import { BarChart } from "../js/chart.js";
 import { dur, share, num, plural, clock, DASH } from "../js/format.js";
 
@@ -172,7 +173,7 @@ function RepoRunners({ d }) {
   const registered = Array.isArray(d.registered) ? d.registered : null;
   return html`${d.runners?.length ? html`<ul class="list compact">${d.runners.map((r) => html`<li>
       <${Badge} kind=${r.busy ? "busy" : r.state === "idle" ? "ok" : ""}>${r.state || "unknown"}<//>
-      <span><a href=${`#/runner/${encodeURIComponent(r.name)}`}>${r.name}</a> <span class="muted small">on ${r.host}</span></span></li>`)}</ul>`
+      <span><a href=${runnerHref({ ...r, remote: r.host !== state.snap?.host?.name })}>${r.name}</a> <span class="muted small">on ${r.host}</span></span></li>`)}</ul>`
     : html`<${Empty}>No runner of this fleet serves it now.<//>`}
     <p class="muted small">${registered ? `${plural(registered.length, "runner")} registered with GitHub.`
       : "GitHub's list of its runners is not known (no token, or the token may not read it)."}</p>`;

@@ -2,7 +2,7 @@
 // runs and why they wait), the runners by group with their actions, and the runs in flight.
 import { html } from "../js/html.js";
 import { state } from "../js/store.js";
-import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Time, SEVERITY_KIND } from "../js/ui.js";
+import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Time, SEVERITY_KIND, runnerHref, runnerKey } from "../js/ui.js";
 import { RunnerActions, HostActions } from "../js/actions.js";
 import { TimeChart } from "../js/chart.js";
 import { dur, mb, kb, num, pct, DASH } from "../js/format.js";
@@ -101,7 +101,7 @@ function RunnerRow({ r, snap }) {
   const procs = r.remote ? `on ${r.host}${r.stale ? " (no recent report)" : ""}`
     : r.listener ? `listener ${kb(r.listener.rss_kb)}, up ${dur(r.listener.uptime_s)}` : "no listener";
   return html`<tr data-runner=${r.name} data-state=${r.state} data-host=${r.host}>
-    <th scope="row" data-label="Runner"><a href=${`#/runner/${encodeURIComponent(r.name)}`}>${r.name}</a>${r.remote
+    <th scope="row" data-label="Runner"><a href=${runnerHref(r)}>${r.name}</a>${r.remote
       ? html` <${Badge} kind=${r.stale ? "warn" : "info"} title=${`reported by agent host ${r.host}; actions are forwarded to it`}>${r.host}<//>` : null}</th>
     <td data-label="State"><span><${StateBadge} state=${r.state} />${r.draining && r.draining_since ? html` <span class="muted small"><${Time} at=${r.draining_since} prefix="since " /></span>` : null}</span></td>
     <td data-label="Service"><span>${r.service?.active || DASH}${r.service?.sub && r.service.sub !== r.service.active ? ` (${r.service.sub})` : ""}</span></td>
@@ -114,8 +114,10 @@ function RunnerRow({ r, snap }) {
   </tr>`;
 }
 
-function Group({ group, snap, byName }) {
-  const members = group.runners.map((n) => byName.get(n)).filter(Boolean);
+function Group({ group, snap, byKey }) {
+  // By host and name (members); a snapshot from an older daemon lists names alone.
+  const members = (group.members || group.runners.map((name) => ({ name, host: snap.host?.name })))
+    .map((m) => byKey.get(runnerKey(m))).filter(Boolean);
   const queued = (snap.queue_causes || []).filter((q) => q.repo === group.key);
   return html`<div class="group" data-group=${group.key}>
     <h3>${group.key}
@@ -123,18 +125,18 @@ function Group({ group, snap, byName }) {
     <div class="table-wrap"><table class="runners cards">
       <thead><tr><th scope="col">Runner</th><th scope="col">State</th><th scope="col">Service</th><th scope="col">GitHub</th>
         <th scope="col">Labels</th><th scope="col">Processes</th><th scope="col">Drift</th><th scope="col">Version</th><th scope="col"><span class="sr-only">Actions</span></th></tr></thead>
-      <tbody>${members.map((r) => html`<${RunnerRow} key=${r.name} r=${r} snap=${snap} />`)}</tbody>
+      <tbody>${members.map((r) => html`<${RunnerRow} key=${runnerKey(r)} r=${r} snap=${snap} />`)}</tbody>
     </table></div>
   </div>`;
 }
 
 function Runners({ snap }) {
-  const byName = new Map((snap.runners || []).map((r) => [r.name, r]));
+  const byKey = new Map((snap.runners || []).map((r) => [runnerKey(r), r]));
   const groups = snap.groups?.length ? snap.groups
-    : [{ key: "all runners", runners: [...byName.keys()], total: byName.size, busy: 0, draining: 0 }];
+    : [{ key: "all runners", runners: [], members: [...byKey.values()], total: byKey.size, busy: 0, draining: 0 }];
   const by = snap.groups?.[0]?.by;
-  return html`<${Panel} id="runners" wide title=${`Runners (${byName.size})${by ? ` by ${by}` : ""}`}>
-    ${byName.size ? groups.map((g) => html`<${Group} key=${g.key} group=${g} snap=${snap} byName=${byName} />`)
+  return html`<${Panel} id="runners" wide title=${`Runners (${byKey.size})${by ? ` by ${by}` : ""}`}>
+    ${byKey.size ? groups.map((g) => html`<${Group} key=${g.key} group=${g} snap=${snap} byKey=${byKey} />`)
       : html`<${Empty}>No runner installation found under the runner root.<//>`}
   <//>`;
 }

@@ -3,7 +3,7 @@
 import { html } from "../js/html.js";
 import { state, readOnly, toast } from "../js/store.js";
 import { download } from "../js/api.js";
-import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Loaded, Time, useFetch, SEVERITY_KIND } from "../js/ui.js";
+import { Panel, Badge, StateBadge, Chips, KV, Meter, Empty, Loaded, Time, useFetch, SEVERITY_KIND, runnerOf } from "../js/ui.js";
 import { RunnerActions } from "../js/actions.js";
 import { driftOf } from "./overview.js";
 import { dur, kb, bytes, pct, DASH } from "../js/format.js";
@@ -100,9 +100,9 @@ function Diag({ d }) {
 
 export function RunnerView({ name }) {
   const snap = state.snap;
-  const r = snap?.runners?.find((x) => x.name === name);
+  const r = runnerOf(snap?.runners, name);
   const key = r ? `${r.state}|${r.draining}|${r.registration}|${Math.floor(Date.now() / REFRESH_MS)}` : "gone";
-  const path = `/api/runner?name=${encodeURIComponent(name)}`;
+  const path = `/api/runner?name=${encodeURIComponent(r ? r.name : name)}`;
   const res = useFetch(r && !r.remote ? path : null, key);
   if (!snap) return html`<p class="muted" aria-busy="true">Waiting for the first snapshot…</p>`;
   if (!r) {
@@ -110,7 +110,7 @@ export function RunnerView({ name }) {
       <${Empty}>No runner named <strong>${name}</strong> on this host now (deregistered or moved).<//>`;
   }
   if (r.remote) return html`<${RemoteRunner} r=${r} />`;
-  const drift = driftOf(snap, name);
+  const drift = driftOf(snap, r.name);
   return html`<div class="page-head">
       <a href="#/">← All runners</a>
       <h2 class="title" id="runner-title">${r.name} <${StateBadge} state=${r.state} /></h2>
