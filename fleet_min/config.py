@@ -18,6 +18,7 @@ import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, cast, overload
+from urllib.parse import urlsplit
 
 from fleet_min.origin import ALLOWED_HOSTS_ENV, host_patterns
 
@@ -94,10 +95,33 @@ def timezone_name(text: str) -> str:
 
 
 def http_url(text: str) -> str:
+    """An http(s) URL with a host and, when it gives one, a port that is one; "" for none."""
     url = text.strip()
-    if url and not url.startswith(("http://", "https://")):
-        raise ValueError(f"must be an http:// or https:// URL, got {url[:80]!r}")
+    if not url:
+        return url
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http:// or https:// URL, got {shown_url(url)!r}")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port past 65535 or not a number
+    except ValueError:
+        raise ValueError(f"must be a URL with a valid host and port, got {shown_url(url)!r}"
+                         ) from None
+    if not parts.hostname:
+        raise ValueError(f"must name a host, got {shown_url(url)!r}")
     return url.rstrip("/") if url.count("/") > 2 else url
+
+
+def shown_url(url: str) -> str:
+    """A URL as a refusal may quote it: its scheme and host, without a user or password and
+    without its path or query, where a webhook carries its secret. The refusal is the start-up
+    error, which the service manager's journal keeps."""
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return url[:12] + ("..." if len(url) > 12 else "")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    host = authority.rpartition("@")[2]
+    return f"{scheme[:12]}://{host[:80]}" + ("/..." if len(rest) > len(authority) else "")
 
 
 def flag(text: str) -> bool:

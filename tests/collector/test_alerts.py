@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -14,7 +15,15 @@ from aiohttp import web
 from fleet_min.collector.automation import alerts
 from fleet_min.collector.automation.alerts import Sizes, Thresholds
 from fleet_min.collector.automation.webhook import MAX_BACKOFF_S, backoff
-from tests.support.collector import age_rows, beacon, free_port, job, registration, result_row
+from tests.support.collector import (
+    CollectorProcess,
+    age_rows,
+    beacon,
+    free_port,
+    job,
+    registration,
+    result_row,
+)
 
 NOW = 1_800_000_000.0
 TH = Thresholds()
@@ -610,3 +619,21 @@ async def test_a_burst_of_alerts_is_posted_as_a_few_and_one_summary(
     assert [rows[i]["webhook_state"] for i in sorted(more)] == ["delivered", "folded", "folded"]
     assert len(hook.posts) == alerts.WEBHOOK_PER_WINDOW + 2
     assert hook.posts[-1][1]["summary"]["alerts"] == 3
+
+
+@pytest.mark.parametrize(("url", "said"), [
+    ("hxxp://hook:SECRETPW@chat.example/T/SECRETPATH", "got 'hxxp://chat.example/...'"),
+    ("https://hook:SECRETPW@chat.example:99999/T/SECRETPATH",
+     "must be a URL with a valid host and port, got 'https://chat.example:99999/...'"),
+])
+def test_a_webhook_url_refused_at_start_is_quoted_without_its_secrets(tmp_path, url, said):
+    """The start-up error quoted the whole webhook URL, user, password and the token in its path,
+    into the service manager's journal; a port past 65535 was taken and failed every delivery."""
+    proc = CollectorProcess(tmp_path / "data", env={"FLEET_ALERT_WEBHOOK": url})
+    proc.start(wait=False)
+    assert proc.proc is not None
+    assert proc.proc.wait(timeout=30) == 2
+    log = proc.log()
+    assert "FLEET_ALERT_WEBHOOK" in log and said in log, log
+    assert "SECRET" not in log
+    proc.stop(signal.SIGKILL)

@@ -6,10 +6,12 @@ executors a collector keeps (any name a poll gives is stored)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from fleet_min.collector.http.app import SERVICE
 from fleet_min.collector.jobs.executors import MAX_EXECUTORS
 from tests.support.collector import age_rows, edit_rows, job, registration
 
@@ -407,3 +409,24 @@ async def test_a_listing_of_the_devices_first_seen_since_a_time(client, db_path)
     assert set(await listed(client, "")) == {"old-1", "old-2", "new-1"}
     resp = await client.get("/api/devices?first_seen_after=yesterday")
     assert resp.status == 400 and "first_seen_after" in (await resp.json())["error"]
+
+
+async def test_a_page_of_devices_is_not_queued_behind_whole_registry_listings(client):
+    """Every listing queued for the same two slots: behind a dozen clients asking for all of
+    25,000 devices (25 MB each), the dashboard's page of 100 waited 30 s. Pages (a limit of
+    2,000 or less) have slots of their own. Here both slots of whole listings are held."""
+    for name in ("a", "b", "c"):
+        assert (await client.post("/devices/register", json=registration(name))).status == 200
+    db = client.server.app[SERVICE].db
+    whole = db.slots("device listings", 2)
+    await whole.acquire()
+    await whole.acquire()
+    try:
+        waiting = asyncio.ensure_future(client.get("/api/devices"))
+        page = await asyncio.wait_for(client.get("/api/devices", params={"limit": "100"}), 30)
+        assert [d["device_id"] for d in (await page.json())["devices"]] == ["c", "b", "a"]
+        assert not waiting.done()  # the whole registry waits for its own slot
+    finally:
+        whole.release()
+        whole.release()
+    assert (await asyncio.wait_for(waiting, 30)).status == 200

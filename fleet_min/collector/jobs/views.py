@@ -5,6 +5,7 @@ Every filter is a bound parameter; pages are 50 rows. Times in and out are ISO-8
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import sqlite3
@@ -368,6 +369,15 @@ _LISTED_DEVICE = (
 # memory (a listing of 25,000 devices at the registry's limits is 136 MB of JSON).
 DEVICE_LISTINGS_AT_ONCE = 2
 MAX_DEVICES_LIMIT = 1_000_000  # ?limit= past any registry; FLEET_MAX_DEVICES bounds the answer
+# Pages of the registry (a ?limit= of this or less: the dashboard's screens and pages) queue for
+# slots of their own: behind a dozen clients asking for all of 25,000 devices (25 MB each), the
+# dashboard's page of 100 waited 30 s, and a client asking again and again held it for good.
+DEVICE_PAGE_LIMIT = 2000
+
+
+def _listing_slots(db: Database, asked: DeviceQuery) -> asyncio.Semaphore:
+    small = asked.limit is not None and asked.limit <= DEVICE_PAGE_LIMIT
+    return db.slots("device pages" if small else "device listings", DEVICE_LISTINGS_AT_ONCE)
 
 
 @dataclass(frozen=True)
@@ -391,14 +401,14 @@ def device_query(query: Mapping[str, str]) -> DeviceQuery:
 async def list_devices(db: Database, now: float, asked: DeviceQuery) -> dict[str, Any]:
     """The registry as its listing, or with `first_seen_after` only the devices first seen
     since then (the Add-a-device page watches for arrivals without reading every device)."""
-    async with db.slots("device listings", DEVICE_LISTINGS_AT_ONCE):
+    async with _listing_slots(db, asked):
         return await db.read_in_thread(_device_listing, now, asked, named=True)
 
 
 async def list_devices_body(db: Database, now: float, asked: DeviceQuery) -> bytearray:
     """list_devices as the JSON body of GET /api/devices, encoded in the worker thread too: the
     records of a large registry are never built, encoded or freed on the loop's thread."""
-    async with db.slots("device listings", DEVICE_LISTINGS_AT_ONCE):
+    async with _listing_slots(db, asked):
         return await db.read_in_thread(_device_listing_body, now, asked, named=True)
 
 
