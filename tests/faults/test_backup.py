@@ -186,6 +186,17 @@ def test_backup_and_restore_refuse_with_a_sentence(tmp_path: Path) -> None:
     assert no_data.returncode == 1 and "--data" in no_data.stderr
     for result in (missing, taken, not_backup, no_data):
         assert "Traceback" not in result.stderr
+    # A link, to an empty directory or to nothing: the backup was made whole, then refused as
+    # "Not a directory" (or named its hidden work directory); now refused before it starts.
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "to-empty").symlink_to(tmp_path / "empty")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    for link in ("to-empty", "dangling"):
+        linked = fleet("backup", str(tmp_path / link), "--data", str(tmp_path / "data"))
+        assert linked.returncode == 1, linked.stderr
+        assert f"{tmp_path / link} is a symbolic link; give the directory it leads to, or a " \
+               "new path" in linked.stderr
+        assert "Traceback" not in linked.stderr and ".partial-" not in linked.stderr
     ok = fleet("backup", str(tmp_path / "b"), "--data", str(tmp_path / "data"))
     assert ok.returncode == 0, ok.stderr
     assert not (tmp_path / "b" / "artifacts").exists()  # bytes only with --with-artifacts

@@ -169,6 +169,12 @@ def backup(data_dir: Path, dest: Path, with_artifacts: bool = False) -> Report:
     if not source.is_file():
         raise BackupError(f"there is no collector database at {source}; pass the collector's "
                           "data directory with --data")
+    if os.path.islink(dest):
+        # The backup is made beside it and renamed into place, which a link cannot take (an
+        # empty directory it led to was found after the whole backup was made; a dangling one
+        # had the error name the hidden work directory).
+        raise BackupError(f"{dest} is a symbolic link; give the directory it leads to, or a "
+                          "new path")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise BackupError(f"{dest} already exists; a backup goes into a new (or empty) directory")
     work = dest.with_name(f".{dest.name}.partial-{os.getpid()}")
