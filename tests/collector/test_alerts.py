@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -15,6 +16,9 @@ from aiohttp import web
 from fleet_min.collector.automation import alerts
 from fleet_min.collector.automation.alerts import Sizes, Thresholds
 from fleet_min.collector.automation.webhook import MAX_BACKOFF_S, backoff
+from fleet_min.collector.jobs.effects import Effects
+from fleet_min.collector.storage.schema import MIGRATIONS
+from fleet_min.db import migrate
 from tests.support.collector import (
     CollectorProcess,
     age_rows,
@@ -637,3 +641,23 @@ def test_a_webhook_url_refused_at_start_is_quoted_without_its_secrets(tmp_path, 
     assert "FLEET_ALERT_WEBHOOK" in log and said in log, log
     assert "SECRET" not in log
     proc.stop(signal.SIGKILL)
+
+
+def test_a_tick_records_still_open_alerts_together_and_keeps_their_details(tmp_path):
+    """The alerts still open are seen again in one statement; a changed detail is kept, a
+    resolved alert is not counted again. Real SQLite, the collector's schema."""
+    conn = sqlite3.connect(tmp_path / "a.sqlite3", isolation_level=None)
+    conn.row_factory = sqlite3.Row
+    migrate(conn, MIGRATIONS)
+    stays = alerts.Finding(alerts.AlertRule.LOW_BATTERY, "d1", "d1 is at 9% battery")
+    goes = alerts.Finding(alerts.AlertRule.LOW_BATTERY, "d2", "d2 is at 8% battery")
+    first = alerts.record(conn, [stays, goes], NOW, Effects(), False)
+    assert len(first.opened) == 2
+    moved = alerts.Finding(stays.rule, "d1", "d1 is at 7% battery")
+    second = alerts.record(conn, [moved], NOW + 60, Effects(), False)
+    assert second.opened == [] and len(second.resolved) == 1 and second.still_open == 1
+    rows = {r["subject"]: dict(r) for r in conn.execute("SELECT * FROM alerts")}
+    assert (rows["d1"]["seen_count"], rows["d1"]["detail"], rows["d1"]["last_seen"]) == (
+        2, "d1 is at 7% battery", NOW + 60)
+    assert (rows["d2"]["state"], rows["d2"]["seen_count"]) == ("resolved", 1)
+    conn.close()

@@ -96,8 +96,11 @@ class Automation:
         await self.service.check_clock()  # a stepped clock must not make every device silent
         sizes = await asyncio.to_thread(alerts.measure, self.service.data_dir,
                                         self.settings.log_paths)
+        at = now()
+        findings = await self.service.db.read_in_thread(
+            alerts.findings_now, at, self.settings.thresholds, sizes, named=True)
         result: alerts.TickResult = await self.service.transact(
-            alerts.tick, now(), self.settings.thresholds, sizes, self.sender is not None)
+            alerts.record, findings, at, webhook_armed=self.sender is not None)
         if result.opened and self.sender is not None:
             self.sender.wake()
         return result
