@@ -375,14 +375,13 @@ async def stream(request: web.Request, hub: EventHub,
             await response.write(f"retry: 2000\nevent: hello\ndata: {greeting}\n\n".encode())
         elif not replay:
             await response.write(_KEEPALIVE)  # nothing to send yet; the headers go out now
-        if len(replay) > 1:  # (a hub of states replays its one state)
+        bounded = len(replay) > 1  # (a hub of states replays its one state)
+        if bounded:
             _set_send_buffer(transport, REPLAY_SEND_BUFFER)
-            for frame in replay:
-                await response.write(frame)
+        for frame in replay:
+            await response.write(frame)
+        if bounded:
             _set_send_buffer(transport, _system_send_buffer())
-        else:
-            for frame in replay:
-                await response.write(frame)
         await _serve(response, subscriber, keepalive_s)
     except (ConnectionResetError, asyncio.CancelledError):
         pass  # the client left, or the service is stopping: both end this stream quietly
