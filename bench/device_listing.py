@@ -1,10 +1,14 @@
-"""What one device listing costs everything else: a registry filled to `--devices` devices at
-the registration's limits (256 capabilities of 200 characters, 64 pools of 100, a descriptor of
-14 KB), then `GET /api/devices` asked while two probes poll every 20 ms, one that needs the
-database's shared reader (`GET /api/jobs/<none>`, a 404 after a read) and one that needs only
-the event loop (`GET /api/health`).
+"""What one request over the whole registry costs everything else: a registry filled to
+`--devices` devices at the registration's limits (256 capabilities of 200 characters, 64 pools
+of 100, a descriptor of 14 KB), then one request asked while two probes poll every 20 ms, one
+that needs the database's shared reader (`GET /api/jobs/<none>`, a 404 after a read) and one
+that needs only the event loop (`GET /api/health`). The request (`--ask`): `listing`, the
+device listing (`GET /api/devices`); `fanout`, a fan-out whose match expression every device
+is asked and none passes (refused with 422, so each round asks the same); `preview`, the same
+spec's preview (`POST /api/jobs/preview-targets`, answered with no device).
 
-    python bench/device_listing.py [--devices 25000] [--rounds 2] [--against PATH] [--quick]
+    python bench/device_listing.py [--devices 25000] [--rounds 2] [--ask listing|fanout|preview]
+                                   [--against PATH] [--quick]
 
 Reported per server: the listing's time and size, the worst wait of each probe while it ran
 (what every other client of the collector saw), and the collector's peak memory. The ceiling
@@ -35,10 +39,11 @@ from bench.common import ROOT, checkout, emit, memory_kib, server, table
 
 
 def wide_device(device_id: str) -> dict[str, Any]:
-    """A registration at the limits validation allows."""
+    """A registration at the limits validation allows; of its 256 capabilities the first is
+    `benchmark`, the workload the fan-out and the preview of `--ask` name."""
     return {"device_id": device_id,
             "pools": [f"p{k:02d}" + "x" * 96 for k in range(64)],
-            "capabilities": [f"c{k:03d}" + "y" * 196 for k in range(256)],
+            "capabilities": ["benchmark", *(f"c{k:03d}" + "y" * 196 for k in range(1, 256))],
             "descriptor": {"platform": "linux", "model": "m" * 100,
                            **{f"f{k}": "z" * 150 for k in range(90)}}}
 
@@ -77,8 +82,10 @@ async def probe(address: str, path: str, stop: Any) -> float:
 
 
 async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str,
-                   path: str) -> bytes:
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+                   path: str, method: str = "GET", payload: Any = None) -> bytes:
+    body = b"" if payload is None else json.dumps(payload).encode()
+    sent = f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n" if body else ""
+    writer.write(f"{method} {path} HTTP/1.1\r\nHost: {host}\r\n{sent}\r\n".encode() + body)
     head = await reader.readuntil(b"\r\n\r\n")
     length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                   if line.lower().startswith(b"content-length:"))
@@ -93,24 +100,40 @@ def probes(address: str, stop: Any, worst: Any) -> None:
     worst.put(asyncio.run(run()))
 
 
-def probed(address: str, seconds: float | None, listing: bool) -> dict[str, Any]:
-    """The probes' worst waits over `seconds`, or while one listing is asked and read."""
+# A match every device is asked and none passes: the model of every copy is "m" * 100.
+NO_DEVICE_MATCH = "platform == 'linux' && model ~ 'm{3}x'"
+ASKED = {
+    "listing": ("GET", "/api/devices", None),
+    "fanout": ("POST", "/jobs", {"schema": 1, "job_id": "bench-fanout", "workload": "benchmark",
+                                 "backend": "synthetic", "executor": "device", "fanout": True,
+                                 "targets": {"match": NO_DEVICE_MATCH}}),
+    "preview": ("POST", "/api/jobs/preview-targets", {"workload": "benchmark",
+                                                       "executor": "device",
+                                                       "targets": {"match": NO_DEVICE_MATCH}}),
+}
+
+
+def probed(address: str, seconds: float | None, ask: str | None) -> dict[str, Any]:
+    """The probes' worst waits over `seconds`, or while one request of ASKED is answered."""
     stop, worst = multiprocessing.Event(), multiprocessing.Queue()
     prober = multiprocessing.Process(target=probes, args=(address, stop, worst))
     prober.start()
     time.sleep(0.2)
     record: dict[str, Any] = {}
-    if listing:
-        async def ask() -> bytes:
+    if ask:
+        method, path, payload = ASKED[ask]
+
+        async def asked() -> bytes:
             host, port = address.rsplit(":", 1)
             reader, writer = await asyncio.open_connection(host, int(port))
-            body = await exchange(reader, writer, host, "/api/devices")
+            body = await exchange(reader, writer, host, path, method, payload)
             writer.close()
             return body
         started = time.monotonic()
-        body = asyncio.run(ask())
+        body = asyncio.run(asked())
+        answer = json.loads(body)
         record.update(listing_s=time.monotonic() - started, bytes=len(body),
-                      devices=len(json.loads(body)["devices"]))
+                      devices=len(answer.get("devices") or ()), answer=answer.get("error"))
     else:
         time.sleep(seconds or 0)
     stop.set()
@@ -123,6 +146,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--devices", type=int, default=25_000)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ask", choices=sorted(ASKED), default="listing",
+                        help="the request over the whole registry (default: the listing)")
     parser.add_argument("--against", type=checkout, default=None, metavar="PATH",
                         help="a checkout of another commit, measured in the same rounds")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
@@ -139,14 +164,15 @@ def main() -> None:
                 with server("collector", tree=tree, data_dir=data) as (address, pid):
                     if not found[name] and name == "this tree":
                         fill(address, data, args.devices)
-                    idle = probed(address, 1.0 if args.quick else 3.0, listing=False)
-                    record = probed(address, None, listing=True)
+                    idle = probed(address, 1.0 if args.quick else 3.0, ask=None)
+                    record = probed(address, None, ask=args.ask)
                     record.update(worst_reader_s=record.pop("reader_s"),
                                   worst_loop_s=record.pop("loop_s"),
                                   idle_worst_reader_s=idle["reader_s"],
                                   idle_worst_loop_s=idle["loop_s"])
                     record["peak_rss_mb"] = memory_kib(pid)["VmHWM"] / 1024
-                record.update(bench="device_listing", server=name, round=round_no + 1)
+                record.update(bench="device_listing", ask=args.ask, server=name,
+                              round=round_no + 1)
                 emit(record)
                 found[name].append(record)
     rows = []
@@ -156,9 +182,9 @@ def main() -> None:
         summary = {key: median(key) for key in ("listing_s", "bytes", "worst_reader_s",
                                                 "worst_loop_s", "idle_worst_reader_s",
                                                 "idle_worst_loop_s", "peak_rss_mb")}
-        emit({"bench": "device_listing", "figure": "device_listing", "server": name,
-              "devices": args.devices, "rounds": args.rounds, **summary})
-        rows += [(f"{name}: listing", f"{summary['listing_s']:.2f} s",
+        emit({"bench": "device_listing", "figure": "device_listing", "ask": args.ask,
+              "server": name, "devices": args.devices, "rounds": args.rounds, **summary})
+        rows += [(f"{name}: {args.ask}", f"{summary['listing_s']:.2f} s",
                   f"{summary['bytes'] / 1e6:.1f} MB, {args.devices:,} devices"),
                  (f"{name}: worst shared-reader wait", f"{summary['worst_reader_s']:.3f} s",
                   f"idle: {summary['idle_worst_reader_s']:.3f} s"),

@@ -290,6 +290,16 @@ def test_device_listing_smoke():
         assert isinstance(result[key], float), key
 
 
+@pytest.mark.parametrize("ask", ["fanout", "preview"])
+def test_device_listing_asks_a_fan_out_or_its_preview(ask):
+    rounds = [r for r in run_bench("device_listing", "--ask", ask) if "round" in r]
+    assert rounds and all(r["ask"] == ask and r["devices"] == 0 for r in rounds), rounds
+    answers = {r["answer"] for r in rounds}
+    assert answers == ({None} if ask == "preview" else {
+        "fan-out matched no registered device that can run 'benchmark'; check targets and "
+        "capabilities with POST /api/jobs/preview-targets"}), answers
+
+
 def test_restore_rows_smoke():
     result = figure(run_bench("restore_rows"), "row_check")
     assert result["rows"] == 2000 + 2000 + 200

@@ -201,12 +201,14 @@ async def post_jobs(request: web.Request) -> web.Response:
             except BadRequest as exc:
                 raise BadRequest(f"job {index}: {exc.message}") from None
         access.check_signing_jobs(request, specs, service.config)
-        enqueued = await service.transact(queue.enqueue, specs, now())
+        chosen = await views.choose_fanout_targets(service.db, specs, now())
+        enqueued = await service.transact(queue.enqueue, specs, now(), chosen=chosen)
         return json_response({"ok": True, "jobs": enqueued.replies}, status=201)
     spec = check_job_spec(body)
     access.check_ci_target(request, spec)
     access.check_signing_jobs(request, [spec], service.config)
-    enqueued = await service.transact(queue.enqueue, [spec], now())
+    chosen = await views.choose_fanout_targets(service.db, [spec], now())
+    enqueued = await service.transact(queue.enqueue, [spec], now(), chosen=chosen)
     return json_response({"ok": True, **enqueued.replies[0]}, status=201)
 
 

@@ -71,8 +71,16 @@ class Device:
         """The device as view() shows it, as a number: a registration that changes what a
         match expression reads changes it (verdicts.py keeps verdicts by it)."""
         if self._fingerprint is None:
-            self._fingerprint = hash((self.device_id, self._descriptor_text, repr(self.pools),
-                                      repr(self.capabilities)))
+            # The lists as tuples of their strings, not as their repr: a repr copies and escapes
+            # every character (60 KB for a device registered at its limits), which was half the
+            # cost of judging such a device. None (no opinion) stays apart from () (nothing).
+            capabilities = None if self.capabilities is None else tuple(self.capabilities)
+            try:
+                self._fingerprint = hash((self.device_id, self._descriptor_text,
+                                          tuple(self.pools), capabilities))
+            except TypeError:  # a stored list holding a list or an object: not hashable
+                self._fingerprint = hash((self.device_id, self._descriptor_text,
+                                          repr(self.pools), repr(self.capabilities)))
         return self._fingerprint
 
     def view(self) -> dict[str, Any]:

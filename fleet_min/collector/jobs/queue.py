@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -181,9 +181,12 @@ class _Tally:
 
 @replayable
 def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
-            effects: Effects, template_id: str | None = None, *, spent: int = 0) -> Enqueued:
+            effects: Effects, template_id: str | None = None, *, spent: int = 0,
+            chosen: ChosenTargets | None = None) -> Enqueued:
     """Store validated specs atomically (all or none). `spent` is the jobs already written
-    under the same budget (the scheduler's tick: every run it fires shares one).
+    under the same budget (the scheduler's tick: every run it fires shares one). `chosen` is
+    what choose_fanout_targets found for the fan-outs among them, read before the transaction;
+    a fan-out it does not hold chooses its targets here.
 
     Raises Conflict, BadRequest or Unprocessable (OverBudget past the budget), and then
     nothing is stored.
@@ -213,7 +216,7 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
     replies: dict[str, dict[str, Any]] = {}
     for spec in order:
         replies[spec["job_id"]] = _store(conn, spec, now, effects, tally,
-                                         template_id=template_id)
+                                         template_id=template_id, chosen=chosen)
     return Enqueued([replies[job_id] for job_id in ids], tally.jobs - spent)
 
 
@@ -337,10 +340,11 @@ def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
 
 def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
            tally: _Tally, *, template_id: str | None = None,
-           parent: str | None = None) -> dict[str, Any]:
+           parent: str | None = None, chosen: ChosenTargets | None = None) -> dict[str, Any]:
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
-        return _store_fanout(conn, spec, now, effects, tally, template_id)
+        return _store_fanout(conn, spec, now, effects, tally, template_id,
+                             (chosen or {}).get(spec["job_id"]))
     if parent is None:
         _check_pins_agree(conn, spec)
     status, last_error, spec = _initial_status(conn, spec, tally)
@@ -448,13 +452,17 @@ def _insert(conn: sqlite3.Connection, spec: JobSpec, status: str,
 
 
 def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
-                  tally: _Tally, template_id: str | None) -> dict[str, Any]:
+                  tally: _Tally, template_id: str | None,
+                  chosen: list[str] | Unprocessable | None) -> dict[str, Any]:
     """A fan-out parent (never claimed) and one child per target: per matching device,
     pinned with targets.device_id, or for a host job per executor seen recently, pinned with
-    targets.executor (fanout {distinct} is refused for host jobs by specs.check_spec)."""
+    targets.executor (fanout {distinct} is refused for host jobs by specs.check_spec). The
+    targets are `chosen` when they were found before the transaction (choose_fanout_targets),
+    and a refusal found there is raised here, where choosing them would have raised it."""
     pin_field = "device_id" if spec["executor"] == Executor.DEVICE else "executor"
-    pins = ([d.device_id for d in fanout_devices(conn, spec, now)] if pin_field == "device_id"
-            else fanout_executors(conn, spec, now))
+    if isinstance(chosen, Unprocessable):
+        raise Unprocessable(chosen.message)
+    pins = chosen if chosen is not None else fanout_pins(conn, spec, now)
     if not pins:
         raise Unprocessable(_NO_FANOUT_TARGET[pin_field].format(workload=spec["workload"]))
     parent_id = spec["job_id"]
@@ -516,6 +524,36 @@ _NO_FANOUT_TARGET = {
 }
 
 
+# For each fan-out of a request (by job id): the pins choose_fanout_targets found for it, or
+# the refusal choosing them raised.
+ChosenTargets = Mapping[str, "list[str] | Unprocessable"]
+
+
+def choose_fanout_targets(conn: sqlite3.Connection, specs: list[JobSpec], now: float
+                          ) -> dict[str, list[str] | Unprocessable]:
+    """The targets of each fan-out among `specs`, for enqueue's `chosen`. Run in a worker
+    thread on a read connection (Database.read_in_thread) before the request's transaction:
+    choosing reads every registered device, and at the registry's bound of devices registered
+    at its limits that read held the event loop for seconds (14 s at 25,000 devices of 57 KB,
+    `bench/device_listing.py --ask fanout`). The devices are those registered when it read;
+    one registered or removed before the transaction is as one registered or removed after."""
+    chosen: dict[str, list[str] | Unprocessable] = {}
+    for spec in specs:
+        if spec.get("fanout"):
+            try:
+                chosen[spec["job_id"]] = fanout_pins(conn, spec, now)
+            except Unprocessable as refused:
+                chosen[spec["job_id"]] = refused
+    return chosen
+
+
+def fanout_pins(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[str]:
+    """A fan-out's targets: the device ids of its devices, or the names of its executors."""
+    if spec["executor"] == Executor.DEVICE:
+        return [device.device_id for device in fanout_devices(conn, spec, now)]
+    return fanout_executors(conn, spec, now)
+
+
 def fanout_executors(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[str]:
     """The executors a host fan-out creates children for (equal to the preview)."""
     device = (spec.get("targets") or {}).get("device_id")
@@ -574,17 +612,25 @@ def targets_query(spec: Mapping[str, Any]) -> tuple[str, tuple[str, ...], tuple[
     return f"SELECT {_TARGET_COLUMNS}, {picked}{order}", paths, fields
 
 
-def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[Device]:
-    """The devices a fan-out creates children for, newest-seen first; equal to the preview."""
+def fanout_devices(conn: sqlite3.Connection, spec: JobSpec, now: float, *,
+                   any_workload: bool = False) -> list[Device]:
+    """The devices a fan-out creates children for, newest-seen first; the preview's too (with
+    any_workload, whatever they declare: a preview of targets alone). The rows are taken one
+    at a time, not all at once: each may hold 60 KB of capabilities and pools, and 25,000 of
+    them read together took 1.4 GB."""
     sql, params, fields = targets_query(spec)
-    return select_targets(conn.execute(sql, params).fetchall(), fields, spec, now)
+    return select_targets(conn.execute(sql, params), fields, spec, now,
+                          any_workload=any_workload,
+                          registered=lambda: conn.execute("SELECT count(*) FROM devices")
+                          .fetchone()[0])
 
 
-def select_targets(rows: list[sqlite3.Row], fields: tuple[str, ...], spec: JobSpec,
-                   now: float, *, any_workload: bool = False) -> list[Device]:
+def select_targets(rows: Iterable[sqlite3.Row], fields: tuple[str, ...], spec: JobSpec,
+                   now: float, *, any_workload: bool = False,
+                   registered: Callable[[], int]) -> list[Device]:
     """Of device rows of targets_query (newest seen first; `fields` its third part), those a
     fan-out of this spec reaches (with any_workload, whatever they declare: a preview of
-    targets alone)."""
+    targets alone). `registered` counts the devices, for the sentence of a refusal."""
     workload = None if any_workload else spec["workload"]
     targets = spec.get("targets") or {}
     chosen: list[Device] = []
@@ -602,9 +648,9 @@ def select_targets(rows: list[sqlite3.Row], fields: tuple[str, ...], spec: JobSp
         elif budget.spent:
             raise Unprocessable(
                 f"targets.match took more than {verdicts.TARGETS_BUDGET_S:g} s to evaluate "
-                f"over the {len(rows)} registered devices, and the collector stops there rather "
-                "than hold every other request; narrow the devices first (targets.pool, or a "
-                "simpler or anchored pattern, ^...)")
+                f"over the {registered()} registered devices, and the collector stops there "
+                "rather than hold every other request; narrow the devices first (targets.pool, "
+                "or a simpler or anchored pattern, ^...)")
     fanout = spec.get("fanout")
     if isinstance(fanout, dict) and fanout.get("distinct"):
         field = fanout["distinct"]

@@ -552,12 +552,33 @@ async def preview_targets(db: Database, spec: JobSpec, now: float, *,
             [(row[0], executors.decoded(row[1])) for row in rows], spec,
             authority.attached_host(found[0]) if found else None)
         return {"count": len(names), "devices": [], "executors": names}
-    sql, params, fields = queue.targets_query(spec)
-    chosen = queue.select_targets(await db.read(sql, params), fields, spec, now,
-                                  any_workload=any_workload)
+    async with db.slots("target choices", TARGET_CHOICES_AT_ONCE):
+        return await db.read_in_thread(_previewed_devices, spec, now, any_workload, named=True)
+
+
+def _previewed_devices(conn: sqlite3.Connection, spec: JobSpec, now: float,
+                       any_workload: bool) -> dict[str, Any]:
+    """In a worker thread: the preview's answer for a device job."""
+    chosen = queue.fanout_devices(conn, spec, now, any_workload=any_workload)
     return {"count": len(chosen), "devices": [
         {"device_id": d.device_id, "platform": d.descriptor.get("platform"),
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
+
+
+# Choosing the targets of a fan-out or a preview reads every registered device, on a worker
+# thread of its own (Database.read_in_thread): at most this many at once, so a client asking
+# again and again queues behind itself instead of taking every worker thread.
+TARGET_CHOICES_AT_ONCE = 2
+
+
+async def choose_fanout_targets(db: Database, specs: list[JobSpec], now: float
+                                ) -> queue.ChosenTargets | None:
+    """queue.choose_fanout_targets for a request's specs, off the event loop's thread; None
+    when none of them fans out."""
+    if not any(spec.get("fanout") for spec in specs):
+        return None
+    async with db.slots("target choices", TARGET_CHOICES_AT_ONCE):
+        return await db.read_in_thread(queue.choose_fanout_targets, specs, now, named=True)
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
