@@ -5,9 +5,11 @@ that needs the database's shared reader (`GET /api/jobs/<none>`, a 404 after a r
 that needs only the event loop (`GET /api/health`). The request (`--ask`): `listing`, the
 device listing (`GET /api/devices`); `fanout`, a fan-out whose match expression every device
 is asked and none passes (refused with 422, so each round asks the same); `preview`, the same
-spec's preview (`POST /api/jobs/preview-targets`, answered with no device).
+spec's preview (`POST /api/jobs/preview-targets`, answered with no device); `undeclared`, a job
+of a workload no device declares (refused with 422 once every device's list was looked at).
 
-    python bench/device_listing.py [--devices 25000] [--rounds 2] [--ask listing|fanout|preview]
+    python bench/device_listing.py [--devices 25000] [--rounds 2]
+                                   [--ask listing|fanout|preview|undeclared]
                                    [--against PATH] [--quick]
 
 Reported per server: the listing's time and size, the worst wait of each probe while it ran
@@ -107,6 +109,8 @@ ASKED = {
     "fanout": ("POST", "/jobs", {"schema": 1, "job_id": "bench-fanout", "workload": "benchmark",
                                  "backend": "synthetic", "executor": "device", "fanout": True,
                                  "targets": {"match": NO_DEVICE_MATCH}}),
+    "undeclared": ("POST", "/jobs", {"schema": 1, "job_id": "bench-undeclared",
+                                     "workload": "nobody-declares", "executor": "device"}),
     "preview": ("POST", "/api/jobs/preview-targets", {"workload": "benchmark",
                                                        "executor": "device",
                                                        "targets": {"match": NO_DEVICE_MATCH}}),

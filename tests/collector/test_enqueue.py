@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from fleet_min.collector.jobs import queue
 from tests.support.collector import job, registration
 
 
@@ -72,6 +73,40 @@ async def test_unknown_workload_is_422_naming_the_capability(client):
     assert "batch" in (await resp.json())["error"]
     await client.post("/devices/register", json=registration("d", capabilities=["batch"]))
     assert (await client.post("/jobs", json=job("x", workload="batch"))).status == 201
+
+
+@pytest.mark.parametrize("executor", ["device", "host"])
+async def test_a_declarer_past_the_claimants_a_transaction_reads_is_found(client, executor):
+    """The check that a registered claimant declares a job's workload reads at most
+    queue.CHECK_IN_TRANSACTION of them inside the transaction; past them the registry is read
+    on a worker thread and the enqueue run again. The answers are those of a whole read: a
+    job of a workload only a claimant registered after them declares is stored (then again,
+    through the claimant remembered), and refused once that claimant is gone or declares
+    something else."""
+    workload = f"rare-{executor}"
+    crowd = queue.CHECK_IN_TRANSACTION + 8
+    for i in range(crowd):
+        if executor == "device":
+            body = registration(f"crowd-{i}", capabilities=["other"])
+        else:
+            body = {"name": f"crowd-{i}", "capabilities": ["other"]}
+        path = "/devices/register" if executor == "device" else "/executors/register"
+        assert (await client.post(path, json=body)).status == 200
+    late = (registration("late", capabilities=[workload]) if executor == "device"
+            else {"name": "late", "capabilities": [workload]})
+    assert (await client.post(path, json=late)).status == 200
+    for job_id in ("found", "found-again"):
+        resp = await client.post("/jobs", json=job(job_id, workload=workload, executor=executor))
+        assert resp.status == 201, await resp.text()
+    resp = await client.post("/jobs", json=[job("batch-ok", workload=workload, executor=executor),
+                                            job("batch-no", workload="nobody", executor=executor)])
+    assert resp.status == 422 and "'nobody'" in (await resp.json())["error"]
+    assert (await client.get("/jobs/batch-ok")).status == 404
+    late["capabilities"] = ["something-else"]
+    assert (await client.post(path, json=late)).status == 200
+    resp = await client.post("/jobs", json=job("not-found", workload=workload, executor=executor))
+    assert resp.status == 422, await resp.text()
+    assert f"{workload!r}" in (await resp.json())["error"]
 
 
 async def test_a_device_without_an_opinion_counts_as_declaring(client):

@@ -7,8 +7,10 @@ restart. The in-process `client` serves most; a real process where a restart mat
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -531,28 +533,36 @@ def peak_rss_mib(pid: int) -> float:
                     if line.startswith("VmHWM:"))) / 1024
 
 
-def test_fan_outs_over_a_registry_at_its_limits_read_one_device_at_a_time(
+def fill_wide_registry(proc: CollectorProcess, devices: int) -> None:
+    """`devices` devices registered at the registration's limits: one over HTTP, the rest
+    copies of it made in SQL (registering each over HTTP only takes longer), newest first."""
+    assert proc.client.post("/devices/register", wide_registration("wide-0"))[0] == 200
+    conn = sqlite3.connect(proc.data_dir / "fleet.sqlite3", timeout=30)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(devices)")]
+    copied = ", ".join("'wide-' || i" if c == "device_id" else "last_seen - i"
+                       if c == "last_seen" else c for c in columns)
+    with conn:
+        conn.execute(f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
+                     f"WHERE i < ?) INSERT INTO devices ({', '.join(columns)}) "
+                     f"SELECT {copied} FROM n, devices WHERE device_id = 'wide-0'",
+                     (devices - 1,))
+    conn.close()
+
+
+def test_enqueues_over_a_registry_at_its_limits_read_it_off_the_event_loop(
         tmp_path: Path) -> None:
-    """Choosing a fan-out's targets reads every registered device. They were read all at once,
-    on the event loop's thread and inside the write transaction: 25,000 devices registered at
-    the registration's limits (anyone on the network can register them) made one fan-out or
-    preview take 1.4 GB and hold every other request 11 to 14 s (`bench/device_listing.py
-    --ask fanout`). They are now chosen on a worker thread before the transaction, a row at a
-    time: the same answers, at the memory of a few rows."""
+    """Choosing a fan-out's targets reads every registered device, and so does finding that
+    none declares a job's workload. Both ran on the event loop's thread inside the write
+    transaction, the fan-out reading every row at once: at 25,000 devices registered at the
+    registration's limits (anyone on the network can register them) one fan-out or preview
+    took 1.4 GB and held every other request 11 to 14 s, a job of an undeclared workload 2.7
+    s (`bench/device_listing.py --ask fanout|preview|undeclared`). Both are now read on a
+    worker thread before the transaction, a row at a time: the same answers, at the memory of
+    a few rows, with other requests answered meanwhile."""
     proc = CollectorProcess(tmp_path / "data").start()
     try:
         http = proc.client
-        assert http.post("/devices/register", wide_registration("wide-0"))[0] == 200
-        # 4,999 copies of it, made in SQL (registering each over HTTP only takes longer).
-        conn = sqlite3.connect(tmp_path / "data" / "fleet.sqlite3", timeout=30)
-        columns = [row[1] for row in conn.execute("PRAGMA table_info(devices)")]
-        copied = ", ".join("'wide-' || i" if c == "device_id" else "last_seen - i"
-                           if c == "last_seen" else c for c in columns)
-        with conn:
-            conn.execute(f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
-                         f"WHERE i < 4999) INSERT INTO devices ({', '.join(columns)}) "
-                         f"SELECT {copied} FROM n, devices WHERE device_id = 'wide-0'")
-        conn.close()
+        fill_wide_registry(proc, 5000)
         assert proc.proc is not None
         before = peak_rss_mib(proc.proc.pid)
         nowhere = {"match": "model == 'none of them'"}
@@ -575,6 +585,49 @@ def test_fan_outs_over_a_registry_at_its_limits_read_one_device_at_a_time(
         grown = peak_rss_mib(proc.proc.pid) - before
         # 5,000 rows of 57 KB read together were 300 MB more; a row at a time, a few MB.
         assert grown < 100, f"the peak RSS grew {grown:.0f} MiB"
+        # A workload no device declares is refused once every device's list was looked at
+        # (half a second here), and other requests are answered meanwhile: on the code before,
+        # the look ran inside the transaction, and none was answered until it ended.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            refusal = pool.submit(http.post, "/jobs", job("nobody", workload="nobody-declares"))
+            time.sleep(0.05)
+            answered = 0
+            while not refusal.done():
+                status, _ = http.get("/api/health")
+                answered += refusal.running() and status == 200
+                time.sleep(0.02)
+            status, refused = refusal.result()
+        assert status == 422 and refused["error"].startswith(
+            "no registered agent declares the capability 'nobody-declares'"), refused
+        assert answered >= 3, answered
+    finally:
+        proc.stop()
+
+
+@pytest.mark.slow
+def test_a_batch_of_fan_outs_stops_choosing_past_its_budget(tmp_path: Path) -> None:
+    """Each fan-out of a batch reads the whole registry to choose its targets: a thousand
+    fan-outs of their own expressions over 25,000 devices registered at their limits would
+    hold a worker thread (and one of the two slots every fan-out, preview and check of an
+    undeclared workload waits for) an hour. Past queue.PREPARE_BUDGET_S the request is
+    refused and stores nothing; fan-outs that choose alike are chosen once."""
+    proc = CollectorProcess(tmp_path / "data").start()
+    try:
+        http = proc.client
+        fill_wide_registry(proc, 5000)
+        alike = [job(f"alike-{i}", fanout=True, targets={"match": "device_id == 'wide-7'"})
+                 for i in range(200)]
+        status, made = http.post("/jobs", alike)
+        assert status == 201 and [j["fanout"] for j in made["jobs"]] == [
+            [f"alike-{i}--wide-7"] for i in range(200)], made
+        own = [job(f"own-{i}", fanout=True, targets={"match": f"device_id == 'wide-{i}'"})
+               for i in range(1000)]
+        status, refused = http.post("/jobs", own)
+        assert status == 422 and refused["error"].startswith(
+            f"choosing the targets of this request's fan-outs took more than "
+            f"{queue.PREPARE_BUDGET_S:g} s"), refused
+        assert http.get("/jobs/own-0")[0] == 404
+        assert http.get("/api/health")[0] == 200
     finally:
         proc.stop()
 

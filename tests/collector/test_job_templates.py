@@ -10,10 +10,11 @@ import sqlite3
 import pytest
 
 from fleet_min.collector.automation import job_templates, schedules
+from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
-from tests.support.collector import edit_rows
+from tests.support.collector import edit_rows, registration
 
 SPEC = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
         "params": {"prompt_tokens": 8, "gen_tokens": 8}, "targets": {"pool": "shelf"}}
@@ -166,6 +167,28 @@ async def test_enqueue_names_the_job_and_records_the_template(api):
     # Deleting the template keeps its jobs.
     await api.delete("/api/templates/bench")
     assert (await api.get("/jobs/mine")).status == 200
+
+
+async def test_a_template_of_a_workload_only_a_late_device_declares_is_enqueued(api):
+    """The template's enqueue checks that a registered device declares its workload as
+    POST /jobs does: past the devices a transaction reads (queue.CHECK_IN_TRANSACTION) the
+    registry is read on a worker thread and the enqueue run again, with the same answers."""
+    for i in range(queue.CHECK_IN_TRANSACTION + 8):
+        resp = await api.post("/devices/register", json=registration(f"crowd-{i}",
+                                                                       capabilities=["other"]))
+        assert resp.status == 200
+    late = registration("late", capabilities=["template-rare"])
+    assert (await api.post("/devices/register", json=late)).status == 200
+    await save(api, "rare", spec={"schema": 1, "workload": "template-rare",
+                                  "executor": "device"})
+    resp = await api.post("/api/templates/rare/enqueue", json={"job_id": "rare-1"})
+    assert resp.status == 201, await resp.text()
+    assert (await api.get("/jobs/rare-1")).status == 200
+    late["capabilities"] = ["something-else"]
+    assert (await api.post("/devices/register", json=late)).status == 200
+    resp = await api.post("/api/templates/rare/enqueue", json={"job_id": "rare-2"})
+    assert resp.status == 422 and "'template-rare'" in (await resp.json())["error"]
+    assert (await api.get("/jobs/rare-2")).status == 404
 
 
 async def test_a_template_holds_the_artifacts_its_spec_names(api):

@@ -18,7 +18,7 @@ from typing import Any
 
 from fleet_min import validate
 from fleet_min.collector.automation.schedules import SCHEDULE_ID, check_template
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import queue, views
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import check_spec
 from fleet_min.db import Database
@@ -131,8 +131,10 @@ def delete(conn: sqlite3.Connection, template_id: str, effects: Effects) -> dict
 
 
 def enqueue(conn: sqlite3.Connection, template_id: str, body: dict[str, Any], now: float,
-            effects: Effects) -> dict[str, Any]:
-    """Enqueue one job from the template, as POST /jobs would enqueue its spec."""
+            effects: Effects, *, prepared: queue.Prepared | None = None,
+            bounded: bool = False) -> dict[str, Any]:
+    """Enqueue one job from the template, as POST /jobs would enqueue its spec (`prepared` and
+    `bounded` as queue.enqueue takes them)."""
     _refuse_unknown(body, ("job_id",))
     row = _row(conn, template_id)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d%H%M%S")
@@ -140,8 +142,24 @@ def enqueue(conn: sqlite3.Connection, template_id: str, body: dict[str, Any], no
     spec = check_spec({**json.loads(row["spec"]), "job_id": job_id})
     queue.refuse_lone_surrogates(spec, f"job template {template_id}",
                                  "replace its spec (PATCH the template)")
-    enqueued = queue.enqueue(conn, [spec], now, effects, template_id=template_id)
+    enqueued = queue.enqueue(conn, [spec], now, effects, template_id=template_id,
+                             prepared=prepared, bounded=bounded)
     return {"ok": True, "template_id": template_id, **enqueued.replies[0]}
+
+
+async def prepare(db: Database, template_id: str, now: float) -> queue.Prepared | None:
+    """What enqueue reads of the registry for the template's spec, read off the event loop's
+    thread (views.prepare_enqueue) when its transaction found it more than it may read
+    (queue.ReadFirst); None when the template is gone or its spec no longer passes, which
+    the transaction then says."""
+    row = await db.read_one("SELECT spec FROM job_templates WHERE id = ?", (template_id,))
+    if row is None:
+        return None
+    try:
+        spec = check_spec({**json.loads(row["spec"]), "job_id": "template-check"})
+    except (BadRequest, ValueError):
+        return None
+    return await views.prepare_enqueue(db, [spec], now)
 
 
 def _free_job_id(conn: sqlite3.Connection, base: str) -> str:

@@ -4,7 +4,7 @@ validate, call one domain function, shape the reply."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -201,15 +201,28 @@ async def post_jobs(request: web.Request) -> web.Response:
             except BadRequest as exc:
                 raise BadRequest(f"job {index}: {exc.message}") from None
         access.check_signing_jobs(request, specs, service.config)
-        chosen = await views.choose_fanout_targets(service.db, specs, now())
-        enqueued = await service.transact(queue.enqueue, specs, now(), chosen=chosen)
+        enqueued = await _enqueue(service, specs)
         return json_response({"ok": True, "jobs": enqueued.replies}, status=201)
     spec = check_job_spec(body)
     access.check_ci_target(request, spec)
     access.check_signing_jobs(request, [spec], service.config)
-    chosen = await views.choose_fanout_targets(service.db, [spec], now())
-    enqueued = await service.transact(queue.enqueue, [spec], now(), chosen=chosen)
+    enqueued = await _enqueue(service, [spec])
     return json_response({"ok": True, **enqueued.replies[0]}, status=201)
+
+
+async def _enqueue(service: Service, specs: list[JobSpec]) -> queue.Enqueued:
+    """queue.enqueue of a request's specs. What it would read of the registry that a
+    transaction on the event loop's thread should not (a fan-out's targets; a registry too
+    large to find a workload's declarer in at once) is read on a worker thread first."""
+    prepared = (await views.prepare_enqueue(service.db, specs, now())
+                if any(spec.get("fanout") for spec in specs) else None)
+    try:
+        return cast(queue.Enqueued, await service.transact(
+            queue.enqueue, specs, now(), prepared=prepared, bounded=True))
+    except queue.ReadFirst:
+        prepared = await views.prepare_enqueue(service.db, specs, now())
+        return cast(queue.Enqueued, await service.transact(
+            queue.enqueue, specs, now(), prepared=prepared))
 
 
 async def get_job(request: web.Request) -> web.Response:

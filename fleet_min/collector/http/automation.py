@@ -22,6 +22,7 @@ from aiohttp import web
 from fleet_min.collector.access import ci_status
 from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
+from fleet_min.collector.jobs import queue
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Periodic
@@ -282,8 +283,15 @@ def _template_routes(service: Service) -> list[web.RouteDef]:
 
     async def enqueue(request: web.Request) -> web.Response:
         body = await read_json_object(request) if request.can_read_body else {}
-        return json_response(await service.transact(
-            job_templates.enqueue, request.match_info["id"], body, now()), status=201)
+        template_id = request.match_info["id"]
+        try:
+            reply = await service.transact(job_templates.enqueue, template_id, body, now(),
+                                           bounded=True)
+        except queue.ReadFirst:  # the registry is read off the loop, then the enqueue again
+            prepared = await job_templates.prepare(service.db, template_id, now())
+            reply = await service.transact(job_templates.enqueue, template_id, body, now(),
+                                           prepared=prepared)
+        return json_response(reply, status=201)
 
     return [
         web.get("/api/templates", listing),

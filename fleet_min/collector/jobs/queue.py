@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -182,11 +183,12 @@ class _Tally:
 @replayable
 def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
             effects: Effects, template_id: str | None = None, *, spent: int = 0,
-            chosen: ChosenTargets | None = None) -> Enqueued:
+            prepared: Prepared | None = None, bounded: bool = False) -> Enqueued:
     """Store validated specs atomically (all or none). `spent` is the jobs already written
-    under the same budget (the scheduler's tick: every run it fires shares one). `chosen` is
-    what choose_fanout_targets found for the fan-outs among them, read before the transaction;
-    a fan-out it does not hold chooses its targets here.
+    under the same budget (the scheduler's tick: every run it fires shares one). `prepared` is
+    what prepare_enqueue read for these specs before the transaction; what it does not hold is
+    read here, and with `bounded` only as much of the registry as a transaction on the event
+    loop's thread may read (ReadFirst past it).
 
     Raises Conflict, BadRequest or Unprocessable (OverBudget past the budget), and then
     nothing is stored.
@@ -207,7 +209,7 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
             f"{MAX_DEPENDENCIES_PER_REQUEST} one request may; send the jobs in several "
             "requests (a job may depend on jobs stored by an earlier one)")
     for spec in specs:
-        _check_capability(conn, spec)
+        _check_capability(conn, spec, prepared, bounded=bounded)
     order = _dependency_order(conn, specs)
     tally = _Tally(conn, spent + len(specs))
     if tally.jobs > MAX_JOBS_PER_REQUEST:
@@ -216,35 +218,128 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
     replies: dict[str, dict[str, Any]] = {}
     for spec in order:
         replies[spec["job_id"]] = _store(conn, spec, now, effects, tally,
-                                         template_id=template_id, chosen=chosen)
+                                         template_id=template_id, prepared=prepared)
     return Enqueued([replies[job_id] for job_id in ids], tally.jobs - spent)
 
 
-def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
+@dataclass(frozen=True)
+class Prepared:
+    """What enqueue reads of a request's specs, read before its transaction (prepare_enqueue):
+    for the capability names of a workload that needs a registered claimant (by
+    _capability_key), None when one declares them or the refusal saying none does; for a
+    fan-out (by job id), its targets or the refusal choosing them raised."""
+
+    capability: Mapping[tuple[str, ...], Unprocessable | None]
+    targets: Mapping[str, list[str] | Unprocessable]
+
+
+def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float) -> Prepared:
+    """Read what enqueue needs of the registry for `specs` (its `prepared`). Run in a worker
+    thread on a read connection (Database.read_in_thread) before the request's transaction:
+    both reads may look at every registered device, and at the registry's bound of devices
+    registered at their limits they held the event loop for seconds (a workload nobody
+    declares 2.7 s, `bench/device_listing.py --ask undeclared`; a fan-out 11 to 14 s and
+    1.4 GB, `--ask fanout`). The registry is as it was when read; a device registered or
+    removed before the transaction is as one registered or removed just after it."""
+    capability: dict[tuple[str, ...], Unprocessable | None] = {}  # a batch names a few
+    for spec in specs:
+        if rules.is_built_in(spec["workload"], spec["executor"], spec.get("backend")):
+            continue
+        key = _capability_key(spec)
+        if key not in capability:
+            try:
+                _check_capability(conn, spec)
+                capability[key] = None
+            except Unprocessable as refused:
+                capability[key] = refused
+        if capability[key] is not None:  # enqueue stops at the first refusal
+            return Prepared(capability, {})
+    return Prepared(capability, _choose_targets(conn, specs, now))
+
+
+# Time one request may spend choosing the targets of its fan-outs, over all of them: each reads
+# every registered device, a few milliseconds on a shelf of a few hundred and seconds at the
+# registry's bound of devices registered at their limits, so a batch of a thousand fan-outs,
+# each with its own match expression, would hold a worker thread for an hour.
+PREPARE_BUDGET_S = 10.0
+
+
+def _choose_targets(conn: sqlite3.Connection, specs: list[JobSpec], now: float
+                    ) -> dict[str, list[str] | Unprocessable]:
+    """The targets of each fan-out among `specs`, or the refusal choosing them raised. Fan-outs
+    that choose alike (the same workload, executor and targets) are chosen once; choosing stops
+    at the first refusal, once the children pass what one request may create (enqueue refuses
+    it there), and past PREPARE_BUDGET_S (the fan-out it reached is refused)."""
+    targets: dict[str, list[str] | Unprocessable] = {}
+    alike: dict[bytes, list[str]] = {}
+    jobs = len(specs)
+    started = time.monotonic()
+    for spec in specs:
+        if not spec.get("fanout"):
+            continue
+        if time.monotonic() - started > PREPARE_BUDGET_S:
+            targets[spec["job_id"]] = Unprocessable(
+                f"choosing the targets of this request's fan-outs took more than "
+                f"{PREPARE_BUDGET_S:g} s, and the collector stops there; send fewer fan-outs "
+                f"in one request, or narrow their targets (fan-out {spec['job_id']} was not "
+                "reached)")
+            break
+        # What choosing reads of a spec (a host child's id must be a job id: its own id too).
+        key = jsonio.dumps_body([spec["workload"], spec["executor"], rules.spec_variant(spec),
+                                 spec.get("targets"), spec.get("fanout"),
+                                 spec["job_id"] if spec["executor"] == Executor.HOST else None])
+        try:
+            pins = alike[key] if key in alike else fanout_pins(conn, spec, now)
+        except Unprocessable as refused:
+            targets[spec["job_id"]] = refused
+            break
+        alike[key] = targets[spec["job_id"]] = pins
+        jobs += len(pins)
+        if jobs > MAX_JOBS_PER_REQUEST:
+            break
+    return targets
+
+
+_NOT_PREPARED = object()
+
+
+class ReadFirst(Exception):
+    """Raised by enqueue when its check that a registered claimant declares a workload has
+    looked at CHECK_IN_TRANSACTION of them without finding one and there are more: the caller
+    reads the registry with prepare_enqueue on a worker thread, then runs enqueue again with
+    what it read. Nothing was written when it is raised."""
+
+
+# Registered devices (or executors) the check that one declares a job's workload reads inside
+# the transaction, on the event loop's thread: a shelf is looked at whole, and a registry past
+# it is read off the loop (ReadFirst). The claimant that declared it last is looked at first,
+# by its key, so a job of a workload only the newest device declares costs one row.
+CHECK_IN_TRANSACTION = 32
+_DECLARERS: dict[tuple[str, ...], str] = {}  # (executor, *names) -> the last claimant found
+_DECLARERS_KEPT = 1024
+
+_CLAIMANTS: dict[str, tuple[str, str]] = {  # executor -> (its table, its key column)
+    Executor.DEVICE: ("devices", "device_id"),
+    Executor.HOST: ("executors", "name"),
+}
+
+
+def _check_capability(conn: sqlite3.Connection, spec: JobSpec,
+                      prepared: Prepared | None = None, *, bounded: bool = False) -> None:
+    """Refuse a job whose workload is not built in when no registered claimant declares it.
+    With `bounded`, raise ReadFirst rather than read more than CHECK_IN_TRANSACTION claimants."""
     workload, executor, backend = spec["workload"], spec["executor"], spec.get("backend")
     if rules.is_built_in(workload, executor, backend):
         return
-    names = rules.capability_names(workload, rules.spec_variant(spec))
-    if executor == Executor.DEVICE:
-        # A device that never declared capabilities is offered everything, so it counts for
-        # the workloads the spec names (rules.SPEC_WORKLOADS), not for a name of its own.
-        undeclared = ("SELECT 1 FROM devices WHERE capabilities IS NULL UNION ALL "
-                      if workload in rules.SPEC_WORKLOADS else "")
-        row = conn.execute(
-            f"{undeclared}SELECT 1 FROM devices, json_each(devices.capabilities) "
-            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
-            names).fetchone()
-        if row:
-            return
-    else:
-        # A registered executor that declared nothing (NULL) is offered every host job.
-        row = conn.execute(
-            "SELECT 1 FROM executors WHERE registered_at IS NOT NULL AND capabilities IS NULL "
-            "UNION ALL SELECT 1 FROM executors, json_each(executors.capabilities) "
-            f"WHERE json_each.value IN ({','.join('?' * len(names))}) LIMIT 1",
-            names).fetchone()
-        if row:
-            return
+    key = _capability_key(spec)
+    known = prepared.capability.get(key, _NOT_PREPARED) if prepared else _NOT_PREPARED
+    if isinstance(known, Unprocessable):
+        raise Unprocessable(known.message)
+    if known is None:
+        return
+    names = key[1:]
+    if _declarer(conn, key, workload, bounded) is not None:
+        return
     wanted = names[-1]
     if executor == Executor.HOST:
         raise Unprocessable(f"no registered host executor declares {wanted!r}, and it is not a "
@@ -253,6 +348,47 @@ def _check_capability(conn: sqlite3.Connection, spec: JobSpec) -> None:
                             "that declares it first")
     raise Unprocessable(f"no registered agent declares the capability {wanted!r} and it is not "
                         "built in; register an agent that declares it first")
+
+
+def _capability_key(spec: JobSpec) -> tuple[str, ...]:
+    """(executor, the capability names that satisfy the spec): what the check reads of it."""
+    return (spec["executor"], *rules.capability_names(spec["workload"], rules.spec_variant(spec)))
+
+
+def _declarer(conn: sqlite3.Connection, hint: tuple[str, ...], workload: str,
+              bounded: bool) -> str | None:
+    """A registered claimant that may be offered a job of `hint` (_capability_key): one of
+    its executor that declares one of the names, or one that declared nothing (NULL) where
+    that counts: a device that never declared capabilities is offered everything, so it
+    counts for the workloads the spec names (rules.SPEC_WORKLOADS), not for a name of its
+    own; a registered executor that declared nothing is offered every host job."""
+    executor, names = hint[0], hint[1:]
+    table, key = _CLAIMANTS[executor]
+    if executor == Executor.DEVICE:
+        undeclared = "c.capabilities IS NULL OR " if workload in rules.SPEC_WORKLOADS else ""
+    else:
+        undeclared = "(c.registered_at IS NOT NULL AND c.capabilities IS NULL) OR "
+    declares = (f"({undeclared}EXISTS (SELECT 1 FROM json_each(c.capabilities) "
+                f"WHERE json_each.value IN ({','.join('?' * len(names))})))")
+    last = _DECLARERS.get(hint)
+    if last is not None and conn.execute(
+            f"SELECT 1 FROM {table} c WHERE c.{key} = ? AND {declares}",
+            (last, *names)).fetchone():
+        return last
+    columns = f"{key}, capabilities" + (", registered_at" if executor == Executor.HOST else "")
+    rows = (f"(SELECT {columns} FROM {table} LIMIT {CHECK_IN_TRANSACTION})" if bounded
+            else table)
+    found = conn.execute(f"SELECT c.{key} FROM {rows} c WHERE {declares} LIMIT 1",
+                         names).fetchone()
+    if found is not None:
+        if len(_DECLARERS) >= _DECLARERS_KEPT:
+            _DECLARERS.clear()
+        _DECLARERS[hint] = found[0]
+        return str(found[0])
+    if bounded and conn.execute(f"SELECT 1 FROM {table} LIMIT 1 OFFSET {CHECK_IN_TRANSACTION}"
+                                ).fetchone():
+        raise ReadFirst
+    return None
 
 
 def _dependency_order(conn: sqlite3.Connection, specs: list[JobSpec]) -> list[JobSpec]:
@@ -340,11 +476,11 @@ def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
 
 def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
            tally: _Tally, *, template_id: str | None = None,
-           parent: str | None = None, chosen: ChosenTargets | None = None) -> dict[str, Any]:
+           parent: str | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
         return _store_fanout(conn, spec, now, effects, tally, template_id,
-                             (chosen or {}).get(spec["job_id"]))
+                             prepared.targets.get(spec["job_id"]) if prepared else None)
     if parent is None:
         _check_pins_agree(conn, spec)
     status, last_error, spec = _initial_status(conn, spec, tally)
@@ -457,8 +593,8 @@ def _store_fanout(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: 
     """A fan-out parent (never claimed) and one child per target: per matching device,
     pinned with targets.device_id, or for a host job per executor seen recently, pinned with
     targets.executor (fanout {distinct} is refused for host jobs by specs.check_spec). The
-    targets are `chosen` when they were found before the transaction (choose_fanout_targets),
-    and a refusal found there is raised here, where choosing them would have raised it."""
+    targets are `chosen` when they were found before the transaction (prepare_enqueue), and a
+    refusal found there is raised here, where choosing them would have raised it."""
     pin_field = "device_id" if spec["executor"] == Executor.DEVICE else "executor"
     if isinstance(chosen, Unprocessable):
         raise Unprocessable(chosen.message)
@@ -522,29 +658,6 @@ _NO_FANOUT_TARGET = {
                 "of targets.device_id is attached to); start one with "
                 "fleet_agent.py --executor host",
 }
-
-
-# For each fan-out of a request (by job id): the pins choose_fanout_targets found for it, or
-# the refusal choosing them raised.
-ChosenTargets = Mapping[str, "list[str] | Unprocessable"]
-
-
-def choose_fanout_targets(conn: sqlite3.Connection, specs: list[JobSpec], now: float
-                          ) -> dict[str, list[str] | Unprocessable]:
-    """The targets of each fan-out among `specs`, for enqueue's `chosen`. Run in a worker
-    thread on a read connection (Database.read_in_thread) before the request's transaction:
-    choosing reads every registered device, and at the registry's bound of devices registered
-    at its limits that read held the event loop for seconds (14 s at 25,000 devices of 57 KB,
-    `bench/device_listing.py --ask fanout`). The devices are those registered when it read;
-    one registered or removed before the transaction is as one registered or removed after."""
-    chosen: dict[str, list[str] | Unprocessable] = {}
-    for spec in specs:
-        if spec.get("fanout"):
-            try:
-                chosen[spec["job_id"]] = fanout_pins(conn, spec, now)
-            except Unprocessable as refused:
-                chosen[spec["job_id"]] = refused
-    return chosen
 
 
 def fanout_pins(conn: sqlite3.Connection, spec: JobSpec, now: float) -> list[str]:

@@ -565,20 +565,17 @@ def _previewed_devices(conn: sqlite3.Connection, spec: JobSpec, now: float,
          "model": d.descriptor.get("model"), "pools": d.pools} for d in chosen]}
 
 
-# Choosing the targets of a fan-out or a preview reads every registered device, on a worker
-# thread of its own (Database.read_in_thread): at most this many at once, so a client asking
-# again and again queues behind itself instead of taking every worker thread.
+# Choosing the targets of a fan-out or a preview, and finding that no registered device declares
+# a workload, read every registered device, on a worker thread of its own
+# (Database.read_in_thread): at most this many at once, so a client asking again and again
+# queues behind itself instead of taking every worker thread.
 TARGET_CHOICES_AT_ONCE = 2
 
 
-async def choose_fanout_targets(db: Database, specs: list[JobSpec], now: float
-                                ) -> queue.ChosenTargets | None:
-    """queue.choose_fanout_targets for a request's specs, off the event loop's thread; None
-    when none of them fans out."""
-    if not any(spec.get("fanout") for spec in specs):
-        return None
+async def prepare_enqueue(db: Database, specs: list[JobSpec], now: float) -> queue.Prepared:
+    """queue.prepare_enqueue for a request's specs, off the event loop's thread."""
     async with db.slots("target choices", TARGET_CHOICES_AT_ONCE):
-        return await db.read_in_thread(queue.choose_fanout_targets, specs, now, named=True)
+        return await db.read_in_thread(queue.prepare_enqueue, specs, now, named=True)
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
