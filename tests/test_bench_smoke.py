@@ -290,14 +290,20 @@ def test_device_listing_smoke():
         assert isinstance(result[key], float), key
 
 
-@pytest.mark.parametrize("ask", ["fanout", "preview"])
-def test_device_listing_asks_a_fan_out_or_its_preview(ask):
+ANSWERS = {
+    "preview": None,
+    "fanout": "fan-out matched no registered device that can run 'benchmark'; check targets "
+              "and capabilities with POST /api/jobs/preview-targets",
+    "undeclared": "no registered agent declares the capability 'nobody-declares' and it is not "
+                  "built in; register an agent that declares it first",
+}
+
+
+@pytest.mark.parametrize("ask", sorted(ANSWERS))
+def test_device_listing_asks_a_fan_out_its_preview_or_an_undeclared_workload(ask):
     rounds = [r for r in run_bench("device_listing", "--ask", ask) if "round" in r]
     assert rounds and all(r["ask"] == ask and r["devices"] == 0 for r in rounds), rounds
-    answers = {r["answer"] for r in rounds}
-    assert answers == ({None} if ask == "preview" else {
-        "fan-out matched no registered device that can run 'benchmark'; check targets and "
-        "capabilities with POST /api/jobs/preview-targets"}), answers
+    assert {r["answer"] for r in rounds} == {ANSWERS[ask]}, rounds
 
 
 def test_restore_rows_smoke():
