@@ -399,9 +399,10 @@ async def test_alert_events_reach_the_stream(client, db_path):
 class Receiver:
     """A local webhook endpoint that answers from a script of statuses, then 200."""
 
-    def __init__(self, statuses=(), endless=False):
+    def __init__(self, statuses=(), endless=False, refused=()):
         self.statuses = list(statuses)
         self.endless = endless  # answer with a body that never ends
+        self.refused = set(refused)  # subjects of alerts answered 500 every time
         self.streamed = 0  # bytes of that body the sender let through before hanging up
         self.hung_up = asyncio.Event()
         self.posts: list[tuple[int, dict, str]] = []  # (status answered, body, idempotency key)
@@ -412,6 +413,8 @@ class Receiver:
     async def handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         status = self.statuses.pop(0) if self.statuses else 200
+        if body["alert"]["subject"] in self.refused:
+            status = 500
         self.posts.append((status, body, request.headers.get("Idempotency-Key", "")))
         if status == 200:
             self.accepted.set()
@@ -455,8 +458,8 @@ class Receiver:
 async def receiver():
     made: list[Receiver] = []
 
-    async def make(statuses=(), endless=False):
-        made.append(await Receiver(statuses, endless).start())
+    async def make(statuses=(), endless=False, refused=()):
+        made.append(await Receiver(statuses, endless, refused).start())
         return made[-1]
 
     yield make
@@ -499,6 +502,32 @@ async def test_webhook_retries_a_500_and_delivers_each_new_alert_once(
     await wait_webhook_state(client, second, "delivered")
     assert len(hook.delivered(first)) == 1 and len(hook.delivered(second)) == 1
     assert len(hook.posts) == 3 and row["seen_count"] == 1
+
+
+async def test_alerts_a_receiver_keeps_refusing_do_not_hold_back_the_others(
+        monkeypatch, collector_factory, receiver, db_path):
+    """A retry waits its backoff without one of the four delivery slots: four alerts the
+    receiver answers 500 every time held all of them through their waits (minutes at the
+    default backoff), and a new alert that the receiver would take waited behind them."""
+    hook = await receiver(refused={"d1", "d2", "d3", "d4"})
+    monkeypatch.setenv("FLEET_ALERT_WEBHOOK", hook.url)
+    monkeypatch.setenv("FLEET_ALERT_WEBHOOK_BACKOFF_S", "60")
+    client = await collector_factory()
+    for device in ("d1", "d2", "d3", "d4"):
+        await named_device(client, device)
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 1000")
+    refused = (await alert_tick(client))["opened"]
+    assert len(refused) == 4
+    for _ in range(500):  # each refused once, now waiting 30 to 60 s for its retry
+        if len(hook.posts) == 4:
+            break
+        await asyncio.sleep(0.02)
+    assert sorted(p[0] for p in hook.posts) == [500] * 4, hook.posts
+    await named_device(client, "d5")
+    age_rows(db_path, "UPDATE devices SET last_seen = last_seen - 1000 WHERE device_id = 'd5'")
+    [taken] = (await alert_tick(client))["opened"]
+    await wait_webhook_state(client, taken, "delivered")
+    assert len(hook.delivered(taken)) == 1 and len(hook.posts) == 5
 
 
 async def test_webhook_text_carries_a_clients_words_as_plain_text(

@@ -125,35 +125,39 @@ class WebhookSender:
         return [int(row["id"]) for row in rows]
 
     async def _deliver(self, session: aiohttp.ClientSession, alert_id: int) -> None:
-        async with self._slots:
-            try:
-                await self._attempts(session, alert_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("webhook delivery of alert %s stopped on an error; it stays "
-                              "pending and is retried after a restart", alert_id)
+        try:
+            while (attempt := await self._attempt(session, alert_id)) is not None:
+                await asyncio.sleep(backoff(attempt, self.config.backoff_s))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("webhook delivery of alert %s stopped on an error; it stays "
+                          "pending and is retried after a restart", alert_id)
 
-    async def _attempts(self, session: aiohttp.ClientSession, alert_id: int) -> None:
-        while True:
+    async def _attempt(self, session: aiohttp.ClientSession, alert_id: int) -> int | None:
+        """One attempt, in one of the PARALLEL slots: the attempt's number when it is to be
+        retried, None when the row is settled. The wait before a retry holds no slot: four rows
+        the receiver keeps refusing held all of them through their backoffs (minutes), and
+        every other new alert waited behind them."""
+        async with self._slots:
             attempt = await self.db.write(_start_attempt, alert_id, self.config.attempts)
             if attempt is None:
-                return  # no longer pending (or attempts already used up: marked failed)
+                return None  # no longer pending (or attempts already used up: marked failed)
             row = await self.db.read_one("SELECT * FROM alerts WHERE id = ?", (alert_id,))
             if row is None:
-                return
+                return None
             outcome = await self._post(session, row, attempt)
             if outcome == "delivered" or outcome == "failed":
                 await self.db.write(_finish, alert_id, outcome)
                 self.delivered += outcome == "delivered"
                 self.failed += outcome == "failed"
-                return
+                return None
             if attempt >= self.config.attempts:
                 log.warning("webhook gave up on alert %s after %d attempts", alert_id, attempt)
                 await self.db.write(_finish, alert_id, "failed")
                 self.failed += 1
-                return
-            await asyncio.sleep(backoff(attempt, self.config.backoff_s))
+                return None
+            return attempt
 
     async def _post(self, session: aiohttp.ClientSession, row: Any, attempt: int) -> str:
         """'delivered', 'failed' (never retry) or 'retry'."""
