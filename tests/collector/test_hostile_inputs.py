@@ -587,21 +587,35 @@ def test_enqueues_over_a_registry_at_its_limits_read_it_off_the_event_loop(
         assert grown < 100, f"the peak RSS grew {grown:.0f} MiB"
         # A workload no device declares is refused once every device's list was looked at
         # (half a second here), and other requests are answered meanwhile: on the code before,
-        # the look ran inside the transaction, and none was answered until it ended.
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            refusal = pool.submit(http.post, "/jobs", job("nobody", workload="nobody-declares"))
-            time.sleep(0.05)
-            answered = 0
-            while not refusal.done():
-                status, _ = http.get("/api/health")
-                answered += refusal.running() and status == 200
-                time.sleep(0.02)
-            status, refused = refusal.result()
+        # the look ran inside the transaction, and none was answered until it ended. The same
+        # for a schedule's run.
+        answered, (status, refused) = answered_while(
+            http, "/jobs", job("nobody", workload="nobody-declares"))
         assert status == 422 and refused["error"].startswith(
             "no registered agent declares the capability 'nobody-declares'"), refused
         assert answered >= 3, answered
+        status, _ = http.post("/api/schedules", {"id": "nobody", "cron": "0 0 1 1 *", "template": {
+            "schema": 1, "workload": "nobody-declares", "executor": "device"}})
+        assert status == 201
+        answered, (status, refused) = answered_while(http, "/api/schedules/nobody/run", {})
+        assert status == 422 and "'nobody-declares'" in refused["error"], refused
+        assert answered >= 3, answered
     finally:
         proc.stop()
+
+
+def answered_while(http: Any, path: str, body: Any) -> tuple[int, tuple[int, Any]]:
+    """POST `body` to `path` and, until it is answered, ask GET /api/health every 20 ms: how
+    many were answered while it was not, and its answer."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(http.post, path, body)
+        time.sleep(0.05)
+        answered = 0
+        while not asked.done():
+            status, _ = http.get("/api/health")
+            answered += asked.running() and status == 200
+            time.sleep(0.02)
+        return answered, asked.result()
 
 
 @pytest.mark.slow

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from fleet_min.collector.automation import schedules
+from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.storage.schema import MIGRATIONS
 from fleet_min.db import migrate
 from fleet_min.errors import BadRequest
-from tests.support.collector import CollectorProcess, age_rows, edit_rows
+from tests.support.collector import CollectorProcess, age_rows, edit_rows, registration
 from tests.support.faults import faketime_lib
 
 TEMPLATE = {"schema": 1, "workload": "benchmark", "executor": "device", "backend": "synthetic",
@@ -235,6 +236,39 @@ async def test_tick_fires_the_due_minute_once(api, db_path):
     got = await history(api)
     assert [j["job_id"] for j in got["jobs"]] == ["nightly-202601010000"]
     assert [(r["slot"], r["outcome"]) for r in got["runs"]] == [("202601010000", "enqueued")]
+
+
+async def test_runs_whose_workload_needs_the_registry_read_off_the_loop_fire(api, db_path):
+    """A run's check that a registered device declares its workload reads at most
+    queue.CHECK_IN_TRANSACTION devices inside the tick's transaction; past them the run is held
+    back, the registry read on a worker thread, and the tick run again, with the answers of a
+    whole read: fired when a device past them declares it, failed when none does. A run by
+    hand the same. (Inside the tick, a thousand schedules of a workload nobody declares held
+    the event loop for minutes at 25,000 devices registered at their limits.)"""
+    for i in range(queue.CHECK_IN_TRANSACTION + 8):
+        resp = await api.post("/devices/register", json=registration(f"crowd-{i}",
+                                                                       capabilities=["other"]))
+        assert resp.status == 200
+    resp = await api.post("/devices/register", json=registration(
+        "late", capabilities=["sched-rare"]))
+    assert resp.status == 200
+    for schedule_id, workload in (("rare", "sched-rare"), ("nobody", "sched-nobody")):
+        await create(api, schedule_id, template={"schema": 1, "workload": workload,
+                                                 "executor": "device"})
+        await enable(api, schedule_id)
+    age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
+    report = await tick(api)
+    assert report["fired"] == [{"schedule_id": "rare", "slot": "202601010000",
+                                "job_id": "rare-202601010000", "status": "queued"}], report
+    assert [(f["schedule_id"], f["slot"]) for f in report["failed"]] == [
+        ("nobody", "202601010000")]
+    assert "'sched-nobody'" in report["failed"][0]["error"]
+    assert report["deferred"] == [] and "unread" not in report
+    assert (await tick(api))["fired"] == []
+    resp = await api.post("/api/schedules/rare/run")
+    assert resp.status == 201 and (await resp.json())["outcome"] == "enqueued"
+    resp = await api.post("/api/schedules/nobody/run")
+    assert resp.status == 422 and "'sched-nobody'" in (await resp.json())["error"]
 
 
 async def test_after_downtime_only_the_latest_due_minute_fires(api, db_path):

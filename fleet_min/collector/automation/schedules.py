@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any, cast
 
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import queue, views
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import JobSpec, check_spec
 from fleet_min.cron import Cron, CronError, parse
@@ -331,16 +331,19 @@ def _run_spec(template: dict[str, Any], job_id: str) -> JobSpec:
 
 
 def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: JobSpec, now: float,
-             effects: Effects, spent: int = 0) -> queue.Enqueued:
-    """queue.enqueue inside a savepoint: a refusal undoes only this run and its effects."""
+             effects: Effects, spent: int = 0, prepared: queue.Prepared | None = None,
+             bounded: bool = True) -> queue.Enqueued:
+    """queue.enqueue inside a savepoint: a refusal undoes only this run and its effects. The
+    registry is read, beyond what `prepared` holds of it, only as far as a transaction may
+    (queue.ReadFirst past it) unless `bounded` is False."""
     recorded = effects.mark()
     conn.execute("SAVEPOINT schedule_run")
     try:
         queue.refuse_lone_surrogates(spec, f"the template of schedule {schedule_id}",
                                      "replace the template (PATCH the schedule)")
         enqueued = queue.enqueue(conn, [spec], now, effects, template_id=schedule_id,
-                                 spent=spent)
-    except Refused:
+                                 spent=spent, prepared=prepared, bounded=bounded)
+    except (Refused, queue.ReadFirst):
         conn.execute("ROLLBACK TO schedule_run")
         conn.execute("RELEASE schedule_run")
         effects.rewind(recorded)
@@ -349,9 +352,10 @@ def _enqueue(conn: sqlite3.Connection, schedule_id: str, spec: JobSpec, now: flo
     return enqueued
 
 
-def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Effects
-            ) -> dict[str, Any]:
-    """Enqueue one run of the template now, enabled or not. Refusals change nothing."""
+def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Effects, *,
+            prepared: queue.Prepared | None = None, bounded: bool = True) -> dict[str, Any]:
+    """Enqueue one run of the template now, enabled or not. Refusals change nothing;
+    queue.ReadFirst (when `bounded`) asks for `prepared` (prepare_run)."""
     row = _row(conn, schedule_id)
     stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d%H%M%S")
     slot, job_id = f"manual-{stamp}", f"{schedule_id}-manual-{stamp}"
@@ -365,12 +369,27 @@ def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Eff
         effects.emit("schedule", schedule_id=schedule_id, action="skipped", slot=slot)
         return {"ok": True, "schedule_id": schedule_id, "outcome": "skipped", "job_id": None,
                 "reason": reason}
-    reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects).replies[0]
+    reply = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects,
+                     prepared=prepared, bounded=bounded).replies[0]
     _record_run(conn, schedule_id, slot, now, job_id, "enqueued", None)
     conn.execute("UPDATE schedules SET last_run = ? WHERE id = ?", (now, schedule_id))
     effects.emit("schedule", schedule_id=schedule_id, action="fired", slot=slot, job_id=job_id)
     return {"ok": True, "schedule_id": schedule_id, "outcome": "enqueued", "job_id": job_id,
             "status": reply["status"]}
+
+
+async def prepare_run(db: Database, schedule_id: str, now: float) -> queue.Prepared | None:
+    """What a run of the schedule reads of the registry, read off the event loop's thread
+    (views.prepare_enqueue) when run_now's transaction found it more than it may read; None
+    when the schedule is gone or its template no longer passes, which run_now then says."""
+    row = await db.read_one("SELECT template FROM schedules WHERE id = ?", (schedule_id,))
+    if row is None:
+        return None
+    try:
+        spec = check_spec(_run_spec(json.loads(row["template"]), "schedule-check"))
+    except (BadRequest, ValueError):
+        return None
+    return await views.prepare_enqueue(db, [spec], now)
 
 
 @dataclass
@@ -379,6 +398,11 @@ class TickReport:
     skipped: list[dict[str, Any]] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     deferred: list[dict[str, Any]] = field(default_factory=list)
+    # Runs held back because checking their workload needs more of the registry than the
+    # tick's transaction may read (queue.ReadFirst): their specs, for the caller to read with
+    # views.prepare_enqueue before it ticks again. Not part of the reply.
+    unread: list[JobSpec] = field(default_factory=list)
+    prepared: queue.Prepared | None = None  # what the tick was handed (see tick)
     missed: int = 0
     jobs: int = 0  # created by this tick's runs, under one budget (queue.MAX_JOBS_PER_REQUEST)
 
@@ -387,10 +411,11 @@ class TickReport:
                 "deferred": self.deferred, "missed": self.missed}
 
 
-def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | None = None
-         ) -> TickReport:
-    """Fire every enabled schedule whose due minute has come and was not handled yet."""
-    report = TickReport()
+def tick(conn: sqlite3.Connection, now: float, effects: Effects, tz: tzinfo | None = None,
+         *, prepared: queue.Prepared | None = None) -> TickReport:
+    """Fire every enabled schedule whose due minute has come and was not handled yet, with
+    what `prepared` holds of the registry for the runs an earlier tick held back (unread)."""
+    report = TickReport(prepared=prepared)
     _pull_back_next_runs(conn, now, tz)
     rows = conn.execute("SELECT * FROM schedules WHERE enabled = 1 AND next_run IS NOT NULL "
                         "AND next_run <= ? ORDER BY next_run, id", (now,)).fetchall()
@@ -522,9 +547,12 @@ def _fire_slot(conn: sqlite3.Connection, row: sqlite3.Row, slot: str, now: float
     if report.deferred:  # the budget is spent: the rest wait their turn, untried (a refused
         _defer(conn, schedule_id, slot, effects, report)  # fan-out still reads every device)
         return False
+    spec = _run_spec(template, job_id)
     try:
-        enqueued = _enqueue(conn, schedule_id, _run_spec(template, job_id), now, effects,
-                            report.jobs)
+        enqueued = _enqueue(conn, schedule_id, spec, now, effects, report.jobs, report.prepared)
+    except queue.ReadFirst:  # held back, untried: next_run stays, and nothing is recorded
+        report.unread.append(spec)
+        return False
     except Refused as exc:
         # Past the budget after other runs: held back. Alone past it: failed, as such a
         # request is refused (it would never fit).

@@ -22,7 +22,7 @@ from aiohttp import web
 from fleet_min.collector.access import ci_status
 from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
-from fleet_min.collector.jobs import queue
+from fleet_min.collector.jobs import queue, views
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Periodic
@@ -91,6 +91,17 @@ class Automation:
     async def schedule_tick(self) -> schedules.TickReport:
         report: schedules.TickReport = await self.service.transact(
             schedules.tick, now(), tz=self.settings.tz)
+        if report.unread:
+            # Runs whose workload needs more of the registry read than a transaction on the
+            # event loop's thread may: read on a worker thread, then tick again with it.
+            prepared = await views.prepare_enqueue(self.service.db, report.unread, now(),
+                                                   separately=True)
+            again: schedules.TickReport = await self.service.transact(
+                schedules.tick, now(), tz=self.settings.tz, prepared=prepared)
+            for name in ("fired", "skipped", "failed", "deferred"):
+                getattr(report, name).extend(getattr(again, name))
+            report.missed += again.missed
+            report.unread = again.unread  # left to the next tick
         return report
 
     async def alert_tick(self) -> alerts.TickResult:
@@ -198,7 +209,13 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
         return json_response(await service.transact(schedules.delete, request.match_info["id"]))
 
     async def run_now(request: web.Request) -> web.Response:
-        reply = await service.transact(schedules.run_now, request.match_info["id"], now())
+        schedule_id = request.match_info["id"]
+        try:
+            reply = await service.transact(schedules.run_now, schedule_id, now())
+        except queue.ReadFirst:  # the registry is read off the loop, then the run again
+            prepared = await schedules.prepare_run(service.db, schedule_id, now())
+            reply = await service.transact(schedules.run_now, schedule_id, now(),
+                                           prepared=prepared, bounded=False)
         return json_response(reply, status=201 if reply["outcome"] == "enqueued" else 200)
 
     async def history(request: web.Request) -> web.Response:

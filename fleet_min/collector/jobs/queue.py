@@ -233,28 +233,36 @@ class Prepared:
     targets: Mapping[str, list[str] | Unprocessable]
 
 
-def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float) -> Prepared:
+def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float, *,
+                    separately: bool = False) -> Prepared:
     """Read what enqueue needs of the registry for `specs` (its `prepared`). Run in a worker
     thread on a read connection (Database.read_in_thread) before the request's transaction:
     both reads may look at every registered device, and at the registry's bound of devices
     registered at their limits they held the event loop for seconds (a workload nobody
     declares 2.7 s, `bench/device_listing.py --ask undeclared`; a fan-out 11 to 14 s and
     1.4 GB, `--ask fanout`). The registry is as it was when read; a device registered or
-    removed before the transaction is as one registered or removed just after it."""
+    removed before the transaction is as one registered or removed just after it.
+
+    With `separately` the specs are runs a scheduler's tick enqueues each on its own: the
+    workload of every one is checked, for at most PREPARE_BUDGET_S (the rest are left to a
+    later tick), and no fan-out's targets are chosen."""
     capability: dict[tuple[str, ...], Unprocessable | None] = {}  # a batch names a few
+    started = time.monotonic()
     for spec in specs:
         if rules.is_built_in(spec["workload"], spec["executor"], spec.get("backend")):
             continue
         key = _capability_key(spec)
         if key not in capability:
+            if separately and time.monotonic() - started > PREPARE_BUDGET_S:
+                break
             try:
                 _check_capability(conn, spec)
                 capability[key] = None
             except Unprocessable as refused:
                 capability[key] = refused
-        if capability[key] is not None:  # enqueue stops at the first refusal
+        if capability[key] is not None and not separately:  # enqueue stops at a refusal
             return Prepared(capability, {})
-    return Prepared(capability, _choose_targets(conn, specs, now))
+    return Prepared(capability, {} if separately else _choose_targets(conn, specs, now))
 
 
 # Time one request may spend choosing the targets of its fan-outs, over all of them: each reads

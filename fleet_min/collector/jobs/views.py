@@ -6,6 +6,7 @@ Every filter is a bound parameter; pages are 50 rows. Times in and out are ISO-8
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import sqlite3
@@ -572,10 +573,14 @@ def _previewed_devices(conn: sqlite3.Connection, spec: JobSpec, now: float,
 TARGET_CHOICES_AT_ONCE = 2
 
 
-async def prepare_enqueue(db: Database, specs: list[JobSpec], now: float) -> queue.Prepared:
-    """queue.prepare_enqueue for a request's specs, off the event loop's thread."""
+async def prepare_enqueue(db: Database, specs: list[JobSpec], now: float, *,
+                          separately: bool = False) -> queue.Prepared:
+    """queue.prepare_enqueue for a request's specs (or, `separately`, a tick's runs), off
+    the event loop's thread."""
     async with db.slots("target choices", TARGET_CHOICES_AT_ONCE):
-        return await db.read_in_thread(queue.prepare_enqueue, specs, now, named=True)
+        return await db.read_in_thread(
+            functools.partial(queue.prepare_enqueue, separately=separately), specs, now,
+            named=True)
 
 
 LowBattery = Callable[[list[dict[str, Any]], float], list[str]]
