@@ -128,6 +128,13 @@ def _connect(path: Path, synchronous: str, *, readonly: bool = False) -> sqlite3
     conn.execute(f"PRAGMA synchronous = {synchronous}")
     conn.execute("PRAGMA foreign_keys = ON")
     conn.execute("PRAGMA temp_store = MEMORY")
+    # Debian and others build SQLite with SECURE_DELETE on: every page a DELETE frees is
+    # rewritten with zeros and the copy goes through the WAL. Forgetting 2,167 devices of 57 KB
+    # took 0.36 s of transaction and a 1.3 s COMMIT of 161 MB (0.04 s and 1 MB with FAST, which
+    # still zeroes what a DELETE leaves inside the pages it writes anyway); at the registry's
+    # bound that held the event loop a minute and took 1.7 GB. Nothing kept here is a secret
+    # whose freed pages need scrubbing (tokens live in files of their own).
+    conn.execute("PRAGMA secure_delete = FAST")
     if readonly:
         conn.execute("PRAGMA query_only = ON")
     return conn
