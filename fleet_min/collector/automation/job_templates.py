@@ -16,8 +16,12 @@ import sqlite3
 from datetime import UTC, datetime
 from typing import Any
 
-from fleet_min import validate
-from fleet_min.collector.automation.schedules import SCHEDULE_ID, check_template
+from fleet_min import jsonio, validate
+from fleet_min.collector.automation.schedules import (
+    LISTINGS_AT_ONCE,
+    SCHEDULE_ID,
+    check_template,
+)
 from fleet_min.collector.jobs import queue, views
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import check_spec
@@ -173,9 +177,15 @@ def _free_job_id(conn: sqlite3.Connection, base: str) -> str:
     raise Conflict(f"a thousand jobs named {base}[-N] exist already; try again next second")
 
 
-async def list_templates(db: Database) -> dict[str, Any]:
-    rows = await db.read("SELECT * FROM job_templates ORDER BY id")
-    return {"templates": [record(row) for row in rows]}
+async def listing_body(db: Database) -> bytes:
+    """Every template, as an encoded JSON answer (jsonio.dumps_body) made on a worker thread,
+    as schedules' listings are (schedules.LISTINGS_AT_ONCE)."""
+    def encoded(conn: sqlite3.Connection) -> bytes:
+        return jsonio.dumps_body({"templates": [
+            record(row) for row in conn.execute("SELECT * FROM job_templates ORDER BY id")]})
+
+    async with db.slots("automation listings", LISTINGS_AT_ONCE):
+        return await db.read_in_thread(encoded, named=True)
 
 
 async def get_template(db: Database, template_id: str) -> dict[str, Any]:

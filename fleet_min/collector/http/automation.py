@@ -27,7 +27,7 @@ from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Periodic
 from fleet_min.errors import BadRequest, NotFound
-from fleet_min.http import json_response, query_int, read_json_object
+from fleet_min.http import json_body_response, json_response, query_int, read_json_object
 from fleet_min.timeutil import now
 
 log = logging.getLogger("fleet_min.collector.automation")
@@ -179,12 +179,12 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
         return json_response({"ok": True, **record}, status=201 if created else 200)
 
     async def listing(request: web.Request) -> web.Response:
-        return json_response(await schedules.list_schedules(service.db, automation.view()))
+        return json_body_response(await schedules.listing_body(service.db, automation.view()))
 
     async def bare_listing(request: web.Request) -> web.Response:
         """The original's GET /schedules: the records as a bare array."""
-        listed = await schedules.list_schedules(service.db, automation.view())
-        return json_response(listed["schedules"])
+        return json_body_response(await schedules.listing_body(service.db, automation.view(),
+                                                               bare=True))
 
     async def get_one(request: web.Request) -> web.Response:
         return json_response(await schedules.get_schedule(service.db, request.match_info["id"],
@@ -276,7 +276,7 @@ def _template_routes(service: Service) -> list[web.RouteDef]:
         _check_ci_target(ci, {"template": spec})
 
     async def listing(request: web.Request) -> web.Response:
-        return json_response(await job_templates.list_templates(service.db))
+        return json_body_response(await job_templates.listing_body(service.db))
 
     async def get_one(request: web.Request) -> web.Response:
         return json_response(await job_templates.get_template(service.db,
