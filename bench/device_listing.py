@@ -6,10 +6,13 @@ that needs only the event loop (`GET /api/health`). The request (`--ask`): `list
 device listing (`GET /api/devices`); `fanout`, a fan-out whose match expression every device
 is asked and none passes (refused with 422, so each round asks the same); `preview`, the same
 spec's preview (`POST /api/jobs/preview-targets`, answered with no device); `undeclared`, a job
-of a workload no device declares (refused with 422 once every device's list was looked at).
+of a workload no device declares (refused with 422 once every device's list was looked at);
+`executors`, the executor listing (`GET /api/executors`, which looks for devices attached to
+one in every descriptor); `enroll`, the enrolment page's data (`GET /api/enroll`, the pools in
+use).
 
     python bench/device_listing.py [--devices 25000] [--rounds 2]
-                                   [--ask listing|fanout|preview|undeclared]
+                                   [--ask listing|fanout|preview|undeclared|executors|enroll]
                                    [--against PATH] [--quick]
 
 Reported per server: the listing's time and size, the worst wait of each probe while it ran
@@ -109,6 +112,8 @@ ASKED = {
     "fanout": ("POST", "/jobs", {"schema": 1, "job_id": "bench-fanout", "workload": "benchmark",
                                  "backend": "synthetic", "executor": "device", "fanout": True,
                                  "targets": {"match": NO_DEVICE_MATCH}}),
+    "executors": ("GET", "/api/executors", None),
+    "enroll": ("GET", "/api/enroll", None),
     "undeclared": ("POST", "/jobs", {"schema": 1, "job_id": "bench-undeclared",
                                      "workload": "nobody-declares", "executor": "device"}),
     "preview": ("POST", "/api/jobs/preview-targets", {"workload": "benchmark",

@@ -291,6 +291,8 @@ def test_device_listing_smoke():
 
 
 ANSWERS = {
+    "executors": None,
+    "enroll": None,
     "preview": None,
     "fanout": "fan-out matched no registered device that can run 'benchmark'; check targets "
               "and capabilities with POST /api/jobs/preview-targets",
@@ -300,7 +302,7 @@ ANSWERS = {
 
 
 @pytest.mark.parametrize("ask", sorted(ANSWERS))
-def test_device_listing_asks_a_fan_out_its_preview_or_an_undeclared_workload(ask):
+def test_device_listing_asks_each_request_over_the_registry(ask):
     rounds = [r for r in run_bench("device_listing", "--ask", ask) if "round" in r]
     assert rounds and all(r["ask"] == ask and r["devices"] == 0 for r in rounds), rounds
     assert {r["answer"] for r in rounds} == {ANSWERS[ask]}, rounds

@@ -645,14 +645,23 @@ async def overview(db: Database, now: float, low_battery: LowBattery | None = No
 async def list_executors(db: Database, waiting: set[str], hold_s: float,
                          now: float) -> dict[str, Any]:
     """Every host executor seen (registered or polled): its status, what it declared, its
-    attached devices and the jobs it holds. `waiting`: names with a poll waiting now."""
-    rows = await db.read(executors.LIST_SQL)
+    attached devices and the jobs it holds. `waiting`: names with a poll waiting now. Read on
+    a worker thread (two at a time): finding the attached devices reads every device's
+    descriptor, and at 25,000 devices registered at their limits that held the shared reader
+    (and every request waiting for it) 2 s a listing."""
+    async with db.slots("registry reads", TARGET_CHOICES_AT_ONCE):
+        return await db.read_in_thread(_executor_listing, waiting, hold_s, now, named=True)
+
+
+def _executor_listing(conn: sqlite3.Connection, waiting: set[str], hold_s: float,
+                      now: float) -> dict[str, Any]:
+    rows = conn.execute(executors.LIST_SQL).fetchall()
     held: dict[str, list[dict[str, Any]]] = {}
-    for job in await db.read(executors.HELD_SQL):
+    for job in conn.execute(executors.HELD_SQL):
         held.setdefault(job["claimed_by"], []).append(
             {"job_id": job["job_id"], "workload": job["workload"]})
     attached: dict[str, list[dict[str, Any]]] = {}
-    for device in await db.read(executors.ATTACHED_SQL):
+    for device in conn.execute(executors.ATTACHED_SQL):
         attached.setdefault(str(device["host"]), []).append(
             {"device_id": device["device_id"],
              "status": rules.device_status(device["last_seen"], now)})
