@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from bench.device_listing import fill
 from fleet_min.collector.jobs import queue, templates
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.match import compile_match
@@ -519,16 +520,6 @@ async def test_a_wide_fan_out_streams_a_bounded_number_of_events(client):
     assert [e["job_id"] for e in cancelled if e["type"] == "job"][-1] == "wide"
 
 
-def wide_registration(device_id: str) -> dict[str, Any]:
-    """A registration at the limits validation allows (57 KB as stored): 256 capabilities of
-    200 characters (`benchmark` first), 64 pools of 100, a descriptor of 14 KB."""
-    return registration(
-        device_id, pools=[f"p{k:02d}" + "x" * 96 for k in range(64)],
-        capabilities=["benchmark", *(f"c{k:03d}" + "y" * 196 for k in range(1, 256))],
-        descriptor={"platform": "linux", "model": "m" * 100,
-                    **{f"f{k}": "z" * 150 for k in range(90)}})
-
-
 def peak_rss_mib(pid: int) -> float:
     status = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines()
@@ -536,19 +527,9 @@ def peak_rss_mib(pid: int) -> float:
 
 
 def fill_wide_registry(proc: CollectorProcess, devices: int) -> None:
-    """`devices` devices registered at the registration's limits: one over HTTP, the rest
-    copies of it made in SQL (registering each over HTTP only takes longer), newest first."""
-    assert proc.client.post("/devices/register", wide_registration("wide-0"))[0] == 200
-    conn = sqlite3.connect(proc.data_dir / "fleet.sqlite3", timeout=30)
-    columns = [row[1] for row in conn.execute("PRAGMA table_info(devices)")]
-    copied = ", ".join("'wide-' || i" if c == "device_id" else "last_seen - i"
-                       if c == "last_seen" else c for c in columns)
-    with conn:
-        conn.execute(f"WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n "
-                     f"WHERE i < ?) INSERT INTO devices ({', '.join(columns)}) "
-                     f"SELECT {copied} FROM n, devices WHERE device_id = 'wide-0'",
-                     (devices - 1,))
-    conn.close()
+    """`devices` devices registered at the registration's limits (bench/device_listing.py's
+    registry: 57 KB each, `benchmark` the first of 256 capabilities), newest first."""
+    fill(f"127.0.0.1:{proc.port}", proc.data_dir, devices)
 
 
 def test_enqueues_over_a_registry_at_its_limits_read_it_off_the_event_loop(
@@ -609,25 +590,23 @@ def test_enqueues_over_a_registry_at_its_limits_read_it_off_the_event_loop(
 def answered_before_the_head(port: int, path: str) -> tuple[int, http.client.HTTPResponse]:
     """GET `path` and, until its status line and headers arrive, ask GET /api/health every
     20 ms: how many were answered before them, and the response (its body still to read)."""
-    health = HttpClient(f"http://127.0.0.1:{port}")
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     conn.request("GET", path)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        head = pool.submit(conn.getresponse)
-        answered = 0
-        while not head.done():
-            status, _ = health.get("/api/health")
-            answered += head.running() and status == 200
-            time.sleep(0.02)
-        return answered, head.result()
+    return answered_until(HttpClient(f"http://127.0.0.1:{port}"), conn.getresponse)
 
 
 def answered_while(http: Any, path: str, body: Any = None) -> tuple[int, tuple[int, Any]]:
     """POST `body` to `path` (GET without one) and, until it is answered, ask GET /api/health
     every 20 ms: how many were answered while it was not, and its answer."""
+    return answered_until(http, lambda: http.post(path, body) if body is not None
+                          else http.get(path))
+
+
+def answered_until(http: Any, call: Callable[[], Any]) -> tuple[int, Any]:
+    """Run `call` on a thread of its own and ask GET /api/health every 20 ms until it
+    returns: how many were answered meanwhile, and what it returned."""
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        asked = (pool.submit(http.post, path, body) if body is not None
-                 else pool.submit(http.get, path))
+        asked = pool.submit(call)
         time.sleep(0.05)
         answered = 0
         while not asked.done():
