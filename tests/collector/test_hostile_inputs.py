@@ -583,6 +583,15 @@ def test_enqueues_over_a_registry_at_its_limits_read_it_off_the_event_loop(
         answered, (status, refused) = answered_while(http, "/api/schedules/nobody/run", {})
         assert status == 422 and "'nobody-declares'" in refused["error"], refused
         assert answered >= 3, answered
+        # A schedule's fan-out chooses its targets off the loop too.
+        fan = {k: v for k, v in job("x", fanout=True, targets=nowhere).items() if k != "job_id"}
+        status, _ = http.post("/api/schedules", {"id": "fan", "cron": "0 0 1 1 *",
+                                                 "template": fan})
+        assert status == 201, _
+        answered, (status, refused) = answered_while(http, "/api/schedules/fan/run", {})
+        assert status == 422 and refused["error"].startswith(
+            "fan-out matched no registered device"), refused
+        assert answered >= 3, answered
     finally:
         proc.stop()
 

@@ -184,6 +184,13 @@ async def test_a_template_of_a_workload_only_a_late_device_declares_is_enqueued(
     resp = await api.post("/api/templates/rare/enqueue", json={"job_id": "rare-1"})
     assert resp.status == 201, await resp.text()
     assert (await api.get("/jobs/rare-1")).status == 200
+    # A fan-out's targets too, its job id made inside the transaction.
+    await save(api, "rare-fan", spec={"schema": 1, "workload": "template-rare",
+                                      "executor": "device", "fanout": True})
+    resp = await api.post("/api/templates/rare-fan/enqueue")
+    assert resp.status == 201, await resp.text()
+    made = await resp.json()
+    assert made["fanout"] == [f"{made['job_id']}--late"], made
     late["capabilities"] = ["something-else"]
     assert (await api.post("/devices/register", json=late)).status == 200
     resp = await api.post("/api/templates/rare/enqueue", json={"job_id": "rare-2"})

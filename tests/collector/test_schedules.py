@@ -256,10 +256,20 @@ async def test_runs_whose_workload_needs_the_registry_read_off_the_loop_fire(api
         await create(api, schedule_id, template={"schema": 1, "workload": workload,
                                                  "executor": "device"})
         await enable(api, schedule_id)
+    # A fan-out's targets are chosen off the loop too, once the registry is past a shelf.
+    await create(api, "fan", template={"schema": 1, "workload": "sched-rare",
+                                       "executor": "device", "fanout": True})
+    await enable(api, "fan")
     age_rows(db_path, "UPDATE schedules SET next_run = ?", (ts(2026, 1, 1),))
     report = await tick(api)
-    assert report["fired"] == [{"schedule_id": "rare", "slot": "202601010000",
-                                "job_id": "rare-202601010000", "status": "queued"}], report
+    assert report["fired"] == [
+        {"schedule_id": "fan", "slot": "202601010000", "job_id": "fan-202601010000",
+         "status": "queued"},
+        {"schedule_id": "rare", "slot": "202601010000", "job_id": "rare-202601010000",
+         "status": "queued"}], report
+    listed = await (await api.get("/api/jobs")).json()
+    assert sorted(j["job_id"] for j in listed["jobs"] if j["job_id"].startswith("fan-")) == [
+        "fan-202601010000", "fan-202601010000--late"], listed
     assert [(f["schedule_id"], f["slot"]) for f in report["failed"]] == [
         ("nobody", "202601010000")]
     assert "'sched-nobody'" in report["failed"][0]["error"]

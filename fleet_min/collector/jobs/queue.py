@@ -218,7 +218,8 @@ def enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float,
     replies: dict[str, dict[str, Any]] = {}
     for spec in order:
         replies[spec["job_id"]] = _store(conn, spec, now, effects, tally,
-                                         template_id=template_id, prepared=prepared)
+                                         template_id=template_id, prepared=prepared,
+                                         bounded=bounded)
     return Enqueued([replies[job_id] for job_id in ids], tally.jobs - spent)
 
 
@@ -227,10 +228,11 @@ class Prepared:
     """What enqueue reads of a request's specs, read before its transaction (prepare_enqueue):
     for the capability names of a workload that needs a registered claimant (by
     _capability_key), None when one declares them or the refusal saying none does; for a
-    fan-out (by job id), its targets or the refusal choosing them raised."""
+    fan-out (by _fanout_key: what choosing reads of it), its targets or the refusal choosing
+    them raised."""
 
     capability: Mapping[tuple[str, ...], Unprocessable | None]
-    targets: Mapping[str, list[str] | Unprocessable]
+    targets: Mapping[bytes, list[str] | Unprocessable]
 
 
 def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float, *,
@@ -243,9 +245,9 @@ def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float, 
     1.4 GB, `--ask fanout`). The registry is as it was when read; a device registered or
     removed before the transaction is as one registered or removed just after it.
 
-    With `separately` the specs are runs a scheduler's tick enqueues each on its own: the
-    workload of every one is checked, for at most PREPARE_BUDGET_S (the rest are left to a
-    later tick), and no fan-out's targets are chosen."""
+    With `separately` the specs are runs a scheduler's tick enqueues each on its own: every
+    one's workload is checked and every fan-out's targets chosen, for at most PREPARE_BUDGET_S
+    (the rest are left to a later tick)."""
     capability: dict[tuple[str, ...], Unprocessable | None] = {}  # a batch names a few
     started = time.monotonic()
     for spec in specs:
@@ -262,7 +264,8 @@ def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float, 
                 capability[key] = refused
         if capability[key] is not None and not separately:  # enqueue stops at a refusal
             return Prepared(capability, {})
-    return Prepared(capability, {} if separately else _choose_targets(conn, specs, now))
+    return Prepared(capability, _choose_targets(conn, specs, now, separately=separately,
+                                                started=started))
 
 
 # Time one request may spend choosing the targets of its fan-outs, over all of them: each reads
@@ -272,38 +275,47 @@ def prepare_enqueue(conn: sqlite3.Connection, specs: list[JobSpec], now: float, 
 PREPARE_BUDGET_S = 10.0
 
 
-def _choose_targets(conn: sqlite3.Connection, specs: list[JobSpec], now: float
-                    ) -> dict[str, list[str] | Unprocessable]:
-    """The targets of each fan-out among `specs`, or the refusal choosing them raised. Fan-outs
-    that choose alike (the same workload, executor and targets) are chosen once; choosing stops
-    at the first refusal, once the children pass what one request may create (enqueue refuses
-    it there), and past PREPARE_BUDGET_S (the fan-out it reached is refused)."""
-    targets: dict[str, list[str] | Unprocessable] = {}
-    alike: dict[bytes, list[str]] = {}
+def _fanout_key(spec: JobSpec) -> bytes:
+    """What choosing a fan-out's targets reads of its spec (a host child's id must be a job id:
+    its own id too, for a host fan-out alone)."""
+    return jsonio.dumps_body([spec["workload"], spec["executor"], rules.spec_variant(spec),
+                              spec.get("targets"), spec.get("fanout"),
+                              spec["job_id"] if spec["executor"] == Executor.HOST else None])
+
+
+def _choose_targets(conn: sqlite3.Connection, specs: list[JobSpec], now: float, *,
+                    separately: bool, started: float) -> dict[bytes, list[str] | Unprocessable]:
+    """The targets of each fan-out among `specs`, or the refusal choosing them raised, by
+    _fanout_key: fan-outs that choose alike are chosen once. For one request, choosing stops at
+    the first refusal, once the children pass what one request may create (enqueue refuses it
+    there), and past PREPARE_BUDGET_S from `started` (the fan-out it reached is refused); for a
+    tick's runs (`separately`), only past the budget, leaving the rest unchosen."""
+    targets: dict[bytes, list[str] | Unprocessable] = {}
     jobs = len(specs)
-    started = time.monotonic()
     for spec in specs:
         if not spec.get("fanout"):
             continue
+        key = _fanout_key(spec)
+        if key in targets:
+            continue
         if time.monotonic() - started > PREPARE_BUDGET_S:
-            targets[spec["job_id"]] = Unprocessable(
+            if separately:
+                break
+            targets[key] = Unprocessable(
                 f"choosing the targets of this request's fan-outs took more than "
                 f"{PREPARE_BUDGET_S:g} s, and the collector stops there; send fewer fan-outs "
                 f"in one request, or narrow their targets (fan-out {spec['job_id']} was not "
                 "reached)")
             break
-        # What choosing reads of a spec (a host child's id must be a job id: its own id too).
-        key = jsonio.dumps_body([spec["workload"], spec["executor"], rules.spec_variant(spec),
-                                 spec.get("targets"), spec.get("fanout"),
-                                 spec["job_id"] if spec["executor"] == Executor.HOST else None])
         try:
-            pins = alike[key] if key in alike else fanout_pins(conn, spec, now)
+            pins = targets[key] = fanout_pins(conn, spec, now)
         except Unprocessable as refused:
-            targets[spec["job_id"]] = refused
+            targets[key] = refused
+            if separately:
+                continue
             break
-        alike[key] = targets[spec["job_id"]] = pins
         jobs += len(pins)
-        if jobs > MAX_JOBS_PER_REQUEST:
+        if jobs > MAX_JOBS_PER_REQUEST and not separately:
             break
     return targets
 
@@ -484,11 +496,15 @@ def latest_build(conn: sqlite3.Connection, app_name: str) -> str | None:
 
 def _store(conn: sqlite3.Connection, spec: JobSpec, now: float, effects: Effects,
            tally: _Tally, *, template_id: str | None = None,
-           parent: str | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
+           parent: str | None = None, prepared: Prepared | None = None,
+           bounded: bool = False) -> dict[str, Any]:
     spec = _resolve_latest(conn, spec)
     if spec.get("fanout"):
-        return _store_fanout(conn, spec, now, effects, tally, template_id,
-                             prepared.targets.get(spec["job_id"]) if prepared else None)
+        chosen = prepared.targets.get(_fanout_key(spec)) if prepared else None
+        if chosen is None and bounded and spec["executor"] == Executor.DEVICE and conn.execute(
+                f"SELECT 1 FROM devices LIMIT 1 OFFSET {CHECK_IN_TRANSACTION}").fetchone():
+            raise ReadFirst  # a registry past a shelf is read off the event loop's thread
+        return _store_fanout(conn, spec, now, effects, tally, template_id, chosen)
     if parent is None:
         _check_pins_agree(conn, spec)
     status, last_error, spec = _initial_status(conn, spec, tally)
