@@ -324,10 +324,12 @@ _NOT_PREPARED = object()
 
 
 class ReadFirst(Exception):
-    """Raised by enqueue when its check that a registered claimant declares a workload has
-    looked at CHECK_IN_TRANSACTION of them without finding one and there are more: the caller
-    reads the registry with prepare_enqueue on a worker thread, then runs enqueue again with
-    what it read. Nothing was written when it is raised."""
+    """Raised by enqueue (with `bounded`) when its check that a registered claimant declares a
+    workload has looked at CHECK_IN_TRANSACTION of them without finding one and there are
+    more, or when a device fan-out it was handed no targets for would choose among more than
+    CHECK_IN_TRANSACTION devices: the caller reads the registry with prepare_enqueue on a
+    worker thread, then runs enqueue again with what it read. The transaction (or the
+    schedule run's savepoint) it ends is undone: nothing it wrote stands."""
 
 
 # Registered devices (or executors) the check that one declares a job's workload reads inside
