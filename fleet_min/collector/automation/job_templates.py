@@ -21,8 +21,9 @@ from fleet_min.collector.automation.schedules import (
     LISTINGS_AT_ONCE,
     SCHEDULE_ID,
     check_template,
+    prepare_stored,
 )
-from fleet_min.collector.jobs import queue, views
+from fleet_min.collector.jobs import queue
 from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.specs import check_spec
 from fleet_min.db import Database
@@ -153,17 +154,9 @@ def enqueue(conn: sqlite3.Connection, template_id: str, body: dict[str, Any], no
 
 async def prepare(db: Database, template_id: str, now: float) -> queue.Prepared | None:
     """What enqueue reads of the registry for the template's spec, read off the event loop's
-    thread (views.prepare_enqueue) when its transaction found it more than it may read
-    (queue.ReadFirst); None when the template is gone or its spec no longer passes, which
-    the transaction then says."""
-    row = await db.read_one("SELECT spec FROM job_templates WHERE id = ?", (template_id,))
-    if row is None:
-        return None
-    try:
-        spec = check_spec({**json.loads(row["spec"]), "job_id": "template-check"})
-    except (BadRequest, ValueError):
-        return None
-    return await views.prepare_enqueue(db, [spec], now)
+    thread when its transaction found it more than it may read (schedules.prepare_stored)."""
+    return await prepare_stored(db, "SELECT spec FROM job_templates WHERE id = ?", template_id,
+                                now)
 
 
 def _free_job_id(conn: sqlite3.Connection, base: str) -> str:

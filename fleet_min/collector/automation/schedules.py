@@ -381,13 +381,21 @@ def run_now(conn: sqlite3.Connection, schedule_id: str, now: float, effects: Eff
 
 async def prepare_run(db: Database, schedule_id: str, now: float) -> queue.Prepared | None:
     """What a run of the schedule reads of the registry, read off the event loop's thread
-    (views.prepare_enqueue) when run_now's transaction found it more than it may read; None
-    when the schedule is gone or its template no longer passes, which run_now then says."""
-    row = await db.read_one("SELECT template FROM schedules WHERE id = ?", (schedule_id,))
+    when run_now's transaction found it more than it may read (prepare_stored)."""
+    return await prepare_stored(db, "SELECT template FROM schedules WHERE id = ?", schedule_id,
+                                now)
+
+
+async def prepare_stored(db: Database, sql: str, key: str, now: float
+                         ) -> queue.Prepared | None:
+    """views.prepare_enqueue for a stored spec without its job id (a schedule's template, a
+    job template's spec: the one column `sql` reads for `key`); None when the row is gone or
+    its spec no longer passes, which the transaction run next then says."""
+    row = await db.read_one(sql, (key,))
     if row is None:
         return None
     try:
-        spec = check_spec(_run_spec(json.loads(row["template"]), "schedule-check"))
+        spec = check_spec(_run_spec(json.loads(row[0]), "stored-check"))
     except (BadRequest, ValueError):
         return None
     return await views.prepare_enqueue(db, [spec], now)

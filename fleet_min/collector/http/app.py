@@ -3,7 +3,7 @@ validate, call one domain function, shape the reply."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, cast
 
 from aiohttp import web
@@ -214,15 +214,12 @@ async def _enqueue(service: Service, specs: list[JobSpec]) -> queue.Enqueued:
     """queue.enqueue of a request's specs. What it would read of the registry that a
     transaction on the event loop's thread should not (a fan-out's targets; a registry too
     large to find a workload's declarer in at once) is read on a worker thread first."""
-    prepared = (await views.prepare_enqueue(service.db, specs, now())
-                if any(spec.get("fanout") for spec in specs) else None)
-    try:
-        return cast(queue.Enqueued, await service.transact(
-            queue.enqueue, specs, now(), prepared=prepared, bounded=True))
-    except queue.ReadFirst:
-        prepared = await views.prepare_enqueue(service.db, specs, now())
-        return cast(queue.Enqueued, await service.transact(
-            queue.enqueue, specs, now(), prepared=prepared))
+    def prepare() -> Awaitable[queue.Prepared]:
+        return views.prepare_enqueue(service.db, specs, now())
+
+    return cast(queue.Enqueued, await views.transact_reading_first(
+        service.transact, queue.enqueue, specs, now(), prepare=prepare,
+        prepared=await prepare() if any(spec.get("fanout") for spec in specs) else None))
 
 
 async def get_job(request: web.Request) -> web.Response:

@@ -22,7 +22,7 @@ from aiohttp import web
 from fleet_min.collector.access import ci_status
 from fleet_min.collector.automation import alerts, job_templates, schedules
 from fleet_min.collector.automation.webhook import WebhookConfig, WebhookSender
-from fleet_min.collector.jobs import queue, views
+from fleet_min.collector.jobs import views
 from fleet_min.collector.service import Service
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Periodic
@@ -210,12 +210,9 @@ def _routes(automation: Automation) -> list[web.RouteDef]:
 
     async def run_now(request: web.Request) -> web.Response:
         schedule_id = request.match_info["id"]
-        try:
-            reply = await service.transact(schedules.run_now, schedule_id, now())
-        except queue.ReadFirst:  # the registry is read off the loop, then the run again
-            prepared = await schedules.prepare_run(service.db, schedule_id, now())
-            reply = await service.transact(schedules.run_now, schedule_id, now(),
-                                           prepared=prepared, bounded=False)
+        reply = await views.transact_reading_first(
+            service.transact, schedules.run_now, schedule_id, now(),
+            prepare=lambda: schedules.prepare_run(service.db, schedule_id, now()))
         return json_response(reply, status=201 if reply["outcome"] == "enqueued" else 200)
 
     async def history(request: web.Request) -> web.Response:
@@ -301,13 +298,9 @@ def _template_routes(service: Service) -> list[web.RouteDef]:
     async def enqueue(request: web.Request) -> web.Response:
         body = await read_json_object(request) if request.can_read_body else {}
         template_id = request.match_info["id"]
-        try:
-            reply = await service.transact(job_templates.enqueue, template_id, body, now(),
-                                           bounded=True)
-        except queue.ReadFirst:  # the registry is read off the loop, then the enqueue again
-            prepared = await job_templates.prepare(service.db, template_id, now())
-            reply = await service.transact(job_templates.enqueue, template_id, body, now(),
-                                           prepared=prepared)
+        reply = await views.transact_reading_first(
+            service.transact, job_templates.enqueue, template_id, body, now(),
+            prepare=lambda: job_templates.prepare(service.db, template_id, now()))
         return json_response(reply, status=201)
 
     return [

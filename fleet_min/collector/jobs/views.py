@@ -10,7 +10,7 @@ import functools
 import json
 import re
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -571,6 +571,20 @@ def _previewed_devices(conn: sqlite3.Connection, spec: JobSpec, now: float,
 # (Database.read_in_thread): at most this many at once, so a client asking again and again
 # queues behind itself instead of taking every worker thread.
 TARGET_CHOICES_AT_ONCE = 2
+
+
+async def transact_reading_first(transact: Callable[..., Awaitable[Any]],
+                                 fn: Callable[..., Any], *args: Any,
+                                 prepare: Callable[[], Awaitable[queue.Prepared | None]],
+                                 prepared: queue.Prepared | None = None, **kwargs: Any) -> Any:
+    """transact(fn, *args, prepared=, bounded=True, **kwargs) for an enqueue (queue.enqueue, or
+    one that calls it); when the transaction stops for more of the registry than it may read
+    (queue.ReadFirst), `prepare()` reads it off the event loop's thread and the transaction
+    runs again with what was read."""
+    try:
+        return await transact(fn, *args, prepared=prepared, bounded=True, **kwargs)
+    except queue.ReadFirst:
+        return await transact(fn, *args, prepared=await prepare(), bounded=False, **kwargs)
 
 
 async def prepare_enqueue(db: Database, specs: list[JobSpec], now: float, *,
