@@ -74,13 +74,11 @@ class Device:
             # The lists as tuples of their strings, not as their repr: a repr copies and escapes
             # every character (60 KB for a device registered at its limits), which was half the
             # cost of judging such a device. None (no opinion) stays apart from () (nothing).
+            # Both lists hold strings only: registration checks them, and so does a restore's
+            # row check (row_check: json:strings), so their tuples always hash.
             capabilities = None if self.capabilities is None else tuple(self.capabilities)
-            try:
-                self._fingerprint = hash((self.device_id, self._descriptor_text,
-                                          tuple(self.pools), capabilities))
-            except TypeError:  # a stored list holding a list or an object: not hashable
-                self._fingerprint = hash((self.device_id, self._descriptor_text,
-                                          repr(self.pools), repr(self.capabilities)))
+            self._fingerprint = hash((self.device_id, self._descriptor_text, tuple(self.pools),
+                                      capabilities))
         return self._fingerprint
 
     def view(self) -> dict[str, Any]:
