@@ -423,14 +423,21 @@ UI_TREE = (
     '<node index="3" text="" resource-id="com.example.shop:id/email" '
     'class="android.widget.EditText" content-desc="" hint="Email" clickable="true" '
     'bounds="[100,800][1000,950]" />\n</node>\n</hierarchy>\n')
+def replace(path, text):
+    # Whole or not at all: another call of this fake (a job on the same device) or the test
+    # may read the file meanwhile, and a file being rewritten in place reads empty.
+    part = f"{path}.{os.getpid()}"
+    with open(part, "w") as out:
+        out.write(text)
+    os.replace(part, path)
 def set_state(value):
-    open(state_file, "w").write(value)
+    replace(state_file, value)
 def get_state():
     return open(state_file).read() if os.path.exists(state_file) else "cold"
 def load():
     return json.load(open(device_file)) if os.path.exists(device_file) else {}
 def save(device):
-    json.dump(device, open(device_file, "w"))
+    replace(device_file, json.dumps(device))
 def props():
     device = load()
     return {"ro.product.model": devices[serial].replace("_", " "),
