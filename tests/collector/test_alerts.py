@@ -54,7 +54,21 @@ def test_offline_only_for_named_devices_past_fifteen_minutes():
                device("gone-temp", seen_ago=5000, ttl_s=600)]
     found = alerts.device_offline(devices, NOW, TH)
     assert subjects(found) == [("device-offline", "named")]
-    assert "Pixel 7 (named) has not been seen for 15 min" in found[0].detail
+    assert "Pixel 7 (named) has not been seen for over 15 min (last seen 20" in found[0].detail
+
+
+def test_an_open_findings_detail_holds_still_while_it_stays_true():
+    """A tick rewrites a detail that changed, so a detail that counted the minutes rewrote
+    every offline device's row each minute."""
+    later = NOW + 3600
+    offline = [device("named", seen_ago=901)]
+    stuck = [claimed_job("stuck", lease_deadline=later + 60)]
+    assert [f.detail for f in alerts.device_offline(offline, NOW, TH)] == [
+        f.detail for f in alerts.device_offline(offline, later, TH)]
+    assert [f.detail for f in alerts.job_stuck(stuck, NOW, TH)] == [
+        f.detail for f in alerts.job_stuck(stuck, later, TH)]
+    [detail] = [f.detail for f in alerts.job_stuck(stuck, NOW, TH)]
+    assert "has run for over 20 min (claimed 20" in detail
 
 
 def test_thermal_serious_or_worse_on_a_fresh_beacon():

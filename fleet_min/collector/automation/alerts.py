@@ -134,12 +134,18 @@ def device_offline(devices: Iterable[Row], now: float, th: Thresholds) -> list[F
             continue
         if rules.is_expired(device.get("ttl_s"), device["last_seen"], now):
             continue  # a temporary device that left the shelf on purpose
-        silent = now - device["last_seen"]
-        if silent > th.offline_s:
+        if now - device["last_seen"] > th.offline_s:
             found.append(Finding(AlertRule.DEVICE_OFFLINE, device["device_id"],
-                                 f"{_label(device)} has not been seen for {_minutes(silent)} "
-                                 f"(last seen {iso(device['last_seen'])})"))
+                                 _offline_detail(device, th)))
     return found
+
+
+# The details of the rules below name a time, not a duration that grows: a detail is rewritten
+# where it changed at every tick, and one that said "for 16 min", then "for 17 min", rewrote
+# every open row each minute (24,500 offline devices held the writer 0.4 to 1.1 s a minute).
+def _offline_detail(device: Row, th: Thresholds) -> str:
+    return (f"{_label(device)} has not been seen for over {_minutes(th.offline_s)} "
+            f"(last seen {iso(device['last_seen'])})")
 
 
 # What the battery and thermal rules read of a device's last beacon, taken out by SQLite: a
@@ -240,11 +246,12 @@ def job_stuck(jobs: Iterable[Row], now: float, th: Thresholds) -> list[Finding]:
             continue  # a lapsed lease is the sweep's business
         if job.get("has_results"):
             continue
-        running = now - job["claimed_at"]
-        if running > th.stuck_factor * job["ttl_s"]:
+        limit = th.stuck_factor * job["ttl_s"]
+        if now - job["claimed_at"] > limit:
             found.append(Finding(AlertRule.JOB_STUCK, job["job_id"],
                                  f"{job['workload']} job {job['job_id']} on {job['claimed_by']} "
-                                 f"has run {_minutes(running)} with no result rows (expected "
+                                 f"has run for over {_minutes(limit)} (claimed "
+                                 f"{iso(job['claimed_at'])}) with no result rows (expected "
                                  f"within {_minutes(job['ttl_s'])}, its lease ttl)"))
     return found
 
