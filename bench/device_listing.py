@@ -9,10 +9,13 @@ spec's preview (`POST /api/jobs/preview-targets`, answered with no device); `und
 of a workload no device declares (refused with 422 once every device's list was looked at);
 `executors`, the executor listing (`GET /api/executors`, which looks for devices attached to
 one in every descriptor); `enroll`, the enrolment page's data (`GET /api/enroll`, the pools in
-use).
+use); `metrics`, a scrape (`GET /metrics`); `overview`, the dashboard's overview
+(`GET /api/overview`); `register`, a new device's registration, refused at the registry's bound
+(507) when `--devices` is FLEET_MAX_DEVICES (the default).
 
     python bench/device_listing.py [--devices 25000] [--rounds 2]
-                                   [--ask listing|fanout|preview|undeclared|executors|enroll]
+                                   [--ask listing|fanout|preview|undeclared|executors|enroll|
+                                         metrics|overview|register]
                                    [--against PATH] [--quick]
 
 Reported per server: the listing's time and size, the worst wait of each probe while it ran
@@ -114,6 +117,9 @@ ASKED = {
                                  "targets": {"match": NO_DEVICE_MATCH}}),
     "executors": ("GET", "/api/executors", None),
     "enroll": ("GET", "/api/enroll", None),
+    "metrics": ("GET", "/metrics", None),
+    "overview": ("GET", "/api/overview", None),
+    "register": ("POST", "/devices/register", {"device_id": "bench-newcomer"}),
     "undeclared": ("POST", "/jobs", {"schema": 1, "job_id": "bench-undeclared",
                                      "workload": "nobody-declares", "executor": "device"}),
     "preview": ("POST", "/api/jobs/preview-targets", {"workload": "benchmark",
@@ -140,9 +146,11 @@ def probed(address: str, seconds: float | None, ask: str | None) -> dict[str, An
             return body
         started = time.monotonic()
         body = asyncio.run(asked())
-        answer = json.loads(body)
+        answer = json.loads(body) if body.startswith(b"{") else {}  # /metrics is text
+        listed = answer.get("devices")  # the overview's is a dict of counts
         record.update(listing_s=time.monotonic() - started, bytes=len(body),
-                      devices=len(answer.get("devices") or ()), answer=answer.get("error"))
+                      devices=len(listed) if isinstance(listed, list) else 0,
+                      answer=answer.get("error"))
     else:
         time.sleep(seconds or 0)
     stop.set()

@@ -294,6 +294,9 @@ ANSWERS = {
     "executors": None,
     "enroll": None,
     "preview": None,
+    "metrics": None,
+    "overview": None,
+    "register": None,  # under the bound at --quick's 50 devices: registered
     "fanout": "fan-out matched no registered device that can run 'benchmark'; check targets "
               "and capabilities with POST /api/jobs/preview-targets",
     "undeclared": "no registered agent declares the capability 'nobody-declares' and it is not "

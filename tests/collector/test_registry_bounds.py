@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
 
+from fleet_min.collector.access import enrolment
 from fleet_min.collector.http.app import SERVICE
+from fleet_min.collector.insight import telemetry
+from fleet_min.collector.jobs import devices, views
 from fleet_min.collector.jobs.executors import MAX_EXECUTORS
 from tests.support.collector import age_rows, edit_rows, job, registration
 
@@ -430,3 +434,36 @@ async def test_a_page_of_devices_is_not_queued_behind_whole_registry_listings(cl
         whole.release()
         whole.release()
     assert (await asyncio.wait_for(waiting, 30)).status == 200
+
+
+def _reads_of_rows(conn: sqlite3.Connection, sql: str, params: tuple = ()) -> list[str]:
+    """The columns of the devices table (not of an index of it) that `sql` reads, as names."""
+    root = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'devices'").fetchone()[0]
+    program = conn.execute(f"EXPLAIN {sql}", params).fetchall()
+    cursors = {op[2] for op in program if op[1] == "OpenRead" and op[3] == root}
+    names = [row[1] for row in conn.execute("PRAGMA table_info(devices)")]
+    return [names[op[3]] for op in program if op[1] == "Column" and op[2] in cursors]
+
+
+async def test_reads_of_every_devices_times_never_read_its_row(client, db_path):
+    """A device's times come after its descriptor, pools and capabilities in its row (57 KB
+    at the registration's limits), so reading them for every device read every page of a full
+    registry (1.4 GB): each metrics scrape, each overview, each count of expired devices in a
+    listing, and each registration refused at the bound, which looked for a temporary device
+    to give way in every row. The times are read from an index, and those that may give way
+    are found in one of their own."""
+    await register(client, "d")
+    conn = sqlite3.connect(db_path)
+    try:
+        for sql, params in ((telemetry.DEVICE_TIMES, ()),
+                            (views.OVERVIEW_DEVICES, ()),
+                            ("SELECT count(*) FROM devices WHERE ttl_s IS NOT NULL "
+                             "AND ? - last_seen > ttl_s", (1.0,)),
+                            (enrolment._KNOWN_IDS, (10,))):
+            assert _reads_of_rows(conn, sql, params) == [], sql
+        plan = " | ".join(row[3] for row in conn.execute(
+            f"EXPLAIN QUERY PLAN {devices._DEVICES.gone_sql}", (1.0, 1)))
+    finally:
+        conn.close()
+    # Only the devices found to have left the shelf are read, for their ids.
+    assert plan.startswith("SEARCH d USING INDEX devices_leaving"), plan

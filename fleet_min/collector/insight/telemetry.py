@@ -10,14 +10,16 @@ Counted as it happens, on the event loop's thread:
 Read at scrape, at most once a second however many scrapers ask (`FiguresCache`): jobs by
 status and workload (one GROUP BY over the jobs_status_workload index; the workloads beyond the
 spec's and the most used others folded into "other": fold_workloads), devices by derived
-status and the age of their last beacons (one read of the devices table: a shelf, not a
-warehouse), artifacts stored, and the sizes of the database and WAL files. The writer's queue,
-stream clients, waiting polls and the process figures are read from memory.
+status and the age of their last beacons (one read of every device's times, from an index, in a
+worker thread: a registry may hold 25,000), artifacts stored, and the sizes of the database and
+WAL files. The writer's queue, stream clients, waiting polls and the process figures are read
+from memory.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -122,10 +124,16 @@ def _size(path: Path) -> int | None:
         return None
 
 
+def _device_times(conn: sqlite3.Connection, current: float) -> tuple[dict[str, int], list[float]]:
+    """In a worker thread, on a connection of its own: a registry at its bound is 25,000 rows
+    to read and judge, which the shared reader and the event loop's thread need for others."""
+    return device_figures(conn.execute(DEVICE_TIMES), current)
+
+
 async def read_figures(db: Database) -> Figures:
     jobs = fold_workloads({(row["status"], row["workload"]): row["n"]
                            for row in await db.read(JOBS_BY_STATUS)})
-    devices, ages = device_figures(await db.read(DEVICE_TIMES), now())
+    devices, ages = await db.read_in_thread(_device_times, now(), named=True)
     totals = await db.read_one(ARTIFACT_TOTALS)
     return Figures(jobs=jobs, devices=devices, beacon_ages=ages,
                    artifacts=totals["n"] if totals else 0,

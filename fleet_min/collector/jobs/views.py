@@ -613,9 +613,12 @@ def _device_glance(conn: sqlite3.Connection, now: float, low_battery: LowBattery
     return by_status, (low_battery(devices, now) if low_battery else [])
 
 
+# What the overview reads of each device without a low-battery rule: columns an index holds.
+OVERVIEW_DEVICES = "SELECT device_id, last_seen, ttl_s FROM devices"
+
+
 async def overview(db: Database, now: float, low_battery: LowBattery | None = None,
-                   devices_sql: str = "SELECT device_id, last_seen, ttl_s FROM devices"
-                   ) -> dict[str, Any]:
+                   devices_sql: str = OVERVIEW_DEVICES) -> dict[str, Any]:
     """The fleet at a glance. `low_battery` names the devices whose battery is low (the
     low-battery alert's rule, passed in by the caller so the queue's room needs no alerts),
     from the rows of `devices_sql` (the columns that rule reads, not whole rows: a device's
