@@ -88,6 +88,18 @@ def test_what_is_written_reads_back_the_same(doc):
     assert b" " not in jsonio.dumps_body({"a": [1, 2]})
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(documents, max_size=6), st.sampled_from([None, "items", "\ud800 \"odd\""]))
+def test_a_listing_made_an_item_at_a_time_is_the_body_of_the_whole(items, key):
+    """The same JSON (not always the same bytes: one item orjson refuses is written by the
+    json module alone, where the whole would have taken every item there)."""
+    whole = jsonio.dumps_body(items if key is None else {key: items})
+    made = jsonio.dumps_listing(iter(items), key)
+    assert typed(json.loads(made.decode("utf-8", "surrogatepass"))) == typed(
+        json.loads(whole.decode("utf-8", "surrogatepass")))
+    assert b" " not in jsonio.dumps_listing([[1, 2], {"a": 3}], "k")
+
+
 def test_values_orjson_refuses_are_written_by_the_json_module():
     doc = {"n": 10 ** 25, "lone": "\ud800"}
     assert jsonio.dumps_stored(doc) == json.dumps(doc)

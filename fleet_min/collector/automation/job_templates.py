@@ -174,8 +174,8 @@ async def listing_body(db: Database) -> bytes:
     """Every template, as an encoded JSON answer (jsonio.dumps_body) made on a worker thread,
     as schedules' listings are (schedules.LISTINGS_AT_ONCE)."""
     def encoded(conn: sqlite3.Connection) -> bytes:
-        return jsonio.dumps_body({"templates": [
-            record(row) for row in conn.execute("SELECT * FROM job_templates ORDER BY id")]})
+        return jsonio.dumps_listing((record(row) for row in conn.execute(
+            "SELECT * FROM job_templates ORDER BY id")), "templates")
 
     async with db.slots("automation listings", LISTINGS_AT_ONCE):
         return await db.read_in_thread(encoded, named=True)

@@ -20,7 +20,7 @@ import json
 import math
 import re
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, tzinfo
 from typing import Any, cast
@@ -658,19 +658,22 @@ async def list_schedules(db: Database, view: View) -> dict[str, Any]:
 
 
 async def listing_body(db: Database, view: View, *, bare: bool = False) -> bytes:
-    """list_schedules as an encoded JSON answer (jsonio.dumps_body), made on the worker thread
-    too; `bare` the records alone, as an array (the original's GET /schedules)."""
+    """list_schedules as an encoded JSON answer (jsonio.dumps_listing: a record's objects at a
+    time), made on the worker thread too; `bare` the records alone, as an array (the
+    original's GET /schedules)."""
     def encoded(conn: sqlite3.Connection) -> bytes:
-        listed = _schedule_records(conn, view)
-        return jsonio.dumps_body(listed["schedules"] if bare else listed)
+        return jsonio.dumps_listing(_each_schedule(conn, view), None if bare else "schedules")
 
     async with db.slots("automation listings", LISTINGS_AT_ONCE):
         return await db.read_in_thread(encoded, named=True)
 
 
+def _each_schedule(conn: sqlite3.Connection, view: View) -> Iterator[dict[str, Any]]:
+    return (schedule_record(row, view) for row in conn.execute(SELECT + " ORDER BY s.id"))
+
+
 def _schedule_records(conn: sqlite3.Connection, view: View) -> dict[str, Any]:
-    return {"schedules": [schedule_record(row, view)
-                          for row in conn.execute(SELECT + " ORDER BY s.id")]}
+    return {"schedules": list(_each_schedule(conn, view))}
 
 
 async def get_schedule(db: Database, schedule_id: str, view: View) -> dict[str, Any]:
