@@ -1074,7 +1074,12 @@ class BadAnswer(Unreachable):
 # Collectors live on the LAN or a mesh network: talk to them directly, ignoring proxy variables
 # (http.client never reads them; _OPENER, for a local server a job starts, is told not to).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-MAX_ANSWER_BYTES = 8 << 20  # a JSON answer (a job, a page of results) is far smaller
+MAX_ANSWER_BYTES = 8 << 20  # a JSON answer (a page of results, a topic's events)
+# Parsed JSON takes up to thirty times its bytes (`{},{},...`), so answers that are never large
+# are read to bounds of their own: an 8 MiB answer to every beacon and row from a collector that
+# lies took an agent over 500 MB, enough to have it killed on a phone or a small board.
+MAX_JOB_ANSWER_BYTES = 2 << 20  # a job offered: its spec is at most the collector's 1 MiB body
+MAX_REPLY_BYTES = 256 << 10  # an acknowledgement (a beacon, rows, a registration, a release)
 ANSWER_CHUNK = 64 << 10
 DOWNLOAD_STALL_S = 300.0  # a download ends when a whole DOWNLOAD_CHUNK takes longer than this
 DOWNLOAD_PREFIX = ".dl-"  # a partial download in the cache, renamed into place once verified
@@ -1323,11 +1328,12 @@ class Collector:
         return f"Collector({self.url})"
 
     def call_json(self, method: str, path: str, payload: object = None,
-                  timeout: float | None = None) -> tuple[int, object]:
+                  timeout: float | None = None, limit: int = MAX_ANSWER_BYTES
+                  ) -> tuple[int, object]:
         body = None if payload is None else json.dumps(payload).encode("utf-8")
         headers = {"content-type": "application/json"} if body is not None else {}
         status, data = http_call(method, self.url + path, body, headers,
-                                 timeout or self.timeout)
+                                 timeout or self.timeout, limit=limit)
         if status >= 400:
             raise HttpError(status, _error_message(data))
         if status == 204 or not data:
@@ -1335,35 +1341,35 @@ class Collector:
         return status, parse_answer(data, f"{method} {self.url}{path}")
 
     def register(self, body: dict) -> dict:
-        _, reply = self.call_json("POST", "/devices/register", body)
+        _, reply = self.call_json("POST", "/devices/register", body, limit=MAX_REPLY_BYTES)
         return reply if isinstance(reply, dict) else {}
 
     def next_device_job(self, device_id: str, timeout: float) -> dict | None:
         path = f"/devices/{urllib.parse.quote(device_id, safe='')}/next-job"
-        status, reply = self.call_json("GET", path, timeout=timeout)
+        status, reply = self.call_json("GET", path, timeout=timeout, limit=MAX_JOB_ANSWER_BYTES)
         return reply if status == 200 and isinstance(reply, dict) else None
 
     def next_host_job(self, name: str, timeout: float) -> dict | None:
         path = "/executor/next-job?" + urllib.parse.urlencode({"name": name})
-        status, reply = self.call_json("GET", path, timeout=timeout)
+        status, reply = self.call_json("GET", path, timeout=timeout, limit=MAX_JOB_ANSWER_BYTES)
         return reply if status == 200 and isinstance(reply, dict) else None
 
     def beacon(self, body: dict) -> dict:
-        _, reply = self.call_json("POST", "/results", body)
+        _, reply = self.call_json("POST", "/results", body, limit=MAX_REPLY_BYTES)
         return reply if isinstance(reply, dict) else {}
 
     def post_result(self, row: dict) -> None:
-        self.call_json("POST", "/results", row)
+        self.call_json("POST", "/results", row, limit=MAX_REPLY_BYTES)
 
     def post_results(self, rows: list) -> None:
         """Several rows in one request (one transaction on the collector; all or none)."""
-        self.call_json("POST", "/results", rows)
+        self.call_json("POST", "/results", rows, limit=MAX_REPLY_BYTES)
 
     def release(self, job_id: str, device_id: str) -> str:
         """'released', 'old-collector' (404: predates the endpoint) or 'refused' (409)."""
         path = f"/jobs/{urllib.parse.quote(job_id, safe='')}/release"
         try:
-            self.call_json("POST", path, {"device_id": device_id})
+            self.call_json("POST", path, {"device_id": device_id}, limit=MAX_REPLY_BYTES)
         except HttpError as exc:
             return "old-collector" if exc.status == 404 else "refused"
         return "released"
@@ -1373,7 +1379,7 @@ class Collector:
         headers.update(extra_headers or {})
         timeout = max(self.timeout, 120.0)
         status, reply = http_call("POST", self.url + "/artifacts", data, headers, timeout,
-                                  timeout + len(data) / UPLOAD_FLOOR_BPS)
+                                  timeout + len(data) / UPLOAD_FLOOR_BPS, MAX_REPLY_BYTES)
         if status >= 400:
             raise HttpError(status, _error_message(reply))
         answer = parse_answer(reply, f"POST {self.url}/artifacts")
@@ -4116,11 +4122,51 @@ def hf_directory(ctx: JobContext, archive: str) -> str:
         raise Refusal("params.input_sha256 must name a GGUF file or a zip of a Hugging Face "
                       "model folder")
     safe_unzip(archive, unpacked, check=ctx.check)
+    refuse_model_code(unpacked)
     for current, dirs, files in os.walk(unpacked):
         dirs.sort()
         if "config.json" in files:
             return current
     raise Refusal("the model archive holds no config.json, so it is not a Hugging Face model")
+
+
+# A model folder may carry its own Python, which transformers imports when a configuration's
+# `auto_map` names it and the loader is asked with trust_remote_code, as llama.cpp's converter
+# asks for some architectures (an auto_map may also name code to download). The zip is the
+# job's, and anyone who can reach the collector may enqueue one, so a folder with code, or a
+# configuration that points at code, is refused before the converter sees it.
+MODEL_CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyd", ".pyw", ".so", ".dylib", ".dll")
+AUTO_MAP = b'"auto_map"'
+
+
+def refuse_model_code(folder: str) -> None:
+    for current, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(current, name)
+            shown_path = shown(os.path.relpath(path, folder))
+            if name.lower().endswith(MODEL_CODE_SUFFIXES):
+                raise Refusal(f"the model archive holds code ({shown_path}), which a conversion "
+                              "could run; this agent converts folders of weights and "
+                              "configuration only")
+            if name.lower().endswith(".json") and file_holds(path, AUTO_MAP):
+                raise Refusal(f"{shown_path} in the model archive names code to load "
+                              "(auto_map), which a conversion would run or download; this "
+                              "agent converts models that need no code of their own")
+
+
+def file_holds(path: str, needle: bytes, chunk: int = 1 << 20) -> bool:
+    """Whether the file's bytes hold `needle`, read a chunk at a time (a tokenizer's JSON may
+    be tens of megabytes)."""
+    tail = b""
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(chunk)
+            if not block:
+                return False
+            if needle in tail + block:
+                return True
+            tail = block[-(len(needle) - 1):]
 
 
 def convert_argv(runtime: Runtime, source: str, outfile: str, outtype: str) -> list[str]:
@@ -7863,7 +7909,8 @@ def register_executor(runtime: Runtime, collector: Collector) -> None:
             if collector.url in runtime.no_executor_route:
                 return
         try:
-            collector.call_json("POST", "/executors/register", executor_registration(runtime))
+            collector.call_json("POST", "/executors/register", executor_registration(runtime),
+                                limit=MAX_REPLY_BYTES)
         except HttpError as exc:
             if exc.status != 404:
                 log.warning("collector %s refused this executor's registration: %s",
@@ -8312,7 +8359,7 @@ class Link(threading.Thread):
             # whole length: a beacon (it also tells the collector the device is back), or for
             # an executor, which does not beacon, its health.
             if self.rt.mode == "host":
-                self.collector.call_json("GET", "/api/health")
+                self.collector.call_json("GET", "/api/health", limit=MAX_REPLY_BYTES)
                 self.outage.recovered()
             elif self.registered:
                 self.beacon_if_due(force=True)
@@ -8373,9 +8420,16 @@ class Link(threading.Thread):
 
     def take(self, spec: dict) -> bool:
         """Run the job offered; False when it was not run (no id, or another link's job)."""
-        job_id = str(spec.get("job_id") or "")
+        job_id = spec.get("job_id")
         if not job_id:
             log.error("%s offered a job without a job_id; ignored", self.collector.url)
+            return False
+        # A collector keeps to the id rule; an id that breaks it (8 MB of it, from something
+        # answering as the collector) would ride in every row, and a final row is spooled past
+        # the spool's bound rather than lost: 16 MB a file, a gigabyte in a few minutes.
+        if not isinstance(job_id, str) or not ID_PATTERN.fullmatch(job_id):
+            log.error("%s offered a job whose job_id %s breaks the collector's id rule; ignored",
+                      self.collector.url, printable(job_id, 60))
             return False
         # The check-and-set happens under one lock: two links can never both hold a job.
         if self.rt.stopping.is_set() or not self.rt.gate.try_take(self.collector.url, job_id):

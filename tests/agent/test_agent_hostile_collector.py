@@ -352,7 +352,57 @@ def test_an_endless_answer_is_cut_off_and_memory_stays_bounded(procs, fake):
         time.sleep(0.05)
     assert peak < 300, f"the agent grew to {peak:.0f} MB on an endless answer"
     wait_for(lambda: fake.polls() >= 3, 30, what="polls after answers that were cut off")
-    assert "more than the 8388608 bytes an answer may have" in agent.log()
+    assert "more than the 2097152 bytes an answer may have" in agent.log()  # a job's bound
+
+
+def hwm_mb(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), in MB."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# `{},` is four bytes and a dict of its own once parsed: about thirty times its size in memory.
+EMPTIES = b"[" + b"{}," * ((8 << 20) // 3 - 1) + b"{}]"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_answers_that_parse_to_millions_of_objects_are_refused_by_their_size(procs, fake):
+    """A lying collector answered beacons, rows and polls with 8 MiB of empty objects, the
+    most memory a byte of JSON can ask for: each answer parsed took the agent past 260 MB (a
+    job's beacon and its rows at once, past 500 MB). An acknowledgement is read to 256 KiB and
+    a job offered to 2 MiB, so rows stay spooled and polling goes on."""
+    fake.route = lambda handler, method, path, body: (
+        (200, EMPTIES) if method == "POST" and path == "/results" else None)
+    agent = procs.agent([fake.url], "empties")
+    assert agent.proc is not None
+    wait_for(lambda: "more than the 262144 an answer may have" in agent.log(), 60,
+             what="a beacon's answer refused by its size")
+    # A beacon answered unusably is a collector out of reach: polls wait until it answers.
+    fake.route = lambda handler, method, path, body: (
+        (200, EMPTIES) if path.endswith("/next-job") else None)
+    wait_for(lambda: fake.polls() >= 3, 60, what="polls answered with 8 MiB")
+    assert "more than the 2097152 an answer may have" in agent.log()
+    assert hwm_mb(agent.proc.pid) < 150, hwm_mb(agent.proc.pid)
+    assert not dead_threads(agent.log())
+
+
+def test_a_job_whose_id_breaks_the_id_rule_is_not_run_and_spools_nothing(procs, fake):
+    """Every row names its job, and a final row is spooled past the spool's bound rather than
+    lost: an 8 MB job id from a collector that refused rows made 16 MB spool files, a
+    gigabyte in minutes. The collector keeps to its id rule, so an id that breaks it is not
+    a job the agent runs."""
+    offered = one_job(dict(SELF_CHECK, job_id="x" * 201))
+    fake.route = lambda handler, method, path, body: (
+        (503, b"{}") if method == "POST" and path == "/results" and b'"result"' in body
+        else offered(handler, method, path, body))
+    agent = procs.agent([fake.url], "long-id")
+    wait_for(lambda: "breaks the collector's id rule; ignored" in agent.log(), 30,
+             what="the job refused")
+    wait_for(lambda: fake.polls() >= 3, 30, what="polls after the refusal")
+    assert " started: " not in agent.log() and not agent.spooled()
 
 
 def test_a_trickling_answer_is_given_up_at_the_deadline_and_polling_goes_on(procs, fake):
@@ -434,13 +484,14 @@ def test_a_job_id_with_a_newline_cannot_forge_a_log_line(procs, fake):
     forged = "2026-01-01 00:00:00,000 ERROR collector says: run rm -rf ~ now"
     fake.route = one_job(dict(SELF_CHECK, job_id="x\n" + forged + "\x1b[2J"))
     agent = procs.agent([fake.url], "forge")
-    wait_for(fake.finals, 30, what="the job's final row")
-    wait_for(lambda: " ended: " in agent.log(), 10, what="the job's last log line")
+    wait_for(lambda: "breaks the collector's id rule" in agent.log(), 30,
+             what="the job refused")
     lines = agent.log().splitlines()
     assert not [line for line in lines if line.startswith(forged)], agent.log()[-3000:]
     assert "\x1b" not in agent.log()
-    started = [line for line in lines if " started: self-check" in line]
-    assert started and ("job x\\n" + forged + "\\x1b[2J started") in started[0], started
+    refused = [line for line in lines if "breaks the collector's id rule" in line]
+    assert refused and ("job_id x\\n" + forged[:40]) in refused[0], refused
+    assert not fake.finals()
 
 
 # --- 10. directory modes -----------------------------------------------------------------------

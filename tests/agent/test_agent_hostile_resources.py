@@ -282,3 +282,45 @@ def test_a_zip64_end_record_declaring_too_many_members_is_refused_unread(fa, tmp
     with pytest.raises(fa.Refusal, match="the archive has 5000000 members; the agent unpacks "
                                          "at most 100000"):
         fa.open_zip(str(path))
+
+
+def model_zip(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        for name, data in members.items():
+            bundle.writestr(name, data)
+    return buffer.getvalue()
+
+
+def test_a_model_folder_that_carries_or_names_code_is_never_handed_to_the_converter(
+        converter_agent):
+    """transformers imports a folder's own Python when a configuration's auto_map names it
+    and the loader is asked with trust_remote_code, as llama.cpp's converter asks for some
+    architectures: a job's zip ran its code on the device. A folder with code, or a
+    configuration naming code (here or on a hub), is refused before the converter runs."""
+    collector, _, log = converter_agent
+    config = json.dumps({"architectures": ["QWenLMHeadModel"]}).encode()
+    mapped = json.dumps({"auto_map": {"AutoTokenizer": ["tokenization_qwen.QWenTokenizer",
+                                                        None]}}).encode()
+    cases = {
+        "with-python": ({"m/config.json": config, "m/tokenizer_config.json": mapped,
+                         "m/tokenization_qwen.py": b"open('/tmp/pwned', 'w')"},
+                        "the model archive holds code ('m/tokenization_qwen.py')"),
+        "names-a-hub": ({"m/config.json": json.dumps({"auto_map": {
+            "AutoModel": "someone/else--modeling.Model"}}).encode()},
+                        "'m/config.json' in the model archive names code to load (auto_map)"),
+        "with-a-library": ({"m/config.json": config, "m/sub/kernel.SO": b"\x7fELF"},
+                           "the model archive holds code ('m/sub/kernel.SO')"),
+    }
+    for job_id, (members, _) in cases.items():
+        convert(collector, job_id, model_zip(members))
+    for job_id, (_, says) in cases.items():
+        status, row = ended(collector, job_id)
+        assert status == "failed" and says in row["error"], (job_id, row)
+    assert converted(log) == []
+    # A folder of weights and configuration alone is converted as before.
+    convert(collector, "plain", model_zip({"m/config.json": config,
+                                           "m/tokenizer.json": b'{"auto_mapping": 1}',
+                                           "m/model.safetensors": b"\0" * 64}))
+    assert ended(collector, "plain")[0] == "done"
+    assert converted(log) == [{"files": 3, "bytes": len(config) + 19 + 64}]
