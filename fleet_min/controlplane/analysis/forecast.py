@@ -29,7 +29,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from fleet_min import cron
 from fleet_min.controlplane.analysis.stats import median, peak_overlap, percentile
-from fleet_min.controlplane.analysis.workflows import Workflow
+from fleet_min.controlplane.analysis.workflows import MAX_SCHEDULES, Workflow
 from fleet_min.timeutil import iso
 
 HOUR = 3600.0
@@ -100,26 +100,39 @@ def due_times(expression: str, zone: str, start: float, end: float) -> list[floa
         out.append(t)
 
 
+MAX_RUNS_LISTED = 500  # runs a schedule prediction lists (runs_total counts them all)
+
+
 def schedule_prediction(flows: Sequence[Workflow], hour_start: float) -> dict[str, Any]:
+    """The runs the workflows' schedules start in the hour, and the most jobs due in one
+    minute. Each workflow's first MAX_SCHEDULES schedules are read (workflows.MAX_SCHEDULES)
+    and the first MAX_RUNS_LISTED runs listed; the value counts every run read."""
     end = hour_start + HOUR
     runs: list[dict[str, Any]] = []
+    total = 0
     errors: list[str] = []
     by_minute: dict[float, int] = {}
     for flow in flows:
-        for schedule in flow.schedules:
+        jobs = _jobs_per_run(flow)
+        if len(flow.schedules) > MAX_SCHEDULES:
+            errors.append(f"{flow.path}: more than {MAX_SCHEDULES} schedules; the first "
+                          f"{MAX_SCHEDULES} are read")
+        for schedule in flow.schedules[:MAX_SCHEDULES]:
             try:
                 due = due_times(schedule.cron, schedule.timezone, hour_start, end)
             except (cron.CronError, ZoneInfoNotFoundError, ValueError) as exc:
                 errors.append(f"{flow.path}: {schedule.cron!r} ({schedule.timezone}): {exc}")
                 continue
-            jobs = _jobs_per_run(flow)
+            total += len(due)
             for t in due:
                 by_minute[t] = by_minute.get(t, 0) + jobs
-                runs.append({"file": flow.path, "workflow": flow.name, "cron": schedule.cron,
-                             "timezone": schedule.timezone, "due_at": iso(t), "jobs": jobs})
+                if len(runs) < MAX_RUNS_LISTED:
+                    runs.append({"file": flow.path, "workflow": flow.name,
+                                 "cron": schedule.cron, "timezone": schedule.timezone,
+                                 "due_at": iso(t), "jobs": jobs})
     return {"source": "schedule", "value": max(by_minute.values(), default=0),
-            "confidence": "high", "runs": runs, "errors": errors,
-            "reason": f"{len(runs)} scheduled run(s) due in the hour"}
+            "confidence": "high", "runs": runs, "runs_total": total, "errors": errors,
+            "reason": f"{total} scheduled run(s) due in the hour"}
 
 
 def combine(history: Mapping[str, Any], schedule: Mapping[str, Any]) -> dict[str, Any]:

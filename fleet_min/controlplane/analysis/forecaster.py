@@ -84,7 +84,9 @@ class Forecaster:
         flows = await self.files.workflows(repo)
         past = await self.plane.db.read_in_thread(_history_prediction, repo, hour_start,
                                                   covered)
-        scheduled = forecast.schedule_prediction(flows, hour_start)
+        # In a worker thread, as the history's prediction: every due minute of every schedule
+        # of every file is worked out (64 schedules a file, each up to 60 minutes an hour).
+        scheduled = await asyncio.to_thread(forecast.schedule_prediction, flows, hour_start)
         combined = forecast.combine(past, scheduled)
         return {"repo": repo, "hour_start": iso(hour_start),
                 "hour_end": iso(hour_start + forecast.HOUR), "expected": combined,

@@ -231,7 +231,9 @@ class Reports:
         for repo in self.plane.watched_repos():
             flows = await self.files.workflows(repo)
             data = self.plane.repos.get(repo)
-            out += workflows.findings(repo, flows, data.runners if data else None)
+            # In a worker thread: a file of 512 KiB may hold 14,000 jobs to judge.
+            out += await asyncio.to_thread(workflows.findings, repo, flows,
+                                           data.runners if data else None)
             repos.append({**self.files.status.get(repo, {"repo": repo, "default_branch": None,
                                                         "fetched_at": None, "files": 0,
                                                         "error": None}),
