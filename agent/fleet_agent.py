@@ -7063,8 +7063,10 @@ class DevTools:
             self.keep(reply)
 
     def keep(self, event: dict) -> None:
-        if "method" in event and len(self.events) < DEVTOOLS_MAX_EVENTS:
-            self.events.append(event)
+        if len(self.events) < DEVTOOLS_MAX_EVENTS:
+            kept = audit_event(event)
+            if kept is not None:
+                self.events.append(kept)
 
     def wait_for(self, method: str | None, deadline: float, stop: threading.Event) -> bool:
         """Collect events until `method` arrives (True) or the deadline passes (False); with
@@ -7107,6 +7109,60 @@ def devtools_session(tools: DevTools, url: str, viewport: tuple[int, int]) -> st
     if navigated.get("errorText"):
         raise Refusal(f"Chromium could not load {url}: {navigated['errorText']}")
     return session
+
+
+def audit_event(event: dict) -> dict | None:
+    """What the audit reads of an event (page_weight, console_errors, browser_own), its text
+    clipped, or None for an event it never reads. Events were kept whole for the job's
+    timeout: a page logging a megabyte twenty times a second took the agent past 450 MB in
+    30 s, and each console message may be 64 MiB."""
+    method = event.get("method")
+    params = event.get("params")
+    params = params if isinstance(params, dict) else {}
+    kept: dict = {}
+    if method in ("Network.requestWillBeSent", "Network.responseReceived"):
+        part = "request" if method == "Network.requestWillBeSent" else "response"
+        message = params.get(part)
+        message = message if isinstance(message, dict) else {}
+        kept = {"requestId": params.get("requestId"), "type": _short(params.get("type")),
+                part: {"url": _short(message.get("url"), 2000)}}
+        if part == "response":
+            kept[part]["status"] = message.get("status")
+    elif method == "Network.loadingFinished":
+        kept = {"requestId": params.get("requestId"),
+                "encodedDataLength": params.get("encodedDataLength")}
+    elif method == "Network.loadingFailed":
+        kept = {"requestId": params.get("requestId"), "canceled": params.get("canceled"),
+                "errorText": _short(params.get("errorText"))}
+    elif method == "Runtime.consoleAPICalled" and params.get("type") == "error":
+        args = params.get("args") if isinstance(params.get("args"), list) else []
+        kept = {"type": "error", "args": [
+            {"value": _short(a.get("value", a.get("description", "")))}
+            for a in args[:20] if isinstance(a, dict)]}
+    elif method == "Runtime.exceptionThrown":
+        details = params.get("exceptionDetails")
+        details = details if isinstance(details, dict) else {}
+        thrown = details.get("exception")
+        thrown = thrown if isinstance(thrown, dict) else {}
+        kept = {"exceptionDetails": {"text": _short(details.get("text")),
+                                     "exception": {"description": _short(
+                                         thrown.get("description"))}}}
+    elif method == "Log.entryAdded":
+        entry = params.get("entry")
+        entry = entry if isinstance(entry, dict) else {}
+        if entry.get("level") != "error":
+            return None
+        kept = {"entry": {"level": "error", "source": _short(entry.get("source")),
+                          "text": _short(entry.get("text")), "url": _short(entry.get("url"))}}
+    else:
+        return None
+    return {"method": method, "params": kept}
+
+
+def _short(value: object, limit: int = 400) -> object:
+    """Text clipped past what a finding shows (clip to 300, which then marks the cut as it
+    would have on the whole text); other values as they are."""
+    return value[:limit] if isinstance(value, str) else value
 
 
 def browser_own(event: dict) -> bool:

@@ -911,3 +911,49 @@ def test_an_android_screenshot_waits_for_its_page_only_until_the_job_stops(fa, t
     with pytest.raises(fa.Stopped, match="cancelled by an operator"):
         fa.android_shot(runtime, ctx, "R5CT1234ABC", "http://x.test/", 60.0)
     assert time.monotonic() - started < 30  # not a speed bound: the 60 s wait was cut
+
+
+def test_an_audit_keeps_of_each_event_what_it_reads_and_clips_its_text(fa):
+    """DevTools events were kept whole for a web-audit's whole timeout: a page that logs a
+    megabyte twenty times a second took the agent past 450 MB in 30 s. Only the events the
+    audit reads are kept, with the fields it reads and their text clipped, and the audit
+    reads the same findings from them."""
+    huge = "x" * (1 << 20)
+    events = [
+        {"method": "Network.requestWillBeSent", "params": {
+            "requestId": "1", "type": "Document", "request": {"url": "http://a.test/",
+                                                              "headers": {"h": huge}}}},
+        {"method": "Network.responseReceived", "params": {
+            "requestId": "1", "type": "Document",
+            "response": {"url": "http://a.test/", "status": 200, "headers": {"h": huge}}}},
+        {"method": "Network.loadingFinished", "params": {"requestId": "1",
+                                                         "encodedDataLength": 900}},
+        {"method": "Network.requestWillBeSent", "params": {
+            "requestId": "2", "type": "Image", "request": {"url": "http://a.test/gone.png"}}},
+        {"method": "Network.responseReceived", "params": {
+            "requestId": "2", "type": "Image",
+            "response": {"url": "http://a.test/gone.png", "status": 404}}},
+        {"method": "Network.requestWillBeSent", "params": {
+            "requestId": "3", "type": "Script", "request": {"url": "http://b.test/s.js"}}},
+        {"method": "Network.loadingFailed", "params": {"requestId": "3", "canceled": False,
+                                                       "errorText": "net::ERR_FAILED"}},
+        {"method": "Runtime.consoleAPICalled", "params": {"type": "log",
+                                                          "args": [{"value": huge}]}},
+        {"method": "Runtime.consoleAPICalled", "params": {
+            "type": "error", "args": [{"value": "widget failed:"}, {"description": huge},
+                                      {"value": None}]}},
+        {"method": "Runtime.exceptionThrown", "params": {"exceptionDetails": {
+            "text": "Uncaught", "exception": {"description": "ReferenceError: " + huge}}}},
+        {"method": "Log.entryAdded", "params": {"entry": {"level": "error", "source": "other",
+                                                          "text": huge, "url": "http://a.test/"}}},
+        {"method": "Log.entryAdded", "params": {"entry": {"level": "info", "text": huge}}},
+        {"method": "Page.frameNavigated", "params": {"frame": {"url": huge}}},
+    ]
+    kept = [k for k in map(fa.audit_event, events) if k is not None]
+    assert len(kept) == 10 and len(json.dumps(kept)) < 5000
+    assert fa.audit_event({"method": "Runtime.exceptionThrown", "params": "not an object"}) == {
+        "method": "Runtime.exceptionThrown",
+        "params": {"exceptionDetails": {"text": None, "exception": {"description": None}}}}
+    assert fa.console_errors(kept) == fa.console_errors(events)
+    assert fa.page_weight(kept) == fa.page_weight(events)
+    assert fa.console_errors(kept)[0].startswith("widget failed: xxx")
