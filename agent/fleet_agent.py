@@ -5312,10 +5312,23 @@ def suite_argv(runtime: Runtime, ctx: JobContext, target: dict, report: str) -> 
     flows = flow_inside(ctx, flows, "suite.flows") if flows not in (None, "") else ""
     argv = [tool, "--platform", target["platform"], "--device", target["device_id"],
             "--flows", flows, "--report", report]
-    app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
-    if app.get("name"):
-        argv += ["--app-name", str(app["name"])]
+    name = app_name_arg(ctx)
+    if name:
+        argv += ["--app-name", name]
     return argv
+
+
+def app_name_arg(ctx: JobContext) -> str | None:
+    """app.name as the flow runner's --app-name value, or None without one. A value that
+    begins with '-' would be read by the tool as an option of its own, so it is refused."""
+    app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
+    name = app.get("name")
+    if name in (None, ""):
+        return None
+    if not isinstance(name, str) or name.startswith("-") or not name.isprintable():
+        raise Refusal(f"app.name must be text that does not begin with '-'; the job gave "
+                      f"{shown(name)}")
+    return name
 
 
 def wl_ui_test(runtime: Runtime, ctx: JobContext) -> dict:
@@ -5912,9 +5925,9 @@ def run_flow(runtime: Runtime, ctx: JobContext, target: dict, flow: str, name: s
     argv = [flow_runner(runtime, "a flow"), "--platform", target["platform"], "--device",
             target["device_id"], "--flows", flow_inside(ctx, flow, "params.flow"), "--report",
             report]
-    app = ctx.spec.get("app") if isinstance(ctx.spec.get("app"), dict) else {}
-    if isinstance(app.get("name"), str):
-        argv += ["--app-name", app["name"]]
+    app_name = app_name_arg(ctx)
+    if app_name:
+        argv += ["--app-name", app_name]
     timeout = float(int_param(ctx.params, "flow_timeout_s", 900, 1, 86400))
     code, _, _ = run_watched(argv, ctx, timeout, os.path.join(ctx.workdir, name + ".log"),
                              cwd=ctx.workdir)

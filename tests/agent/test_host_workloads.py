@@ -640,6 +640,19 @@ def test_bad_params_are_refused_before_any_device_is_touched(host, workload, par
     assert changed == []
 
 
+@pytest.mark.parametrize("workload", ["soak", "ui-test"])
+def test_an_app_name_the_flow_runner_would_read_as_an_option_is_refused(host, workload):
+    result = host.run({"workload": workload, "targets": {"device_id": "R5CT1234ABC"},
+                       "app": {"name": "--debug-output=/etc", "platform": "android"},
+                       "suite": {"kind": "flow_runner", "flows": "flows/"},
+                       "params": {"app_id": "com.x", "flow": "flows/browse.yaml",
+                                  "duration_s": 1, "interval_s": 1}})
+    assert result["ok"] is False and (
+        "app.name must be text that does not begin with '-'; the job gave "
+        "'--debug-output=/etc'") in result["error"], result
+    assert host.calls("flows") == []
+
+
 # --- digest: the pure parts (the whole workload runs against a real collector elsewhere) ---
 
 
