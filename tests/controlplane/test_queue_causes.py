@@ -149,3 +149,24 @@ def test_only_queued_and_pending_runs_are_classified() -> None:
     out = queue_causes(runs, [job(["self-hosted"], 1)], context([runner("r1", [])]), NOW)
     assert [c["run_id"] for c in out] == [1, 3]
     assert out[0]["queued_s"] == 300
+
+
+def test_many_runs_of_matrix_jobs_are_each_given_their_own_jobs_verdicts() -> None:
+    """Each run's jobs are found once and judged once per label set (each run looked through
+    every job, and every job was judged alone: 150 runs of 256 took 13 s a snapshot); every
+    run and job still gets its own verdict, and a job whose run id is not one is left out."""
+    ctx = context([runner("r1", ["linux"]), runner("r2", ["linux", "gpu"], busy=True)],
+                  [view("r1"), view("r2")])
+    runs = [run("queued", n, waited_s=10 if n % 2 else 300) for n in range(1, 41)]
+    jobs = [dict(job(["self-hosted", "linux"] + (["gpu"] if k % 2 else []), n), id=n * 1000 + k)
+            for n in range(1, 41) for k in range(64)]
+    jobs.append(dict(job(["self-hosted"]), run_id=[1]))
+    out = queue_causes(runs, jobs, ctx, NOW)
+    assert len(out) == 40 and all(len(c["jobs"]) == 64 for c in out)
+    for c in out:
+        alone = [classify_run(run("queued", c["run_id"], waited_s=10 if c["run_id"] % 2
+                                  else 300), [j], ctx, NOW)["jobs"][0]["cause"]
+                 for j in jobs if j["run_id"] == c["run_id"]]
+        assert [j["cause"] for j in c["jobs"]] == alone
+        assert c["cause"] == "repo-at-capacity" and c["confidence"] == "high"
+    assert {c["queued_s"] for c in out} == {10, 300}

@@ -54,6 +54,9 @@ class Context:
     local: set[str]                                       # names of this host's runners
     capacity: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)  # repo -> why GitHub data is missing
+    # (repo, the job's labels) -> the runners with them all: a matrix of 256 jobs asks once.
+    matched: dict[tuple[str, frozenset[str]], list[dict[str, Any]]] = field(
+        default_factory=dict)
 
 
 def _labels(job: Mapping[str, Any]) -> list[str]:
@@ -94,8 +97,11 @@ def classify_job(repo: str, job: Mapping[str, Any], queued_s: float | None, ctx:
         return Verdict("unserved", "high", f"no self-hosted runner is registered for {repo}",
                        [f"GitHub lists 0 runners for {repo}"],
                        f"register a runner for {repo} (config.sh)")
-    matching = [r for r in registered
-                if wanted <= {label.lower() for label in r.get("labels", [])}]
+    key = (repo, frozenset(wanted))
+    if key not in ctx.matched:
+        ctx.matched[key] = [r for r in registered
+                            if wanted <= {label.lower() for label in r.get("labels", [])}]
+    matching = ctx.matched[key]
     if not matching:
         return _mismatch(repo, labels, registered)
     down = [(r, _unusable(r, ctx.views.get(r["name"]))) for r in matching]
@@ -171,7 +177,15 @@ def classify_run(run: Mapping[str, Any], jobs: Sequence[Mapping[str, Any]], ctx:
     queued_s = _queued_s(run, now)
     waiting = [j for j in jobs if j.get("run_id") == run["id"]
                and j.get("status") in ("queued", "waiting", "pending")]
-    per_job = [(job, classify_job(run["repo"], job, queued_s, ctx)) for job in waiting]
+    # A job's verdict depends on its labels alone within a run: a matrix of 256 jobs of a few
+    # label sets is judged a few times (150 such runs took 13 s a snapshot, judged a job each).
+    verdicts: dict[tuple[str, ...], Verdict] = {}
+    per_job = []
+    for job in waiting:
+        labels = tuple(_labels(job))
+        if labels not in verdicts:
+            verdicts[labels] = classify_job(run["repo"], job, queued_s, ctx)
+        per_job.append((job, verdicts[labels]))
     if run.get("status") == "pending":
         verdict = Verdict("concurrency-block", "high",
                           "GitHub holds the run for its concurrency group",
@@ -204,5 +218,11 @@ def _jobless(repo: str, ctx: Context) -> Verdict:
 def queue_causes(runs: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]],
                  ctx: Context,
                  now: float) -> list[dict[str, Any]]:
-    return [classify_run(run, jobs, ctx, now) for run in runs
-            if run.get("status") in ("queued", "pending")]
+    by_run: dict[Any, list[Mapping[str, Any]]] = {}
+    for job in jobs:  # each run's jobs found once, not by a look through all of them a run
+        run_id = job.get("run_id")
+        if isinstance(run_id, int | str):
+            by_run.setdefault(run_id, []).append(job)
+    return [classify_run(run, by_run.get(run["id"], []) if isinstance(run["id"], int | str)
+                         else [], ctx, now)
+            for run in runs if run.get("status") in ("queued", "pending")]

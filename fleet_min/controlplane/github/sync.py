@@ -96,6 +96,7 @@ class GitHubSync:
         for run in fresh[:COMPLETED_JOBS_PER_REFRESH]:
             jobs += await self.github.jobs(repo, run["id"])
             self._seen_completed.add(run["id"])
-        data.runs, data.jobs = runs, [j for j in jobs if j["run_id"] in {r["id"] for r in runs}]
+        current = {r["id"] for r in runs}  # once, not once a job
+        data.runs, data.jobs = runs, [j for j in jobs if j["run_id"] in current]
         if jobs:
             await self.plane.db.write(store.upsert_jobs, [job_row(j) for j in jobs])
