@@ -310,10 +310,12 @@ def test_instant_empty_answers_to_polls_are_polled_about_once_a_second(procs, fa
 # --- 6. endless and trickling answers -----------------------------------------------------------
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, field: str = "VmRSS") -> float:
+    """A process's resident memory now (or another /proc status figure, such as its peak
+    VmHWM), in MB."""
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -355,15 +357,6 @@ def test_an_endless_answer_is_cut_off_and_memory_stays_bounded(procs, fake):
     assert "more than the 2097152 bytes an answer may have" in agent.log()  # a job's bound
 
 
-def hwm_mb(pid: int) -> float:
-    """The process's peak resident memory so far (VmHWM), in MB."""
-    with open(f"/proc/{pid}/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 # `{},` is four bytes and a dict of its own once parsed: about thirty times its size in memory.
 EMPTIES = b"[" + b"{}," * ((8 << 20) // 3 - 1) + b"{}]"
 
@@ -385,7 +378,8 @@ def test_answers_that_parse_to_millions_of_objects_are_refused_by_their_size(pro
         (200, EMPTIES) if path.endswith("/next-job") else None)
     wait_for(lambda: fake.polls() >= 3, 60, what="polls answered with 8 MiB")
     assert "more than the 2097152 an answer may have" in agent.log()
-    assert hwm_mb(agent.proc.pid) < 150, hwm_mb(agent.proc.pid)
+    peak = rss_mb(agent.proc.pid, "VmHWM")
+    assert peak < 150, peak
     assert not dead_threads(agent.log())
 
 
