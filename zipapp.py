@@ -9,7 +9,8 @@ So are files no service reads: type stubs and markers, Cython sources, aiohttp's
 and gunicorn workers (LEFT_OUT), the test suites some distributions ship inside their package,
 and the project's own build tools (BUILD_ONLY). Each vendored distribution's licence files go under
 `licenses/<name>/`; a file whose text is byte for byte one stored already (several packages ship
-the same licence) is a one-line pointer to it (SAME_TEXT).
+the same licence) is a one-line pointer to it (SAME_TEXT). The OpenAPI documents go in compact
+(COMPACTED_JSON).
 
 The archive holds sources and no bytecode: `__main__.py` (fleet_min/zipstart.py, with the build's
 digest written in) compiles each module once per Python version and keeps its code in a cache
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import re
 import stat
 import sys
@@ -44,6 +46,10 @@ TEST_PACKAGES = frozenset({"tests", "test"})
 # services read the generated JSON (fleet_min.openapi.document_bytes), never these.
 BUILD_ONLY = frozenset({"fleet_min/openapi/build.py", "fleet_min/openapi/collector_api.py",
                         "fleet_min/openapi/controlplane_api.py", "fleet_min/openapi/dsl.py"})
+# The generated OpenAPI documents are indented in the tree, for people reading diffs; the
+# services parse or serve them whole, so the archive keeps them compact (8 KB less of it).
+COMPACTED_JSON = frozenset({"fleet_min/openapi/collector.json",
+                            "fleet_min/openapi/controlplane.json"})
 START = ROOT / "fleet_min" / "zipstart.py"  # becomes __main__.py
 BUILD_ID_LINE = 'BUILD_ID = ""'
 
@@ -128,7 +134,11 @@ def _project_entries() -> dict[str, bytes]:
         if (path.is_dir() or "__pycache__" in path.parts or path.suffix == ".pyc"
                 or path == START or name in BUILD_ONLY):
             continue
-        entries[name] = path.read_bytes()
+        data = path.read_bytes()
+        if name in COMPACTED_JSON:
+            data = json.dumps(json.loads(data), separators=(",", ":"), ensure_ascii=False,
+                              allow_nan=False).encode()
+        entries[name] = data
     return entries
 
 

@@ -4,6 +4,7 @@ written still starts, compiling from the archive."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import stat
@@ -61,6 +62,12 @@ def test_the_archive_leaves_out_what_no_service_reads_and_keeps_to_its_size(
          "'controlplane')))", str(pyz)],
         capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert read.returncode == 0 and read.stdout.split() == ["3.1.0", "3.1.0"], read
+    # The documents go in compact: the same JSON as the tree's indented files, in fewer bytes.
+    with zipfile.ZipFile(pyz) as archive:
+        for name in ("collector", "controlplane"):
+            packed = archive.read(f"fleet_min/openapi/{name}.json")
+            tree = (pyzs.ROOT / "fleet_min" / "openapi" / f"{name}.json").read_bytes()
+            assert json.loads(packed) == json.loads(tree) and len(packed) < 0.7 * len(tree)
     assert pyz.stat().st_size <= 1_500_000, pyz.stat().st_size
 
 
