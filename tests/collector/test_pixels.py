@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import struct
 import tracemalloc
 import zlib
@@ -11,7 +12,7 @@ import png
 import pytest
 
 from fleet_min.collector.artifacts import pixels
-from tests.support.images import palette_png, png_bytes, with_stripe
+from tests.support.images import palette_png, png_bytes, png_chunk, with_stripe
 
 
 def compare(a: bytes, b: bytes, **kw) -> pixels.Difference:
@@ -67,9 +68,6 @@ def test_a_picture_past_the_pixel_limit_is_refused(monkeypatch):
 def _interlaced_zeros(width: int, height: int) -> bytes:
     """A valid interlaced (Adam7) RGBA PNG of transparent black, made chunk by chunk: the
     scanlines of its seven passes compress to almost nothing, whatever the size."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return (struct.pack(">I", len(data)) + kind + data
-                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
     passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4),
               (1, 0, 2, 2), (0, 1, 1, 2)]  # (x0, y0, dx, dy)
     squeeze = zlib.compressobj()
@@ -81,8 +79,8 @@ def _interlaced_zeros(width: int, height: int) -> bytes:
                 idat += squeeze.compress(bytes(1 + 4 * columns))
     idat += squeeze.flush()
     header = struct.pack(">IIBBBBB", width, height, 8, 6, 0, 0, 1)  # 8-bit RGBA, Adam7
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat)
-            + chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", idat)
+            + png_chunk(b"IEND", b""))
 
 
 @pytest.mark.parametrize("make", [
@@ -143,3 +141,65 @@ def test_an_idat_chunk_that_inflates_to_much_more_than_the_picture_is_read_in_pi
 def test_a_wide_palette_picture_within_the_limits_compares():
     found = compare(palette_png(16_384, 3), palette_png(16_384, 3))
     assert (found.width, found.height, found.differing) == (16_384, 3, 0)
+
+
+def _one_pixel(before_image: bytes = b"", idat: bytes | None = None, header: bool = True
+               ) -> bytes:
+    """A 1 x 1 palette PNG of black with `before_image` chunks before its image data (without
+    `header`, no IHDR and no palette)."""
+    row = zlib.compress(b"\x00\x00")  # the filter byte, palette index 0
+    head = (png_chunk(b"IHDR", struct.pack(">IIBBBBB", 1, 1, 8, 3, 0, 0, 0))
+            + png_chunk(b"PLTE", bytes(6))) if header else b""
+    return (b"\x89PNG\r\n\x1a\n" + head + before_image
+            + png_chunk(b"IDAT", row if idat is None else idat) + png_chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("filler", [png_chunk(b"IDAT", b""), png_chunk(b"tEXt", b"k\x00v")],
+                         ids=["empty-idat", "text"])
+def test_the_budget_holds_while_chunks_are_read_not_only_between_rows(filler):
+    """Eight million empty chunks before a one-pixel row took a comparison two minutes, past
+    a budget checked only between rows (and the one lock every comparison waits for held as
+    long). The budget counts from the first chunk read: past it, no further chunk is read."""
+    hostile = io.BytesIO(_one_pixel(filler * 200_000))
+    with pytest.raises(pixels.NotComparable, match="took longer than"):
+        pixels.compare(io.BytesIO(_one_pixel()), hostile, budget_s=-1.0)
+    assert hostile.tell() < 100, hostile.tell()  # stopped at its first chunk, not its last
+    assert compare(_one_pixel(), _one_pixel(filler * 1000)).differing == 0  # in time: compared
+
+
+def test_an_idat_chunk_is_read_from_the_file_in_pieces():
+    """pypng reads a chunk whole: a one-pixel PNG whose IDAT chunk carries 400 MiB after its
+    row held 400 MiB (two such files at once, 849 MB). The reader reads IDAT a piece at a
+    time, checking the chunk's checksum as it goes."""
+    padded = _one_pixel(idat=zlib.compress(b"\x00\x00") + bytes(16 << 20))
+    plain = _one_pixel()
+    tracemalloc.start()
+    try:
+        found = compare(plain, padded)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (found.width, found.height, found.differing) == (1, 1, 0)
+    assert peak < 4 << 20, peak
+    damaged = bytearray(plain)
+    damaged[-16] ^= 1  # the IDAT chunk's checksum (its end is read with the row)
+    with pytest.raises(pixels.NotComparable, match="checksum error in an IDAT chunk"):
+        compare(_one_pixel(), bytes(damaged))
+
+
+@pytest.mark.parametrize(("hostile", "words"), [
+    pytest.param(_one_pixel(png_chunk(b"tEXt", b"x" * ((8 << 20) + 1))),
+                 "a b'tEXt' chunk of 8,388,609 bytes", id="large-text-chunk"),
+    pytest.param(_one_pixel(header=False),
+                 "the capture has no PNG header (IHDR) before its image data", id="no-ihdr"),
+    pytest.param(_one_pixel(idat=b"\x78\x9c\xff\xff\xff"),
+                 "a screenshot is cut short or damaged (Error -3", id="bad-deflate"),
+    pytest.param(_one_pixel(idat=zlib.compress(b"\x00\x05")),
+                 "a screenshot is cut short or damaged", id="index-past-palette"),
+])
+def test_a_file_pypng_fails_on_in_any_way_is_a_sentence_not_an_error(hostile, words):
+    """A corrupt deflate stream (zlib.error), no IHDR (AttributeError) and a palette index past
+    the palette (IndexError) escaped the comparison, and the suite's whole matrix answered
+    500 on every view. A chunk other than IDAT is read whole, so it has a bound."""
+    with pytest.raises(pixels.NotComparable, match=re.escape(words)):
+        compare(_one_pixel(), hostile)

@@ -9,8 +9,9 @@ import sqlite3
 import pytest
 
 from fleet_min.collector.artifacts import visual
+from fleet_min.collector.http.visual import REVIEW
 from tests.support.collector import edit_rows, job, result_row
-from tests.support.images import palette_png, png_bytes, with_stripe
+from tests.support.images import palette_png, png_bytes, png_chunk, with_stripe
 
 URL = "http://shop.test/pricing?plan=pro"
 SUITE, PAGE = "shop.test", "/pricing?plan=pro"
@@ -338,3 +339,36 @@ async def test_the_views_read_the_fields_they_show_not_whole_rows(client, db_pat
     assert cells["edge"]["status"] == "missing" and "not a SHA-256" in cells["edge"]["note"]
     # 23 rows of 6 MB and a spec of 900 KB: read whole, the peak passed 100 MB.
     assert peak < 8 << 20, peak
+
+
+async def test_a_capture_pypng_fails_on_is_one_cells_error_not_the_matrixs(client):
+    """A corrupt deflate stream, a PNG with no header and a palette index past the palette
+    made pypng raise what the comparison did not catch: the whole suite's matrix answered 500
+    on every view, the good cells too, whoever had accepted the baseline."""
+    good = png_bytes(1, 1)
+    [baseline] = await shots_run(client, "run-1", [("chromium", good)])
+    await accept(client, baseline)
+    plain = palette_png(1, 1)
+    at = plain.index(b"IDAT") - 4
+    broken = plain[:at] + png_chunk(b"IDAT", b"\x78\x9c\xff\xff\xff") + png_chunk(b"IEND", b"")
+    await shots_run(client, "run-2", [("chromium", broken)])  # a deflate block of no type
+    matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")
+    [cell] = matrix["cells"]
+    assert cell["status"] == "error" and "cut short or damaged" in cell["note"], cell
+
+
+async def test_a_matrix_waits_for_the_comparison_slot_no_longer_than_its_budget(
+        client, monkeypatch):
+    """Comparisons run one at a time, and a matrix waited for the slot without a bound: one
+    suite's slow files held every other suite's review for minutes. A matrix waits until its
+    own budget ends and shows the cell pending."""
+    monkeypatch.setattr(visual, "COMPUTE_BUDGET_S", 0.5)
+    [baseline] = await shots_run(client, "run-1", [("chromium", png_bytes(8, 8))])
+    await accept(client, baseline)
+    await shots_run(client, "run-2", [("chromium", png_bytes(8, 8, with_stripe(2)))])
+    review = client.server.app[REVIEW]
+    async with review._one_at_a_time:  # another suite's comparison holds the slot
+        matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")
+    assert [c["status"] for c in matrix["cells"]] == ["pending"]
+    matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")  # the slot free again
+    assert [c["status"] for c in matrix["cells"]] == ["diverged"]

@@ -31,7 +31,7 @@ def with_stripe(columns: int, base: Pixel = solid) -> Pixel:
     return lambda x, y: (255, 0, 0, 255) if x < columns else base(x, y)
 
 
-def _chunk(kind: bytes, data: bytes) -> bytes:
+def png_chunk(kind: bytes, data: bytes) -> bytes:
     return (struct.pack(">I", len(data)) + kind + data
             + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
 
@@ -44,5 +44,5 @@ def palette_png(width: int, height: int, inflated: int | None = None) -> bytes:
     idat = b"".join(squeeze.compress(bytes(min(1 << 20, size - at)))
                     for at in range(0, size, 1 << 20)) + squeeze.flush()
     header = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"PLTE", bytes(6))
-            + _chunk(b"IDAT", idat) + _chunk(b"IEND", b""))
+    return (b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"PLTE", bytes(6))
+            + png_chunk(b"IDAT", idat) + png_chunk(b"IEND", b""))

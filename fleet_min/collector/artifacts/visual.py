@@ -401,17 +401,28 @@ class Review:
             return None, None, None, "the baseline or the capture is no longer stored"
         except pixels.NotComparable as exc:
             return None, None, None, str(exc)
+        except OSError as exc:  # the file unreadable: a cell's error, not the matrix's 500
+            return None, None, None, f"the baseline or the capture could not be read ({exc})"
         return found.pct, found.width, found.height, None
 
-    async def difference(self, baseline: str, capture: str, now: float
-                         ) -> tuple[float | None, str | None]:
-        """(diff_pct, error) of a capture against a baseline, computed once and kept."""
-        async with self._one_at_a_time:
+    async def difference(self, baseline: str, capture: str, now: float, deadline: float
+                         ) -> tuple[float | None, str | None] | None:
+        """(diff_pct, error) of a capture against a baseline, computed once and kept; None
+        when the comparisons before it held the one slot past `deadline` (the cell is then
+        pending, and the request answers rather than waits behind another suite's files)."""
+        try:
+            await asyncio.wait_for(self._one_at_a_time.acquire(),
+                                   max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            return None
+        try:
             row = await self._cached(baseline, capture)
             if row is None:
                 found = await asyncio.to_thread(self._compare, baseline, capture)
                 await self.store.transact(_keep, baseline, capture, found, now)
                 return found[0], found[3]
+        finally:
+            self._one_at_a_time.release()
         return row["diff_pct"], row["error"]
 
     async def matrix(self, suite: str, runs: int, threshold: float, now: float
@@ -453,8 +464,9 @@ class Review:
             cached = await self._cached(baseline, cell.sha256)
             if cached is not None:
                 pct, error = cached["diff_pct"], cached["error"]
-            elif time.monotonic() < deadline:
-                pct, error = await self.difference(baseline, cell.sha256, now)
+            elif time.monotonic() < deadline and (found := await self.difference(
+                    baseline, cell.sha256, now, deadline)) is not None:
+                pct, error = found
             else:
                 status = "pending"
         if status is None:
