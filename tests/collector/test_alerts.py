@@ -548,22 +548,28 @@ async def test_webhook_text_carries_a_clients_words_as_plain_text(
         monkeypatch, collector_factory, receiver):
     """A failed job's alert quotes its row's error, which its poster chooses: in the chat
     text, `<!channel>` pinged everyone and `<https://...|label>` showed a link under a false
-    label. The text escapes them; the structured alert keeps them as they were."""
+    label, and in Markdown chats `[label](url)`, `![x](url)` and `@channel` did the same. The
+    text escapes them; the structured alert keeps them as they were."""
     hook = await receiver()
     monkeypatch.setenv("FLEET_ALERT_WEBHOOK", hook.url)
     client = await collector_factory()
     await named_device(client)
     await client.post("/jobs", json=job("broken"))
     assert (await client.get("/devices/d1/next-job")).status == 200
-    error = "<!channel> see <https://evil.example/|the fix> & retry"
+    error = ("<!channel> see <https://evil.example/|the fix> & retry; @channel @all read "
+             "[the runbook](https://evil.example/login) ![x](https://evil.example/px.png)\n"
+             "[1]: https://evil.example/")
     await client.post("/results", json=result_row("broken", "d1", 0, final=True, ok=False,
                                                   error=error))
     [opened] = (await alert_tick(client))["opened"]
     await wait_webhook_state(client, opened, "delivered")
     [(_, body, _)] = hook.delivered(opened)
     assert error in body["alert"]["detail"]
-    assert ("&lt;!channel&gt; see &lt;https://evil.example/|the fix&gt; &amp; retry"
-            in body["text"]) and "<" not in body["text"]
+    text = body["text"]
+    assert ("&lt;!channel&gt; see &lt;https://evil.example/|the fix&gt; &amp; retry; "
+            "@\u200bchannel @\u200ball read [the runbook]\u200b(https://evil.example/login) "
+            "![x]\u200b(https://evil.example/px.png) [1]: https://evil.example/") in text, text
+    assert "<" not in text and "\n" not in text and "](" not in text
 
 
 async def test_webhook_gives_up_on_a_refusal(monkeypatch, collector_factory, receiver):

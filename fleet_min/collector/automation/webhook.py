@@ -55,10 +55,17 @@ def backoff(attempt: int, base_s: float, rng: Callable[[], float] = random.rando
 
 
 def chat_text(text: str) -> str:
-    """Text as chat services read the `text` field (Slack's rules, which Mattermost and others
-    follow): `<...>` is markup there, so a job's error of `<!channel>` would ping everyone and
-    `<https://x|label>` would show a link under a label of its poster's choosing."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Text as chat services read the `text` field, where anyone who can fail a job writes
+    part of it. Slack's `<...>` is markup (a job's error of `<!channel>` would ping everyone,
+    `<https://x|label>` show a link under its poster's label), and so is Markdown where
+    Mattermost and others render it: `[label](url)` a disguised link, `![x](url)` an image
+    every reader's client fetches, `@channel` and `@all` a ping to everyone, a line of its own
+    `[1]: url` a link definition. The text is made one line, the `<...>` escaped, and a
+    zero-width space set after each `@` and between `]` and `(`: the words read the same and
+    none of them is markup."""
+    one_line = " ".join(text.split())
+    escaped = one_line.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return escaped.replace("@", "@\u200b").replace("](", "]\u200b(")
 
 
 def payload(row: Any, collector: dict[str, str]) -> dict[str, Any]:
