@@ -298,6 +298,10 @@ def base_middleware_with(check: RequestCheck) -> Middleware:
             response = error_response(503, str(exc))
         except web.HTTPException as exc:
             if exc.status < 400 or exc.content_type == "application/json":
+                # Answered as raised (a redirect, a 304, a JSON refusal), with the headers
+                # every other answer carries: the redirect from / went without them.
+                for name, value in SECURITY_HEADERS.items():
+                    exc.headers.setdefault(name, value)
                 raise
             response = _http_error(request, exc)
         except (ConnectionResetError, TimeoutError):

@@ -65,6 +65,16 @@ async def test_static_refuses_paths_outside_the_served_folders(client: TestClien
         assert "error" in await resp.json()
 
 
+async def test_the_redirect_from_the_root_carries_the_security_headers(
+        client: TestClient) -> None:
+    """A redirect is raised, and was answered as raised: without the headers every other
+    answer carries."""
+    resp = await client.get("/", allow_redirects=False)
+    assert resp.status == 302 and resp.headers["Location"] == "/dash"
+    for name in ("X-Frame-Options", "X-Content-Type-Options", "Referrer-Policy"):
+        assert resp.headers.get(name), (name, dict(resp.headers))
+
+
 async def test_runner_shell(client: TestClient) -> None:
     resp = await client.get("/runner")
     assert resp.status == 200
