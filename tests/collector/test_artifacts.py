@@ -7,10 +7,13 @@ import hashlib
 import http.client
 import json
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
+from fleet_min.collector.artifacts import store as store_module
+from fleet_min.collector.http.artifacts import STORE
 from tests.support.collector import (
     CollectorProcess,
     ended_before_a_device_listing,
@@ -658,3 +661,43 @@ async def test_a_name_that_reorders_or_hides_text_is_refused(client, header, val
     # Right-to-left text and its marks are names like any other.
     status, body = await upload(client, b"a build", name="\u05d1\u05e0\u05d9\u05d4\u200f.apk")
     assert status == 201, body
+
+
+async def test_downloads_that_never_read_hold_at_most_their_share_of_descriptors(client):
+    """Each download holds the artifact's file beside its connection, and only a reserve of
+    descriptors is kept out of the connection cap for them and the database: 200 downloads
+    that never read took every descriptor, and the database's and other requests failed. Past
+    FILES_AT_ONCE open files a download is answered 503 with a sentence; as the stalled ones
+    end, downloads are served again."""
+    status, stored = await upload(client, os.urandom(16 << 20))
+    assert status == 201
+    digest = stored["sha256"]
+    store = client.server.app[STORE]
+    port = client.server.port
+    stalled = []
+    try:
+        for _ in range(store_module.FILES_AT_ONCE):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(f"GET /artifacts/{digest} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+                         .encode())
+            stalled.append(sock)
+        for _ in range(500):
+            if store.files_open == store_module.FILES_AT_ONCE:
+                break
+            await asyncio.sleep(0.02)
+        assert store.files_open == store_module.FILES_AT_ONCE
+        refused = await client.get(f"/artifacts/{digest}")
+        assert refused.status == 503
+        assert "artifact downloads and uploads are under way" in (await refused.json())["error"]
+        assert (await client.get("/api/health")).status == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+    for _ in range(500):
+        if store.files_open == 0:
+            break
+        await asyncio.sleep(0.02)
+    served = await client.get(f"/artifacts/{digest}", headers={"Range": "bytes=0-9"})
+    assert served.status == 206 and len(await served.read()) == 10

@@ -31,6 +31,7 @@ import re
 import secrets
 import sqlite3
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from fleet_min.collector.jobs.effects import Effects
 from fleet_min.collector.jobs.kinds import OPEN
 from fleet_min.config import CollectorConfig
 from fleet_min.db import Database, like_escape
-from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge
+from fleet_min.errors import BadRequest, Conflict, NotFound, Refused, TooLarge, Unavailable
 from fleet_min.timeutil import iso
 
 log = logging.getLogger(__name__)
@@ -323,11 +324,21 @@ def _fsync_dir(path: Path) -> None:
 
 @dataclass(frozen=True)
 class Opened:
-    """An artifact opened for reading: the caller owns `file` and closes it."""
+    """An artifact opened for reading: the caller owns `file` and ends with close()."""
 
     sha256: str
     file: BinaryIO
     size: int
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.file.close)
+
+
+# Artifact files open at once, downloads and uploads together: each holds a descriptor beside
+# its connection's, and only serving.FD_RESERVE (128) are kept out of the connection cap for
+# them, the database and the rest. 200 downloads that never read took the descriptors the
+# database and every other request needed. Past it a download or an upload is answered 503.
+FILES_AT_ONCE = 64
 
 
 class ArtifactStore:
@@ -344,6 +355,19 @@ class ArtifactStore:
         self.db = db
         self.transact = transact
         self._locks = [asyncio.Lock() for _ in range(_LOCK_STRIPES)]
+        # Files being sent, counted while open: one a response never sent (its client gone
+        # first) leaves the count when it is freed, not by a close that never came.
+        self._reading: weakref.WeakSet[BinaryIO] = weakref.WeakSet()
+        self._writing = 0
+
+    @property
+    def files_open(self) -> int:
+        return self._writing + sum(1 for file in self._reading if not file.closed)
+
+    def _room_for_a_file(self) -> None:
+        if self.files_open >= FILES_AT_ONCE:
+            raise Unavailable(f"{FILES_AT_ONCE} artifact downloads and uploads are under way, "
+                              "the most this collector serves at once; retry in a moment")
 
     def path(self, sha256: str) -> Path:
         check_sha256(sha256)  # never a path from anything but 64 hex digits
@@ -409,6 +433,15 @@ class ArtifactStore:
     async def upload(self, chunks: AsyncIterator[bytes], publish: dict[str, str],
                      expected: str | None, now: float) -> dict[str, Any]:
         """Store a streamed body; the reply to POST /artifacts (`sha256` first, as agents read)."""
+        self._room_for_a_file()
+        self._writing += 1
+        try:
+            return await self._upload(chunks, publish, expected, now)
+        finally:
+            self._writing -= 1
+
+    async def _upload(self, chunks: AsyncIterator[bytes], publish: dict[str, str],
+                      expected: str | None, now: float) -> dict[str, Any]:
         temp = await self._receive(chunks)
         try:
             sha256 = await asyncio.to_thread(temp.seal)
@@ -477,10 +510,13 @@ class ArtifactStore:
             handle = open(path, "rb")  # noqa: SIM115 - the response closes it when sent
             return Opened(sha256, handle, os.fstat(handle.fileno()).st_size)
 
+        self._room_for_a_file()
         try:
-            return await asyncio.to_thread(opener)
+            opened = await asyncio.to_thread(opener)
         except FileNotFoundError:
             raise NotFound(f"no artifact {sha256} is stored here") from None
+        self._reading.add(opened.file)
+        return opened
 
     async def delete(self, sha256: str) -> dict[str, Any]:
         check_sha256(sha256)

@@ -145,7 +145,7 @@ class ArtifactResponse(web.StreamResponse):
             await super().write_eof()
             return writer
         finally:
-            await asyncio.to_thread(self._opened.file.close)
+            await self._opened.close()
 
     async def _send(self, request: web.BaseRequest) -> None:
         transport = request.transport
@@ -188,13 +188,13 @@ async def download(request: web.Request) -> web.StreamResponse:
     span = None
     try:
         if _matches(request.headers.get("If-None-Match"), sha256):
-            await asyncio.to_thread(opened.file.close)
+            await opened.close()
             return web.Response(status=304, headers=headers)
         if_range = request.headers.get("If-Range")
         if if_range is None or _matches(if_range, sha256):
             span = artifacts.byte_range(request.headers.get("Range"), opened.size)
     except RangeNotSatisfiable:
-        await asyncio.to_thread(opened.file.close)
+        await opened.close()
         response = error_response(416, f"the range is outside the artifact's {opened.size} "
                                        "bytes")
         response.headers.update({**headers, "Content-Range": f"bytes */{opened.size}"})
