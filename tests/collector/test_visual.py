@@ -4,6 +4,7 @@ pass or diverged by their pixels."""
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 
 import pytest
@@ -372,3 +373,25 @@ async def test_a_matrix_waits_for_the_comparison_slot_no_longer_than_its_budget(
     assert [c["status"] for c in matrix["cells"]] == ["pending"]
     matrix = await get(client, f"/api/visual/matrix?suite={SUITE}")  # the slot free again
     assert [c["status"] for c in matrix["cells"]] == ["diverged"]
+
+
+async def test_a_capture_named_before_its_upload_is_compared_once_it_lands(client):
+    """A row may name its screenshot before the upload lands; the comparison's "not stored"
+    was kept as the pair's answer for good, so the cell stayed an error after the upload."""
+    [baseline] = await shots_run(client, "run-1", [("chromium", png_bytes(8, 8))])
+    await accept(client, baseline)
+    late = png_bytes(8, 8, with_stripe(2))
+    late_sha = hashlib.sha256(late).hexdigest()
+    assert (await client.post("/jobs", json=job("run-2", "web-shots", "host",
+                                                targets={"url": URL}))).status == 201
+    assert (await (await client.get("/executor/next-job?name=mac")).json())["job_id"] == "run-2"
+    row = result_row("run-2", "mac", 1, executor="mac", ok=True, browser="chromium",
+                     artifacts=[late_sha])
+    assert (await client.post("/results", json=row)).status == 200
+    await client.post("/results", json=result_row("run-2", "mac", 0, executor="mac",
+                                                  final=True, ok=True))
+    [cell] = (await get(client, f"/api/visual/matrix?suite={SUITE}"))["cells"]
+    assert cell["status"] == "error" and "is not stored" in cell["note"], cell
+    assert await upload(client, late) == late_sha
+    [cell] = (await get(client, f"/api/visual/matrix?suite={SUITE}"))["cells"]
+    assert cell["status"] == "diverged", cell

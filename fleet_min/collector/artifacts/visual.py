@@ -379,6 +379,9 @@ def slots_pointing_at(conn: sqlite3.Connection, sha256: str) -> list[str]:
 # -- comparing ----------------------------------------------------------------------------------
 
 
+NOT_STORED = "the baseline or the capture is not stored (yet, or any more)"
+
+
 class Review:
     """The matrix and the comparisons behind it: one comparison at a time (a Pi has few
     cores), each on a worker thread, each result kept."""
@@ -398,7 +401,7 @@ class Review:
                     open(self.store.path(capture), "rb") as cap:
                 found = pixels.compare(base, cap)
         except FileNotFoundError:
-            return None, None, None, "the baseline or the capture is no longer stored"
+            return None, None, None, NOT_STORED
         except pixels.NotComparable as exc:
             return None, None, None, str(exc)
         except OSError as exc:  # the file unreadable: a cell's error, not the matrix's 500
@@ -419,7 +422,8 @@ class Review:
             row = await self._cached(baseline, capture)
             if row is None:
                 found = await asyncio.to_thread(self._compare, baseline, capture)
-                await self.store.transact(_keep, baseline, capture, found, now)
+                if found[3] != NOT_STORED:  # a row may name its upload before it lands
+                    await self.store.transact(_keep, baseline, capture, found, now)
                 return found[0], found[3]
         finally:
             self._one_at_a_time.release()
