@@ -4,6 +4,11 @@ import { stream } from "./stream.js";
 import { currentPeer } from "./api.js";
 
 const PEER_POLL_MS = 15000;  // a peer's stream is not proxied, so its views are polled
+// The least time between two reloads the stream causes. Anyone may post result rows or publish
+// events, and a steady trickle of them (one every 250 ms) had every open screen reload its
+// listings four times a second for every viewer; a reload after a quiet spell still comes after
+// delayMs alone.
+const RELOAD_GAP_MS = 1000;
 
 // loader: () => Promise<data>. deps: reload when these change.
 // changes: (event) => boolean, which stream events make this resource stale.
@@ -17,7 +22,10 @@ export function useResource(loader, deps, changes, delayMs = 200) {
   const changesRef = useRef(changes);
   changesRef.current = changes;
 
+  const loadedAt = useRef(0);
+
   const load = useCallback(async () => {
+    loadedAt.current = Date.now();
     const mine = ++seq.current;
     setState((s) => ({ ...s, loading: true }));
     try {
@@ -39,7 +47,8 @@ export function useResource(loader, deps, changes, delayMs = 200) {
       const stale = event.type === "resync" || (changesRef.current && changesRef.current(event));
       if (!stale || timer.current) return;
       // Coalesce a burst of events (a fan-out, a busy agent) into one reload.
-      timer.current = setTimeout(() => { timer.current = null; load(); }, delayMs);
+      const wait = Math.max(delayMs, loadedAt.current + RELOAD_GAP_MS - Date.now());
+      timer.current = setTimeout(() => { timer.current = null; load(); }, wait);
     });
     return () => { off(); clearTimeout(timer.current); timer.current = null; };
   }, [load, delayMs]);
