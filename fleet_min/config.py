@@ -324,9 +324,10 @@ COLLECTOR_SETTINGS: SettingsTable[CollectorConfig] = SettingsTable(
     Setting("max_mirror_bytes", "FLEET_MAX_MIRROR_BYTES", 1 << 20, byte_size,
             "Largest live-mirror frame accepted by POST /api/jobs/{id}/mirror (413 above it)."),
     Setting("max_mirror_held_bytes", "FLEET_MAX_MIRROR_HELD_BYTES", 64 << 20, byte_size,
-            "Most bytes of live-mirror frames held in memory at once, over all jobs. Past it "
-            "the frames posted longest ago are let go (each job's comes back with its next "
-            "post); the newest frame is always kept."),
+            "Most bytes of live-mirror frames held in memory at once, over all jobs, the "
+            "frames viewers are still being sent included. Past it viewers still being sent "
+            "a replaced frame are cut, then the frames posted longest ago are let go (each "
+            "job's comes back with its next post); the newest frame is always kept."),
     Setting("write_stall_s", "FLEET_WRITE_STALL_S", 60.0, positive_float,
             "Seconds a client may take nothing of an answer before its connection is cut: a "
             "streamed answer's next piece (an artifact download's 1 MiB, a live-mirror frame), "

@@ -1,15 +1,25 @@
 """The live mirror of a running host job (issue 26), through a real collector (in-process,
 real socket, real SQLite file): frames posted by a real HTTP client, read back by a viewer on
 the multipart stream; the checks on a frame and its poster; the newest frame only, for a slow
-viewer too; nothing served once the job closes."""
+viewer too; nothing served once the job closes; and, in a real collector process, viewers that
+never read cannot make it hold more frames than its budget."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.support.collector import job, registration
+from fleet_min.collector.insight.mirror import Mirrors
+from tests.support.collector import CollectorProcess, job, registration
 
 HOLD = "soak"
 
@@ -208,3 +218,158 @@ async def test_frames_held_together_stay_within_their_budget(collector_factory):
     health = await (await client.get("/api/health")).json()
     assert health["mirror_held_bytes"] == 2 << 20 and health["mirrored_jobs"] == 2
     viewer.response.close()
+
+
+def test_a_frame_still_being_sent_is_held_once_and_the_viewers_furthest_behind_go_first():
+    """The budget's bookkeeping itself: a frame a newer one replaced stays held, counted once
+    however many viewers are still sent it, until they have taken it; past the budget the
+    viewers of the oldest such frame are cut, and a viewer of a newer one stays."""
+    mirrors, cut = Mirrors(300), []
+
+    def handed(name: str):
+        frame = mirrors.newest("run")
+        assert frame is not None
+        return mirrors.sending(frame, lambda: cut.append(name))
+
+    mirrors.put("run", b"1" * 100, 0.0)
+    slow = [handed("a"), handed("b")]
+    assert mirrors.held_bytes == 100  # one bytes object for both
+    mirrors.put("run", b"2" * 100, 0.0)
+    behind = [handed("c")]
+    mirrors.put("run", b"3" * 100, 0.0)
+    behind.append(handed("d"))
+    assert mirrors.held_bytes == 300 and cut == []  # frames 1 and 2 are still being sent
+    mirrors.put("run", b"4" * 100, 0.0)
+    assert cut == ["a", "b"] and mirrors.held_bytes == 300  # frame 1 went with its viewers
+    for sending in slow + behind:
+        mirrors.sent(sending)  # (for a and b, as their streams end: not counted again)
+    assert mirrors.held_bytes == 100 and cut == ["a", "b"]
+    mirrors.drop("run")
+    assert mirrors.held_bytes == 0
+
+
+# -- viewers that never read, in a real collector process -------------------------------------
+
+MIB = 1 << 20
+# The collector under uvloop (which hands a transport the frame's bytes object) or plain asyncio
+# (Python 3.11's copies what the socket did not take into a buffer of each connection's own).
+_BOOT = ("import sys\n"
+         "if sys.argv.pop(1) == 'asyncio': sys.modules['uvloop'] = None\n"
+         "from fleet_min.cli import main\n"
+         "raise SystemExit(main())\n")
+
+
+@pytest.fixture
+def process(tmp_path: Path) -> Iterator[Callable[..., CollectorProcess]]:
+    started: list[CollectorProcess] = []
+
+    def start(loop: str, env: dict[str, str]) -> CollectorProcess:
+        argv = [sys.executable, "-c", _BOOT, loop, "collector"]
+        started.append(CollectorProcess(tmp_path / "data", argv=argv, env=env).start())
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def peak_kib(pid: int) -> int:
+    """The process's peak resident memory so far (VmHWM), in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
+
+
+def post_frame_to(proc: CollectorProcess, body: bytes) -> None:
+    post = urllib.request.Request(f"{proc.url}/api/jobs/run/mirror?executor=evil", data=body,
+                                  method="POST", headers={"Content-Type": "image/jpeg"})
+    with urllib.request.urlopen(post, timeout=30) as resp:
+        assert resp.status == 204
+
+
+VIEW = b"GET /api/jobs/run/mirror HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+
+
+class Reader(threading.Thread):
+    """A viewer that reads all it is sent, as fast as it comes: the frames it saw (their
+    markers, `frame-NNN`)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+        # (Connection: close, so the end of the stream is the end of the connection.)
+        self.sock.sendall(VIEW.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+        self.seen: set[int] = set()
+
+    def run(self) -> None:
+        tail = b""
+        try:
+            while chunk := self.sock.recv(MIB):
+                data = tail + chunk
+                self.seen.update(int(n) for n in re.findall(rb"frame-(\d{3})", data))
+                tail = data[-16:]
+        except OSError:
+            pass  # the test ended it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_viewers_that_never_read_hold_no_more_than_the_budget(process, loop):
+    """The attack of review 20: claim your own host job; then, again and again, post a new
+    1 MiB frame and open a viewer with a 4 KiB receive buffer that never reads. Each such
+    viewer kept its own frame queued in its connection for the write-stall time (60 s), counted
+    nowhere: 150 of them took a collector from 52 to 205 MB while `mirror_held_bytes` said
+    1 MiB. Now a frame queued for a viewer is held, and counted, until the viewer has taken all
+    of it; past the budget the viewers furthest behind are cut. A viewer that reads still gets
+    the newest frame."""
+    rounds, budget = 40, 4 * MIB
+    proc = process(loop, {"FLEET_MAX_MIRROR_HELD_BYTES": str(budget),
+                          "FLEET_WRITE_STALL_S": "300"})  # no viewer is cut for stalling here
+    client = proc.client
+    assert client.post("/jobs", job("run", workload="soak", executor="host",
+                                    params={"app_id": "com.example"}))[0] == 201
+    assert client.get("/executor/next-job?name=evil")[0] == 200
+    post_frame_to(proc, jpeg(b"warm-up", MIB))
+    reader = Reader(proc.port)
+    reader.start()
+    assert wait_until(lambda: client.get("/api/jobs/run/mirror/status")[1]["viewers"] == 1, 10)
+    before = peak_kib(proc.proc.pid)  # a frame's upload and its relay already counted
+
+    stalled, held = [], []
+    for i in range(rounds):
+        post_frame_to(proc, jpeg(b"frame-%03d" % i, MIB))
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", proc.port))
+        sock.sendall(VIEW)
+        stalled.append(sock)
+        held.append(client.get("/api/health")[1]["mirror_held_bytes"])
+
+    grown = peak_kib(proc.proc.pid) - before
+    # Without the bound each stalled viewer held nearly all of its 1 MiB frame: 40 MiB here.
+    assert grown < 16 * 1024, f"peak RSS grew {grown} KiB with {rounds} stalled viewers"
+    assert max(held) <= budget, held
+    # Most stalled viewers were cut. Those left are the few whose frames the budget holds, and
+    # the last few, whose connections' kernel send queues (up to tcp_wmem's 4 MiB, outside the
+    # process) took all they were sent: they hold nothing in the collector until the next frame.
+    assert wait_until(lambda: client.get("/api/jobs/run/mirror/status")[1]["viewers"]
+                      < rounds // 2, 10), client.get("/api/jobs/run/mirror/status")
+    assert wait_until(lambda: rounds - 1 in reader.seen, 20), sorted(reader.seen)
+    assert reader.is_alive()  # the reading viewer was never cut
+    assert client.post("/api/jobs/run/cancel")[0] == 200
+    reader.join(20)
+    assert not reader.is_alive()  # its stream ended with the job
+    for sock in stalled:
+        sock.close()
+    assert "cut a live-mirror viewer of job run" in proc.log()
+    assert "Traceback" not in proc.log()

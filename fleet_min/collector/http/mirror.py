@@ -8,7 +8,10 @@ Routes:
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import secrets
+import sys
 
 from aiohttp import HttpVersion11, web
 
@@ -24,6 +27,7 @@ from fleet_min.http import (
     write_shared,
     write_stall_s,
 )
+from fleet_min.logs import Throttled
 from fleet_min.timeutil import iso, now
 
 # A frame's poster chooses its bytes: with a boundary known in advance, a "JPEG" holding
@@ -34,6 +38,18 @@ STREAM_POLICY = "default-src 'none'; sandbox"
 # A viewer with no new frame re-checks the job this often, so a stream of a job that ended
 # without a word (a lapsed lease) ends too.
 RECHECK_S = 10.0
+
+log = logging.getLogger(__name__)
+_cut = Throttled(log, "cut a live-mirror viewer of job %s still being sent a frame: the frames "
+                      "held for the mirror reached FLEET_MAX_MIRROR_HELD_BYTES (%d bytes)")
+
+
+def copies_unsent(transport: asyncio.BaseTransport) -> bool:
+    """Whether the transport keeps what the socket did not take as a copy of its own (Python
+    3.11's asyncio: a bytearray per connection) rather than the bytes object it was handed
+    (uvloop, the asyncio of 3.12 and later): then a viewer's connection holds up to a frame of
+    its own, and the budget counts it so."""
+    return sys.version_info < (3, 12) and type(transport).__module__.startswith("asyncio")
 
 
 class Handlers:
@@ -77,18 +93,34 @@ class Handlers:
         if request.version >= HttpVersion11:
             response.enable_chunked_encoding()  # what aiohttp would choose; write_shared frames it
         await response.prepare(request)
+        transport = request.transport
+        if transport is None:
+            return response  # the viewer went already
+        # A drain waits until the connection holds nothing, not merely under 16 KiB: while any
+        # byte of a frame waits in it, the transport holds the whole frame (a slice of it), so
+        # the frame counts as held for this viewer until then (Mirrors.sending).
+        transport.set_write_buffer_limits(high=0)
         self.mirrors.join(job_id)
         try:
-            await self._send_frames(request, response, job_id, part_head)
-        except ConnectionResetError:
-            pass  # the viewer went, or took nothing for the stall deadline and was cut off
+            await self._send_frames(request, transport, response, job_id, part_head)
+        except ConnectionError:
+            pass  # the viewer went, or was cut off: it took nothing for the stall deadline, or
+            # was still being sent an old frame when the budget needed its bytes
         finally:
             self.mirrors.leave(job_id)
+            if not transport.is_closing():
+                transport.set_write_buffer_limits()  # the connection may serve more requests
         return response
 
-    async def _send_frames(self, request: web.Request, response: web.StreamResponse,
-                           job_id: str, part_head: bytes) -> None:
+    async def _send_frames(self, request: web.Request, transport: asyncio.Transport,
+                           response: web.StreamResponse, job_id: str, part_head: bytes) -> None:
         stall_s = write_stall_s(request)
+        copies, loop = copies_unsent(transport), asyncio.get_running_loop()
+
+        def cut() -> None:
+            transport.abort()
+            _cut(job_id, self.mirrors.budget)
+
         # Each frame is followed at once by the next boundary and the next part's headers:
         # Chromium shows a part only once it has read the headers of the part after it.
         await within_stall(request, stall_s, response.write(part_head))
@@ -102,11 +134,25 @@ class Handlers:
                     return
                 continue
             assert isinstance(frame, mirror.Frame)
-            # The newest frame each time the viewer has taken the last: never a backlog. The
-            # frame's bytes object itself is queued, one for every viewer, not a copy each.
-            await write_shared(request, response, frame.data, stall_s)
+            # The newest frame each time the viewer has taken all of the last: never a backlog,
+            # and a viewer that stops reading holds one frame, which the budget counts until it
+            # is taken (or the viewer is cut). The frame's bytes object itself is queued, one
+            # for every viewer, not a copy each.
+            sending = self.mirrors.sending(frame, cut)
+            if copies:
+                # What the transport kept of its own is known once write_shared has written,
+                # which it does before it first waits: the loop's next turn, if it waits at all.
+                loop.call_soon(self._count_copy, sending, transport)
+            try:
+                await write_shared(request, response, frame.data, stall_s)
+            finally:
+                self.mirrors.sent(sending)
             await within_stall(request, stall_s, response.write(b"\r\n" + part_head))
             seq = frame.seq
+
+    def _count_copy(self, sending: mirror.Sending, transport: asyncio.Transport) -> None:
+        if not transport.is_closing():
+            self.mirrors.copied(sending, transport.get_write_buffer_size())
 
     async def _status(self, job_id: str) -> str | None:
         row = await self.service.db.read_one(mirror.STATUS_SQL, (job_id,))

@@ -3,11 +3,19 @@
 
 Frames live in memory only, one per job: a new frame replaces the last, nothing is written to
 disk, and a job's frame is dropped when the job leaves its claim (closed, back in the queue,
-lapsed). The frames held together stay within a byte budget (FLEET_MAX_MIRROR_HELD_BYTES): past
-it the frames posted longest ago are let go first, and each comes back with its executor's next
-post, so a flood of claimed jobs each posting a large frame cannot fill the collector's memory.
-A viewer is handed the newest frame each time it is ready for one, never a backlog: a slow
-viewer skips frames rather than queueing them.
+lapsed). A viewer is handed the newest frame each time it has taken all of the last, never a
+backlog: a slow viewer skips frames rather than queueing them.
+
+A frame is held while it is its job's newest, and also while any viewer's connection is still
+being sent it (every viewer is handed the same bytes object): a viewer that stops reading keeps
+the frame it was sent, though newer ones replaced it. All the frames held together, counted
+once each, with what a connection copied of its own, stay within a byte budget
+(FLEET_MAX_MIRROR_HELD_BYTES). Past it, least needed first: the viewers still being sent a frame
+that a newer one replaced are cut off (a live view needs only the newest); then the newest
+frames of other jobs are let go, the one posted longest ago first, each coming back with its
+executor's next post; last, viewers being sent those are cut too. So neither a flood of claimed
+jobs each posting a large frame nor a crowd of viewers that never read, each handed another
+frame, can fill the collector's memory.
 
 Who may post: the job's claimant, a claimed host job's executor, named by `?executor=` or the
 `X-Fleet-Executor` header; or, naming none, a device attached to that executor named by
@@ -20,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,11 +53,26 @@ def check_frame(body: bytes) -> None:
 ENDED = object()  # Mirrors.next_frame: the mirror ended
 
 
-@dataclass
+@dataclass(eq=False)
 class Frame:
     seq: int
     data: bytes
     at: float
+    job_id: str
+    newest: bool = True  # still its job's newest frame
+    # The viewers whose connections are being sent it, the one handed it first first.
+    senders: dict[Sending, None] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Sending:
+    """One viewer's connection being sent a frame: from the write until it holds none of the
+    frame. `cut` ends the connection, and what it holds with it; `copied` is what it holds of
+    its own besides the frame's bytes object (an event loop that copies what the socket did
+    not take)."""
+    frame: Frame
+    cut: Callable[[], None]
+    copied: int = 0
 
 
 @dataclass
@@ -60,15 +84,17 @@ class _Job:
 
 
 class Mirrors:
-    """The newest frame of each mirrored job, and the viewers waiting for the next one."""
+    """The newest frame of each mirrored job, the frames viewers are still being sent, and the
+    viewers waiting for the next one."""
 
     def __init__(self, budget: int) -> None:
         self._jobs: dict[str, _Job] = {}
         self._seq = 0
         self.budget = budget
-        # The jobs holding a frame and its size, the one posted longest ago first.
-        self._held: OrderedDict[str, int] = OrderedDict()
-        self.held_bytes = 0
+        # Every frame held (a job's newest, or one a viewer is still being sent), by seq: the
+        # one posted longest ago first.
+        self._frames: OrderedDict[int, Frame] = OrderedDict()
+        self.held_bytes = 0  # their sizes, each once, and what connections copied of them
 
     @property
     def jobs(self) -> int:
@@ -77,28 +103,97 @@ class Mirrors:
     def put(self, job_id: str, data: bytes, now: float) -> None:
         entry = self._jobs.setdefault(job_id, _Job())
         self._seq += 1
-        self._release(job_id)
-        entry.frame = Frame(self._seq, data, now)
-        self._held[job_id] = len(data)
+        if entry.frame is not None:
+            self._replaced(entry.frame)
+        frame = entry.frame = Frame(self._seq, data, now, job_id)
+        self._frames[frame.seq] = frame
         self.held_bytes += len(data)
         # The newest frame always stays (it fits: one frame is at most FLEET_MAX_MIRROR_BYTES).
-        while self.held_bytes > self.budget and len(self._held) > 1:
-            self._let_go(next(iter(self._held)))
+        self._within_budget(frame)
         entry.changed.set()
 
-    def _release(self, job_id: str) -> None:
-        """Stop counting the job's frame (it is replaced, let go or dropped)."""
-        size = self._held.pop(job_id, None)
-        if size is not None:
-            self.held_bytes -= size
+    def sending(self, frame: Frame, cut: Callable[[], None]) -> Sending:
+        """A viewer's connection is handed `frame` (one next_frame just gave): it stays held,
+        and counted, until `sent`. `cut` ends the connection, should the budget need it."""
+        sending = Sending(frame, cut)
+        frame.senders[sending] = None
+        if frame.seq not in self._frames:  # (not held any more: held again while it is sent)
+            self._frames[frame.seq] = frame
+            self.held_bytes += len(frame.data)
+        return sending
 
-    def _let_go(self, job_id: str) -> None:
+    def copied(self, sending: Sending, size: int) -> None:
+        """The viewer's connection holds `size` bytes of its own while it is sent the frame
+        (an event loop that copies what the socket did not take): counted until `sent`."""
+        if sending in sending.frame.senders and size != sending.copied:
+            self.held_bytes += size - sending.copied
+            sending.copied = size
+            self._within_budget(sending.frame)
+
+    def sent(self, sending: Sending) -> None:
+        """The viewer's connection holds none of the frame any more: taken, or cut."""
+        frame = sending.frame
+        if sending in frame.senders:  # (once: a cut viewer's stream says so again as it ends)
+            del frame.senders[sending]
+            self.held_bytes -= sending.copied
+            self._forget(frame)
+
+    def _replaced(self, frame: Frame) -> None:
+        """No longer its job's newest: held only while a viewer is still sent it."""
+        frame.newest = False
+        self._forget(frame)
+
+    def _forget(self, frame: Frame) -> None:
+        """Stop holding (and counting) the frame once nothing needs it."""
+        if not frame.newest and not frame.senders and frame.seq in self._frames:
+            del self._frames[frame.seq]
+            self.held_bytes -= len(frame.data)
+
+    def _over(self) -> bool:
+        return self.held_bytes > self.budget
+
+    def _within_budget(self, keep: Frame) -> None:
+        """Past the budget, free what is needed least first, until it fits. `keep` (the frame
+        just posted, or handed to a viewer) stays, though its viewers' own copies may go."""
+        # 1. Frames a newer one replaced, kept only by viewers that have not taken them: a live
+        # view needs the newest frame, and an attacker's viewers that never read are these.
+        for frame in list(self._frames.values()):
+            if not self._over():
+                return
+            if not frame.newest:
+                self._cut(frame)
+        # 2. Other jobs' newest frames no viewer is being sent: let go until the next post.
+        for frame in list(self._frames.values()):
+            if not self._over():
+                return
+            if frame is not keep and not frame.senders:
+                self._let_go(frame)
+        # 3. The rest: cut the viewers still being sent them (of `keep`, those with copies).
+        for frame in list(self._frames.values()):
+            if not self._over():
+                return
+            self._cut(frame, only_copies=frame is keep)
+            if frame is not keep and self._over():
+                self._let_go(frame)
+
+    def _cut(self, frame: Frame, only_copies: bool = False) -> None:
+        """Cut the frame's viewers, the one handed it first first, while over the budget (all
+        of them, unless copies of their own go: the frame goes only with its last viewer)."""
+        for sending in list(frame.senders):
+            if not self._over():
+                return
+            if not only_copies or sending.copied:
+                sending.cut()  # what the connection held goes with it
+                self.sent(sending)
+
+    def _let_go(self, frame: Frame) -> None:
         """Over budget: the job keeps its viewers, not its frame, until its next post."""
-        self._release(job_id)
-        entry = self._jobs[job_id]
-        entry.frame = None
-        if entry.viewers <= 0:
-            del self._jobs[job_id]
+        entry = self._jobs.get(frame.job_id)
+        if entry is not None and entry.frame is frame:
+            entry.frame = None
+            if entry.viewers <= 0:
+                del self._jobs[frame.job_id]
+        self._replaced(frame)
 
     def newest(self, job_id: str) -> Frame | None:
         entry = self._jobs.get(job_id)
@@ -119,10 +214,12 @@ class Mirrors:
         return ENDED
 
     def drop(self, job_id: str) -> None:
-        """The job left its claim: its frame goes, and its viewers are told."""
-        self._release(job_id)
+        """The job left its claim: its frame goes (once no viewer is still sent it), and its
+        viewers are told."""
         entry = self._jobs.pop(job_id, None)
         if entry is not None:
+            if entry.frame is not None:
+                self._replaced(entry.frame)
             entry.closed = True
             entry.changed.set()
 
