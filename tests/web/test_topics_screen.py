@@ -104,3 +104,27 @@ def test_publishes_to_topics_it_does_not_list_reload_the_listing_at_most_every_t
         assert page.watch.errors == []
     finally:
         proc.stop()
+
+
+def test_a_topics_page_reads_large_events_at_most_once_a_second(
+        tmp_path: Path, open_page: Callable[..., Any]) -> None:
+    """An event too large to ride on the stream is read with the page's next reload of the
+    topic's latest 100 events (up to 1 MiB); each one reloaded them at once."""
+    proc = CollectorProcess(tmp_path / "topic-page").start()
+    try:
+        publish(proc, "frames", {"small": 1})
+        page = open_page(proc.url + "/dash/topics/frames", wait="text=pixel-7")
+        page.wait_for_selector(".live.live")
+        reads: list[str] = []
+        page.on("request", lambda r: reads.append(r.url)
+                if urllib.parse.urlsplit(r.url).path == "/api/events/frames" else None)
+        started = time.monotonic()
+        for n in range(20):
+            publish(proc, "frames", {"n": n, "pad": "z" * 5000})
+            page.wait_for_timeout(100)
+        elapsed = time.monotonic() - started
+        page.wait_for_selector("text=21 events", timeout=10000)  # the last one read too
+        assert len(reads) <= int(elapsed) + 2, (len(reads), elapsed)
+        assert page.watch.errors == []
+    finally:
+        proc.stop()

@@ -75,11 +75,13 @@ export function Topics() {
 
 export function TopicDetail({ topic }) {
   useTick();
-  const res = useResource(() => get(`/api/events/${seg(topic)}`, { limit: 100 }), [topic]);
+  // An event too large for the stream is read with the page's next reload, which the stream
+  // asks for at most once a second (useResource), not once an event: 100 events may be 1 MiB.
+  const res = useResource(() => get(`/api/events/${seg(topic)}`, { limit: 100 }), [topic],
+    (e) => e.type === "topic" && e.topic === topic && e.payload_omitted);
   const [live, setLive] = useState([]);
   useEffect(() => stream.subscribe((e) => {
-    if (e.type !== "topic" || e.topic !== topic) return;
-    if (e.payload_omitted) { res.reload(); return; }
+    if (e.type !== "topic" || e.topic !== topic || e.payload_omitted) return;
     setLive((old) => [{ seq: e.seq, at: e.at, source: e.source, payload: e.payload }, ...old].slice(0, 100));
   }), [topic]);
   if (currentPeer()) return html`<${Page} title=${topic}><${Empty}>A topic's events are not read through a peer's view.<//><//>`;
