@@ -20,12 +20,19 @@ import socket
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.collector import CollectorProcess, HttpClient, job, registration
+from tests.support.collector import (
+    CollectorProcess,
+    HttpClient,
+    job,
+    registration,
+    status_kib,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -53,22 +60,6 @@ def started() -> Iterator[list[CollectorProcess]]:
     yield procs
     for proc in procs:
         proc.stop()
-
-
-def status_kib(pid: int, key: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise AssertionError(f"no {key} for {pid}")
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
 
 
 def raw_request(port: int, head: bytes, body: bytes = b"") -> tuple[int, bytes]:

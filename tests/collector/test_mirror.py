@@ -11,7 +11,6 @@ import re
 import socket
 import sys
 import threading
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from fleet_min.collector.insight.mirror import Mirrors
-from tests.support.collector import CollectorProcess, job, registration
+from tests.support.collector import (
+    CollectorProcess,
+    job,
+    registration,
+    status_kib,
+    wait_until,
+)
 
 HOLD = "soak"
 
@@ -273,23 +278,6 @@ def process(tmp_path: Path) -> Iterator[Callable[..., CollectorProcess]]:
         proc.stop()
 
 
-def peak_kib(pid: int) -> int:
-    """The process's peak resident memory so far (VmHWM), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmHWM for {pid}")
-
-
-def wait_until(check: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return check()
-
-
 def post_frame_to(proc: CollectorProcess, body: bytes) -> None:
     post = urllib.request.Request(f"{proc.url}/api/jobs/run/mirror?executor=evil", data=body,
                                   method="POST", headers={"Content-Type": "image/jpeg"})
@@ -343,7 +331,7 @@ def test_viewers_that_never_read_hold_no_more_than_the_budget(process, loop):
     reader = Reader(proc.port)
     reader.start()
     assert wait_until(lambda: client.get("/api/jobs/run/mirror/status")[1]["viewers"] == 1, 10)
-    before = peak_kib(proc.proc.pid)  # a frame's upload and its relay already counted
+    before = status_kib(proc.proc.pid, "VmHWM")  # a frame's upload and its relay already counted
 
     stalled, held = [], []
     for i in range(rounds):
@@ -355,7 +343,7 @@ def test_viewers_that_never_read_hold_no_more_than_the_budget(process, loop):
         stalled.append(sock)
         held.append(client.get("/api/health")[1]["mirror_held_bytes"])
 
-    grown = peak_kib(proc.proc.pid) - before
+    grown = status_kib(proc.proc.pid, "VmHWM") - before
     # Without the bound each stalled viewer held nearly all of its 1 MiB frame: 40 MiB here.
     assert grown < 16 * 1024, f"peak RSS grew {grown} KiB with {rounds} stalled viewers"
     assert max(held) <= budget, held

@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +259,21 @@ async def wait_for_polls(client: Any, count: int) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{count} polls never waited")
+
+
+def status_kib(pid: int, key: str) -> int:
+    """A figure of the process's /proc status in KiB: VmRSS now, VmHWM its peak so far."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {key} for {pid}")
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> bool:
+    """Whether `check` came true within `timeout` seconds (asked every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.05)
+    return check()
