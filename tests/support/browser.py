@@ -6,7 +6,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Iterator, Sequence
+import urllib.parse
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -116,3 +117,15 @@ def page_server(pages: dict[str, str]) -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def live_page_asking(open_page: Callable[..., Any], url: str, wait: str, path: str
+                     ) -> tuple[Any, list[str]]:
+    """The page at `url` (once `wait` shows) with its live stream connected, and the URLs of
+    the requests it makes to `path` from then on: what a screen reloads as events arrive."""
+    page = open_page(url, wait=wait)
+    page.wait_for_selector(".live.live")  # the stream is connected: events reach the page
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url)
+            if urllib.parse.urlsplit(r.url).path == path else None)
+    return page, asked

@@ -7,13 +7,13 @@ A reload the stream causes now comes at least a second after the one before."""
 from __future__ import annotations
 
 import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.browser import live_page_asking
 from tests.support.collector import CollectorProcess, job, registration
 
 pytestmark = pytest.mark.slow
@@ -26,11 +26,8 @@ def test_a_trickle_of_jobs_reloads_the_overview_at_most_once_a_second(
     proc = CollectorProcess(tmp_path / "overview").start()
     try:
         assert proc.client.post("/devices/register", registration("pixel-7"))[0] == 200
-        page = open_page(proc.url + "/dash", wait="#ov-devices")
-        page.wait_for_selector(".live.live")  # the stream is connected: events reach the page
-        overviews: list[float] = []
-        page.on("request", lambda r: overviews.append(time.monotonic())
-                if urllib.parse.urlsplit(r.url).path == "/api/overview" else None)
+        page, overviews = live_page_asking(open_page, proc.url + "/dash", "#ov-devices",
+                                           "/api/overview")
         started = time.monotonic()
         for n in range(24):  # a job every 250 ms for six seconds
             assert proc.client.post("/jobs", job(f"trickle-{n}"))[0] == 201

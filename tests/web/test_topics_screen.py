@@ -8,13 +8,13 @@ only for a topic it does not list, at most every 2 s."""
 from __future__ import annotations
 
 import time
-import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.browser import live_page_asking
 from tests.support.collector import CollectorProcess
 
 pytestmark = pytest.mark.slow
@@ -40,11 +40,8 @@ def test_a_burst_of_publishes_updates_the_topics_screen_without_reloading_the_li
     try:
         for topic in LISTED:
             publish(proc, topic, {"n": 0, "pad": "x" * 1000})
-        page = open_page(proc.url + "/dash/topics", wait=f"a:text-is('{LISTED[0]}')")
-        page.wait_for_selector(".live.live")  # the stream is connected: events reach the page
-        listings: list[str] = []
-        page.on("request", lambda r: listings.append(r.url)
-                if urllib.parse.urlsplit(r.url).path == "/api/events" else None)
+        page, listings = live_page_asking(open_page, proc.url + "/dash/topics",
+                                          f"a:text-is('{LISTED[0]}')", "/api/events")
 
         # A burst over many listed topics: 5 rounds of 40 publishes, one every 30 ms or so.
         started = time.monotonic()
@@ -87,11 +84,8 @@ def test_publishes_to_topics_it_does_not_list_reload_the_listing_at_most_every_t
     proc = CollectorProcess(tmp_path / "topics").start()
     try:
         publish(proc, "first", {"n": 0})
-        page = open_page(proc.url + "/dash/topics", wait="a:text-is('first')")
-        page.wait_for_selector(".live.live")
-        listings: list[str] = []
-        page.on("request", lambda r: listings.append(r.url)
-                if urllib.parse.urlsplit(r.url).path == "/api/events" else None)
+        page, listings = live_page_asking(open_page, proc.url + "/dash/topics",
+                                          "a:text-is('first')", "/api/events")
         started = time.monotonic()
         for i in range(60):
             publish(proc, f"new-{i:02d}", {"i": i, "pad": "x" * 1000})
@@ -113,11 +107,8 @@ def test_a_topics_page_reads_large_events_at_most_once_a_second(
     proc = CollectorProcess(tmp_path / "topic-page").start()
     try:
         publish(proc, "frames", {"small": 1})
-        page = open_page(proc.url + "/dash/topics/frames", wait="text=pixel-7")
-        page.wait_for_selector(".live.live")
-        reads: list[str] = []
-        page.on("request", lambda r: reads.append(r.url)
-                if urllib.parse.urlsplit(r.url).path == "/api/events/frames" else None)
+        page, reads = live_page_asking(open_page, proc.url + "/dash/topics/frames",
+                                       "text=pixel-7", "/api/events/frames")
         started = time.monotonic()
         for n in range(20):
             publish(proc, "frames", {"n": n, "pad": "z" * 5000})
