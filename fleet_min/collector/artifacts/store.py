@@ -359,10 +359,12 @@ class ArtifactStore:
         # first) leaves the count when it is freed, not by a close that never came.
         self._reading: weakref.WeakSet[BinaryIO] = weakref.WeakSet()
         self._writing = 0
+        self._opening = 0  # opens under way on a worker thread: their places are taken
 
     @property
     def files_open(self) -> int:
-        return self._writing + sum(1 for file in self._reading if not file.closed)
+        return (self._writing + self._opening
+                + sum(1 for file in self._reading if not file.closed))
 
     def _room_for_a_file(self) -> None:
         if self.files_open >= FILES_AT_ONCE:
@@ -511,11 +513,14 @@ class ArtifactStore:
             return Opened(sha256, handle, os.fstat(handle.fileno()).st_size)
 
         self._room_for_a_file()
+        self._opening += 1
         try:
             opened = await asyncio.to_thread(opener)
+            self._reading.add(opened.file)
         except FileNotFoundError:
             raise NotFound(f"no artifact {sha256} is stored here") from None
-        self._reading.add(opened.file)
+        finally:
+            self._opening -= 1
         return opened
 
     async def delete(self, sha256: str) -> dict[str, Any]:

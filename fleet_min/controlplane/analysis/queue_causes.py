@@ -54,7 +54,8 @@ class Context:
     local: set[str]                                       # names of this host's runners
     capacity: dict[str, Any]
     errors: dict[str, str] = field(default_factory=dict)  # repo -> why GitHub data is missing
-    # (repo, the job's labels) -> the runners with them all: a matrix of 256 jobs asks once.
+    # (repo, the job's labels) -> the runners with them all: each set is matched once however
+    # many queued runs ask for it.
     matched: dict[tuple[str, frozenset[str]], list[dict[str, Any]]] = field(
         default_factory=dict)
 
